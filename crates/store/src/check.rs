@@ -1,0 +1,425 @@
+//! `crest fsck`: reads an image without changing it and checks every checksum and every
+//! structural invariant the other modules promise — node headers and key order, parent
+//! bounds, levels, reachability, no block used twice, reference counts against extents,
+//! link counts against directory entries, directory sizes and parents, the orphan list,
+//! inline and extent rules, per-dataset counters, and used blocks against the superblock.
+//! Each problem is reported with where it is; a clean image has none.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::alloc::Allocator;
+use crate::btree::Tree;
+use crate::disk::Disk;
+use crate::error::{Error, Result};
+use crate::fs::dirent::{decode_entries, decode_index, DirEntry};
+use crate::fs::extent::Extent;
+use crate::fs::inode::{FileKind, Inode, ROOT_INO};
+use crate::fs::xattr;
+use crate::key::{kind, Key, ORPHAN_OBJECTID};
+use crate::limits::{BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_INLINE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS};
+use crate::node::{BlockPtr, Body, ChildPtr};
+use crate::pager::Pager;
+use crate::store::{FS_TREE_ID, REFCOUNT_TREE_ID, ROOT_TREE_ID};
+use crate::superblock::{Superblock, SUPERBLOCK_BYTES};
+
+/// What fsck found.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Generation checked.
+    pub generation: u64,
+    /// Inconsistencies; any makes the image unclean.
+    pub problems: Vec<String>,
+    /// Things worth knowing that are not damage (a stale superblock copy after a crash).
+    pub notes: Vec<String>,
+    /// Inodes found.
+    pub inodes: u64,
+    /// Directories among them.
+    pub directories: u64,
+    /// Tree nodes read.
+    pub nodes: u64,
+    /// Data blocks whose checksum was verified.
+    pub data_blocks: u64,
+    /// Blocks in use.
+    pub used_blocks: u64,
+    /// Blocks in the file system.
+    pub total_blocks: u64,
+}
+
+impl Report {
+    /// True when no problem was found.
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Checks the image on `disk` (which is only read).
+pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
+    let image_blocks = disk.size_bytes() / BLOCK_SIZE_U64;
+    let mut report = Report::default();
+    let mut sbs = Vec::new();
+    for (copy, off) in SUPERBLOCK_OFFSETS.iter().enumerate() {
+        let mut buf = vec![0u8; SUPERBLOCK_BYTES];
+        match disk.read_at(*off, &mut buf) {
+            Ok(()) => match Superblock::decode(&buf, copy, image_blocks) {
+                Ok(sb) => sbs.push(sb),
+                Err(e) => report.notes.push(format!("superblock copy {copy} unusable: {e}")),
+            },
+            Err(e) => report.notes.push(format!("superblock copy {copy} unreadable: {e}")),
+        }
+    }
+    sbs.sort_by_key(|s| std::cmp::Reverse(s.generation));
+    let Some(sb) = sbs.first().cloned() else {
+        return Err(Error::BadImage(format!("no valid superblock: {}", report.notes.join("; "))));
+    };
+    if let Some(older) = sbs.get(1) {
+        if older.fsid != sb.fsid || older.total_blocks != sb.total_blocks {
+            report.problems.push("superblock copies disagree on fsid or size".into());
+        }
+        if older.generation + 1 < sb.generation {
+            report.notes.push(format!("superblock copies at generations {} and {}", sb.generation, older.generation));
+        }
+    }
+    report.generation = sb.generation;
+    report.total_blocks = sb.total_blocks;
+    let mut alloc = Allocator::new(sb.total_blocks, BLOCKS_PER_GROUP);
+    alloc.mark_used(0, RESERVED_BLOCKS);
+    let mut pager = Pager::new(disk, sb.fsid, sb.total_blocks, alloc);
+    let mut c = Checker { pager: &mut pager, report: &mut report };
+
+    let root_items = c.tree(Tree::on_disk(ROOT_TREE_ID, sb.root_tree), "root tree");
+    let ref_items = c.tree(Tree::on_disk(REFCOUNT_TREE_ID, sb.refcount_tree), "refcount tree");
+    let root_key = Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0);
+    let mut fs_meta = None;
+    for (k, v) in &root_items {
+        if *k == root_key {
+            match decode_root(*k, v, sb.generation) {
+                Ok(m) => fs_meta = Some(m),
+                Err(e) => c.problem(e.to_string()),
+            }
+        } else {
+            c.problem(format!("root tree: unexpected item {k:?}"));
+        }
+    }
+    let Some((fs_ptr, next_ino, inode_count)) = fs_meta else {
+        c.problem("root tree: no root item for dataset 5".into());
+        return Ok(report);
+    };
+    let fs_items = c.tree(Tree::on_disk(FS_TREE_ID, fs_ptr), "fs tree");
+    let refs = c.refcounts(&ref_items);
+    c.namespace(&fs_items, &refs, next_ino, inode_count);
+    let used = c.pager.alloc.used_blocks();
+    c.report.used_blocks = used;
+    if used != sb.used_blocks {
+        c.problem(format!("superblock says {} blocks used; trees and extents use {used}", sb.used_blocks));
+    }
+    Ok(report)
+}
+
+fn decode_root(k: Key, v: &[u8], generation: u64) -> Result<(BlockPtr, u64, u64)> {
+    if v.len() != 48 {
+        return Err(Error::bad_item(k, 0, "root item size"));
+    }
+    let g = |at: usize| crate::fs::inode::le_u64(v, at);
+    let ptr = BlockPtr { block: g(0), generation: g(8), level: v[16] };
+    if ptr.generation > generation {
+        return Err(Error::bad_item(k, 0, "root newer than the superblock"));
+    }
+    Ok((ptr, g(24), g(32)))
+}
+
+struct Checker<'a> {
+    pager: &'a mut Pager,
+    report: &'a mut Report,
+}
+
+impl Checker<'_> {
+    fn problem(&mut self, p: String) {
+        self.report.problems.push(p);
+    }
+
+    /// Walks a tree checking every node and bound; returns its items in order.
+    fn tree(&mut self, tree: Tree, name: &str) -> Vec<(Key, Vec<u8>)> {
+        let mut items = Vec::new();
+        let ChildPtr::Disk { block, generation } = tree.root else { return items };
+        let mut stack = vec![(BlockPtr { block, generation, level: tree.level }, Key::MIN, None::<Key>)];
+        let mut last_key: Option<Key> = None;
+        while let Some((ptr, lo, hi)) = stack.pop() {
+            if self.pager.alloc.try_mark_used(ptr.block, 1).is_err() {
+                self.problem(format!("{name}: block {} is used twice", ptr.block));
+                continue;
+            }
+            let node = match self.pager.read_node(&ptr, tree.owner) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.problem(format!("{name}: {e}"));
+                    continue;
+                }
+            };
+            self.report.nodes += 1;
+            let is_root = ptr.block == block;
+            if node.is_empty() && !is_root {
+                self.problem(format!("{name}: empty non-root node at block {}", ptr.block));
+            }
+            if let Some(first) = node.first_key() {
+                if first < lo || hi.is_some_and(|h| first >= h) {
+                    self.problem(format!("{name}: node {} first key {first:?} outside its parent's range", ptr.block));
+                }
+            }
+            match &node.body {
+                Body::Leaf(leaf) => {
+                    for (k, v) in leaf {
+                        if k < &lo || hi.is_some_and(|h| *k >= h) {
+                            self.problem(format!("{name}: leaf {} key {k:?} outside its parent's range", ptr.block));
+                        }
+                        if last_key.is_some_and(|l| l >= *k) {
+                            self.problem(format!("{name}: key {k:?} in leaf {} out of order", ptr.block));
+                        }
+                        last_key = Some(*k);
+                        items.push((*k, v.clone()));
+                    }
+                }
+                Body::Internal(children) => {
+                    for (i, (k, c)) in children.iter().enumerate().rev() {
+                        let ChildPtr::Disk { block, generation } = c else { continue };
+                        let child_hi = children.get(i + 1).map(|n| n.0).or(hi);
+                        stack.push((BlockPtr { block: *block, generation: *generation, level: ptr.level - 1 }, (*k).max(lo), child_hi));
+                    }
+                }
+            }
+        }
+        items
+    }
+
+    /// Marks refcounted extents used; returns block → count.
+    fn refcounts(&mut self, items: &[(Key, Vec<u8>)]) -> BTreeMap<u64, (u64, u32)> {
+        let mut out = BTreeMap::new();
+        for (k, v) in items {
+            if k.kind != kind::EXTENT_REF || v.len() != 4 || k.offset == 0 {
+                self.problem(format!("refcount tree: bad item {k:?}"));
+                continue;
+            }
+            let count = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+            if count == 0 {
+                self.problem(format!("refcount tree: zero count for blocks {}+{}", k.objectid, k.offset));
+            }
+            if k.objectid < RESERVED_BLOCKS || k.objectid.checked_add(k.offset).is_none_or(|e| e > self.pager.total_blocks()) {
+                self.problem(format!("refcount tree: blocks {}+{} outside the usable area", k.objectid, k.offset));
+                continue;
+            }
+            if let Err(b) = self.pager.alloc.try_mark_used(k.objectid, k.offset) {
+                self.problem(format!("refcount tree: block {b} of extent {}+{} is also used elsewhere", k.objectid, k.offset));
+                continue;
+            }
+            out.insert(k.objectid, (k.offset, count));
+        }
+        out
+    }
+
+    fn namespace(&mut self, items: &[(Key, Vec<u8>)], refs: &BTreeMap<u64, (u64, u32)>, next_ino: u64, inode_count: u64) {
+        let total = self.pager.total_blocks();
+        let mut inodes: BTreeMap<u64, Inode> = BTreeMap::new();
+        let mut entries: Vec<(u64, DirEntry)> = Vec::new();
+        let mut index: HashMap<(u64, u64), DirEntry> = HashMap::new();
+        let mut extents: Vec<(u64, u64, Extent)> = Vec::new();
+        let mut orphans = Vec::new();
+        let mut xattr_owners = Vec::new();
+        for (k, v) in items {
+            let r: Result<()> = (|| {
+                match k.kind {
+                    kind::INODE if k.offset == 0 => {
+                        inodes.insert(k.objectid, Inode::decode(k.objectid, v, 0)?);
+                    }
+                    kind::DIR_ENTRY => entries.extend(decode_entries(*k, v, 0)?.into_iter().map(|e| (k.objectid, e))),
+                    kind::DIR_INDEX => {
+                        index.insert((k.objectid, k.offset), decode_index(*k, v, 0)?);
+                    }
+                    kind::EXTENT => extents.push((k.objectid, k.offset, Extent::decode(*k, v, total)?)),
+                    kind::XATTR => {
+                        xattr::decode(*k, v, 0)?;
+                        xattr_owners.push(k.objectid);
+                    }
+                    kind::ORPHAN if k.objectid == ORPHAN_OBJECTID && v.is_empty() => orphans.push(k.offset),
+                    _ => return Err(Error::bad_item(*k, 0, "unknown item kind in fs tree")),
+                }
+                Ok(())
+            })();
+            if let Err(e) = r {
+                self.problem(format!("fs tree: {e}"));
+            }
+        }
+        self.report.inodes = inodes.len() as u64;
+        self.report.directories = inodes.values().filter(|i| i.kind == FileKind::Directory).count() as u64;
+        if inodes.len() as u64 != inode_count {
+            self.problem(format!("dataset counts {inode_count} inodes; {} found", inodes.len()));
+        }
+        if let Some(max) = inodes.keys().next_back() {
+            if *max >= next_ino {
+                self.problem(format!("inode {max} is not below the next inode number {next_ino}"));
+            }
+        }
+        match inodes.get(&ROOT_INO) {
+            Some(r) if r.kind == FileKind::Directory && r.parent == ROOT_INO => {}
+            _ => self.problem("root directory (inode 1) missing or malformed".into()),
+        }
+        // Links, sizes and parents from the entries.
+        let mut links: HashMap<u64, u32> = HashMap::new();
+        let mut dir_entries: HashMap<u64, u64> = HashMap::new();
+        let mut subdirs: HashMap<u64, u32> = HashMap::new();
+        for (dir, e) in &entries {
+            match inodes.get(dir) {
+                Some(d) if d.kind == FileKind::Directory => {
+                    if e.index >= d.next_index {
+                        self.problem(format!("dir {dir}: entry {:?} index {} not below next index {}", String::from_utf8_lossy(&e.name), e.index, d.next_index));
+                    }
+                }
+                _ => self.problem(format!("directory entries under inode {dir}, which is not a directory")),
+            }
+            match index.get(&(*dir, e.index)) {
+                Some(i) if i.name == e.name && i.ino == e.ino && i.kind == e.kind => {}
+                _ => self.problem(format!("dir {dir}: entry {:?} has no matching index item {}", String::from_utf8_lossy(&e.name), e.index)),
+            }
+            match inodes.get(&e.ino) {
+                Some(t) if t.kind == e.kind => {
+                    if t.kind == FileKind::Directory {
+                        *subdirs.entry(*dir).or_default() += 1;
+                        if t.parent != *dir {
+                            self.problem(format!("dir {} is named in dir {dir} but records parent {}", e.ino, t.parent));
+                        }
+                    }
+                }
+                Some(t) => self.problem(format!("dir {dir}: entry {:?} says {:?}, inode {} is {:?}", String::from_utf8_lossy(&e.name), e.kind, e.ino, t.kind)),
+                None => self.problem(format!("dir {dir}: entry {:?} names missing inode {}", String::from_utf8_lossy(&e.name), e.ino)),
+            }
+            *links.entry(e.ino).or_default() += 1;
+            *dir_entries.entry(*dir).or_default() += 1;
+        }
+        if index.len() != entries.len() {
+            self.problem(format!("{} index items for {} directory entries", index.len(), entries.len()));
+        }
+        let orphan_set: std::collections::HashSet<u64> = orphans.iter().copied().collect();
+        for o in &orphans {
+            match inodes.get(o) {
+                Some(i) if i.nlink == 0 => {}
+                _ => self.problem(format!("orphan list names inode {o}, which is missing or still linked")),
+            }
+        }
+        for (ino, i) in &inodes {
+            let found = links.get(ino).copied().unwrap_or(0);
+            if i.kind == FileKind::Directory {
+                let n = dir_entries.get(ino).copied().unwrap_or(0);
+                if i.size != n {
+                    self.problem(format!("dir {ino}: size {} but {n} entries", i.size));
+                }
+                let expect = if i.nlink == 0 { 0 } else { 2 + subdirs.get(ino).copied().unwrap_or(0) };
+                if i.nlink != expect {
+                    self.problem(format!("dir {ino}: nlink {} but {expect} expected", i.nlink));
+                }
+                let named = found + u32::from(*ino == ROOT_INO);
+                if named != 1 && !(i.nlink == 0 && orphan_set.contains(ino) && found == 0) {
+                    self.problem(format!("dir {ino} is named by {found} entries"));
+                }
+            } else if i.nlink != found {
+                self.problem(format!("inode {ino}: nlink {} but {found} entries name it", i.nlink));
+            }
+            if i.nlink == 0 && !orphan_set.contains(ino) {
+                self.problem(format!("inode {ino} has no links and is not on the orphan list"));
+            }
+        }
+        for o in xattr_owners {
+            if !inodes.contains_key(&o) {
+                self.problem(format!("xattr of missing inode {o}"));
+            }
+        }
+        self.extents(&inodes, &extents, refs);
+    }
+
+    fn extents(&mut self, inodes: &BTreeMap<u64, Inode>, extents: &[(u64, u64, Extent)], refs: &BTreeMap<u64, (u64, u32)>) {
+        let mut per_block: HashMap<u64, u32> = HashMap::new();
+        let mut blocks_of: HashMap<u64, u64> = HashMap::new();
+        let mut prev: Option<(u64, u64)> = None; // (ino, end offset)
+        let mut inline_of = std::collections::HashSet::new();
+        for (ino, off, e) in extents {
+            let Some(inode) = inodes.get(ino) else {
+                self.problem(format!("extent at {off} of missing inode {ino}"));
+                continue;
+            };
+            if !inode.kind.has_data() {
+                self.problem(format!("extent at {off} of inode {ino}, a {:?}", inode.kind));
+            }
+            if let Some((pino, pend)) = prev {
+                if pino == *ino && pend > *off {
+                    self.problem(format!("inode {ino}: extents overlap at offset {off}"));
+                }
+            }
+            match e {
+                Extent::Inline(data) => {
+                    inline_of.insert(*ino);
+                    if inode.size > MAX_INLINE_BYTES as u64 || data.len() as u64 > inode.size {
+                        self.problem(format!("inode {ino}: inline data of {} bytes in a file of {}", data.len(), inode.size));
+                    }
+                    prev = Some((*ino, data.len() as u64));
+                }
+                Extent::Regular { disk_block, csums } => {
+                    let n = csums.len() as u64;
+                    let end = off + n * BLOCK_SIZE_U64;
+                    if end > inode.size.div_ceil(BLOCK_SIZE_U64) * BLOCK_SIZE_U64 {
+                        self.problem(format!("inode {ino}: extent at {off} runs past the file size {}", inode.size));
+                    }
+                    *blocks_of.entry(*ino).or_default() += n;
+                    for i in 0..n {
+                        *per_block.entry(disk_block + i).or_default() += 1;
+                    }
+                    self.verify_data(*ino, *off, *disk_block, csums);
+                    prev = Some((*ino, end));
+                }
+            }
+        }
+        for ino in &inline_of {
+            if blocks_of.contains_key(ino) {
+                self.problem(format!("inode {ino}: inline data beside block extents"));
+            }
+        }
+        for (ino, i) in inodes {
+            let b = blocks_of.get(ino).copied().unwrap_or(0);
+            if i.blocks != b {
+                self.problem(format!("inode {ino}: records {} blocks, extents map {b}", i.blocks));
+            }
+        }
+        // Reference counts against extent references, both ways.
+        let mut counted = 0u64;
+        for (start, (len, count)) in refs {
+            for b in *start..start + len {
+                let found = per_block.get(&b).copied().unwrap_or(0);
+                if found != *count {
+                    self.problem(format!("block {b}: refcount {count} but {found} extents reference it"));
+                }
+            }
+            counted += len;
+        }
+        if counted != per_block.len() as u64 {
+            let missing = per_block.keys().filter(|b| refs.range(..=**b).next_back().is_none_or(|(s, (l, _))| **b >= s + l)).count();
+            if missing > 0 {
+                self.problem(format!("{missing} data blocks are referenced by extents but have no refcount"));
+            }
+        }
+    }
+
+    fn verify_data(&mut self, ino: u64, off: u64, disk_block: u64, csums: &[u32]) {
+        let mut buf = vec![0u8; csums.len() * BLOCK_SIZE];
+        if let Err(e) = self.pager.read_blocks(disk_block, &mut buf) {
+            self.problem(format!("inode {ino}: extent at {off}: {e}"));
+            return;
+        }
+        for (i, c) in csums.iter().enumerate() {
+            let found = crate::checksum::crc32c(&buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
+            if found != *c {
+                self.problem(format!(
+                    "inode {ino}: data checksum mismatch at file offset {} (disk block {}): expected {c:#010x}, found {found:#010x}",
+                    off + i as u64 * BLOCK_SIZE_U64,
+                    disk_block + i as u64
+                ));
+            }
+            self.report.data_blocks += 1;
+        }
+    }
+}

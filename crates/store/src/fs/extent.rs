@@ -1,0 +1,490 @@
+//! File data. Small files (up to `MAX_INLINE_BYTES`) live in one inline EXTENT item at
+//! offset 0. Larger files map block-aligned file ranges to runs of disk blocks; each
+//! EXTENT item carries one CRC-32C per 4 KiB block, so a read verifies every block it
+//! returns. Data is copy-on-write: a write puts new blocks in place of old ones and the old
+//! ones are dropped from the refcount tree, so a crash never mixes old and new bytes.
+//!
+//! Invariants (checked by fsck):
+//! - an inline item exists only alone, at offset 0, with the file no larger than
+//!   `MAX_INLINE_BYTES`; its bytes are no longer than the file;
+//! - extent items are block-aligned, never overlap, and end at or before the file's last
+//!   block; `inode.blocks` is the sum of their lengths;
+//! - every block an extent names is covered by a refcount item counting the references.
+
+use crate::error::{Error, Result};
+use crate::fs::inode::{le_u32, le_u64, Inode};
+use crate::key::{kind, Key};
+use crate::limits::{BLOCK_SIZE, BLOCK_SIZE_U64, MAX_EXTENT_BLOCKS, MAX_INLINE_BYTES};
+use crate::store::Store;
+
+const INLINE: u8 = 0;
+const REGULAR: u8 = 1;
+
+/// What one EXTENT item says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Extent {
+    /// The file's bytes, stored in the leaf.
+    Inline(Vec<u8>),
+    /// `csums.len()` blocks starting at `disk_block`.
+    Regular {
+        /// First disk block.
+        disk_block: u64,
+        /// CRC-32C of each block.
+        csums: Vec<u32>,
+    },
+}
+
+impl Extent {
+    /// Encodes the item value.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Extent::Inline(data) => {
+                let mut v = Vec::with_capacity(1 + data.len());
+                v.push(INLINE);
+                v.extend_from_slice(data);
+                v
+            }
+            Extent::Regular { disk_block, csums } => {
+                let mut v = Vec::with_capacity(13 + 4 * csums.len());
+                v.push(REGULAR);
+                v.extend_from_slice(&disk_block.to_le_bytes());
+                v.extend_from_slice(&(csums.len() as u32).to_le_bytes());
+                for c in csums {
+                    v.extend_from_slice(&c.to_le_bytes());
+                }
+                v
+            }
+        }
+    }
+
+    /// Decodes and validates an EXTENT item of a file system of `total_blocks`.
+    pub fn decode(key: Key, b: &[u8], total_blocks: u64) -> Result<Extent> {
+        let bad = |d: String| Error::bad_item(key, 0, d);
+        match b.first() {
+            Some(&INLINE) => {
+                if key.offset != 0 || b.len() - 1 > MAX_INLINE_BYTES {
+                    return Err(bad(format!("inline extent at offset {} of {} bytes", key.offset, b.len() - 1)));
+                }
+                Ok(Extent::Inline(b[1..].to_vec()))
+            }
+            Some(&REGULAR) => {
+                if b.len() < 13 {
+                    return Err(bad("truncated extent".into()));
+                }
+                let disk_block = le_u64(b, 1);
+                let n = u64::from(le_u32(b, 9));
+                if n == 0 || n > MAX_EXTENT_BLOCKS || b.len() as u64 != 13 + 4 * n {
+                    return Err(bad(format!("extent of {n} blocks in {} bytes", b.len())));
+                }
+                if key.offset % BLOCK_SIZE_U64 != 0 {
+                    return Err(bad("extent not block-aligned".into()));
+                }
+                if disk_block < crate::limits::RESERVED_BLOCKS || disk_block.checked_add(n).is_none_or(|e| e > total_blocks) {
+                    return Err(bad(format!("extent blocks {disk_block}+{n} outside the image")));
+                }
+                let csums = (0..n as usize).map(|i| le_u32(b, 13 + 4 * i)).collect();
+                Ok(Extent::Regular { disk_block, csums })
+            }
+            _ => Err(bad("unknown extent type".into())),
+        }
+    }
+
+    /// Blocks the extent maps (0 for inline).
+    pub fn blocks(&self) -> u64 {
+        match self {
+            Extent::Inline(_) => 0,
+            Extent::Regular { csums, .. } => csums.len() as u64,
+        }
+    }
+}
+
+/// Key of the EXTENT item at file byte `offset`.
+pub fn extent_key(ino: u64, offset: u64) -> Key {
+    Key::new(ino, kind::EXTENT, offset)
+}
+
+/// Largest byte length an extent covers, so a range search can start that far back.
+const MAX_EXTENT_BYTES: u64 = MAX_EXTENT_BLOCKS * BLOCK_SIZE_U64;
+
+impl Store {
+    /// EXTENT items of `ino` that overlap file bytes `[start, end)`, in order.
+    pub(crate) fn extents_overlapping(&mut self, ino: u64, start: u64, end: u64) -> Result<Vec<(u64, Extent)>> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let lo = extent_key(ino, start.saturating_sub(MAX_EXTENT_BYTES - 1));
+        let hi = extent_key(ino, end - 1);
+        let total = self.pager.total_blocks();
+        let mut out = Vec::new();
+        self.fs.range(&mut self.pager, &lo, &hi, &mut |k, v| {
+            let e = Extent::decode(*k, v, total)?;
+            let len = match &e {
+                Extent::Inline(d) => d.len() as u64,
+                Extent::Regular { csums, .. } => csums.len() as u64 * BLOCK_SIZE_U64,
+            };
+            if k.offset + len > start {
+                out.push((k.offset, e));
+            }
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
+    /// The inline item of `ino`, if its data is inline.
+    pub(crate) fn inline_data(&mut self, ino: u64) -> Result<Option<Vec<u8>>> {
+        let key = extent_key(ino, 0);
+        match self.fs.get(&mut self.pager, &key)? {
+            Some(v) => match Extent::decode(key, &v, self.pager.total_blocks())? {
+                Extent::Inline(d) => Ok(Some(d)),
+                Extent::Regular { .. } => Ok(None),
+            },
+            None => Ok(None),
+        }
+    }
+
+    /// Reads file bytes `[offset, offset+len)` clipped to the file size, verifying every
+    /// block's checksum. Holes read as zeros.
+    pub(crate) fn read_data(&mut self, inode: &Inode, offset: u64, len: u64) -> Result<Vec<u8>> {
+        if offset >= inode.size || len == 0 {
+            return Ok(Vec::new());
+        }
+        let end = inode.size.min(offset.saturating_add(len));
+        let mut out = vec![0u8; (end - offset) as usize];
+        for (file_off, ext) in self.extents_overlapping(inode.ino, offset, end)? {
+            match ext {
+                Extent::Inline(data) => {
+                    let s = offset as usize;
+                    if s < data.len() {
+                        let e = data.len().min(end as usize);
+                        out[..e - s].copy_from_slice(&data[s..e]);
+                    }
+                }
+                Extent::Regular { disk_block, csums } => {
+                    // Blocks of this extent that the request touches.
+                    let first = offset.max(file_off) / BLOCK_SIZE_U64 - file_off / BLOCK_SIZE_U64;
+                    let last = ((end.min(file_off + csums.len() as u64 * BLOCK_SIZE_U64) - 1) / BLOCK_SIZE_U64) - file_off / BLOCK_SIZE_U64;
+                    let nblocks = (last - first + 1) as usize;
+                    let mut buf = vec![0u8; nblocks * BLOCK_SIZE];
+                    self.pager.read_blocks(disk_block + first, &mut buf)?;
+                    for i in 0..nblocks {
+                        let chunk = &buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+                        let found = crate::checksum::crc32c(chunk);
+                        let expected = csums[first as usize + i];
+                        if found != expected {
+                            let block = disk_block + first + i as u64;
+                            let file_offset = file_off + (first + i as u64) * BLOCK_SIZE_U64;
+                            tracing::error!(ino = inode.ino, file_offset, block, "data checksum mismatch");
+                            return Err(Error::DataChecksum { ino: inode.ino, file_offset, block, expected, found });
+                        }
+                    }
+                    let buf_start = file_off + first * BLOCK_SIZE_U64;
+                    let copy_from = offset.max(buf_start);
+                    let copy_to = end.min(buf_start + buf.len() as u64);
+                    out[(copy_from - offset) as usize..(copy_to - offset) as usize]
+                        .copy_from_slice(&buf[(copy_from - buf_start) as usize..(copy_to - buf_start) as usize]);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drops the mappings of file blocks `[first, end)` (block numbers), splitting extents
+    /// at the edges and releasing the blocks. Returns the number of blocks unmapped.
+    pub(crate) fn unmap_blocks(&mut self, ino: u64, first: u64, end: u64) -> Result<u64> {
+        if first >= end {
+            return Ok(0);
+        }
+        let mut dropped = 0;
+        for (file_off, ext) in self.extents_overlapping(ino, first * BLOCK_SIZE_U64, end.saturating_mul(BLOCK_SIZE_U64))? {
+            let Extent::Regular { disk_block, csums } = ext else { continue };
+            let ext_first = file_off / BLOCK_SIZE_U64;
+            let n = csums.len() as u64;
+            let cut_lo = first.max(ext_first) - ext_first;
+            let cut_hi = end.min(ext_first + n) - ext_first;
+            self.fs.delete(&mut self.pager, &extent_key(ino, file_off))?;
+            if cut_lo > 0 {
+                let left = Extent::Regular { disk_block, csums: csums[..cut_lo as usize].to_vec() };
+                self.fs.insert(&mut self.pager, extent_key(ino, file_off), left.encode())?;
+            }
+            if cut_hi < n {
+                let right = Extent::Regular { disk_block: disk_block + cut_hi, csums: csums[cut_hi as usize..].to_vec() };
+                self.fs.insert(&mut self.pager, extent_key(ino, (ext_first + cut_hi) * BLOCK_SIZE_U64), right.encode())?;
+            }
+            self.refs_drop(disk_block + cut_lo, cut_hi - cut_lo)?;
+            dropped += cut_hi - cut_lo;
+        }
+        Ok(dropped)
+    }
+
+    /// Writes whole blocks of `data` at file block `first`, replacing what was mapped there.
+    /// `data.len()` is a multiple of the block size. Returns (blocks unmapped, blocks mapped).
+    pub(crate) fn write_blocks(&mut self, ino: u64, first: u64, data: &[u8]) -> Result<(u64, u64)> {
+        debug_assert_eq!(data.len() % BLOCK_SIZE, 0);
+        let nblocks = (data.len() / BLOCK_SIZE) as u64;
+        let unmapped = self.unmap_blocks(ino, first, first + nblocks)?;
+        // Goal: right after the extent that ends where this write starts, else spread by inode.
+        let prev = if first > 0 { self.extents_overlapping(ino, (first - 1) * BLOCK_SIZE_U64, first * BLOCK_SIZE_U64)?.pop() } else { None };
+        let mut goal = match &prev {
+            Some((off, Extent::Regular { disk_block, csums })) if off / BLOCK_SIZE_U64 + csums.len() as u64 == first => disk_block + csums.len() as u64,
+            _ => self.data_goal(ino),
+        };
+        let mut done = 0u64;
+        while done < nblocks {
+            let want = (nblocks - done).min(MAX_EXTENT_BLOCKS);
+            let Some((start, got)) = self.pager.alloc_upto(goal, want) else {
+                return Err(Error::NoSpace(format!("no free block for inode {ino} data")));
+            };
+            let bytes = &data[(done as usize) * BLOCK_SIZE..((done + got) as usize) * BLOCK_SIZE];
+            self.pager.write_blocks(start, bytes)?;
+            let csums: Vec<u32> = bytes.chunks(BLOCK_SIZE).map(crate::checksum::crc32c).collect();
+            self.refs_add(start, got)?;
+            self.map_extent(ino, first + done, start, csums)?;
+            goal = start + got;
+            done += got;
+        }
+        Ok((unmapped, nblocks))
+    }
+
+    /// Inserts an extent item, merging with the previous one when the disk blocks continue it.
+    fn map_extent(&mut self, ino: u64, file_block: u64, disk_block: u64, csums: Vec<u32>) -> Result<()> {
+        if file_block > 0 {
+            let prev = self.extents_overlapping(ino, (file_block - 1) * BLOCK_SIZE_U64, file_block * BLOCK_SIZE_U64)?.pop();
+            if let Some((off, Extent::Regular { disk_block: pd, csums: mut pc })) = prev {
+                let pn = pc.len() as u64;
+                if off / BLOCK_SIZE_U64 + pn == file_block && pd + pn == disk_block && pn + csums.len() as u64 <= MAX_EXTENT_BLOCKS {
+                    pc.extend(csums);
+                    let merged = Extent::Regular { disk_block: pd, csums: pc };
+                    self.fs.insert(&mut self.pager, extent_key(ino, off), merged.encode())?;
+                    return Ok(());
+                }
+            }
+        }
+        let e = Extent::Regular { disk_block, csums };
+        self.fs.insert(&mut self.pager, extent_key(ino, file_block * BLOCK_SIZE_U64), e.encode())?;
+        Ok(())
+    }
+
+    fn data_goal(&mut self, ino: u64) -> u64 {
+        // Spread files over allocation groups by inode so unrelated files don't interleave.
+        let total = self.pager.total_blocks();
+        let span = total - crate::limits::RESERVED_BLOCKS;
+        crate::limits::RESERVED_BLOCKS + (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) % span.max(1)
+    }
+
+    /// Adds a refcount item for newly allocated blocks.
+    fn refs_add(&mut self, start: u64, len: u64) -> Result<()> {
+        let key = Key::new(start, kind::EXTENT_REF, len);
+        let old = self.refcount_tree.insert(&mut self.pager, key, 1u32.to_le_bytes().to_vec())?;
+        debug_assert!(old.is_none(), "refcount item {key:?} already existed");
+        Ok(())
+    }
+
+    /// Drops one reference to blocks `[start, start+len)`, splitting refcount items at the
+    /// edges; blocks left with no reference are freed after the commit.
+    pub(crate) fn refs_drop(&mut self, start: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let end = start + len;
+        let lo = Key::new(start.saturating_sub(MAX_EXTENT_BLOCKS - 1), kind::EXTENT_REF, 0);
+        let hi = Key::new(end - 1, kind::EXTENT_REF, u64::MAX);
+        let items = self.refcount_tree.collect(&mut self.pager, &lo, &hi, usize::MAX)?;
+        let mut covered = 0;
+        for (k, v) in items {
+            if k.kind != kind::EXTENT_REF || v.len() != 4 {
+                return Err(Error::bad_item(k, 0, "bad refcount item"));
+            }
+            let (s, e) = (k.objectid, k.objectid + k.offset);
+            if e <= start || s >= end {
+                continue;
+            }
+            let refs = le_u32(&v, 0);
+            self.refcount_tree.delete(&mut self.pager, &k)?;
+            let (cs, ce) = (s.max(start), e.min(end));
+            for (ps, pe, r) in [(s, cs, refs), (cs, ce, refs.saturating_sub(1)), (ce, e, refs)] {
+                if pe > ps && r > 0 {
+                    self.refcount_tree.insert(&mut self.pager, Key::new(ps, kind::EXTENT_REF, pe - ps), r.to_le_bytes().to_vec())?;
+                }
+            }
+            if refs <= 1 {
+                self.pager.free_later(cs, ce - cs);
+            }
+            covered += ce - cs;
+        }
+        if covered != len {
+            return Err(Error::corrupt("refcount tree", start, format!("blocks {start}+{len} are referenced but only {covered} are counted")));
+        }
+        Ok(())
+    }
+
+    /// Rewrites file `ino` so its data is in blocks, not inline (before it grows past the
+    /// inline limit). Returns blocks mapped.
+    pub(crate) fn uninline(&mut self, ino: u64) -> Result<u64> {
+        let Some(data) = self.inline_data(ino)? else { return Ok(0) };
+        self.fs.delete(&mut self.pager, &extent_key(ino, 0))?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let mut block = vec![0u8; BLOCK_SIZE];
+        block[..data.len()].copy_from_slice(&data);
+        let (_, mapped) = self.write_blocks(ino, 0, &block)?;
+        Ok(mapped)
+    }
+
+    /// Writes `data` at `offset` of a file whose inode the caller holds; updates size and
+    /// block count in `inode` (the caller stores it).
+    pub(crate) fn write_data(&mut self, inode: &mut Inode, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = offset + data.len() as u64;
+        let new_size = inode.size.max(end);
+        let has_blocks = inode.blocks > 0;
+        if new_size <= MAX_INLINE_BYTES as u64 && !has_blocks {
+            let mut bytes = self.inline_data(inode.ino)?.unwrap_or_default();
+            bytes.resize(inode.size as usize, 0);
+            if bytes.len() < end as usize {
+                bytes.resize(end as usize, 0);
+            }
+            bytes[offset as usize..end as usize].copy_from_slice(data);
+            self.fs.insert(&mut self.pager, extent_key(inode.ino, 0), Extent::Inline(bytes).encode())?;
+            inode.size = new_size;
+            return Ok(());
+        }
+        inode.blocks += self.uninline(inode.ino)?;
+        let first = offset / BLOCK_SIZE_U64;
+        let last = (end - 1) / BLOCK_SIZE_U64;
+        let mut buf = vec![0u8; ((last - first + 1) as usize) * BLOCK_SIZE];
+        let head = (offset - first * BLOCK_SIZE_U64) as usize;
+        // Read-modify-write of partial edge blocks (only what exists below the old size).
+        if head != 0 {
+            let old = self.read_data(inode, first * BLOCK_SIZE_U64, BLOCK_SIZE_U64)?;
+            buf[..old.len()].copy_from_slice(&old);
+        }
+        let tail_block_start = last * BLOCK_SIZE_U64;
+        if end % BLOCK_SIZE_U64 != 0 && (last != first || head == 0) {
+            let old = self.read_data(inode, tail_block_start, BLOCK_SIZE_U64)?;
+            let at = (tail_block_start - first * BLOCK_SIZE_U64) as usize;
+            buf[at..at + old.len()].copy_from_slice(&old);
+        }
+        buf[head..head + data.len()].copy_from_slice(data);
+        let (unmapped, mapped) = self.write_blocks(inode.ino, first, &buf)?;
+        inode.blocks = inode.blocks + mapped - unmapped;
+        inode.size = new_size;
+        Ok(())
+    }
+
+    /// Sets the size of a regular file, freeing blocks past the end and zeroing the tail of
+    /// the last block so that growing the file later reads zeros.
+    pub(crate) fn truncate_data(&mut self, inode: &mut Inode, size: u64) -> Result<()> {
+        if size == inode.size {
+            return Ok(());
+        }
+        if inode.blocks == 0 {
+            if let Some(mut bytes) = self.inline_data(inode.ino)? {
+                if size <= MAX_INLINE_BYTES as u64 {
+                    bytes.truncate(size as usize);
+                    self.fs.insert(&mut self.pager, extent_key(inode.ino, 0), Extent::Inline(bytes).encode())?;
+                    inode.size = size;
+                    return Ok(());
+                }
+                inode.blocks += self.uninline(inode.ino)?;
+            }
+        }
+        if size < inode.size {
+            let keep = size.div_ceil(BLOCK_SIZE_U64);
+            inode.blocks -= self.unmap_blocks(inode.ino, keep, u64::MAX / BLOCK_SIZE_U64)?;
+            if size % BLOCK_SIZE_U64 != 0 {
+                let block_start = (keep - 1) * BLOCK_SIZE_U64;
+                if !self.extents_overlapping(inode.ino, block_start, block_start + 1)?.is_empty() {
+                    let mut old = self.read_data(inode, block_start, BLOCK_SIZE_U64)?;
+                    old.resize(BLOCK_SIZE, 0);
+                    old[(size - block_start) as usize..].fill(0);
+                    let (u, m) = self.write_blocks(inode.ino, keep - 1, &old)?;
+                    inode.blocks = inode.blocks + m - u;
+                }
+            }
+        }
+        inode.size = size;
+        Ok(())
+    }
+
+    /// Frees all data of an inode being destroyed.
+    pub(crate) fn drop_data(&mut self, inode: &Inode) -> Result<()> {
+        if self.inline_data(inode.ino)?.is_some() {
+            self.fs.delete(&mut self.pager, &extent_key(inode.ino, 0))?;
+        }
+        self.unmap_blocks(inode.ino, 0, u64::MAX / BLOCK_SIZE_U64)?;
+        Ok(())
+    }
+
+    /// Unmaps whole blocks inside `[offset, offset+len)` and zeroes the partial edges.
+    pub(crate) fn punch_data(&mut self, inode: &mut Inode, offset: u64, len: u64) -> Result<()> {
+        let end = offset.saturating_add(len).min(inode.size);
+        if offset >= end {
+            return Ok(());
+        }
+        if inode.blocks == 0 {
+            if let Some(mut bytes) = self.inline_data(inode.ino)? {
+                let e = (end as usize).min(bytes.len());
+                if (offset as usize) < e {
+                    bytes[offset as usize..e].fill(0);
+                }
+                self.fs.insert(&mut self.pager, extent_key(inode.ino, 0), Extent::Inline(bytes).encode())?;
+                return Ok(());
+            }
+        }
+        let first_whole = offset.div_ceil(BLOCK_SIZE_U64);
+        let end_whole = end / BLOCK_SIZE_U64;
+        if first_whole < end_whole {
+            inode.blocks -= self.unmap_blocks(inode.ino, first_whole, end_whole)?;
+        }
+        // Partial blocks at the edges: zero the covered bytes where data exists.
+        let mut edges = vec![(offset, end.min(first_whole * BLOCK_SIZE_U64))];
+        if end_whole >= first_whole {
+            edges.push(((end_whole * BLOCK_SIZE_U64).max(offset), end));
+        }
+        for (s, e) in edges {
+            if s >= e || self.extents_overlapping(inode.ino, s, e)?.is_empty() {
+                continue;
+            }
+            let size = inode.size;
+            self.write_data(inode, s, &vec![0u8; (e - s) as usize])?;
+            inode.size = size;
+        }
+        Ok(())
+    }
+
+    /// Makes sure blocks exist (zero-filled where there were holes) for `[offset, end)`.
+    pub(crate) fn allocate_data(&mut self, inode: &mut Inode, offset: u64, end: u64) -> Result<()> {
+        let size = inode.size;
+        let mut pos = offset;
+        // Find holes and fill them with zeros, one run at a time.
+        while pos < end {
+            let exts = self.extents_overlapping(inode.ino, pos, end)?;
+            let next_data = exts.iter().map(|(o, _)| *o).find(|o| *o + 1 > pos).unwrap_or(end).max(pos);
+            let covered_until = exts
+                .iter()
+                .filter(|(o, _)| *o <= pos)
+                .map(|(o, e)| *o + e.blocks() * BLOCK_SIZE_U64)
+                .max()
+                .unwrap_or(pos);
+            if covered_until > pos {
+                pos = covered_until;
+                continue;
+            }
+            let hole_end = next_data.min(end);
+            if hole_end <= pos {
+                pos += 1;
+                continue;
+            }
+            let old_size = inode.size;
+            let zeros = vec![0u8; (hole_end - pos).min(8 << 20) as usize];
+            self.write_data(inode, pos, &zeros)?;
+            // Writing zeros past the old end must not count as data the caller wrote.
+            inode.size = old_size.max(size);
+            pos += zeros.len() as u64;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,852 @@
+//! POSIX operations on the default dataset. Each call runs inside the current
+//! transaction; nothing is durable until `commit` (or `fsync`). The store takes the time
+//! from its caller (`now`) and checks no permissions: the server decides who may do what.
+//!
+//! Invariants kept by every operation (checked by fsck):
+//! - each directory entry appears once under DIR_ENTRY and once under DIR_INDEX;
+//! - a directory's `size` counts its entries, its `nlink` is 2 + its subdirectories;
+//! - a non-directory's `nlink` counts the entries naming it; nlink 0 only on the orphan list;
+//! - a directory's `parent` names the one directory holding its entry.
+
+use crate::error::{Error, Result};
+use crate::fs::dirent::{self, check_name, DirEntry};
+use crate::fs::inode::{FileKind, Inode, Timespec, ROOT_INO};
+use crate::fs::xattr;
+use crate::key::{kind, Key, ORPHAN_OBJECTID};
+use crate::limits::{BLOCK_SIZE_U64, LINK_MAX, MAX_FILE_BYTES, MAX_INLINE_BYTES};
+use crate::store::Store;
+
+/// Attributes to change; `None` leaves a field alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// New permission bits.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (truncate or extend).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<Timespec>,
+    /// New modification time.
+    pub mtime: Option<Timespec>,
+    /// New change time (otherwise `now`).
+    pub ctime: Option<Timespec>,
+}
+
+/// Flags of `rename`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// Fail with `Exists` if the target exists.
+    pub noreplace: bool,
+    /// Swap source and target atomically (both must exist).
+    pub exchange: bool,
+}
+
+/// `fallocate` modes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FallocateMode {
+    /// Don't change the file size.
+    pub keep_size: bool,
+    /// Deallocate the range (requires `keep_size`).
+    pub punch_hole: bool,
+    /// Make the range read as zeros, allocated.
+    pub zero_range: bool,
+}
+
+/// What an unlink did to the inode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unlinked {
+    /// The inode after the unlink (nlink may be 0).
+    pub inode: Inode,
+    /// True when the inode is gone for good (not open, no links).
+    pub destroyed: bool,
+}
+
+/// File system usage, for statfs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    /// Bytes per block.
+    pub block_size: u32,
+    /// Blocks in the file system.
+    pub total_blocks: u64,
+    /// Blocks free now or after the next commits.
+    pub free_blocks: u64,
+    /// Blocks available to unprivileged users (same as free: no root reserve).
+    pub avail_blocks: u64,
+    /// Inodes in use.
+    pub files: u64,
+    /// Inodes that could still be created (bounded by free blocks).
+    pub files_free: u64,
+    /// Longest name.
+    pub name_max: u32,
+}
+
+/// One operation of a batch (`Store::batch`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum Op {
+    Create { dir: u64, name: Vec<u8>, kind: FileKind, mode: u32, uid: u32, gid: u32, rdev: u64, now: Timespec },
+    Symlink { dir: u64, name: Vec<u8>, target: Vec<u8>, uid: u32, gid: u32, now: Timespec },
+    Link { ino: u64, dir: u64, name: Vec<u8>, now: Timespec },
+    Unlink { dir: u64, name: Vec<u8>, now: Timespec },
+    Rmdir { dir: u64, name: Vec<u8>, now: Timespec },
+    Rename { dir: u64, name: Vec<u8>, new_dir: u64, new_name: Vec<u8>, flags: RenameFlags, now: Timespec },
+    SetAttr { ino: u64, attr: SetAttr, now: Timespec },
+    Write { ino: u64, offset: u64, data: Vec<u8>, now: Timespec },
+    SetXattr { ino: u64, name: Vec<u8>, value: Vec<u8>, now: Timespec },
+    RemoveXattr { ino: u64, name: Vec<u8>, now: Timespec },
+}
+
+/// The result of one batched operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpResult {
+    /// The inode created, linked, changed or written.
+    Inode(Inode),
+    /// Done, nothing to return.
+    Done,
+}
+
+impl Store {
+    // ---- reading ------------------------------------------------------------------------
+
+    /// Attributes of `ino`.
+    pub fn getattr(&mut self, ino: u64) -> Result<Inode> {
+        let key = Inode::key(ino);
+        let v = self.fs.get(&mut self.pager, &key)?.ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+        Inode::decode(ino, &v, 0)
+    }
+
+    fn dir_inode(&mut self, dir: u64) -> Result<Inode> {
+        let d = self.getattr(dir)?;
+        if d.kind != FileKind::Directory {
+            return Err(Error::NotDir(dir));
+        }
+        Ok(d)
+    }
+
+    fn find_entry(&mut self, dir: u64, name: &[u8]) -> Result<Option<DirEntry>> {
+        let key = dirent::entry_key(dir, name);
+        match self.fs.get(&mut self.pager, &key)? {
+            Some(v) => Ok(dirent::decode_entries(key, &v, 0)?.into_iter().find(|e| e.name == name)),
+            None => Ok(None),
+        }
+    }
+
+    /// The inode `name` names in directory `dir`.
+    pub fn lookup(&mut self, dir: u64, name: &[u8]) -> Result<Inode> {
+        self.dir_inode(dir)?;
+        if name.len() > crate::limits::NAME_MAX {
+            return Err(Error::NameTooLong { len: name.len(), max: crate::limits::NAME_MAX });
+        }
+        let e = self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(format!("{:?} in directory {dir}", String::from_utf8_lossy(name))))?;
+        self.getattr(e.ino)
+    }
+
+    /// Up to `limit` entries of `dir` whose index is at least `from_index`, in creation
+    /// order, each with its attributes. The next call continues at the last index + 1.
+    pub fn readdir(&mut self, dir: u64, from_index: u64, limit: usize) -> Result<Vec<(DirEntry, Inode)>> {
+        self.dir_inode(dir)?;
+        let lo = dirent::index_key(dir, from_index);
+        let hi = dirent::index_key(dir, u64::MAX);
+        let items = self.fs.collect(&mut self.pager, &lo, &hi, limit)?;
+        let mut out = Vec::with_capacity(items.len());
+        for (k, v) in items {
+            let e = dirent::decode_index(k, &v, 0)?;
+            let inode = self.getattr(e.ino)?;
+            out.push((e, inode));
+        }
+        Ok(out)
+    }
+
+    /// Reads up to `len` bytes at `offset` (short at end of file).
+    pub fn read(&mut self, ino: u64, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let inode = self.getattr(ino)?;
+        match inode.kind {
+            FileKind::Regular => self.read_data(&inode, offset, len),
+            FileKind::Directory => Err(Error::IsDir(ino)),
+            _ => Err(Error::Invalid(format!("inode {ino} is not a regular file"))),
+        }
+    }
+
+    /// The target of symlink `ino`.
+    pub fn readlink(&mut self, ino: u64) -> Result<Vec<u8>> {
+        let inode = self.getattr(ino)?;
+        if inode.kind != FileKind::Symlink {
+            return Err(Error::Invalid(format!("inode {ino} is not a symlink")));
+        }
+        self.read_data(&inode, 0, inode.size)
+    }
+
+    /// Value of xattr `name`.
+    pub fn getxattr(&mut self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.getattr(ino)?;
+        let key = xattr::xattr_key(ino, name);
+        let v = self.fs.get(&mut self.pager, &key)?.ok_or(Error::NoXattr(ino))?;
+        xattr::decode(key, &v, 0)?.into_iter().find(|(n, _)| n == name).map(|(_, v)| v).ok_or(Error::NoXattr(ino))
+    }
+
+    /// Names of all xattrs of `ino`.
+    pub fn listxattr(&mut self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.getattr(ino)?;
+        let lo = Key::new(ino, kind::XATTR, 0);
+        let hi = Key::new(ino, kind::XATTR, u64::MAX);
+        let mut names = Vec::new();
+        for (k, v) in self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)? {
+            names.extend(xattr::decode(k, &v, 0)?.into_iter().map(|(n, _)| n));
+        }
+        Ok(names)
+    }
+
+    /// Usage figures.
+    pub fn statfs(&self) -> StatFs {
+        let free = self.pager.alloc.free_blocks() + self.pager.pending_free_blocks();
+        StatFs {
+            block_size: crate::limits::BLOCK_SIZE as u32,
+            total_blocks: self.sb.total_blocks,
+            free_blocks: free,
+            avail_blocks: free,
+            files: self.meta.inode_count,
+            files_free: free,
+            name_max: crate::limits::NAME_MAX as u32,
+        }
+    }
+
+    // ---- space --------------------------------------------------------------------------
+
+    /// Makes sure an operation needing `data_blocks` new blocks can complete and commit.
+    /// Deletions (`for_delete`) may use the last reserve so a full disk can be emptied.
+    fn reserve(&mut self, data_blocks: u64, for_delete: bool) -> Result<()> {
+        self.pager.check_writable()?;
+        let total = self.sb.total_blocks;
+        let reserve = if for_delete { 0 } else { (total / 200).clamp(16, 4096) };
+        let need = |s: &Store| data_blocks + s.pager.dirty_nodes() as u64 + 64 + reserve;
+        if self.pager.alloc.free_blocks() >= need(self) {
+            return Ok(());
+        }
+        // Freed blocks come back only after commits; two make everything pending reusable.
+        for _ in 0..2 {
+            if self.pager.pending_free_blocks() == 0 && !self.is_dirty() {
+                break;
+            }
+            self.commit()?;
+            if self.pager.alloc.free_blocks() >= need(self) {
+                return Ok(());
+            }
+        }
+        Err(Error::NoSpace(format!("{} blocks free, {} needed", self.pager.alloc.free_blocks(), need(self))))
+    }
+
+    // ---- namespace ----------------------------------------------------------------------
+
+    fn put_inode(&mut self, inode: &Inode) -> Result<()> {
+        self.fs.insert(&mut self.pager, Inode::key(inode.ino), inode.encode())?;
+        Ok(())
+    }
+
+    fn add_entry(&mut self, dir: &mut Inode, name: &[u8], ino: u64, kind: FileKind) -> Result<()> {
+        let e = DirEntry { name: name.to_vec(), ino, kind, index: dir.next_index };
+        dir.next_index += 1;
+        dir.size += 1;
+        let key = dirent::entry_key(dir.ino, name);
+        let mut entries = match self.fs.get(&mut self.pager, &key)? {
+            Some(v) => dirent::decode_entries(key, &v, 0)?,
+            None => Vec::new(),
+        };
+        entries.push(e.clone());
+        self.fs.insert(&mut self.pager, key, dirent::encode_entries(&entries))?;
+        self.fs.insert(&mut self.pager, dirent::index_key(dir.ino, e.index), dirent::encode_index(&e))?;
+        Ok(())
+    }
+
+    fn remove_entry(&mut self, dir: &mut Inode, name: &[u8]) -> Result<DirEntry> {
+        let key = dirent::entry_key(dir.ino, name);
+        let v = self.fs.get(&mut self.pager, &key)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let mut entries = dirent::decode_entries(key, &v, 0)?;
+        let pos = entries.iter().position(|e| e.name == name).ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let e = entries.remove(pos);
+        if entries.is_empty() {
+            self.fs.delete(&mut self.pager, &key)?;
+        } else {
+            self.fs.insert(&mut self.pager, key, dirent::encode_entries(&entries))?;
+        }
+        self.fs.delete(&mut self.pager, &dirent::index_key(dir.ino, e.index))?;
+        dir.size -= 1;
+        Ok(e)
+    }
+
+    /// Repoints an existing entry at another inode (rename over, exchange).
+    fn retarget_entry(&mut self, dir: u64, name: &[u8], ino: u64, kind: FileKind) -> Result<()> {
+        let key = dirent::entry_key(dir, name);
+        let v = self.fs.get(&mut self.pager, &key)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let mut entries = dirent::decode_entries(key, &v, 0)?;
+        let e = entries.iter_mut().find(|e| e.name == name).ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        e.ino = ino;
+        e.kind = kind;
+        let index_item = dirent::encode_index(e);
+        let index = e.index;
+        self.fs.insert(&mut self.pager, key, dirent::encode_entries(&entries))?;
+        self.fs.insert(&mut self.pager, dirent::index_key(dir, index), index_item)?;
+        Ok(())
+    }
+
+    fn new_inode(&mut self, kind: FileKind, mode: u32, uid: u32, gid: u32, rdev: u64, parent: u64, now: Timespec) -> Inode {
+        let ino = self.meta.next_ino;
+        self.meta.next_ino += 1;
+        self.meta.inode_count += 1;
+        Inode {
+            ino,
+            generation: crest_rng::next_u64(),
+            kind,
+            mode: mode & 0o7777,
+            nlink: if kind == FileKind::Directory { 2 } else { 1 },
+            uid,
+            gid,
+            size: 0,
+            blocks: 0,
+            rdev,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            parent: if kind == FileKind::Directory { parent } else { 0 },
+            next_index: 0,
+            flags: 0,
+        }
+    }
+
+    /// Creates a file, directory, device, fifo or socket named `name` in `dir`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create(&mut self, dir: u64, name: &[u8], kind: FileKind, mode: u32, uid: u32, gid: u32, rdev: u64, now: Timespec) -> Result<Inode> {
+        if kind == FileKind::Symlink {
+            return Err(Error::Invalid("use symlink() for symbolic links".into()));
+        }
+        check_name(name)?;
+        self.reserve(0, false)?;
+        let mut d = self.dir_inode(dir)?;
+        if self.find_entry(dir, name)?.is_some() {
+            return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
+        }
+        if kind == FileKind::Directory && d.nlink >= LINK_MAX {
+            return Err(Error::TooManyLinks(dir));
+        }
+        let inode = self.new_inode(kind, mode, uid, gid, rdev, dir, now);
+        self.put_inode(&inode)?;
+        self.add_entry(&mut d, name, inode.ino, kind)?;
+        if kind == FileKind::Directory {
+            d.nlink += 1;
+        }
+        d.mtime = now;
+        d.ctime = now;
+        self.put_inode(&d)?;
+        self.maybe_commit()?;
+        Ok(inode)
+    }
+
+    /// Creates a symbolic link `name` in `dir` pointing at `target`.
+    pub fn symlink(&mut self, dir: u64, name: &[u8], target: &[u8], uid: u32, gid: u32, now: Timespec) -> Result<Inode> {
+        check_name(name)?;
+        if target.is_empty() || target.len() >= 4096 {
+            return Err(if target.is_empty() { Error::NotFound("empty symlink target".into()) } else { Error::NameTooLong { len: target.len(), max: 4095 } });
+        }
+        self.reserve(target.len() as u64 / BLOCK_SIZE_U64 + 1, false)?;
+        let mut d = self.dir_inode(dir)?;
+        if self.find_entry(dir, name)?.is_some() {
+            return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
+        }
+        let mut inode = self.new_inode(FileKind::Symlink, 0o777, uid, gid, 0, dir, now);
+        self.write_data(&mut inode, 0, target)?;
+        self.put_inode(&inode)?;
+        self.add_entry(&mut d, name, inode.ino, FileKind::Symlink)?;
+        d.mtime = now;
+        d.ctime = now;
+        self.put_inode(&d)?;
+        self.maybe_commit()?;
+        Ok(inode)
+    }
+
+    /// Adds a hard link `name` in `dir` to `ino`.
+    pub fn link(&mut self, ino: u64, dir: u64, name: &[u8], now: Timespec) -> Result<Inode> {
+        check_name(name)?;
+        self.reserve(0, false)?;
+        let mut inode = self.getattr(ino)?;
+        if inode.kind == FileKind::Directory {
+            return Err(Error::NotPermitted(format!("hard link to directory {ino}")));
+        }
+        if inode.nlink == 0 {
+            return Err(Error::NotFound(format!("inode {ino} has been unlinked")));
+        }
+        if inode.nlink >= LINK_MAX {
+            return Err(Error::TooManyLinks(ino));
+        }
+        let mut d = self.dir_inode(dir)?;
+        if self.find_entry(dir, name)?.is_some() {
+            return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
+        }
+        self.add_entry(&mut d, name, ino, inode.kind)?;
+        inode.nlink += 1;
+        inode.ctime = now;
+        d.mtime = now;
+        d.ctime = now;
+        self.put_inode(&d)?;
+        self.put_inode(&inode)?;
+        self.maybe_commit()?;
+        Ok(inode)
+    }
+
+    /// Drops one link of `inode` (already removed from its directory): destroys it when no
+    /// link and no open handle remain, else parks it on the orphan list at nlink 0.
+    fn drop_link(&mut self, mut inode: Inode, now: Timespec) -> Result<Unlinked> {
+        inode.ctime = now;
+        inode.nlink = if inode.kind == FileKind::Directory { 0 } else { inode.nlink.saturating_sub(1) };
+        if inode.nlink > 0 {
+            self.put_inode(&inode)?;
+            return Ok(Unlinked { inode, destroyed: false });
+        }
+        if self.open_handles.get(&inode.ino).copied().unwrap_or(0) > 0 {
+            self.put_inode(&inode)?;
+            self.fs.insert(&mut self.pager, Key::new(ORPHAN_OBJECTID, kind::ORPHAN, inode.ino), Vec::new())?;
+            return Ok(Unlinked { inode, destroyed: false });
+        }
+        self.destroy_inode(&inode)?;
+        Ok(Unlinked { inode, destroyed: true })
+    }
+
+    /// Removes every item of an inode with no links.
+    fn destroy_inode(&mut self, inode: &Inode) -> Result<()> {
+        self.drop_data(inode)?;
+        let lo = Key::new(inode.ino, 0, 0);
+        let hi = Key::new(inode.ino, u8::MAX, u64::MAX);
+        let keys: Vec<Key> = self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.fs.delete(&mut self.pager, &k)?;
+        }
+        self.fs.delete(&mut self.pager, &Key::new(ORPHAN_OBJECTID, kind::ORPHAN, inode.ino))?;
+        self.meta.inode_count -= 1;
+        Ok(())
+    }
+
+    /// Removes the non-directory `name` from `dir`.
+    pub fn unlink(&mut self, dir: u64, name: &[u8], now: Timespec) -> Result<Unlinked> {
+        self.reserve(0, true)?;
+        let mut d = self.dir_inode(dir)?;
+        let e = self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        if e.kind == FileKind::Directory {
+            return Err(Error::IsDir(e.ino));
+        }
+        let inode = self.getattr(e.ino)?;
+        self.remove_entry(&mut d, name)?;
+        d.mtime = now;
+        d.ctime = now;
+        self.put_inode(&d)?;
+        let r = self.drop_link(inode, now)?;
+        self.maybe_commit()?;
+        Ok(r)
+    }
+
+    /// Removes the empty directory `name` from `dir`.
+    pub fn rmdir(&mut self, dir: u64, name: &[u8], now: Timespec) -> Result<Unlinked> {
+        if name == b"." {
+            return Err(Error::Invalid("rmdir of \".\"".into()));
+        }
+        if name == b".." {
+            return Err(Error::NotEmpty(dir));
+        }
+        self.reserve(0, true)?;
+        let mut d = self.dir_inode(dir)?;
+        let e = self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let victim = self.getattr(e.ino)?;
+        if victim.kind != FileKind::Directory {
+            return Err(Error::NotDir(e.ino));
+        }
+        if victim.size != 0 {
+            return Err(Error::NotEmpty(e.ino));
+        }
+        self.remove_entry(&mut d, name)?;
+        d.nlink -= 1;
+        d.mtime = now;
+        d.ctime = now;
+        self.put_inode(&d)?;
+        let r = self.drop_link(victim, now)?;
+        self.maybe_commit()?;
+        Ok(r)
+    }
+
+    /// True when `ancestor` is `dir` or one of its ancestors.
+    fn is_ancestor(&mut self, ancestor: u64, mut dir: u64) -> Result<bool> {
+        for _ in 0..100_000 {
+            if dir == ancestor {
+                return Ok(true);
+            }
+            if dir == ROOT_INO {
+                return Ok(false);
+            }
+            let d = self.getattr(dir)?;
+            if d.parent == dir {
+                return Ok(false);
+            }
+            dir = d.parent;
+        }
+        Err(Error::corrupt("directory tree", 0, format!("parent chain from {dir} does not reach the root")))
+    }
+
+    /// Renames `dir/name` to `new_dir/new_name` (see `RenameFlags`).
+    pub fn rename(&mut self, dir: u64, name: &[u8], new_dir: u64, new_name: &[u8], flags: RenameFlags, now: Timespec) -> Result<()> {
+        check_name(new_name)?;
+        if flags.noreplace && flags.exchange {
+            return Err(Error::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
+        }
+        self.reserve(0, true)?;
+        self.dir_inode(dir)?;
+        self.dir_inode(new_dir)?;
+        let src = self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let dst = self.find_entry(new_dir, new_name)?;
+        if let Some(d) = &dst {
+            if flags.noreplace {
+                return Err(Error::Exists(String::from_utf8_lossy(new_name).into_owned()));
+            }
+            if d.ino == src.ino && !flags.exchange {
+                return Ok(()); // Same file: POSIX says do nothing.
+            }
+        }
+        if src.kind == FileKind::Directory && dir != new_dir && self.is_ancestor(src.ino, new_dir)? {
+            return Err(Error::Invalid("cannot move a directory into itself".into()));
+        }
+        if flags.exchange {
+            let dst = dst.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(new_name).into_owned()))?;
+            if dst.kind == FileKind::Directory && dir != new_dir && self.is_ancestor(dst.ino, dir)? {
+                return Err(Error::Invalid("cannot move a directory into itself".into()));
+            }
+            return self.exchange(dir, name, &src, new_dir, new_name, &dst, now);
+        }
+        let mut src_inode = self.getattr(src.ino)?;
+        if let Some(d) = &dst {
+            let victim = self.getattr(d.ino)?;
+            if src.kind == FileKind::Directory {
+                if victim.kind != FileKind::Directory {
+                    return Err(Error::NotDir(victim.ino));
+                }
+                if victim.size != 0 {
+                    return Err(Error::NotEmpty(victim.ino));
+                }
+            } else if victim.kind == FileKind::Directory {
+                return Err(Error::IsDir(victim.ino));
+            }
+        }
+        // Remove the source entry, then put it in place (over the target or as a new entry).
+        let mut od = self.getattr(dir)?;
+        self.remove_entry(&mut od, name)?;
+        od.mtime = now;
+        od.ctime = now;
+        if src.kind == FileKind::Directory && dir != new_dir {
+            od.nlink -= 1;
+        }
+        self.put_inode(&od)?;
+        let mut nd = self.getattr(new_dir)?;
+        if let Some(d) = &dst {
+            let victim = self.getattr(d.ino)?;
+            self.retarget_entry(new_dir, new_name, src.ino, src.kind)?;
+            nd = self.getattr(new_dir)?;
+            if victim.kind == FileKind::Directory {
+                nd.nlink -= 1;
+            }
+            self.drop_link(victim, now)?;
+        } else {
+            self.add_entry(&mut nd, new_name, src.ino, src.kind)?;
+        }
+        if src.kind == FileKind::Directory && dir != new_dir {
+            nd.nlink += 1;
+            src_inode.parent = new_dir;
+        }
+        nd.mtime = now;
+        nd.ctime = now;
+        self.put_inode(&nd)?;
+        src_inode.ctime = now;
+        self.put_inode(&src_inode)?;
+        self.maybe_commit()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn exchange(&mut self, dir: u64, name: &[u8], src: &DirEntry, new_dir: u64, new_name: &[u8], dst: &DirEntry, now: Timespec) -> Result<()> {
+        self.retarget_entry(dir, name, dst.ino, dst.kind)?;
+        self.retarget_entry(new_dir, new_name, src.ino, src.kind)?;
+        let mut a = self.getattr(src.ino)?;
+        let mut b = self.getattr(dst.ino)?;
+        if dir != new_dir {
+            let is_dir = |k: FileKind| i64::from(k == FileKind::Directory);
+            // Directories moving across parents carry a ".." link with them.
+            let delta = is_dir(src.kind) - is_dir(dst.kind);
+            let mut od = self.getattr(dir)?;
+            let mut nd = self.getattr(new_dir)?;
+            od.nlink = (i64::from(od.nlink) - delta) as u32;
+            nd.nlink = (i64::from(nd.nlink) + delta) as u32;
+            if a.kind == FileKind::Directory {
+                a.parent = new_dir;
+            }
+            if b.kind == FileKind::Directory {
+                b.parent = dir;
+            }
+            od.mtime = now;
+            od.ctime = now;
+            self.put_inode(&od)?;
+            nd.mtime = now;
+            nd.ctime = now;
+            self.put_inode(&nd)?;
+        } else {
+            let mut d = self.getattr(dir)?;
+            d.mtime = now;
+            d.ctime = now;
+            self.put_inode(&d)?;
+        }
+        a.ctime = now;
+        b.ctime = now;
+        self.put_inode(&a)?;
+        self.put_inode(&b)?;
+        self.maybe_commit()
+    }
+
+    /// Changes attributes; a size change truncates or extends a regular file.
+    pub fn setattr(&mut self, ino: u64, attr: &SetAttr, now: Timespec) -> Result<Inode> {
+        let mut inode = self.getattr(ino)?;
+        if let Some(size) = attr.size {
+            match inode.kind {
+                FileKind::Regular => {}
+                FileKind::Directory => return Err(Error::IsDir(ino)),
+                _ => return Err(Error::Invalid(format!("truncate of inode {ino}, not a regular file"))),
+            }
+            if size > MAX_FILE_BYTES {
+                return Err(Error::FileTooBig(format!("size {size}")));
+            }
+            let grow_blocks = if size > MAX_INLINE_BYTES as u64 && inode.blocks == 0 { 1 } else { 0 };
+            self.reserve(grow_blocks, size < inode.size)?;
+            self.truncate_data(&mut inode, size)?;
+            inode.mtime = now;
+        } else {
+            self.reserve(0, false)?;
+        }
+        if let Some(m) = attr.mode {
+            inode.mode = m & 0o7777;
+        }
+        if let Some(u) = attr.uid {
+            inode.uid = u;
+        }
+        if let Some(g) = attr.gid {
+            inode.gid = g;
+        }
+        if let Some(t) = attr.atime {
+            inode.atime = t;
+        }
+        if let Some(t) = attr.mtime {
+            inode.mtime = t;
+        }
+        inode.ctime = attr.ctime.unwrap_or(now);
+        self.put_inode(&inode)?;
+        self.maybe_commit()?;
+        Ok(inode)
+    }
+
+    /// Writes `data` at `offset` of regular file `ino`; returns the new attributes.
+    pub fn write(&mut self, ino: u64, offset: u64, data: &[u8], now: Timespec) -> Result<Inode> {
+        let mut inode = self.getattr(ino)?;
+        match inode.kind {
+            FileKind::Regular => {}
+            FileKind::Directory => return Err(Error::IsDir(ino)),
+            _ => return Err(Error::Invalid(format!("write to inode {ino}, not a regular file"))),
+        }
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_BYTES).ok_or_else(|| Error::FileTooBig(format!("write ending past {MAX_FILE_BYTES}")))?;
+        if data.is_empty() {
+            return Ok(inode);
+        }
+        let blocks = (end - 1) / BLOCK_SIZE_U64 - offset / BLOCK_SIZE_U64 + 2;
+        self.reserve(blocks, false)?;
+        self.write_data(&mut inode, offset, data)?;
+        inode.mtime = now;
+        inode.ctime = now;
+        self.put_inode(&inode)?;
+        self.maybe_commit()?;
+        Ok(inode)
+    }
+
+    /// Allocates, punches or zeroes a range of a regular file.
+    pub fn fallocate(&mut self, ino: u64, offset: u64, len: u64, mode: FallocateMode, now: Timespec) -> Result<Inode> {
+        let mut inode = self.getattr(ino)?;
+        if inode.kind != FileKind::Regular {
+            return Err(if inode.kind == FileKind::Directory { Error::IsDir(ino) } else { Error::Invalid(format!("fallocate on inode {ino}")) });
+        }
+        if len == 0 {
+            return Err(Error::Invalid("fallocate of length 0".into()));
+        }
+        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES).ok_or_else(|| Error::FileTooBig("fallocate range".into()))?;
+        if mode.punch_hole {
+            if !mode.keep_size {
+                return Err(Error::NotSupported("punch hole without keep-size".into()));
+            }
+            self.reserve(2, true)?;
+            self.punch_data(&mut inode, offset, len)?;
+        } else {
+            let blocks = end.div_ceil(BLOCK_SIZE_U64) - offset / BLOCK_SIZE_U64 + 1;
+            self.reserve(blocks, false)?;
+            if mode.zero_range {
+                self.punch_data(&mut inode, offset, len)?;
+            }
+            let alloc_end = if mode.keep_size { end.min(inode.size.div_ceil(BLOCK_SIZE_U64) * BLOCK_SIZE_U64).max(offset) } else { end };
+            if !mode.keep_size && end > inode.size {
+                self.truncate_data(&mut inode, end)?;
+            }
+            if alloc_end > offset && inode.size > MAX_INLINE_BYTES as u64 {
+                self.allocate_data(&mut inode, offset, alloc_end)?;
+            }
+        }
+        inode.ctime = now;
+        if mode.punch_hole || mode.zero_range || end > inode.size {
+            inode.mtime = now;
+        }
+        self.put_inode(&inode)?;
+        self.maybe_commit()?;
+        Ok(inode)
+    }
+
+    /// Sets xattr `name` (creating or replacing it).
+    pub fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], now: Timespec) -> Result<()> {
+        xattr::check(name, value.len())?;
+        self.reserve(0, false)?;
+        let mut inode = self.getattr(ino)?;
+        let key = xattr::xattr_key(ino, name);
+        let mut pairs = match self.fs.get(&mut self.pager, &key)? {
+            Some(v) => xattr::decode(key, &v, 0)?,
+            None => Vec::new(),
+        };
+        match pairs.iter_mut().find(|(n, _)| n == name) {
+            Some(p) => p.1 = value.to_vec(),
+            None => pairs.push((name.to_vec(), value.to_vec())),
+        }
+        let enc = xattr::encode(&pairs);
+        if enc.len() > crate::limits::MAX_ITEM_BYTES {
+            return Err(Error::NoSpace(format!("xattrs colliding on one hash of inode {ino} exceed an item")));
+        }
+        self.fs.insert(&mut self.pager, key, enc)?;
+        inode.ctime = now;
+        self.put_inode(&inode)?;
+        self.maybe_commit()
+    }
+
+    /// Removes xattr `name`.
+    pub fn removexattr(&mut self, ino: u64, name: &[u8], now: Timespec) -> Result<()> {
+        self.reserve(0, true)?;
+        let mut inode = self.getattr(ino)?;
+        let key = xattr::xattr_key(ino, name);
+        let v = self.fs.get(&mut self.pager, &key)?.ok_or(Error::NoXattr(ino))?;
+        let mut pairs = xattr::decode(key, &v, 0)?;
+        let before = pairs.len();
+        pairs.retain(|(n, _)| n != name);
+        if pairs.len() == before {
+            return Err(Error::NoXattr(ino));
+        }
+        if pairs.is_empty() {
+            self.fs.delete(&mut self.pager, &key)?;
+        } else {
+            self.fs.insert(&mut self.pager, key, xattr::encode(&pairs))?;
+        }
+        inode.ctime = now;
+        self.put_inode(&inode)?;
+        self.maybe_commit()
+    }
+
+    // ---- handles and durability ---------------------------------------------------------
+
+    /// Notes that `ino` is open (an unlinked open file stays until `release`).
+    pub fn open_handle(&mut self, ino: u64) -> Result<Inode> {
+        let inode = self.getattr(ino)?;
+        *self.open_handles.entry(ino).or_insert(0) += 1;
+        Ok(inode)
+    }
+
+    /// Closes one handle; the last close of an unlinked inode destroys it.
+    pub fn release_handle(&mut self, ino: u64) -> Result<()> {
+        let Some(n) = self.open_handles.get_mut(&ino) else { return Ok(()) };
+        *n -= 1;
+        if *n > 0 {
+            return Ok(());
+        }
+        self.open_handles.remove(&ino);
+        let inode = match self.getattr(ino) {
+            Ok(i) => i,
+            Err(Error::NotFound(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if inode.nlink == 0 {
+            self.reserve(0, true)?;
+            self.destroy_inode(&inode)?;
+            self.maybe_commit()?;
+        }
+        Ok(())
+    }
+
+    /// Makes everything done so far durable (crest has no per-file log yet: a commit).
+    pub fn fsync(&mut self, _ino: u64) -> Result<()> {
+        self.commit()
+    }
+
+    /// Destroys inodes left on the orphan list (open files unlinked before a crash).
+    pub fn reclaim_orphans(&mut self) -> Result<usize> {
+        let lo = Key::new(ORPHAN_OBJECTID, kind::ORPHAN, 0);
+        let hi = Key::new(ORPHAN_OBJECTID, kind::ORPHAN, u64::MAX);
+        let orphans: Vec<u64> = self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k.offset).collect();
+        let mut n = 0;
+        for ino in orphans {
+            if self.open_handles.contains_key(&ino) {
+                continue;
+            }
+            match self.getattr(ino) {
+                Ok(inode) if inode.nlink == 0 => {
+                    self.destroy_inode(&inode)?;
+                    n += 1;
+                }
+                _ => {
+                    self.fs.delete(&mut self.pager, &Key::new(ORPHAN_OBJECTID, kind::ORPHAN, ino))?;
+                }
+            }
+        }
+        if n > 0 {
+            tracing::info!(reclaimed = n, "reclaimed orphan inodes");
+            self.commit()?;
+        }
+        Ok(n)
+    }
+
+    /// Applies many operations in the running transaction, returning each one's result.
+    pub fn batch(&mut self, ops: Vec<Op>) -> Vec<Result<OpResult>> {
+        let saved = self.policy.max_dirty_nodes;
+        self.policy.max_dirty_nodes = usize::MAX; // one transaction, unless space runs low
+        let out = ops.into_iter().map(|op| self.apply(op)).collect();
+        self.policy.max_dirty_nodes = saved;
+        out
+    }
+
+    /// Applies one operation.
+    pub fn apply(&mut self, op: Op) -> Result<OpResult> {
+        use OpResult::{Done, Inode as I};
+        Ok(match op {
+            Op::Create { dir, name, kind, mode, uid, gid, rdev, now } => I(self.create(dir, &name, kind, mode, uid, gid, rdev, now)?),
+            Op::Symlink { dir, name, target, uid, gid, now } => I(self.symlink(dir, &name, &target, uid, gid, now)?),
+            Op::Link { ino, dir, name, now } => I(self.link(ino, dir, &name, now)?),
+            Op::Unlink { dir, name, now } => I(self.unlink(dir, &name, now)?.inode),
+            Op::Rmdir { dir, name, now } => I(self.rmdir(dir, &name, now)?.inode),
+            Op::Rename { dir, name, new_dir, new_name, flags, now } => {
+                self.rename(dir, &name, new_dir, &new_name, flags, now)?;
+                Done
+            }
+            Op::SetAttr { ino, attr, now } => I(self.setattr(ino, &attr, now)?),
+            Op::Write { ino, offset, data, now } => I(self.write(ino, offset, &data, now)?),
+            Op::SetXattr { ino, name, value, now } => {
+                self.setxattr(ino, &name, &value, now)?;
+                Done
+            }
+            Op::RemoveXattr { ino, name, now } => {
+                self.removexattr(ino, &name, now)?;
+                Done
+            }
+        })
+    }
+}

@@ -1,0 +1,34 @@
+//! Every size and limit of the store in one place.
+
+/// Bytes per block: the unit of allocation, of data checksums and of tree nodes.
+pub const BLOCK_SIZE: usize = 4096;
+/// `BLOCK_SIZE` as u64.
+pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
+/// Byte offsets of the two superblock copies (block 16 and block 256).
+pub const SUPERBLOCK_OFFSETS: [u64; 2] = [64 * 1024, 1024 * 1024];
+/// Blocks reserved at the start of the image (superblocks live inside this area).
+pub const RESERVED_BLOCKS: u64 = 257;
+/// Smallest image `mkfs` accepts.
+pub const MIN_IMAGE_BYTES: u64 = 4 * 1024 * 1024;
+/// Blocks per allocation group (a 128 MiB group: its bitmap is 4 KiB).
+pub const BLOCKS_PER_GROUP: u64 = 32 * 1024;
+/// Longest file name, as on Linux.
+pub const NAME_MAX: usize = 255;
+/// Largest value of one leaf item: two must fit in one leaf so that a split always works.
+pub const MAX_ITEM_BYTES: usize = 1800;
+/// Files of up to this many bytes are stored inline in their leaf.
+pub const MAX_INLINE_BYTES: usize = 1024;
+/// Longest xattr name.
+pub const XATTR_NAME_MAX: usize = 255;
+/// Largest xattr name + value that fits one item.
+pub const XATTR_SIZE_MAX: usize = MAX_ITEM_BYTES - 16;
+/// Longest run of blocks one extent item maps (1 MiB): bounds the item's checksum array.
+pub const MAX_EXTENT_BLOCKS: u64 = 256;
+/// Largest file size (2^60 bytes, leaves room below u64::MAX for offsets + lengths).
+pub const MAX_FILE_BYTES: u64 = 1 << 60;
+/// Highest link count.
+pub const LINK_MAX: u32 = 65_000;
+/// Decoded clean nodes kept in memory.
+pub const NODE_CACHE_ENTRIES: usize = 65_536;
+/// Deepest tree accepted when reading (guards against pointer loops in corrupt images).
+pub const MAX_TREE_LEVEL: u8 = 8;

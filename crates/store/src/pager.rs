@@ -1,0 +1,296 @@
+//! The pager owns the disk, the cache of verified clean nodes, the arena of nodes dirtied
+//! by the running transaction, and the block allocator. It is where copy-on-write happens
+//! and where a commit turns dirty nodes into blocks.
+//!
+//! Invariants:
+//! - a node in the cache was verified against the pointer that led to it, and the block
+//!   it came from is allocated; a block is dropped from the cache when it is freed;
+//! - a committed block is never overwritten: dirty nodes get fresh blocks at commit;
+//! - a block freed in transaction `T` is handed back to the allocator only after the
+//!   commit of `T + 1` is durable, so both superblock copies always describe intact trees;
+//! - after any failed write or flush the pager is poisoned and refuses further writes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::alloc::Allocator;
+use crate::disk::Disk;
+use crate::error::{Error, Result};
+use crate::limits::{BLOCK_SIZE_U64, NODE_CACHE_ENTRIES};
+use crate::node::{BlockPtr, Body, ChildPtr, Node, NodeRef};
+
+/// The node store under every tree of one image.
+pub struct Pager {
+    disk: Box<dyn Disk>,
+    fsid: [u8; 16],
+    total_blocks: u64,
+    cache: HashMap<u64, (u64, NodeRef)>,
+    dirty: Vec<NodeRef>,
+    /// Free-space bitmaps (derived from the trees at open).
+    pub(crate) alloc: Allocator,
+    freed_this_txn: Vec<(u64, u64)>,
+    freed_prev_txn: Vec<(u64, u64)>,
+    poisoned: Option<String>,
+    meta_goal: u64,
+    /// Bytes written to the disk since open (nodes, data, superblocks).
+    pub(crate) bytes_written: u64,
+}
+
+impl Pager {
+    /// A pager over `disk` for the file system `fsid`.
+    pub fn new(disk: Box<dyn Disk>, fsid: [u8; 16], total_blocks: u64, alloc: Allocator) -> Pager {
+        Pager {
+            disk,
+            fsid,
+            total_blocks,
+            cache: HashMap::new(),
+            dirty: Vec::new(),
+            alloc,
+            freed_this_txn: Vec::new(),
+            freed_prev_txn: Vec::new(),
+            poisoned: None,
+            meta_goal: crate::limits::RESERVED_BLOCKS,
+            bytes_written: 0,
+        }
+    }
+
+    /// The file system id every node carries.
+    pub fn fsid(&self) -> &[u8; 16] {
+        &self.fsid
+    }
+
+    /// Blocks in the file system.
+    pub fn total_blocks(&self) -> u64 {
+        self.total_blocks
+    }
+
+    /// Direct access to the disk, for reads.
+    pub fn disk(&self) -> &dyn Disk {
+        &*self.disk
+    }
+
+    /// Hands the disk back (closing the store).
+    pub fn into_disk(self) -> Box<dyn Disk> {
+        self.disk
+    }
+
+    /// Number of nodes dirtied in this transaction (an upper bound on blocks a commit needs).
+    pub fn dirty_nodes(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// Blocks waiting to become free after the next commits.
+    pub fn pending_free_blocks(&self) -> u64 {
+        self.freed_this_txn.iter().chain(&self.freed_prev_txn).map(|r| r.1).sum()
+    }
+
+    /// Why the store refuses to write, if it does.
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(why) => Err(Error::Poisoned(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn poison<T>(&mut self, op: &'static str, offset: u64, e: std::io::Error) -> Result<T> {
+        let why = format!("{op} at byte {offset} failed: {e}");
+        tracing::error!(%why, "store poisoned");
+        self.poisoned = Some(why);
+        Err(Error::Io { op, offset, source: e })
+    }
+
+    /// Reads `buf.len()` bytes at block `block`.
+    pub fn read_blocks(&self, block: u64, buf: &mut [u8]) -> Result<()> {
+        let offset = block * BLOCK_SIZE_U64;
+        self.disk
+            .read_at(offset, buf)
+            .map_err(|source| Error::Io { op: "read", offset, source })
+    }
+
+    /// Writes data blocks directly (file data is written before the commit that refers to it).
+    pub fn write_blocks(&mut self, block: u64, buf: &[u8]) -> Result<()> {
+        self.check_writable()?;
+        let offset = block * BLOCK_SIZE_U64;
+        match self.disk.write_at(offset, buf) {
+            Ok(()) => {
+                self.bytes_written += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) => self.poison("write", offset, e),
+        }
+    }
+
+    /// Writes a batch sorted by offset, then nothing else.
+    pub fn write_batch(&mut self, mut writes: Vec<(u64, Vec<u8>)>) -> Result<()> {
+        self.check_writable()?;
+        writes.sort_by_key(|w| w.0);
+        let refs: Vec<(u64, &[u8])> = writes.iter().map(|(b, v)| (b * BLOCK_SIZE_U64, v.as_slice())).collect();
+        match self.disk.write_batch(&refs) {
+            Ok(()) => {
+                self.bytes_written += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
+                Ok(())
+            }
+            Err(e) => {
+                let at = writes.first().map_or(0, |w| w.0 * BLOCK_SIZE_U64);
+                self.poison("write", at, e)
+            }
+        }
+    }
+
+    /// Writes raw bytes at a byte offset (superblocks).
+    pub fn write_raw(&mut self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.check_writable()?;
+        match self.disk.write_at(offset, buf) {
+            Ok(()) => {
+                self.bytes_written += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) => self.poison("write", offset, e),
+        }
+    }
+
+    /// Makes every earlier write durable.
+    pub fn flush(&mut self) -> Result<()> {
+        self.check_writable()?;
+        match self.disk.flush() {
+            Ok(()) => Ok(()),
+            Err(e) => self.poison("flush", 0, e),
+        }
+    }
+
+    /// Reads and verifies the node `ptr` names (a dirty node is returned as is).
+    pub fn node(&mut self, ptr: ChildPtr, owner: u64, level: u8) -> Result<NodeRef> {
+        match ptr {
+            ChildPtr::Dirty(id) => Ok(self.dirty[id as usize].clone()),
+            ChildPtr::Disk { block, generation } => self.read_node(&BlockPtr { block, generation, level }, owner),
+        }
+    }
+
+    /// Reads and verifies a committed node.
+    pub fn read_node(&mut self, ptr: &BlockPtr, owner: u64) -> Result<NodeRef> {
+        if let Some((generation, node)) = self.cache.get(&ptr.block) {
+            if *generation == ptr.generation && node.owner == owner && node.level == ptr.level {
+                return Ok(node.clone());
+            }
+            // Same block, other expectations: fall through and let the read report it.
+        }
+        if ptr.block < crate::limits::RESERVED_BLOCKS || ptr.block >= self.total_blocks {
+            return Err(Error::corrupt(
+                "node",
+                ptr.block,
+                format!("pointer outside the usable area (0..{} reserved, {} blocks)", crate::limits::RESERVED_BLOCKS, self.total_blocks),
+            ));
+        }
+        let mut buf = vec![0u8; crate::limits::BLOCK_SIZE];
+        self.read_blocks(ptr.block, &mut buf)?;
+        let node = Arc::new(Node::decode(&buf, &self.fsid, ptr, owner, self.total_blocks)?);
+        self.cache_insert(ptr.block, ptr.generation, node.clone());
+        Ok(node)
+    }
+
+    fn cache_insert(&mut self, block: u64, generation: u64, node: NodeRef) {
+        if self.cache.len() >= NODE_CACHE_ENTRIES {
+            // Cheap eviction: drop leaves first, keeping interior nodes that every lookup needs.
+            self.cache.retain(|_, (_, n)| n.level > 0);
+            if self.cache.len() >= NODE_CACHE_ENTRIES / 2 {
+                self.cache.clear();
+            }
+        }
+        self.cache.insert(block, (generation, node));
+    }
+
+    /// Makes `ptr`'s node writable in this transaction and returns its arena index.
+    pub fn cow(&mut self, ptr: ChildPtr, owner: u64, level: u8) -> Result<u32> {
+        match ptr {
+            ChildPtr::Dirty(id) => Ok(id),
+            ChildPtr::Disk { block, generation } => {
+                let node = self.read_node(&BlockPtr { block, generation, level }, owner)?;
+                self.free_later(block, 1);
+                Ok(self.push_dirty(Node::clone(&node)))
+            }
+        }
+    }
+
+    /// Adds a new node to the arena.
+    pub fn push_dirty(&mut self, node: Node) -> u32 {
+        self.dirty.push(Arc::new(node));
+        (self.dirty.len() - 1) as u32
+    }
+
+    /// Mutable access to a dirty node.
+    pub fn dirty_mut(&mut self, id: u32) -> &mut Node {
+        Arc::make_mut(&mut self.dirty[id as usize])
+    }
+
+    /// Shared access to a dirty node.
+    pub fn dirty_ref(&self, id: u32) -> &Node {
+        &self.dirty[id as usize]
+    }
+
+    /// Records blocks that the running transaction stops referencing.
+    pub fn free_later(&mut self, start: u64, len: u64) {
+        debug_assert!(self.alloc.is_used(start), "freeing free block {start}");
+        self.freed_this_txn.push((start, len));
+    }
+
+    /// Allocates `len` contiguous blocks near `goal`.
+    pub fn alloc_blocks(&mut self, goal: u64, len: u64) -> Option<u64> {
+        self.alloc.alloc(goal, len)
+    }
+
+    /// Allocates up to `max_len` contiguous blocks near `goal`.
+    pub fn alloc_upto(&mut self, goal: u64, max_len: u64) -> Option<(u64, u64)> {
+        self.alloc.alloc_upto(goal, max_len)
+    }
+
+    /// Writes every dirty node reachable from `root` (children first) and returns the
+    /// root's new on-disk pointer. Writes are queued in `out`, not yet issued.
+    pub fn write_tree(&mut self, root: ChildPtr, level: u8, generation: u64, out: &mut Vec<(u64, Vec<u8>)>) -> Result<BlockPtr> {
+        let block = match root {
+            ChildPtr::Disk { block, generation } => return Ok(BlockPtr { block, generation, level }),
+            ChildPtr::Dirty(id) => {
+                let mut node = Node::clone(self.dirty_ref(id));
+                if let Body::Internal(children) = &mut node.body {
+                    for child in children.iter_mut() {
+                        let p = self.write_tree(child.1, level - 1, generation, out)?;
+                        child.1 = ChildPtr::Disk {
+                            block: p.block,
+                            generation: p.generation,
+                        };
+                    }
+                }
+                let block = match self.alloc.alloc(self.meta_goal, 1) {
+                    Some(b) => b,
+                    None => {
+                        let why = "no free block for a tree node during commit".to_string();
+                        self.poisoned = Some(why.clone());
+                        return Err(Error::NoSpace(why));
+                    }
+                };
+                self.meta_goal = block + 1;
+                out.push((block, node.encode(&self.fsid, block, generation)));
+                self.cache_insert(block, generation, Arc::new(node));
+                block
+            }
+        };
+        Ok(BlockPtr { block, generation, level })
+    }
+
+    /// Ends a transaction after its superblock is durable: the arena is emptied and blocks
+    /// freed one transaction earlier become allocatable.
+    pub fn finish_commit(&mut self) {
+        self.dirty.clear();
+        let release = std::mem::take(&mut self.freed_prev_txn);
+        for (start, len) in release {
+            for b in start..start + len {
+                self.cache.remove(&b);
+            }
+            self.alloc.mark_free(start, len);
+        }
+        self.freed_prev_txn = std::mem::take(&mut self.freed_this_txn);
+    }
+}

@@ -1,0 +1,468 @@
+//! The store: one image, its trees and its transaction. `mkfs` writes a fresh image,
+//! `open` finds the newest valid superblock, rebuilds the free-space bitmaps from the
+//! trees and reclaims orphans, and `commit` makes everything done so far durable.
+//!
+//! Commit protocol (docs/format.md has the byte-level version):
+//! 1. every dirty node is written to a block that was free in the last durable generation;
+//! 2. flush;
+//! 3. the superblock copy `(generation + 1) % 2` is written, pointing at the new roots;
+//! 4. flush. Only now does the commit count, and only now are blocks freed one
+//!    transaction earlier handed back to the allocator.
+//!
+//! A crash before step 4 completes leaves the previous generation (the other copy is
+//! untouched and every block it reaches is intact); after it, the new one.
+
+use std::collections::HashMap;
+
+use crate::alloc::Allocator;
+use crate::btree::Tree;
+use crate::checksum::CSUM_CRC32C;
+use crate::disk::Disk;
+use crate::error::{Error, Result};
+use crate::fs::inode::{le_u64, FileKind, Inode, Timespec, ROOT_INO};
+use crate::key::{kind, Key};
+use crate::limits::{BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MIN_IMAGE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS};
+use crate::node::{BlockPtr, Body, ChildPtr};
+use crate::pager::Pager;
+use crate::superblock::{Superblock, SUPERBLOCK_BYTES};
+
+/// Tree id of the root tree.
+pub const ROOT_TREE_ID: u64 = 1;
+/// Tree id of the refcount tree.
+pub const REFCOUNT_TREE_ID: u64 = 2;
+/// Tree id (and dataset id) of the default dataset's fs tree.
+pub const FS_TREE_ID: u64 = 5;
+
+/// When the store commits by itself.
+#[derive(Clone, Debug)]
+pub struct CommitPolicy {
+    /// Commit after an operation once this many nodes are dirty.
+    pub max_dirty_nodes: usize,
+    /// `tick` commits when this long has passed since the last commit.
+    pub interval_ms: u64,
+}
+
+impl Default for CommitPolicy {
+    fn default() -> Self {
+        CommitPolicy {
+            max_dirty_nodes: 8192,
+            interval_ms: 5_000,
+        }
+    }
+}
+
+/// Counters for benchmarks and `status`.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Commits since open.
+    pub commits: u64,
+    /// Bytes written to the disk since open.
+    pub bytes_written: u64,
+}
+
+/// Per-dataset counters kept in its ROOT_ITEM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DatasetMeta {
+    pub next_ino: u64,
+    pub inode_count: u64,
+}
+
+const ROOT_ITEM_BYTES: usize = 48;
+
+fn encode_root_item(ptr: &BlockPtr, meta: &DatasetMeta) -> Vec<u8> {
+    let mut b = vec![0u8; ROOT_ITEM_BYTES];
+    b[0..8].copy_from_slice(&ptr.block.to_le_bytes());
+    b[8..16].copy_from_slice(&ptr.generation.to_le_bytes());
+    b[16] = ptr.level;
+    b[24..32].copy_from_slice(&meta.next_ino.to_le_bytes());
+    b[32..40].copy_from_slice(&meta.inode_count.to_le_bytes());
+    b
+}
+
+fn decode_root_item(key: Key, b: &[u8], generation: u64) -> Result<(BlockPtr, DatasetMeta)> {
+    if b.len() != ROOT_ITEM_BYTES || b[17..24].iter().chain(&b[40..]).any(|&x| x != 0) {
+        return Err(Error::bad_item(key, 0, format!("root item of {} bytes or with reserved bytes set", b.len())));
+    }
+    let ptr = BlockPtr {
+        block: le_u64(b, 0),
+        generation: le_u64(b, 8),
+        level: b[16],
+    };
+    if ptr.generation > generation {
+        return Err(Error::bad_item(key, 0, format!("root generation {} newer than the superblock's {generation}", ptr.generation)));
+    }
+    Ok((
+        ptr,
+        DatasetMeta {
+            next_ino: le_u64(b, 24),
+            inode_count: le_u64(b, 32),
+        },
+    ))
+}
+
+/// Options for `Store::mkfs`.
+#[derive(Clone, Debug)]
+pub struct MkfsOptions {
+    /// Creation time of the root directory.
+    pub now: Timespec,
+    /// File system id; random when `None`.
+    pub fsid: Option<[u8; 16]>,
+}
+
+/// An open crest image.
+pub struct Store {
+    pub(crate) pager: Pager,
+    pub(crate) sb: Superblock,
+    pub(crate) root_tree: Tree,
+    pub(crate) refcount_tree: Tree,
+    pub(crate) fs: Tree,
+    pub(crate) meta: DatasetMeta,
+    committed_meta: DatasetMeta,
+    pub(crate) open_handles: HashMap<u64, u32>,
+    pub(crate) policy: CommitPolicy,
+    last_commit_ms: Option<u64>,
+    stats: Stats,
+    /// Which superblock copy was used at open, and why the other was not.
+    pub(crate) open_notes: Vec<String>,
+}
+
+impl Store {
+    /// Writes a fresh, empty file system onto `disk`.
+    pub fn mkfs(disk: Box<dyn Disk>, opts: &MkfsOptions) -> Result<()> {
+        let size = disk.size_bytes();
+        if size < MIN_IMAGE_BYTES {
+            return Err(Error::BadImage(format!("image of {size} bytes is smaller than the minimum {MIN_IMAGE_BYTES}")));
+        }
+        let total_blocks = size / BLOCK_SIZE_U64;
+        let fsid = match opts.fsid {
+            Some(id) => id,
+            None => {
+                let mut id = [0u8; 16];
+                crest_rng::os_random_bytes(&mut id).map_err(|e| Error::BadImage(format!("no OS randomness for the fsid: {e}")))?;
+                id
+            }
+        };
+        let mut alloc = Allocator::new(total_blocks, BLOCKS_PER_GROUP);
+        alloc.mark_used(0, RESERVED_BLOCKS);
+        let mut pager = Pager::new(disk, fsid, total_blocks, alloc);
+        // Clear both superblock slots so an older file system's copies cannot win.
+        for off in SUPERBLOCK_OFFSETS {
+            pager.write_raw(off, &[0u8; SUPERBLOCK_BYTES])?;
+        }
+        let root_tree = Tree::create(&mut pager, ROOT_TREE_ID);
+        let refcount_tree = Tree::create(&mut pager, REFCOUNT_TREE_ID);
+        let mut fs = Tree::create(&mut pager, FS_TREE_ID);
+        let root = Inode {
+            ino: ROOT_INO,
+            generation: crest_rng::next_u64(),
+            kind: FileKind::Directory,
+            mode: 0o755,
+            nlink: 2,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            blocks: 0,
+            rdev: 0,
+            atime: opts.now,
+            mtime: opts.now,
+            ctime: opts.now,
+            crtime: opts.now,
+            parent: ROOT_INO,
+            next_index: 0,
+            flags: 0,
+        };
+        fs.insert(&mut pager, Inode::key(ROOT_INO), root.encode())?;
+        let meta = DatasetMeta {
+            next_ino: ROOT_INO + 1,
+            inode_count: 1,
+        };
+        let sb = Superblock {
+            fsid,
+            generation: 0,
+            total_blocks,
+            used_blocks: RESERVED_BLOCKS,
+            root_tree: BlockPtr::default(),
+            refcount_tree: BlockPtr::default(),
+            csum_type: CSUM_CRC32C,
+        };
+        let mut store = Store {
+            pager,
+            sb,
+            root_tree,
+            refcount_tree,
+            fs,
+            meta,
+            committed_meta: DatasetMeta { next_ino: 0, inode_count: 0 },
+            open_handles: HashMap::new(),
+            policy: CommitPolicy::default(),
+            last_commit_ms: None,
+            stats: Stats::default(),
+            open_notes: Vec::new(),
+        };
+        store.commit()?;
+        // Both copies hold generation 1 so a fresh image has its fallback from the start.
+        let other = 1 - Superblock::copy_for_generation(store.sb.generation);
+        let bytes = store.sb.encode(other);
+        store.pager.write_raw(SUPERBLOCK_OFFSETS[other], &bytes)?;
+        store.pager.flush()?;
+        Ok(())
+    }
+
+    /// Opens an image: newest valid superblock wins; falls back to the other copy when
+    /// the newest one's trees cannot be read.
+    pub fn open(disk: Box<dyn Disk>) -> Result<Store> {
+        let size = disk.size_bytes();
+        let image_blocks = size / BLOCK_SIZE_U64;
+        if size < MIN_IMAGE_BYTES {
+            return Err(Error::BadImage(format!("{size} bytes is too small to be a crest image (truncated?)")));
+        }
+        let mut candidates = Vec::new();
+        let mut notes = Vec::new();
+        for (copy, off) in SUPERBLOCK_OFFSETS.iter().enumerate() {
+            let mut buf = vec![0u8; SUPERBLOCK_BYTES];
+            if let Err(e) = disk.read_at(*off, &mut buf) {
+                notes.push(format!("superblock copy {copy}: read failed: {e}"));
+                continue;
+            }
+            match Superblock::decode(&buf, copy, image_blocks) {
+                Ok(sb) => candidates.push(sb),
+                Err(e) => notes.push(format!("superblock copy {copy}: {e}")),
+            }
+        }
+        if candidates.is_empty() {
+            return Err(Error::BadImage(format!("no valid superblock: {}", notes.join("; "))));
+        }
+        if candidates.len() == 2 && candidates[0].fsid != candidates[1].fsid {
+            notes.push("the two superblock copies belong to different file systems; using the newer".into());
+        }
+        candidates.sort_by_key(|sb| std::cmp::Reverse(sb.generation));
+        let mut disk = Some(disk);
+        let mut last_err = None;
+        for sb in candidates {
+            let Some(d) = disk.take() else { break };
+            match Store::load(d, sb.clone()) {
+                Ok(mut store) => {
+                    notes.extend(std::mem::take(&mut store.open_notes));
+                    store.open_notes = notes;
+                    for n in &store.open_notes {
+                        tracing::warn!("{n}");
+                    }
+                    store.reclaim_orphans()?;
+                    return Ok(store);
+                }
+                Err((e, d)) => {
+                    notes.push(format!("generation {} unusable: {e}", sb.generation));
+                    disk = Some(d);
+                    last_err = Some(e);
+                }
+            }
+        }
+        match last_err {
+            Some(e) if e.is_corruption() => Err(Error::BadImage(format!("no usable generation: {}", notes.join("; ")))),
+            Some(e) => Err(e),
+            None => Err(Error::BadImage(notes.join("; "))),
+        }
+    }
+
+    fn load(disk: Box<dyn Disk>, sb: Superblock) -> std::result::Result<Store, (Error, Box<dyn Disk>)> {
+        let mut alloc = Allocator::new(sb.total_blocks, BLOCKS_PER_GROUP);
+        alloc.mark_used(0, RESERVED_BLOCKS);
+        let mut pager = Pager::new(disk, sb.fsid, sb.total_blocks, alloc);
+        let root_tree = Tree::on_disk(ROOT_TREE_ID, sb.root_tree);
+        let refcount_tree = Tree::on_disk(REFCOUNT_TREE_ID, sb.refcount_tree);
+        let loaded = (|| {
+            let item = root_tree
+                .get(&mut pager, &Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0))?
+                .ok_or_else(|| Error::corrupt("root tree", sb.root_tree.block, "no root item for dataset 5"))?;
+            let (fs_ptr, meta) = decode_root_item(Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0), &item, sb.generation)?;
+            let fs = Tree::on_disk(FS_TREE_ID, fs_ptr);
+            let mut notes = Vec::new();
+            rebuild_allocation(&mut pager, &[root_tree, refcount_tree, fs], &refcount_tree, &mut notes)?;
+            if pager.alloc.used_blocks() != sb.used_blocks {
+                notes.push(format!(
+                    "superblock says {} blocks used, the trees reach {} (run crest fsck)",
+                    sb.used_blocks,
+                    pager.alloc.used_blocks()
+                ));
+            }
+            Ok::<_, Error>((fs, meta, notes))
+        })();
+        match loaded {
+            Ok((fs, meta, notes)) => Ok(Store {
+                pager,
+                sb,
+                root_tree,
+                refcount_tree,
+                fs,
+                meta,
+                committed_meta: meta,
+                open_handles: HashMap::new(),
+                policy: CommitPolicy::default(),
+                last_commit_ms: None,
+                stats: Stats::default(),
+                open_notes: notes,
+            }),
+            Err(e) => Err((e, pager.into_disk())),
+        }
+    }
+
+    /// Sets when the store commits by itself.
+    pub fn set_policy(&mut self, policy: CommitPolicy) {
+        self.policy = policy;
+    }
+
+    /// Generation of the last durable commit.
+    pub fn generation(&self) -> u64 {
+        self.sb.generation
+    }
+
+    /// File system id.
+    pub fn fsid(&self) -> [u8; 16] {
+        self.sb.fsid
+    }
+
+    /// What open noticed (a superblock copy skipped, a count that disagreed).
+    pub fn open_notes(&self) -> &[String] {
+        &self.open_notes
+    }
+
+    /// Counters since open.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            bytes_written: self.pager.bytes_written,
+            ..self.stats.clone()
+        }
+    }
+
+    /// True when something waits to be committed.
+    pub fn is_dirty(&self) -> bool {
+        self.fs.is_dirty() || self.root_tree.is_dirty() || self.refcount_tree.is_dirty() || self.meta != self.committed_meta
+    }
+
+    /// Closes the store, committing first; returns the disk.
+    pub fn close(mut self) -> Result<Box<dyn Disk>> {
+        self.commit()?;
+        Ok(self.pager.into_disk())
+    }
+
+    /// Drops the store without committing (what a crash does); returns the disk.
+    pub fn abandon(self) -> Box<dyn Disk> {
+        self.pager.into_disk()
+    }
+
+    /// Commits when the policy's interval has passed; the caller supplies the clock.
+    pub fn tick(&mut self, now_ms: u64) -> Result<()> {
+        let last = *self.last_commit_ms.get_or_insert(now_ms);
+        if now_ms.saturating_sub(last) >= self.policy.interval_ms {
+            self.last_commit_ms = Some(now_ms);
+            if self.is_dirty() {
+                self.commit()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits when the running transaction has grown past the policy's size.
+    pub(crate) fn maybe_commit(&mut self) -> Result<()> {
+        if self.pager.dirty_nodes() >= self.policy.max_dirty_nodes {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Makes everything done so far durable (see the module doc for the protocol).
+    pub fn commit(&mut self) -> Result<()> {
+        self.pager.check_writable()?;
+        if !self.is_dirty() && self.pager.pending_free_blocks() == 0 && self.sb.generation > 0 {
+            return Ok(());
+        }
+        let generation = self.sb.generation + 1;
+        let mut writes = Vec::new();
+        let fs_ptr = self.fs.write(&mut self.pager, generation, &mut writes)?;
+        let root_key = Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0);
+        let item = encode_root_item(&fs_ptr, &self.meta);
+        if self.root_tree.get(&mut self.pager, &root_key)?.as_deref() != Some(item.as_slice()) {
+            self.root_tree.insert(&mut self.pager, root_key, item)?;
+        }
+        let refcount = self.refcount_tree.write(&mut self.pager, generation, &mut writes)?;
+        let root = self.root_tree.write(&mut self.pager, generation, &mut writes)?;
+        self.pager.write_batch(writes)?;
+        self.pager.flush()?;
+        let sb = Superblock {
+            generation,
+            used_blocks: self.pager.alloc.used_blocks() - self.pager.pending_free_blocks(),
+            root_tree: root,
+            refcount_tree: refcount,
+            ..self.sb.clone()
+        };
+        let copy = Superblock::copy_for_generation(generation);
+        self.pager.write_raw(SUPERBLOCK_OFFSETS[copy], &sb.encode(copy))?;
+        self.pager.flush()?;
+        self.sb = sb;
+        self.committed_meta = self.meta;
+        self.pager.finish_commit();
+        self.stats.commits += 1;
+        Ok(())
+    }
+}
+
+/// Marks every block the trees reach as used: all nodes of `trees`, and every data extent
+/// listed in the refcount tree. A block reached twice is corruption.
+fn rebuild_allocation(pager: &mut Pager, trees: &[Tree], refcount: &Tree, notes: &mut Vec<String>) -> Result<()> {
+    for tree in trees {
+        let mut blocks = Vec::new();
+        walk_nodes(pager, tree, &mut |ptr, _| {
+            blocks.push(ptr.block);
+            Ok(())
+        })?;
+        for b in blocks {
+            if pager.alloc.try_mark_used(b, 1).is_err() {
+                return Err(Error::corrupt("node", b, format!("block reached twice (tree {})", tree.owner)));
+            }
+        }
+    }
+    let mut extents = Vec::new();
+    refcount.range(pager, &Key::MIN, &Key::MAX, &mut |k, v| {
+        extents.push((*k, v.len()));
+        Ok(true)
+    })?;
+    for (k, vlen) in extents {
+        if k.kind != kind::EXTENT_REF || vlen != 4 || k.offset == 0 || k.objectid < RESERVED_BLOCKS || k.objectid.checked_add(k.offset).is_none_or(|e| e > pager.total_blocks()) {
+            return Err(Error::bad_item(k, 0, "bad refcount item"));
+        }
+        if let Err(b) = pager.alloc.try_mark_used(k.objectid, k.offset) {
+            notes.push(format!("data block {b} reached twice"));
+            return Err(Error::corrupt("refcount tree", b, "extent overlaps another extent or a node"));
+        }
+    }
+    Ok(())
+}
+
+/// Visits every node of a tree (parents before children) with its pointer and level.
+pub(crate) fn walk_nodes(pager: &mut Pager, tree: &Tree, visit: &mut dyn FnMut(&BlockPtr, &crate::node::Node) -> Result<()>) -> Result<()> {
+    let ChildPtr::Disk { block, generation } = tree.root else {
+        return Err(Error::Invalid("walking a tree with uncommitted changes".into()));
+    };
+    let mut stack = vec![BlockPtr { block, generation, level: tree.level }];
+    while let Some(ptr) = stack.pop() {
+        let node = pager.read_node(&ptr, tree.owner)?;
+        visit(&ptr, &node)?;
+        if let Body::Internal(children) = &node.body {
+            for (_, c) in children.iter().rev() {
+                if let ChildPtr::Disk { block, generation } = c {
+                    stack.push(BlockPtr { block: *block, generation: *generation, level: ptr.level - 1 });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("generation", &self.sb.generation).field("total_blocks", &self.sb.total_blocks).finish()
+    }
+}
+
+/// Bytes per block, re-exported for callers sizing buffers.
+pub const STORE_BLOCK_SIZE: usize = BLOCK_SIZE;

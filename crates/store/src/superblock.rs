@@ -1,0 +1,246 @@
+//! The superblock: the one place a commit overwrites in place. Two copies live at fixed
+//! offsets; commit of generation `g` writes copy `g % 2` only, so the other copy always
+//! holds the previous generation intact. At open the newest copy that verifies wins.
+//!
+//! Invariants:
+//! - a superblock is written only after every node it points to is durable (flush first);
+//! - both copies share magic, version, fsid and size; they differ only in generation,
+//!   roots and counters;
+//! - a copy whose checksum, magic, version, own copy index or geometry is wrong is ignored
+//!   (with the reason kept for the error message if no copy is usable).
+
+use crate::checksum::{crc32c, CSUM_CRC32C};
+use crate::error::{Error, Result};
+use crate::limits::{BLOCK_SIZE, SUPERBLOCK_OFFSETS};
+use crate::node::BlockPtr;
+
+/// "CRESTFS1" — the magic number.
+pub const MAGIC: [u8; 8] = *b"CRESTFS1";
+/// Format version this code writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes of a superblock on disk (one block; the tail is zero).
+pub const SUPERBLOCK_BYTES: usize = BLOCK_SIZE;
+
+/// Decoded superblock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    /// Identifies this file system; every node carries it.
+    pub fsid: [u8; 16],
+    /// Generation of the last commit.
+    pub generation: u64,
+    /// Blocks in the image.
+    pub total_blocks: u64,
+    /// Blocks in use (metadata nodes, data extents, reserved area) at this generation.
+    pub used_blocks: u64,
+    /// Root of the root tree (datasets).
+    pub root_tree: BlockPtr,
+    /// Root of the refcount tree (data extent references).
+    pub refcount_tree: BlockPtr,
+    /// Checksum algorithm for nodes and data (`CSUM_CRC32C`).
+    pub csum_type: u8,
+}
+
+// Byte layout (all little-endian): see docs/format.md.
+const OFF_CSUM: usize = 0; // 32 bytes, crc32c in the first 4, of bytes 32..4096
+const OFF_MAGIC: usize = 32;
+const OFF_VERSION: usize = 40;
+const OFF_COPY: usize = 44; // which copy this is (0 or 1)
+const OFF_CSUM_TYPE: usize = 45;
+const OFF_BLOCK_SIZE: usize = 48;
+const OFF_FSID: usize = 52;
+const OFF_GENERATION: usize = 68;
+const OFF_TOTAL_BLOCKS: usize = 76;
+const OFF_USED_BLOCKS: usize = 84;
+const OFF_ROOT_TREE: usize = 92; // block u64, generation u64, level u8
+const OFF_REFCOUNT_TREE: usize = 109;
+const END: usize = 126;
+
+fn get_u64(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn get_u32(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn put_ptr(b: &mut [u8], off: usize, p: &BlockPtr) {
+    b[off..off + 8].copy_from_slice(&p.block.to_le_bytes());
+    b[off + 8..off + 16].copy_from_slice(&p.generation.to_le_bytes());
+    b[off + 16] = p.level;
+}
+
+fn get_ptr(b: &[u8], off: usize) -> BlockPtr {
+    BlockPtr {
+        block: get_u64(b, off),
+        generation: get_u64(b, off + 8),
+        level: b[off + 16],
+    }
+}
+
+impl Superblock {
+    /// Block number of copy `copy`.
+    pub fn block_of_copy(copy: usize) -> u64 {
+        SUPERBLOCK_OFFSETS[copy] / BLOCK_SIZE as u64
+    }
+
+    /// The copy a commit of this generation writes.
+    pub fn copy_for_generation(generation: u64) -> usize {
+        (generation % 2) as usize
+    }
+
+    /// Encodes copy `copy` with its checksum.
+    pub fn encode(&self, copy: usize) -> Vec<u8> {
+        let mut b = vec![0u8; SUPERBLOCK_BYTES];
+        b[OFF_MAGIC..OFF_MAGIC + 8].copy_from_slice(&MAGIC);
+        b[OFF_VERSION..OFF_VERSION + 4].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[OFF_COPY] = copy as u8;
+        b[OFF_CSUM_TYPE] = self.csum_type;
+        b[OFF_BLOCK_SIZE..OFF_BLOCK_SIZE + 4].copy_from_slice(&(BLOCK_SIZE as u32).to_le_bytes());
+        b[OFF_FSID..OFF_FSID + 16].copy_from_slice(&self.fsid);
+        b[OFF_GENERATION..OFF_GENERATION + 8].copy_from_slice(&self.generation.to_le_bytes());
+        b[OFF_TOTAL_BLOCKS..OFF_TOTAL_BLOCKS + 8].copy_from_slice(&self.total_blocks.to_le_bytes());
+        b[OFF_USED_BLOCKS..OFF_USED_BLOCKS + 8].copy_from_slice(&self.used_blocks.to_le_bytes());
+        put_ptr(&mut b, OFF_ROOT_TREE, &self.root_tree);
+        put_ptr(&mut b, OFF_REFCOUNT_TREE, &self.refcount_tree);
+        debug_assert!(END <= SUPERBLOCK_BYTES);
+        let csum = crc32c(&b[32..]);
+        b[OFF_CSUM..OFF_CSUM + 4].copy_from_slice(&csum.to_le_bytes());
+        b
+    }
+
+    /// Decodes and verifies copy `copy` read from its fixed place in an image of
+    /// `image_blocks` blocks. Errors say exactly what is wrong.
+    pub fn decode(b: &[u8], copy: usize, image_blocks: u64) -> Result<Superblock> {
+        let block = Superblock::block_of_copy(copy);
+        let bad = |detail: String| Error::corrupt("superblock", block, detail);
+        if b.len() != SUPERBLOCK_BYTES {
+            return Err(bad(format!("{} bytes, expected {SUPERBLOCK_BYTES}", b.len())));
+        }
+        if b[OFF_MAGIC..OFF_MAGIC + 8] != MAGIC {
+            return Err(bad(format!(
+                "bad magic {:02x?} (not a crest image?)",
+                &b[OFF_MAGIC..OFF_MAGIC + 8]
+            )));
+        }
+        let version = get_u32(b, OFF_VERSION);
+        if version != FORMAT_VERSION {
+            return Err(bad(format!(
+                "format version {version}, this crest reads version {FORMAT_VERSION}"
+            )));
+        }
+        let stored = get_u32(b, OFF_CSUM);
+        let computed = crc32c(&b[32..]);
+        if stored != computed {
+            return Err(bad(format!(
+                "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+            )));
+        }
+        if b[OFF_CSUM + 4..OFF_CSUM + 32].iter().any(|&x| x != 0) {
+            return Err(bad("non-zero bytes in the checksum tail".into()));
+        }
+        if usize::from(b[OFF_COPY]) != copy {
+            return Err(bad(format!(
+                "copy index {} found where copy {copy} belongs (misdirected write?)",
+                b[OFF_COPY]
+            )));
+        }
+        let csum_type = b[OFF_CSUM_TYPE];
+        if csum_type != CSUM_CRC32C {
+            return Err(bad(format!("unknown checksum type {csum_type}")));
+        }
+        let block_size = get_u32(b, OFF_BLOCK_SIZE);
+        if block_size as usize != BLOCK_SIZE {
+            return Err(bad(format!("block size {block_size}, expected {BLOCK_SIZE}")));
+        }
+        let total_blocks = get_u64(b, OFF_TOTAL_BLOCKS);
+        if total_blocks > image_blocks {
+            return Err(bad(format!(
+                "file system has {total_blocks} blocks but the image holds only {image_blocks} (truncated image?)"
+            )));
+        }
+        let used_blocks = get_u64(b, OFF_USED_BLOCKS);
+        if used_blocks > total_blocks {
+            return Err(bad(format!("{used_blocks} used blocks of {total_blocks}")));
+        }
+        let mut fsid = [0u8; 16];
+        fsid.copy_from_slice(&b[OFF_FSID..OFF_FSID + 16]);
+        let sb = Superblock {
+            fsid,
+            generation: get_u64(b, OFF_GENERATION),
+            total_blocks,
+            used_blocks,
+            root_tree: get_ptr(b, OFF_ROOT_TREE),
+            refcount_tree: get_ptr(b, OFF_REFCOUNT_TREE),
+            csum_type,
+        };
+        for (name, p) in [("root tree", &sb.root_tree), ("refcount tree", &sb.refcount_tree)] {
+            if p.block >= total_blocks || p.generation > sb.generation {
+                return Err(bad(format!(
+                    "{name} root {p:?} outside the image or newer than generation {}",
+                    sb.generation
+                )));
+            }
+        }
+        Ok(sb)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Superblock {
+        Superblock {
+            fsid: [7; 16],
+            generation: 42,
+            total_blocks: 10_000,
+            used_blocks: 300,
+            root_tree: BlockPtr {
+                block: 300,
+                generation: 41,
+                level: 0,
+            },
+            refcount_tree: BlockPtr {
+                block: 301,
+                generation: 42,
+                level: 1,
+            },
+            csum_type: CSUM_CRC32C,
+        }
+    }
+
+    #[test]
+    fn roundtrip_both_copies() {
+        for copy in 0..2 {
+            let b = sample().encode(copy);
+            assert_eq!(Superblock::decode(&b, copy, 10_000).ok(), Some(sample()));
+        }
+    }
+
+    #[test]
+    fn every_single_byte_flip_is_caught() {
+        let good = sample().encode(0);
+        for i in 0..good.len() {
+            let mut b = good.clone();
+            b[i] ^= 0x10;
+            assert!(Superblock::decode(&b, 0, 10_000).is_err(), "flip at byte {i} accepted");
+        }
+    }
+
+    #[test]
+    fn misplaced_copy_and_truncated_image_are_refused() {
+        let b = sample().encode(0);
+        let e = Superblock::decode(&b, 1, 10_000).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("misdirected")));
+        let e = Superblock::decode(&b, 0, 5_000).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("truncated")));
+        let e = Superblock::decode(&b[..100], 0, 10_000).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("bytes")));
+        let e = Superblock::decode(&[0u8; SUPERBLOCK_BYTES], 0, 10_000).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.contains("magic")));
+    }
+}
