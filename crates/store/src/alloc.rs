@@ -141,7 +141,10 @@ impl Allocator {
     fn first_used_in(&self, start: u64, len: u64) -> Option<u64> {
         pieces(start, len, self.blocks_per_group).find_map(|(g, off, n)| {
             let base = g as u64 * self.blocks_per_group;
-            self.groups[g].bitmap.find_set_in(off, off + n).map(|b| base + b)
+            self.groups[g]
+                .bitmap
+                .find_set_in(off, off + n)
+                .map(|b| base + b)
         })
     }
 
@@ -149,7 +152,10 @@ impl Allocator {
     fn first_free_in(&self, start: u64, len: u64) -> Option<u64> {
         pieces(start, len, self.blocks_per_group).find_map(|(g, off, n)| {
             let base = g as u64 * self.blocks_per_group;
-            self.groups[g].bitmap.find_clear_in(off, off + n).map(|b| base + b)
+            self.groups[g]
+                .bitmap
+                .find_clear_in(off, off + n)
+                .map(|b| base + b)
         })
     }
 
@@ -242,7 +248,10 @@ impl Allocator {
             if group.free < len {
                 return None;
             }
-            group.bitmap.find_clear_run_in(from, to, len).map(|s| (g, s))
+            group
+                .bitmap
+                .find_clear_run_in(from, to, len)
+                .map(|s| (g, s))
         })
     }
 
@@ -382,7 +391,8 @@ mod tests {
             let groups = total.div_ceil(self.per_group);
             let g0 = goal / self.per_group;
             let group_end = |g: u64| ((g + 1) * self.per_group).min(total);
-            let mut out: Vec<(u64, u64)> = (goal..group_end(g0)).map(|s| (s, group_end(g0))).collect();
+            let mut out: Vec<(u64, u64)> =
+                (goal..group_end(g0)).map(|s| (s, group_end(g0))).collect();
             for i in 1..groups {
                 let g = (g0 + i) % groups;
                 out.extend((g * self.per_group..group_end(g)).map(|s| (s, group_end(g))));
@@ -523,9 +533,15 @@ mod tests {
         assert_eq!(a.used_blocks(), 10);
         assert_eq!(a.try_mark_used(90, 60), Ok(()));
         assert_eq!(a.used_blocks(), 70);
-        assert_eq!(a.iter_free_runs().collect::<Vec<_>>(), vec![(0, 90), (160, 140)]);
+        assert_eq!(
+            a.iter_free_runs().collect::<Vec<_>>(),
+            vec![(0, 90), (160, 140)]
+        );
         a.mark_free(95, 60);
-        assert_eq!(a.iter_free_runs().collect::<Vec<_>>(), vec![(0, 90), (95, 60), (160, 140)]);
+        assert_eq!(
+            a.iter_free_runs().collect::<Vec<_>>(),
+            vec![(0, 90), (95, 60), (160, 140)]
+        );
     }
 
     #[test]

@@ -106,7 +106,7 @@ impl Superblock {
         b[OFF_USED_BLOCKS..OFF_USED_BLOCKS + 8].copy_from_slice(&self.used_blocks.to_le_bytes());
         put_ptr(&mut b, OFF_ROOT_TREE, &self.root_tree);
         put_ptr(&mut b, OFF_REFCOUNT_TREE, &self.refcount_tree);
-        debug_assert!(END <= SUPERBLOCK_BYTES);
+        const { assert!(END <= SUPERBLOCK_BYTES) };
         let csum = crc32c(&b[32..]);
         b[OFF_CSUM..OFF_CSUM + 4].copy_from_slice(&csum.to_le_bytes());
         b

@@ -124,7 +124,7 @@ mod tests {
         let a = DirEntry { name: b"hello".to_vec(), ino: 42, kind: FileKind::Regular, index: 3 };
         let b = DirEntry { name: vec![b'x'; 255], ino: 43, kind: FileKind::Directory, index: 9 };
         let key = entry_key(1, b"hello");
-        let enc = encode_entries(&[a.clone()]);
+        let enc = encode_entries(std::slice::from_ref(&a));
         assert_eq!(decode_entries(key, &enc, 0).ok(), Some(vec![a.clone()]));
         for cut in 0..enc.len() {
             assert!(decode_entries(key, &enc[..cut], 0).is_err(), "cut {cut}");

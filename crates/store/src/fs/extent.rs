@@ -76,7 +76,7 @@ impl Extent {
                 if n == 0 || n > MAX_EXTENT_BLOCKS || b.len() as u64 != 13 + 4 * n {
                     return Err(bad(format!("extent of {n} blocks in {} bytes", b.len())));
                 }
-                if key.offset % BLOCK_SIZE_U64 != 0 {
+                if !key.offset.is_multiple_of(BLOCK_SIZE_U64) {
                     return Err(bad("extent not block-aligned".into()));
                 }
                 if disk_block < crate::limits::RESERVED_BLOCKS || disk_block.checked_add(n).is_none_or(|e| e > total_blocks) {
@@ -362,7 +362,7 @@ impl Store {
             buf[..old.len()].copy_from_slice(&old);
         }
         let tail_block_start = last * BLOCK_SIZE_U64;
-        if end % BLOCK_SIZE_U64 != 0 && (last != first || head == 0) {
+        if !end.is_multiple_of(BLOCK_SIZE_U64) && (last != first || head == 0) {
             let old = self.read_data(inode, tail_block_start, BLOCK_SIZE_U64)?;
             let at = (tail_block_start - first * BLOCK_SIZE_U64) as usize;
             buf[at..at + old.len()].copy_from_slice(&old);
@@ -394,7 +394,7 @@ impl Store {
         if size < inode.size {
             let keep = size.div_ceil(BLOCK_SIZE_U64);
             inode.blocks -= self.unmap_blocks(inode.ino, keep, u64::MAX / BLOCK_SIZE_U64)?;
-            if size % BLOCK_SIZE_U64 != 0 {
+            if !size.is_multiple_of(BLOCK_SIZE_U64) {
                 let block_start = (keep - 1) * BLOCK_SIZE_U64;
                 if !self.extents_overlapping(inode.ino, block_start, block_start + 1)?.is_empty() {
                     let mut old = self.read_data(inode, block_start, BLOCK_SIZE_U64)?;

@@ -291,6 +291,7 @@ impl Store {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn new_inode(&mut self, kind: FileKind, mode: u32, uid: u32, gid: u32, rdev: u64, parent: u64, now: Timespec) -> Inode {
         let ino = self.meta.next_ino;
         self.meta.next_ino += 1;

@@ -1,0 +1,231 @@
+//! End-to-end scenarios on an in-memory image: every namespace operation, data at every
+//! size class, reopen, and fsck after each scenario.
+
+mod common;
+use common::*;
+use crest_store::{Error, FallocateMode, FileKind, RenameFlags, SetAttr, Store, ROOT_INO};
+
+#[test]
+fn mkfs_then_fsck_is_clean_and_root_exists() {
+    let disk = fresh(16);
+    let r = assert_clean(&disk);
+    assert_eq!(r.inodes, 1);
+    let mut s = open(&disk);
+    let root = s.getattr(ROOT_INO).expect("root");
+    assert_eq!(root.kind, FileKind::Directory);
+    assert_eq!(root.nlink, 2);
+}
+
+#[test]
+fn many_files_split_the_tree_and_survive_reopen() {
+    let disk = fresh(64);
+    let mut s = open(&disk);
+    let d = s.create(ROOT_INO, b"dir", FileKind::Directory, 0o755, 0, 0, 0, t(2)).expect("mkdir").ino;
+    for i in 0..3000u32 {
+        let name = format!("file-{i:05}");
+        let ino = s.create(d, name.as_bytes(), FileKind::Regular, 0o644, 1, 2, 0, t(3)).expect("create").ino;
+        s.write(ino, 0, name.as_bytes(), t(4)).expect("write");
+    }
+    s.commit().expect("commit");
+    drop(s);
+    assert_clean(&disk);
+    let mut s = open(&disk);
+    for i in (0..3000u32).step_by(7) {
+        let name = format!("file-{i:05}");
+        let ino = s.lookup(d, name.as_bytes()).expect("lookup").ino;
+        assert_eq!(s.read(ino, 0, 100).expect("read"), name.as_bytes());
+    }
+    assert_eq!(s.readdir(d, 0, 10_000).expect("readdir").len(), 3000);
+    // Delete them all: the tree shrinks back and fsck stays clean.
+    for i in 0..3000u32 {
+        s.unlink(d, format!("file-{i:05}").as_bytes(), t(5)).expect("unlink");
+    }
+    s.rmdir(ROOT_INO, b"dir", t(6)).expect("rmdir");
+    s.commit().expect("commit");
+    drop(s);
+    let r = assert_clean(&disk);
+    assert_eq!(r.inodes, 1);
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+#[test]
+fn data_inline_extent_overwrite_truncate_punch() {
+    let disk = fresh(64);
+    let mut s = open(&disk);
+    let ino = s.create(ROOT_INO, b"f", FileKind::Regular, 0o644, 0, 0, 0, t(2)).expect("create").ino;
+    let mut model = Vec::new();
+    let write = |s: &mut Store, model: &mut Vec<u8>, off: usize, data: &[u8]| {
+        s.write(ino, off as u64, data, t(3)).expect("write");
+        if model.len() < off + data.len() {
+            model.resize(off + data.len(), 0);
+        }
+        model[off..off + data.len()].copy_from_slice(data);
+    };
+    write(&mut s, &mut model, 0, &pattern(100, 1)); // inline
+    write(&mut s, &mut model, 50, &pattern(900, 2)); // still inline
+    assert_eq!(s.read(ino, 0, 10_000).expect("read"), model);
+    write(&mut s, &mut model, 1000, &pattern(5000, 3)); // converts to extents
+    assert_eq!(s.read(ino, 0, 1 << 20).expect("read"), model);
+    write(&mut s, &mut model, 3, &pattern(10, 4)); // partial block rewrite
+    write(&mut s, &mut model, 8190, &pattern(3_000_000, 5)); // multi-extent
+    assert_eq!(s.read(ino, 0, 4 << 20).expect("read"), model);
+    write(&mut s, &mut model, 5_000_000, &pattern(7, 6)); // sparse
+    assert_eq!(s.read(ino, 0, 8 << 20).expect("read"), model);
+    assert_eq!(s.read(ino, 4_000_000, 10).expect("hole"), vec![0; 10]);
+    s.commit().expect("commit");
+    assert_clean(&disk);
+    // Truncate into the middle of a block, then grow: the tail reads as zeros.
+    s.setattr(ino, &SetAttr { size: Some(10_000), ..Default::default() }, t(4)).expect("truncate");
+    model.truncate(10_000);
+    s.setattr(ino, &SetAttr { size: Some(20_000), ..Default::default() }, t(4)).expect("extend");
+    model.resize(20_000, 0);
+    assert_eq!(s.read(ino, 0, 1 << 20).expect("read"), model);
+    // Punch a hole across block edges.
+    s.fallocate(ino, 3000, 9000, FallocateMode { keep_size: true, punch_hole: true, zero_range: false }, t(5)).expect("punch");
+    model[3000..12_000].fill(0);
+    assert_eq!(s.read(ino, 0, 1 << 20).expect("read"), model);
+    // Preallocate past the end.
+    s.fallocate(ino, 0, 40_000, FallocateMode::default(), t(6)).expect("fallocate");
+    model.resize(40_000, 0);
+    assert_eq!(s.read(ino, 0, 1 << 20).expect("read"), model);
+    assert_eq!(s.getattr(ino).expect("attr").blocks, 10);
+    s.commit().expect("commit");
+    drop(s);
+    assert_clean(&disk);
+    let mut s = open(&disk);
+    assert_eq!(s.read(ino, 0, 1 << 20).expect("read"), model);
+}
+
+#[test]
+fn rename_variants() {
+    let disk = fresh(16);
+    let mut s = open(&disk);
+    let a = s.create(ROOT_INO, b"a", FileKind::Directory, 0o755, 0, 0, 0, t(2)).expect("a").ino;
+    let b = s.create(ROOT_INO, b"b", FileKind::Directory, 0o755, 0, 0, 0, t(2)).expect("b").ino;
+    let f = s.create(a, b"f", FileKind::Regular, 0o644, 0, 0, 0, t(2)).expect("f").ino;
+    let g = s.create(b, b"g", FileKind::Regular, 0o644, 0, 0, 0, t(2)).expect("g").ino;
+    s.rename(a, b"f", b, b"f2", RenameFlags::default(), t(3)).expect("move");
+    assert_eq!(s.lookup(b, b"f2").expect("f2").ino, f);
+    assert!(matches!(s.lookup(a, b"f"), Err(Error::NotFound(_))));
+    let noreplace = RenameFlags { noreplace: true, exchange: false };
+    assert!(matches!(s.rename(b, b"f2", b, b"g", noreplace, t(3)), Err(Error::Exists(_))));
+    let exchange = RenameFlags { noreplace: false, exchange: true };
+    s.rename(b, b"f2", b, b"g", exchange, t(3)).expect("exchange");
+    assert_eq!(s.lookup(b, b"g").expect("g").ino, f);
+    assert_eq!(s.lookup(b, b"f2").expect("f2").ino, g);
+    // Replace a file: the old one is gone.
+    s.rename(b, b"g", b, b"f2", RenameFlags::default(), t(4)).expect("replace");
+    assert!(matches!(s.getattr(g), Err(Error::NotFound(_))));
+    // A directory into its own subtree is refused.
+    s.rename(ROOT_INO, b"a", b, b"a", RenameFlags::default(), t(5)).expect("move dir");
+    assert!(matches!(s.rename(ROOT_INO, b"b", a, b"x", RenameFlags::default(), t(5)), Err(Error::Invalid(_))));
+    assert_eq!(s.getattr(b).expect("b").nlink, 3);
+    assert_eq!(s.getattr(ROOT_INO).expect("root").nlink, 3);
+    // Exchange a directory with a file across directories.
+    let c = s.create(ROOT_INO, b"c", FileKind::Regular, 0o644, 0, 0, 0, t(6)).expect("c").ino;
+    s.rename(b, b"a", ROOT_INO, b"c", exchange, t(6)).expect("exchange dir/file");
+    assert_eq!(s.lookup(ROOT_INO, b"c").expect("c").ino, a);
+    assert_eq!(s.lookup(b, b"a").expect("a").ino, c);
+    assert_eq!(s.getattr(a).expect("a").parent, ROOT_INO);
+    s.commit().expect("commit");
+    assert_clean(&disk);
+}
+
+#[test]
+fn unlink_open_file_keeps_it_until_release_and_crash_reclaims() {
+    let disk = fresh(16);
+    let mut s = open(&disk);
+    let f = s.create(ROOT_INO, b"f", FileKind::Regular, 0o644, 0, 0, 0, t(2)).expect("f").ino;
+    s.write(f, 0, &vec![7u8; 100_000], t(2)).expect("write");
+    s.open_handle(f).expect("open");
+    let u = s.unlink(ROOT_INO, b"f", t(3)).expect("unlink");
+    assert!(!u.destroyed);
+    assert_eq!(s.read(f, 99_990, 100).expect("read after unlink"), vec![7u8; 10]);
+    s.commit().expect("commit");
+    assert_clean(&disk); // on the orphan list: clean
+    let free_before = s.statfs().free_blocks;
+    // Crash with the file still open: the next open reclaims it.
+    drop(s);
+    let mut s = open(&disk);
+    assert!(matches!(s.getattr(f), Err(Error::NotFound(_))));
+    assert!(s.statfs().free_blocks >= free_before + 24);
+    drop(s);
+    let r = assert_clean(&disk);
+    assert_eq!(r.inodes, 1);
+    // And the normal path: release destroys.
+    let mut s = open(&disk);
+    let g = s.create(ROOT_INO, b"g", FileKind::Regular, 0o644, 0, 0, 0, t(2)).expect("g").ino;
+    s.open_handle(g).expect("open");
+    s.unlink(ROOT_INO, b"g", t(3)).expect("unlink");
+    s.release_handle(g).expect("release");
+    assert!(matches!(s.getattr(g), Err(Error::NotFound(_))));
+}
+
+#[test]
+fn errors_are_typed() {
+    let disk = fresh(16);
+    let mut s = open(&disk);
+    let f = s.create(ROOT_INO, b"f", FileKind::Regular, 0o644, 0, 0, 0, t(2)).expect("f").ino;
+    let d = s.create(ROOT_INO, b"d", FileKind::Directory, 0o755, 0, 0, 0, t(2)).expect("d").ino;
+    s.create(d, b"x", FileKind::Fifo, 0o644, 0, 0, 0, t(2)).expect("fifo");
+    assert_eq!(errno(s.create(ROOT_INO, b"f", FileKind::Regular, 0, 0, 0, 0, t(3))), Some(17));
+    assert_eq!(errno(s.create(ROOT_INO, &[b'n'; 256], FileKind::Regular, 0, 0, 0, 0, t(3))), Some(36));
+    assert_eq!(errno(s.lookup(ROOT_INO, b"nope")), Some(2));
+    assert_eq!(errno(s.lookup(f, b"x")), Some(20));
+    assert_eq!(errno(s.rmdir(ROOT_INO, b"d", t(3))), Some(39));
+    assert_eq!(errno(s.rmdir(ROOT_INO, b"f", t(3))), Some(20));
+    assert_eq!(errno(s.unlink(ROOT_INO, b"d", t(3))), Some(21));
+    assert_eq!(errno(s.link(d, ROOT_INO, b"dl", t(3))), Some(1));
+    assert_eq!(errno(s.getxattr(f, b"user.none")), Some(61));
+    assert_eq!(errno(s.write(d, 0, b"x", t(3))), Some(21));
+    s.setxattr(f, b"user.a", b"1", t(4)).expect("setxattr");
+    assert_eq!(s.getxattr(f, b"user.a").expect("get"), b"1");
+    s.removexattr(f, b"user.a", t(4)).expect("remove");
+    assert_eq!(errno(s.removexattr(f, b"user.a", t(4))), Some(61));
+    let l = s.symlink(ROOT_INO, b"l", &vec![b'p'; 4000], 0, 0, t(5)).expect("long symlink");
+    assert_eq!(s.readlink(l.ino).expect("readlink").len(), 4000);
+    s.commit().expect("commit");
+    assert_clean(&disk);
+}
+
+#[test]
+fn enospc_is_clean_and_space_comes_back() {
+    let disk = fresh(8);
+    let mut s = open(&disk);
+    let mut files = Vec::new();
+    let chunk = vec![0xabu8; 256 * 1024];
+    'fill: for i in 0..1000 {
+        let name = format!("f{i}");
+        let ino = match s.create(ROOT_INO, name.as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, t(2)) {
+            Ok(i) => i.ino,
+            Err(e) => {
+                assert_eq!(e.errno(), 28, "{e}");
+                break 'fill;
+            }
+        };
+        files.push(name);
+        if let Err(e) = s.write(ino, 0, &chunk, t(2)) {
+            assert_eq!(e.errno(), 28, "{e}");
+            break 'fill;
+        }
+    }
+    assert!(files.len() > 5);
+    s.commit().expect("commit at full");
+    assert_clean(&disk);
+    for f in &files {
+        s.unlink(ROOT_INO, f.as_bytes(), t(3)).expect("unlink when full");
+    }
+    s.commit().expect("commit");
+    s.commit().expect("commit");
+    let ino = s.create(ROOT_INO, b"again", FileKind::Regular, 0o644, 0, 0, 0, t(4)).expect("create").ino;
+    s.write(ino, 0, &chunk, t(4)).expect("space is usable again");
+    s.commit().expect("commit");
+    assert_clean(&disk);
+}
+
+fn errno<T>(r: Result<T, Error>) -> Option<i32> {
+    r.err().map(|e| e.errno())
+}
