@@ -1,1 +1,218 @@
-fn main() {}
+//! `crest`, the one binary: the top of the data path for administrators. Today it
+//! creates images (`mkfs`) and checks them (`fsck`); `serve` and `mount` arrive with the
+//! server and client crates. Output is for people by default and JSON with `--json`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use crest_store::{check, FileDisk, MkfsOptions, Store, Timespec};
+
+#[derive(Parser, Debug)]
+#[command(name = "crest", version, about = "crest: a coherent remote file system")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a new, empty crest file system on an image file or block device.
+    Mkfs {
+        /// Image file (created sparse if missing) or block device.
+        image: PathBuf,
+        /// Size of a new image file, e.g. 20G, 512M, 65536K or plain bytes.
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        /// Overwrite an existing crest file system.
+        #[arg(long)]
+        force: bool,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every checksum and structural invariant of an image (read-only).
+    Fsck {
+        /// Image file or block device.
+        image: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Parses sizes like `20G`, `512M`, `4k` or `1048576` (binary units).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    if digits.is_empty() {
+        return Err(format!("size {s:?} does not start with a number"));
+    }
+    let n: u64 = digits.parse().map_err(|e| format!("size {s:?}: {e}"))?;
+    let shift = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        other => return Err(format!("unknown size unit {other:?} in {s:?} (use K, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+fn now() -> Timespec {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timespec::new(d.as_secs() as i64, d.subsec_nanos())
+}
+
+fn looks_like_crest(path: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return false };
+    let mut magic = [0u8; 8];
+    crest_store::limits::SUPERBLOCK_OFFSETS.iter().any(|off| {
+        f.seek(SeekFrom::Start(off + 32)).is_ok()
+            && f.read_exact(&mut magic).is_ok()
+            && magic == crest_store::superblock::MAGIC
+    })
+}
+
+fn mkfs(image: &Path, size: Option<u64>, force: bool, json: bool) -> Result<()> {
+    let exists = image.exists();
+    if exists && looks_like_crest(image) && !force {
+        bail!("{} already holds a crest file system; pass --force to overwrite it", image.display());
+    }
+    let disk = match (exists, size) {
+        (_, Some(size)) => FileDisk::create(image, size),
+        (true, None) => FileDisk::open(image),
+        (false, None) => bail!("{} does not exist: give --size to create it", image.display()),
+    }
+    .with_context(|| format!("opening {}", image.display()))?;
+    Store::mkfs(Box::new(disk), &MkfsOptions { now: now(), fsid: None })
+        .with_context(|| format!("creating a file system on {}", image.display()))?;
+    let disk = FileDisk::open(image).with_context(|| format!("reopening {}", image.display()))?;
+    let store = Store::open(Box::new(disk)).context("opening the new file system")?;
+    let st = store.statfs();
+    let fsid: String = store.fsid().iter().map(|b| format!("{b:02x}")).collect();
+    if json {
+        let v = serde_json::json!({
+            "image": image.display().to_string(), "fsid": fsid,
+            "block_size": st.block_size, "total_blocks": st.total_blocks, "free_blocks": st.free_blocks,
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "created crest file system {fsid} on {}: {} blocks of {} bytes ({} MiB), {} free",
+            image.display(),
+            st.total_blocks,
+            st.block_size,
+            st.total_blocks * u64::from(st.block_size) >> 20,
+            st.free_blocks
+        );
+    }
+    Ok(())
+}
+
+fn fsck(image: &Path, json: bool) -> Result<bool> {
+    let file = std::fs::File::open(image).with_context(|| format!("opening {}", image.display()))?;
+    let disk = ReadOnlyDisk { size: file_size(&file)?, file };
+    let report = check::fsck(Box::new(disk)).with_context(|| format!("checking {}", image.display()))?;
+    if json {
+        let v = serde_json::json!({
+            "image": image.display().to_string(), "clean": report.is_clean(), "generation": report.generation,
+            "problems": report.problems, "notes": report.notes, "inodes": report.inodes,
+            "directories": report.directories, "nodes": report.nodes, "data_blocks": report.data_blocks,
+            "used_blocks": report.used_blocks, "total_blocks": report.total_blocks,
+        });
+        println!("{v}");
+    } else {
+        for n in &report.notes {
+            println!("note: {n}");
+        }
+        for p in &report.problems {
+            println!("problem: {p}");
+        }
+        println!(
+            "{}: generation {}, {} inodes ({} directories), {} tree nodes, {} data blocks verified, {}/{} blocks used: {}",
+            image.display(),
+            report.generation,
+            report.inodes,
+            report.directories,
+            report.nodes,
+            report.data_blocks,
+            report.used_blocks,
+            report.total_blocks,
+            if report.is_clean() { "clean".to_string() } else { format!("{} problems", report.problems.len()) }
+        );
+    }
+    Ok(report.is_clean())
+}
+
+fn file_size(file: &std::fs::File) -> Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let meta = file.metadata()?;
+    if meta.file_type().is_file() {
+        Ok(meta.len())
+    } else {
+        Ok(file.try_clone()?.seek(SeekFrom::End(0))?)
+    }
+}
+
+/// fsck opens the image read-only and never writes.
+struct ReadOnlyDisk {
+    file: std::fs::File,
+    size: u64,
+}
+
+impl crest_store::Disk for ReadOnlyDisk {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
+    }
+    fn write_at(&mut self, offset: u64, _buf: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::other(format!("fsck is read-only (write at {offset} refused)")))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CREST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Mkfs { image, size, force, json } => mkfs(&image, size, force, json).map(|()| true),
+        Command::Fsck { image, json } => fsck(&image, json),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("crest: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("20G"), Ok(20 << 30));
+        assert_eq!(parse_size("512m"), Ok(512 << 20));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("123"), Ok(123));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert!(parse_size("-5M").is_err());
+    }
+}

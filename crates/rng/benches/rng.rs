@@ -33,9 +33,7 @@ impl XorShift128Plus {
 }
 
 fn xorshift() -> XorShift128Plus {
-    XorShift128Plus {
-        s: [0x9E37_79B9_7F4A_7C15, 0xBF58_476D_1CE4_E5B9],
-    }
+    XorShift128Plus { s: [0x9E37_79B9_7F4A_7C15, 0xBF58_476D_1CE4_E5B9] }
 }
 
 fn os_u64() -> u64 {
@@ -45,23 +43,15 @@ fn os_u64() -> u64 {
 fn criterion_benches(c: &mut Criterion) {
     let mut group = c.benchmark_group("u64");
     group.throughput(Throughput::Bytes(8));
-    group.bench_function("thread_local", |b| {
-        b.iter(|| black_box(crest_rng::next_u64()))
-    });
+    group.bench_function("thread_local", |b| b.iter(|| black_box(crest_rng::next_u64())));
     let mut stream = Stream::from_seed_u64(1);
     group.bench_function("stream", |b| b.iter(|| black_box(stream.next_u64())));
     let shared = Mutex::new(Xoshiro256PlusPlus::seed_from_u64(1));
-    group.bench_function("mutex_shared", |b| {
-        b.iter(|| black_box(shared.lock().expect("lock").next_u64()))
-    });
+    group.bench_function("mutex_shared", |b| b.iter(|| black_box(shared.lock().expect("lock").next_u64())));
     group.bench_function("getrandom_os", |b| b.iter(|| black_box(os_u64())));
     let mut xs = xorshift();
-    group.bench_function("xorshift128plus_seed", |b| {
-        b.iter(|| black_box(xs.next_u64()))
-    });
-    group.bench_function("below_1000", |b| {
-        b.iter(|| black_box(crest_rng::below(black_box(1000))))
-    });
+    group.bench_function("xorshift128plus_seed", |b| b.iter(|| black_box(xs.next_u64())));
+    group.bench_function("below_1000", |b| b.iter(|| black_box(crest_rng::below(black_box(1000)))));
     group.finish();
 
     let mut group = c.benchmark_group("fill");
@@ -132,9 +122,7 @@ fn print_table(full: bool) {
     let mut stream = Stream::from_seed_u64(3);
     let st = ns_per_op(runs, fast, || stream.next_u64());
     let shared = Mutex::new(Xoshiro256PlusPlus::seed_from_u64(3));
-    let mx = ns_per_op(runs, 10_000_000 / scale, || {
-        shared.lock().expect("lock").next_u64()
-    });
+    let mx = ns_per_op(runs, 10_000_000 / scale, || shared.lock().expect("lock").next_u64());
     let os = ns_per_op(runs, 200_000 / scale, os_u64);
     let mut xs = xorshift();
     let xsn = ns_per_op(runs, fast, || xs.next_u64());
@@ -147,23 +135,16 @@ fn print_table(full: bool) {
 
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
     let tl_mt = ns_per_op_threads(threads, 20_000_000 / scale, crest_rng::next_u64);
-    let mx_mt = ns_per_op_threads(threads, 2_000_000 / scale, || {
-        shared.lock().expect("lock").next_u64()
-    });
+    let mx_mt = ns_per_op_threads(threads, 2_000_000 / scale, || shared.lock().expect("lock").next_u64());
 
     let fill_tl = gb_per_s(runs, 400 / scale.min(400), crest_rng::fill_bytes);
     let mut fs = Stream::from_seed_u64(5);
     let fill_st = gb_per_s(runs, 400 / scale.min(400), |b| fs.fill_bytes(b));
-    let fill_os = gb_per_s(runs, 30 / scale.min(30), |b| {
-        getrandom::fill(b).expect("OS random number generator")
-    });
+    let fill_os = gb_per_s(runs, 30 / scale.min(30), |b| getrandom::fill(b).expect("OS random number generator"));
 
     println!();
     println!("crest-rng: ns per u64 (best of {runs} timed loops, std::time::Instant)");
-    println!(
-        "{:<52} {:>10} {:>12}",
-        "generator", "ns/u64", "x faster vs OS"
-    );
+    println!("{:<52} {:>10} {:>12}", "generator", "ns/u64", "x faster vs OS");
     let row = |name: &str, ns: f64| println!("{name:<52} {ns:>10.2} {:>12.1}", os / ns);
     row("(a) crest_rng::next_u64 (thread-local stream)", tl);
     row("(b) Stream::next_u64 (owned xoshiro256++)", st);
@@ -171,14 +152,8 @@ fn print_table(full: bool) {
     row("(d) getrandom::u64 (OS entropy, per u64)", os);
     row("(e) xorshift128+ (the seed's generator, inline)", xsn);
     row("    crest_rng::below(1000) (thread-local)", bl);
-    row(
-        &format!("(a) thread-local, {threads} threads at once (per thread)"),
-        tl_mt,
-    );
-    row(
-        &format!("(c) Mutex shared, {threads} threads at once (per thread)"),
-        mx_mt,
-    );
+    row(&format!("(a) thread-local, {threads} threads at once (per thread)"), tl_mt);
+    row(&format!("(c) Mutex shared, {threads} threads at once (per thread)"), mx_mt);
     println!("{:<52} {:>10.1}", "Stream::jump (2^128 steps), ns", jump);
     println!();
     println!("{:<52} {:>10} {:>12}", "fill 1 MiB", "GB/s", "x vs OS");

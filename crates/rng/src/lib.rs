@@ -125,10 +125,7 @@ fn fallback_seed() -> [u8; 32] {
     let stack_local = 0u8;
     let heap = Box::new(0u8);
 
-    let wall = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
+    let wall = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     // The hasher has fixed keys, so this merely folds the ThreadId to a u64
     // without consulting any randomness of its own.
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -247,18 +244,14 @@ impl Stream {
     /// Creates a stream from a 64-bit seed, expanded to the 256-bit state
     /// with SplitMix64 (as the reference xoshiro code recommends).
     pub fn from_seed_u64(seed: u64) -> Stream {
-        Stream {
-            rng: Xoshiro256PlusPlus::seed_from_u64(seed),
-        }
+        Stream { rng: Xoshiro256PlusPlus::seed_from_u64(seed) }
     }
 
     /// Creates a stream from a full 256-bit seed (four little-endian words).
     /// An all-zero seed, which xoshiro cannot use, is replaced by a fixed
     /// non-zero one.
     pub fn from_seed(seed: [u8; 32]) -> Stream {
-        Stream {
-            rng: Xoshiro256PlusPlus::from_seed(seed),
-        }
+        Stream { rng: Xoshiro256PlusPlus::from_seed(seed) }
     }
 
     /// Takes the next stream from the process-wide master, exactly as a
@@ -267,9 +260,7 @@ impl Stream {
     /// stream taken this way. Takes a lock once; the returned stream is then
     /// owned and lock-free.
     pub fn from_process() -> Stream {
-        Stream {
-            rng: take_process_stream(),
-        }
+        Stream { rng: take_process_stream() }
     }
 
     /// Returns the next random `u64`.
@@ -413,10 +404,7 @@ mod tests {
     #[test]
     fn golden_first_values() {
         assert_eq!(Stream::from_seed_u64(0).next_u64(), GOLDEN_SEED0_FIRST);
-        assert_eq!(
-            Stream::from_seed_u64(0x0123_4567_89ab_cdef).next_u64(),
-            GOLDEN_SEED1_FIRST
-        );
+        assert_eq!(Stream::from_seed_u64(0x0123_4567_89ab_cdef).next_u64(), GOLDEN_SEED1_FIRST);
     }
 
     #[test]
@@ -442,9 +430,7 @@ mod tests {
 
     #[test]
     fn threads_get_distinct_streams() {
-        let handles: Vec<_> = (0..4)
-            .map(|_| std::thread::spawn(|| (next_u64(), next_u64())))
-            .collect();
+        let handles: Vec<_> = (0..4).map(|_| std::thread::spawn(|| (next_u64(), next_u64()))).collect();
         let mut firsts: Vec<(u64, u64)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         firsts.push((next_u64(), next_u64()));
         let distinct: HashSet<u64> = firsts.iter().flat_map(|&(a, b)| [a, b]).collect();
@@ -504,17 +490,7 @@ mod tests {
     #[test]
     fn below_stays_in_range() {
         let mut s = Stream::from_seed_u64(2);
-        let bounds = [
-            2,
-            3,
-            7,
-            10,
-            1000,
-            1 << 32,
-            (1 << 63) + 1,
-            u64::MAX - 1,
-            u64::MAX,
-        ];
+        let bounds = [2, 3, 7, 10, 1000, 1 << 32, (1 << 63) + 1, u64::MAX - 1, u64::MAX];
         for &bound in &bounds {
             for _ in 0..2000 {
                 assert!(s.below(bound) < bound);
@@ -527,10 +503,7 @@ mod tests {
     fn chi_square(counts: &[u64]) -> f64 {
         let total: u64 = counts.iter().sum();
         let expected = total as f64 / counts.len() as f64;
-        counts
-            .iter()
-            .map(|&c| (c as f64 - expected).powi(2) / expected)
-            .sum()
+        counts.iter().map(|&c| (c as f64 - expected).powi(2) / expected).sum()
     }
 
     #[test]
@@ -626,9 +599,7 @@ mod tests {
     #[test]
     fn error_displays_and_has_source() {
         let err = Error::from(getrandom::Error::UNSUPPORTED);
-        assert!(err
-            .to_string()
-            .starts_with("OS random number generator failed"));
+        assert!(err.to_string().starts_with("OS random number generator failed"));
         assert!(std::error::Error::source(&err).is_some());
     }
 

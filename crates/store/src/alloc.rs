@@ -72,18 +72,10 @@ impl Allocator {
         let groups = (0..total_blocks.div_ceil(blocks_per_group))
             .map(|g| {
                 let len = blocks_per_group.min(total_blocks - g * blocks_per_group);
-                Group {
-                    bitmap: Bitmap::new(len),
-                    free: len,
-                }
+                Group { bitmap: Bitmap::new(len), free: len }
             })
             .collect();
-        Allocator {
-            groups,
-            blocks_per_group,
-            total_blocks,
-            free_blocks: total_blocks,
-        }
+        Allocator { groups, blocks_per_group, total_blocks, free_blocks: total_blocks }
     }
 
     /// Total number of blocks managed.
@@ -118,20 +110,14 @@ impl Allocator {
     ///
     /// If `block >= total_blocks()`.
     pub fn is_used(&self, block: u64) -> bool {
-        assert!(
-            block < self.total_blocks,
-            "block {block} out of range for {} blocks",
-            self.total_blocks
-        );
+        assert!(block < self.total_blocks, "block {block} out of range for {} blocks", self.total_blocks);
         let group = &self.groups[(block / self.blocks_per_group) as usize];
         group.bitmap.get(block % self.blocks_per_group)
     }
 
     fn check_range(&self, start: u64, len: u64) {
         assert!(
-            start
-                .checked_add(len)
-                .is_some_and(|end| end <= self.total_blocks),
+            start.checked_add(len).is_some_and(|end| end <= self.total_blocks),
             "range {start}+{len} out of range for {} blocks",
             self.total_blocks
         );
@@ -141,10 +127,7 @@ impl Allocator {
     fn first_used_in(&self, start: u64, len: u64) -> Option<u64> {
         pieces(start, len, self.blocks_per_group).find_map(|(g, off, n)| {
             let base = g as u64 * self.blocks_per_group;
-            self.groups[g]
-                .bitmap
-                .find_set_in(off, off + n)
-                .map(|b| base + b)
+            self.groups[g].bitmap.find_set_in(off, off + n).map(|b| base + b)
         })
     }
 
@@ -152,10 +135,7 @@ impl Allocator {
     fn first_free_in(&self, start: u64, len: u64) -> Option<u64> {
         pieces(start, len, self.blocks_per_group).find_map(|(g, off, n)| {
             let base = g as u64 * self.blocks_per_group;
-            self.groups[g]
-                .bitmap
-                .find_clear_in(off, off + n)
-                .map(|b| base + b)
+            self.groups[g].bitmap.find_clear_in(off, off + n).map(|b| base + b)
         })
     }
 
@@ -248,10 +228,7 @@ impl Allocator {
             if group.free < len {
                 return None;
             }
-            group
-                .bitmap
-                .find_clear_run_in(from, to, len)
-                .map(|s| (g, s))
+            group.bitmap.find_clear_run_in(from, to, len).map(|s| (g, s))
         })
     }
 
@@ -363,10 +340,7 @@ mod tests {
 
     impl Model {
         fn new(total: u64, per_group: u64) -> Model {
-            Model {
-                used: vec![false; total as usize],
-                per_group,
-            }
+            Model { used: vec![false; total as usize], per_group }
         }
 
         fn total(&self) -> u64 {
@@ -391,8 +365,7 @@ mod tests {
             let groups = total.div_ceil(self.per_group);
             let g0 = goal / self.per_group;
             let group_end = |g: u64| ((g + 1) * self.per_group).min(total);
-            let mut out: Vec<(u64, u64)> =
-                (goal..group_end(g0)).map(|s| (s, group_end(g0))).collect();
+            let mut out: Vec<(u64, u64)> = (goal..group_end(g0)).map(|s| (s, group_end(g0))).collect();
             for i in 1..groups {
                 let g = (g0 + i) % groups;
                 out.extend((g * self.per_group..group_end(g)).map(|s| (s, group_end(g))));
@@ -402,10 +375,7 @@ mod tests {
         }
 
         fn find_exact(&self, goal: u64, len: u64) -> Option<u64> {
-            self.order(goal)
-                .into_iter()
-                .find(|&(s, end)| s + len <= end && self.is_clear(s, len))
-                .map(|(s, _)| s)
+            self.order(goal).into_iter().find(|&(s, end)| s + len <= end && self.is_clear(s, len)).map(|(s, _)| s)
         }
 
         fn find_upto(&self, goal: u64, max: u64) -> Option<(u64, u64)> {
@@ -413,13 +383,10 @@ mod tests {
             if let Some(s) = self.find_exact(goal, want) {
                 return Some((s, want));
             }
-            self.order(goal)
-                .into_iter()
-                .find(|&(s, _)| !self.used[s as usize])
-                .map(|(s, end)| {
-                    let len = (s..end).take_while(|&b| !self.used[b as usize]).count() as u64;
-                    (s, len.min(want))
-                })
+            self.order(goal).into_iter().find(|&(s, _)| !self.used[s as usize]).map(|(s, end)| {
+                let len = (s..end).take_while(|&b| !self.used[b as usize]).count() as u64;
+                (s, len.min(want))
+            })
         }
 
         fn set(&mut self, start: u64, len: u64, used: bool) {
@@ -533,15 +500,9 @@ mod tests {
         assert_eq!(a.used_blocks(), 10);
         assert_eq!(a.try_mark_used(90, 60), Ok(()));
         assert_eq!(a.used_blocks(), 70);
-        assert_eq!(
-            a.iter_free_runs().collect::<Vec<_>>(),
-            vec![(0, 90), (160, 140)]
-        );
+        assert_eq!(a.iter_free_runs().collect::<Vec<_>>(), vec![(0, 90), (160, 140)]);
         a.mark_free(95, 60);
-        assert_eq!(
-            a.iter_free_runs().collect::<Vec<_>>(),
-            vec![(0, 90), (95, 60), (160, 140)]
-        );
+        assert_eq!(a.iter_free_runs().collect::<Vec<_>>(), vec![(0, 90), (95, 60), (160, 140)]);
     }
 
     #[test]

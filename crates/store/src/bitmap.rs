@@ -4,11 +4,13 @@
 //! is free. Bit `i` lives in word `i / 64` at position `i % 64` (least
 //! significant bit first).
 //!
-//! Searches skip whole words that cannot contain an answer (a word equal to
-//! `u64::MAX` has no clear bit; a word equal to `0` has no set bit), test
-//! eight words per step in the skipping loop so the compiler can vectorise it,
-//! and locate the answer inside the first candidate word with
-//! `trailing_ones` / `trailing_zeros`. [`Bitmap::find_clear_bitloop`] is the
+//! Searches mask the partial first word so bits before the start look
+//! uninteresting, test it together with the following word (one branch for
+//! 128 bits), then skip whole words that cannot contain an answer (a word
+//! equal to `u64::MAX` has no clear bit; a word equal to `0` has no set bit)
+//! eight per step, in a branch-free loop the compiler can vectorise, and
+//! locate the answer inside the first candidate word with `trailing_ones` /
+//! `trailing_zeros`. [`Bitmap::find_clear_bitloop`] is the
 //! naive bit-by-bit reference kept for tests and for the benchmark baseline.
 //!
 //! Invariants:
@@ -118,11 +120,7 @@ impl Bitmap {
 
     #[inline]
     fn check_bit(&self, bit: u64) {
-        assert!(
-            bit < self.len_bits,
-            "bit {bit} out of range for bitmap of {} bits",
-            self.len_bits
-        );
+        assert!(bit < self.len_bits, "bit {bit} out of range for bitmap of {} bits", self.len_bits);
     }
 
     /// Asserts `start..start + len` lies within the bitmap and returns its end.
@@ -130,10 +128,7 @@ impl Bitmap {
     fn check_range(&self, start: u64, len: u64) -> u64 {
         match start.checked_add(len) {
             Some(end) if end <= self.len_bits => end,
-            _ => panic!(
-                "range {start}+{len} out of range for bitmap of {} bits",
-                self.len_bits
-            ),
+            _ => panic!("range {start}+{len} out of range for bitmap of {} bits", self.len_bits),
         }
     }
 
@@ -235,11 +230,7 @@ impl Bitmap {
     ///
     /// If `to > len()`.
     pub fn find_clear_in(&self, from: u64, to: u64) -> Option<u64> {
-        assert!(
-            to <= self.len_bits,
-            "end {to} past bitmap of {} bits",
-            self.len_bits
-        );
+        assert!(to <= self.len_bits, "end {to} past bitmap of {} bits", self.len_bits);
         self.scan(from, to, 0)
     }
 
@@ -250,20 +241,17 @@ impl Bitmap {
     ///
     /// If `to > len()`.
     pub fn find_set_in(&self, from: u64, to: u64) -> Option<u64> {
-        assert!(
-            to <= self.len_bits,
-            "end {to} past bitmap of {} bits",
-            self.len_bits
-        );
+        assert!(to <= self.len_bits, "end {to} past bitmap of {} bits", self.len_bits);
         self.scan(from, to, u64::MAX)
     }
 
     /// First clear bit at or after `goal`, wrapping round to `0..goal`;
     /// `None` if every bit is set. A `goal >= len()` is treated as `0`.
     ///
-    /// Word at a time: the goal's word is masked so bits below the goal look
-    /// used, full words (`u64::MAX`) are skipped eight at a time, and the
-    /// first partial word is resolved with `trailing_ones`.
+    /// Word at a time: if the goal bit itself is not free, the goal's word is
+    /// masked so bits below the goal look used, full words (`u64::MAX`) are
+    /// skipped eight at a time, and the first partial word is resolved with
+    /// `trailing_ones`.
     pub fn find_clear(&self, goal: u64) -> Option<u64> {
         let goal = self.clamp_goal(goal);
         // The goal itself is often free (sparse bitmaps, sequential
@@ -272,8 +260,7 @@ impl Bitmap {
         if self.len_bits > 0 && self.words[word_index(goal)] >> bit_offset(goal) & 1 == 0 {
             return Some(goal);
         }
-        self.scan(goal, self.len_bits, 0)
-            .or_else(|| self.scan(0, goal, 0))
+        self.scan(goal, self.len_bits, 0).or_else(|| self.scan(0, goal, 0))
     }
 
     /// Naive reference for [`Bitmap::find_clear`]: tests one bit per
@@ -281,9 +268,7 @@ impl Bitmap {
     pub fn find_clear_bitloop(&self, goal: u64) -> Option<u64> {
         let goal = self.clamp_goal(goal);
         let is_clear = |bit: u64| self.words[word_index(bit)] >> bit_offset(bit) & 1 == 0;
-        (goal..self.len_bits)
-            .chain(0..goal)
-            .find(|&bit| is_clear(bit))
+        (goal..self.len_bits).chain(0..goal).find(|&bit| is_clear(bit))
     }
 
     /// Start of the first run of `len` clear bits whose start is at or after
@@ -297,8 +282,7 @@ impl Bitmap {
     pub fn find_clear_run(&self, goal: u64, len: u64) -> Option<u64> {
         assert!(len > 0, "zero-length run requested");
         let goal = self.clamp_goal(goal);
-        self.find_clear_run_in(goal, self.len_bits, len)
-            .or_else(|| self.find_clear_run_in(0, goal, len))
+        self.find_clear_run_in(goal, self.len_bits, len).or_else(|| self.find_clear_run_in(0, goal, len))
     }
 
     /// Start of the first run of `len` clear bits whose start lies in
@@ -314,11 +298,7 @@ impl Bitmap {
     /// If `len == 0` or `to > len()`.
     pub fn find_clear_run_in(&self, from: u64, to: u64, len: u64) -> Option<u64> {
         assert!(len > 0, "zero-length run requested");
-        assert!(
-            to <= self.len_bits,
-            "end {to} past bitmap of {} bits",
-            self.len_bits
-        );
+        assert!(to <= self.len_bits, "end {to} past bitmap of {} bits", self.len_bits);
         let mut pos = from;
         while pos < to {
             let start = self.scan(pos, to, 0)?;
@@ -401,26 +381,20 @@ impl Bitmap {
         let last = word_index(to - 1);
         // Bits below `from` are made to look "full" so they are never found.
         let head = (self.words[first] ^ flip) | low_mask(bit_offset(from));
-        // Test the goal's word and the next one together: with scattered
-        // free bits the answer is usually there, and one well-predicted
-        // branch is cheaper than a mispredicted one per word.
-        let next = if first < last {
-            self.words[first + 1] ^ flip
-        } else {
-            u64::MAX
-        };
+        // Test the start's word and the next one together: with scattered
+        // answers the hit is usually there, and one well-predicted branch is
+        // cheaper than a mispredicted one per word.
+        let next = if first < last { self.words[first + 1] ^ flip } else { u64::MAX };
         let pair = u128::from(head) | u128::from(next) << 64;
-        let (index, word) = if pair != u128::MAX {
-            let bit = first as u64 * WORD_BITS + u64::from(pair.trailing_ones());
-            return (bit < to).then_some(bit);
+        let bit = if pair != u128::MAX {
+            first as u64 * WORD_BITS + u64::from(pair.trailing_ones())
         } else {
             let index = self.skip_uniform(first + 2, last + 1, flip);
             if index > last {
                 return None;
             }
-            (index, self.words[index] ^ flip)
+            index as u64 * WORD_BITS + u64::from((self.words[index] ^ flip).trailing_ones())
         };
-        let bit = index as u64 * WORD_BITS + u64::from(word.trailing_ones());
         // The hit may be past `to` (including a tail bit when finding set
         // bits); then nothing in range matched.
         (bit < to).then_some(bit)
@@ -467,17 +441,11 @@ mod tests {
     fn naive_run(bits: &[bool], goal: u64, len: u64) -> Option<u64> {
         let n = bits.len() as u64;
         let goal = if goal < n { goal } else { 0 };
-        (goal..n)
-            .chain(0..goal)
-            .find(|&s| s + len <= n && (s..s + len).all(|b| !bits[b as usize]))
+        (goal..n).chain(0..goal).find(|&s| s + len <= n && (s..s + len).all(|b| !bits[b as usize]))
     }
 
     fn naive_run_len(bits: &[bool], start: u64, max: u64) -> u64 {
-        bits.iter()
-            .skip(start as usize)
-            .take_while(|&&b| !b)
-            .count()
-            .min(max as usize) as u64
+        bits.iter().skip(start as usize).take_while(|&&b| !b).count().min(max as usize) as u64
     }
 
     /// Random bitmaps in two flavours: independent bits of random density
@@ -487,12 +455,8 @@ mod tests {
             proptest::collection::vec(any::<u8>(), n)
                 .prop_map(move |v| v.into_iter().map(|b| u16::from(b) < thr).collect())
         });
-        let runs =
-            proptest::collection::vec((any::<bool>(), 1usize..150), 0..12).prop_map(|segs| {
-                segs.into_iter()
-                    .flat_map(|(b, n)| std::iter::repeat_n(b, n))
-                    .collect()
-            });
+        let runs = proptest::collection::vec((any::<bool>(), 1usize..150), 0..12)
+            .prop_map(|segs| segs.into_iter().flat_map(|(b, n)| std::iter::repeat_n(b, n)).collect());
         prop_oneof![density, runs]
     }
 

@@ -29,24 +29,13 @@ pub struct Tree {
 impl Tree {
     /// A tree whose root is committed at `ptr`.
     pub fn on_disk(owner: u64, ptr: BlockPtr) -> Tree {
-        Tree {
-            owner,
-            root: ChildPtr::Disk {
-                block: ptr.block,
-                generation: ptr.generation,
-            },
-            level: ptr.level,
-        }
+        Tree { owner, root: ChildPtr::Disk { block: ptr.block, generation: ptr.generation }, level: ptr.level }
     }
 
     /// A new, empty tree (one dirty empty leaf).
     pub fn create(pager: &mut Pager, owner: u64) -> Tree {
         let id = pager.push_dirty(Node::empty_leaf(owner));
-        Tree {
-            owner,
-            root: ChildPtr::Dirty(id),
-            level: 0,
-        }
+        Tree { owner, root: ChildPtr::Dirty(id), level: 0 }
     }
 
     /// True when the tree has changes not yet committed.
@@ -73,7 +62,13 @@ impl Tree {
     }
 
     /// Calls `visit` on every item with `lo <= key <= hi` in key order until it returns false.
-    pub fn range(&self, pager: &mut Pager, lo: &Key, hi: &Key, visit: &mut dyn FnMut(&Key, &[u8]) -> Result<bool>) -> Result<()> {
+    pub fn range(
+        &self,
+        pager: &mut Pager,
+        lo: &Key,
+        hi: &Key,
+        visit: &mut dyn FnMut(&Key, &[u8]) -> Result<bool>,
+    ) -> Result<()> {
         if lo <= hi {
             range_rec(pager, self.owner, self.root, self.level, lo, hi, visit)?;
         }
@@ -144,10 +139,7 @@ impl Tree {
     /// Writes the tree's dirty nodes (queued in `out`) and points the handle at the new root.
     pub fn write(&mut self, pager: &mut Pager, generation: u64, out: &mut Vec<(u64, Vec<u8>)>) -> Result<BlockPtr> {
         let p = pager.write_tree(self.root, self.level, generation, out)?;
-        self.root = ChildPtr::Disk {
-            block: p.block,
-            generation: p.generation,
-        };
+        self.root = ChildPtr::Disk { block: p.block, generation: p.generation };
         Ok(p)
     }
 }

@@ -16,7 +16,9 @@ use crate::fs::extent::Extent;
 use crate::fs::inode::{FileKind, Inode, ROOT_INO};
 use crate::fs::xattr;
 use crate::key::{kind, Key, ORPHAN_OBJECTID};
-use crate::limits::{BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_INLINE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS};
+use crate::limits::{
+    BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_INLINE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS,
+};
 use crate::node::{BlockPtr, Body, ChildPtr};
 use crate::pager::Pager;
 use crate::store::{FS_TREE_ID, REFCOUNT_TREE_ID, ROOT_TREE_ID};
@@ -144,6 +146,10 @@ impl Checker<'_> {
         let mut stack = vec![(BlockPtr { block, generation, level: tree.level }, Key::MIN, None::<Key>)];
         let mut last_key: Option<Key> = None;
         while let Some((ptr, lo, hi)) = stack.pop() {
+            if ptr.block < RESERVED_BLOCKS || ptr.block >= self.pager.total_blocks() {
+                self.problem(format!("{name}: pointer to block {} outside the usable area", ptr.block));
+                continue;
+            }
             if self.pager.alloc.try_mark_used(ptr.block, 1).is_err() {
                 self.problem(format!("{name}: block {} is used twice", ptr.block));
                 continue;
@@ -182,7 +188,11 @@ impl Checker<'_> {
                     for (i, (k, c)) in children.iter().enumerate().rev() {
                         let ChildPtr::Disk { block, generation } = c else { continue };
                         let child_hi = children.get(i + 1).map(|n| n.0).or(hi);
-                        stack.push((BlockPtr { block: *block, generation: *generation, level: ptr.level - 1 }, (*k).max(lo), child_hi));
+                        stack.push((
+                            BlockPtr { block: *block, generation: *generation, level: ptr.level - 1 },
+                            (*k).max(lo),
+                            child_hi,
+                        ));
                     }
                 }
             }
@@ -202,12 +212,17 @@ impl Checker<'_> {
             if count == 0 {
                 self.problem(format!("refcount tree: zero count for blocks {}+{}", k.objectid, k.offset));
             }
-            if k.objectid < RESERVED_BLOCKS || k.objectid.checked_add(k.offset).is_none_or(|e| e > self.pager.total_blocks()) {
+            if k.objectid < RESERVED_BLOCKS
+                || k.objectid.checked_add(k.offset).is_none_or(|e| e > self.pager.total_blocks())
+            {
                 self.problem(format!("refcount tree: blocks {}+{} outside the usable area", k.objectid, k.offset));
                 continue;
             }
             if let Err(b) = self.pager.alloc.try_mark_used(k.objectid, k.offset) {
-                self.problem(format!("refcount tree: block {b} of extent {}+{} is also used elsewhere", k.objectid, k.offset));
+                self.problem(format!(
+                    "refcount tree: block {b} of extent {}+{} is also used elsewhere",
+                    k.objectid, k.offset
+                ));
                 continue;
             }
             out.insert(k.objectid, (k.offset, count));
@@ -215,7 +230,13 @@ impl Checker<'_> {
         out
     }
 
-    fn namespace(&mut self, items: &[(Key, Vec<u8>)], refs: &BTreeMap<u64, (u64, u32)>, next_ino: u64, inode_count: u64) {
+    fn namespace(
+        &mut self,
+        items: &[(Key, Vec<u8>)],
+        refs: &BTreeMap<u64, (u64, u32)>,
+        next_ino: u64,
+        inode_count: u64,
+    ) {
         let total = self.pager.total_blocks();
         let mut inodes: BTreeMap<u64, Inode> = BTreeMap::new();
         let mut entries: Vec<(u64, DirEntry)> = Vec::new();
@@ -269,26 +290,48 @@ impl Checker<'_> {
             match inodes.get(dir) {
                 Some(d) if d.kind == FileKind::Directory => {
                     if e.index >= d.next_index {
-                        self.problem(format!("dir {dir}: entry {:?} index {} not below next index {}", String::from_utf8_lossy(&e.name), e.index, d.next_index));
+                        self.problem(format!(
+                            "dir {dir}: entry {:?} index {} not below next index {}",
+                            String::from_utf8_lossy(&e.name),
+                            e.index,
+                            d.next_index
+                        ));
                     }
                 }
                 _ => self.problem(format!("directory entries under inode {dir}, which is not a directory")),
             }
             match index.get(&(*dir, e.index)) {
                 Some(i) if i.name == e.name && i.ino == e.ino && i.kind == e.kind => {}
-                _ => self.problem(format!("dir {dir}: entry {:?} has no matching index item {}", String::from_utf8_lossy(&e.name), e.index)),
+                _ => self.problem(format!(
+                    "dir {dir}: entry {:?} has no matching index item {}",
+                    String::from_utf8_lossy(&e.name),
+                    e.index
+                )),
             }
             match inodes.get(&e.ino) {
                 Some(t) if t.kind == e.kind => {
                     if t.kind == FileKind::Directory {
                         *subdirs.entry(*dir).or_default() += 1;
                         if t.parent != *dir {
-                            self.problem(format!("dir {} is named in dir {dir} but records parent {}", e.ino, t.parent));
+                            self.problem(format!(
+                                "dir {} is named in dir {dir} but records parent {}",
+                                e.ino, t.parent
+                            ));
                         }
                     }
                 }
-                Some(t) => self.problem(format!("dir {dir}: entry {:?} says {:?}, inode {} is {:?}", String::from_utf8_lossy(&e.name), e.kind, e.ino, t.kind)),
-                None => self.problem(format!("dir {dir}: entry {:?} names missing inode {}", String::from_utf8_lossy(&e.name), e.ino)),
+                Some(t) => self.problem(format!(
+                    "dir {dir}: entry {:?} says {:?}, inode {} is {:?}",
+                    String::from_utf8_lossy(&e.name),
+                    e.kind,
+                    e.ino,
+                    t.kind
+                )),
+                None => self.problem(format!(
+                    "dir {dir}: entry {:?} names missing inode {}",
+                    String::from_utf8_lossy(&e.name),
+                    e.ino
+                )),
             }
             *links.entry(e.ino).or_default() += 1;
             *dir_entries.entry(*dir).or_default() += 1;
@@ -333,7 +376,12 @@ impl Checker<'_> {
         self.extents(&inodes, &extents, refs);
     }
 
-    fn extents(&mut self, inodes: &BTreeMap<u64, Inode>, extents: &[(u64, u64, Extent)], refs: &BTreeMap<u64, (u64, u32)>) {
+    fn extents(
+        &mut self,
+        inodes: &BTreeMap<u64, Inode>,
+        extents: &[(u64, u64, Extent)],
+        refs: &BTreeMap<u64, (u64, u32)>,
+    ) {
         let mut per_block: HashMap<u64, u32> = HashMap::new();
         let mut blocks_of: HashMap<u64, u64> = HashMap::new();
         let mut prev: Option<(u64, u64)> = None; // (ino, end offset)
@@ -355,7 +403,11 @@ impl Checker<'_> {
                 Extent::Inline(data) => {
                     inline_of.insert(*ino);
                     if inode.size > MAX_INLINE_BYTES as u64 || data.len() as u64 > inode.size {
-                        self.problem(format!("inode {ino}: inline data of {} bytes in a file of {}", data.len(), inode.size));
+                        self.problem(format!(
+                            "inode {ino}: inline data of {} bytes in a file of {}",
+                            data.len(),
+                            inode.size
+                        ));
                     }
                     prev = Some((*ino, data.len() as u64));
                 }
@@ -397,7 +449,10 @@ impl Checker<'_> {
             counted += len;
         }
         if counted != per_block.len() as u64 {
-            let missing = per_block.keys().filter(|b| refs.range(..=**b).next_back().is_none_or(|(s, (l, _))| **b >= s + l)).count();
+            let missing = per_block
+                .keys()
+                .filter(|b| refs.range(..=**b).next_back().is_none_or(|(s, (l, _))| **b >= s + l))
+                .count();
             if missing > 0 {
                 self.problem(format!("{missing} data blocks are referenced by extents but have no refcount"));
             }

@@ -80,12 +80,7 @@ impl FileDisk {
 
     /// Creates (or truncates) a sparse image file of `size_bytes`.
     pub fn create(path: &Path, size_bytes: u64) -> io::Result<FileDisk> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
         file.try_lock().map_err(|e| match e {
             std::fs::TryLockError::WouldBlock => io::Error::new(
                 io::ErrorKind::WouldBlock,
@@ -144,9 +139,7 @@ impl MemDisk {
 
     /// A disk holding exactly these bytes.
     pub fn from_bytes(bytes: Vec<u8>) -> MemDisk {
-        MemDisk {
-            bytes: Arc::new(Mutex::new(bytes)),
-        }
+        MemDisk { bytes: Arc::new(Mutex::new(bytes)) }
     }
 
     /// A copy of the current contents.
@@ -187,10 +180,8 @@ impl Disk for MemDisk {
         let mut bytes = self.lock();
         let len = bytes.len();
         let start = usize::try_from(offset).map_err(|_| out_of_range(offset, buf.len(), len))?;
-        let end = start
-            .checked_add(buf.len())
-            .filter(|&e| e <= len)
-            .ok_or_else(|| out_of_range(offset, buf.len(), len))?;
+        let end =
+            start.checked_add(buf.len()).filter(|&e| e <= len).ok_or_else(|| out_of_range(offset, buf.len(), len))?;
         bytes[start..end].copy_from_slice(buf);
         Ok(())
     }

@@ -136,18 +136,10 @@ impl Error {
     }
 
     pub(crate) fn corrupt(what: &'static str, block: u64, detail: impl Into<String>) -> Error {
-        Error::Corrupt {
-            what,
-            block,
-            detail: detail.into(),
-        }
+        Error::Corrupt { what, block, detail: detail.into() }
     }
 
     pub(crate) fn bad_item(key: Key, block: u64, detail: impl Into<String>) -> Error {
-        Error::Corrupt {
-            what: "item",
-            block,
-            detail: format!("{key:?}: {}", detail.into()),
-        }
+        Error::Corrupt { what: "item", block, detail: format!("{key:?}: {}", detail.into()) }
     }
 }

@@ -43,11 +43,7 @@ pub const ORPHAN_OBJECTID: u64 = u64::MAX;
 impl Key {
     /// A key from its three parts.
     pub const fn new(objectid: u64, kind: u8, offset: u64) -> Key {
-        Key {
-            objectid,
-            kind,
-            offset,
-        }
+        Key { objectid, kind, offset }
     }
 
     /// Smallest key.

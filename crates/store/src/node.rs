@@ -78,11 +78,7 @@ pub type NodeRef = Arc<Node>;
 impl Node {
     /// An empty leaf.
     pub fn empty_leaf(owner: u64) -> Node {
-        Node {
-            owner,
-            level: 0,
-            body: Body::Leaf(Vec::new()),
-        }
+        Node { owner, level: 0, body: Body::Leaf(Vec::new()) }
     }
 
     /// Number of items or children.
@@ -140,8 +136,7 @@ impl Node {
                     key.encode(&mut b[at..at + KEY_BYTES]);
                     let start = data_end - value.len();
                     b[at + KEY_BYTES..at + KEY_BYTES + 2].copy_from_slice(&(start as u16).to_le_bytes());
-                    b[at + KEY_BYTES + 2..at + KEY_BYTES + 4]
-                        .copy_from_slice(&(value.len() as u16).to_le_bytes());
+                    b[at + KEY_BYTES + 2..at + KEY_BYTES + 4].copy_from_slice(&(value.len() as u16).to_le_bytes());
                     b[start..data_end].copy_from_slice(value);
                     data_end = start;
                 }
@@ -150,11 +145,7 @@ impl Node {
                 for (i, (key, ptr)) in children.iter().enumerate() {
                     let at = HEADER_BYTES + i * INTERNAL_ENTRY_BYTES;
                     key.encode(&mut b[at..at + KEY_BYTES]);
-                    let ChildPtr::Disk {
-                        block: cb,
-                        generation: cg,
-                    } = ptr
-                    else {
+                    let ChildPtr::Disk { block: cb, generation: cg } = ptr else {
                         panic!("encoding node {block} with an unwritten child");
                     };
                     b[at + KEY_BYTES..at + KEY_BYTES + 8].copy_from_slice(&cb.to_le_bytes());
@@ -178,9 +169,7 @@ impl Node {
         let stored = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         let computed = crc32c(&b[32..]);
         if stored != computed {
-            return Err(bad(format!(
-                "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
-            )));
+            return Err(bad(format!("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")));
         }
         if b[4..32].iter().any(|&x| x != 0) || b[73] != 0 || b[76..80].iter().any(|&x| x != 0) {
             return Err(bad("non-zero reserved header bytes".into()));
@@ -195,9 +184,7 @@ impl Node {
         };
         let own_block = get(48);
         if own_block != block {
-            return Err(bad(format!(
-                "header says block {own_block}: misdirected write or read"
-            )));
+            return Err(bad(format!("header says block {own_block}: misdirected write or read")));
         }
         let generation = get(56);
         if generation != expected.generation {
@@ -258,22 +245,14 @@ impl Node {
                     return Err(bad(format!("child {i} points at block {cb}, past the end")));
                 }
                 if cg > generation {
-                    return Err(bad(format!(
-                        "child {i} generation {cg} is newer than the node's {generation}"
-                    )));
+                    return Err(bad(format!("child {i} generation {cg} is newer than the node's {generation}")));
                 }
                 if let Some((prev, _)) = children.last() {
                     if *prev >= key {
                         return Err(bad(format!("child {i} key {key:?} not above {prev:?}")));
                     }
                 }
-                children.push((
-                    key,
-                    ChildPtr::Disk {
-                        block: cb,
-                        generation: cg,
-                    },
-                ));
+                children.push((key, ChildPtr::Disk { block: cb, generation: cg }));
             }
             let end = HEADER_BYTES + n * INTERNAL_ENTRY_BYTES;
             if b[end..].iter().any(|&x| x != 0) {
@@ -281,11 +260,7 @@ impl Node {
             }
             Body::Internal(children)
         };
-        Ok(Node {
-            owner,
-            level,
-            body,
-        })
+        Ok(Node { owner, level, body })
     }
 }
 
@@ -308,11 +283,7 @@ mod tests {
     }
 
     fn ptr(level: u8) -> BlockPtr {
-        BlockPtr {
-            block: 500,
-            generation: 7,
-            level,
-        }
+        BlockPtr { block: 500, generation: 7, level }
     }
 
     #[test]

@@ -106,9 +106,7 @@ impl Pager {
     /// Reads `buf.len()` bytes at block `block`.
     pub fn read_blocks(&self, block: u64, buf: &mut [u8]) -> Result<()> {
         let offset = block * BLOCK_SIZE_U64;
-        self.disk
-            .read_at(offset, buf)
-            .map_err(|source| Error::Io { op: "read", offset, source })
+        self.disk.read_at(offset, buf).map_err(|source| Error::Io { op: "read", offset, source })
     }
 
     /// Writes data blocks directly (file data is written before the commit that refers to it).
@@ -182,7 +180,11 @@ impl Pager {
             return Err(Error::corrupt(
                 "node",
                 ptr.block,
-                format!("pointer outside the usable area (0..{} reserved, {} blocks)", crate::limits::RESERVED_BLOCKS, self.total_blocks),
+                format!(
+                    "pointer outside the usable area (0..{} reserved, {} blocks)",
+                    crate::limits::RESERVED_BLOCKS,
+                    self.total_blocks
+                ),
             ));
         }
         let mut buf = vec![0u8; crate::limits::BLOCK_SIZE];
@@ -249,7 +251,13 @@ impl Pager {
 
     /// Writes every dirty node reachable from `root` (children first) and returns the
     /// root's new on-disk pointer. Writes are queued in `out`, not yet issued.
-    pub fn write_tree(&mut self, root: ChildPtr, level: u8, generation: u64, out: &mut Vec<(u64, Vec<u8>)>) -> Result<BlockPtr> {
+    pub fn write_tree(
+        &mut self,
+        root: ChildPtr,
+        level: u8,
+        generation: u64,
+        out: &mut Vec<(u64, Vec<u8>)>,
+    ) -> Result<BlockPtr> {
         let block = match root {
             ChildPtr::Disk { block, generation } => return Ok(BlockPtr { block, generation, level }),
             ChildPtr::Dirty(id) => {
@@ -257,10 +265,7 @@ impl Pager {
                 if let Body::Internal(children) = &mut node.body {
                     for child in children.iter_mut() {
                         let p = self.write_tree(child.1, level - 1, generation, out)?;
-                        child.1 = ChildPtr::Disk {
-                            block: p.block,
-                            generation: p.generation,
-                        };
+                        child.1 = ChildPtr::Disk { block: p.block, generation: p.generation };
                     }
                 }
                 let block = match self.alloc.alloc(self.meta_goal, 1) {

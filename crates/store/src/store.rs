@@ -21,7 +21,9 @@ use crate::disk::Disk;
 use crate::error::{Error, Result};
 use crate::fs::inode::{le_u64, FileKind, Inode, Timespec, ROOT_INO};
 use crate::key::{kind, Key};
-use crate::limits::{BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MIN_IMAGE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS};
+use crate::limits::{
+    BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MIN_IMAGE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS,
+};
 use crate::node::{BlockPtr, Body, ChildPtr};
 use crate::pager::Pager;
 use crate::superblock::{Superblock, SUPERBLOCK_BYTES};
@@ -44,10 +46,7 @@ pub struct CommitPolicy {
 
 impl Default for CommitPolicy {
     fn default() -> Self {
-        CommitPolicy {
-            max_dirty_nodes: 8192,
-            interval_ms: 5_000,
-        }
+        CommitPolicy { max_dirty_nodes: 8192, interval_ms: 5_000 }
     }
 }
 
@@ -83,21 +82,15 @@ fn decode_root_item(key: Key, b: &[u8], generation: u64) -> Result<(BlockPtr, Da
     if b.len() != ROOT_ITEM_BYTES || b[17..24].iter().chain(&b[40..]).any(|&x| x != 0) {
         return Err(Error::bad_item(key, 0, format!("root item of {} bytes or with reserved bytes set", b.len())));
     }
-    let ptr = BlockPtr {
-        block: le_u64(b, 0),
-        generation: le_u64(b, 8),
-        level: b[16],
-    };
+    let ptr = BlockPtr { block: le_u64(b, 0), generation: le_u64(b, 8), level: b[16] };
     if ptr.generation > generation {
-        return Err(Error::bad_item(key, 0, format!("root generation {} newer than the superblock's {generation}", ptr.generation)));
+        return Err(Error::bad_item(
+            key,
+            0,
+            format!("root generation {} newer than the superblock's {generation}", ptr.generation),
+        ));
     }
-    Ok((
-        ptr,
-        DatasetMeta {
-            next_ino: le_u64(b, 24),
-            inode_count: le_u64(b, 32),
-        },
-    ))
+    Ok((ptr, DatasetMeta { next_ino: le_u64(b, 24), inode_count: le_u64(b, 32) }))
 }
 
 /// Options for `Store::mkfs`.
@@ -131,14 +124,17 @@ impl Store {
     pub fn mkfs(disk: Box<dyn Disk>, opts: &MkfsOptions) -> Result<()> {
         let size = disk.size_bytes();
         if size < MIN_IMAGE_BYTES {
-            return Err(Error::BadImage(format!("image of {size} bytes is smaller than the minimum {MIN_IMAGE_BYTES}")));
+            return Err(Error::BadImage(format!(
+                "image of {size} bytes is smaller than the minimum {MIN_IMAGE_BYTES}"
+            )));
         }
         let total_blocks = size / BLOCK_SIZE_U64;
         let fsid = match opts.fsid {
             Some(id) => id,
             None => {
                 let mut id = [0u8; 16];
-                crest_rng::os_random_bytes(&mut id).map_err(|e| Error::BadImage(format!("no OS randomness for the fsid: {e}")))?;
+                crest_rng::os_random_bytes(&mut id)
+                    .map_err(|e| Error::BadImage(format!("no OS randomness for the fsid: {e}")))?;
                 id
             }
         };
@@ -172,10 +168,7 @@ impl Store {
             flags: 0,
         };
         fs.insert(&mut pager, Inode::key(ROOT_INO), root.encode())?;
-        let meta = DatasetMeta {
-            next_ino: ROOT_INO + 1,
-            inode_count: 1,
-        };
+        let meta = DatasetMeta { next_ino: ROOT_INO + 1, inode_count: 1 };
         let sb = Superblock {
             fsid,
             generation: 0,
@@ -328,15 +321,15 @@ impl Store {
 
     /// Counters since open.
     pub fn stats(&self) -> Stats {
-        Stats {
-            bytes_written: self.pager.bytes_written,
-            ..self.stats.clone()
-        }
+        Stats { bytes_written: self.pager.bytes_written, ..self.stats.clone() }
     }
 
     /// True when something waits to be committed.
     pub fn is_dirty(&self) -> bool {
-        self.fs.is_dirty() || self.root_tree.is_dirty() || self.refcount_tree.is_dirty() || self.meta != self.committed_meta
+        self.fs.is_dirty()
+            || self.root_tree.is_dirty()
+            || self.refcount_tree.is_dirty()
+            || self.meta != self.committed_meta
     }
 
     /// Closes the store, committing first; returns the disk.
@@ -427,7 +420,12 @@ fn rebuild_allocation(pager: &mut Pager, trees: &[Tree], refcount: &Tree, notes:
         Ok(true)
     })?;
     for (k, vlen) in extents {
-        if k.kind != kind::EXTENT_REF || vlen != 4 || k.offset == 0 || k.objectid < RESERVED_BLOCKS || k.objectid.checked_add(k.offset).is_none_or(|e| e > pager.total_blocks()) {
+        if k.kind != kind::EXTENT_REF
+            || vlen != 4
+            || k.offset == 0
+            || k.objectid < RESERVED_BLOCKS
+            || k.objectid.checked_add(k.offset).is_none_or(|e| e > pager.total_blocks())
+        {
             return Err(Error::bad_item(k, 0, "bad refcount item"));
         }
         if let Err(b) = pager.alloc.try_mark_used(k.objectid, k.offset) {
@@ -439,7 +437,11 @@ fn rebuild_allocation(pager: &mut Pager, trees: &[Tree], refcount: &Tree, notes:
 }
 
 /// Visits every node of a tree (parents before children) with its pointer and level.
-pub(crate) fn walk_nodes(pager: &mut Pager, tree: &Tree, visit: &mut dyn FnMut(&BlockPtr, &crate::node::Node) -> Result<()>) -> Result<()> {
+pub(crate) fn walk_nodes(
+    pager: &mut Pager,
+    tree: &Tree,
+    visit: &mut dyn FnMut(&BlockPtr, &crate::node::Node) -> Result<()>,
+) -> Result<()> {
     let ChildPtr::Disk { block, generation } = tree.root else {
         return Err(Error::Invalid("walking a tree with uncommitted changes".into()));
     };
@@ -460,7 +462,10 @@ pub(crate) fn walk_nodes(pager: &mut Pager, tree: &Tree, visit: &mut dyn FnMut(&
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("generation", &self.sb.generation).field("total_blocks", &self.sb.total_blocks).finish()
+        f.debug_struct("Store")
+            .field("generation", &self.sb.generation)
+            .field("total_blocks", &self.sb.total_blocks)
+            .finish()
     }
 }
 

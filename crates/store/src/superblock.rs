@@ -74,11 +74,7 @@ fn put_ptr(b: &mut [u8], off: usize, p: &BlockPtr) {
 }
 
 fn get_ptr(b: &[u8], off: usize) -> BlockPtr {
-    BlockPtr {
-        block: get_u64(b, off),
-        generation: get_u64(b, off + 8),
-        level: b[off + 16],
-    }
+    BlockPtr { block: get_u64(b, off), generation: get_u64(b, off + 8), level: b[off + 16] }
 }
 
 impl Superblock {
@@ -121,23 +117,16 @@ impl Superblock {
             return Err(bad(format!("{} bytes, expected {SUPERBLOCK_BYTES}", b.len())));
         }
         if b[OFF_MAGIC..OFF_MAGIC + 8] != MAGIC {
-            return Err(bad(format!(
-                "bad magic {:02x?} (not a crest image?)",
-                &b[OFF_MAGIC..OFF_MAGIC + 8]
-            )));
+            return Err(bad(format!("bad magic {:02x?} (not a crest image?)", &b[OFF_MAGIC..OFF_MAGIC + 8])));
         }
         let version = get_u32(b, OFF_VERSION);
         if version != FORMAT_VERSION {
-            return Err(bad(format!(
-                "format version {version}, this crest reads version {FORMAT_VERSION}"
-            )));
+            return Err(bad(format!("format version {version}, this crest reads version {FORMAT_VERSION}")));
         }
         let stored = get_u32(b, OFF_CSUM);
         let computed = crc32c(&b[32..]);
         if stored != computed {
-            return Err(bad(format!(
-                "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
-            )));
+            return Err(bad(format!("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")));
         }
         if b[OFF_CSUM + 4..OFF_CSUM + 32].iter().any(|&x| x != 0) {
             return Err(bad("non-zero bytes in the checksum tail".into()));
@@ -199,16 +188,8 @@ mod tests {
             generation: 42,
             total_blocks: 10_000,
             used_blocks: 300,
-            root_tree: BlockPtr {
-                block: 300,
-                generation: 41,
-                level: 0,
-            },
-            refcount_tree: BlockPtr {
-                block: 301,
-                generation: 42,
-                level: 1,
-            },
+            root_tree: BlockPtr { block: 300, generation: 41, level: 0 },
+            refcount_tree: BlockPtr { block: 301, generation: 42, level: 1 },
             csum_type: CSUM_CRC32C,
         }
     }

@@ -84,7 +84,8 @@ fn data_inline_extent_overwrite_truncate_punch() {
     model.resize(20_000, 0);
     assert_eq!(s.read(ino, 0, 1 << 20).expect("read"), model);
     // Punch a hole across block edges.
-    s.fallocate(ino, 3000, 9000, FallocateMode { keep_size: true, punch_hole: true, zero_range: false }, t(5)).expect("punch");
+    s.fallocate(ino, 3000, 9000, FallocateMode { keep_size: true, punch_hole: true, zero_range: false }, t(5))
+        .expect("punch");
     model[3000..12_000].fill(0);
     assert_eq!(s.read(ino, 0, 1 << 20).expect("read"), model);
     // Preallocate past the end.

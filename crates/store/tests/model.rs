@@ -77,7 +77,10 @@ type R = Result<(), i32>;
 impl Model {
     fn new() -> Model {
         let mut m = Model { next_ino: 2, ..Default::default() };
-        m.nodes.insert(ROOT_INO, MNode { kind: FileKind::Directory, mode: 0o755, uid: 0, data: vec![], nlink: 2, xattrs: BTreeMap::new() });
+        m.nodes.insert(
+            ROOT_INO,
+            MNode { kind: FileKind::Directory, mode: 0o755, uid: 0, data: vec![], nlink: 2, xattrs: BTreeMap::new() },
+        );
         m.dirs.insert(ROOT_INO, BTreeMap::new());
         m.parent.insert(ROOT_INO, ROOT_INO);
         m
@@ -129,7 +132,18 @@ impl Model {
         if self.dirs[&dir].contains_key(name) {
             return Err(17);
         }
-        self.new_node(dir, name, MNode { kind: FileKind::Symlink, mode: 0o777, uid: 0, data: target.to_vec(), nlink: 1, xattrs: BTreeMap::new() });
+        self.new_node(
+            dir,
+            name,
+            MNode {
+                kind: FileKind::Symlink,
+                mode: 0o777,
+                uid: 0,
+                data: target.to_vec(),
+                nlink: 1,
+                xattrs: BTreeMap::new(),
+            },
+        );
         Ok(())
     }
 
@@ -283,7 +297,19 @@ impl Model {
                     stack.push((*ino, p.clone()));
                 }
                 let size = if n.kind == FileKind::Directory { 0 } else { n.data.len() as u64 };
-                out.insert(p, Entry { kind: n.kind, mode: n.mode, uid: n.uid, gid: 0, size, nlink: n.nlink, content: n.data.clone(), xattrs: n.xattrs.clone() });
+                out.insert(
+                    p,
+                    Entry {
+                        kind: n.kind,
+                        mode: n.mode,
+                        uid: n.uid,
+                        gid: 0,
+                        size,
+                        nlink: n.nlink,
+                        content: n.data.clone(),
+                        xattrs: n.xattrs.clone(),
+                    },
+                );
             }
         }
         out
@@ -382,7 +408,8 @@ fn run(acts: Vec<Act>) {
             }
             Act::Chmod { file, mode, uid } => {
                 let Some(f) = pick(&all, file) else { continue };
-                let got = errno(store.setattr(f, &SetAttr { mode: Some(mode), uid: Some(uid), ..Default::default() }, now));
+                let got =
+                    errno(store.setattr(f, &SetAttr { mode: Some(mode), uid: Some(uid), ..Default::default() }, now));
                 if let Some(n) = model.nodes.get_mut(&f) {
                     n.mode = mode;
                     n.uid = uid;

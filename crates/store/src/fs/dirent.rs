@@ -76,7 +76,8 @@ fn decode_one(b: &[u8], at: &mut usize, with_index: bool, index: u64, key: Key, 
     let ino = le_u64(b, *at);
     let index = if with_index { le_u64(b, *at + 8) } else { index };
     let p = *at + fixed - 2;
-    let kind = FileKind::from_u8(b[p]).ok_or_else(|| Error::bad_item(key, block, format!("unknown file type {}", b[p])))?;
+    let kind =
+        FileKind::from_u8(b[p]).ok_or_else(|| Error::bad_item(key, block, format!("unknown file type {}", b[p])))?;
     let len = usize::from(b[p + 1]);
     let start = p + 2;
     if len == 0 || b.len() < start + len {
@@ -95,7 +96,11 @@ pub fn decode_entries(key: Key, b: &[u8], block: u64) -> Result<Vec<DirEntry>> {
     while at < b.len() {
         let e = decode_one(b, &mut at, true, 0, key, block)?;
         if name_hash(&e.name) != key.offset {
-            return Err(Error::bad_item(key, block, format!("name {:?} does not hash to the key", String::from_utf8_lossy(&e.name))));
+            return Err(Error::bad_item(
+                key,
+                block,
+                format!("name {:?} does not hash to the key", String::from_utf8_lossy(&e.name)),
+            ));
         }
         out.push(e);
     }

@@ -79,7 +79,9 @@ impl Extent {
                 if !key.offset.is_multiple_of(BLOCK_SIZE_U64) {
                     return Err(bad("extent not block-aligned".into()));
                 }
-                if disk_block < crate::limits::RESERVED_BLOCKS || disk_block.checked_add(n).is_none_or(|e| e > total_blocks) {
+                if disk_block < crate::limits::RESERVED_BLOCKS
+                    || disk_block.checked_add(n).is_none_or(|e| e > total_blocks)
+                {
                     return Err(bad(format!("extent blocks {disk_block}+{n} outside the image")));
                 }
                 let csums = (0..n as usize).map(|i| le_u32(b, 13 + 4 * i)).collect();
@@ -162,7 +164,8 @@ impl Store {
                 Extent::Regular { disk_block, csums } => {
                     // Blocks of this extent that the request touches.
                     let first = offset.max(file_off) / BLOCK_SIZE_U64 - file_off / BLOCK_SIZE_U64;
-                    let last = ((end.min(file_off + csums.len() as u64 * BLOCK_SIZE_U64) - 1) / BLOCK_SIZE_U64) - file_off / BLOCK_SIZE_U64;
+                    let last = ((end.min(file_off + csums.len() as u64 * BLOCK_SIZE_U64) - 1) / BLOCK_SIZE_U64)
+                        - file_off / BLOCK_SIZE_U64;
                     let nblocks = (last - first + 1) as usize;
                     let mut buf = vec![0u8; nblocks * BLOCK_SIZE];
                     self.pager.read_blocks(disk_block + first, &mut buf)?;
@@ -195,7 +198,9 @@ impl Store {
             return Ok(0);
         }
         let mut dropped = 0;
-        for (file_off, ext) in self.extents_overlapping(ino, first * BLOCK_SIZE_U64, end.saturating_mul(BLOCK_SIZE_U64))? {
+        for (file_off, ext) in
+            self.extents_overlapping(ino, first * BLOCK_SIZE_U64, end.saturating_mul(BLOCK_SIZE_U64))?
+        {
             let Extent::Regular { disk_block, csums } = ext else { continue };
             let ext_first = file_off / BLOCK_SIZE_U64;
             let n = csums.len() as u64;
@@ -207,8 +212,13 @@ impl Store {
                 self.fs.insert(&mut self.pager, extent_key(ino, file_off), left.encode())?;
             }
             if cut_hi < n {
-                let right = Extent::Regular { disk_block: disk_block + cut_hi, csums: csums[cut_hi as usize..].to_vec() };
-                self.fs.insert(&mut self.pager, extent_key(ino, (ext_first + cut_hi) * BLOCK_SIZE_U64), right.encode())?;
+                let right =
+                    Extent::Regular { disk_block: disk_block + cut_hi, csums: csums[cut_hi as usize..].to_vec() };
+                self.fs.insert(
+                    &mut self.pager,
+                    extent_key(ino, (ext_first + cut_hi) * BLOCK_SIZE_U64),
+                    right.encode(),
+                )?;
             }
             self.refs_drop(disk_block + cut_lo, cut_hi - cut_lo)?;
             dropped += cut_hi - cut_lo;
@@ -223,9 +233,17 @@ impl Store {
         let nblocks = (data.len() / BLOCK_SIZE) as u64;
         let unmapped = self.unmap_blocks(ino, first, first + nblocks)?;
         // Goal: right after the extent that ends where this write starts, else spread by inode.
-        let prev = if first > 0 { self.extents_overlapping(ino, (first - 1) * BLOCK_SIZE_U64, first * BLOCK_SIZE_U64)?.pop() } else { None };
+        let prev = if first > 0 {
+            self.extents_overlapping(ino, (first - 1) * BLOCK_SIZE_U64, first * BLOCK_SIZE_U64)?.pop()
+        } else {
+            None
+        };
         let mut goal = match &prev {
-            Some((off, Extent::Regular { disk_block, csums })) if off / BLOCK_SIZE_U64 + csums.len() as u64 == first => disk_block + csums.len() as u64,
+            Some((off, Extent::Regular { disk_block, csums }))
+                if off / BLOCK_SIZE_U64 + csums.len() as u64 == first =>
+            {
+                disk_block + csums.len() as u64
+            }
             _ => self.data_goal(ino),
         };
         let mut done = 0u64;
@@ -248,10 +266,14 @@ impl Store {
     /// Inserts an extent item, merging with the previous one when the disk blocks continue it.
     fn map_extent(&mut self, ino: u64, file_block: u64, disk_block: u64, csums: Vec<u32>) -> Result<()> {
         if file_block > 0 {
-            let prev = self.extents_overlapping(ino, (file_block - 1) * BLOCK_SIZE_U64, file_block * BLOCK_SIZE_U64)?.pop();
+            let prev =
+                self.extents_overlapping(ino, (file_block - 1) * BLOCK_SIZE_U64, file_block * BLOCK_SIZE_U64)?.pop();
             if let Some((off, Extent::Regular { disk_block: pd, csums: mut pc })) = prev {
                 let pn = pc.len() as u64;
-                if off / BLOCK_SIZE_U64 + pn == file_block && pd + pn == disk_block && pn + csums.len() as u64 <= MAX_EXTENT_BLOCKS {
+                if off / BLOCK_SIZE_U64 + pn == file_block
+                    && pd + pn == disk_block
+                    && pn + csums.len() as u64 <= MAX_EXTENT_BLOCKS
+                {
                     pc.extend(csums);
                     let merged = Extent::Regular { disk_block: pd, csums: pc };
                     self.fs.insert(&mut self.pager, extent_key(ino, off), merged.encode())?;
@@ -303,7 +325,11 @@ impl Store {
             let (cs, ce) = (s.max(start), e.min(end));
             for (ps, pe, r) in [(s, cs, refs), (cs, ce, refs.saturating_sub(1)), (ce, e, refs)] {
                 if pe > ps && r > 0 {
-                    self.refcount_tree.insert(&mut self.pager, Key::new(ps, kind::EXTENT_REF, pe - ps), r.to_le_bytes().to_vec())?;
+                    self.refcount_tree.insert(
+                        &mut self.pager,
+                        Key::new(ps, kind::EXTENT_REF, pe - ps),
+                        r.to_le_bytes().to_vec(),
+                    )?;
                 }
             }
             if refs <= 1 {
@@ -312,7 +338,11 @@ impl Store {
             covered += ce - cs;
         }
         if covered != len {
-            return Err(Error::corrupt("refcount tree", start, format!("blocks {start}+{len} are referenced but only {covered} are counted")));
+            return Err(Error::corrupt(
+                "refcount tree",
+                start,
+                format!("blocks {start}+{len} are referenced but only {covered} are counted"),
+            ));
         }
         Ok(())
     }

@@ -121,10 +121,7 @@ pub(crate) fn le_u32(b: &[u8], at: usize) -> u32 {
 }
 
 fn get_time(b: &[u8], at: usize) -> Timespec {
-    Timespec {
-        sec: le_u64(b, at) as i64,
-        nsec: le_u32(b, at + 8),
-    }
+    Timespec { sec: le_u64(b, at) as i64, nsec: le_u32(b, at + 8) }
 }
 
 impl Inode {
@@ -161,7 +158,8 @@ impl Inode {
         if b.len() != INODE_BYTES {
             return Err(Error::bad_item(key, block, format!("inode item of {} bytes", b.len())));
         }
-        let kind = FileKind::from_u8(b[8]).ok_or_else(|| Error::bad_item(key, block, format!("unknown file type {}", b[8])))?;
+        let kind = FileKind::from_u8(b[8])
+            .ok_or_else(|| Error::bad_item(key, block, format!("unknown file type {}", b[8])))?;
         let mode = le_u32(b, 12);
         if mode & !0o7777 != 0 {
             return Err(Error::bad_item(key, block, format!("mode {mode:o} has bits beyond 07777")));

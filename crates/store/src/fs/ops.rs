@@ -140,7 +140,9 @@ impl Store {
         if name.len() > crate::limits::NAME_MAX {
             return Err(Error::NameTooLong { len: name.len(), max: crate::limits::NAME_MAX });
         }
-        let e = self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(format!("{:?} in directory {dir}", String::from_utf8_lossy(name))))?;
+        let e = self
+            .find_entry(dir, name)?
+            .ok_or_else(|| Error::NotFound(format!("{:?} in directory {dir}", String::from_utf8_lossy(name))))?;
         self.getattr(e.ino)
     }
 
@@ -262,9 +264,15 @@ impl Store {
 
     fn remove_entry(&mut self, dir: &mut Inode, name: &[u8]) -> Result<DirEntry> {
         let key = dirent::entry_key(dir.ino, name);
-        let v = self.fs.get(&mut self.pager, &key)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let v = self
+            .fs
+            .get(&mut self.pager, &key)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         let mut entries = dirent::decode_entries(key, &v, 0)?;
-        let pos = entries.iter().position(|e| e.name == name).ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let pos = entries
+            .iter()
+            .position(|e| e.name == name)
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         let e = entries.remove(pos);
         if entries.is_empty() {
             self.fs.delete(&mut self.pager, &key)?;
@@ -279,9 +287,15 @@ impl Store {
     /// Repoints an existing entry at another inode (rename over, exchange).
     fn retarget_entry(&mut self, dir: u64, name: &[u8], ino: u64, kind: FileKind) -> Result<()> {
         let key = dirent::entry_key(dir, name);
-        let v = self.fs.get(&mut self.pager, &key)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let v = self
+            .fs
+            .get(&mut self.pager, &key)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         let mut entries = dirent::decode_entries(key, &v, 0)?;
-        let e = entries.iter_mut().find(|e| e.name == name).ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let e = entries
+            .iter_mut()
+            .find(|e| e.name == name)
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         e.ino = ino;
         e.kind = kind;
         let index_item = dirent::encode_index(e);
@@ -292,7 +306,16 @@ impl Store {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn new_inode(&mut self, kind: FileKind, mode: u32, uid: u32, gid: u32, rdev: u64, parent: u64, now: Timespec) -> Inode {
+    fn new_inode(
+        &mut self,
+        kind: FileKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u64,
+        parent: u64,
+        now: Timespec,
+    ) -> Inode {
         let ino = self.meta.next_ino;
         self.meta.next_ino += 1;
         self.meta.inode_count += 1;
@@ -319,7 +342,17 @@ impl Store {
 
     /// Creates a file, directory, device, fifo or socket named `name` in `dir`.
     #[allow(clippy::too_many_arguments)]
-    pub fn create(&mut self, dir: u64, name: &[u8], kind: FileKind, mode: u32, uid: u32, gid: u32, rdev: u64, now: Timespec) -> Result<Inode> {
+    pub fn create(
+        &mut self,
+        dir: u64,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u64,
+        now: Timespec,
+    ) -> Result<Inode> {
         if kind == FileKind::Symlink {
             return Err(Error::Invalid("use symlink() for symbolic links".into()));
         }
@@ -346,10 +379,22 @@ impl Store {
     }
 
     /// Creates a symbolic link `name` in `dir` pointing at `target`.
-    pub fn symlink(&mut self, dir: u64, name: &[u8], target: &[u8], uid: u32, gid: u32, now: Timespec) -> Result<Inode> {
+    pub fn symlink(
+        &mut self,
+        dir: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+        now: Timespec,
+    ) -> Result<Inode> {
         check_name(name)?;
         if target.is_empty() || target.len() >= 4096 {
-            return Err(if target.is_empty() { Error::NotFound("empty symlink target".into()) } else { Error::NameTooLong { len: target.len(), max: 4095 } });
+            return Err(if target.is_empty() {
+                Error::NotFound("empty symlink target".into())
+            } else {
+                Error::NameTooLong { len: target.len(), max: 4095 }
+            });
         }
         self.reserve(target.len() as u64 / BLOCK_SIZE_U64 + 1, false)?;
         let mut d = self.dir_inode(dir)?;
@@ -419,7 +464,8 @@ impl Store {
         self.drop_data(inode)?;
         let lo = Key::new(inode.ino, 0, 0);
         let hi = Key::new(inode.ino, u8::MAX, u64::MAX);
-        let keys: Vec<Key> = self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k).collect();
+        let keys: Vec<Key> =
+            self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k).collect();
         for k in keys {
             self.fs.delete(&mut self.pager, &k)?;
         }
@@ -432,7 +478,8 @@ impl Store {
     pub fn unlink(&mut self, dir: u64, name: &[u8], now: Timespec) -> Result<Unlinked> {
         self.reserve(0, true)?;
         let mut d = self.dir_inode(dir)?;
-        let e = self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let e =
+            self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         if e.kind == FileKind::Directory {
             return Err(Error::IsDir(e.ino));
         }
@@ -456,7 +503,8 @@ impl Store {
         }
         self.reserve(0, true)?;
         let mut d = self.dir_inode(dir)?;
-        let e = self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let e =
+            self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         let victim = self.getattr(e.ino)?;
         if victim.kind != FileKind::Directory {
             return Err(Error::NotDir(e.ino));
@@ -493,7 +541,15 @@ impl Store {
     }
 
     /// Renames `dir/name` to `new_dir/new_name` (see `RenameFlags`).
-    pub fn rename(&mut self, dir: u64, name: &[u8], new_dir: u64, new_name: &[u8], flags: RenameFlags, now: Timespec) -> Result<()> {
+    pub fn rename(
+        &mut self,
+        dir: u64,
+        name: &[u8],
+        new_dir: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+        now: Timespec,
+    ) -> Result<()> {
         check_name(new_name)?;
         if flags.noreplace && flags.exchange {
             return Err(Error::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
@@ -501,7 +557,8 @@ impl Store {
         self.reserve(0, true)?;
         self.dir_inode(dir)?;
         self.dir_inode(new_dir)?;
-        let src = self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let src =
+            self.find_entry(dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         let dst = self.find_entry(new_dir, new_name)?;
         if let Some(d) = &dst {
             if flags.noreplace {
@@ -569,7 +626,16 @@ impl Store {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn exchange(&mut self, dir: u64, name: &[u8], src: &DirEntry, new_dir: u64, new_name: &[u8], dst: &DirEntry, now: Timespec) -> Result<()> {
+    fn exchange(
+        &mut self,
+        dir: u64,
+        name: &[u8],
+        src: &DirEntry,
+        new_dir: u64,
+        new_name: &[u8],
+        dst: &DirEntry,
+        now: Timespec,
+    ) -> Result<()> {
         self.retarget_entry(dir, name, dst.ino, dst.kind)?;
         self.retarget_entry(new_dir, new_name, src.ino, src.kind)?;
         let mut a = self.getattr(src.ino)?;
@@ -655,7 +721,10 @@ impl Store {
             FileKind::Directory => return Err(Error::IsDir(ino)),
             _ => return Err(Error::Invalid(format!("write to inode {ino}, not a regular file"))),
         }
-        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_BYTES).ok_or_else(|| Error::FileTooBig(format!("write ending past {MAX_FILE_BYTES}")))?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= MAX_FILE_BYTES)
+            .ok_or_else(|| Error::FileTooBig(format!("write ending past {MAX_FILE_BYTES}")))?;
         if data.is_empty() {
             return Ok(inode);
         }
@@ -673,12 +742,19 @@ impl Store {
     pub fn fallocate(&mut self, ino: u64, offset: u64, len: u64, mode: FallocateMode, now: Timespec) -> Result<Inode> {
         let mut inode = self.getattr(ino)?;
         if inode.kind != FileKind::Regular {
-            return Err(if inode.kind == FileKind::Directory { Error::IsDir(ino) } else { Error::Invalid(format!("fallocate on inode {ino}")) });
+            return Err(if inode.kind == FileKind::Directory {
+                Error::IsDir(ino)
+            } else {
+                Error::Invalid(format!("fallocate on inode {ino}"))
+            });
         }
         if len == 0 {
             return Err(Error::Invalid("fallocate of length 0".into()));
         }
-        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES).ok_or_else(|| Error::FileTooBig("fallocate range".into()))?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_BYTES)
+            .ok_or_else(|| Error::FileTooBig("fallocate range".into()))?;
         if mode.punch_hole {
             if !mode.keep_size {
                 return Err(Error::NotSupported("punch hole without keep-size".into()));
@@ -691,7 +767,11 @@ impl Store {
             if mode.zero_range {
                 self.punch_data(&mut inode, offset, len)?;
             }
-            let alloc_end = if mode.keep_size { end.min(inode.size.div_ceil(BLOCK_SIZE_U64) * BLOCK_SIZE_U64).max(offset) } else { end };
+            let alloc_end = if mode.keep_size {
+                end.min(inode.size.div_ceil(BLOCK_SIZE_U64) * BLOCK_SIZE_U64).max(offset)
+            } else {
+                end
+            };
             if !mode.keep_size && end > inode.size {
                 self.truncate_data(&mut inode, end)?;
             }
@@ -793,7 +873,8 @@ impl Store {
     pub fn reclaim_orphans(&mut self) -> Result<usize> {
         let lo = Key::new(ORPHAN_OBJECTID, kind::ORPHAN, 0);
         let hi = Key::new(ORPHAN_OBJECTID, kind::ORPHAN, u64::MAX);
-        let orphans: Vec<u64> = self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k.offset).collect();
+        let orphans: Vec<u64> =
+            self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k.offset).collect();
         let mut n = 0;
         for ino in orphans {
             if self.open_handles.contains_key(&ino) {
@@ -829,7 +910,9 @@ impl Store {
     pub fn apply(&mut self, op: Op) -> Result<OpResult> {
         use OpResult::{Done, Inode as I};
         Ok(match op {
-            Op::Create { dir, name, kind, mode, uid, gid, rdev, now } => I(self.create(dir, &name, kind, mode, uid, gid, rdev, now)?),
+            Op::Create { dir, name, kind, mode, uid, gid, rdev, now } => {
+                I(self.create(dir, &name, kind, mode, uid, gid, rdev, now)?)
+            }
             Op::Symlink { dir, name, target, uid, gid, now } => I(self.symlink(dir, &name, &target, uid, gid, now)?),
             Op::Link { ino, dir, name, now } => I(self.link(ino, dir, &name, now)?),
             Op::Unlink { dir, name, now } => I(self.unlink(dir, &name, now)?.inode),

@@ -19,7 +19,10 @@ pub fn check(name: &[u8], value_len: usize) -> Result<()> {
         return Err(Error::NameTooLong { len: name.len(), max: XATTR_NAME_MAX });
     }
     if name.len() + value_len > XATTR_SIZE_MAX {
-        return Err(Error::TooBig(format!("xattr of {} bytes (max {XATTR_SIZE_MAX} for name and value)", name.len() + value_len)));
+        return Err(Error::TooBig(format!(
+            "xattr of {} bytes (max {XATTR_SIZE_MAX} for name and value)",
+            name.len() + value_len
+        )));
     }
     Ok(())
 }
