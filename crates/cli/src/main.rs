@@ -106,7 +106,7 @@ fn mkfs(image: &Path, size: Option<u64>, force: bool, json: bool) -> Result<()> 
             image.display(),
             st.total_blocks,
             st.block_size,
-            st.total_blocks * u64::from(st.block_size) >> 20,
+            (st.total_blocks * u64::from(st.block_size)) >> 20,
             st.free_blocks
         );
     }
