@@ -341,10 +341,13 @@ fuzz_target!(|input: Input| {
             }
             op => apply(&mut store, &mut model, op),
         };
-        if store.generation() != generation {
-            // Committed: an explicit commit writes the model; the space reserve commits
-            // before the operation changes anything.
-            committed = if matches!(op, FuzzOp::Commit) { model.clone() } else { before.clone() };
+        match op {
+            // A successful commit makes the live state durable.
+            FuzzOp::Commit if r.is_ok() => committed = model.clone(),
+            FuzzOp::Commit | FuzzOp::Reopen => {}
+            // The space reserve commits by itself before the operation changes anything.
+            _ if store.generation() != generation => committed = before.clone(),
+            _ => {}
         }
         match r {
             Ok(()) => {}

@@ -54,7 +54,9 @@ fn crest(dir: &Path, files: usize, dirs: usize, payload: &[u8]) -> Row {
     let mut dir_inos = Vec::with_capacity(dirs);
     for d in 0..dirs {
         let name = format!("d{d:04}");
-        dir_inos.push(store.create(ROOT_INO, name.as_bytes(), FileKind::Directory, 0o755, 0, 0, 0, now).expect("mkdir").ino);
+        dir_inos.push(
+            store.create(ROOT_INO, name.as_bytes(), FileKind::Directory, 0o755, 0, 0, 0, now).expect("mkdir").ino,
+        );
     }
     for f in 0..files {
         let d = dir_inos[f % dirs];
