@@ -20,6 +20,7 @@ echo "== benches (smoke)"
 cargo test --workspace --release --locked --benches
 
 echo "== cli on a real image file"
+cargo build --release --locked -p crest
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 crest=target/release/crest

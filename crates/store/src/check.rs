@@ -94,8 +94,8 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
     let mut fs_meta = None;
     for (k, v) in &root_items {
         if *k == root_key {
-            match decode_root(*k, v, sb.generation) {
-                Ok(m) => fs_meta = Some(m),
+            match crate::store::decode_root_item(*k, v, sb.generation) {
+                Ok((ptr, meta)) => fs_meta = Some((ptr, meta.next_ino, meta.inode_count)),
                 Err(e) => c.problem(e.to_string()),
             }
         } else {
@@ -115,18 +115,6 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
         c.problem(format!("superblock says {} blocks used; trees and extents use {used}", sb.used_blocks));
     }
     Ok(report)
-}
-
-fn decode_root(k: Key, v: &[u8], generation: u64) -> Result<(BlockPtr, u64, u64)> {
-    if v.len() != 48 {
-        return Err(Error::bad_item(k, 0, "root item size"));
-    }
-    let g = |at: usize| crate::fs::inode::le_u64(v, at);
-    let ptr = BlockPtr { block: g(0), generation: g(8), level: v[16] };
-    if ptr.generation > generation {
-        return Err(Error::bad_item(k, 0, "root newer than the superblock"));
-    }
-    Ok((ptr, g(24), g(32)))
 }
 
 struct Checker<'a> {
@@ -204,7 +192,7 @@ impl Checker<'_> {
     fn refcounts(&mut self, items: &[(Key, Vec<u8>)]) -> BTreeMap<u64, (u64, u32)> {
         let mut out = BTreeMap::new();
         for (k, v) in items {
-            if k.kind != kind::EXTENT_REF || v.len() != 4 || k.offset == 0 {
+            if k.kind != kind::EXTENT_REF || v.len() != 4 || k.offset == 0 || k.offset > crate::limits::MAX_EXTENT_BLOCKS {
                 self.problem(format!("refcount tree: bad item {k:?}"));
                 continue;
             }

@@ -239,6 +239,34 @@ impl Pager {
         self.freed_this_txn.push((start, len));
     }
 
+    /// Keeps blocks that only an older generation still reaches out of the allocator until
+    /// the next commit is durable (blocks already in use are left alone). Used at open for
+    /// the other superblock copy, which the next commit overwrites.
+    pub fn hold_until_next_commit(&mut self, start: u64, len: u64) {
+        let end = start.saturating_add(len).min(self.total_blocks);
+        let mut run: Option<(u64, u64)> = None;
+        for b in start..end {
+            if self.alloc.is_used(b) {
+                if let Some(r) = run.take() {
+                    self.freed_prev_txn.push(r);
+                }
+                continue;
+            }
+            self.alloc.mark_used(b, 1);
+            run = match run {
+                Some((s, l)) if s + l == b => Some((s, l + 1)),
+                Some(r) => {
+                    self.freed_prev_txn.push(r);
+                    Some((b, 1))
+                }
+                None => Some((b, 1)),
+            };
+        }
+        if let Some(r) = run {
+            self.freed_prev_txn.push(r);
+        }
+    }
+
     /// Allocates `len` contiguous blocks near `goal`.
     pub fn alloc_blocks(&mut self, goal: u64, len: u64) -> Option<u64> {
         self.alloc.alloc(goal, len)

@@ -78,7 +78,7 @@ fn encode_root_item(ptr: &BlockPtr, meta: &DatasetMeta) -> Vec<u8> {
     b
 }
 
-fn decode_root_item(key: Key, b: &[u8], generation: u64) -> Result<(BlockPtr, DatasetMeta)> {
+pub(crate) fn decode_root_item(key: Key, b: &[u8], generation: u64) -> Result<(BlockPtr, DatasetMeta)> {
     if b.len() != ROOT_ITEM_BYTES || b[17..24].iter().chain(&b[40..]).any(|&x| x != 0) {
         return Err(Error::bad_item(key, 0, format!("root item of {} bytes or with reserved bytes set", b.len())));
     }
@@ -231,11 +231,16 @@ impl Store {
         candidates.sort_by_key(|sb| std::cmp::Reverse(sb.generation));
         let mut disk = Some(disk);
         let mut last_err = None;
-        for sb in candidates {
+        for (i, sb) in candidates.iter().enumerate() {
             let Some(d) = disk.take() else { break };
             match Store::load(d, sb.clone()) {
                 Ok(mut store) => {
                     notes.extend(std::mem::take(&mut store.open_notes));
+                    if let Some(older) = candidates.get(i + 1) {
+                        if let Err(e) = store.hold_older_generation(older) {
+                            notes.push(format!("older generation {} not fully readable ({e}); it is no fallback", older.generation));
+                        }
+                    }
                     store.open_notes = notes;
                     for n in &store.open_notes {
                         tracing::warn!("{n}");
@@ -255,6 +260,36 @@ impl Store {
             Some(e) => Err(e),
             None => Err(Error::BadImage(notes.join("; "))),
         }
+    }
+
+    /// Keeps every block the older superblock copy reaches allocated until the next commit
+    /// is durable: that commit overwrites the older copy, and until then it is the fallback.
+    fn hold_older_generation(&mut self, older: &Superblock) -> Result<()> {
+        if older.fsid != self.sb.fsid || older.generation >= self.sb.generation {
+            return Ok(());
+        }
+        let root = Tree::on_disk(ROOT_TREE_ID, older.root_tree);
+        let refcount = Tree::on_disk(REFCOUNT_TREE_ID, older.refcount_tree);
+        let key = Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0);
+        let item = root
+            .get(&mut self.pager, &key)?
+            .ok_or_else(|| Error::corrupt("root tree", older.root_tree.block, "no root item for dataset 5"))?;
+        let (fs_ptr, _) = decode_root_item(key, &item, older.generation)?;
+        let mut held = Vec::new();
+        for tree in [root, refcount, Tree::on_disk(FS_TREE_ID, fs_ptr)] {
+            walk_nodes(&mut self.pager, &tree, &mut |ptr, _| {
+                held.push((ptr.block, 1));
+                Ok(())
+            })?;
+        }
+        refcount.range(&mut self.pager, &Key::MIN, &Key::MAX, &mut |k, _| {
+            held.push((k.objectid, k.offset));
+            Ok(true)
+        })?;
+        for (start, len) in held {
+            self.pager.hold_until_next_commit(start, len);
+        }
+        Ok(())
     }
 
     fn load(disk: Box<dyn Disk>, sb: Superblock) -> std::result::Result<Store, (Error, Box<dyn Disk>)> {

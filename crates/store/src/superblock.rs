@@ -128,8 +128,8 @@ impl Superblock {
         if stored != computed {
             return Err(bad(format!("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")));
         }
-        if b[OFF_CSUM + 4..OFF_CSUM + 32].iter().any(|&x| x != 0) {
-            return Err(bad("non-zero bytes in the checksum tail".into()));
+        if b[OFF_CSUM + 4..OFF_CSUM + 32].iter().chain(&b[46..48]).chain(&b[END..]).any(|&x| x != 0) {
+            return Err(bad("non-zero reserved bytes".into()));
         }
         if usize::from(b[OFF_COPY]) != copy {
             return Err(bad(format!(
@@ -167,7 +167,7 @@ impl Superblock {
             csum_type,
         };
         for (name, p) in [("root tree", &sb.root_tree), ("refcount tree", &sb.refcount_tree)] {
-            if p.block >= total_blocks || p.generation > sb.generation {
+            if p.block < crate::limits::RESERVED_BLOCKS || p.block >= total_blocks || p.generation > sb.generation {
                 return Err(bad(format!(
                     "{name} root {p:?} outside the image or newer than generation {}",
                     sb.generation

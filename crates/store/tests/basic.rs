@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use crest_store::{Error, FallocateMode, FileKind, RenameFlags, SetAttr, Store, ROOT_INO};
+use crest_store::{Error, FallocateMode, FileKind, MemDisk, RenameFlags, SetAttr, Store, ROOT_INO};
 
 #[test]
 fn mkfs_then_fsck_is_clean_and_root_exists() {
@@ -229,4 +229,47 @@ fn enospc_is_clean_and_space_comes_back() {
 
 fn errno<T>(r: Result<T, Error>) -> Option<i32> {
     r.err().map(|e| e.errno())
+}
+
+#[test]
+fn older_superblock_stays_a_valid_fallback_after_reopen() {
+    use crest_store::crash::{image_at, CrashPoint, Event, RecordingDisk};
+    use crest_store::limits::SUPERBLOCK_OFFSETS;
+    // Generation 2 with a file, closed; reopened; generation 3 rewrites it. A crash before
+    // generation 3's superblock lands plus a damaged generation-2 copy must fall back to
+    // generation 1 intact: the first transaction after open must not reuse its blocks.
+    let disk = fresh(16);
+    let mut s = open(&disk);
+    let f = s.create(ROOT_INO, b"f", FileKind::Regular, 0o644, 0, 0, 0, t(2)).expect("f").ino;
+    s.write(f, 0, &pattern(50_000, 1), t(2)).expect("write");
+    s.commit().expect("gen 2");
+    drop(s);
+    let gen1_view = {
+        // Generation 1 (mkfs) is the copy that generation 2 did not overwrite.
+        let mut s = open(&fresh(16));
+        dump(&mut s)
+    };
+    let rec = RecordingDisk::new(disk.snapshot());
+    let mut s = Store::open(Box::new(rec.clone())).expect("open");
+    assert_eq!(s.generation(), 2);
+    for i in 0..40u8 {
+        let name = format!("g{i}");
+        let ino = s.create(ROOT_INO, name.as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create").ino;
+        s.write(ino, 0, &pattern(20_000, i), t(3)).expect("write");
+    }
+    s.unlink(ROOT_INO, b"f", t(3)).expect("unlink");
+    s.commit().expect("gen 3");
+    let events = rec.events();
+    let sb = events
+        .iter()
+        .rposition(|e| matches!(e, Event::Write { offset, .. } if SUPERBLOCK_OFFSETS.contains(offset)))
+        .expect("superblock write");
+    // Everything of generation 3 but its superblock reached the disk.
+    let mut img = image_at(rec.base(), &events, &CrashPoint { durable: sb, survivors: vec![] });
+    // And the generation-2 copy is damaged.
+    let copy2 = SUPERBLOCK_OFFSETS[2 % 2] as usize;
+    img[copy2 + 100] ^= 0xff;
+    let mut s = Store::open(Box::new(MemDisk::from_bytes(img))).expect("falls back to generation 1");
+    assert_eq!(s.generation(), 1);
+    assert_same(&dump(&mut s), &gen1_view, "generation 1 after fallback");
 }

@@ -188,7 +188,7 @@ impl Inode {
                 return Err(Error::bad_item(key, block, format!("timestamp nanoseconds {}", t.nsec)));
             }
         }
-        if b[9..12].iter().chain(&b[120..]).any(|&x| x != 0) {
+        if inode.flags != 0 || b[9..12].iter().chain(&b[120..]).any(|&x| x != 0) {
             return Err(Error::bad_item(key, block, "reserved bytes are not zero"));
         }
         Ok(inode)

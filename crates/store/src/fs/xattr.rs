@@ -54,6 +54,9 @@ pub fn decode(key: Key, b: &[u8], block: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>>
             return Err(Error::bad_item(key, block, "xattr runs past the item"));
         }
         let name = b[start..start + nl].to_vec();
+        if name.contains(&0) {
+            return Err(Error::bad_item(key, block, "xattr name contains NUL"));
+        }
         if name_hash(&name) != key.offset {
             return Err(Error::bad_item(key, block, "xattr name does not hash to the key"));
         }
