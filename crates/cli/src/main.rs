@@ -32,6 +32,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve an image to crest clients (until SIGTERM or SIGINT, then commit and exit).
+    Serve {
+        /// Image file or block device (locked: one server per image).
+        image: PathBuf,
+        /// Address to listen on.
+        #[arg(long, default_value = DEFAULT_LISTEN)]
+        listen: String,
+        /// Commit at least this often (milliseconds).
+        #[arg(long, default_value_t = 5000)]
+        commit_interval_ms: u64,
+    },
     /// Check every checksum and structural invariant of an image (read-only).
     Fsck {
         /// Image file or block device.
@@ -40,6 +51,36 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Where `crest serve` listens unless told otherwise.
+const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
+
+fn serve(image: &Path, listen: &str, commit_interval_ms: u64) -> Result<()> {
+    let disk = FileDisk::open(image).with_context(|| format!("opening {}", image.display()))?;
+    let mut store = Store::open(Box::new(disk)).with_context(|| format!("opening the file system on {}", image.display()))?;
+    store.set_policy(crest_store::CommitPolicy { interval_ms: commit_interval_ms, ..Default::default() });
+    for n in store.open_notes() {
+        tracing::warn!("{n}");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async {
+        let serving = crest_net::server::start(store, listen).await.with_context(|| format!("listening on {listen}"))?;
+        eprintln!("crest: serving {} on {}", image.display(), serving.local_addr);
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("crest: shutting down: finishing requests and committing");
+        let store = serving.shutdown().await.context("committing at shutdown")?;
+        eprintln!("crest: {} closed cleanly at generation {}", image.display(), store.generation());
+        Ok(())
+    })
 }
 
 /// Parses sizes like `20G`, `512M`, `4k` or `1048576` (binary units).
@@ -188,6 +229,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Mkfs { image, size, force, json } => mkfs(&image, size, force, json).map(|()| true),
         Command::Fsck { image, json } => fsck(&image, json),
+        Command::Serve { image, listen, commit_interval_ms } => serve(&image, &listen, commit_interval_ms).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

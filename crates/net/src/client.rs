@@ -1,0 +1,364 @@
+//! The connection task and the blocking call API.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Requests in flight at once (the server's reply cache holds more, so every retry is
+/// still answered from it).
+pub const MAX_IN_FLIGHT: usize = 1024;
+
+/// How the client behaves.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Name the server logs for this client.
+    pub client_name: String,
+    /// How long a call waits (including reconnects) before failing with `Timeout`.
+    pub op_timeout: Duration,
+    /// How long the first connection may take.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            client_name: "crest-client".into(),
+            op_timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a call failed as a whole (per-operation errors are in the results).
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// No response within the operation timeout (server away too long).
+    #[error("no answer from {addr} within {secs} s")]
+    Timeout {
+        /// Server address.
+        addr: String,
+        /// Timeout.
+        secs: u64,
+    },
+    /// The server refused the handshake.
+    #[error("server {addr} refused the connection: {reason}")]
+    Refused {
+        /// Server address.
+        addr: String,
+        /// Its reason.
+        reason: String,
+    },
+    /// Could not connect at all.
+    #[error("cannot connect to {addr}: {detail}")]
+    Connect {
+        /// Server address.
+        addr: String,
+        /// The last error.
+        detail: String,
+    },
+    /// The client was shut down.
+    #[error("client is shut down")]
+    Closed,
+}
+
+impl ClientError {
+    /// The errno a system call should see.
+    pub fn errno(&self) -> i32 {
+        match self {
+            ClientError::Timeout { .. } => 110, // ETIMEDOUT
+            ClientError::Refused { .. } | ClientError::Connect { .. } | ClientError::Closed => 107, // ENOTCONN
+        }
+    }
+}
+
+type Results = Vec<Result<p::Reply, p::OpError>>;
+
+struct Call {
+    id: u64,
+    ops: Vec<p::Op>,
+    reply: std_mpsc::SyncSender<Result<Results, ClientError>>,
+}
+
+/// A connection to one server, shared by every thread of a mount.
+pub struct Client {
+    tx: mpsc::UnboundedSender<Call>,
+    next_id: AtomicU64,
+    in_flight: Arc<(Mutex<usize>, Condvar)>,
+    opts: ClientOptions,
+    addr: String,
+    fsid: [u8; 16],
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("addr", &self.addr).finish()
+    }
+}
+
+impl Client {
+    /// Connects (waiting up to `connect_timeout` for the first handshake) and starts the
+    /// connection thread.
+    pub fn connect(addr: &str, opts: ClientOptions) -> Result<Client, ClientError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = std_mpsc::sync_channel(1);
+        let task_addr = addr.to_string();
+        let task_opts = opts.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Connect { addr: addr.into(), detail: e.to_string() })?;
+        std::thread::Builder::new()
+            .name("crest-conn".into())
+            .spawn(move || rt.block_on(run(task_addr, task_opts, rx, ready_tx)))
+            .map_err(|e| ClientError::Connect { addr: addr.into(), detail: e.to_string() })?;
+        let fsid = match ready_rx.recv_timeout(opts.connect_timeout + Duration::from_secs(1)) {
+            Ok(Ok(fsid)) => fsid,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(ClientError::Connect { addr: addr.into(), detail: "timed out".into() }),
+        };
+        Ok(Client {
+            tx,
+            next_id: AtomicU64::new(1),
+            in_flight: Arc::new((Mutex::new(0), Condvar::new())),
+            opts,
+            addr: addr.into(),
+            fsid,
+        })
+    }
+
+    /// The server's file system id.
+    pub fn fsid(&self) -> [u8; 16] {
+        self.fsid
+    }
+
+    /// The server address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Sends a compound request and waits for its results.
+    pub fn call(&self, ops: Vec<p::Op>) -> Result<Results, ClientError> {
+        let (lock, cvar) = &*self.in_flight;
+        {
+            let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
+            while *n >= MAX_IN_FLIGHT {
+                n = cvar.wait(n).unwrap_or_else(|e| e.into_inner());
+            }
+            *n += 1;
+        }
+        let result = self.call_inner(ops);
+        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
+        *n -= 1;
+        cvar.notify_one();
+        result
+    }
+
+    fn call_inner(&self, ops: Vec<p::Op>) -> Result<Results, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply, rx) = std_mpsc::sync_channel(1);
+        self.tx.send(Call { id, ops, reply }).map_err(|_| ClientError::Closed)?;
+        match rx.recv_timeout(self.opts.op_timeout) {
+            Ok(r) => r,
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                Err(ClientError::Timeout { addr: self.addr.clone(), secs: self.opts.op_timeout.as_secs() })
+            }
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => Err(ClientError::Closed),
+        }
+    }
+
+    /// One operation; errors flattened to an errno.
+    pub fn call_one(&self, op: p::Op) -> Result<p::Reply, p::OpError> {
+        match self.call(vec![op]) {
+            Ok(mut r) => r.pop().unwrap_or_else(|| Err(p::OpError { errno: 5, message: "empty response".into() })),
+            Err(e) => Err(p::OpError { errno: e.errno(), message: e.to_string() }),
+        }
+    }
+}
+
+fn write_frame(buf: &mut Vec<u8>, msg: &ClientMessage) {
+    if let Err(e) = p::encode_frame(msg, buf) {
+        tracing::error!("cannot encode a request: {e}");
+    }
+}
+
+/// The connection loop: connect, handshake, resend what is pending, then move requests
+/// and responses until the connection breaks; repeat.
+async fn run(
+    addr: String,
+    opts: ClientOptions,
+    mut calls: mpsc::UnboundedReceiver<Call>,
+    ready: std_mpsc::SyncSender<Result<[u8; 16], ClientError>>,
+) {
+    let mut pending: BTreeMap<u64, Call> = BTreeMap::new();
+    let mut session: Option<p::SessionToken> = None;
+    let mut fsid: Option<[u8; 16]> = None;
+    let mut backoff = Duration::from_millis(20);
+    let started = tokio::time::Instant::now();
+    loop {
+        let stream = match TcpStream::connect(&addr).await {
+            Ok(s) => s,
+            Err(e) => {
+                if fsid.is_none() && started.elapsed() > opts.connect_timeout {
+                    let _ = ready.try_send(Err(ClientError::Connect { addr: addr.clone(), detail: e.to_string() }));
+                    return;
+                }
+                tracing::debug!("connect to {addr}: {e}; retrying in {backoff:?}");
+                // Keep accepting calls while away so callers queue instead of failing.
+                let sleep = tokio::time::sleep(backoff);
+                tokio::pin!(sleep);
+                loop {
+                    tokio::select! {
+                        _ = &mut sleep => break,
+                        c = calls.recv() => match c {
+                            Some(c) => { pending.insert(c.id, c); }
+                            None => return,
+                        },
+                    }
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (mut rd, wr) = stream.into_split();
+        let mut wr = BufWriter::with_capacity(256 * 1024, wr);
+        let mut out = Vec::new();
+        let hello = p::Hello {
+            magic: p::HELLO_MAGIC,
+            version: p::PROTOCOL_VERSION,
+            client_name: opts.client_name.clone(),
+            resume: session,
+        };
+        write_frame(&mut out, &ClientMessage::Hello(hello));
+        if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
+            continue;
+        }
+        out.clear();
+        let mut decoder = FrameDecoder::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        // Handshake.
+        let welcome = loop {
+            match decoder.poll_message::<ServerMessage>() {
+                Ok(Some(m)) => break Some(m),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!("bad handshake from {addr}: {e}");
+                    break None;
+                }
+            }
+            match tokio::time::timeout(Duration::from_secs(10), rd.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => decoder.handle_bytes(&buf[..n]),
+                _ => break None,
+            }
+        };
+        match welcome {
+            Some(ServerMessage::Welcome(w)) => {
+                if fsid.is_some_and(|f| f != w.fsid) {
+                    tracing::error!("{addr} now serves another file system; failing pending calls");
+                    for (_, c) in std::mem::take(&mut pending) {
+                        let _ = c.reply.try_send(Err(ClientError::Refused {
+                            addr: addr.clone(),
+                            reason: "the server's file system changed".into(),
+                        }));
+                    }
+                }
+                if session.is_some() {
+                    tracing::info!(resumed = w.resumed, pending = pending.len(), "reconnected to {addr}");
+                }
+                session = Some(w.session);
+                if fsid.is_none() {
+                    fsid = Some(w.fsid);
+                    let _ = ready.try_send(Ok(w.fsid));
+                }
+                backoff = Duration::from_millis(20);
+            }
+            Some(ServerMessage::Refused { reason, .. }) => {
+                let err = ClientError::Refused { addr: addr.clone(), reason };
+                tracing::error!("{err}");
+                let _ = ready.try_send(Err(err.clone()));
+                for (_, c) in std::mem::take(&mut pending) {
+                    let _ = c.reply.try_send(Err(err.clone()));
+                }
+                return;
+            }
+            _ => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        }
+        // Resend everything still waiting, in id order, with the same ids.
+        for c in pending.values() {
+            write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone() }));
+        }
+        if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
+            continue;
+        }
+        out.clear();
+        loop {
+            tokio::select! {
+                c = calls.recv() => {
+                    let Some(c) = c else {
+                        write_frame(&mut out, &ClientMessage::Goodbye);
+                        let _ = wr.write_all(&out).await;
+                        let _ = wr.flush().await;
+                        return;
+                    };
+                    write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone() }));
+                    pending.insert(c.id, c);
+                    // Take whatever else is queued so one flush carries the burst.
+                    while let Ok(c) = calls.try_recv() {
+                        write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone() }));
+                        pending.insert(c.id, c);
+                    }
+                    let ok = wr.write_all(&out).await.is_ok() && wr.flush().await.is_ok();
+                    out.clear();
+                    if !ok {
+                        break;
+                    }
+                }
+                r = rd.read(&mut buf) => {
+                    match r {
+                        Ok(n) if n > 0 => decoder.handle_bytes(&buf[..n]),
+                        _ => {
+                            tracing::warn!("connection to {addr} lost; {} requests pending", pending.len());
+                            break;
+                        }
+                    }
+                    let mut broken = false;
+                    loop {
+                        match decoder.poll_message::<ServerMessage>() {
+                            Ok(Some(ServerMessage::Response(resp))) => {
+                                if let Some(c) = pending.remove(&resp.id) {
+                                    let _ = c.reply.try_send(Ok(resp.results));
+                                }
+                            }
+                            Ok(Some(ServerMessage::Notify(n))) => tracing::info!("server notice: {n:?}"),
+                            Ok(Some(other)) => {
+                                tracing::warn!("unexpected message from {addr}: {other:?}");
+                                broken = true;
+                                break;
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                tracing::error!("bad frame from {addr}: {e}");
+                                broken = true;
+                                break;
+                            }
+                        }
+                    }
+                    if broken {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}

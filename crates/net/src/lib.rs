@@ -1,0 +1,21 @@
+//! The async shell: everything that touches sockets and timers, on both sides of the
+//! wire (FUSE → client → proto → **net** → server → store). `client` is the client's one
+//! connection; `server` is the listener that feeds the server core.
+//!
+//! Client connection: One TCP connection per mount carries
+//! every caller's requests, pipelined: each call gets a request id, goes out on the shared
+//! connection and waits for its own response. When the connection drops the client
+//! reconnects with backoff, resumes its session and resends every request still waiting —
+//! with the same ids, so the server's reply cache applies each exactly once. Callers block
+//! meanwhile, up to `ClientOptions::op_timeout`.
+//!
+//! Invariants:
+//! - a request id is used once per session, and a request stays in the pending table until
+//!   its response arrives (or its caller gave up), so nothing is lost across reconnects;
+//! - at most `MAX_IN_FLIGHT` requests are pending; callers beyond that wait;
+//! - the FUSE side never sees the socket: only `Client::call`.
+
+pub mod client;
+pub mod server;
+
+pub use client::{Client, ClientError, ClientOptions, MAX_IN_FLIGHT};

@@ -1,0 +1,238 @@
+//! The server's async shell: a TCP listener whose connections feed one store thread.
+//!
+//! The store thread owns the `Server` core (and so the store); connections send it
+//! decoded messages over a channel and get `ServerMessage`s back on their own outgoing
+//! channel, written by a per-connection writer task that flushes once per burst. The
+//! store thread also commits on the store's schedule (`tick`) and, at shutdown, finishes
+//! every queued request, commits and hands the store back.
+//!
+//! Invariants:
+//! - a connection must say a valid hello within `HELLO_TIMEOUT`; any malformed, oversized
+//!   or out-of-order frame ends that connection with a logged error, never the server;
+//! - the store is touched only by the store thread.
+
+use std::net::SocketAddr;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
+use crest_server::{Server, SessionId};
+use crest_store::Store;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+/// How long a new connection has to say hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Outbox = mpsc::UnboundedSender<ServerMessage>;
+
+enum Cmd {
+    Hello { hello: p::Hello, peer: SocketAddr, reply: oneshot::Sender<(Option<SessionId>, ServerMessage)> },
+    Request { session: SessionId, req: p::Request, out: Outbox },
+    Goodbye { session: SessionId },
+    Shutdown { done: oneshot::Sender<Result<Store, crest_store::Error>> },
+}
+
+fn now() -> p::Time {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    p::Time { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+}
+
+/// Runs the store thread until a `Shutdown` command.
+fn store_thread(mut server: Server, rx: std_mpsc::Receiver<Cmd>) {
+    loop {
+        let cmd = match rx.recv_timeout(Duration::from_millis(500)) {
+            Ok(c) => c,
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(e) = server.tick(now_ms()) {
+                    tracing::error!("periodic commit failed: {e}");
+                }
+                continue;
+            }
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        match cmd {
+            Cmd::Hello { hello, peer, reply } => {
+                let (sid, msg) = server.handle_hello(&hello);
+                if sid.is_none() {
+                    tracing::warn!(%peer, "handshake refused: {msg:?}");
+                }
+                let _ = reply.send((sid, msg));
+            }
+            Cmd::Request { session, req, out } => {
+                let resp = server.handle_request(session, req, now());
+                let _ = out.send(ServerMessage::Response(resp));
+            }
+            Cmd::Goodbye { session } => server.end_session(session),
+            Cmd::Shutdown { done } => {
+                // Everything queued before the shutdown has been handled (FIFO channel).
+                let mut store = server.into_store();
+                let r = store.commit().map(|()| store);
+                let _ = done.send(r);
+                return;
+            }
+        }
+        if let Err(e) = server.tick(now_ms()) {
+            tracing::error!("periodic commit failed: {e}");
+        }
+    }
+}
+
+/// A running server.
+pub struct Serving {
+    /// Address actually bound (useful with port 0).
+    pub local_addr: SocketAddr,
+    cmds: std_mpsc::Sender<Cmd>,
+    stop: Option<oneshot::Sender<()>>,
+    accept: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Binds `listen` and starts serving `store`. Must be called inside a tokio runtime.
+pub async fn start(store: Store, listen: &str) -> std::io::Result<Serving> {
+    let listener = TcpListener::bind(listen).await?;
+    let local_addr = listener.local_addr()?;
+    let (cmds, rx) = std_mpsc::channel();
+    let server = Server::new(store);
+    std::thread::Builder::new().name("crest-store".into()).spawn(move || store_thread(server, rx))?;
+    let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
+    let accept_cmds = cmds.clone();
+    let accept = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = &mut stop_rx => return,
+                r = listener.accept() => match r {
+                    Ok((stream, peer)) => {
+                        let cmds = accept_cmds.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = connection(stream, peer, cmds).await {
+                                tracing::warn!(%peer, "connection closed: {e}");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!("accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+            }
+        }
+    });
+    tracing::info!(%local_addr, "serving");
+    Ok(Serving { local_addr, cmds, stop: Some(stop_tx), accept: Some(accept) })
+}
+
+impl Serving {
+    /// Stops accepting, lets queued requests finish, commits and returns the store.
+    pub async fn shutdown(mut self) -> Result<Store, crest_store::Error> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(a) = self.accept.take() {
+            let _ = a.await;
+        }
+        let (done, rx) = oneshot::channel();
+        if self.cmds.send(Cmd::Shutdown { done }).is_err() {
+            return Err(crest_store::Error::Poisoned("the store thread is gone".into()));
+        }
+        rx.await.unwrap_or_else(|_| Err(crest_store::Error::Poisoned("the store thread stopped".into())))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol error: {0}")]
+    Proto(#[from] p::ProtoError),
+    #[error("{0}")]
+    Other(String),
+}
+
+async fn connection(stream: TcpStream, peer: SocketAddr, cmds: std_mpsc::Sender<Cmd>) -> Result<(), ConnError> {
+    let _ = stream.set_nodelay(true);
+    let (mut rd, wr) = stream.into_split();
+    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<ServerMessage>();
+    let writer = tokio::spawn(async move {
+        let mut wr = BufWriter::with_capacity(256 * 1024, wr);
+        let mut buf = Vec::new();
+        while let Some(m) = out_rx.recv().await {
+            buf.clear();
+            let _ = p::encode_frame(&m, &mut buf);
+            while let Ok(m) = out_rx.try_recv() {
+                let _ = p::encode_frame(&m, &mut buf);
+            }
+            if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut decoder = FrameDecoder::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    // Handshake.
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, async {
+        loop {
+            if let Some(m) = decoder.poll_message::<ClientMessage>()? {
+                return Ok::<_, ConnError>(m);
+            }
+            let n = rd.read(&mut buf).await?;
+            if n == 0 {
+                return Err(ConnError::Other("closed before hello".into()));
+            }
+            decoder.handle_bytes(&buf[..n]);
+        }
+    })
+    .await
+    .map_err(|_| ConnError::Other("no hello in time".into()))??;
+    let ClientMessage::Hello(hello) = hello else {
+        return Err(ConnError::Other(format!("first message is not a hello: {hello:?}")));
+    };
+    let (reply, rx) = oneshot::channel();
+    cmds.send(Cmd::Hello { hello, peer, reply }).map_err(|_| ConnError::Other("server stopping".into()))?;
+    let (session, welcome) = rx.await.map_err(|_| ConnError::Other("server stopping".into()))?;
+    let _ = out_tx.send(welcome);
+    let Some(session) = session else {
+        drop(out_tx);
+        let _ = writer.await;
+        return Ok(());
+    };
+    tracing::debug!(%peer, session, "client connected");
+    let result = loop {
+        loop {
+            match decoder.poll_message::<ClientMessage>() {
+                Ok(Some(ClientMessage::Request(req))) => {
+                    if cmds.send(Cmd::Request { session, req, out: out_tx.clone() }).is_err() {
+                        return Ok(());
+                    }
+                }
+                Ok(Some(ClientMessage::Goodbye)) => {
+                    let _ = cmds.send(Cmd::Goodbye { session });
+                    drop(out_tx);
+                    let _ = writer.await;
+                    return Ok(());
+                }
+                Ok(Some(ClientMessage::Hello(_))) => {
+                    break Err(ConnError::Other("second hello on one connection".into()));
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => {
+                    tracing::error!(%peer, session, "bad frame: {e}");
+                    break Err(e.into());
+                }
+            }
+        }?;
+        match rd.read(&mut buf).await {
+            Ok(0) => break Ok(()),
+            Ok(n) => decoder.handle_bytes(&buf[..n]),
+            Err(e) => break Err(e.into()),
+        }
+    };
+    // The session stays for a reconnect; its connection is gone.
+    tracing::debug!(%peer, session, "client disconnected");
+    writer.abort();
+    result
+}

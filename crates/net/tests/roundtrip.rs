@@ -1,0 +1,144 @@
+//! A real server on loopback and a real client: requests round-trip, many threads share
+//! one connection, a restarted server is reconnected to transparently, and garbage or
+//! wrong-version clients are refused without harming other clients.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use crest_net::{Client, ClientOptions};
+use crest_proto::{self as p, Op, Reply};
+use crest_store::{MemDisk, MkfsOptions, Store, Timespec};
+
+fn store() -> Store {
+    let disk = MemDisk::new(64 << 20);
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None }).expect("mkfs");
+    Store::open(Box::new(disk)).expect("open")
+}
+
+fn create(name: &str) -> Op {
+    Op::Create {
+        parent: 1,
+        name: name.as_bytes().to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        rdev: 0,
+        cred: p::Cred::default(),
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
+#[test]
+fn requests_round_trip_and_threads_share_one_connection() {
+    let rt = rt();
+    let serving = rt.block_on(crest_net::server::start(store(), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let client = std::sync::Arc::new(Client::connect(&addr, ClientOptions::default()).expect("connect"));
+    let Ok(Reply::Entry { attr, .. }) = client.call_one(create("f")) else { panic!("create") };
+    client.call_one(Op::Write { ino: attr.ino, offset: 0, data: b"hello".to_vec() }).expect("write");
+    let r = client.call_one(Op::Read { ino: attr.ino, offset: 0, len: 100 }).expect("read");
+    assert_eq!(r, Reply::Data(b"hello".to_vec()));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let c = client.clone();
+            std::thread::spawn(move || {
+                for i in 0..200 {
+                    let r = c.call_one(create(&format!("t{t}-{i}")));
+                    assert!(r.is_ok(), "{r:?}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("thread");
+    }
+    let (mut from, mut names) = (0, 0);
+    loop {
+        let Ok(Reply::Dir { items, end }) = client.call_one(Op::ReadDir { ino: 1, from_index: from, limit: 5000 })
+        else {
+            panic!("readdir")
+        };
+        names += items.len();
+        from = items.last().map_or(from, |i| i.index + 1);
+        if end {
+            break;
+        }
+    }
+    assert_eq!(names, 1601, "pages of at most 1024 items add up");
+    let err = client.call_one(Op::Lookup { parent: 1, name: b"missing".to_vec() }).expect_err("ENOENT");
+    assert_eq!(err.errno, 2);
+    let store = rt.block_on(serving.shutdown()).expect("shutdown");
+    assert!(store.generation() > 1, "shutdown committed");
+}
+
+#[test]
+fn a_restarted_server_is_reconnected_to_and_pending_calls_complete() {
+    let rt = rt();
+    let serving = rt.block_on(crest_net::server::start(store(), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
+    client.call_one(create("before")).expect("create");
+    let store = rt.block_on(serving.shutdown()).expect("shutdown");
+    // While the server is away a call blocks; it completes once the server is back.
+    let c = std::thread::spawn(move || {
+        let r = client.call_one(create("during"));
+        (client, r)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let serving = rt.block_on(crest_net::server::start(store, &addr)).expect("restart");
+    let (client, r) = c.join().expect("caller");
+    assert!(r.is_ok(), "{r:?}");
+    assert!(client.call_one(Op::Lookup { parent: 1, name: b"before".to_vec() }).is_ok());
+    assert!(client.call_one(Op::Lookup { parent: 1, name: b"during".to_vec() }).is_ok());
+    rt.block_on(serving.shutdown()).expect("shutdown");
+}
+
+#[test]
+fn garbage_and_wrong_versions_are_refused_and_others_carry_on() {
+    let rt = rt();
+    let serving = rt.block_on(crest_net::server::start(store(), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let good = Client::connect(&addr, ClientOptions::default()).expect("connect");
+    // Garbage: an HTTP request, a huge length prefix, a truncated frame then hang-up.
+    for junk in [&b"GET / HTTP/1.1\r\n\r\n"[..], &[0xff, 0xff, 0xff, 0x7f, 1, 2, 3], &[10, 0, 0, 0, 1]] {
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        s.write_all(junk).expect("write");
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut rest = Vec::new();
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let _ = s.read_to_end(&mut rest);
+    }
+    // A wrong version gets a clear refusal.
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+    let mut frame = Vec::new();
+    let hello = p::Hello { magic: p::HELLO_MAGIC, version: 999, client_name: "old".into(), resume: None };
+    p::encode_frame(&p::ClientMessage::Hello(hello), &mut frame).expect("encode");
+    s.write_all(&frame).expect("write");
+    let mut dec = p::FrameDecoder::new();
+    let mut buf = [0u8; 4096];
+    let msg = loop {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "closed without a refusal");
+        dec.handle_bytes(&buf[..n]);
+        if let Some(m) = dec.poll_message::<p::ServerMessage>().expect("frame") {
+            break m;
+        }
+    };
+    assert!(matches!(msg, p::ServerMessage::Refused { ref reason, .. } if reason.contains("999")), "{msg:?}");
+    // A client that vanishes mid-request.
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+    let mut frame = Vec::new();
+    let hello = p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "gone".into(), resume: None };
+    p::encode_frame(&p::ClientMessage::Hello(hello), &mut frame).expect("encode");
+    let mut req = Vec::new();
+    p::encode_frame(&p::ClientMessage::Request(p::Request { id: 1, ops: vec![create("half")] }), &mut req)
+        .expect("encode");
+    frame.extend_from_slice(&req[..req.len() / 2]);
+    s.write_all(&frame).expect("write");
+    drop(s);
+    // The good client still works.
+    good.call_one(create("still-fine")).expect("create after garbage");
+    rt.block_on(serving.shutdown()).expect("shutdown");
+}

@@ -1,0 +1,192 @@
+//! Frames: a little-endian u32 length, then a postcard message of that many bytes.
+//!
+//! Invariants:
+//! - a length above `MAX_FRAME_BYTES` is an error before any byte of the body is buffered,
+//!   so a peer cannot make us allocate more than one frame's worth;
+//! - a decoded frame must consume its body exactly (no trailing bytes);
+//! - the decoder never panics on any input (fuzzed: `fuzz/fuzz_targets/decode_frame.rs`).
+
+use serde::{de::DeserializeOwned, Serialize};
+
+/// Bytes of the length prefix.
+pub const FRAME_HEADER_BYTES: usize = 4;
+/// Largest frame body: a 4 MiB write plus room for its envelope.
+pub const MAX_FRAME_BYTES: usize = (4 << 20) + 64 * 1024;
+
+/// A protocol violation; the connection that caused it is closed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtoError {
+    /// The length prefix exceeds the limit.
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// Announced length.
+        len: usize,
+        /// Limit.
+        max: usize,
+    },
+    /// The body is not a valid message.
+    #[error("malformed frame of {len} bytes: {detail}")]
+    Malformed {
+        /// Body length.
+        len: usize,
+        /// What postcard said.
+        detail: String,
+    },
+    /// The peer sent an encoding we cannot produce (a bug on our side).
+    #[error("cannot encode message: {0}")]
+    Encode(String),
+}
+
+/// Encodes one message as a frame appended to `out`.
+pub fn encode_frame<T: Serialize>(msg: &T, out: &mut Vec<u8>) -> Result<(), ProtoError> {
+    let start = out.len();
+    out.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
+    let body = postcard::to_extend(msg, std::mem::take(out)).map_err(|e| ProtoError::Encode(e.to_string()))?;
+    *out = body;
+    let len = out.len() - start - FRAME_HEADER_BYTES;
+    if len > MAX_FRAME_BYTES {
+        out.truncate(start);
+        return Err(ProtoError::TooLarge { len, max: MAX_FRAME_BYTES });
+    }
+    out[start..start + FRAME_HEADER_BYTES].copy_from_slice(&(len as u32).to_le_bytes());
+    Ok(())
+}
+
+/// Decodes a frame body.
+pub fn decode_frame<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
+    let (msg, rest) =
+        postcard::take_from_bytes(body).map_err(|e| ProtoError::Malformed { len: body.len(), detail: e.to_string() })?;
+    if !rest.is_empty() {
+        return Err(ProtoError::Malformed { len: body.len(), detail: format!("{} trailing bytes", rest.len()) });
+    }
+    Ok(msg)
+}
+
+/// Incremental decoder over a byte stream.
+#[derive(Debug, Default)]
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+}
+
+impl FrameDecoder {
+    /// An empty decoder.
+    pub fn new() -> FrameDecoder {
+        FrameDecoder::default()
+    }
+
+    /// Adds bytes read from the peer.
+    pub fn handle_bytes(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes buffered and not yet decoded.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next complete message, `Ok(None)` if more bytes are needed.
+    pub fn poll_message<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ProtoError> {
+        if self.buf.len() < FRAME_HEADER_BYTES {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        if len > MAX_FRAME_BYTES {
+            return Err(ProtoError::TooLarge { len, max: MAX_FRAME_BYTES });
+        }
+        if self.buf.len() < FRAME_HEADER_BYTES + len {
+            return Ok(None);
+        }
+        let msg = decode_frame(&self.buf[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + len]);
+        self.buf.drain(..FRAME_HEADER_BYTES + len);
+        msg.map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::*;
+
+    fn sample() -> ClientMessage {
+        ClientMessage::Request(Request {
+            id: 77,
+            ops: vec![
+                Op::Lookup { parent: 1, name: b"hello".to_vec() },
+                Op::Write { ino: 9, offset: 4096, data: vec![7; 1000] },
+                Op::Rename { parent: 1, name: b"a".to_vec(), new_parent: 2, new_name: b"b".to_vec(), flags: 1 },
+            ],
+        })
+    }
+
+    #[test]
+    fn roundtrip_byte_by_byte() {
+        let mut wire = Vec::new();
+        encode_frame(&sample(), &mut wire).expect("encode");
+        encode_frame(&ClientMessage::Goodbye, &mut wire).expect("encode");
+        let mut d = FrameDecoder::new();
+        let mut got = Vec::new();
+        for b in &wire {
+            d.handle_bytes(&[*b]);
+            while let Some(m) = d.poll_message::<ClientMessage>().expect("decode") {
+                got.push(m);
+            }
+        }
+        assert_eq!(got, vec![sample(), ClientMessage::Goodbye]);
+        assert_eq!(d.buffered(), 0);
+    }
+
+    #[test]
+    fn oversized_length_is_refused_before_buffering() {
+        let mut d = FrameDecoder::new();
+        d.handle_bytes(&u32::MAX.to_le_bytes());
+        assert!(matches!(d.poll_message::<ClientMessage>(), Err(ProtoError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn truncated_and_trailing_bodies_are_malformed() {
+        let mut wire = Vec::new();
+        encode_frame(&sample(), &mut wire).expect("encode");
+        let body = &wire[FRAME_HEADER_BYTES..];
+        for cut in 0..body.len() {
+            assert!(decode_frame::<ClientMessage>(&body[..cut]).is_err(), "cut {cut}");
+        }
+        let mut longer = body.to_vec();
+        longer.push(0);
+        assert!(decode_frame::<ClientMessage>(&longer).is_err());
+    }
+
+    #[test]
+    fn hostile_lengths_inside_the_body_do_not_allocate() {
+        // A vector length of 2^60 inside a small frame is an error, not an allocation.
+        let mut body = vec![1u8]; // ClientMessage::Request
+        body.push(5); // id
+        body.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f]); // ops len varint
+        assert!(decode_frame::<ClientMessage>(&body).is_err());
+    }
+
+    #[test]
+    fn hello_checks() {
+        let mut h = Hello { magic: HELLO_MAGIC, version: PROTOCOL_VERSION, client_name: "t".into(), resume: None };
+        assert!(check_hello(&h).is_ok());
+        h.version = 99;
+        assert!(check_hello(&h).is_err_and(|e| e.contains("99") && e.contains(&PROTOCOL_VERSION.to_string())));
+        h.magic = *b"HTTP";
+        assert!(check_hello(&h).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096)) {
+            let mut d = FrameDecoder::new();
+            d.handle_bytes(&bytes);
+            for _ in 0..8 {
+                match d.poll_message::<ClientMessage>() {
+                    Ok(Some(_)) => continue,
+                    _ => break,
+                }
+            }
+            let _ = decode_frame::<ServerMessage>(&bytes);
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! crest's wire protocol, the step between the client and the server on the data path
+//! (FUSE → client → **proto** → net → server → store). It defines the messages, the frame
+//! codec and the handshake, and does no I/O: bytes come in, messages go out, and the
+//! async shell (`crest-net`) moves them over sockets.
+//!
+//! One connection per client mount carries every process's requests. A frame is a
+//! little-endian u32 length followed by that many bytes of a postcard-encoded message.
+//! Requests carry ids so many can be in flight; a request is *compound* (several
+//! operations applied in order); the server may send unsolicited `Notify` messages (lease
+//! recalls later). Metadata replies carry neighbouring directory items so one round trip
+//! primes the client's cache.
+
+pub mod codec;
+pub mod message;
+
+pub use codec::{decode_frame, encode_frame, FrameDecoder, ProtoError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
+pub use message::*;

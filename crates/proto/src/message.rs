@@ -1,0 +1,334 @@
+//! Messages. Every integer carries its unit in its name where one applies; times are
+//! `(seconds, nanoseconds)`. Strings that are file names are raw bytes (Linux names need
+//! not be UTF-8).
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version this code speaks. A peer with another version is refused with a
+/// message naming both versions.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// First bytes of a client hello, so a stray connection is recognised at once.
+pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
+/// Most operations in one compound request.
+pub const MAX_OPS_PER_REQUEST: usize = 1024;
+/// Largest read or write payload of one operation (4 MiB, FUSE's largest request).
+pub const MAX_IO_BYTES: u32 = 4 << 20;
+
+/// Seconds and nanoseconds since the epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Time {
+    /// Seconds.
+    pub sec: i64,
+    /// Nanoseconds (below 1e9).
+    pub nsec: u32,
+}
+
+/// File types on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileType {
+    /// Regular file.
+    Regular,
+    /// Directory.
+    Directory,
+    /// Symbolic link.
+    Symlink,
+    /// Character device.
+    CharDevice,
+    /// Block device.
+    BlockDevice,
+    /// Named pipe.
+    Fifo,
+    /// Socket.
+    Socket,
+}
+
+/// Attributes of an inode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: u64,
+    /// Generation: (ino, generation) names a file for ever.
+    pub generation: u64,
+    /// Type.
+    pub kind: FileType,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    /// Links.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Allocated 4 KiB blocks.
+    pub blocks_4k: u64,
+    /// Device number.
+    pub rdev: u64,
+    /// Access time.
+    pub atime: Time,
+    /// Modification time.
+    pub mtime: Time,
+    /// Change time.
+    pub ctime: Time,
+    /// Creation time.
+    pub crtime: Time,
+}
+
+/// Who is asking (used for ownership of new files; permissions are checked by the
+/// client kernel with `default_permissions`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cred {
+    /// Caller's uid.
+    pub uid: u32,
+    /// Caller's gid.
+    pub gid: u32,
+}
+
+/// A time to set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SetTime {
+    /// The server's clock.
+    Now,
+    /// This time.
+    At(Time),
+}
+
+/// Attribute changes; `None` leaves a field alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    /// Permission bits.
+    pub mode: Option<u32>,
+    /// Owner.
+    pub uid: Option<u32>,
+    /// Group.
+    pub gid: Option<u32>,
+    /// Size (truncate/extend).
+    pub size_bytes: Option<u64>,
+    /// Access time.
+    pub atime: Option<SetTime>,
+    /// Modification time.
+    pub mtime: Option<SetTime>,
+    /// Change time.
+    pub ctime: Option<Time>,
+}
+
+/// One directory entry with its attributes (readdirplus, and cache priming).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirItem {
+    /// Name.
+    pub name: Vec<u8>,
+    /// Position: the next listing continues at `index + 1`.
+    pub index: u64,
+    /// Attributes.
+    pub attr: Attr,
+}
+
+/// File system usage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatFs {
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Blocks in the file system.
+    pub total_blocks: u64,
+    /// Free blocks.
+    pub free_blocks: u64,
+    /// Blocks available to users.
+    pub avail_blocks: u64,
+    /// Inodes in use.
+    pub files: u64,
+    /// Inodes free.
+    pub files_free: u64,
+    /// Longest name.
+    pub name_max: u32,
+}
+
+/// Rename flags (Linux values: NOREPLACE = 1, EXCHANGE = 2).
+pub const RENAME_NOREPLACE: u32 = 1;
+/// See `RENAME_NOREPLACE`.
+pub const RENAME_EXCHANGE: u32 = 2;
+/// Xattr flags (Linux values).
+pub const XATTR_CREATE: u32 = 1;
+/// See `XATTR_CREATE`.
+pub const XATTR_REPLACE: u32 = 2;
+/// fallocate flags (Linux values).
+pub const FALLOC_FL_KEEP_SIZE: u32 = 1;
+/// See `FALLOC_FL_KEEP_SIZE`.
+pub const FALLOC_FL_PUNCH_HOLE: u32 = 2;
+/// See `FALLOC_FL_KEEP_SIZE`.
+pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+
+/// One file system operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum Op {
+    Lookup { parent: u64, name: Vec<u8> },
+    GetAttr { ino: u64 },
+    SetAttr { ino: u64, set: SetAttr },
+    ReadDir { ino: u64, from_index: u64, limit: u32 },
+    /// Regular files, directories, devices, fifos, sockets.
+    Create { parent: u64, name: Vec<u8>, kind: FileType, mode: u32, rdev: u64, cred: Cred },
+    Symlink { parent: u64, name: Vec<u8>, target: Vec<u8>, cred: Cred },
+    Link { ino: u64, parent: u64, name: Vec<u8> },
+    Unlink { parent: u64, name: Vec<u8> },
+    Rmdir { parent: u64, name: Vec<u8> },
+    Rename { parent: u64, name: Vec<u8>, new_parent: u64, new_name: Vec<u8>, flags: u32 },
+    ReadLink { ino: u64 },
+    /// Keeps an unlinked inode alive until the matching `Release`.
+    Open { ino: u64 },
+    Release { ino: u64 },
+    Read { ino: u64, offset: u64, len: u32 },
+    Write { ino: u64, offset: u64, data: Vec<u8> },
+    Fallocate { ino: u64, offset: u64, len: u64, flags: u32 },
+    /// Makes everything durable (crest commits the whole file system).
+    Fsync { ino: u64 },
+    StatFs,
+    SetXattr { ino: u64, name: Vec<u8>, value: Vec<u8>, flags: u32 },
+    GetXattr { ino: u64, name: Vec<u8> },
+    ListXattr { ino: u64 },
+    RemoveXattr { ino: u64, name: Vec<u8> },
+}
+
+impl Op {
+    /// True for operations that change the file system (these go through the reply cache).
+    pub fn is_mutation(&self) -> bool {
+        !matches!(
+            self,
+            Op::Lookup { .. }
+                | Op::GetAttr { .. }
+                | Op::ReadDir { .. }
+                | Op::ReadLink { .. }
+                | Op::Read { .. }
+                | Op::StatFs
+                | Op::GetXattr { .. }
+                | Op::ListXattr { .. }
+        )
+    }
+}
+
+/// The successful result of one operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum Reply {
+    /// Attributes (getattr, setattr, write, link, fallocate).
+    Attr(Attr),
+    /// A name's inode plus other entries of the same directory leaf, to prime caches.
+    Entry { attr: Attr, neighbours: Vec<DirItem> },
+    /// A page of a directory listing; `end` when nothing follows.
+    Dir { items: Vec<DirItem>, end: bool },
+    /// File bytes or an xattr value.
+    Data(Vec<u8>),
+    /// Xattr names.
+    Names(Vec<Vec<u8>>),
+    StatFs(StatFs),
+    Done,
+}
+
+/// Why one operation failed: a POSIX errno and a message for the log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpError {
+    /// errno (ENOENT = 2, …).
+    pub errno: i32,
+    /// Human-readable detail (which inode, which block).
+    pub message: String,
+}
+
+/// A session token: lets a reconnecting client resume its session (reply cache, open files).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SessionToken {
+    /// Session number.
+    pub id: u64,
+    /// Random secret so sessions cannot be guessed.
+    pub secret: u64,
+}
+
+/// First message of a client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// `HELLO_MAGIC`.
+    pub magic: [u8; 4],
+    /// The client's `PROTOCOL_VERSION`.
+    pub version: u32,
+    /// Host name or other label for logs.
+    pub client_name: String,
+    /// A session to resume after a reconnect.
+    pub resume: Option<SessionToken>,
+}
+
+/// Server's answer to a good hello.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// Server's version.
+    pub version: u32,
+    /// The session (new, or the resumed one).
+    pub session: SessionToken,
+    /// True when `Hello::resume` was honoured (the reply cache is intact).
+    pub resumed: bool,
+    /// File system id.
+    pub fsid: [u8; 16],
+}
+
+/// A compound request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Unique per session; a retry after reconnect reuses it so it applies once.
+    pub id: u64,
+    /// Operations, applied in order.
+    pub ops: Vec<Op>,
+}
+
+/// The answer to a request: one result per operation, in order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// The request's id.
+    pub id: u64,
+    /// Results.
+    pub results: Vec<Result<Reply, OpError>>,
+}
+
+/// Unsolicited server messages.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Notify {
+    /// The server is shutting down; reconnect later.
+    ShuttingDown,
+}
+
+/// Everything a client sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientMessage {
+    /// Handshake (must be first).
+    Hello(Hello),
+    /// Work.
+    Request(Request),
+    /// Clean end of the session.
+    Goodbye,
+}
+
+/// Everything a server sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerMessage {
+    /// Handshake accepted.
+    Welcome(Welcome),
+    /// Handshake refused (wrong version, not a crest client…); the connection closes.
+    Refused {
+        /// Why.
+        reason: String,
+        /// Server's version.
+        version: u32,
+    },
+    /// Results.
+    Response(Response),
+    /// Unsolicited.
+    Notify(Notify),
+}
+
+/// Checks a hello and says why it is refused.
+pub fn check_hello(h: &Hello) -> Result<(), String> {
+    if h.magic != HELLO_MAGIC {
+        return Err(format!("not a crest client (magic {:02x?})", h.magic));
+    }
+    if h.version != PROTOCOL_VERSION {
+        return Err(format!("client speaks protocol version {}, this server speaks {PROTOCOL_VERSION}", h.version));
+    }
+    Ok(())
+}

@@ -1,0 +1,17 @@
+//! The server core: the step between the wire and the store on the data path
+//! (client → proto → net → **server** → store). It owns the `Store`, keeps one session
+//! per client mount with a reply cache, and turns protocol operations into store calls.
+//! It does no I/O and reads no clock: the async shell (`crest-net`) hands it decoded
+//! messages and the time, and sends back what it returns.
+//!
+//! Invariants:
+//! - a request id that a session already completed is answered from the reply cache,
+//!   never applied twice (exactly-once for retried creates, renames, unlinks);
+//! - each session's reply cache holds at most `REPLY_CACHE_ENTRIES` responses, evicting
+//!   the oldest; clients never have more requests than that in flight;
+//! - every store error becomes an errno plus a message at this edge.
+
+pub mod convert;
+pub mod session;
+
+pub use session::{Server, SessionId, REPLY_CACHE_ENTRIES};
