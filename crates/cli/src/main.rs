@@ -43,6 +43,27 @@ enum Command {
         #[arg(long, default_value_t = 5000)]
         commit_interval_ms: u64,
     },
+    /// Mount a crest server on a directory (in the background unless --foreground).
+    Mount {
+        /// Server address (host:port).
+        addr: String,
+        /// Directory to mount on.
+        mountpoint: PathBuf,
+        /// Mount options, comma-separated (ro, allow_other, noexec, remount, ...).
+        #[arg(short = 'o')]
+        options: Option<String>,
+        /// Stay in the foreground (logs to stderr).
+        #[arg(long, short = 'f')]
+        foreground: bool,
+        /// Seconds a file operation waits for an absent server before failing.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
+    /// Unmount a crest mount.
+    Umount {
+        /// The mount point.
+        mountpoint: PathBuf,
+    },
     /// Check every checksum and structural invariant of an image (read-only).
     Fsck {
         /// Image file or block device.
@@ -51,6 +72,97 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+fn mount(addr: &str, mountpoint: &Path, options: Option<&str>, foreground: bool, timeout: u64) -> Result<()> {
+    let opts: Vec<String> =
+        options.unwrap_or("").split(',').filter(|o| !o.is_empty()).map(str::to_string).collect();
+    if opts.iter().any(|o| o == "remount") {
+        // Options of a live FUSE mount are the kernel's business; accept the request.
+        eprintln!("crest: {} remounted", mountpoint.display());
+        return Ok(());
+    }
+    if !mountpoint.is_dir() {
+        bail!("mount point {} is not a directory", mountpoint.display());
+    }
+    if !foreground {
+        return mount_in_background(addr, mountpoint, options, timeout);
+    }
+    let client_opts = crest_net::ClientOptions {
+        client_name: format!("{}:{}", hostname(), mountpoint.display()),
+        op_timeout: std::time::Duration::from_secs(timeout),
+        ..Default::default()
+    };
+    let client = crest_net::Client::connect(addr, client_opts).with_context(|| format!("connecting to {addr}"))?;
+    let mut mopts = crest_fuse::MountOptions { fsname: addr.to_string(), ..Default::default() };
+    for o in opts {
+        match o.as_str() {
+            "ro" => mopts.read_only = true,
+            "rw" => mopts.read_only = false,
+            "allow_other" => mopts.allow_other = true,
+            _ => mopts.extra.push(o),
+        }
+    }
+    crest_fuse::mount_blocking(client, mountpoint, &mopts).with_context(|| format!("mounting on {}", mountpoint.display()))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "client".into())
+}
+
+fn is_mounted(mountpoint: &Path) -> bool {
+    let Ok(canon) = mountpoint.canonicalize() else { return false };
+    std::fs::read_to_string("/proc/mounts")
+        .map(|m| m.lines().any(|l| l.split(' ').nth(1) == Some(&*canon.to_string_lossy())))
+        .unwrap_or(false)
+}
+
+/// Re-runs `crest mount --foreground` detached (own process group, output to a log file)
+/// and returns once the mount is there, or with the child's error.
+fn mount_in_background(addr: &str, mountpoint: &Path, options: Option<&str>, timeout: u64) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("finding the crest binary")?;
+    let log_dir = std::env::temp_dir();
+    let canon = mountpoint.canonicalize()?;
+    let log = log_dir.join(format!("crest-mount{}.log", canon.display().to_string().replace('/', "_")));
+    let log_file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("mount").arg("--foreground").arg("--timeout").arg(timeout.to_string()).arg(addr).arg(&canon);
+    if let Some(o) = options {
+        cmd.arg("-o").arg(o);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .process_group(0)
+        .spawn()
+        .context("starting the mount process")?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if is_mounted(&canon) {
+            println!("crest: {addr} mounted on {} (log: {}); unmount with: crest umount {}", canon.display(), log.display(), canon.display());
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            let msg = std::fs::read_to_string(&log).unwrap_or_default();
+            bail!("mount failed ({status}): {}", msg.trim());
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("mount did not appear within 20 s (log: {})", log.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn umount(mountpoint: &Path) -> Result<()> {
+    let ok = std::process::Command::new("fusermount3").arg("-u").arg(mountpoint).status().is_ok_and(|s| s.success())
+        || std::process::Command::new("umount").arg(mountpoint).status().is_ok_and(|s| s.success());
+    if !ok {
+        bail!("could not unmount {}", mountpoint.display());
+    }
+    Ok(())
 }
 
 /// Where `crest serve` listens unless told otherwise.
@@ -225,10 +337,23 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CREST_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    // Called as mount.fuse.crest by mount(8): SOURCE MOUNTPOINT [-o OPTIONS].
+    let argv0 = std::env::args().next().unwrap_or_default();
+    let cli = if argv0.ends_with("mount.fuse.crest") || argv0.ends_with("mount.crest") {
+        let mut args: Vec<String> = std::env::args().skip(1).collect();
+        // mount(8) may pass `-o opts` anywhere and flags like -n/-v we don't need.
+        args.retain(|a| a != "-n" && a != "-v" && a != "-s");
+        Cli::parse_from(std::iter::once("crest".to_string()).chain(std::iter::once("mount".to_string())).chain(args))
+    } else {
+        Cli::parse()
+    };
     let result = match cli.command {
         Command::Mkfs { image, size, force, json } => mkfs(&image, size, force, json).map(|()| true),
         Command::Fsck { image, json } => fsck(&image, json),
+        Command::Mount { addr, mountpoint, options, foreground, timeout } => {
+            mount(&addr, &mountpoint, options.as_deref(), foreground, timeout).map(|()| true)
+        }
+        Command::Umount { mountpoint } => umount(&mountpoint).map(|()| true),
         Command::Serve { image, listen, commit_interval_ms } => serve(&image, &listen, commit_interval_ms).map(|()| true),
     };
     match result {

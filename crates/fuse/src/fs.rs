@@ -1,0 +1,662 @@
+//! The `fuser::Filesystem`: each kernel request becomes one client call (a compound one
+//! where a request needs several operations), and the result becomes the reply.
+//!
+//! Invariants:
+//! - handlers hold no lock across a client call (calls block while the server is away);
+//! - every successful `Open` on the server is matched by exactly one `Release`, sent when
+//!   the kernel releases the file handle (the kernel guarantees one release per open);
+//! - file and directory handles are a counter; they carry no state on files, and index the
+//!   directory streams on directories;
+//! - the kernel keeps locks (POSIX and flock) to itself: the init reply advertises neither
+//!   lock capability, and no lock method is implemented.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use crest_net::Client;
+use crest_proto::{self as p, Op, Reply};
+use fuser::{
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags, PollNotifier,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::convert::{self, XattrAnswer};
+use crate::dir::{DirStream, Entry, READDIR_BATCH};
+use crate::error::Error;
+use crate::inodes::Inodes;
+
+/// Largest read or write the kernel is offered (it caps this at its `max_pages_limit`).
+pub const MAX_IO_BYTES: u32 = p::MAX_IO_BYTES;
+/// Readahead asked of the kernel (it caps this at the bdi's current readahead; the mount
+/// raises that afterwards).
+pub const MAX_READAHEAD_BYTES: u32 = 1 << 20;
+/// Most directory streams kept at once (one per open directory handle).
+pub const MAX_DIR_STREAMS: usize = 4096;
+
+type Results = Vec<Result<Reply, p::OpError>>;
+
+/// A crest mount as the kernel sees it.
+#[derive(Debug)]
+pub struct CrestFs {
+    client: Client,
+    ttl: Duration,
+    next_fh: AtomicU64,
+    inodes: Mutex<Inodes>,
+    dirs: Mutex<HashMap<u64, DirStream>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn name_of(name: &OsStr) -> Vec<u8> {
+    name.as_bytes().to_vec()
+}
+
+fn cred(req: &Request) -> p::Cred {
+    p::Cred { uid: req.uid(), gid: req.gid() }
+}
+
+fn unexpected(op: &'static str, r: &Reply) -> Error {
+    let got = match r {
+        Reply::Attr(_) => "Attr",
+        Reply::Entry { .. } => "Entry",
+        Reply::Dir { .. } => "Dir",
+        Reply::Data(_) => "Data",
+        Reply::Names(_) => "Names",
+        Reply::StatFs(_) => "StatFs",
+        Reply::Done => "Done",
+    };
+    Error::Protocol { op, got: got.into() }
+}
+
+fn want_attr(op: &'static str, r: Reply) -> Result<p::Attr, Error> {
+    match r {
+        Reply::Attr(a) | Reply::Entry { attr: a, .. } => Ok(a),
+        r => Err(unexpected(op, &r)),
+    }
+}
+
+fn want_data(op: &'static str, r: Reply) -> Result<Vec<u8>, Error> {
+    match r {
+        Reply::Data(d) => Ok(d),
+        r => Err(unexpected(op, &r)),
+    }
+}
+
+fn want_done(op: &'static str, r: Reply) -> Result<(), Error> {
+    match r {
+        Reply::Done => Ok(()),
+        r => Err(unexpected(op, &r)),
+    }
+}
+
+/// Takes result `i` of a compound call.
+fn nth(op: &'static str, results: &mut Results, i: usize) -> Result<Reply, Error> {
+    match results.get_mut(i).map(|r| std::mem::replace(r, Ok(Reply::Done))) {
+        Some(Ok(r)) => Ok(r),
+        Some(Err(e)) => Err(Error::server(op, e)),
+        None => Err(Error::Protocol { op, got: format!("{} results", results.len()) }),
+    }
+}
+
+impl CrestFs {
+    /// A file system talking through `client`; the kernel may cache attributes and entries
+    /// for `ttl`.
+    pub fn new(client: Client, ttl: Duration) -> CrestFs {
+        CrestFs {
+            client,
+            ttl,
+            next_fh: AtomicU64::new(1),
+            inodes: Mutex::new(Inodes::default()),
+            dirs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn fh(&self) -> FileHandle {
+        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn one(&self, op: &'static str, o: Op) -> Result<Reply, Error> {
+        self.client.call_one(o).map_err(|e| Error::server(op, e))
+    }
+
+    fn many(&self, op: &'static str, ops: Vec<Op>) -> Result<Results, Error> {
+        let n = ops.len();
+        let r = self.client.call(ops).map_err(|source| Error::Client { op, source })?;
+        if r.len() != n {
+            return Err(Error::Protocol { op, got: format!("{} results for {n} operations", r.len()) });
+        }
+        Ok(r)
+    }
+
+    fn fail(&self, e: &Error) -> Errno {
+        if e.is_routine() {
+            tracing::debug!("{e}");
+        } else {
+            tracing::warn!("{e}");
+        }
+        e.errno()
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, parent: u64, r: Result<p::Attr, Error>) {
+        match r {
+            Ok(a) => {
+                lock(&self.inodes).learn(parent, &a);
+                reply.entry(&self.ttl, &convert::file_attr(&a), Generation(a.generation));
+            }
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn reply_attr(&self, reply: ReplyAttr, r: Result<p::Attr, Error>) {
+        match r {
+            Ok(a) => reply.attr(&self.ttl, &convert::file_attr(&a)),
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn reply_empty(&self, reply: ReplyEmpty, r: Result<(), Error>) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn reply_xattr(&self, reply: ReplyXattr, size: u32, r: Result<Vec<u8>, Error>) {
+        match r {
+            Ok(v) => match convert::xattr_answer(v.len(), size) {
+                XattrAnswer::Size(n) => reply.size(n),
+                XattrAnswer::Data => reply.data(&v),
+                XattrAnswer::TooSmall => reply.error(Errno::ERANGE),
+            },
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn create_node(&self, req: &Request, parent: INodeNo, name: &OsStr, kind: p::FileType, mode: u32, rdev: u64) -> Result<p::Attr, Error> {
+        let op = Op::Create { parent: parent.0, name: name_of(name), kind, mode, rdev, cred: cred(req) };
+        self.one("create", op).and_then(|r| want_attr("create", r))
+    }
+
+    /// Runs one readdir/readdirplus call on the stream of handle `fh`.
+    fn readdir_into(&self, ino: u64, fh: u64, offset: u64, add: impl FnMut(Entry<'_>, u64) -> bool) -> Result<(), Error> {
+        let mut add = add;
+        // The stream leaves the table while in use: no lock across the server call (the
+        // kernel never runs two readdirs on one handle at once).
+        let mut stream = lock(&self.dirs).remove(&fh).unwrap_or_default();
+        let parent = lock(&self.inodes).parent(ino);
+        let fetch = |from: u64| -> Result<(Vec<p::DirItem>, bool), Error> {
+            match self.one("readdir", Op::ReadDir { ino, from_index: from, limit: READDIR_BATCH })? {
+                Reply::Dir { items, end } => {
+                    let mut t = lock(&self.inodes);
+                    for i in &items {
+                        t.learn(ino, &i.attr);
+                    }
+                    Ok((items, end))
+                }
+                r => Err(unexpected("readdir", &r)),
+            }
+        };
+        let r = stream.fill(offset, fetch, |e| add(e, parent));
+        let mut dirs = lock(&self.dirs);
+        if dirs.len() < MAX_DIR_STREAMS {
+            dirs.insert(fh, stream);
+        }
+        r
+    }
+}
+
+impl Filesystem for CrestFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Wanted: big requests, readdirplus when the kernel thinks it helps, lookups and
+        // readdirs in one directory in parallel, symlink targets cached (they never change).
+        // Deliberately absent: WRITEBACK_CACHE (several clients will share files; data is
+        // buffered by the daemon), POSIX_LOCKS / FLOCK_LOCKS (the kernel keeps locks
+        // local), ATOMIC_O_TRUNC (with it the kernel skips the truncating setattr of
+        // open(O_TRUNC) and with it the clearing of set-user-ID bits; without it the
+        // kernel sends that setattr itself), EXPORT_SUPPORT.
+        let wanted = [
+            InitFlags::FUSE_ASYNC_READ,
+            InitFlags::FUSE_BIG_WRITES,
+            InitFlags::FUSE_MAX_PAGES,
+            InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+        ];
+        for f in wanted {
+            if let Err(missing) = config.add_capabilities(f) {
+                tracing::info!("kernel lacks FUSE capability {missing:?}");
+            }
+        }
+        if let Err(max) = config.set_max_write(MAX_IO_BYTES) {
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(MAX_READAHEAD_BYTES) {
+            let _ = config.set_max_readahead(max);
+        }
+        tracing::debug!(abi = %config.kernel_abi(), "FUSE init");
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let r = self.one("lookup", Op::Lookup { parent: parent.0, name: name_of(name) });
+        match r.and_then(|r| want_attr("lookup", r)) {
+            Err(e) if e.errno() == Errno::ENOENT => {
+                // Inode 0 with a timeout: the kernel caches the name's absence.
+                tracing::trace!("{e}");
+                reply.entry(&self.ttl, &convert::placeholder_attr(0, FileType::RegularFile), Generation(0));
+            }
+            r => self.reply_entry(reply, parent.0, r),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        // The kernel sends forget when it evicts the inode, with its whole lookup count.
+        lock(&self.inodes).forget(ino.0);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let r = self.one("getattr", Op::GetAttr { ino: ino.0 }).and_then(|r| want_attr("getattr", r));
+        self.reply_attr(reply, r);
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = p::SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size_bytes: size,
+            atime: atime.map(convert::set_time),
+            mtime: mtime.map(convert::set_time),
+            ctime: ctime.map(convert::setattr_time),
+        };
+        let r = self.one("setattr", Op::SetAttr { ino: ino.0, set }).and_then(|r| want_attr("setattr", r));
+        if let Ok(a) = &r {
+            lock(&self.inodes).changed_here(a);
+        }
+        self.reply_attr(reply, r);
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.one("readlink", Op::ReadLink { ino: ino.0 }).and_then(|r| want_data("readlink", r)) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let Some(kind) = convert::kind_from_mode(mode) else {
+            let e = Error::Invalid { op: "mknod", why: format!("mode {mode:#o} is not a file, device, fifo or socket") };
+            return reply.error(self.fail(&e));
+        };
+        let r = self.create_node(req, parent, name, kind, convert::create_mode(mode, umask), u64::from(rdev));
+        self.reply_entry(reply, parent.0, r);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let r = self.create_node(req, parent, name, p::FileType::Directory, convert::create_mode(mode, umask), 0);
+        self.reply_entry(reply, parent.0, r);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.one("unlink", Op::Unlink { parent: parent.0, name: name_of(name) });
+        self.reply_empty(reply, r.and_then(|r| want_done("unlink", r)));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.one("rmdir", Op::Rmdir { parent: parent.0, name: name_of(name) });
+        self.reply_empty(reply, r.and_then(|r| want_done("rmdir", r)));
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let op =
+            Op::Symlink { parent: parent.0, name: name_of(link_name), target: name_of(target.as_os_str()), cred: cred(req) };
+        let r = self.one("symlink", op).and_then(|r| want_attr("symlink", r));
+        self.reply_entry(reply, parent.0, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let Some(wire_flags) = convert::rename_flags(flags.bits()) else {
+            let e = Error::Invalid { op: "rename", why: format!("flags {:#x} (whiteout or unknown)", flags.bits()) };
+            return reply.error(self.fail(&e));
+        };
+        // Look the moved names up in the same request: a directory that moved needs its
+        // new parent for "..".
+        let mut ops = vec![
+            Op::Rename {
+                parent: parent.0,
+                name: name_of(name),
+                new_parent: newparent.0,
+                new_name: name_of(newname),
+                flags: wire_flags,
+            },
+            Op::Lookup { parent: newparent.0, name: name_of(newname) },
+        ];
+        if wire_flags & p::RENAME_EXCHANGE != 0 {
+            ops.push(Op::Lookup { parent: parent.0, name: name_of(name) });
+        }
+        let r = self.many("rename", ops).and_then(|mut res| {
+            want_done("rename", nth("rename", &mut res, 0)?)?;
+            let mut t = lock(&self.inodes);
+            for (i, dir) in [(1, newparent.0), (2, parent.0)] {
+                if let Ok(a) = nth("rename", &mut res, i).and_then(|r| want_attr("rename", r)) {
+                    t.learn(dir, &a);
+                }
+            }
+            Ok(())
+        });
+        self.reply_empty(reply, r);
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let op = Op::Link { ino: ino.0, parent: newparent.0, name: name_of(newname) };
+        let r = self.one("link", op).and_then(|r| want_attr("link", r));
+        self.reply_entry(reply, newparent.0, r);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // O_TRUNC never arrives here (no ATOMIC_O_TRUNC: the kernel truncates by setattr);
+        // O_DIRECT needs nothing: the kernel sends such I/O straight through.
+        match self.one("open", Op::Open { ino: ino.0 }).and_then(|r| want_attr("open", r)) {
+            Ok(a) => {
+                let keep = lock(&self.inodes).keep_cache_on_open(&a);
+                reply.opened(self.fh(), if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() });
+            }
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let op = Op::Read { ino: ino.0, offset, len: size.min(MAX_IO_BYTES) };
+        match self.one("read", op).and_then(|r| want_data("read", r)) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Ok(len) = u32::try_from(data.len()) else {
+            return reply.error(Errno::EFBIG);
+        };
+        let op = Op::Write { ino: ino.0, offset, data: data.to_vec() };
+        match self.one("write", op).and_then(|r| want_attr("write", r)) {
+            Ok(a) => {
+                lock(&self.inodes).changed_here(&a);
+                reply.written(len);
+            }
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // Writes are already on the server when they are acknowledged: nothing to push.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.one("release", Op::Release { ino: ino.0 });
+        self.reply_empty(reply, r.and_then(|r| want_done("release", r)));
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let r = self.one("fsync", Op::Fsync { ino: ino.0 });
+        self.reply_empty(reply, r.and_then(|r| want_done("fsync", r)));
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(self.fh(), FopenFlags::empty());
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let r = self.readdir_into(ino.0, fh.0, offset, |e, parent| match e {
+            Entry::Dot => reply.add(ino, convert::DOT_OFFSET, FileType::Directory, "."),
+            Entry::DotDot => reply.add(INodeNo(parent), convert::DOTDOT_OFFSET, FileType::Directory, ".."),
+            Entry::Item(i) => reply.add(
+                INodeNo(i.attr.ino),
+                convert::entry_offset(i.index),
+                convert::file_type(i.attr.kind),
+                OsStr::from_bytes(&i.name),
+            ),
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let ttl = self.ttl;
+        let r = self.readdir_into(ino.0, fh.0, offset, |e, parent| match e {
+            // The kernel takes no attributes or lookup reference from "." and "..".
+            Entry::Dot => {
+                let a = convert::placeholder_attr(ino.0, FileType::Directory);
+                reply.add(ino, convert::DOT_OFFSET, ".", &Duration::ZERO, &a, Generation(0))
+            }
+            Entry::DotDot => {
+                let a = convert::placeholder_attr(parent, FileType::Directory);
+                reply.add(INodeNo(parent), convert::DOTDOT_OFFSET, "..", &Duration::ZERO, &a, Generation(0))
+            }
+            Entry::Item(i) => reply.add(
+                INodeNo(i.attr.ino),
+                convert::entry_offset(i.index),
+                OsStr::from_bytes(&i.name),
+                &ttl,
+                &convert::file_attr(&i.attr),
+                Generation(i.attr.generation),
+            ),
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        lock(&self.dirs).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let r = self.one("fsyncdir", Op::Fsync { ino: ino.0 });
+        self.reply_empty(reply, r.and_then(|r| want_done("fsyncdir", r)));
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.one("statfs", Op::StatFs) {
+            Ok(Reply::StatFs(s)) => reply.statfs(
+                s.total_blocks,
+                s.free_blocks,
+                s.avail_blocks,
+                s.files.saturating_add(s.files_free),
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            ),
+            Ok(r) => reply.error(self.fail(&unexpected("statfs", &r))),
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let op = Op::SetXattr { ino: ino.0, name: name_of(name), value: value.to_vec(), flags: convert::xattr_flags(flags) };
+        let r = self.one("setxattr", op);
+        self.reply_empty(reply, r.and_then(|r| want_done("setxattr", r)));
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let r = self.one("getxattr", Op::GetXattr { ino: ino.0, name: name_of(name) });
+        self.reply_xattr(reply, size, r.and_then(|r| want_data("getxattr", r)));
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let r = self.one("listxattr", Op::ListXattr { ino: ino.0 }).and_then(|r| match r {
+            Reply::Names(n) => Ok(convert::xattr_list(&n)),
+            r => Err(unexpected("listxattr", &r)),
+        });
+        self.reply_xattr(reply, size, r);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.one("removexattr", Op::RemoveXattr { ino: ino.0, name: name_of(name) });
+        self.reply_empty(reply, r.and_then(|r| want_done("removexattr", r)));
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // default_permissions: the kernel checks; this is only reached without it.
+        reply.ok();
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
+        // Two calls: Open names its inode, which exists only once Create has answered. The
+        // kernel holds the directory locked in between, so nothing can unlink the new name.
+        let created =
+            self.create_node(req, parent, name, p::FileType::Regular, convert::create_mode(mode, umask), 0).and_then(|a| {
+                let opened = self.one("create", Op::Open { ino: a.ino }).and_then(|r| want_attr("create", r))?;
+                Ok((a, opened))
+            });
+        match created {
+            Ok((a, opened)) => {
+                let mut t = lock(&self.inodes);
+                t.learn(parent.0, &a);
+                t.keep_cache_on_open(&opened);
+                drop(t);
+                let attr = convert::file_attr(&opened);
+                reply.created(&self.ttl, &attr, Generation(opened.generation), self.fh(), FopenFlags::empty());
+            }
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::from_i32(libc::ENOTTY));
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        // ENOSYS once: the kernel then answers poll itself (always ready).
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        let op = Op::Fallocate { ino: ino.0, offset, len: length, flags: convert::fallocate_flags(mode) };
+        let r = self.one("fallocate", op).and_then(|r| want_attr("fallocate", r));
+        if let Ok(a) = &r {
+            lock(&self.inodes).changed_here(a);
+        }
+        self.reply_empty(reply, r.map(|_| ()));
+    }
+
+    fn lseek(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: i64, _whence: i32, reply: ReplyLseek) {
+        // ENOSYS once: the kernel then seeks itself (SEEK_DATA/SEEK_HOLE see one extent).
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // ENOSYS once: the kernel then copies through read and write.
+        reply.error(Errno::ENOSYS);
+    }
+}

@@ -1,0 +1,219 @@
+//! Mount options and their translation into fuser's `Config`.
+
+use std::time::Duration;
+
+use fuser::{Config, MountOption, SessionACL};
+
+/// Handler threads unless told otherwise.
+pub const DEFAULT_THREADS: usize = 4;
+/// How long the kernel may trust attributes and entries it was given. One client for now;
+/// later, leases govern it.
+pub const DEFAULT_ATTR_TTL: Duration = Duration::from_secs(1);
+
+/// How to mount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountOptions {
+    /// Source shown in /proc/mounts and `df` (the server address).
+    pub fsname: String,
+    /// Mount read-only.
+    pub read_only: bool,
+    /// Let users other than the mounting one in (needed when root mounts for others, e.g.
+    /// pjdfstest's unprivileged users). Permissions are still checked by the kernel.
+    pub allow_other: bool,
+    /// Threads that take requests from the kernel (each blocks while its request is on the
+    /// wire, so this is also the number of requests in flight).
+    pub threads: usize,
+    /// How long the kernel caches attributes and entries (positive and negative).
+    pub attr_ttl: Duration,
+    /// `-o` options passed through (`ro`, `noexec`, `auto_unmount`…); unknown ones are
+    /// ignored with a warning.
+    pub extra: Vec<String>,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            fsname: "crest".into(),
+            read_only: false,
+            // Root mounts serve everyone; an unprivileged mount needs user_allow_other.
+            allow_other: is_root(),
+            threads: DEFAULT_THREADS,
+            attr_ttl: DEFAULT_ATTR_TTL,
+            extra: Vec::new(),
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // Without unsafe: the effective uid is the owner of /proc/self.
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+}
+
+/// What `mount(8)` and fstab put in `-o` that is not for the file system itself.
+const MOUNT_ONLY: &[&str] =
+    &["defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev", "nofail", "remount", "relatime"];
+
+/// The fuser configuration for `opts`.
+pub fn fuser_config(opts: &MountOptions) -> Config {
+    let mut read_only = opts.read_only;
+    let mut acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
+    let mut auto_unmount = false;
+    let mut flags: Vec<MountOption> = Vec::new();
+    for o in opts.extra.iter().flat_map(|e| e.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
+        let flag = match o {
+            "ro" => {
+                read_only = true;
+                continue;
+            }
+            "rw" => {
+                read_only = false;
+                continue;
+            }
+            "allow_other" => {
+                acl = SessionACL::All;
+                continue;
+            }
+            "allow_root" => {
+                if acl == SessionACL::Owner {
+                    acl = SessionACL::RootAndOwner;
+                }
+                continue;
+            }
+            "auto_unmount" => {
+                auto_unmount = true;
+                continue;
+            }
+            "default_permissions" => continue, // always on
+            "dev" => MountOption::Dev,
+            "nodev" => MountOption::NoDev,
+            "suid" => MountOption::Suid,
+            "nosuid" => MountOption::NoSuid,
+            "exec" => MountOption::Exec,
+            "noexec" => MountOption::NoExec,
+            "atime" => MountOption::Atime,
+            "noatime" => MountOption::NoAtime,
+            "sync" => MountOption::Sync,
+            "async" => MountOption::Async,
+            "dirsync" => MountOption::DirSync,
+            o if MOUNT_ONLY.contains(&o) || o.starts_with("x-") || o.starts_with("comment=") => {
+                tracing::debug!("mount option {o:?} is for mount(8), not crest");
+                continue;
+            }
+            o if o.starts_with("fsname=") || o.starts_with("subtype=") => {
+                tracing::debug!("mount option {o:?} ignored: crest sets it");
+                continue;
+            }
+            o => {
+                tracing::warn!("unknown mount option {o:?} ignored");
+                continue;
+            }
+        };
+        // Later options win over earlier opposites (`exec,noexec` → noexec).
+        let opposite = opposite(&flag);
+        flags.retain(|f| Some(f) != opposite.as_ref() && f != &flag);
+        flags.push(flag);
+    }
+    let mut mount_options = vec![MountOption::FSName(opts.fsname.clone()), MountOption::DefaultPermissions];
+    if auto_unmount {
+        // fusermount3 does the mount and takes the subtype itself.
+        mount_options.push(MountOption::Subtype("crest".into()));
+        mount_options.push(MountOption::AutoUnmount);
+        if acl == SessionACL::Owner {
+            // fusermount3 insists on allow_root or allow_other for auto_unmount.
+            acl = SessionACL::RootAndOwner;
+        }
+    } else {
+        // A direct mount(2) by root passes only kernel options: fuser's Subtype would be
+        // dropped (the type would read plain "fuse"), the kernel's own subtype= is not.
+        mount_options.push(MountOption::CUSTOM("subtype=crest".into()));
+    }
+    mount_options.push(if read_only { MountOption::RO } else { MountOption::RW });
+    mount_options.extend(flags);
+    let mut config = Config::default();
+    config.mount_options = mount_options;
+    config.acl = acl;
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = true;
+    config
+}
+
+fn opposite(o: &MountOption) -> Option<MountOption> {
+    Some(match o {
+        MountOption::Dev => MountOption::NoDev,
+        MountOption::NoDev => MountOption::Dev,
+        MountOption::Suid => MountOption::NoSuid,
+        MountOption::NoSuid => MountOption::Suid,
+        MountOption::Exec => MountOption::NoExec,
+        MountOption::NoExec => MountOption::Exec,
+        MountOption::Atime => MountOption::NoAtime,
+        MountOption::NoAtime => MountOption::Atime,
+        MountOption::Sync => MountOption::Async,
+        MountOption::Async => MountOption::Sync,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(extra: &[&str]) -> MountOptions {
+        MountOptions {
+            fsname: "10.0.0.1:7410".into(),
+            allow_other: false,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            ..MountOptions::default()
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = fuser_config(&opts(&[]));
+        assert_eq!(
+            c.mount_options,
+            vec![
+                MountOption::FSName("10.0.0.1:7410".into()),
+                MountOption::DefaultPermissions,
+                MountOption::CUSTOM("subtype=crest".into()),
+                MountOption::RW,
+            ]
+        );
+        assert_eq!(c.acl, SessionACL::Owner);
+        assert_eq!(c.n_threads, Some(DEFAULT_THREADS));
+        assert!(c.clone_fd);
+    }
+
+    #[test]
+    fn extra_options() {
+        let c = fuser_config(&opts(&["ro,noexec", "exec", "defaults", "_netdev", "x-systemd.automount", "bogus=1"]));
+        assert!(c.mount_options.contains(&MountOption::RO));
+        assert!(!c.mount_options.contains(&MountOption::RW));
+        assert!(c.mount_options.contains(&MountOption::Exec));
+        assert!(!c.mount_options.contains(&MountOption::NoExec));
+        assert_eq!(c.mount_options.len(), 5);
+        let c = fuser_config(&opts(&["allow_other", "nosuid,suid,nosuid"]));
+        assert_eq!(c.acl, SessionACL::All);
+        assert_eq!(c.mount_options.iter().filter(|o| matches!(o, MountOption::NoSuid | MountOption::Suid)).count(), 1);
+        assert!(c.mount_options.contains(&MountOption::NoSuid));
+    }
+
+    #[test]
+    fn read_only_and_allow_other_fields() {
+        let c = fuser_config(&MountOptions { read_only: true, allow_other: true, threads: 0, ..opts(&[]) });
+        assert!(c.mount_options.contains(&MountOption::RO));
+        assert_eq!(c.acl, SessionACL::All);
+        assert_eq!(c.n_threads, Some(1));
+        let c = fuser_config(&MountOptions { read_only: true, ..opts(&["rw"]) });
+        assert!(c.mount_options.contains(&MountOption::RW));
+    }
+
+    #[test]
+    fn auto_unmount_goes_through_fusermount() {
+        let c = fuser_config(&opts(&["auto_unmount"]));
+        assert!(c.mount_options.contains(&MountOption::AutoUnmount));
+        assert!(c.mount_options.contains(&MountOption::Subtype("crest".into())));
+        assert!(!c.mount_options.contains(&MountOption::CUSTOM("subtype=crest".into())));
+        assert_ne!(c.acl, SessionACL::Owner);
+    }
+}
