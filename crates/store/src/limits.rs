@@ -32,3 +32,8 @@ pub const LINK_MAX: u32 = 65_000;
 pub const NODE_CACHE_ENTRIES: usize = 65_536;
 /// Deepest tree accepted when reading (guards against pointer loops in corrupt images).
 pub const MAX_TREE_LEVEL: u8 = 8;
+/// Longest symlink target (PATH_MAX - 1).
+pub const SYMLINK_MAX: usize = 4095;
+/// Most bytes one read returns (a longer request gets a short read): bounds the buffer a
+/// caller's length can make the store allocate.
+pub const MAX_READ_BYTES: u64 = 64 << 20;

@@ -150,6 +150,7 @@ impl Store {
         if offset >= inode.size || len == 0 {
             return Ok(Vec::new());
         }
+        let len = len.min(crate::limits::MAX_READ_BYTES);
         let end = inode.size.min(offset.saturating_add(len));
         let mut out = vec![0u8; (end - offset) as usize];
         for (file_off, ext) in self.extents_overlapping(inode.ino, offset, end)? {

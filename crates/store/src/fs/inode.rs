@@ -183,6 +183,12 @@ impl Inode {
             parent: le_u64(b, 104),
             next_index: le_u64(b, 112),
         };
+        if inode.kind == FileKind::Symlink && (inode.size == 0 || inode.size > crate::limits::SYMLINK_MAX as u64) {
+            return Err(Error::bad_item(key, block, format!("symlink of {} bytes", inode.size)));
+        }
+        if inode.size > crate::limits::MAX_FILE_BYTES {
+            return Err(Error::bad_item(key, block, format!("size {} beyond the largest file", inode.size)));
+        }
         for t in [inode.atime, inode.mtime, inode.ctime, inode.crtime] {
             if t.nsec >= 1_000_000_000 {
                 return Err(Error::bad_item(key, block, format!("timestamp nanoseconds {}", t.nsec)));
@@ -209,7 +215,7 @@ mod tests {
             nlink: 3,
             uid: 1000,
             gid: 100,
-            size: 12345,
+            size: 2345,
             blocks: 4,
             rdev: 0x0801,
             atime: Timespec::new(-5, 999_999_999),
@@ -221,7 +227,7 @@ mod tests {
             flags: 0,
         };
         let b = i.encode();
-        assert_eq!(Inode::decode(77, &b, 0).ok(), Some(i));
+        assert_eq!(Inode::decode(77, &b, 0).ok(), Some(i.clone()));
         assert!(Inode::decode(77, &b[..100], 0).is_err());
         let mut bad = b.clone();
         bad[8] = 99;
@@ -229,6 +235,9 @@ mod tests {
         let mut bad = b.clone();
         bad[15] = 0xff;
         assert!(Inode::decode(77, &bad, 0).is_err());
+        let mut long_link = i.clone();
+        long_link.size = 4096;
+        assert!(Inode::decode(77, &long_link.encode(), 0).is_err(), "a symlink longer than PATH_MAX - 1");
         let mut bad = b;
         bad[64..68].copy_from_slice(&2_000_000_000u32.to_le_bytes());
         assert!(Inode::decode(77, &bad, 0).is_err());
