@@ -28,6 +28,9 @@ use crate::node::{BlockPtr, Body, ChildPtr};
 use crate::pager::Pager;
 use crate::superblock::{Superblock, SUPERBLOCK_BYTES};
 
+/// Inode numbers stay below this (the orphan list's objectid and its neighbours above).
+pub const MAX_INO: u64 = u64::MAX - 256;
+
 /// Tree id of the root tree.
 pub const ROOT_TREE_ID: u64 = 1;
 /// Tree id of the refcount tree.

@@ -20,8 +20,17 @@
 //! fails with `DataChecksum` naming a damaged block iff one of its data blocks changed.
 //! No corrupt image is committed: they are all generated in code.
 //!
+//! Random flips cannot get past the checksums, so the `Resealed` cases and `resealed_fuzz`
+//! also damage metadata and then fix the node's checksum (what a buggy writer or a crafted
+//! image produces): the structural checks and item decoders must then refuse it with an
+//! error, and open, fsck, a full dump and a small workload with a commit must not panic,
+//! abort or hang.
+//!
 //! Every call into the store runs under `catch_unwind`; a panic fails the case with its
-//! number, the panic message and the store's frames of the backtrace.
+//! number, the panic message and the store's frames of the backtrace. An abort (a failed
+//! huge allocation) cannot be caught in-process, so the resealed cases and seeds run in
+//! child processes of this test binary (`isolated_child`): a unit that aborts or hangs
+//! fails alone, with the abort message and the store's frames, and the next child goes on.
 //!
 //! Knobs: `CREST_CORRUPT_CASE=N` runs only case N; `CREST_CORRUPT_ITERS=N` sets the fuzz
 //! iterations (default 200) and `CREST_CORRUPT_SEED=S` their first seed;
@@ -264,7 +273,13 @@ impl GenLayout {
 }
 
 /// Walks one tree, recording its nodes; returns its items with the leaf holding each.
-fn walk_tree(img: &[u8], sb: &Superblock, owner: u64, root: BlockPtr, g: &mut GenLayout) -> R<Vec<(Key, Vec<u8>, u64)>> {
+fn walk_tree(
+    img: &[u8],
+    sb: &Superblock,
+    owner: u64,
+    root: BlockPtr,
+    g: &mut GenLayout,
+) -> R<Vec<(Key, Vec<u8>, u64)>> {
     g.levels.insert(owner, root.level);
     let mut items = Vec::new();
     let mut stack = vec![root];
@@ -438,7 +453,8 @@ fn build_main() -> Fixture {
         s.unlink(ROOT_INO, format!("big-{i:03}").as_bytes(), now).expect("unlink");
     }
     for i in 0..10 {
-        let ino = s.create(ROOT_INO, format!("mid-{i}").as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, now).expect("mid").ino;
+        let ino =
+            s.create(ROOT_INO, format!("mid-{i}").as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, now).expect("mid").ino;
         s.write(ino, 0, format!("mid-{i}").as_bytes(), now).expect("write mid");
     }
     s.commit().expect("commit");
@@ -453,7 +469,10 @@ fn build_main() -> Fixture {
         s.write(ino, 0, format!("again-{i}").as_bytes(), now).expect("rewrite");
     }
     for i in 0..20 {
-        let ino = s.create(ROOT_INO, format!("g4-{i:02}").as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, now).expect("g4").ino;
+        let ino = s
+            .create(ROOT_INO, format!("g4-{i:02}").as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, now)
+            .expect("g4")
+            .ino;
         s.write(ino, 0, &pattern(9000, 2000 + i), now).expect("write g4");
     }
     s.commit().expect("commit");
@@ -494,10 +513,8 @@ fn build_small() -> Fixture {
         }
     }
     for (i, size) in [3000usize, 9000, 100, 12_288].into_iter().enumerate() {
-        let ino = s
-            .create(sub, format!("t-{i}").as_bytes(), FileKind::Regular, 0o600, 7, 7, 0, now)
-            .expect("create")
-            .ino;
+        let ino =
+            s.create(sub, format!("t-{i}").as_bytes(), FileKind::Regular, 0o600, 7, 7, 0, now).expect("create").ino;
         s.write(ino, 0, &pattern(size, 200 + i as u64), now).expect("write");
     }
     s.symlink(ROOT_INO, b"long-link", &vec![b'x'; 2000], 0, 0, now).expect("symlink");
@@ -670,7 +687,9 @@ fn check_dump(got: &SoftDump, want: &Dump, g: &GenLayout, damaged: &BTreeSet<u64
             Ok(c) if bad.is_empty() => {
                 ensure!(*c == w.content, "{p}: content differs from the original (WRONG DATA)")
             }
-            Ok(_) => return Err(format!("{p}: read succeeded although its data blocks {bad:?} are damaged (WRONG DATA)")),
+            Ok(_) => {
+                return Err(format!("{p}: read succeeded although its data blocks {bad:?} are damaged (WRONG DATA)"))
+            }
             Err(e @ Error::DataChecksum { ino, block, expected, found, .. }) => {
                 ensure!(
                     *ino == gv.ino && bad.contains(block) && expected != found && e.errno() == 5 && e.is_corruption(),
@@ -709,6 +728,38 @@ fn check_sound(got: &SoftDump, want: &Dump) -> R<Vec<String>> {
         }
     }
     Ok(failed)
+}
+
+/// The oracle itself: it must see a changed byte, a missing path and an error without damage.
+#[test]
+fn checker_catches_wrong_data() {
+    let fx = small_fixture();
+    let want = &fx.dumps[&fx.new.generation];
+    let fresh_dump = || {
+        let mut s = Store::open(Box::new(MemDisk::from_bytes(fx.image.clone()))).expect("open");
+        soft_dump(&mut s)
+    };
+    let none = BTreeSet::new();
+    assert!(check_dump(&fresh_dump(), want, &fx.new, &none).is_ok());
+    let mut got = fresh_dump();
+    let (p, e) = got.entries.iter_mut().find(|(_, e)| e.content.as_ref().is_ok_and(|c| c.len() > 100)).expect("file");
+    let p = p.clone();
+    if let Ok(c) = &mut e.content {
+        c[50] ^= 1;
+    }
+    let m = check_dump(&got, want, &fx.new, &none).expect_err("changed byte");
+    assert!(m.contains("WRONG DATA") && m.contains(&p), "{m}");
+    assert!(check_sound(&got, want).is_err(), "check_sound misses a changed byte");
+    let mut got = fresh_dump();
+    got.entries.remove(&p);
+    assert!(check_dump(&got, want, &fx.new, &none).is_err(), "missing path unnoticed");
+    let mut got = fresh_dump();
+    let e = got.entries.get_mut(&p).expect("entry");
+    let ino = e.ino;
+    let block = *fx.new.blocks_of(ino).first().expect("a data block");
+    e.content = Err(Error::DataChecksum { ino, file_offset: 0, block, expected: 1, found: 2 });
+    assert!(check_dump(&got, want, &fx.new, &none).is_err(), "an error without damage is unnoticed");
+    assert!(check_dump(&got, want, &fx.new, &BTreeSet::from([block])).is_ok(), "a precise error is refused");
 }
 
 // ---- running the store on an image --------------------------------------------------------
@@ -949,7 +1000,8 @@ macro_rules! case {
     };
 }
 
-/// The numbered corpus of corrupt images (all built from `main_fixture`).
+/// The numbered corpus of corrupt images (all built from `main_fixture`). Groups `Superblock`
+/// to `Data` run in-process; `Resealed` in child processes.
 const CORPUS: &[Case] = &[
     case!(1, Superblock, "byte flipped in the newest superblock copy → falls back to the older generation", c001),
     case!(2, Superblock, "byte flipped in the older superblock copy → newest generation, a note", c002),
@@ -965,8 +1017,8 @@ const CORPUS: &[Case] = &[
     case!(12, Superblock, "the two copies swapped → BadImage: copy index (misdirected)", c012),
     case!(13, Superblock, "newest copy's root tree pointer past the end (checksum fixed) → fallback", c013),
     case!(14, Superblock, "newest copy carries another fsid (checksum fixed) → fallback, fsck flags it", c014),
-    case!(15, Superblock, "newest copy's root tree pointer has an older generation (checksum fixed) → fallback: stale", c015),
-    case!(16, Superblock, "newest copy's used-block count off by one (checksum fixed) → opens, note, fsck problem", c016),
+    case!(15, Superblock, "newest copy's root tree pointer a generation old (checksum fixed) → fallback", c015),
+    case!(16, Superblock, "newest copy's used-block count off by one (checksum fixed) → opens, note, fsck flags", c016),
     case!(17, Node, "byte flipped in an fs-tree leaf both generations use → BadImage naming the block", c017),
     case!(18, Node, "byte flipped in an fs-tree leaf only the newest generation uses → fallback", c018),
     case!(19, Node, "byte flipped in a non-root internal fs-tree node → BadImage naming the block", c019),
@@ -1003,6 +1055,18 @@ const CORPUS: &[Case] = &[
     case!(50, Data, "bytes flipped in the reserved area outside the superblocks → no effect", c050),
     case!(51, Resealed, "symlink inode claiming 1 TiB (checksum fixed) → readlink fails with EIO, no abort", c051),
     case!(52, Resealed, "symlink inode claiming 1 TiB (checksum fixed) → fsck flags the inode", c052),
+    case!(
+        53,
+        Resealed,
+        "dataset inode count 0 in the root item (checksum fixed) → unlink neither panics nor wraps",
+        c053
+    ),
+    case!(
+        54,
+        Resealed,
+        "dataset next inode number near u64::MAX (checksum fixed) → create never reuses an inode",
+        c054
+    ),
 ];
 
 fn only_case() -> Option<u32> {
@@ -1100,7 +1164,11 @@ fn c001(fx: &Fixture) -> R {
         "fsck notes lack {note:?}: {:?}",
         rep.notes
     );
-    expect_fallback(fx, &img, &[&format!("superblock copy {copy}: corrupt superblock at block {}", sb_block(copy)), "checksum mismatch"])
+    expect_fallback(
+        fx,
+        &img,
+        &[&format!("superblock copy {copy}: corrupt superblock at block {}", sb_block(copy)), "checksum mismatch"],
+    )
 }
 
 fn c002(fx: &Fixture) -> R {
@@ -1240,7 +1308,8 @@ fn c016(fx: &Fixture) -> R {
     let mut img = fx.image.clone();
     let used = fx.new.used_blocks;
     patch_sb(&mut img, fx.new.copy, |b| put_u64(b, SB_USED_BLOCKS, used - 1));
-    let rep = fsck_problem(&img, &[&format!("superblock says {} blocks used; trees and extents use {used}", used - 1)])?;
+    let rep =
+        fsck_problem(&img, &[&format!("superblock says {} blocks used; trees and extents use {used}", used - 1)])?;
     ensure!(rep.problems.len() == 1, "fsck problems: {}", short(&rep.problems));
     let (_, r) = open_img(&img)?;
     let mut s = r.map_err(|e| format!("open: {e}"))?;
@@ -1736,6 +1805,61 @@ fn c052(fx: &Fixture) -> R {
     Ok(())
 }
 
+/// The main image with the root item's counters changed (next inode number, inode count).
+fn patched_root_item(fx: &Fixture, next_ino: Option<u64>, count: Option<u64>) -> R<Vec<u8>> {
+    let leaf = fx.new.root_tree.block;
+    ensure!(fx.new.nodes[&leaf].level == 0, "root tree root is not a leaf");
+    let key = Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0);
+    let (_, off, len) =
+        leaf_items(blk(&fx.image, leaf)).into_iter().find(|(k, _, _)| *k == key).ok_or("no root item")?;
+    ensure!(len == 48, "root item of {len} bytes");
+    let mut img = fx.image.clone();
+    patch_node(&mut img, leaf, |n| {
+        if let Some(v) = next_ino {
+            put_u64(n, off + 24, v);
+        }
+        if let Some(v) = count {
+            put_u64(n, off + 32, v);
+        }
+    });
+    keep(&img);
+    Ok(img)
+}
+
+fn c053(fx: &Fixture) -> R {
+    let img = patched_root_item(fx, None, Some(0))?;
+    let (_, r) = open_img(&img)?;
+    let mut s = r.map_err(|e| format!("open: {e}"))?;
+    // Whatever unlink answers, the counter must not wrap to 2^64 - 1 (a panic in debug builds).
+    let _ = guard("unlink", || s.unlink(ROOT_INO, b"big-003", t(90)))?;
+    let files = s.statfs().files;
+    ensure!(files < 1 << 32, "statfs reports {files} files: the inode count wrapped below zero");
+    Ok(())
+}
+
+fn c054(fx: &Fixture) -> R {
+    let img = patched_root_item(fx, Some(u64::MAX - 1), None)?;
+    let (_, r) = open_img(&img)?;
+    let mut s = r.map_err(|e| format!("open: {e}"))?;
+    let mut taken: BTreeSet<u64> = fx.inos.values().copied().collect();
+    taken.insert(ROOT_INO);
+    for i in 0..4 {
+        let name = format!("wrap-{i}");
+        let created =
+            guard("create", || s.create(ROOT_INO, name.as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, t(90)))?;
+        if let Ok(inode) = created {
+            ensure!(
+                inode.ino != u64::MAX && taken.insert(inode.ino),
+                "create {name} got inode {}, which is in use or reserved (the counter wrapped)",
+                inode.ino
+            );
+        }
+    }
+    let root = guard("getattr", || s.getattr(ROOT_INO))?.map_err(|e| format!("getattr root: {e}"))?;
+    ensure!(root.kind == FileKind::Directory, "the root directory was overwritten: {root:?}");
+    Ok(())
+}
+
 // ---- isolation in a child process ---------------------------------------------------------
 
 /// How long one unit in a child process may run before it counts as hung.
@@ -1762,18 +1886,19 @@ fn run_isolated(kind: &str, units: &[u64]) -> Vec<String> {
         let list = rest.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
         let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
         let units_path = dir.path().join("units");
-        let spawned = std::fs::write(&units_path, &list).and_then(|()| std::fs::File::create(&out_path)).and_then(|out| {
-            let err = std::fs::File::create(&err_path)?;
-            Command::new(&exe)
-                .args(["isolated_child", "--exact", "--nocapture", "--test-threads=1"])
-                .env("CREST_CORRUPT_CHILD", kind)
-                .env("CREST_CORRUPT_UNITS_FILE", &units_path)
-                .env("RUST_BACKTRACE", "1")
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err)
-                .spawn()
-        });
+        let spawned =
+            std::fs::write(&units_path, &list).and_then(|()| std::fs::File::create(&out_path)).and_then(|out| {
+                let err = std::fs::File::create(&err_path)?;
+                Command::new(&exe)
+                    .args(["isolated_child", "--exact", "--nocapture", "--test-threads=1"])
+                    .env("CREST_CORRUPT_CHILD", kind)
+                    .env("CREST_CORRUPT_UNITS_FILE", &units_path)
+                    .env("RUST_BACKTRACE", "1")
+                    .stdin(Stdio::null())
+                    .stdout(out)
+                    .stderr(err)
+                    .spawn()
+            });
         let mut child = match spawned {
             Ok(c) => c,
             Err(e) => {
@@ -1965,7 +2090,11 @@ fn reseal_one(fx: &Fixture, seed: u64) -> R {
             // A child pointer: block (often another live node) or generation.
             let i = rng.below(n as u64) as usize;
             let at = 80 + i * 33 + 17;
-            let v = if rng.below(2) == 0 { nodes[rng.below(nodes.len() as u64) as usize].0 } else { interesting(&mut rng, total) };
+            let v = if rng.below(2) == 0 {
+                nodes[rng.below(nodes.len() as u64) as usize].0
+            } else {
+                interesting(&mut rng, total)
+            };
             let field = if rng.below(3) == 0 { at + 8 } else { at };
             put_u64(node, field, v);
             what.push(format!("child {i} {} := {v:#x}", if field == at { "block" } else { "generation" }));
@@ -2075,7 +2204,8 @@ struct Tally {
 fn fuzz_one(fx: &Fixture, seed: u64, tally: &mut Tally) -> R {
     let mut rng = Stream::from_seed_u64(seed);
     let gens = [&fx.new, &fx.old];
-    let nodes: Vec<u64> = gens.iter().flat_map(|g| g.nodes.keys().copied()).collect::<BTreeSet<_>>().into_iter().collect();
+    let nodes: Vec<u64> =
+        gens.iter().flat_map(|g| g.nodes.keys().copied()).collect::<BTreeSet<_>>().into_iter().collect();
     let data: Vec<u64> = gens.iter().flat_map(|g| g.data_blocks()).collect::<BTreeSet<_>>().into_iter().collect();
     let used_end = nodes.iter().chain(&data).copied().chain([sb_block(1)]).max().unwrap_or(0) + 1;
     let mut img = fx.image.clone();
@@ -2110,7 +2240,12 @@ fn fuzz_one(fx: &Fixture, seed: u64, tally: &mut Tally) -> R {
     match (valid.first(), run_fsck(&img).map_err(|e| format!("{ctx} {e}"))?) {
         (None, Err(Error::BadImage(_))) => tally.fsck_refused += 1,
         (Some(g), Ok(rep)) => {
-            ensure!(rep.generation == g.generation, "{ctx} fsck checked generation {}, want {}", rep.generation, g.generation);
+            ensure!(
+                rep.generation == g.generation,
+                "{ctx} fsck checked generation {}, want {}",
+                rep.generation,
+                g.generation
+            );
             let hit: Vec<u64> = g.live().intersection(&damaged).copied().collect();
             ensure!(
                 rep.is_clean() == hit.is_empty(),
@@ -2140,7 +2275,12 @@ fn fuzz_one(fx: &Fixture, seed: u64, tally: &mut Tally) -> R {
     match (expect, r) {
         (None, Err(Error::BadImage(_))) => tally.refused += 1,
         (Some(g), Ok(mut s)) => {
-            ensure!(s.generation() == g.generation, "{ctx} opened generation {}, want {}", s.generation(), g.generation);
+            ensure!(
+                s.generation() == g.generation,
+                "{ctx} opened generation {}, want {}",
+                s.generation(),
+                g.generation
+            );
             let got = dump_soft(&mut s).map_err(|e| format!("{ctx} {e}"))?;
             check_dump(&got, &fx.dumps[&g.generation], g, &damaged).map_err(|e| format!("{ctx} {e}"))?;
             tally.unreadable_files += got.entries.values().filter(|e| e.content.is_err()).count() as u32;
@@ -2178,4 +2318,3 @@ fn random_damage_fuzz() {
     assert!(failures.is_empty(), "{} of {iters} iterations failed:\n{}", failures.len(), failures.join("\n"));
     assert!(tally.newest > 0 && tally.fell_back > 0 && tally.refused > 0, "fuzzing missed an outcome: {tally:?}");
 }
-

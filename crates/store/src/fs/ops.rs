@@ -305,6 +305,13 @@ impl Store {
         Ok(())
     }
 
+    fn check_inode_numbers(&self) -> Result<()> {
+        if self.meta.next_ino >= crate::store::MAX_INO {
+            return Err(Error::NoSpace("inode numbers exhausted".into()));
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn new_inode(
         &mut self,
@@ -319,6 +326,7 @@ impl Store {
         let ino = self.meta.next_ino;
         self.meta.next_ino += 1;
         self.meta.inode_count += 1;
+        debug_assert!(ino < crate::store::MAX_INO, "checked by reserve_inode");
         Inode {
             ino,
             generation: crest_rng::next_u64(),
@@ -365,6 +373,7 @@ impl Store {
         if kind == FileKind::Directory && d.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks(dir));
         }
+        self.check_inode_numbers()?;
         let inode = self.new_inode(kind, mode, uid, gid, rdev, dir, now);
         self.put_inode(&inode)?;
         self.add_entry(&mut d, name, inode.ino, kind)?;
@@ -401,6 +410,7 @@ impl Store {
         if self.find_entry(dir, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
+        self.check_inode_numbers()?;
         let mut inode = self.new_inode(FileKind::Symlink, 0o777, uid, gid, 0, dir, now);
         self.write_data(&mut inode, 0, target)?;
         self.put_inode(&inode)?;
@@ -470,7 +480,7 @@ impl Store {
             self.fs.delete(&mut self.pager, &k)?;
         }
         self.fs.delete(&mut self.pager, &Key::new(ORPHAN_OBJECTID, kind::ORPHAN, inode.ino))?;
-        self.meta.inode_count -= 1;
+        self.meta.inode_count = self.meta.inode_count.saturating_sub(1);
         Ok(())
     }
 
