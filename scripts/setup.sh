@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing crest needs on a fresh Debian machine, idempotently:
-# rustfmt and clippy for the Rust toolchain (rustup; Rust itself must be present) and the
-# Debian packages the build uses. Later issues add fuse3 and the POSIX suites here.
+# rustfmt and clippy for the Rust toolchain (rustup; Rust itself must be present), the
+# Debian packages the build and the mount tests use (fuse3, attr, bindfs), the POSIX
+# suites (pjdfstest, fsx) and the users pjdfstest switches to.
 set -euo pipefail
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -19,7 +20,21 @@ fi
 need=()
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+command -v setfattr >/dev/null 2>&1 || need+=(attr)
+command -v bindfs >/dev/null 2>&1 || need+=(bindfs)
+command -v xz >/dev/null 2>&1 || need+=(xz-utils)
+command -v bc >/dev/null 2>&1 || need+=(bc)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# The POSIX suites run on real mounts (tests/e2e/run.sh).
+for tool in pjdfstest fsx; do
+  command -v "$tool" >/dev/null 2>&1 || cargo install --locked "$tool"
+done
+# pjdfstest switches to these users and groups.
+getent group nogroup >/dev/null || groupadd nogroup
+id nobody >/dev/null 2>&1 || useradd -M -g nogroup -s /usr/sbin/nologin nobody
+id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
+[ -e /dev/fuse ] || echo "setup: warning: /dev/fuse is missing; mounts will fail" >&2
 echo "setup: $(cargo --version)"

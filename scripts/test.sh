@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every unit/property/crash/corruption test of the
 # workspace (release mode: the crash tests replay thousands of power cuts), the benches
-# once in smoke mode, the CLI against a real image file, and a short fuzz run.
+# once in smoke mode, the CLI against a real image file, real FUSE mounts against a real
+# server process (pjdfstest, fsx, the kernel-tree round trip, kill -9 of the server), and
+# a short fuzz run.
+#   CREST_FSX_OPS=N          fsx operations on the mount (default 100000)
 #   CREST_CRASH_SEEDS=N      more crash-test workloads (default 16)
 #   CREST_CRASH_THOROUGH=1   every single-write drop and more subsets per flush window
 #   CREST_FUZZ_SECONDS=N     seconds per fuzz target (default 20; 0 skips fuzzing)
@@ -31,6 +34,10 @@ printf 'garbage' | dd of="$tmp/img" bs=1 seek=$((64*1024+40)) conv=notrunc statu
 $crest fsck "$tmp/img"   # the damaged copy is skipped: the other copy still opens
 printf 'garbage' | dd of="$tmp/img" bs=1 seek=$((1024*1024+40)) conv=notrunc status=none
 if $crest fsck "$tmp/img"; then echo "fsck of an image with no valid superblock must fail" >&2; exit 1; fi
+
+echo "== real mounts: pjdfstest, fsx, kernel-tree round trip, kill -9 (tests/e2e/run.sh)"
+bash scripts/install.sh
+bash tests/e2e/run.sh
 
 if [ "${CREST_FUZZ_SECONDS:-20}" != 0 ] && [ -f scripts/fuzz.sh ]; then
   echo "== fuzz (smoke)"

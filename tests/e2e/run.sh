@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# End-to-end tests on a real mount: a real `crest serve` process on loopback, a real FUSE
+# mount (`crest mount`), real tools. Each check prints PASS/FAIL; the last line is
+# "N passed, M failed". Needs root, /dev/fuse, fuse3, pjdfstest and fsx (scripts/setup.sh).
+#   CREST_FSX_OPS     fsx operations (default 100000; the long mode runs millions)
+#   CREST_TAR         tar to round-trip (default: the ~20K-file kernel subset)
+#   CREST_E2E_ONLY    run only checks whose name contains this word
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+crest=$root/target/release/crest
+[ -x "$crest" ] || { echo "build first: cargo build --release" >&2; exit 2; }
+work=$(mktemp -d /tmp/crest-e2e.XXXXXX)
+chmod 755 "$work" # pjdfstest switches to unprivileged users who must reach the mount
+img=$work/img mnt=$work/mnt
+mkdir -p "$mnt"
+port=$((20000 + RANDOM % 20000))
+addr=127.0.0.1:$port
+passed=0 failed=0 server=
+
+log() { printf '%s\n' "$*" >&2; }
+start_server() {
+  "$crest" serve "$img" --listen "$addr" >>"$work/serve.log" 2>&1 &
+  server=$!
+  for _ in $(seq 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    sleep 0.05
+  done
+  log "server did not start"; cat "$work/serve.log" >&2; return 1
+}
+stop_server() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; server=; }
+do_mount() { "$crest" mount "$addr" "$mnt" >/dev/null; }
+do_umount() { "$crest" umount "$mnt" 2>/dev/null || umount -l "$mnt"; for _ in $(seq 50); do grep -q " $mnt " /proc/mounts || return 0; sleep 0.1; done; }
+cleanup() { do_umount 2>/dev/null; stop_server; rm -rf "$work"; }
+trap cleanup EXIT
+check() { # name command...
+  local name=$1; shift
+  if [ -n "${CREST_E2E_ONLY:-}" ] && [[ $name != *"$CREST_E2E_ONLY"* ]]; then return 0; fi
+  log "== $name"
+  local t0=$SECONDS
+  if "$@"; then passed=$((passed + 1)); log "PASS $name ($((SECONDS - t0)) s)"
+  else failed=$((failed + 1)); log "FAIL $name ($((SECONDS - t0)) s)"; fi
+}
+
+"$crest" mkfs --size 8G "$img" >/dev/null
+start_server
+do_mount
+
+mount_shows_type_and_source() {
+  grep -q "^$addr $mnt fuse.crest " /proc/mounts && df -P "$mnt" | tail -1 | grep -q "^$addr " &&
+    [ "$(df -P "$mnt" | awk 'NR==2 {print $2}')" -gt 8000000 ] && mount -o remount "$mnt"
+}
+check mount-type-source-df-remount mount_shows_type_and_source
+
+pjdfstest_passes() {
+  mkdir -p "$mnt/pjd" && cd "$mnt/pjd" || return 1
+  pjdfstest -c "$root/tests/e2e/pjdfstest.toml" -p "$mnt/pjd" >"$work/pjd.log" 2>&1
+  cd "$root" || return 1
+  grep '^Summary' "$work/pjd.log" >&2
+  grep -q '^Summary: 0 failed' "$work/pjd.log" || { grep -E 'FAILED|failed$' "$work/pjd.log" | head -20 >&2; return 1; }
+}
+check pjdfstest pjdfstest_passes
+
+fsx_passes() {
+  mkdir -p "$mnt/fsx"
+  fsx -f "$root/tests/e2e/fsx.toml" -N "${CREST_FSX_OPS:-100000}" -S 1 -P "$work" "$mnt/fsx/file" >"$work/fsx.log" 2>&1
+  local rc=$?
+  tail -2 "$work/fsx.log" >&2
+  [ $rc = 0 ] && grep -q 'A-OK' "$work/fsx.log"
+}
+check fsx fsx_passes
+
+posix_surface() {
+  local d=$mnt/posix
+  mkdir -p "$d" && cd "$d" || return 1
+  # Unlink and rename of an open file: the descriptor keeps working, nothing is left behind.
+  exec 5<>open-file && echo data >&5 && rm open-file && echo more >&5 && [ "$(cat /proc/self/fd/5)" = "$(printf 'data\nmore')" ] || return 1
+  exec 5>&-
+  echo new >target && exec 6<target && echo replacement >tmp && mv tmp target && [ "$(cat <&6)" = new ] || return 1
+  exec 6<&-
+  [ -z "$(ls -A | grep -E '^\.(fuse_hidden|nfs)')" ] || return 1
+  # Locks: flock and fcntl.
+  flock -n lockfile -c 'flock -n lockfile -c true' && return 1
+  python3 - <<'PY' || return 1
+import fcntl, subprocess, sys
+f = open("l2", "w")
+fcntl.lockf(f, fcntl.LOCK_EX)
+probe = "import fcntl; f = open('l2', 'a'); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)"
+sys.exit(0 if subprocess.call([sys.executable, "-c", probe], stderr=subprocess.DEVNULL) != 0 else 1)
+PY
+  # Sparse files, O_APPEND, O_DIRECT, xattrs, fallocate, nanosecond times.
+  truncate -s 1G sparse && [ "$(stat -c %b sparse)" -lt 100 ] || return 1
+  echo a >>app && echo b >>app && [ "$(cat app)" = "$(printf 'a\nb')" ] || return 1
+  dd if=/dev/urandom of=direct bs=1M count=4 oflag=direct status=none && dd if=direct of=/dev/null bs=1M iflag=direct status=none || return 1
+  setfattr -n user.k -v v direct && [ "$(getfattr --only-values -n user.k direct)" = v ] || return 1
+  fallocate -l 10M falloc && [ "$(stat -c %s falloc)" = 10485760 ] || return 1
+  touch -d '2001-02-03 04:05:06.123456789' t && [ "$(stat -c %y t)" = '2001-02-03 04:05:06.123456789 +0000' ] || return 1
+  mkfifo fifo && mknod chr c 1 3 && ln direct hard && ln -s direct sym && [ "$(stat -c %h direct)" = 2 ] || return 1
+  cd "$root" && rm -rf "$d"
+}
+check posix-surface posix_surface
+
+tarball=${CREST_TAR:-/dev/shm/crest-bench/linux-6.1-small.tar}
+tar_round_trip() {
+  [ -f "$tarball" ] || bash /work/shared/bench/kernel-tars.sh "$(dirname "$tarball")" >&2 || return 1
+  local before after
+  before=$(df -P "$mnt" | awk 'NR==2 {print $3}')
+  mkdir -p "$mnt/tar" && tar -xf "$tarball" -C "$mnt/tar" || return 1
+  do_umount && do_mount || return 1
+  (cd "$mnt/tar" && tar --compare -f "$tarball") >&2 || return 1
+  rm -rf "$mnt/tar" && sync
+  sleep 6 # freed blocks come back after the next two commits
+  after=$(df -P "$mnt" | awk 'NR==2 {print $3}')
+  log "used KiB before $before, after $after"
+  [ $((after - before)) -lt 20000 ]
+}
+check tar-round-trip tar_round_trip
+
+kill9_during_untar() {
+  [ -f "$tarball" ] || return 1
+  mkdir -p "$mnt/k9"
+  echo durable >"$mnt/k9/synced" && sync "$mnt/k9/synced"
+  tar -xf "$tarball" -C "$mnt/k9" 2>"$work/k9-tar.log" &
+  local tarpid=$!
+  sleep 3
+  kill -9 "$server"; wait "$server" 2>/dev/null; server=
+  sleep 1
+  start_server || return 1
+  wait $tarpid
+  local rc=$?
+  log "tar exit $rc after the server was killed and restarted ($(wc -l <"$work/k9-tar.log") error lines)"
+  [ "$(cat "$mnt/k9/synced")" = durable ] || return 1
+  # The client carried on: the tree is complete unless one syscall failed cleanly.
+  (cd "$mnt/k9" && tar --compare -f "$tarball") >"$work/k9-compare.log" 2>&1
+  log "compare differences: $(wc -l <"$work/k9-compare.log")"
+  [ "$rc" = 0 ] || [ "$(wc -l <"$work/k9-tar.log")" -le 2 ] || return 1
+  rm -rf "$mnt/k9"
+  do_umount; stop_server
+  "$crest" fsck "$img" >&2 || return 1
+  start_server && do_mount
+}
+check kill9-server-during-untar kill9_during_untar
+
+do_umount
+stop_server
+check fsck-clean-at-end "$crest" fsck "$img"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
