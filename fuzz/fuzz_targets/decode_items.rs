@@ -7,18 +7,22 @@
 //! Items keyed by a name hash (directory entries, xattrs) are only accepted when the key
 //! matches the name, which random keys never do: `hash_key` derives the key's offset
 //! from the first name in the bytes instead. `fix_checksum` does the same for the
-//! superblock's CRC-32C.
+//! superblock's CRC-32C. Besides raw bytes, the input can start from a well-formed
+//! encoding of any of the items (built from arbitrary fields) with bytes flipped in it,
+//! so that every decoder's success path and its checks on nearly valid input are reached.
 
 #![no_main]
 
 use arbitrary::Arbitrary;
 use crest_store::checksum::crc32c;
-use crest_store::fs::dirent::{decode_entries, decode_index, encode_entries, encode_index};
+use crest_store::fs::dirent::{decode_entries, decode_index, encode_entries, encode_index, DirEntry};
 use crest_store::fs::extent::Extent;
 use crest_store::fs::xattr;
 use crest_store::key::{name_hash, Key};
+use crest_store::limits::{MAX_EXTENT_BLOCKS, MAX_INLINE_BYTES, RESERVED_BLOCKS};
+use crest_store::node::BlockPtr;
 use crest_store::superblock::{Superblock, SUPERBLOCK_BYTES};
-use crest_store::Inode;
+use crest_store::{FileKind, Inode, Timespec};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
@@ -36,7 +40,125 @@ struct Input {
     /// Superblock: zero-pad / truncate the bytes to one block first.
     pad_superblock: bool,
     fix_checksum: bool,
+    /// Where the bytes come from.
+    template: Template,
+    /// (position, xor mask) pairs applied to a template's encoding.
+    flips: Vec<(u16, u8)>,
+    /// The bytes when there is no template.
     bytes: Vec<u8>,
+}
+
+/// A well-formed item built from arbitrary fields (made valid where they are not).
+#[derive(Arbitrary, Debug)]
+enum Template {
+    None,
+    Superblock { fsid: [u8; 16], generation: u64, total: u64, used: u64, roots: [(u64, u64, u8); 2] },
+    Inode { fields: [u64; 6], small: [u32; 5], times: [(i64, u32); 4], kind: u8 },
+    Entries(Vec<(u64, u64, u8, Vec<u8>)>),
+    Index { ino: u64, kind: u8, name: Vec<u8> },
+    Xattrs(Vec<(Vec<u8>, Vec<u8>)>),
+    Inline(Vec<u8>),
+    Regular { disk_block: u64, csums: Vec<u32> },
+}
+
+fn kind_of(k: u8) -> FileKind {
+    FileKind::from_u8(1 + k % 7).expect("1..=7 are kinds")
+}
+
+/// A name `check_name` accepts.
+fn valid_name(mut n: Vec<u8>) -> Vec<u8> {
+    n.truncate(255);
+    for b in &mut n {
+        if *b == b'/' || *b == 0 {
+            *b = b'x';
+        }
+    }
+    if n.is_empty() || n == b"." || n == b".." {
+        n.push(b'x');
+    }
+    n
+}
+
+impl Template {
+    fn encode(self, input: &Input) -> Option<Vec<u8>> {
+        Some(match self {
+            Template::None => return None,
+            Template::Superblock { fsid, generation, total, used, roots } => {
+                let total = total % input.blocks.saturating_add(1);
+                let ptr = |(b, g, l): (u64, u64, u8)| BlockPtr {
+                    block: b % total.max(1),
+                    generation: g % generation.saturating_add(1),
+                    level: l,
+                };
+                Superblock {
+                    fsid,
+                    generation,
+                    total_blocks: total,
+                    used_blocks: used % total.saturating_add(1),
+                    root_tree: ptr(roots[0]),
+                    refcount_tree: ptr(roots[1]),
+                    csum_type: crest_store::checksum::CSUM_CRC32C,
+                }
+                .encode(usize::from(input.second_copy))
+            }
+            Template::Inode { fields, small, times, kind } => {
+                let t = |(sec, nsec): (i64, u32)| Timespec::new(sec, nsec % 1_000_000_000);
+                Inode {
+                    ino: input.objectid,
+                    generation: fields[0],
+                    kind: kind_of(kind),
+                    mode: small[0] & 0o7777,
+                    nlink: small[1],
+                    uid: small[2],
+                    gid: small[3],
+                    size: fields[1],
+                    blocks: fields[2],
+                    rdev: fields[3],
+                    atime: t(times[0]),
+                    mtime: t(times[1]),
+                    ctime: t(times[2]),
+                    crtime: t(times[3]),
+                    parent: fields[4],
+                    next_index: fields[5],
+                    flags: small[4],
+                }
+                .encode()
+            }
+            Template::Entries(es) => encode_entries(
+                &es.into_iter()
+                    .map(|(ino, index, kind, name)| DirEntry { name: valid_name(name), ino, kind: kind_of(kind), index })
+                    .collect::<Vec<_>>(),
+            ),
+            Template::Index { ino, kind, name } => {
+                encode_index(&DirEntry { name: valid_name(name), ino, kind: kind_of(kind), index: input.offset })
+            }
+            Template::Xattrs(pairs) => xattr::encode(
+                &pairs
+                    .into_iter()
+                    .map(|(mut n, mut v)| {
+                        n.truncate(255);
+                        if n.is_empty() {
+                            n.push(b'x');
+                        }
+                        v.truncate(usize::from(u16::MAX));
+                        (n, v)
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            Template::Inline(mut data) => {
+                data.truncate(MAX_INLINE_BYTES);
+                Extent::Inline(data).encode()
+            }
+            Template::Regular { disk_block, mut csums } => {
+                csums.truncate(MAX_EXTENT_BLOCKS as usize);
+                if csums.is_empty() {
+                    csums.push(0);
+                }
+                let room = input.blocks.saturating_sub(RESERVED_BLOCKS + csums.len() as u64).saturating_add(1);
+                Extent::Regular { disk_block: RESERVED_BLOCKS + disk_block % room, csums }.encode()
+            }
+        })
+    }
 }
 
 fn superblock(input: &Input) {
@@ -155,6 +277,17 @@ fn extent(input: &Input) {
 }
 
 fuzz_target!(|input: Input| {
+    let mut input = input;
+    let template = std::mem::replace(&mut input.template, Template::None);
+    if let Some(mut b) = template.encode(&input) {
+        if !b.is_empty() {
+            for &(at, mask) in &input.flips {
+                let at = usize::from(at) % b.len();
+                b[at] ^= mask;
+            }
+        }
+        input.bytes = b;
+    }
     superblock(&input);
     inode(&input);
     dir_entries(&input);

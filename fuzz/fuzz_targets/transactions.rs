@@ -34,19 +34,26 @@ use libfuzzer_sys::fuzz_target;
 const IMAGE_BYTES: u64 = 8 << 20;
 const NAMES: u8 = 8;
 const XATTR_NAMES: u8 = 4;
-const MAX_OPS: usize = 64;
+const MAX_OPS: usize = 128;
 const MAX_WRITE: u32 = 64 * 1024;
-const MAX_OFFSET: u32 = 256 * 1024;
-const MAX_SIZE: u32 = 320 * 1024;
+const MAX_OFFSET: u32 = 1024 * 1024;
+const MAX_SIZE: u32 = 1280 * 1024;
+const MAX_REPEAT: u8 = 4;
+const MAX_FILL_CHUNKS: u8 = 128;
 const MAX_XATTR_VALUE: u16 = 1000;
 const NOW: Timespec = Timespec::new(1, 0);
 
 #[derive(Arbitrary, Debug)]
 enum FuzzOp {
     Create { name: u8, dir: bool },
-    /// `len % (64 KiB + 1)` bytes at `offset % 256 KiB`, generated from `seed`.
-    Write { name: u8, offset: u32, len: u32, seed: u8 },
-    /// `size % 320 KiB`.
+    /// `len % (64 KiB + 1)` bytes at `offset % 1 MiB`, generated from `seed`; then as
+    /// many again right after, `repeat % 4` times.
+    Write { name: u8, offset: u32, len: u32, seed: u8, repeat: u8 },
+    /// `1 + chunks % 128` writes of 64 KiB one after the other from `offset % 1 MiB`: up
+    /// to 8 MiB, so that one operation can fill the image and reach the space reserve,
+    /// the commits it makes by itself, and `NoSpace`.
+    Fill { name: u8, offset: u32, seed: u8, chunks: u8 },
+    /// `size % 1.25 MiB`.
     Truncate { name: u8, size: u32 },
     /// unlink for files, rmdir for directories.
     Unlink { name: u8 },
@@ -57,17 +64,86 @@ enum FuzzOp {
     Reopen,
 }
 
+/// Writes and flushes that succeed before every later one fails, in 0..2000. Runs of
+/// this size issue a few hundred at most, so small countdowns get their own variant.
+#[derive(Arbitrary, Debug)]
+enum Countdown {
+    Soon(u8),
+    Any(u16),
+}
+
+impl Countdown {
+    fn ops(&self) -> u64 {
+        match *self {
+            Countdown::Soon(n) => u64::from(n),
+            Countdown::Any(n) => u64::from(n % 2000),
+        }
+    }
+}
+
 #[derive(Arbitrary, Debug)]
 struct Input {
-    /// Writes and flushes that succeed before every later one fails (`% 2000`).
-    countdown: u16,
+    countdown: Countdown,
     ops: Vec<FuzzOp>,
+}
+
+/// File bytes in shared 64 KiB pages, so that remembering the state before every store
+/// call copies no data (a fill of 8 MiB would otherwise copy the file at each chunk).
+/// Canonical: `ceil(len / PAGE)` pages, bytes past `len` zero, so `==` compares content.
+#[derive(Clone, Default, PartialEq, Eq)]
+struct Data {
+    len: usize,
+    pages: Vec<Arc<Vec<u8>>>,
+}
+
+const PAGE: usize = 64 * 1024;
+
+impl Data {
+    fn from_vec(v: &[u8]) -> Data {
+        let mut d = Data::default();
+        d.write(0, v);
+        d
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn resize(&mut self, len: usize) {
+        if len < self.len && len % PAGE != 0 {
+            // Zero the cut-off tail of what becomes the last page.
+            let page = Arc::make_mut(&mut self.pages[len / PAGE]);
+            page[len % PAGE..].fill(0);
+        }
+        self.pages.resize_with(len.div_ceil(PAGE), || Arc::new(vec![0u8; PAGE]));
+        self.len = len;
+    }
+
+    fn write(&mut self, offset: usize, data: &[u8]) {
+        let end = offset + data.len();
+        if end > self.len {
+            self.resize(end);
+        }
+        let mut at = offset;
+        while at < end {
+            let n = (PAGE - at % PAGE).min(end - at);
+            Arc::make_mut(&mut self.pages[at / PAGE])[at % PAGE..at % PAGE + n]
+                .copy_from_slice(&data[at - offset..at - offset + n]);
+            at += n;
+        }
+    }
+
+    fn to_vec(&self) -> Vec<u8> {
+        let mut v: Vec<u8> = self.pages.iter().flat_map(|p| p.iter().copied()).collect();
+        v.truncate(self.len);
+        v
+    }
 }
 
 #[derive(Clone, PartialEq, Eq)]
 struct Entry {
     dir: bool,
-    data: Vec<u8>,
+    data: Data,
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
@@ -93,7 +169,7 @@ fn summary(m: &BTreeMap<Vec<u8>, Entry>) -> String {
             String::from_utf8_lossy(n),
             if e.dir { "dir" } else { "file" },
             e.data.len(),
-            crc32c(&e.data),
+            crc32c(&e.data.to_vec()),
             e.xattrs.iter().map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.len())).collect::<Vec<_>>()
         ));
     }
@@ -134,7 +210,8 @@ fn dump(store: &mut Store) -> BTreeMap<Vec<u8>, Entry> {
                 let v = store.getxattr(inode.ino, &n).unwrap_or_else(|err| panic!("getxattr {e:?}: {err}"));
                 xattrs.insert(n, v);
             }
-            let dup = out.insert(e.name.clone(), Entry { dir: inode.kind == FileKind::Directory, data, xattrs });
+            let entry = Entry { dir: inode.kind == FileKind::Directory, data: Data::from_vec(&data), xattrs };
+            let dup = out.insert(e.name.clone(), entry);
             assert!(dup.is_none(), "name {:?} listed twice", e.name);
         }
     }
@@ -211,8 +288,9 @@ fn lookup(store: &mut Store, model: &Model, name: &[u8]) -> Result<Option<Inode>
     }
 }
 
-/// Runs one namespace or data operation on the store and the model.
-fn apply(store: &mut Store, model: &mut Model, op: &FuzzOp) -> Result<(), Error> {
+/// Runs one namespace or data operation on the store and the model (for a write, its
+/// `chunk`-th repetition: each is a store call of its own).
+fn apply(store: &mut Store, model: &mut Model, op: &FuzzOp, chunk: u64) -> Result<(), Error> {
     match *op {
         FuzzOp::Create { name: n, dir } => {
             let n = name(n);
@@ -220,24 +298,26 @@ fn apply(store: &mut Store, model: &mut Model, op: &FuzzOp) -> Result<(), Error>
             let want = if model.contains_key(&n) { Want::Exists } else { Want::Ok };
             let r = store.create(ROOT_INO, &n, kind, if dir { 0o755 } else { 0o644 }, 0, 0, 0, NOW);
             if judge(r, want, &format!("{op:?}"))? {
-                model.insert(n, Arc::new(Entry { dir, data: Vec::new(), xattrs: BTreeMap::new() }));
+                model.insert(n, Arc::new(Entry { dir, data: Data::default(), xattrs: BTreeMap::new() }));
             }
         }
-        FuzzOp::Write { name: n, offset, len, seed } => {
+        FuzzOp::Write { name: n, offset, len, seed, .. } => {
             let n = name(n);
             let Some(inode) = lookup(store, model, &n)? else { return Ok(()) };
-            let offset = u64::from(offset % MAX_OFFSET);
             let data = bytes(seed, (len % (MAX_WRITE + 1)) as usize);
             let dir = model[&n].dir;
+            let offset = u64::from(offset % MAX_OFFSET) + chunk * data.len() as u64;
             let r = store.write(inode.ino, offset, &data, NOW);
-            if judge(r, if dir { Want::IsDir } else { Want::Ok }, &format!("{op:?}"))? && !data.is_empty() {
-                let e = Arc::make_mut(model.get_mut(&n).expect("in the model"));
-                let end = offset as usize + data.len();
-                if e.data.len() < end {
-                    e.data.resize(end, 0);
-                }
-                e.data[offset as usize..end].copy_from_slice(&data);
+            if judge(r, if dir { Want::IsDir } else { Want::Ok }, &format!("{op:?} (chunk {chunk})"))?
+                && !data.is_empty()
+            {
+                Arc::make_mut(model.get_mut(&n).expect("in the model")).data.write(offset as usize, &data);
             }
+        }
+        FuzzOp::Fill { name: n, offset, seed, chunks } => {
+            let write = FuzzOp::Write { name: n, offset, len: MAX_WRITE, seed, repeat: 0 };
+            debug_assert!(chunk <= u64::from(chunks % MAX_FILL_CHUNKS));
+            return apply(store, model, &write, chunk);
         }
         FuzzOp::Truncate { name: n, size } => {
             let n = name(n);
@@ -246,7 +326,7 @@ fn apply(store: &mut Store, model: &mut Model, op: &FuzzOp) -> Result<(), Error>
             let dir = model[&n].dir;
             let r = store.setattr(inode.ino, &SetAttr { size: Some(size), ..Default::default() }, NOW);
             if judge(r, if dir { Want::IsDir } else { Want::Ok }, &format!("{op:?}"))? {
-                Arc::make_mut(model.get_mut(&n).expect("in the model")).data.resize(size as usize, 0);
+                Arc::make_mut(model.get_mut(&n).expect("in the model")).data.resize(size as usize);
             }
         }
         FuzzOp::Unlink { name: n } => {
@@ -317,14 +397,24 @@ fn fsck_clean(disk: &MemDisk, context: &str) {
 
 fuzz_target!(|input: Input| {
     let mem = MemDisk::from_bytes(base_image());
-    let failing = FailingDisk::new(mem.clone(), u64::from(input.countdown % 2000));
+    let failing = FailingDisk::new(mem.clone(), input.countdown.ops());
     let mut store = open(Box::new(failing.clone()), "initial open");
     let mut model = Model::new();
     let mut committed = Model::new();
     // The state a call that failed with an I/O error may have committed.
     let mut in_flight: Option<Model> = None;
 
-    for op in input.ops.iter().take(MAX_OPS) {
+    // One step per store call: a write's repetitions are separate steps, so that a
+    // commit the space reserve makes between them is attributed to the right state.
+    let steps = input.ops.iter().take(MAX_OPS).flat_map(|op| {
+        let chunks = match op {
+            FuzzOp::Write { repeat, .. } => u64::from(repeat % MAX_REPEAT),
+            FuzzOp::Fill { chunks, .. } => u64::from(chunks % MAX_FILL_CHUNKS),
+            _ => 0,
+        };
+        (0..=chunks).map(move |chunk| (op, chunk))
+    });
+    for (op, chunk) in steps {
         let before = model.clone();
         let generation = store.generation();
         let r = match op {
@@ -339,7 +429,7 @@ fuzz_target!(|input: Input| {
                 assert_matches(&mut store, &model, "after reopen");
                 Ok(())
             }
-            op => apply(&mut store, &mut model, op),
+            op => apply(&mut store, &mut model, op, chunk),
         };
         match op {
             // A successful commit makes the live state durable.
@@ -397,7 +487,7 @@ fuzz_target!(|input: Input| {
     fsck_clean(&mem, "after writing to the recovered image");
     let mut store = open(Box::new(mem.clone()), "reopen of the recovered image");
     let mut want = got;
-    want.insert(b"recovered".to_vec(), Entry { dir: false, data, xattrs: BTreeMap::new() });
+    want.insert(b"recovered".to_vec(), Entry { dir: false, data: Data::from_vec(&data), xattrs: BTreeMap::new() });
     let again = dump(&mut store);
     assert!(again == want, "recovered image after a write\n got:{}\n want:{}", summary(&again), summary(&want));
 });

@@ -75,8 +75,7 @@ enum Command {
 }
 
 fn mount(addr: &str, mountpoint: &Path, options: Option<&str>, foreground: bool, timeout: u64) -> Result<()> {
-    let opts: Vec<String> =
-        options.unwrap_or("").split(',').filter(|o| !o.is_empty()).map(str::to_string).collect();
+    let opts: Vec<String> = options.unwrap_or("").split(',').filter(|o| !o.is_empty()).map(str::to_string).collect();
     if opts.iter().any(|o| o == "remount") {
         // Options of a live FUSE mount are the kernel's business; accept the request.
         eprintln!("crest: {} remounted", mountpoint.display());
@@ -103,11 +102,14 @@ fn mount(addr: &str, mountpoint: &Path, options: Option<&str>, foreground: bool,
             _ => mopts.extra.push(o),
         }
     }
-    crest_fuse::mount_blocking(client, mountpoint, &mopts).with_context(|| format!("mounting on {}", mountpoint.display()))
+    crest_fuse::mount_blocking(client, mountpoint, &mopts)
+        .with_context(|| format!("mounting on {}", mountpoint.display()))
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "client".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "client".into())
 }
 
 fn is_mounted(mountpoint: &Path) -> bool {
@@ -141,7 +143,12 @@ fn mount_in_background(addr: &str, mountpoint: &Path, options: Option<&str>, tim
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         if is_mounted(&canon) {
-            println!("crest: {addr} mounted on {} (log: {}); unmount with: crest umount {}", canon.display(), log.display(), canon.display());
+            println!(
+                "crest: {addr} mounted on {} (log: {}); unmount with: crest umount {}",
+                canon.display(),
+                log.display(),
+                canon.display()
+            );
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
@@ -170,7 +177,8 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
 
 fn serve(image: &Path, listen: &str, commit_interval_ms: u64) -> Result<()> {
     let disk = FileDisk::open(image).with_context(|| format!("opening {}", image.display()))?;
-    let mut store = Store::open(Box::new(disk)).with_context(|| format!("opening the file system on {}", image.display()))?;
+    let mut store =
+        Store::open(Box::new(disk)).with_context(|| format!("opening the file system on {}", image.display()))?;
     store.set_policy(crest_store::CommitPolicy { interval_ms: commit_interval_ms, ..Default::default() });
     for n in store.open_notes() {
         tracing::warn!("{n}");
@@ -181,9 +189,11 @@ fn serve(image: &Path, listen: &str, commit_interval_ms: u64) -> Result<()> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async {
-        let serving = crest_net::server::start(store, listen).await.with_context(|| format!("listening on {listen}"))?;
+        let serving =
+            crest_net::server::start(store, listen).await.with_context(|| format!("listening on {listen}"))?;
         eprintln!("crest: serving {} on {}", image.display(), serving.local_addr);
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -354,7 +364,9 @@ fn main() -> ExitCode {
             mount(&addr, &mountpoint, options.as_deref(), foreground, timeout).map(|()| true)
         }
         Command::Umount { mountpoint } => umount(&mountpoint).map(|()| true),
-        Command::Serve { image, listen, commit_interval_ms } => serve(&image, &listen, commit_interval_ms).map(|()| true),
+        Command::Serve { image, listen, commit_interval_ms } => {
+            serve(&image, &listen, commit_interval_ms).map(|()| true)
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -39,6 +39,9 @@ pub const MAX_IO_BYTES: u32 = p::MAX_IO_BYTES;
 pub const MAX_READAHEAD_BYTES: u32 = 1 << 20;
 /// Most directory streams kept at once (one per open directory handle).
 pub const MAX_DIR_STREAMS: usize = 4096;
+/// Flags of every opened file. NOFLUSH: `close` needs no FLUSH round trip, since writes are
+/// on the server when acknowledged and the kernel drops its local locks itself.
+const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
 
 type Results = Vec<Result<Reply, p::OpError>>;
 
@@ -181,13 +184,27 @@ impl CrestFs {
         }
     }
 
-    fn create_node(&self, req: &Request, parent: INodeNo, name: &OsStr, kind: p::FileType, mode: u32, rdev: u64) -> Result<p::Attr, Error> {
+    fn create_node(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        kind: p::FileType,
+        mode: u32,
+        rdev: u64,
+    ) -> Result<p::Attr, Error> {
         let op = Op::Create { parent: parent.0, name: name_of(name), kind, mode, rdev, cred: cred(req) };
         self.one("create", op).and_then(|r| want_attr("create", r))
     }
 
     /// Runs one readdir/readdirplus call on the stream of handle `fh`.
-    fn readdir_into(&self, ino: u64, fh: u64, offset: u64, add: impl FnMut(Entry<'_>, u64) -> bool) -> Result<(), Error> {
+    fn readdir_into(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        add: impl FnMut(Entry<'_>, u64) -> bool,
+    ) -> Result<(), Error> {
         let mut add = add;
         // The stream leaves the table while in use: no lock across the server call (the
         // kernel never runs two readdirs on one handle at once).
@@ -311,7 +328,8 @@ impl Filesystem for CrestFs {
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         let Some(kind) = convert::kind_from_mode(mode) else {
-            let e = Error::Invalid { op: "mknod", why: format!("mode {mode:#o} is not a file, device, fifo or socket") };
+            let e =
+                Error::Invalid { op: "mknod", why: format!("mode {mode:#o} is not a file, device, fifo or socket") };
             return reply.error(self.fail(&e));
         };
         let r = self.create_node(req, parent, name, kind, convert::create_mode(mode, umask), u64::from(rdev));
@@ -334,8 +352,12 @@ impl Filesystem for CrestFs {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        let op =
-            Op::Symlink { parent: parent.0, name: name_of(link_name), target: name_of(target.as_os_str()), cred: cred(req) };
+        let op = Op::Symlink {
+            parent: parent.0,
+            name: name_of(link_name),
+            target: name_of(target.as_os_str()),
+            cred: cred(req),
+        };
         let r = self.one("symlink", op).and_then(|r| want_attr("symlink", r));
         self.reply_entry(reply, parent.0, r);
     }
@@ -394,7 +416,8 @@ impl Filesystem for CrestFs {
         match self.one("open", Op::Open { ino: ino.0 }).and_then(|r| want_attr("open", r)) {
             Ok(a) => {
                 let keep = lock(&self.inodes).keep_cache_on_open(&a);
-                reply.opened(self.fh(), if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() });
+                let flags = if keep { FILE_OPEN_FLAGS | FopenFlags::FOPEN_KEEP_CACHE } else { FILE_OPEN_FLAGS };
+                reply.opened(self.fh(), flags);
             }
             Err(e) => reply.error(self.fail(&e)),
         }
@@ -445,6 +468,7 @@ impl Filesystem for CrestFs {
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         // Writes are already on the server when they are acknowledged: nothing to push.
+        // (Rare with FOPEN_NOFLUSH: kernels older than ABI 7.35 still send it.)
         reply.ok();
     }
 
@@ -552,7 +576,8 @@ impl Filesystem for CrestFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let op = Op::SetXattr { ino: ino.0, name: name_of(name), value: value.to_vec(), flags: convert::xattr_flags(flags) };
+        let op =
+            Op::SetXattr { ino: ino.0, name: name_of(name), value: value.to_vec(), flags: convert::xattr_flags(flags) };
         let r = self.one("setxattr", op);
         self.reply_empty(reply, r.and_then(|r| want_done("setxattr", r)));
     }
@@ -580,11 +605,21 @@ impl Filesystem for CrestFs {
         reply.ok();
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
         // Two calls: Open names its inode, which exists only once Create has answered. The
         // kernel holds the directory locked in between, so nothing can unlink the new name.
-        let created =
-            self.create_node(req, parent, name, p::FileType::Regular, convert::create_mode(mode, umask), 0).and_then(|a| {
+        let created = self
+            .create_node(req, parent, name, p::FileType::Regular, convert::create_mode(mode, umask), 0)
+            .and_then(|a| {
                 let opened = self.one("create", Op::Open { ino: a.ino }).and_then(|r| want_attr("create", r))?;
                 Ok((a, opened))
             });
@@ -595,7 +630,7 @@ impl Filesystem for CrestFs {
                 t.keep_cache_on_open(&opened);
                 drop(t);
                 let attr = convert::file_attr(&opened);
-                reply.created(&self.ttl, &attr, Generation(opened.generation), self.fh(), FopenFlags::empty());
+                reply.created(&self.ttl, &attr, Generation(opened.generation), self.fh(), FILE_OPEN_FLAGS);
             }
             Err(e) => reply.error(self.fail(&e)),
         }
@@ -629,7 +664,16 @@ impl Filesystem for CrestFs {
         reply.error(Errno::ENOSYS);
     }
 
-    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         let op = Op::Fallocate { ino: ino.0, offset, len: length, flags: convert::fallocate_flags(mode) };
         let r = self.one("fallocate", op).and_then(|r| want_attr("fallocate", r));
         if let Ok(a) = &r {

@@ -8,6 +8,8 @@
 //!
 //! Mounting: [`mount_blocking`] serves until the file system is unmounted;
 //! [`spawn_mount`] serves from background threads and unmounts when its guard is dropped.
+//! As root (with fusermount3 installed) mounts use `auto_unmount`: a killed client leaves
+//! no dead mount behind; `-o noauto_unmount` turns that off.
 
 mod convert;
 mod dir;
@@ -26,36 +28,46 @@ pub use options::{MountOptions, DEFAULT_ATTR_TTL, DEFAULT_THREADS};
 /// Buffered readahead asked of the kernel's bdi for the mount (its default is 128 KiB).
 pub const READ_AHEAD_KB: u32 = 1024;
 
-fn session(client: crest_net::Client, mountpoint: &Path, opts: &MountOptions) -> io::Result<fuser::Session<CrestFs>> {
+fn session(
+    client: crest_net::Client,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> io::Result<(fuser::Session<CrestFs>, bool)> {
     // Resolved before mounting: once mounted, touching the mount point needs the session
     // running.
     let mountpoint = mountpoint.canonicalize()?;
-    let config = options::fuser_config(opts);
+    let config = options::fuser_config(opts, options::auto_unmount_by_default());
+    let via_fusermount = config.mount_options.contains(&fuser::MountOption::AutoUnmount);
     tracing::debug!(?config, "mounting {}", mountpoint.display());
     let session = fuser::Session::new(CrestFs::new(client, opts.attr_ttl), &mountpoint, &config)?;
     raise_readahead(&mountpoint);
-    Ok(session)
+    Ok((session, via_fusermount))
 }
 
 /// Mounts the server behind `client` on `mountpoint` and serves it until it is unmounted
-/// (`umount`, `fusermount3 -u`).
+/// (`umount`, `fusermount3 -u`). With `auto_unmount` (the default for root), the mount
+/// also goes away when this process dies.
 pub fn mount_blocking(client: crest_net::Client, mountpoint: &Path, opts: &MountOptions) -> io::Result<()> {
-    session(client, mountpoint, opts)?.run()
+    session(client, mountpoint, opts)?.0.run()
 }
 
 /// Mounts and serves from background threads. The file system stays mounted until the
-/// guard is dropped or [`MountGuard::unmount`] is called.
+/// guard is dropped (lazy unmount) or [`MountGuard::unmount`] is called.
 pub fn spawn_mount(client: crest_net::Client, mountpoint: &Path, opts: &MountOptions) -> io::Result<MountGuard> {
-    let mountpoint_buf = mountpoint.canonicalize()?;
-    let session = session(client, &mountpoint_buf, opts)?.spawn()?;
-    Ok(MountGuard { session: Some(session), mountpoint: mountpoint_buf })
+    let mountpoint = mountpoint.canonicalize()?;
+    let (session, via_fusermount) = session(client, &mountpoint, opts)?;
+    Ok(MountGuard { session: Some(session.spawn()?), mountpoint, via_fusermount })
 }
 
-/// A mount served in the background; dropping it unmounts.
+/// A mount served in the background; dropping it unmounts (lazily if busy).
 #[derive(Debug)]
 pub struct MountGuard {
     session: Option<fuser::BackgroundSession>,
     mountpoint: PathBuf,
+    /// Mounted by fusermount3 for auto_unmount. fusermount3 unmounts only once this
+    /// process is dead (it checks for ENOTCONN), and fuser's unmount of such a mount merely
+    /// closes the socket to it, so a live process must unmount with `fusermount3 -u`.
+    via_fusermount: bool,
 }
 
 impl MountGuard {
@@ -77,10 +89,22 @@ impl MountGuard {
         }
     }
 
-    /// Unmounts (fails with EBUSY while the file system is in use) and waits for the
-    /// handler threads to finish.
-    pub fn unmount(mut self) -> io::Result<()> {
+    /// Unmounts and waits for the handler threads to finish. While the file system is in
+    /// use this fails with `ResourceBusy` and everything stays as it was (mounted, served,
+    /// guard still valid).
+    pub fn unmount(&mut self) -> io::Result<()> {
+        if self.session.is_none() {
+            return Ok(());
+        }
+        // fusermount3 -u where possible: on EBUSY it leaves everything in place, while
+        // fuser's own unmount consumes the session even when it fails.
+        let by_fusermount = !self.is_finished() && (self.via_fusermount || options::fusermount3_installed());
+        if by_fusermount {
+            fusermount_unmount(&self.mountpoint, false)?;
+        }
         match self.session.take() {
+            // Unmounted: the handler threads see ENODEV and end.
+            Some(s) if by_fusermount => s.join(),
             Some(s) => s.umount_and_join(),
             None => Ok(()),
         }
@@ -89,9 +113,30 @@ impl MountGuard {
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
-        // Dropping the session unmounts.
+        if self.session.is_some() && self.via_fusermount && !self.is_finished() {
+            if let Err(e) = fusermount_unmount(&self.mountpoint, true) {
+                tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
+            }
+        }
+        // Dropping the session unmounts what fuser mounted itself.
         drop(self.session.take());
     }
+}
+
+/// `fusermount3 -u` (`-z`: lazily, detaching a busy mount at once).
+fn fusermount_unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
+    let mut cmd = std::process::Command::new("fusermount3");
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd.arg("--").arg(mountpoint).output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let kind = if msg.contains("busy") { io::ErrorKind::ResourceBusy } else { io::ErrorKind::Other };
+    Err(io::Error::new(kind, if msg.is_empty() { format!("fusermount3 -u failed: {}", out.status) } else { msg }))
 }
 
 /// Raises the mount's readahead so buffered sequential reads go out in large requests.
@@ -112,15 +157,12 @@ fn raise_readahead(mountpoint: &Path) {
 /// The `major:minor` of the last (topmost) mount on `mountpoint` in a mountinfo listing.
 fn mountinfo_device(mountinfo: &str, mountpoint: &str) -> Option<String> {
     let escaped = mountpoint.replace('\\', "\\134").replace(' ', "\\040").replace('\t', "\\011").replace('\n', "\\012");
-    mountinfo
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split(' ');
-            let dev = f.nth(2)?;
-            let _root = f.next()?;
-            (f.next()? == escaped).then(|| dev.to_string())
-        })
-        .last()
+    mountinfo.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let dev = f.nth(2)?;
+        let _root = f.next()?;
+        (f.next()? == escaped).then(|| dev.to_string())
+    })
 }
 
 #[cfg(test)]

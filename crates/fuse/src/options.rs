@@ -25,7 +25,7 @@ pub struct MountOptions {
     pub threads: usize,
     /// How long the kernel caches attributes and entries (positive and negative).
     pub attr_ttl: Duration,
-    /// `-o` options passed through (`ro`, `noexec`, `auto_unmount`…); unknown ones are
+    /// `-o` options passed through (`ro`, `noexec`, `noauto_unmount`…); unknown ones are
     /// ignored with a warning.
     pub extra: Vec<String>,
 }
@@ -44,6 +44,19 @@ impl Default for MountOptions {
     }
 }
 
+/// Whether a mount unmounts itself when its process dies (`auto_unmount`) unless `-o`
+/// says otherwise: yes for root when fusermount3 is installed (it does the mount and stays
+/// behind to unmount). Not for other users: fusermount3 then demands allow_other, which
+/// needs user_allow_other in /etc/fuse.conf.
+pub fn auto_unmount_by_default() -> bool {
+    is_root() && fusermount3_installed()
+}
+
+/// Whether `fusermount3` is on the PATH.
+pub fn fusermount3_installed() -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join("fusermount3").is_file()))
+}
+
 fn is_root() -> bool {
     // Without unsafe: the effective uid is the owner of /proc/self.
     use std::os::unix::fs::MetadataExt;
@@ -51,14 +64,16 @@ fn is_root() -> bool {
 }
 
 /// What `mount(8)` and fstab put in `-o` that is not for the file system itself.
-const MOUNT_ONLY: &[&str] =
-    &["defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev", "nofail", "remount", "relatime"];
+const MOUNT_ONLY: &[&str] = &[
+    "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev", "nofail", "remount",
+    "relatime",
+];
 
-/// The fuser configuration for `opts`.
-pub fn fuser_config(opts: &MountOptions) -> Config {
+/// The fuser configuration for `opts`; `auto_unmount` is the default `-o` can override.
+pub fn fuser_config(opts: &MountOptions, auto_unmount: bool) -> Config {
     let mut read_only = opts.read_only;
     let mut acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
-    let mut auto_unmount = false;
+    let mut auto_unmount = auto_unmount;
     let mut flags: Vec<MountOption> = Vec::new();
     for o in opts.extra.iter().flat_map(|e| e.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let flag = match o {
@@ -82,6 +97,10 @@ pub fn fuser_config(opts: &MountOptions) -> Config {
             }
             "auto_unmount" => {
                 auto_unmount = true;
+                continue;
+            }
+            "noauto_unmount" => {
+                auto_unmount = false;
                 continue;
             }
             "default_permissions" => continue, // always on
@@ -116,7 +135,8 @@ pub fn fuser_config(opts: &MountOptions) -> Config {
     }
     let mut mount_options = vec![MountOption::FSName(opts.fsname.clone()), MountOption::DefaultPermissions];
     if auto_unmount {
-        // fusermount3 does the mount and takes the subtype itself.
+        // fusermount3 does the mount (and the unmount when this process dies); it takes
+        // the subtype itself.
         mount_options.push(MountOption::Subtype("crest".into()));
         mount_options.push(MountOption::AutoUnmount);
         if acl == SessionACL::Owner {
@@ -169,7 +189,7 @@ mod tests {
 
     #[test]
     fn defaults() {
-        let c = fuser_config(&opts(&[]));
+        let c = fuser_config(&opts(&[]), false);
         assert_eq!(
             c.mount_options,
             vec![
@@ -186,13 +206,14 @@ mod tests {
 
     #[test]
     fn extra_options() {
-        let c = fuser_config(&opts(&["ro,noexec", "exec", "defaults", "_netdev", "x-systemd.automount", "bogus=1"]));
+        let c =
+            fuser_config(&opts(&["ro,noexec", "exec", "defaults", "_netdev", "x-systemd.automount", "bogus=1"]), false);
         assert!(c.mount_options.contains(&MountOption::RO));
         assert!(!c.mount_options.contains(&MountOption::RW));
         assert!(c.mount_options.contains(&MountOption::Exec));
         assert!(!c.mount_options.contains(&MountOption::NoExec));
         assert_eq!(c.mount_options.len(), 5);
-        let c = fuser_config(&opts(&["allow_other", "nosuid,suid,nosuid"]));
+        let c = fuser_config(&opts(&["allow_other", "nosuid,suid,nosuid"]), false);
         assert_eq!(c.acl, SessionACL::All);
         assert_eq!(c.mount_options.iter().filter(|o| matches!(o, MountOption::NoSuid | MountOption::Suid)).count(), 1);
         assert!(c.mount_options.contains(&MountOption::NoSuid));
@@ -200,20 +221,24 @@ mod tests {
 
     #[test]
     fn read_only_and_allow_other_fields() {
-        let c = fuser_config(&MountOptions { read_only: true, allow_other: true, threads: 0, ..opts(&[]) });
+        let c = fuser_config(&MountOptions { read_only: true, allow_other: true, threads: 0, ..opts(&[]) }, false);
         assert!(c.mount_options.contains(&MountOption::RO));
         assert_eq!(c.acl, SessionACL::All);
         assert_eq!(c.n_threads, Some(1));
-        let c = fuser_config(&MountOptions { read_only: true, ..opts(&["rw"]) });
+        let c = fuser_config(&MountOptions { read_only: true, ..opts(&["rw"]) }, false);
         assert!(c.mount_options.contains(&MountOption::RW));
     }
 
     #[test]
     fn auto_unmount_goes_through_fusermount() {
-        let c = fuser_config(&opts(&["auto_unmount"]));
-        assert!(c.mount_options.contains(&MountOption::AutoUnmount));
-        assert!(c.mount_options.contains(&MountOption::Subtype("crest".into())));
-        assert!(!c.mount_options.contains(&MountOption::CUSTOM("subtype=crest".into())));
-        assert_ne!(c.acl, SessionACL::Owner);
+        for c in [fuser_config(&opts(&["auto_unmount"]), false), fuser_config(&opts(&[]), true)] {
+            assert!(c.mount_options.contains(&MountOption::AutoUnmount));
+            assert!(c.mount_options.contains(&MountOption::Subtype("crest".into())));
+            assert!(!c.mount_options.contains(&MountOption::CUSTOM("subtype=crest".into())));
+            assert_ne!(c.acl, SessionACL::Owner);
+        }
+        let c = fuser_config(&opts(&["noauto_unmount"]), true);
+        assert!(!c.mount_options.contains(&MountOption::AutoUnmount));
+        assert!(c.mount_options.contains(&MountOption::CUSTOM("subtype=crest".into())));
     }
 }

@@ -130,7 +130,8 @@ fn garbage_and_wrong_versions_are_refused_and_others_carry_on() {
     // A client that vanishes mid-request.
     let mut s = std::net::TcpStream::connect(&addr).expect("connect");
     let mut frame = Vec::new();
-    let hello = p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "gone".into(), resume: None };
+    let hello =
+        p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "gone".into(), resume: None };
     p::encode_frame(&p::ClientMessage::Hello(hello), &mut frame).expect("encode");
     let mut req = Vec::new();
     p::encode_frame(&p::ClientMessage::Request(p::Request { id: 1, ops: vec![create("half")] }), &mut req)

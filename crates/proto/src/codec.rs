@@ -55,8 +55,8 @@ pub fn encode_frame<T: Serialize>(msg: &T, out: &mut Vec<u8>) -> Result<(), Prot
 
 /// Decodes a frame body.
 pub fn decode_frame<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
-    let (msg, rest) =
-        postcard::take_from_bytes(body).map_err(|e| ProtoError::Malformed { len: body.len(), detail: e.to_string() })?;
+    let (msg, rest) = postcard::take_from_bytes(body)
+        .map_err(|e| ProtoError::Malformed { len: body.len(), detail: e.to_string() })?;
     if !rest.is_empty() {
         return Err(ProtoError::Malformed { len: body.len(), detail: format!("{} trailing bytes", rest.len()) });
     }

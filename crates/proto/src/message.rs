@@ -162,31 +162,105 @@ pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub enum Op {
-    Lookup { parent: u64, name: Vec<u8> },
-    GetAttr { ino: u64 },
-    SetAttr { ino: u64, set: SetAttr },
-    ReadDir { ino: u64, from_index: u64, limit: u32 },
+    Lookup {
+        parent: u64,
+        name: Vec<u8>,
+    },
+    GetAttr {
+        ino: u64,
+    },
+    SetAttr {
+        ino: u64,
+        set: SetAttr,
+    },
+    ReadDir {
+        ino: u64,
+        from_index: u64,
+        limit: u32,
+    },
     /// Regular files, directories, devices, fifos, sockets.
-    Create { parent: u64, name: Vec<u8>, kind: FileType, mode: u32, rdev: u64, cred: Cred },
-    Symlink { parent: u64, name: Vec<u8>, target: Vec<u8>, cred: Cred },
-    Link { ino: u64, parent: u64, name: Vec<u8> },
-    Unlink { parent: u64, name: Vec<u8> },
-    Rmdir { parent: u64, name: Vec<u8> },
-    Rename { parent: u64, name: Vec<u8>, new_parent: u64, new_name: Vec<u8>, flags: u32 },
-    ReadLink { ino: u64 },
+    Create {
+        parent: u64,
+        name: Vec<u8>,
+        kind: FileType,
+        mode: u32,
+        rdev: u64,
+        cred: Cred,
+    },
+    Symlink {
+        parent: u64,
+        name: Vec<u8>,
+        target: Vec<u8>,
+        cred: Cred,
+    },
+    Link {
+        ino: u64,
+        parent: u64,
+        name: Vec<u8>,
+    },
+    Unlink {
+        parent: u64,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        parent: u64,
+        name: Vec<u8>,
+    },
+    Rename {
+        parent: u64,
+        name: Vec<u8>,
+        new_parent: u64,
+        new_name: Vec<u8>,
+        flags: u32,
+    },
+    ReadLink {
+        ino: u64,
+    },
     /// Keeps an unlinked inode alive until the matching `Release`.
-    Open { ino: u64 },
-    Release { ino: u64 },
-    Read { ino: u64, offset: u64, len: u32 },
-    Write { ino: u64, offset: u64, data: Vec<u8> },
-    Fallocate { ino: u64, offset: u64, len: u64, flags: u32 },
+    Open {
+        ino: u64,
+    },
+    Release {
+        ino: u64,
+    },
+    Read {
+        ino: u64,
+        offset: u64,
+        len: u32,
+    },
+    Write {
+        ino: u64,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Fallocate {
+        ino: u64,
+        offset: u64,
+        len: u64,
+        flags: u32,
+    },
     /// Makes everything durable (crest commits the whole file system).
-    Fsync { ino: u64 },
+    Fsync {
+        ino: u64,
+    },
     StatFs,
-    SetXattr { ino: u64, name: Vec<u8>, value: Vec<u8>, flags: u32 },
-    GetXattr { ino: u64, name: Vec<u8> },
-    ListXattr { ino: u64 },
-    RemoveXattr { ino: u64, name: Vec<u8> },
+    SetXattr {
+        ino: u64,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        flags: u32,
+    },
+    GetXattr {
+        ino: u64,
+        name: Vec<u8>,
+    },
+    ListXattr {
+        ino: u64,
+    },
+    RemoveXattr {
+        ino: u64,
+        name: Vec<u8>,
+    },
 }
 
 impl Op {
@@ -213,9 +287,15 @@ pub enum Reply {
     /// Attributes (getattr, setattr, write, link, fallocate).
     Attr(Attr),
     /// A name's inode plus other entries of the same directory leaf, to prime caches.
-    Entry { attr: Attr, neighbours: Vec<DirItem> },
+    Entry {
+        attr: Attr,
+        neighbours: Vec<DirItem>,
+    },
     /// A page of a directory listing; `end` when nothing follows.
-    Dir { items: Vec<DirItem>, end: bool },
+    Dir {
+        items: Vec<DirItem>,
+        end: bool,
+    },
     /// File bytes or an xattr value.
     Data(Vec<u8>),
     /// Xattr names.

@@ -249,7 +249,9 @@ impl Server {
                 }
                 Ok(self.store.release_handle(ino).map(|()| Reply::Done)?)
             }
-            Op::Read { ino, offset, len } => Ok(st.read(ino, offset, u64::from(len.min(p::MAX_IO_BYTES))).map(Reply::Data)?),
+            Op::Read { ino, offset, len } => {
+                Ok(st.read(ino, offset, u64::from(len.min(p::MAX_IO_BYTES))).map(Reply::Data)?)
+            }
             Op::Write { ino, offset, data } => {
                 if data.len() > p::MAX_IO_BYTES as usize {
                     return Err(Failure::Wire(errno(27, "write larger than the protocol allows")));
@@ -390,7 +392,8 @@ mod tests {
             rdev: 0,
             cred: p::Cred { uid, gid },
         };
-        let r = srv.handle_request(sid, p::Request { id: 1, ops: vec![mk("d", p::FileType::Directory, 1, 0, 50)] }, NOW);
+        let r =
+            srv.handle_request(sid, p::Request { id: 1, ops: vec![mk("d", p::FileType::Directory, 1, 0, 50)] }, NOW);
         let Ok(Reply::Entry { attr: d, .. }) = &r.results[0] else { panic!("{r:?}") };
         let set = p::SetAttr { mode: Some(0o2775), ..Default::default() };
         srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::SetAttr { ino: d.ino, set }] }, NOW);

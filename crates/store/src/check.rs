@@ -192,7 +192,11 @@ impl Checker<'_> {
     fn refcounts(&mut self, items: &[(Key, Vec<u8>)]) -> BTreeMap<u64, (u64, u32)> {
         let mut out = BTreeMap::new();
         for (k, v) in items {
-            if k.kind != kind::EXTENT_REF || v.len() != 4 || k.offset == 0 || k.offset > crate::limits::MAX_EXTENT_BLOCKS {
+            if k.kind != kind::EXTENT_REF
+                || v.len() != 4
+                || k.offset == 0
+                || k.offset > crate::limits::MAX_EXTENT_BLOCKS
+            {
                 self.problem(format!("refcount tree: bad item {k:?}"));
                 continue;
             }

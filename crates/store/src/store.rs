@@ -241,7 +241,10 @@ impl Store {
                     notes.extend(std::mem::take(&mut store.open_notes));
                     if let Some(older) = candidates.get(i + 1) {
                         if let Err(e) = store.hold_older_generation(older) {
-                            notes.push(format!("older generation {} not fully readable ({e}); it is no fallback", older.generation));
+                            notes.push(format!(
+                                "older generation {} not fully readable ({e}); it is no fallback",
+                                older.generation
+                            ));
                         }
                     }
                     store.open_notes = notes;
