@@ -21,5 +21,7 @@ fn main() -> std::io::Result<()> {
     }
     let client = crest_net::Client::connect(&addr, crest_net::ClientOptions::default())
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    crest_fuse::mount_blocking(client, &PathBuf::from(mnt), &opts)
+    let r = crest_fuse::mount_blocking(client, &PathBuf::from(mnt), &opts);
+    tracing::info!("mount_blocking returned {r:?}");
+    r
 }

@@ -22,9 +22,10 @@ use crest_net::Client;
 use crest_proto::{self as p, Op, Reply};
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags, PollNotifier,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, PollEvents, PollFlags,
+    PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 
 use crate::convert::{self, XattrAnswer};
@@ -39,9 +40,11 @@ pub const MAX_IO_BYTES: u32 = p::MAX_IO_BYTES;
 pub const MAX_READAHEAD_BYTES: u32 = 1 << 20;
 /// Most directory streams kept at once (one per open directory handle).
 pub const MAX_DIR_STREAMS: usize = 4096;
-/// Flags of every opened file. NOFLUSH: `close` needs no FLUSH round trip, since writes are
-/// on the server when acknowledged and the kernel drops its local locks itself.
-const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+/// Flags for files opened read-only. NOFLUSH spares `close` a FLUSH round trip: such a
+/// descriptor cannot dirty pages (no writable shared mapping) and the kernel drops local
+/// locks itself. Writable opens keep FLUSH, so `close` still pushes pages dirtied through
+/// mmap to the server (and reports their errors) before another client looks.
+const READ_ONLY_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
 
 type Results = Vec<Result<Reply, p::OpError>>;
 
@@ -203,9 +206,8 @@ impl CrestFs {
         ino: u64,
         fh: u64,
         offset: u64,
-        add: impl FnMut(Entry<'_>, u64) -> bool,
+        mut add: impl FnMut(Entry<'_>, u64) -> bool,
     ) -> Result<(), Error> {
-        let mut add = add;
         // The stream leaves the table while in use: no lock across the server call (the
         // kernel never runs two readdirs on one handle at once).
         let mut stream = lock(&self.dirs).remove(&fh).unwrap_or_default();
@@ -410,14 +412,20 @@ impl Filesystem for CrestFs {
         self.reply_entry(reply, newparent.0, r);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         // O_TRUNC never arrives here (no ATOMIC_O_TRUNC: the kernel truncates by setattr);
         // O_DIRECT needs nothing: the kernel sends such I/O straight through.
         match self.one("open", Op::Open { ino: ino.0 }).and_then(|r| want_attr("open", r)) {
             Ok(a) => {
                 let keep = lock(&self.inodes).keep_cache_on_open(&a);
-                let flags = if keep { FILE_OPEN_FLAGS | FopenFlags::FOPEN_KEEP_CACHE } else { FILE_OPEN_FLAGS };
-                reply.opened(self.fh(), flags);
+                let mut f = FopenFlags::empty();
+                if keep {
+                    f |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                if flags.acc_mode() == OpenAccMode::O_RDONLY {
+                    f |= READ_ONLY_OPEN_FLAGS;
+                }
+                reply.opened(self.fh(), f);
             }
             Err(e) => reply.error(self.fail(&e)),
         }
@@ -468,7 +476,8 @@ impl Filesystem for CrestFs {
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         // Writes are already on the server when they are acknowledged: nothing to push.
-        // (Rare with FOPEN_NOFLUSH: kernels older than ABI 7.35 still send it.)
+        // Pages dirtied through a shared mapping were written back by the kernel before it
+        // sent this (files opened read-only skip it: FOPEN_NOFLUSH).
         reply.ok();
     }
 
@@ -630,7 +639,7 @@ impl Filesystem for CrestFs {
                 t.keep_cache_on_open(&opened);
                 drop(t);
                 let attr = convert::file_attr(&opened);
-                reply.created(&self.ttl, &attr, Generation(opened.generation), self.fh(), FILE_OPEN_FLAGS);
+                reply.created(&self.ttl, &attr, Generation(opened.generation), self.fh(), FopenFlags::empty());
             }
             Err(e) => reply.error(self.fail(&e)),
         }

@@ -91,7 +91,8 @@ impl MountGuard {
 
     /// Unmounts and waits for the handler threads to finish. While the file system is in
     /// use this fails with `ResourceBusy` and everything stays as it was (mounted, served,
-    /// guard still valid).
+    /// guard still valid), given fusermount3 is installed (without it, fuser unmounts and
+    /// on failure leaves the mount served by detached threads).
     pub fn unmount(&mut self) -> io::Result<()> {
         if self.session.is_none() {
             return Ok(());
@@ -113,12 +114,14 @@ impl MountGuard {
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
-        if self.session.is_some() && self.via_fusermount && !self.is_finished() {
+        // Lazily: a drop cannot report EBUSY, and a busy mount must not stay behind served
+        // by threads nobody owns.
+        if self.session.is_some() && !self.is_finished() && (self.via_fusermount || options::fusermount3_installed()) {
             if let Err(e) = fusermount_unmount(&self.mountpoint, true) {
                 tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
             }
         }
-        // Dropping the session unmounts what fuser mounted itself.
+        // Otherwise dropping the session unmounts (what fuser mounted itself, if not busy).
         drop(self.session.take());
     }
 }
