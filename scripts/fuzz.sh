@@ -11,7 +11,7 @@
 #   CREST_FUZZ_TARGETS    space-separated targets to run (default: all of them)
 #   CREST_FUZZ_SANITIZER  cargo-fuzz sanitizer (default none: the store is safe Rust
 #                         without unsafe code, panics and the targets' own checks are what
-#                         find bugs, and AddressSanitizer makes `transactions` ~10x slower;
+#                         find bugs, and AddressSanitizer makes `transactions` 4-10x slower;
 #                         use `address` to also check the dependencies' unsafe code)
 #   CREST_FUZZ_JOBS       libFuzzer -fork jobs per target (default 1: a single process)
 #
@@ -30,7 +30,7 @@ jobs="${CREST_FUZZ_JOBS:-1}"
 all_targets=(decode_node decode_items transactions)
 read -r -a targets <<<"${CREST_FUZZ_TARGETS:-${all_targets[*]}}"
 
-if ! rustup toolchain list | grep -q '^nightly'; then
+if ! rustup toolchain list 2>/dev/null | grep '^nightly' >/dev/null; then
     echo "fuzz.sh: the nightly toolchain is needed (rustup toolchain install nightly)" >&2
     exit 1
 fi

@@ -126,7 +126,12 @@ impl Template {
             }
             Template::Entries(es) => encode_entries(
                 &es.into_iter()
-                    .map(|(ino, index, kind, name)| DirEntry { name: valid_name(name), ino, kind: kind_of(kind), index })
+                    .map(|(ino, index, kind, name)| DirEntry {
+                        name: valid_name(name),
+                        ino,
+                        kind: kind_of(kind),
+                        index,
+                    })
                     .collect::<Vec<_>>(),
             ),
             Template::Index { ino, kind, name } => {

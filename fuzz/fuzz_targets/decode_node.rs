@@ -70,12 +70,17 @@ fn fix_checksum(b: &mut [u8]) {
 
 /// Builds a node that `encode` accepts: sorted distinct keys, fits in a block, children
 /// pointing inside the image and not newer than the node.
-fn build(level: u8, leaf_items: Vec<((u64, u8, u64), Vec<u8>)>, children: Vec<((u64, u8, u64), u64, u64)>, e: &Expect) -> Node {
+fn build(
+    level: u8,
+    leaf_items: Vec<((u64, u8, u64), Vec<u8>)>,
+    children: Vec<((u64, u8, u64), u64, u64)>,
+    e: &Expect,
+) -> Node {
     let level = level % (MAX_TREE_LEVEL + 1);
     let body = if level == 0 {
         let mut items: Vec<(Key, Vec<u8>)> =
             leaf_items.into_iter().map(|((o, k, f), v)| (Key::new(o, k, f), v)).collect();
-        items.sort_by(|a, b| a.0.cmp(&b.0));
+        items.sort_by_key(|a| a.0);
         items.dedup_by(|a, b| a.0 == b.0);
         while !(Node { owner: e.owner, level, body: Body::Leaf(items.clone()) }).fits() {
             items.pop();
@@ -89,7 +94,7 @@ fn build(level: u8, leaf_items: Vec<((u64, u8, u64), Vec<u8>)>, children: Vec<((
                 (Key::new(o, k, f), ChildPtr::Disk { block: b % total, generation: g % e.generation.saturating_add(1) })
             })
             .collect();
-        kids.sort_by(|a, b| a.0.cmp(&b.0));
+        kids.sort_by_key(|a| a.0);
         kids.dedup_by(|a, b| a.0 == b.0);
         kids.truncate(INTERNAL_CAPACITY);
         if kids.is_empty() {

@@ -26,8 +26,7 @@ use crest_rng::Stream;
 use crest_store::checksum::crc32c;
 use crest_store::crash::FailingDisk;
 use crest_store::{
-    check, CommitPolicy, Error, FileKind, Inode, MemDisk, MkfsOptions, RenameFlags, SetAttr, Store, Timespec,
-    ROOT_INO,
+    check, CommitPolicy, Error, FileKind, Inode, MemDisk, MkfsOptions, RenameFlags, SetAttr, Store, Timespec, ROOT_INO,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -45,20 +44,47 @@ const NOW: Timespec = Timespec::new(1, 0);
 
 #[derive(Arbitrary, Debug)]
 enum FuzzOp {
-    Create { name: u8, dir: bool },
+    Create {
+        name: u8,
+        dir: bool,
+    },
     /// `len % (64 KiB + 1)` bytes at `offset % 1 MiB`, generated from `seed`; then as
     /// many again right after, `repeat % 4` times.
-    Write { name: u8, offset: u32, len: u32, seed: u8, repeat: u8 },
+    Write {
+        name: u8,
+        offset: u32,
+        len: u32,
+        seed: u8,
+        repeat: u8,
+    },
     /// `1 + chunks % 128` writes of 64 KiB one after the other from `offset % 1 MiB`: up
     /// to 8 MiB, so that one operation can fill the image and reach the space reserve,
     /// the commits it makes by itself, and `NoSpace`.
-    Fill { name: u8, offset: u32, seed: u8, chunks: u8 },
+    Fill {
+        name: u8,
+        offset: u32,
+        seed: u8,
+        chunks: u8,
+    },
     /// `size % 1.25 MiB`.
-    Truncate { name: u8, size: u32 },
+    Truncate {
+        name: u8,
+        size: u32,
+    },
     /// unlink for files, rmdir for directories.
-    Unlink { name: u8 },
-    Rename { from: u8, to: u8 },
-    SetXattr { name: u8, xname: u8, len: u16, seed: u8 },
+    Unlink {
+        name: u8,
+    },
+    Rename {
+        from: u8,
+        to: u8,
+    },
+    SetXattr {
+        name: u8,
+        xname: u8,
+        len: u16,
+        seed: u8,
+    },
     Commit,
     /// Drop the store without committing and open the image again.
     Reopen,
@@ -110,7 +136,7 @@ impl Data {
     }
 
     fn resize(&mut self, len: usize) {
-        if len < self.len && len % PAGE != 0 {
+        if len < self.len && !len.is_multiple_of(PAGE) {
             // Zero the cut-off tail of what becomes the last page.
             let page = Arc::make_mut(&mut self.pages[len / PAGE]);
             page[len % PAGE..].fill(0);
@@ -221,7 +247,12 @@ fn dump(store: &mut Store) -> BTreeMap<Vec<u8>, Entry> {
 fn assert_matches(store: &mut Store, model: &Model, context: &str) {
     let got = dump(store);
     let want = plain(model);
-    assert!(got == want, "{context}: namespace differs from the model\n got:{}\n want:{}", summary(&got), summary(&want));
+    assert!(
+        got == want,
+        "{context}: namespace differs from the model\n got:{}\n want:{}",
+        summary(&got),
+        summary(&want)
+    );
 }
 
 /// Errors that come from the environment (the disk failed or filled up), not from the
