@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tarball=${1:-/dev/shm/crest-bench/linux-6.1-small.tar}
-[ -f "$tarball" ] || bash /work/shared/bench/kernel-tars.sh "$(dirname "$tarball")"
+root=$PWD
+[ -f "$tarball" ] || bash "$(ls -d "$root/../shared/bench/kernel-tars.sh" /work/shared/bench/kernel-tars.sh 2>/dev/null | head -1)" "$(dirname "$tarball")"
 cargo build --release --locked -q
 bash scripts/install.sh
 base=${CREST_BENCH_DIR:-/var/tmp}/crest-untar.$$

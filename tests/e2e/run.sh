@@ -102,7 +102,7 @@ check posix-surface posix_surface
 
 tarball=${CREST_TAR:-/dev/shm/crest-bench/linux-6.1-small.tar}
 tar_round_trip() {
-  [ -f "$tarball" ] || bash /work/shared/bench/kernel-tars.sh "$(dirname "$tarball")" >&2 || return 1
+  [ -f "$tarball" ] || bash "$(ls -d "$root/../shared/bench/kernel-tars.sh" /work/shared/bench/kernel-tars.sh 2>/dev/null | head -1)" "$(dirname "$tarball")" >&2 || return 1
   local before after
   before=$(df -P "$mnt" | awk 'NR==2 {print $3}')
   mkdir -p "$mnt/tar" && tar -xf "$tarball" -C "$mnt/tar" || return 1
