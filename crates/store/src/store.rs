@@ -21,9 +21,7 @@ use crate::disk::Disk;
 use crate::error::{Error, Result};
 use crate::fs::inode::{le_u64, FileKind, Inode, Timespec, ROOT_INO};
 use crate::key::{kind, Key};
-use crate::limits::{
-    BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MIN_IMAGE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS,
-};
+use crate::limits::{BLOCKS_PER_GROUP, BLOCK_SIZE_U64, MIN_IMAGE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS};
 use crate::node::{BlockPtr, Body, ChildPtr};
 use crate::pager::Pager;
 use crate::superblock::{Superblock, SUPERBLOCK_BYTES};
@@ -509,6 +507,3 @@ impl std::fmt::Debug for Store {
             .finish()
     }
 }
-
-/// Bytes per block, re-exported for callers sizing buffers.
-pub const STORE_BLOCK_SIZE: usize = BLOCK_SIZE;
