@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes crest-store with the cargo-fuzz targets in fuzz/ (decode_node, decode_items,
-# transactions). First replays every saved reproducer in fuzz/regressions/ through its
+# Fuzzes crest-store and crest-proto with the cargo-fuzz targets in fuzz/ (decode_node,
+# decode_items, transactions; decode_frame for the wire). First replays every saved reproducer in fuzz/regressions/ through its
 # target (a file named <target>-<n> belongs to <target>), then runs each target for
 # CREST_FUZZ_SECONDS seconds (default 30: CI's smoke run; give more for a real hunt).
 #
@@ -27,7 +27,7 @@ cd "$root/fuzz"
 seconds="${CREST_FUZZ_SECONDS:-30}"
 sanitizer="${CREST_FUZZ_SANITIZER:-none}"
 jobs="${CREST_FUZZ_JOBS:-1}"
-all_targets=(decode_node decode_items transactions)
+all_targets=(decode_node decode_items transactions decode_frame)
 read -r -a targets <<<"${CREST_FUZZ_TARGETS:-${all_targets[*]}}"
 
 if ! rustup toolchain list 2>/dev/null | grep '^nightly' >/dev/null; then
@@ -44,6 +44,8 @@ target_args() {
     case "$1" in
         # A node is one 4 KiB block plus the header fields of the input.
         decode_node) echo "-max_len=8192" ;;
+        # Room for a few frames with bodies of some size.
+        decode_frame) echo "-max_len=16384" ;;
         *) echo "" ;;
     esac
 }

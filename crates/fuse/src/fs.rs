@@ -16,8 +16,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
+use crest_cache::{Cached, NameCache};
 use crest_net::Client;
 use crest_proto::{self as p, Op, Reply};
 use fuser::{
@@ -56,6 +57,8 @@ pub struct CrestFs {
     next_fh: AtomicU64,
     inodes: Mutex<Inodes>,
     dirs: Mutex<HashMap<u64, DirStream>>,
+    /// Names and attributes this mount may answer lookups from (see crest-cache).
+    names: Mutex<NameCache>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -73,7 +76,8 @@ fn cred(req: &Request) -> p::Cred {
 fn unexpected(op: &'static str, r: &Reply) -> Error {
     let got = match r {
         Reply::Attr(_) => "Attr",
-        Reply::Entry { .. } => "Entry",
+        Reply::Entry(_) => "Entry",
+        Reply::Lookup { .. } => "Lookup",
         Reply::Dir { .. } => "Dir",
         Reply::Data(_) => "Data",
         Reply::Names(_) => "Names",
@@ -85,7 +89,10 @@ fn unexpected(op: &'static str, r: &Reply) -> Error {
 
 fn want_attr(op: &'static str, r: Reply) -> Result<p::Attr, Error> {
     match r {
-        Reply::Attr(a) | Reply::Entry { attr: a, .. } => Ok(a),
+        Reply::Attr(a) | Reply::Entry(a) | Reply::Lookup { attr: Some(a), .. } => Ok(a),
+        Reply::Lookup { attr: None, .. } => {
+            Err(Error::Server { op, errno: libc::ENOENT, message: "no such name".into() })
+        }
         r => Err(unexpected(op, &r)),
     }
 }
@@ -123,6 +130,7 @@ impl CrestFs {
             next_fh: AtomicU64::new(1),
             inodes: Mutex::new(Inodes::default()),
             dirs: Mutex::new(HashMap::new()),
+            names: Mutex::new(NameCache::new(ttl)),
         }
     }
 
@@ -197,7 +205,24 @@ impl CrestFs {
         rdev: u64,
     ) -> Result<p::Attr, Error> {
         let op = Op::Create { parent: parent.0, name: name_of(name), kind, mode, rdev, cred: cred(req) };
-        self.one("create", op).and_then(|r| want_attr("create", r))
+        let a = self.one("create", op).and_then(|r| want_attr("create", r))?;
+        self.added(parent.0, name.as_bytes(), &a);
+        Ok(a)
+    }
+
+    /// Records a name this mount just made.
+    fn added(&self, parent: u64, name: &[u8], a: &p::Attr) {
+        let now = Instant::now();
+        let mut c = lock(&self.names);
+        c.added(parent, name, a, now);
+        if a.kind == p::FileType::Directory {
+            c.made_dir(a, now);
+        }
+    }
+
+    /// Records fresh attributes from a reply.
+    fn attr_changed(&self, a: &p::Attr) {
+        lock(&self.names).attr_changed(a);
     }
 
     /// Runs one readdir/readdirplus call on the stream of handle `fh`.
@@ -213,11 +238,17 @@ impl CrestFs {
         let mut stream = lock(&self.dirs).remove(&fh).unwrap_or_default();
         let parent = lock(&self.inodes).parent(ino);
         let fetch = |from: u64| -> Result<(Vec<p::DirItem>, bool), Error> {
+            let epoch = lock(&self.names).epoch();
             match self.one("readdir", Op::ReadDir { ino, from_index: from, limit: READDIR_BATCH })? {
                 Reply::Dir { items, end } => {
                     let mut t = lock(&self.inodes);
                     for i in &items {
                         t.learn(ino, &i.attr);
+                    }
+                    drop(t);
+                    if from == 0 && end {
+                        // The whole directory in one reply: every lookup in it can be answered here.
+                        lock(&self.names).absorb_listing(ino, &items, epoch, Instant::now());
                     }
                     Ok((items, end))
                 }
@@ -266,14 +297,26 @@ impl Filesystem for CrestFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = self.one("lookup", Op::Lookup { parent: parent.0, name: name_of(name) });
-        match r.and_then(|r| want_attr("lookup", r)) {
-            Err(e) if e.errno() == Errno::ENOENT => {
-                // Inode 0 with a timeout: the kernel caches the name's absence.
-                tracing::trace!("{e}");
-                reply.entry(&self.ttl, &convert::placeholder_attr(0, FileType::RegularFile), Generation(0));
-            }
-            r => self.reply_entry(reply, parent.0, r),
+        let (held, epoch) = {
+            let c = lock(&self.names);
+            (c.lookup(parent.0, name.as_bytes(), Instant::now()), c.epoch())
+        };
+        let r = match held {
+            Some(Cached::Found(a)) => Ok(Some(a)),
+            Some(Cached::Absent) => Ok(None),
+            None => self.one("lookup", Op::Lookup { parent: parent.0, name: name_of(name) }).and_then(|r| match r {
+                Reply::Lookup { attr, leaf } => {
+                    lock(&self.names).absorb_leaf(parent.0, &leaf, epoch, Instant::now());
+                    Ok(attr)
+                }
+                r => Err(unexpected("lookup", &r)),
+            }),
+        };
+        match r {
+            // Inode 0 with a timeout: the kernel caches the name's absence.
+            Ok(None) => reply.entry(&self.ttl, &convert::placeholder_attr(0, FileType::RegularFile), Generation(0)),
+            Ok(Some(a)) => self.reply_entry(reply, parent.0, Ok(a)),
+            Err(e) => self.reply_entry(reply, parent.0, Err(e)),
         }
     }
 
@@ -284,6 +327,9 @@ impl Filesystem for CrestFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let r = self.one("getattr", Op::GetAttr { ino: ino.0 }).and_then(|r| want_attr("getattr", r));
+        if let Ok(a) = &r {
+            self.attr_changed(a);
+        }
         self.reply_attr(reply, r);
     }
 
@@ -317,6 +363,7 @@ impl Filesystem for CrestFs {
         let r = self.one("setattr", Op::SetAttr { ino: ino.0, set }).and_then(|r| want_attr("setattr", r));
         if let Ok(a) = &r {
             lock(&self.inodes).changed_here(a);
+            self.attr_changed(a);
         }
         self.reply_attr(reply, r);
     }
@@ -345,12 +392,20 @@ impl Filesystem for CrestFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let r = self.one("unlink", Op::Unlink { parent: parent.0, name: name_of(name) });
-        self.reply_empty(reply, r.and_then(|r| want_done("unlink", r)));
+        let r = r.and_then(|r| want_done("unlink", r));
+        if r.is_ok() {
+            lock(&self.names).removed(parent.0, name.as_bytes());
+        }
+        self.reply_empty(reply, r);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let r = self.one("rmdir", Op::Rmdir { parent: parent.0, name: name_of(name) });
-        self.reply_empty(reply, r.and_then(|r| want_done("rmdir", r)));
+        let r = r.and_then(|r| want_done("rmdir", r));
+        if r.is_ok() {
+            lock(&self.names).removed(parent.0, name.as_bytes());
+        }
+        self.reply_empty(reply, r);
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -361,6 +416,9 @@ impl Filesystem for CrestFs {
             cred: cred(req),
         };
         let r = self.one("symlink", op).and_then(|r| want_attr("symlink", r));
+        if let Ok(a) = &r {
+            self.added(parent.0, link_name.as_bytes(), a);
+        }
         self.reply_entry(reply, parent.0, r);
     }
 
@@ -395,10 +453,14 @@ impl Filesystem for CrestFs {
         }
         let r = self.many("rename", ops).and_then(|mut res| {
             want_done("rename", nth("rename", &mut res, 0)?)?;
+            let mut c = lock(&self.names);
+            c.removed(parent.0, name.as_bytes());
+            c.removed(newparent.0, newname.as_bytes());
             let mut t = lock(&self.inodes);
-            for (i, dir) in [(1, newparent.0), (2, parent.0)] {
+            for (i, dir, n) in [(1, newparent.0, newname), (2, parent.0, name)] {
                 if let Ok(a) = nth("rename", &mut res, i).and_then(|r| want_attr("rename", r)) {
                     t.learn(dir, &a);
+                    c.added(dir, n.as_bytes(), &a, Instant::now());
                 }
             }
             Ok(())
@@ -409,6 +471,9 @@ impl Filesystem for CrestFs {
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let op = Op::Link { ino: ino.0, parent: newparent.0, name: name_of(newname) };
         let r = self.one("link", op).and_then(|r| want_attr("link", r));
+        if let Ok(a) = &r {
+            self.added(newparent.0, newname.as_bytes(), a);
+        }
         self.reply_entry(reply, newparent.0, r);
     }
 
@@ -417,6 +482,7 @@ impl Filesystem for CrestFs {
         // O_DIRECT needs nothing: the kernel sends such I/O straight through.
         match self.one("open", Op::Open { ino: ino.0 }).and_then(|r| want_attr("open", r)) {
             Ok(a) => {
+                self.attr_changed(&a);
                 let keep = lock(&self.inodes).keep_cache_on_open(&a);
                 let mut f = FopenFlags::empty();
                 if keep {
@@ -468,6 +534,7 @@ impl Filesystem for CrestFs {
         match self.one("write", op).and_then(|r| want_attr("write", r)) {
             Ok(a) => {
                 lock(&self.inodes).changed_here(&a);
+                self.attr_changed(&a);
                 reply.written(len);
             }
             Err(e) => reply.error(self.fail(&e)),
@@ -588,6 +655,7 @@ impl Filesystem for CrestFs {
         let op =
             Op::SetXattr { ino: ino.0, name: name_of(name), value: value.to_vec(), flags: convert::xattr_flags(flags) };
         let r = self.one("setxattr", op);
+        lock(&self.names).attr_stale(ino.0);
         self.reply_empty(reply, r.and_then(|r| want_done("setxattr", r)));
     }
 
@@ -606,6 +674,7 @@ impl Filesystem for CrestFs {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let r = self.one("removexattr", Op::RemoveXattr { ino: ino.0, name: name_of(name) });
+        lock(&self.names).attr_stale(ino.0);
         self.reply_empty(reply, r.and_then(|r| want_done("removexattr", r)));
     }
 
@@ -638,6 +707,7 @@ impl Filesystem for CrestFs {
                 t.learn(parent.0, &a);
                 t.keep_cache_on_open(&opened);
                 drop(t);
+                self.attr_changed(&opened);
                 let attr = convert::file_attr(&opened);
                 reply.created(&self.ttl, &attr, Generation(opened.generation), self.fh(), FopenFlags::empty());
             }
@@ -687,6 +757,7 @@ impl Filesystem for CrestFs {
         let r = self.one("fallocate", op).and_then(|r| want_attr("fallocate", r));
         if let Ok(a) = &r {
             lock(&self.inodes).changed_here(a);
+            self.attr_changed(a);
         }
         self.reply_empty(reply, r.map(|_| ()));
     }

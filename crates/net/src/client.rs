@@ -1,4 +1,15 @@
 //! The connection task and the blocking call API.
+//!
+//! Invariants:
+//! - one connection carries every caller's requests; a request stays `pending` until its
+//!   response arrives and is resent, with the same id, after a reconnect (a resumed
+//!   session answers an already-applied one from its reply cache: exactly once);
+//! - a change the server acknowledged but has not yet made durable stays in the
+//!   `unstable` log, keyed by the server's apply order (`Response::seq`), until a
+//!   response says it is durable. If the server restarts, its welcome names the last
+//!   durable `seq`, and the client replays the later entries in order before anything
+//!   else, so acknowledged work survives a server crash (tests/roundtrip.rs kills a
+//!   server without a commit and checks).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +24,9 @@ use tokio::sync::mpsc;
 /// Requests in flight at once (the server's reply cache holds more, so every retry is
 /// still answered from it).
 pub const MAX_IN_FLIGHT: usize = 1024;
+/// Bytes of acknowledged, not yet durable requests kept for replay. The server commits
+/// long before this (every 64 MiB written); beyond it the oldest are dropped, loudly.
+pub const MAX_UNSTABLE_BYTES: usize = 512 << 20;
 
 /// How the client behaves.
 #[derive(Clone, Debug)]
@@ -182,6 +196,94 @@ impl Client {
     }
 }
 
+/// An acknowledged change the server has not yet made durable.
+struct Unstable {
+    id: u64,
+    ops: Vec<p::Op>,
+    results: Results,
+}
+
+fn op_bytes(ops: &[p::Op]) -> usize {
+    ops.iter()
+        .map(|o| match o {
+            p::Op::Write { data, .. } => data.len() + 64,
+            _ => 128,
+        })
+        .sum()
+}
+
+/// What the client holds for replay.
+#[derive(Default)]
+struct ReplayLog {
+    unstable: BTreeMap<u64, Unstable>,
+    bytes: usize,
+    /// Entries resent after a restart, in their original order, until their new
+    /// responses arrive.
+    replaying: Vec<Unstable>,
+}
+
+impl ReplayLog {
+    fn acknowledged(&mut self, seq: u64, entry: Unstable) {
+        if seq == 0 {
+            return;
+        }
+        self.bytes += op_bytes(&entry.ops);
+        self.unstable.insert(seq, entry);
+        while self.bytes > MAX_UNSTABLE_BYTES {
+            let Some((seq, old)) = self.unstable.pop_first() else { break };
+            self.bytes -= op_bytes(&old.ops);
+            tracing::warn!(seq, "replay log full: an acknowledged change is no longer kept for replay");
+        }
+    }
+
+    fn durable(&mut self, through: u64) {
+        while let Some(entry) = self.unstable.first_entry() {
+            if *entry.key() > through {
+                break;
+            }
+            self.bytes -= op_bytes(&entry.remove().ops);
+        }
+    }
+
+    /// After a restart: moves the entries after `through` behind those still being
+    /// replayed from an earlier restart.
+    fn start_replay(&mut self, through: u64) {
+        self.durable(through);
+        for (_, e) in std::mem::take(&mut self.unstable) {
+            self.replaying.push(e);
+        }
+        self.bytes = 0;
+    }
+
+    /// Frames for every entry being replayed, in order.
+    fn replay_frames(&self, out: &mut Vec<u8>) {
+        for e in &self.replaying {
+            write_frame(out, &ClientMessage::Request(p::Request { id: e.id, ops: e.ops.clone() }));
+        }
+    }
+
+    fn replayed(&mut self, id: u64) -> Option<Unstable> {
+        let i = self.replaying.iter().position(|e| e.id == id)?;
+        Some(self.replaying.remove(i))
+    }
+}
+
+/// True when a replayed request did what it did the first time: the same operations
+/// succeeded or failed with the same errno, naming the same inodes. (Times and inode
+/// generations are the server's to choose again.)
+fn same_outcome(first: &Results, again: &Results) -> bool {
+    let ino = |r: &p::Reply| match r {
+        p::Reply::Attr(a) | p::Reply::Entry(a) => Some(a.ino),
+        _ => None,
+    };
+    first.len() == again.len()
+        && first.iter().zip(again).all(|(a, b)| match (a, b) {
+            (Ok(a), Ok(b)) => ino(a) == ino(b),
+            (Err(a), Err(b)) => a.errno == b.errno,
+            _ => false,
+        })
+}
+
 fn write_frame(buf: &mut Vec<u8>, msg: &ClientMessage) {
     if let Err(e) = p::encode_frame(msg, buf) {
         tracing::error!("cannot encode a request: {e}");
@@ -197,6 +299,7 @@ async fn run(
     ready: std_mpsc::SyncSender<Result<[u8; 16], ClientError>>,
 ) {
     let mut pending: BTreeMap<u64, Call> = BTreeMap::new();
+    let mut log = ReplayLog::default();
     let mut session: Option<p::SessionToken> = None;
     let mut fsid: Option<[u8; 16]> = None;
     let mut backoff = Duration::from_millis(20);
@@ -271,6 +374,24 @@ async fn run(
                 }
                 if session.is_some() {
                     tracing::info!(resumed = w.resumed, pending = pending.len(), "reconnected to {addr}");
+                    // After a restart, replay what did not survive it, oldest first. A
+                    // server that forgot the session entirely knows nothing durable of it.
+                    let through = match (w.resumed, w.durable_seq) {
+                        (true, None) => None,
+                        (true, Some(d)) => Some(d),
+                        (false, _) => Some(0),
+                    };
+                    if let Some(through) = through {
+                        log.start_replay(through);
+                        if !log.replaying.is_empty() {
+                            tracing::warn!(
+                                "{addr} restarted: replaying {} acknowledged change(s) it lost",
+                                log.replaying.len()
+                            );
+                        }
+                    }
+                    // Replays go first (a resumed session answers repeats from its cache).
+                    log.replay_frames(&mut out);
                 }
                 session = Some(w.session);
                 if fsid.is_none() {
@@ -337,8 +458,21 @@ async fn run(
                         match decoder.poll_message::<ServerMessage>() {
                             Ok(Some(ServerMessage::Response(resp))) => {
                                 if let Some(c) = pending.remove(&resp.id) {
+                                    let entry = Unstable { id: c.id, ops: c.ops, results: resp.results.clone() };
+                                    log.acknowledged(resp.seq, entry);
                                     let _ = c.reply.try_send(Ok(resp.results));
+                                } else if let Some(e) = log.replayed(resp.id) {
+                                    if !same_outcome(&e.results, &resp.results) {
+                                        tracing::error!(
+                                            id = resp.id,
+                                            "a replayed change came out differently: first {:?}, now {:?}",
+                                            e.results,
+                                            resp.results
+                                        );
+                                    }
+                                    log.acknowledged(resp.seq, Unstable { results: resp.results, ..e });
                                 }
+                                log.durable(resp.durable);
                             }
                             Ok(Some(ServerMessage::Notify(n))) => tracing::info!("server notice: {n:?}"),
                             Ok(Some(other)) => {

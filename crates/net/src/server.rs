@@ -32,6 +32,7 @@ enum Cmd {
     Request { session: SessionId, req: p::Request, out: Outbox },
     Goodbye { session: SessionId },
     Shutdown { done: oneshot::Sender<Result<Store, crest_store::Error>> },
+    Kill { done: oneshot::Sender<Store> },
 }
 
 fn now() -> p::Time {
@@ -74,6 +75,10 @@ fn store_thread(mut server: Server, rx: std_mpsc::Receiver<Cmd>) {
                 let mut store = server.into_store();
                 let r = store.commit().map(|()| store);
                 let _ = done.send(r);
+                return;
+            }
+            Cmd::Kill { done } => {
+                let _ = done.send(server.into_store());
                 return;
             }
         }
@@ -140,6 +145,23 @@ impl Serving {
             return Err(crest_store::Error::Poisoned("the store thread is gone".into()));
         }
         rx.await.unwrap_or_else(|_| Err(crest_store::Error::Poisoned("the store thread stopped".into())))
+    }
+}
+
+impl Serving {
+    /// Stops at once without committing, as `kill -9` would, and hands back the store
+    /// with its uncommitted transaction (for crash tests: `Store::abandon` it and reopen
+    /// the disk). Connections see the server vanish.
+    pub async fn kill(mut self) -> Option<Store> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(a) = self.accept.take() {
+            let _ = a.await;
+        }
+        let (done, rx) = oneshot::channel();
+        self.cmds.send(Cmd::Kill { done }).ok()?;
+        rx.await.ok()
     }
 }
 

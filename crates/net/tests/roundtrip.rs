@@ -36,7 +36,7 @@ fn requests_round_trip_and_threads_share_one_connection() {
     let serving = rt.block_on(crest_net::server::start(store(), "127.0.0.1:0")).expect("serve");
     let addr = serving.local_addr.to_string();
     let client = std::sync::Arc::new(Client::connect(&addr, ClientOptions::default()).expect("connect"));
-    let Ok(Reply::Entry { attr, .. }) = client.call_one(create("f")) else { panic!("create") };
+    let Ok(Reply::Entry(attr)) = client.call_one(create("f")) else { panic!("create") };
     client.call_one(Op::Write { ino: attr.ino, offset: 0, data: b"hello".to_vec() }).expect("write");
     let r = client.call_one(Op::Read { ino: attr.ino, offset: 0, len: 100 }).expect("read");
     assert_eq!(r, Reply::Data(b"hello".to_vec()));
@@ -67,7 +67,15 @@ fn requests_round_trip_and_threads_share_one_connection() {
         }
     }
     assert_eq!(names, 1601, "pages of at most 1024 items add up");
-    let err = client.call_one(Op::Lookup { parent: 1, name: b"missing".to_vec() }).expect_err("ENOENT");
+    // A missing name is an answer, not an error, and comes with its stretch of the
+    // directory: every entry hashing into the range is listed.
+    let Ok(Reply::Lookup { attr: None, leaf }) = client.call_one(Op::Lookup { parent: 1, name: b"missing".to_vec() })
+    else {
+        panic!("lookup of a missing name")
+    };
+    assert!(leaf.covers(p::name_hash(b"missing")), "{:x}..={:x}", leaf.hash_lo, leaf.hash_hi);
+    assert!(!leaf.items.is_empty() && leaf.items.iter().all(|i| leaf.covers(p::name_hash(&i.name))));
+    let err = client.call_one(Op::Lookup { parent: 999_999, name: b"x".to_vec() }).expect_err("ENOENT");
     assert_eq!(err.errno, 2);
     let store = rt.block_on(serving.shutdown()).expect("shutdown");
     assert!(store.generation() > 1, "shutdown committed");
@@ -90,8 +98,10 @@ fn a_restarted_server_is_reconnected_to_and_pending_calls_complete() {
     let serving = rt.block_on(crest_net::server::start(store, &addr)).expect("restart");
     let (client, r) = c.join().expect("caller");
     assert!(r.is_ok(), "{r:?}");
-    assert!(client.call_one(Op::Lookup { parent: 1, name: b"before".to_vec() }).is_ok());
-    assert!(client.call_one(Op::Lookup { parent: 1, name: b"during".to_vec() }).is_ok());
+    for name in [&b"before"[..], b"during"] {
+        let r = client.call_one(Op::Lookup { parent: 1, name: name.to_vec() });
+        assert!(matches!(r, Ok(Reply::Lookup { attr: Some(_), .. })), "{r:?}");
+    }
     rt.block_on(serving.shutdown()).expect("shutdown");
 }
 
@@ -142,4 +152,56 @@ fn garbage_and_wrong_versions_are_refused_and_others_carry_on() {
     // The good client still works.
     good.call_one(create("still-fine")).expect("create after garbage");
     rt.block_on(serving.shutdown()).expect("shutdown");
+}
+
+/// A server killed without a commit loses the changes it acknowledged since its last
+/// commit; the client, told by the restarted server which of its changes survived,
+/// replays the rest before anything else: nothing acknowledged is lost, and each change
+/// applies once (the replayed creates get the same inode numbers, the write lands once).
+#[test]
+fn a_killed_server_loses_nothing_it_acknowledged() {
+    let rt = rt();
+    let disk = MemDisk::new(64 << 20);
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None }).expect("mkfs");
+    let open = |disk: &MemDisk| {
+        let mut s = Store::open(Box::new(disk.clone())).expect("open");
+        s.set_policy(crest_store::CommitPolicy { max_dirty_nodes: 1 << 20, interval_ms: u64::MAX });
+        s
+    };
+    let serving = rt.block_on(crest_net::server::start(open(&disk), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
+    let Ok(Reply::Entry(kept)) = client.call_one(create("kept")) else { panic!("create") };
+    client.call_one(Op::Fsync { ino: 1 }).expect("fsync");
+    let mut lost = Vec::new();
+    for i in 0..20 {
+        let Ok(Reply::Entry(a)) = client.call_one(create(&format!("after-{i}"))) else { panic!("create") };
+        lost.push(a);
+    }
+    let append = Op::Write { ino: lost[0].ino, offset: 0, data: b"written once".to_vec() };
+    client.call_one(append).expect("write");
+    client.call_one(Op::Unlink { parent: 1, name: b"after-19".to_vec() }).expect("unlink");
+    // kill -9: the uncommitted transaction is gone from the disk.
+    let store = rt.block_on(serving.kill()).expect("kill");
+    drop(store.abandon());
+    let mut check = open(&disk);
+    assert!(check.lookup(1, b"kept").is_ok());
+    assert!(check.lookup(1, b"after-0").is_err(), "the server really lost it");
+    drop(check.abandon());
+    let serving = rt.block_on(crest_net::server::start(open(&disk), &addr)).expect("restart");
+    // The client's next call goes out after the replay, on the same connection.
+    for (i, want) in lost.iter().enumerate().take(19) {
+        let r = client.call_one(Op::Lookup { parent: 1, name: format!("after-{i}").into_bytes() });
+        let Ok(Reply::Lookup { attr: Some(a), .. }) = r else { panic!("after-{i} lost: {r:?}") };
+        assert_eq!(a.ino, want.ino, "replayed with the same inode number");
+    }
+    let r = client.call_one(Op::Lookup { parent: 1, name: b"after-19".to_vec() });
+    assert!(matches!(r, Ok(Reply::Lookup { attr: None, .. })), "the unlink was replayed too: {r:?}");
+    let r = client.call_one(Op::Read { ino: lost[0].ino, offset: 0, len: 100 });
+    assert_eq!(r, Ok(Reply::Data(b"written once".to_vec())));
+    assert!(client.call_one(Op::Lookup { parent: 1, name: b"kept".to_vec() }).is_ok());
+    let _ = kept;
+    let store = rt.block_on(serving.shutdown()).expect("shutdown");
+    let report = crest_store::check::fsck(store.close().expect("close")).expect("fsck");
+    assert!(report.is_clean(), "{:?}", report.problems);
 }

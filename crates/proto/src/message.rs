@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// First bytes of a client hello, so a stray connection is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
 /// Most operations in one compound request.
@@ -122,6 +122,38 @@ pub struct DirItem {
     pub index: u64,
     /// Attributes.
     pub attr: Attr,
+}
+
+/// The hash that orders a directory's entries on the server and names the ranges of
+/// `DirLeaf` (64-bit FNV-1a of the name's bytes). Part of the protocol: a client uses it
+/// to tell whether a name falls in a range it holds.
+pub fn name_hash(name: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// A stretch of one directory as the server stores it: every entry whose `name_hash`
+/// lies in `hash_lo..=hash_hi`, with attributes. A name hashing into the range and not
+/// listed does not exist (as of the reply). Empty when `hash_lo > hash_hi`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirLeaf {
+    /// First hash covered.
+    pub hash_lo: u64,
+    /// Last hash covered (inclusive).
+    pub hash_hi: u64,
+    /// Every entry in the range.
+    pub items: Vec<DirItem>,
+}
+
+impl DirLeaf {
+    /// True when the leaf speaks for names with this hash.
+    pub fn covers(&self, hash: u64) -> bool {
+        self.hash_lo <= hash && hash <= self.hash_hi
+    }
 }
 
 /// File system usage.
@@ -286,10 +318,13 @@ impl Op {
 pub enum Reply {
     /// Attributes (getattr, setattr, write, link, fallocate).
     Attr(Attr),
-    /// A name's inode plus other entries of the same directory leaf, to prime caches.
-    Entry {
-        attr: Attr,
-        neighbours: Vec<DirItem>,
+    /// The inode a new name names (create, symlink, link).
+    Entry(Attr),
+    /// A lookup's answer (`attr` is `None` when the name does not exist) with the other
+    /// entries of the same directory leaf, to prime the client's cache.
+    Lookup {
+        attr: Option<Attr>,
+        leaf: DirLeaf,
     },
     /// A page of a directory listing; `end` when nothing follows.
     Dir {
@@ -342,8 +377,13 @@ pub struct Welcome {
     pub version: u32,
     /// The session (new, or the resumed one).
     pub session: SessionToken,
-    /// True when `Hello::resume` was honoured (the reply cache is intact).
+    /// True when `Hello::resume` was honoured.
     pub resumed: bool,
+    /// Set when the session was resumed from its durable record after a server restart:
+    /// the reply cache is gone, and of the session's requests exactly those with
+    /// `Response::seq` up to this value survived. The client replays the later ones it
+    /// holds, in `seq` order, before anything else.
+    pub durable_seq: Option<u64>,
     /// File system id.
     pub fsid: [u8; 16],
 }
@@ -364,6 +404,12 @@ pub struct Response {
     pub id: u64,
     /// Results.
     pub results: Vec<Result<Reply, OpError>>,
+    /// For a request that changed something: its place in the order the server applied
+    /// this session's changes (1, 2, …); 0 for a read-only request.
+    pub seq: u64,
+    /// Every change of this session with `seq` up to this value is durable: the client
+    /// may forget them (it keeps later ones to replay if the server restarts).
+    pub durable: u64,
 }
 
 /// Unsolicited server messages.

@@ -9,10 +9,18 @@ use crate::convert::{attr_out, error_out, kind_in, time_in};
 
 /// Responses each session remembers for retries.
 pub const REPLY_CACHE_ENTRIES: usize = 4096;
-/// Neighbouring directory items a lookup reply carries.
-pub const LOOKUP_NEIGHBOURS: usize = 32;
+/// Most distinct name hashes (about: entries) around the looked-up name a lookup reply
+/// carries from its directory leaf.
+pub const LOOKUP_NEIGHBOURS: usize = 64;
 /// Most items one readdir reply carries.
 pub const READDIR_MAX_ITEMS: u32 = 1024;
+
+/// Bytes of file data written since the last commit that make the server commit: bounds
+/// both what a crash can lose and what clients keep for replay.
+pub const COMMIT_AFTER_WRITTEN_BYTES: u64 = 64 << 20;
+/// How long a session restored from its record after a restart waits for its client to
+/// come back before its record is dropped.
+pub const RESTORED_SESSION_GRACE_MS: u64 = 15 * 60 * 1000;
 
 /// A session number.
 pub type SessionId = u64;
@@ -25,6 +33,41 @@ struct Session {
     order: VecDeque<u64>,
     /// Inodes this session holds open, with counts (released when the session ends).
     open: HashMap<u64, u32>,
+    /// Requests that changed something, applied so far (the last one's `seq`).
+    applied: u64,
+    /// The last `seq` known to be committed.
+    durable: u64,
+    /// Restored from its record after a restart and not yet resumed by its client;
+    /// dropped at this time (set on the first tick) if the client never comes back.
+    awaiting_resume: Option<Option<u64>>,
+}
+
+/// A session's durable record: the token, how far its changes are durable, and its name.
+/// Layout: version 1 (u8), secret (u64 LE), seq (u64 LE), name length (u8), name.
+fn encode_record(secret: u64, seq: u64, name: &str) -> Vec<u8> {
+    let name = &name.as_bytes()[..name.len().min(200)];
+    let mut out = Vec::with_capacity(18 + name.len());
+    out.push(1);
+    out.extend_from_slice(&secret.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    out
+}
+
+/// Decodes a session record; `None` for anything malformed (such a record is dropped).
+fn decode_record(b: &[u8]) -> Option<(u64, u64, String)> {
+    let (&version, rest) = b.split_first()?;
+    if version != 1 || rest.len() < 17 {
+        return None;
+    }
+    let secret = u64::from_le_bytes(rest[0..8].try_into().ok()?);
+    let seq = u64::from_le_bytes(rest[8..16].try_into().ok()?);
+    let name = rest.get(17..)?;
+    if name.len() != usize::from(rest[16]) {
+        return None;
+    }
+    Some((secret, seq, String::from_utf8_lossy(name).into_owned()))
 }
 
 /// The server core.
@@ -32,6 +75,10 @@ pub struct Server {
     store: Store,
     sessions: HashMap<SessionId, Session>,
     next_session: SessionId,
+    /// Store generation when sessions' `durable` was last brought up to date.
+    seen_generation: u64,
+    /// File data bytes written since that generation.
+    written_since_commit: u64,
 }
 
 impl std::fmt::Debug for Server {
@@ -45,9 +92,37 @@ fn errno(errno: i32, message: impl Into<String>) -> p::OpError {
 }
 
 impl Server {
-    /// A server over an opened store.
-    pub fn new(store: Store) -> Server {
-        Server { store, sessions: HashMap::new(), next_session: 1 }
+    /// A server over an opened store. Sessions whose records the store holds (a restart)
+    /// are restored, waiting for their clients to resume them and replay what was lost.
+    pub fn new(mut store: Store) -> Server {
+        let mut sessions = HashMap::new();
+        let mut next_session = 1;
+        let records = store.session_records().unwrap_or_else(|e| {
+            tracing::error!("cannot read session records: {e}");
+            Vec::new()
+        });
+        for (id, bytes) in records {
+            next_session = next_session.max(id.saturating_add(1));
+            let Some((secret, seq, client_name)) = decode_record(&bytes) else {
+                tracing::warn!(session = id, "malformed session record of {} bytes dropped", bytes.len());
+                if let Err(e) = store.delete_session_record(id) {
+                    tracing::error!(session = id, "cannot drop a session record: {e}");
+                }
+                continue;
+            };
+            tracing::info!(session = id, client = %client_name, durable_seq = seq, "session restored");
+            let s = Session {
+                secret,
+                client_name,
+                applied: seq,
+                durable: seq,
+                awaiting_resume: Some(None),
+                ..Default::default()
+            };
+            sessions.insert(id, s);
+        }
+        let seen_generation = store.generation();
+        Server { store, sessions, next_session, seen_generation, written_since_commit: 0 }
     }
 
     /// The store (for shutdown and status).
@@ -66,9 +141,10 @@ impl Server {
             return (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
         }
         if let Some(t) = hello.resume {
-            if self.sessions.get(&t.id).is_some_and(|s| s.secret == t.secret) {
-                tracing::info!(session = t.id, client = %hello.client_name, "session resumed");
-                return (Some(t.id), self.welcome(t.id, true));
+            if let Some(s) = self.sessions.get_mut(&t.id).filter(|s| s.secret == t.secret) {
+                let durable_seq = s.awaiting_resume.take().map(|_| s.durable);
+                tracing::info!(session = t.id, client = %hello.client_name, ?durable_seq, "session resumed");
+                return (Some(t.id), self.welcome(t.id, true, durable_seq));
             }
         }
         let id = self.next_session;
@@ -76,15 +152,16 @@ impl Server {
         let secret = crest_rng::next_u64();
         self.sessions.insert(id, Session { secret, client_name: hello.client_name.clone(), ..Default::default() });
         tracing::info!(session = id, client = %hello.client_name, "session started");
-        (Some(id), self.welcome(id, false))
+        (Some(id), self.welcome(id, false, None))
     }
 
-    fn welcome(&self, id: SessionId, resumed: bool) -> p::ServerMessage {
+    fn welcome(&self, id: SessionId, resumed: bool, durable_seq: Option<u64>) -> p::ServerMessage {
         let secret = self.sessions.get(&id).map_or(0, |s| s.secret);
         p::ServerMessage::Welcome(p::Welcome {
             version: p::PROTOCOL_VERSION,
             session: p::SessionToken { id, secret },
             resumed,
+            durable_seq,
             fsid: self.store.fsid(),
         })
     }
@@ -93,6 +170,9 @@ impl Server {
     pub fn end_session(&mut self, id: SessionId) {
         if let Some(s) = self.sessions.remove(&id) {
             tracing::info!(session = id, client = %s.client_name, "session ended");
+            if let Err(e) = self.store.delete_session_record(id) {
+                tracing::warn!(session = id, "cannot drop the session record: {e}");
+            }
             for (ino, n) in s.open {
                 for _ in 0..n {
                     if let Err(e) = self.store.release_handle(ino) {
@@ -105,17 +185,51 @@ impl Server {
 
     /// Applies a request for `session` at time `now` (or answers it from the reply cache).
     pub fn handle_request(&mut self, session: SessionId, req: p::Request, now: p::Time) -> p::Response {
-        if let Some(r) = self.sessions.get(&session).and_then(|s| s.replies.get(&req.id)) {
-            tracing::debug!(session, id = req.id, "answered from the reply cache");
-            return r.clone();
+        if let Some(s) = self.sessions.get(&session) {
+            if let Some(r) = s.replies.get(&req.id) {
+                tracing::debug!(session, id = req.id, "answered from the reply cache");
+                return p::Response { durable: s.durable, ..r.clone() };
+            }
         }
         let mutates = req.ops.iter().any(Op::is_mutation);
+        let mut seq = 0;
         let results = if req.ops.len() > p::MAX_OPS_PER_REQUEST {
             vec![Err(errno(7, format!("{} operations in one request (max {})", req.ops.len(), p::MAX_OPS_PER_REQUEST)))]
         } else {
-            req.ops.into_iter().map(|op| self.apply(session, op, now)).collect()
+            // A changing request is one unit with its session record: after a crash it is
+            // wholly durable (and the record says so) or wholly gone.
+            let fsyncs: Vec<bool> = req.ops.iter().map(|op| matches!(op, Op::Fsync { .. })).collect();
+            if mutates {
+                self.store.begin_unit();
+                if let Some(s) = self.sessions.get_mut(&session) {
+                    s.applied += 1;
+                    seq = s.applied;
+                    let record = encode_record(s.secret, seq, &s.client_name);
+                    if let Err(e) = self.store.put_session_record(session, &record) {
+                        tracing::error!(session, "cannot record the session: {e}");
+                    }
+                }
+            }
+            let mut results: Vec<_> = req.ops.into_iter().map(|op| self.apply(session, op, now)).collect();
+            if mutates {
+                if let Err(e) = self.store.end_unit() {
+                    // The commit an fsync asked for failed: the fsync fails.
+                    tracing::error!(session, "commit failed: {e}");
+                    for (r, _) in results.iter_mut().zip(&fsyncs).filter(|(_, f)| **f) {
+                        *r = Err(error_out(&e));
+                    }
+                }
+                if self.written_since_commit >= COMMIT_AFTER_WRITTEN_BYTES {
+                    if let Err(e) = self.store.commit() {
+                        tracing::error!("commit after {} written bytes failed: {e}", self.written_since_commit);
+                    }
+                }
+            }
+            results
         };
-        let resp = p::Response { id: req.id, results };
+        self.note_commits();
+        let durable = self.sessions.get(&session).map_or(0, |s| s.durable);
+        let resp = p::Response { id: req.id, results, seq, durable };
         if mutates {
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.replies.insert(resp.id, resp.clone());
@@ -130,9 +244,37 @@ impl Server {
         resp
     }
 
-    /// Lets the store commit on its schedule.
+    /// Lets the store commit on its schedule, and drops restored sessions whose clients
+    /// did not come back within `RESTORED_SESSION_GRACE_MS`.
     pub fn tick(&mut self, now_ms: u64) -> Result<(), s::Error> {
-        self.store.tick(now_ms)
+        let mut expired = Vec::new();
+        for (id, s) in &mut self.sessions {
+            if let Some(deadline) = &mut s.awaiting_resume {
+                let at = *deadline.get_or_insert(now_ms + RESTORED_SESSION_GRACE_MS);
+                if now_ms >= at {
+                    expired.push(*id);
+                }
+            }
+        }
+        for id in expired {
+            tracing::warn!(session = id, "client did not come back after the restart; its session is dropped");
+            self.end_session(id);
+        }
+        let r = self.store.tick(now_ms);
+        self.note_commits();
+        r
+    }
+
+    /// After a commit, every change applied so far is durable.
+    fn note_commits(&mut self) {
+        let generation = self.store.generation();
+        if generation != self.seen_generation {
+            self.seen_generation = generation;
+            self.written_since_commit = 0;
+            for s in self.sessions.values_mut() {
+                s.durable = s.applied;
+            }
+        }
     }
 
     fn dir_items(&mut self, dir: u64, from: u64, limit: usize) -> Result<Vec<p::DirItem>, s::Error> {
@@ -173,8 +315,14 @@ impl Server {
         let st = &mut self.store;
         match op {
             Op::Lookup { parent, name } => {
-                let inode = st.lookup(parent, &name)?;
-                Ok(Reply::Entry { attr: attr_out(&inode), neighbours: Vec::new() })
+                let l = st.lookup_leaf(parent, &name, LOOKUP_NEIGHBOURS)?;
+                let items = l.neighbours.iter().map(|(e, i)| p::DirItem {
+                    name: e.name.clone(),
+                    index: e.index,
+                    attr: attr_out(i),
+                });
+                let leaf = p::DirLeaf { hash_lo: l.hash_lo, hash_hi: l.hash_hi, items: items.collect() };
+                Ok(Reply::Lookup { attr: l.found.as_ref().map(attr_out), leaf })
             }
             Op::GetAttr { ino } => Ok(Reply::Attr(attr_out(&st.getattr(ino)?))),
             Op::SetAttr { ino, set } => {
@@ -206,16 +354,16 @@ impl Server {
                 let kind = kind_in(kind);
                 let (gid, mode) = self.new_owner(parent, cred, kind, mode)?;
                 let inode = self.store.create(parent, &name, kind, mode, cred.uid, gid, rdev, now_s)?;
-                Ok(Reply::Entry { attr: attr_out(&inode), neighbours: Vec::new() })
+                Ok(Reply::Entry(attr_out(&inode)))
             }
             Op::Symlink { parent, name, target, cred } => {
                 let (gid, _) = self.new_owner(parent, cred, s::FileKind::Symlink, 0)?;
                 let inode = self.store.symlink(parent, &name, &target, cred.uid, gid, now_s)?;
-                Ok(Reply::Entry { attr: attr_out(&inode), neighbours: Vec::new() })
+                Ok(Reply::Entry(attr_out(&inode)))
             }
             Op::Link { ino, parent, name } => {
                 let inode = st.link(ino, parent, &name, now_s)?;
-                Ok(Reply::Entry { attr: attr_out(&inode), neighbours: Vec::new() })
+                Ok(Reply::Entry(attr_out(&inode)))
             }
             Op::Unlink { parent, name } => Ok(st.unlink(parent, &name, now_s).map(|_| Reply::Done)?),
             Op::Rmdir { parent, name } => Ok(st.rmdir(parent, &name, now_s).map(|_| Reply::Done)?),
@@ -256,6 +404,8 @@ impl Server {
                 if data.len() > p::MAX_IO_BYTES as usize {
                     return Err(Failure::Wire(errno(27, "write larger than the protocol allows")));
                 }
+                self.written_since_commit += data.len() as u64;
+                let st = &mut self.store;
                 Ok(st.write(ino, offset, &data, now_s).map(|i| Reply::Attr(attr_out(&i)))?)
             }
             Op::Fallocate { ino, offset, len, flags } => {
@@ -394,7 +544,7 @@ mod tests {
         };
         let r =
             srv.handle_request(sid, p::Request { id: 1, ops: vec![mk("d", p::FileType::Directory, 1, 0, 50)] }, NOW);
-        let Ok(Reply::Entry { attr: d, .. }) = &r.results[0] else { panic!("{r:?}") };
+        let Ok(Reply::Entry(d)) = &r.results[0] else { panic!("{r:?}") };
         let set = p::SetAttr { mode: Some(0o2775), ..Default::default() };
         srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::SetAttr { ino: d.ino, set }] }, NOW);
         let r = srv.handle_request(
@@ -405,9 +555,102 @@ mod tests {
             },
             NOW,
         );
-        let Ok(Reply::Entry { attr: f, .. }) = &r.results[0] else { panic!("{r:?}") };
-        let Ok(Reply::Entry { attr: sub, .. }) = &r.results[1] else { panic!("{r:?}") };
+        let Ok(Reply::Entry(f)) = &r.results[0] else { panic!("{r:?}") };
+        let Ok(Reply::Entry(sub)) = &r.results[1] else { panic!("{r:?}") };
         assert_eq!((f.gid, f.mode & 0o2000), (50, 0));
         assert_eq!((sub.gid, sub.mode & 0o2000), (50, 0o2000));
+    }
+
+    #[test]
+    fn the_protocol_hash_is_the_stores_hash() {
+        // Clients judge leaf ranges with the protocol's hash; the store orders entries by
+        // its own. They must be the same function.
+        for name in [&b""[..], b"a", b"Makefile", &[0xff, 0x80, 0x01], &[b'x'; 255]] {
+            assert_eq!(p::name_hash(name), s::key::name_hash(name), "{name:?}");
+        }
+    }
+
+    #[test]
+    fn session_records_round_trip_and_bad_ones_are_refused() {
+        let r = encode_record(42, 7, "host-a");
+        assert_eq!(decode_record(&r), Some((42, 7, "host-a".to_string())));
+        for cut in 0..r.len() {
+            assert_eq!(decode_record(&r[..cut]), None, "truncated at {cut}");
+        }
+        let mut bad = r.clone();
+        bad[0] = 2;
+        assert_eq!(decode_record(&bad), None, "unknown version");
+        let mut long = r.clone();
+        long.push(b'x');
+        assert_eq!(decode_record(&long), None, "name length disagrees");
+        let huge = encode_record(1, 1, &"n".repeat(1000));
+        assert!(huge.len() <= s::sessions::MAX_SESSION_RECORD_BYTES);
+    }
+
+    #[test]
+    fn after_a_crash_a_resumed_session_learns_exactly_which_changes_survived() {
+        let disk = MemDisk::new(16 << 20);
+        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let (sid, w) = srv.handle_hello(&hello(None));
+        let sid = sid.expect("session");
+        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+        let mk = |id, name: &str| p::Request {
+            id,
+            ops: vec![Op::Create {
+                parent: 1,
+                name: name.as_bytes().to_vec(),
+                kind: p::FileType::Regular,
+                mode: 0o644,
+                rdev: 0,
+                cred: p::Cred::default(),
+            }],
+        };
+        let r1 = srv.handle_request(sid, mk(1, "one"), NOW);
+        assert_eq!((r1.seq, r1.durable), (1, 0));
+        let read = srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::GetAttr { ino: 1 }] }, NOW);
+        assert_eq!(read.seq, 0, "reads take no place in the order");
+        let r2 = srv.handle_request(sid, p::Request { id: 3, ops: vec![Op::Fsync { ino: 1 }] }, NOW);
+        assert_eq!((r2.seq, r2.durable), (2, 2), "fsync makes everything so far durable");
+        let r3 = srv.handle_request(sid, mk(4, "two"), NOW);
+        assert_eq!((r3.seq, r3.durable), (3, 2));
+        // Power cut: nothing after the fsync is on disk.
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+        let (sid2, msg) = srv.handle_hello(&hello(Some(w.session)));
+        assert_eq!(sid2, Some(sid));
+        let p::ServerMessage::Welcome(w2) = msg else { panic!("{msg:?}") };
+        assert!(w2.resumed);
+        assert_eq!(w2.durable_seq, Some(2), "changes up to seq 2 survived");
+        // Replaying the lost change applies it (once), with the next seq.
+        let again = srv.handle_request(sid, mk(4, "two"), NOW);
+        assert!(again.results[0].is_ok(), "{again:?}");
+        assert_eq!(again.seq, 3);
+        // A later reconnect (no restart) says nothing about durability.
+        let (_, msg) = srv.handle_hello(&hello(Some(w.session)));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: true, durable_seq: None, .. })));
+        // A clean goodbye drops the record.
+        srv.end_session(sid);
+        let mut store = srv.into_store();
+        store.commit().expect("commit");
+        assert!(store.session_records().expect("records").is_empty());
+    }
+
+    #[test]
+    fn restored_sessions_expire_when_their_client_never_returns() {
+        let disk = MemDisk::new(16 << 20);
+        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let (sid, _) = srv.handle_hello(&hello(None));
+        let req = p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }] };
+        srv.handle_request(sid.expect("session"), req, NOW);
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        assert_eq!(srv.sessions.len(), 1);
+        srv.tick(1_000).expect("tick");
+        assert_eq!(srv.sessions.len(), 1, "within the grace period");
+        srv.tick(1_000 + RESTORED_SESSION_GRACE_MS).expect("tick");
+        assert!(srv.sessions.is_empty());
+        assert!(srv.store.session_records().expect("records").is_empty());
     }
 }

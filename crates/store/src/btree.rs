@@ -75,6 +75,33 @@ impl Tree {
         Ok(())
     }
 
+    /// The key range the leaf that would hold `key` is responsible for: `lo` inclusive,
+    /// `hi` exclusive (`None`: up to the end of the key space). Every key in the range
+    /// lives in that one leaf, so a scan of it reads one node.
+    pub fn leaf_bounds(&self, pager: &mut Pager, key: &Key) -> Result<(Key, Option<Key>)> {
+        let (mut lo, mut hi) = (Key::MIN, None);
+        let mut ptr = self.root;
+        let mut level = self.level;
+        loop {
+            let node = pager.node(ptr, self.owner, level)?;
+            match &node.body {
+                Body::Leaf(_) => return Ok((lo, hi)),
+                Body::Internal(children) => {
+                    let i = child_index(children, key);
+                    // Child 0 also holds whatever sorts below its separator.
+                    if i > 0 {
+                        lo = lo.max(children[i].0);
+                    }
+                    if let Some((next, _)) = children.get(i + 1) {
+                        hi = Some(hi.map_or(*next, |h: Key| h.min(*next)));
+                    }
+                    ptr = children[i].1;
+                    level -= 1;
+                }
+            }
+        }
+    }
+
     /// Collects the items with `lo <= key <= hi`, at most `limit` of them.
     pub fn collect(&self, pager: &mut Pager, lo: &Key, hi: &Key, limit: usize) -> Result<Vec<(Key, Vec<u8>)>> {
         let mut out = Vec::new();

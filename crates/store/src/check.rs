@@ -45,6 +45,8 @@ pub struct Report {
     pub used_blocks: u64,
     /// Blocks in the file system.
     pub total_blocks: u64,
+    /// Client session records kept by the server.
+    pub sessions: u64,
 }
 
 impl Report {
@@ -98,6 +100,8 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
                 Ok((ptr, meta)) => fs_meta = Some((ptr, meta.next_ino, meta.inode_count)),
                 Err(e) => c.problem(e.to_string()),
             }
+        } else if k.kind == kind::SESSION && k.offset == 0 && v.len() <= crate::sessions::MAX_SESSION_RECORD_BYTES {
+            c.report.sessions += 1;
         } else {
             c.problem(format!("root tree: unexpected item {k:?}"));
         }

@@ -33,6 +33,9 @@ pub mod kind {
     pub const ORPHAN: u8 = 6;
     /// root tree: the root pointer and counters of dataset `objectid`.
     pub const ROOT_ITEM: u8 = 10;
+    /// root tree: the server's record of client session `objectid` (opaque bytes the
+    /// server layer owns; see `Store::put_session_record`); offset 0.
+    pub const SESSION: u8 = 11;
     /// refcount tree: blocks `[objectid, objectid+offset)` have the stored reference count.
     pub const EXTENT_REF: u8 = 20;
 }

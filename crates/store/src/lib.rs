@@ -21,6 +21,7 @@ pub mod key;
 pub mod limits;
 pub mod node;
 pub mod pager;
+pub mod sessions;
 pub mod store;
 pub mod superblock;
 
@@ -28,5 +29,5 @@ pub use disk::{Disk, FileDisk, MemDisk};
 pub use error::{Error, Result};
 pub use fs::dirent::DirEntry;
 pub use fs::inode::{FileKind, Inode, Timespec, ROOT_INO};
-pub use fs::ops::{FallocateMode, Op, OpResult, RenameFlags, SetAttr, StatFs, Unlinked};
+pub use fs::ops::{FallocateMode, LeafLookup, Op, OpResult, RenameFlags, SetAttr, StatFs, Unlinked};
 pub use store::{CommitPolicy, MkfsOptions, Stats, Store};

@@ -118,6 +118,10 @@ pub struct Store {
     stats: Stats,
     /// Which superblock copy was used at open, and why the other was not.
     pub(crate) open_notes: Vec<String>,
+    /// Nesting depth of `begin_unit`: while above zero, commits wait (see sessions.rs).
+    pub(crate) unit_depth: u32,
+    /// A commit was asked for (fsync, size policy) inside a unit; done at its end.
+    pub(crate) commit_wanted: bool,
 }
 
 impl Store {
@@ -192,6 +196,8 @@ impl Store {
             last_commit_ms: None,
             stats: Stats::default(),
             open_notes: Vec::new(),
+            unit_depth: 0,
+            commit_wanted: false,
         };
         store.commit()?;
         // Both copies hold generation 1 so a fresh image has its fallback from the start.
@@ -333,6 +339,8 @@ impl Store {
                 last_commit_ms: None,
                 stats: Stats::default(),
                 open_notes: notes,
+                unit_depth: 0,
+                commit_wanted: false,
             }),
             Err(e) => Err((e, pager.into_disk())),
         }
@@ -397,9 +405,18 @@ impl Store {
     /// Commits when the running transaction has grown past the policy's size.
     pub(crate) fn maybe_commit(&mut self) -> Result<()> {
         if self.pager.dirty_nodes() >= self.policy.max_dirty_nodes {
-            self.commit()?;
+            self.commit_or_defer()?;
         }
         Ok(())
+    }
+
+    /// Commits now, or at the end of the running unit if one is open.
+    pub(crate) fn commit_or_defer(&mut self) -> Result<()> {
+        if self.unit_depth > 0 {
+            self.commit_wanted = true;
+            return Ok(());
+        }
+        self.commit()
     }
 
     /// Makes everything done so far durable (see the module doc for the protocol).

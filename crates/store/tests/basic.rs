@@ -273,3 +273,96 @@ fn older_superblock_stays_a_valid_fallback_after_reopen() {
     assert_eq!(s.generation(), 1);
     assert_same(&dump(&mut s), &gen1_view, "generation 1 after fallback");
 }
+
+/// `lookup_leaf` keeps its promise: every entry whose hash lies in the covered range is
+/// listed, so a name in the range and not listed is absent — checked against the full
+/// listing for present and absent names in a directory spanning many leaves, with a
+/// second directory's items sharing leaves at the edges.
+#[test]
+fn lookup_leaf_lists_every_entry_in_its_hash_range() {
+    use crest_store::key::name_hash;
+    let disk = fresh(64);
+    let mut s = open(&disk);
+    let before = s.create(ROOT_INO, b"a-before", FileKind::Directory, 0o755, 0, 0, 0, t(2)).expect("mkdir").ino;
+    let d = s.create(ROOT_INO, b"dir", FileKind::Directory, 0o755, 0, 0, 0, t(2)).expect("mkdir").ino;
+    let after = s.create(ROOT_INO, b"z-after", FileKind::Directory, 0o755, 0, 0, 0, t(2)).expect("mkdir").ino;
+    for i in 0..50u32 {
+        for dir in [before, after] {
+            s.create(dir, format!("o{i}").as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create");
+        }
+    }
+    let mut all = std::collections::BTreeMap::new();
+    for i in 0..2500u32 {
+        let name = format!("file-{i:05}").into_bytes();
+        let ino = s.create(d, &name, FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create").ino;
+        all.insert(name, ino);
+    }
+    s.commit().expect("commit");
+    let mut covered_total = 0u128;
+    for i in (0..5000u32).step_by(13) {
+        let name = format!("file-{i:05}").into_bytes();
+        let present = all.get(&name).copied();
+        let leaf = s.lookup_leaf(d, &name, 64).expect("lookup_leaf");
+        assert_eq!(leaf.found.as_ref().map(|n| n.ino), present, "found for {i}");
+        let h = name_hash(&name);
+        assert!(leaf.hash_lo <= h && h <= leaf.hash_hi, "range {:x}..={:x} misses {h:x}", leaf.hash_lo, leaf.hash_hi);
+        let listed: std::collections::BTreeMap<_, _> =
+            leaf.neighbours.iter().map(|(e, inode)| (e.name.clone(), (e.ino, inode.ino))).collect();
+        let expected: std::collections::BTreeMap<_, _> = all
+            .iter()
+            .filter(|(n, _)| (leaf.hash_lo..=leaf.hash_hi).contains(&name_hash(n)))
+            .map(|(n, ino)| (n.clone(), (*ino, *ino)))
+            .collect();
+        assert_eq!(listed, expected, "neighbours of {i}");
+        assert!(leaf.neighbours.len() <= 64 + 2, "{} neighbours", leaf.neighbours.len());
+        covered_total += u128::from(leaf.hash_hi - leaf.hash_lo) + 1;
+    }
+    // The answers cover real ground, not just the name itself.
+    assert!(covered_total > u128::from(u64::MAX), "ranges too narrow: {covered_total}");
+    // An empty directory is covered whole.
+    let e = s.create(ROOT_INO, b"empty", FileKind::Directory, 0o755, 0, 0, 0, t(4)).expect("mkdir").ino;
+    let leaf = s.lookup_leaf(e, b"x", 64).expect("lookup_leaf");
+    assert!(leaf.found.is_none() && leaf.neighbours.is_empty());
+    assert_eq!((leaf.hash_lo, leaf.hash_hi), (0, u64::MAX));
+    assert!(matches!(s.lookup_leaf(d, &[b'n'; 300], 64), Err(Error::NameTooLong { .. })));
+}
+
+/// Session records are committed atomically with the file system: they survive a commit
+/// and reopen, vanish with the work of an uncommitted transaction, and fsck accepts them.
+/// Inside a unit an fsync's commit waits for `end_unit`.
+#[test]
+fn session_records_and_units() {
+    let disk = fresh(16);
+    let mut s = open(&disk);
+    s.put_session_record(7, b"seq=1").expect("put");
+    s.create(ROOT_INO, b"a", FileKind::Regular, 0o644, 0, 0, 0, t(2)).expect("create");
+    s.commit().expect("commit");
+    // Uncommitted: a newer record and a file, lost together.
+    s.put_session_record(7, b"seq=2").expect("put");
+    s.put_session_record(9, b"other").expect("put");
+    s.create(ROOT_INO, b"b", FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create");
+    drop(s.abandon());
+    let mut s = open(&disk);
+    assert_eq!(s.session_records().expect("records"), vec![(7, b"seq=1".to_vec())]);
+    assert!(s.lookup(ROOT_INO, b"a").is_ok() && s.lookup(ROOT_INO, b"b").is_err());
+    assert!(matches!(s.put_session_record(1, &[0; 257]), Err(Error::TooBig(_))));
+    // A unit holds the fsync's commit until its end.
+    let g = s.generation();
+    s.begin_unit();
+    s.put_session_record(7, b"seq=3").expect("put");
+    s.create(ROOT_INO, b"c", FileKind::Regular, 0o644, 0, 0, 0, t(4)).expect("create");
+    s.fsync(ROOT_INO).expect("fsync");
+    assert_eq!(s.generation(), g, "no commit inside the unit");
+    s.end_unit().expect("end_unit commits");
+    assert_eq!(s.generation(), g + 1);
+    s.delete_session_record(9).expect("delete a missing record is fine");
+    drop(s.abandon());
+    let r = assert_clean(&disk);
+    assert_eq!(r.sessions, 1);
+    let mut s = open(&disk);
+    assert_eq!(s.session_records().expect("records"), vec![(7, b"seq=3".to_vec())]);
+    assert!(s.lookup(ROOT_INO, b"c").is_ok());
+    s.delete_session_record(7).expect("delete");
+    s.commit().expect("commit");
+    assert!(s.session_records().expect("records").is_empty());
+}

@@ -99,6 +99,24 @@ pub enum Op {
     RemoveXattr { ino: u64, name: Vec<u8>, now: Timespec },
 }
 
+/// A lookup with the rest of its directory leaf (the CRFS idea: one round trip primes a
+/// client's cache with the neighbours it is likely to ask for next).
+///
+/// Invariant: `neighbours` holds *every* entry of the directory whose name hash lies in
+/// `hash_lo..=hash_hi`, so a name hashing into that range and not listed is absent. The
+/// range is empty (`hash_lo > hash_hi`) when a damaged neighbour could not be listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeafLookup {
+    /// The inode the name names, if any.
+    pub found: Option<Inode>,
+    /// First name hash the answer covers.
+    pub hash_lo: u64,
+    /// Last name hash the answer covers (inclusive).
+    pub hash_hi: u64,
+    /// All entries with hashes in the range (the looked-up one included), with attributes.
+    pub neighbours: Vec<(DirEntry, Inode)>,
+}
+
 /// The result of one batched operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OpResult {
@@ -144,6 +162,70 @@ impl Store {
             .find_entry(dir, name)?
             .ok_or_else(|| Error::NotFound(format!("{:?} in directory {dir}", String::from_utf8_lossy(name))))?;
         self.getattr(e.ino)
+    }
+
+    /// Looks `name` up in `dir` and returns the entries around it in the same leaf: at
+    /// most `max_hashes` distinct name hashes, centred on the name's. See `LeafLookup`.
+    pub fn lookup_leaf(&mut self, dir: u64, name: &[u8], max_hashes: usize) -> Result<LeafLookup> {
+        self.dir_inode(dir)?;
+        if name.len() > crate::limits::NAME_MAX {
+            return Err(Error::NameTooLong { len: name.len(), max: crate::limits::NAME_MAX });
+        }
+        let key = dirent::entry_key(dir, name);
+        let (leaf_lo, leaf_hi) = self.fs.leaf_bounds(&mut self.pager, &key)?;
+        // Clip the leaf's key range to this directory's DIR_ENTRY items.
+        let dir_lo = Key::new(dir, kind::DIR_ENTRY, 0);
+        let dir_hi = Key::new(dir, kind::DIR_ENTRY, u64::MAX);
+        let mut hash_lo = if leaf_lo <= dir_lo { 0 } else { leaf_lo.offset };
+        let mut hash_hi = match leaf_hi {
+            Some(h) if h <= dir_hi => h.offset.saturating_sub(1),
+            _ => u64::MAX,
+        };
+        let lo = Key::new(dir, kind::DIR_ENTRY, hash_lo);
+        let hi = Key::new(dir, kind::DIR_ENTRY, hash_hi);
+        let items = self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?;
+        let at = items.partition_point(|(k, _)| *k < key);
+        let want = max_hashes.max(1);
+        let end = (at.saturating_sub(want / 2) + want).min(items.len());
+        let start = end.saturating_sub(want);
+        if start > 0 {
+            hash_lo = items[start - 1].0.offset + 1;
+        }
+        if end < items.len() {
+            hash_hi = items[end].0.offset - 1;
+        }
+        let mut found = None;
+        let mut neighbours = Vec::new();
+        let mut damaged = false;
+        for (k, v) in &items[start..end] {
+            let entries = match dirent::decode_entries(*k, v, 0) {
+                Ok(entries) => entries,
+                Err(e) if *k == key => return Err(e),
+                Err(_) => {
+                    damaged = true;
+                    continue;
+                }
+            };
+            for e in entries {
+                match self.getattr(e.ino) {
+                    Ok(inode) => {
+                        if e.name == name {
+                            found = Some(inode.clone());
+                        }
+                        neighbours.push((e, inode));
+                    }
+                    Err(err) if e.name == name => return Err(err),
+                    Err(_) => damaged = true,
+                }
+            }
+        }
+        if damaged {
+            // A damaged neighbour must not fail a healthy lookup, nor be reported absent:
+            // answer for the name alone and cover nothing.
+            neighbours.retain(|(e, _)| e.name == name);
+            return Ok(LeafLookup { found, hash_lo: 1, hash_hi: 0, neighbours });
+        }
+        Ok(LeafLookup { found, hash_lo, hash_hi, neighbours })
     }
 
     /// Up to `limit` entries of `dir` whose index is at least `from_index`, in creation
@@ -876,7 +958,7 @@ impl Store {
 
     /// Makes everything done so far durable (crest has no per-file log yet: a commit).
     pub fn fsync(&mut self, _ino: u64) -> Result<()> {
-        self.commit()
+        self.commit_or_defer()
     }
 
     /// Destroys inodes left on the orphan list (open files unlinked before a crash).

@@ -1,0 +1,418 @@
+//! The client's metadata cache, the step between the FUSE layer and the wire on the data
+//! path (FUSE → **cache** → proto → net → server → store). It decides which lookups a
+//! mount can answer without a round trip.
+//!
+//! What it holds: stretches of directories as the server sent them (`DirLeaf`: every
+//! entry whose name hash lies in a range), and the attributes that came with them. A
+//! lookup of a name inside a held range is answered here — found, or *absent* — which is
+//! what makes an untar cheap: the negative lookup before each create never leaves the
+//! machine. A new directory made through this mount is known to be empty, so it is held
+//! whole from birth.
+//!
+//! Invariants (each has a test below):
+//! - **complete ranges**: a held range lists every entry of its directory in that range
+//!   as of when it was fetched, plus every change made through this mount since; names
+//!   are added and removed as this mount creates and unlinks them, never just dropped
+//!   (dropping one would make it look absent);
+//! - **no regress**: a reply fetched before a change made through this mount completed is
+//!   not absorbed (a mutation epoch is taken before each fetch and compared after), so the
+//!   cache never answers older than this mount's own completed operations;
+//! - **bounded staleness** from other clients: everything expires `ttl` after it was
+//!   fetched. The next issue's leases replace the timer: a range will be valid while the
+//!   directory's lease is held and dropped on recall;
+//! - bounded memory: beyond `MAX_ENTRIES` the cache is simply cleared.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crest_proto::{self as p, name_hash, DirLeaf};
+
+/// Most entries held (over all directories) before the cache is cleared.
+pub const MAX_ENTRIES: usize = 1 << 20;
+
+/// Longest name the server accepts; longer ones always go to the server (for its error).
+const NAME_MAX: usize = 255;
+
+/// What the cache knows about a name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cached {
+    /// The name exists and names this inode.
+    Found(p::Attr),
+    /// The name does not exist.
+    Absent,
+}
+
+/// A mutation epoch: taken before a fetch, handed back with its reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Epoch(u64);
+
+#[derive(Debug)]
+struct Range {
+    lo: u64,
+    hi: u64,
+    expires: Instant,
+    /// name → inode.
+    names: HashMap<Vec<u8>, u64>,
+}
+
+#[derive(Debug)]
+struct Attr {
+    attr: p::Attr,
+    expires: Instant,
+}
+
+/// Name and attribute cache of one mount. Not thread-safe by itself: the FUSE layer keeps
+/// it under a mutex and never holds that across a server call.
+#[derive(Debug)]
+pub struct NameCache {
+    ttl: Duration,
+    epoch: u64,
+    /// Directory → its held ranges, disjoint, in no particular order (few per directory).
+    dirs: HashMap<u64, Vec<Range>>,
+    attrs: HashMap<u64, Attr>,
+    entries: usize,
+}
+
+fn cacheable(name: &[u8]) -> bool {
+    !name.is_empty() && name.len() <= NAME_MAX && name != b"." && name != b".."
+}
+
+impl NameCache {
+    /// An empty cache whose contents live `ttl` (zero: nothing is ever answered here).
+    pub fn new(ttl: Duration) -> NameCache {
+        NameCache { ttl, epoch: 0, dirs: HashMap::new(), attrs: HashMap::new(), entries: 0 }
+    }
+
+    /// The epoch to hand to `absorb_*` with the reply of a fetch sent now.
+    pub fn epoch(&self) -> Epoch {
+        Epoch(self.epoch)
+    }
+
+    /// Answers a lookup from held state, or `None` when the server must be asked.
+    pub fn lookup(&self, dir: u64, name: &[u8], now: Instant) -> Option<Cached> {
+        if !cacheable(name) {
+            return None;
+        }
+        let h = name_hash(name);
+        let range = self.dirs.get(&dir)?.iter().find(|r| r.lo <= h && h <= r.hi && now < r.expires)?;
+        match range.names.get(name) {
+            None => Some(Cached::Absent),
+            Some(ino) => {
+                let a = self.attrs.get(ino).filter(|a| now < a.expires)?;
+                Some(Cached::Found(a.attr.clone()))
+            }
+        }
+    }
+
+    /// Takes in a stretch of `dir` the server sent in reply to a fetch started at `epoch`.
+    /// Ignored when a change made through this mount completed in between.
+    pub fn absorb_leaf(&mut self, dir: u64, leaf: &DirLeaf, epoch: Epoch, now: Instant) {
+        if epoch.0 != self.epoch || leaf.hash_lo > leaf.hash_hi || self.ttl.is_zero() {
+            return;
+        }
+        self.hold(dir, leaf.hash_lo, leaf.hash_hi, &leaf.items, now);
+    }
+
+    /// Takes in a complete listing of `dir` (a readdir that started at the beginning and
+    /// reached the end in one reply), fetched at `epoch`.
+    pub fn absorb_listing(&mut self, dir: u64, items: &[p::DirItem], epoch: Epoch, now: Instant) {
+        if epoch.0 != self.epoch || self.ttl.is_zero() {
+            return;
+        }
+        self.hold(dir, 0, u64::MAX, items, now);
+    }
+
+    fn hold(&mut self, dir: u64, lo: u64, hi: u64, items: &[p::DirItem], now: Instant) {
+        if self.entries + items.len() > MAX_ENTRIES {
+            self.clear();
+        }
+        let expires = now + self.ttl;
+        let ranges = self.dirs.entry(dir).or_default();
+        // The new stretch replaces whatever it overlaps (it is at least as fresh).
+        let mut dropped = 0;
+        ranges.retain(|r| {
+            let keep = r.hi < lo || r.lo > hi;
+            if !keep {
+                dropped += r.names.len();
+            }
+            keep
+        });
+        let mut names = HashMap::with_capacity(items.len());
+        for i in items {
+            if lo <= name_hash(&i.name) && name_hash(&i.name) <= hi {
+                names.insert(i.name.clone(), i.attr.ino);
+                self.attrs.insert(i.attr.ino, Attr { attr: i.attr.clone(), expires });
+            }
+        }
+        self.entries = self.entries - dropped + names.len();
+        ranges.push(Range { lo, hi, expires, names });
+    }
+
+    /// A directory this mount just made: it is empty, so it is held whole.
+    pub fn made_dir(&mut self, attr: &p::Attr, now: Instant) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let expires = now + self.ttl;
+        self.dirs.insert(attr.ino, vec![Range { lo: 0, hi: u64::MAX, expires, names: HashMap::new() }]);
+    }
+
+    /// `name` in `dir` now names `attr` (create, mkdir, symlink, link, rename target),
+    /// done through this mount. Also records `attr` and forgets `dir`'s attributes (its
+    /// times changed).
+    pub fn added(&mut self, dir: u64, name: &[u8], attr: &p::Attr, now: Instant) {
+        self.epoch += 1;
+        self.attrs.remove(&dir);
+        let h = name_hash(name);
+        if let Some(r) = self.dirs.get_mut(&dir).and_then(|v| v.iter_mut().find(|r| r.lo <= h && h <= r.hi)) {
+            if r.names.insert(name.to_vec(), attr.ino).is_none() {
+                self.entries += 1;
+            }
+        }
+        self.attrs.insert(attr.ino, Attr { attr: attr.clone(), expires: now + self.ttl });
+    }
+
+    /// `name` in `dir` was removed through this mount (unlink, rmdir, rename source or
+    /// replaced target). The inode it named loses its attributes (link count, ctime).
+    pub fn removed(&mut self, dir: u64, name: &[u8]) {
+        self.epoch += 1;
+        self.attrs.remove(&dir);
+        let h = name_hash(name);
+        let ino = self
+            .dirs
+            .get_mut(&dir)
+            .and_then(|v| v.iter_mut().find(|r| r.lo <= h && h <= r.hi))
+            .and_then(|r| r.names.remove(name));
+        match ino {
+            Some(ino) => {
+                self.entries -= 1;
+                self.attrs.remove(&ino);
+                self.drop_dir(ino);
+            }
+            // Unknown inode: any multiply-linked one might be it.
+            None => self.attrs.retain(|_, a| a.attr.nlink <= 1 && a.attr.kind != p::FileType::Directory),
+        }
+    }
+
+    /// The server says `attr` is current (a reply to getattr, setattr, write, open…).
+    /// Updates what is held, without adding anything new.
+    pub fn attr_changed(&mut self, attr: &p::Attr) {
+        self.epoch += 1;
+        if let Some(a) = self.attrs.get_mut(&attr.ino) {
+            a.attr = attr.clone();
+        }
+    }
+
+    /// Something about `ino` changed in a way its reply did not show (xattrs: ctime).
+    pub fn attr_stale(&mut self, ino: u64) {
+        self.epoch += 1;
+        self.attrs.remove(&ino);
+    }
+
+    fn drop_dir(&mut self, dir: u64) {
+        if let Some(ranges) = self.dirs.remove(&dir) {
+            self.entries -= ranges.iter().map(|r| r.names.len()).sum::<usize>();
+        }
+    }
+
+    /// Forgets everything (memory cap; or a reconnect to a restarted server).
+    pub fn clear(&mut self) {
+        self.epoch += 1;
+        self.dirs.clear();
+        self.attrs.clear();
+        self.entries = 0;
+    }
+
+    /// Entries held (for tests and stats).
+    pub fn len(&self) -> usize {
+        self.entries
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(ino: u64, kind: p::FileType) -> p::Attr {
+        p::Attr {
+            ino,
+            generation: 1,
+            kind,
+            mode: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size_bytes: 0,
+            blocks_4k: 0,
+            rdev: 0,
+            atime: p::Time::default(),
+            mtime: p::Time::default(),
+            ctime: p::Time::default(),
+            crtime: p::Time::default(),
+        }
+    }
+
+    fn item(name: &str, ino: u64) -> p::DirItem {
+        p::DirItem { name: name.as_bytes().to_vec(), index: ino, attr: attr(ino, p::FileType::Regular) }
+    }
+
+    fn leaf_around(names: &[(&str, u64)]) -> DirLeaf {
+        DirLeaf { hash_lo: 0, hash_hi: u64::MAX, items: names.iter().map(|(n, i)| item(n, *i)).collect() }
+    }
+
+    const TTL: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_held_leaf_answers_found_and_absent_and_expires() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        assert_eq!(c.lookup(1, b"a", now), None);
+        let e = c.epoch();
+        c.absorb_leaf(1, &leaf_around(&[("a", 10), ("b", 11)]), e, now);
+        assert_eq!(c.lookup(1, b"a", now), Some(Cached::Found(attr(10, p::FileType::Regular))));
+        assert_eq!(c.lookup(1, b"zzz", now), Some(Cached::Absent));
+        assert_eq!(c.lookup(2, b"a", now), None, "other directories are not held");
+        assert_eq!(c.lookup(1, b"a", now + TTL), None, "expired");
+        assert_eq!(c.lookup(1, &[b'x'; 300], now), None, "overlong names go to the server");
+    }
+
+    #[test]
+    fn a_partial_range_answers_only_inside_it() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let h = name_hash(b"inside");
+        let leaf = DirLeaf { hash_lo: h, hash_hi: h, items: vec![] };
+        c.absorb_leaf(1, &leaf, c.epoch(), now);
+        assert_eq!(c.lookup(1, b"inside", now), Some(Cached::Absent));
+        assert_eq!(c.lookup(1, b"outside", now), None);
+        // An empty range (a damaged neighbour on the server) holds nothing.
+        let mut c = NameCache::new(TTL);
+        c.absorb_leaf(1, &DirLeaf { hash_lo: 1, hash_hi: 0, items: vec![] }, c.epoch(), now);
+        assert_eq!(c.lookup(1, b"inside", now), None);
+    }
+
+    #[test]
+    fn changes_made_here_keep_ranges_complete() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let d = attr(5, p::FileType::Directory);
+        c.made_dir(&d, now);
+        assert_eq!(c.lookup(5, b"f", now), Some(Cached::Absent), "a new directory is empty");
+        c.added(5, b"f", &attr(6, p::FileType::Regular), now);
+        assert_eq!(c.lookup(5, b"f", now), Some(Cached::Found(attr(6, p::FileType::Regular))));
+        c.removed(5, b"f");
+        assert_eq!(c.lookup(5, b"f", now), Some(Cached::Absent));
+        assert_eq!(c.len(), 0);
+    }
+
+    #[test]
+    fn a_reply_fetched_before_a_local_change_is_not_absorbed() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let before = c.epoch();
+        // The server answered the lookup before our create of "new" reached it…
+        let stale = leaf_around(&[("old", 10)]);
+        // …and the create completed first here.
+        c.added(1, b"new", &attr(11, p::FileType::Regular), now);
+        c.absorb_leaf(1, &stale, before, now);
+        assert_ne!(c.lookup(1, b"new", now), Some(Cached::Absent), "must not regress");
+        // Same for attributes: a write's newer size is not overwritten by an older leaf.
+        let e = c.epoch();
+        c.absorb_leaf(1, &leaf_around(&[("old", 10)]), e, now);
+        let mut grown = attr(10, p::FileType::Regular);
+        grown.size_bytes = 4096;
+        let e2 = c.epoch();
+        c.attr_changed(&grown);
+        c.absorb_leaf(1, &leaf_around(&[("old", 10)]), e2, now);
+        assert_eq!(c.lookup(1, b"old", now), Some(Cached::Found(grown)));
+    }
+
+    #[test]
+    fn unlinking_an_unknown_name_forgets_multiply_linked_inodes() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let mut two = attr(7, p::FileType::Regular);
+        two.nlink = 2;
+        let leaf = DirLeaf {
+            hash_lo: 0,
+            hash_hi: u64::MAX,
+            items: vec![p::DirItem { name: b"l1".to_vec(), index: 1, attr: two }],
+        };
+        c.absorb_leaf(1, &leaf, c.epoch(), now);
+        // The other link, in a directory not held, goes away: "l1" must not report nlink 2.
+        c.removed(2, b"l2");
+        assert_eq!(c.lookup(1, b"l1", now), None);
+    }
+
+    #[test]
+    fn removing_a_directory_drops_what_was_held_in_it() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        c.made_dir(&attr(1, p::FileType::Directory), now);
+        c.added(1, b"sub", &attr(5, p::FileType::Directory), now);
+        c.made_dir(&attr(5, p::FileType::Directory), now);
+        c.added(5, b"x", &attr(6, p::FileType::Regular), now);
+        c.removed(5, b"x");
+        c.removed(1, b"sub");
+        assert_eq!(c.lookup(5, b"x", now), None);
+        assert_eq!(c.lookup(1, b"sub", now), Some(Cached::Absent));
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn zero_ttl_holds_nothing() {
+        let now = Instant::now();
+        let mut c = NameCache::new(Duration::ZERO);
+        c.absorb_leaf(1, &leaf_around(&[("a", 10)]), c.epoch(), now);
+        c.made_dir(&attr(2, p::FileType::Directory), now);
+        assert_eq!(c.lookup(1, b"a", now), None);
+        assert_eq!(c.lookup(2, b"a", now), None);
+    }
+
+    proptest::proptest! {
+        /// Against a model directory: after any mix of server leaves and local changes,
+        /// every answer the cache gives agrees with the model.
+        #[test]
+        fn answers_agree_with_the_directory(ops in proptest::collection::vec((0u8..4, 0u8..24, 0u8..24), 1..200)) {
+            let now = Instant::now();
+            let mut c = NameCache::new(TTL);
+            let mut model: HashMap<Vec<u8>, u64> = HashMap::new();
+            let mut next_ino = 100;
+            for (op, a, b) in ops {
+                let name = format!("n{a}").into_bytes();
+                match op {
+                    0 => {
+                        // The server sends a stretch between the hashes of two names.
+                        let (x, y) = (name_hash(&name), name_hash(format!("n{b}").as_bytes()));
+                        let (lo, hi) = (x.min(y), x.max(y));
+                        let items = model.iter().filter(|(n, _)| (lo..=hi).contains(&name_hash(n)))
+                            .map(|(n, i)| p::DirItem { name: n.clone(), index: *i, attr: attr(*i, p::FileType::Regular) })
+                            .collect();
+                        c.absorb_leaf(1, &DirLeaf { hash_lo: lo, hash_hi: hi, items }, c.epoch(), now);
+                    }
+                    1 => if !model.contains_key(&name) {
+                        next_ino += 1;
+                        model.insert(name.clone(), next_ino);
+                        c.added(1, &name, &attr(next_ino, p::FileType::Regular), now);
+                    },
+                    2 => if model.remove(&name).is_some() {
+                        c.removed(1, &name);
+                    },
+                    _ => {
+                        let ok = match c.lookup(1, &name, now) {
+                            None => true,
+                            Some(Cached::Absent) => !model.contains_key(&name),
+                            Some(Cached::Found(a)) => model.get(&name) == Some(&a.ino),
+                        };
+                        proptest::prop_assert!(ok, "wrong answer for {:?}", String::from_utf8_lossy(&name));
+                    }
+                }
+            }
+        }
+    }
+}
