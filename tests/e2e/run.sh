@@ -12,8 +12,8 @@ crest=$root/target/release/crest
 [ -x "$crest" ] || { echo "build first: cargo build --release" >&2; exit 2; }
 work=$(mktemp -d /tmp/crest-e2e.XXXXXX)
 chmod 755 "$work" # pjdfstest switches to unprivileged users who must reach the mount
-img=$work/img mnt=$work/mnt
-mkdir -p "$mnt"
+img=$work/img mnt=$work/mnt mnt2=$work/mnt2
+mkdir -p "$mnt" "$mnt2"
 port=$((20000 + RANDOM % 20000))
 addr=127.0.0.1:$port
 passed=0 failed=0 server=
@@ -31,7 +31,7 @@ start_server() {
 stop_server() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; server=; }
 do_mount() { "$crest" mount "$addr" "$mnt" >/dev/null; }
 do_umount() { "$crest" umount "$mnt" 2>/dev/null || umount -l "$mnt"; for _ in $(seq 50); do grep -q " $mnt " /proc/mounts || return 0; sleep 0.1; done; }
-cleanup() { do_umount 2>/dev/null; stop_server; rm -rf "$work"; }
+cleanup() { do_umount 2>/dev/null; "$crest" umount "$mnt2" 2>/dev/null || umount -l "$mnt2" 2>/dev/null; stop_server; rm -rf "$work"; }
 trap cleanup EXIT
 check() { # name command...
   local name=$1; shift
@@ -45,6 +45,10 @@ check() { # name command...
 "$crest" mkfs --size 8G "$img" >/dev/null
 start_server
 do_mount
+# A second mount of the same server stays live through every check (pjdfstest, fsx, the
+# untars and the server kill see two clients), and is the other side of the coherence
+# checks.
+"$crest" mount "$addr" "$mnt2" >/dev/null
 
 mount_shows_type_and_source() {
   grep -q "^$addr $mnt fuse.crest " /proc/mounts && df -P "$mnt" | tail -1 | grep -q "^$addr " &&
@@ -151,7 +155,31 @@ kill9_during_untar() {
 }
 check kill9-server-during-untar kill9_during_untar
 
+two_mounts_are_coherent() {
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  python3 "$root/tests/e2e/two_mounts.py" "$mnt" "$mnt2" >&2 || return 1
+  rm -rf "$mnt/coherence"
+}
+check two-mounts-coherent two_mounts_are_coherent
+
+killed_client_does_not_stop_others() {
+  # The second mount's daemon holds the root directory; kill -9 it. The first mount's
+  # next change waits at most the recall timeout for the dead holder, then goes on.
+  ls "$mnt2" >/dev/null || return 1
+  local pid
+  pid=$(pgrep -f "crest mount .*$mnt2" | head -1)
+  [ -n "$pid" ] || { log "no daemon for $mnt2"; return 1; }
+  kill -9 "$pid"
+  local t0=$SECONDS
+  timeout 30 touch "$mnt/after-client-death" || return 1
+  log "change after the other client died took $((SECONDS - t0)) s"
+  [ -e "$mnt/after-client-death" ] && rm "$mnt/after-client-death" || return 1
+  umount -l "$mnt2" 2>/dev/null || true
+}
+check killed-client-does-not-stop-others killed_client_does_not_stop_others
+
 do_umount
+"$crest" umount "$mnt2" 2>/dev/null || umount -l "$mnt2" 2>/dev/null
 stop_server
 check fsck-clean-at-end "$crest" fsck "$img"
 echo "$passed passed, $failed failed"

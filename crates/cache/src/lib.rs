@@ -203,6 +203,27 @@ impl NameCache {
         }
     }
 
+    /// Holds attributes the server sent in reply to a fetch started at `epoch`.
+    pub fn hold_attr(&mut self, attr: &p::Attr, epoch: Epoch, now: Instant) {
+        if epoch.0 != self.epoch || self.ttl.is_zero() {
+            return;
+        }
+        self.attrs.insert(attr.ino, Attr { attr: attr.clone(), expires: now + self.ttl });
+    }
+
+    /// Attributes held for `ino`, if still valid.
+    pub fn attr(&self, ino: u64, now: Instant) -> Option<p::Attr> {
+        self.attrs.get(&ino).filter(|a| now < a.expires).map(|a| a.attr.clone())
+    }
+
+    /// Another client changed `ino` (a recall): its attributes go, and if it is a
+    /// directory, everything held of its entries.
+    pub fn recalled(&mut self, ino: u64) {
+        self.epoch += 1;
+        self.attrs.remove(&ino);
+        self.drop_dir(ino);
+    }
+
     /// Something about `ino` changed in a way its reply did not show (xattrs: ctime).
     pub fn attr_stale(&mut self, ino: u64) {
         self.epoch += 1;
@@ -362,6 +383,23 @@ mod tests {
         assert_eq!(c.lookup(5, b"x", now), None);
         assert_eq!(c.lookup(1, b"sub", now), Some(Cached::Absent));
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn a_recall_drops_attributes_and_entries_and_stale_fetches() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        c.absorb_leaf(1, &leaf_around(&[("a", 10)]), c.epoch(), now);
+        assert!(c.attr(10, now).is_some());
+        let before = c.epoch();
+        c.recalled(1);
+        assert_eq!(c.lookup(1, b"zzz", now), None, "the directory's entries went");
+        assert!(c.attr(10, now).is_some(), "other inodes stay");
+        c.recalled(10);
+        assert_eq!(c.attr(10, now), None);
+        // A reply fetched before the recall is not taken in.
+        c.absorb_leaf(1, &leaf_around(&[("a", 10)]), before, now);
+        assert_eq!(c.lookup(1, b"a", now), None);
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
-use crest_store::{check, FileDisk, MkfsOptions, Store, Timespec};
+use clap::{Parser, Subcommand, ValueEnum};
+use crest_store::{check, DiskIo, FileDisk, MkfsOptions, Store, Timespec};
 
 #[derive(Parser, Debug)]
 #[command(name = "crest", version, about = "crest: a coherent remote file system")]
@@ -42,6 +42,12 @@ enum Command {
         /// Commit at least this often (milliseconds).
         #[arg(long, default_value_t = 5000)]
         commit_interval_ms: u64,
+        /// How the image is written: uring (io_uring: queued writes, commit batches
+        /// submitted together with O_DIRECT; the default, fastest measured; falls back to
+        /// pool where io_uring is unavailable), pool (commit batches written by a few
+        /// threads) or sync (one call at a time).
+        #[arg(long, value_enum, default_value_t = DiskIoArg::Uring)]
+        disk_io: DiskIoArg,
     },
     /// Mount a crest server on a directory (in the background unless --foreground).
     Mount {
@@ -172,13 +178,46 @@ fn umount(mountpoint: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `crest serve --disk-io`: the image backend (benches/diskio.rs in crest-store measures them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DiskIoArg {
+    /// io_uring (crest_store::UringDisk).
+    Uring,
+    /// Synchronous calls, commit batches split over threads (crest_store::PoolDisk).
+    Pool,
+    /// Synchronous calls, one at a time (crest_store::FileDisk).
+    Sync,
+}
+
+impl From<DiskIoArg> for DiskIo {
+    fn from(a: DiskIoArg) -> DiskIo {
+        match a {
+            DiskIoArg::Uring => DiskIo::Uring,
+            DiskIoArg::Pool => DiskIo::Pool,
+            DiskIoArg::Sync => DiskIo::Sync,
+        }
+    }
+}
+
+/// Opens the image with the chosen backend; io_uring that cannot be set up (seccomp in a
+/// container, `kernel.io_uring_disabled`, an old kernel) falls back to the pool.
+fn open_disk(image: &Path, mut io: DiskIo) -> Result<Box<dyn crest_store::Disk>> {
+    if io == DiskIo::Uring {
+        if let Err(e) = crest_store::UringDisk::available() {
+            tracing::warn!("{e}; using --disk-io pool instead");
+            io = DiskIo::Pool;
+        }
+    }
+    tracing::info!("{}: --disk-io {}", image.display(), io.name());
+    io.open(image).with_context(|| format!("opening {}", image.display()))
+}
+
 /// Where `crest serve` listens unless told otherwise.
 const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
 
-fn serve(image: &Path, listen: &str, commit_interval_ms: u64) -> Result<()> {
-    let disk = FileDisk::open(image).with_context(|| format!("opening {}", image.display()))?;
-    let mut store =
-        Store::open(Box::new(disk)).with_context(|| format!("opening the file system on {}", image.display()))?;
+fn serve(image: &Path, listen: &str, commit_interval_ms: u64, disk_io: DiskIo) -> Result<()> {
+    let disk = open_disk(image, disk_io)?;
+    let mut store = Store::open(disk).with_context(|| format!("opening the file system on {}", image.display()))?;
     store.set_policy(crest_store::CommitPolicy { interval_ms: commit_interval_ms, ..Default::default() });
     for n in store.open_notes() {
         tracing::warn!("{n}");
@@ -364,8 +403,8 @@ fn main() -> ExitCode {
             mount(&addr, &mountpoint, options.as_deref(), foreground, timeout).map(|()| true)
         }
         Command::Umount { mountpoint } => umount(&mountpoint).map(|()| true),
-        Command::Serve { image, listen, commit_interval_ms } => {
-            serve(&image, &listen, commit_interval_ms).map(|()| true)
+        Command::Serve { image, listen, commit_interval_ms, disk_io } => {
+            serve(&image, &listen, commit_interval_ms, disk_io.into()).map(|()| true)
         }
     };
     match result {

@@ -15,7 +15,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use crest_cache::{Cached, NameCache};
@@ -52,13 +52,58 @@ type Results = Vec<Result<Reply, p::OpError>>;
 /// A crest mount as the kernel sees it.
 #[derive(Debug)]
 pub struct CrestFs {
-    client: Client,
+    client: Arc<Client>,
+    /// What the kernel may cache entries and attributes for: nothing. The daemon's own
+    /// cache (`names`) holds them under the server's recall protocol, where a recall
+    /// never waits on a kernel lock (docs/protocol.md §4.3).
     ttl: Duration,
     next_fh: AtomicU64,
     inodes: Mutex<Inodes>,
     dirs: Mutex<HashMap<u64, DirStream>>,
     /// Names and attributes this mount may answer lookups from (see crest-cache).
-    names: Mutex<NameCache>,
+    names: Arc<Mutex<NameCache>>,
+}
+
+/// Applies the server's recalls: drops the named inodes from the daemon's cache,
+/// acknowledges, then asks the kernel to drop their pages (mmap readers; `read` already
+/// revalidates through FUSE_AUTO_INVAL_DATA). Runs on its own thread, never inside a
+/// request handler.
+#[derive(Debug)]
+pub struct RecallWorker {
+    /// Weak: the mount owns the client; when it goes, the client says goodbye, its
+    /// recall stream ends and so does this worker.
+    client: std::sync::Weak<Client>,
+    names: Arc<Mutex<NameCache>>,
+}
+
+impl RecallWorker {
+    /// Starts the worker thread; it ends when the client's recall stream does.
+    pub fn spawn(self, notifier: fuser::Notifier) -> std::io::Result<()> {
+        let Some(recalls) = self.client.upgrade().and_then(|c| c.take_recalls()) else {
+            return Ok(());
+        };
+        std::thread::Builder::new().name("crest-recall".into()).spawn(move || {
+            for r in recalls {
+                {
+                    let mut names = lock(&self.names);
+                    for &ino in &r.inodes {
+                        names.recalled(ino);
+                    }
+                }
+                match self.client.upgrade() {
+                    Some(c) => c.recall_done(r.recall_id),
+                    None => return,
+                }
+                for &ino in &r.inodes {
+                    // ENOENT: the kernel does not know the inode; nothing to drop.
+                    if let Err(e) = notifier.inval_inode(INodeNo(ino), 0, 0) {
+                        tracing::trace!(ino, "inval_inode: {e}");
+                    }
+                }
+            }
+        })?;
+        Ok(())
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -121,17 +166,22 @@ fn nth(op: &'static str, results: &mut Results, i: usize) -> Result<Reply, Error
 }
 
 impl CrestFs {
-    /// A file system talking through `client`; the kernel may cache attributes and entries
-    /// for `ttl`.
+    /// A file system talking through `client`; the daemon trusts what it holds for at most
+    /// `ttl` without hearing a recall (the kernel caches no entries or attributes).
     pub fn new(client: Client, ttl: Duration) -> CrestFs {
         CrestFs {
-            client,
-            ttl,
+            client: Arc::new(client),
+            ttl: Duration::ZERO,
             next_fh: AtomicU64::new(1),
             inodes: Mutex::new(Inodes::default()),
             dirs: Mutex::new(HashMap::new()),
-            names: Mutex::new(NameCache::new(ttl)),
+            names: Arc::new(Mutex::new(NameCache::new(ttl))),
         }
+    }
+
+    /// The part that applies recalls; spawn it once the FUSE session exists.
+    pub fn recall_worker(&self) -> RecallWorker {
+        RecallWorker { client: Arc::downgrade(&self.client), names: self.names.clone() }
     }
 
     fn fh(&self) -> FileHandle {
@@ -280,6 +330,9 @@ impl Filesystem for CrestFs {
             InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
+            // With attributes never cached in the kernel, every read revalidates them
+            // and drops pages another client's write made stale.
+            InitFlags::FUSE_AUTO_INVAL_DATA,
         ];
         for f in wanted {
             if let Err(missing) = config.add_capabilities(f) {
@@ -326,9 +379,13 @@ impl Filesystem for CrestFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if let Some(a) = lock(&self.names).attr(ino.0, Instant::now()) {
+            return self.reply_attr(reply, Ok(a));
+        }
+        let epoch = lock(&self.names).epoch();
         let r = self.one("getattr", Op::GetAttr { ino: ino.0 }).and_then(|r| want_attr("getattr", r));
         if let Ok(a) = &r {
-            self.attr_changed(a);
+            lock(&self.names).hold_attr(a, epoch, Instant::now());
         }
         self.reply_attr(reply, r);
     }
@@ -523,14 +580,20 @@ impl Filesystem for CrestFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let Ok(len) = u32::try_from(data.len()) else {
             return reply.error(Errno::EFBIG);
         };
-        let op = Op::Write { ino: ino.0, offset, data: data.to_vec() };
+        // O_APPEND: the kernel picked the offset from its idea of the size, which another
+        // client's append may have outdated; the server appends at the real end.
+        let op = if flags.0 & libc::O_APPEND != 0 {
+            Op::Append { ino: ino.0, data: data.to_vec() }
+        } else {
+            Op::Write { ino: ino.0, offset, data: data.to_vec() }
+        };
         match self.one("write", op).and_then(|r| want_attr("write", r)) {
             Ok(a) => {
                 lock(&self.inodes).changed_here(&a);

@@ -39,7 +39,10 @@ fn session(
     let config = options::fuser_config(opts, options::auto_unmount_by_default());
     let via_fusermount = config.mount_options.contains(&fuser::MountOption::AutoUnmount);
     tracing::debug!(?config, "mounting {}", mountpoint.display());
-    let session = fuser::Session::new(CrestFs::new(client, opts.attr_ttl), &mountpoint, &config)?;
+    let fs = CrestFs::new(client, opts.attr_ttl);
+    let recalls = fs.recall_worker();
+    let session = fuser::Session::new(fs, &mountpoint, &config)?;
+    recalls.spawn(session.notifier())?;
     raise_readahead(&mountpoint);
     Ok((session, via_fusermount))
 }

@@ -23,7 +23,9 @@ pub struct MountOptions {
     /// Threads that take requests from the kernel (each blocks while its request is on the
     /// wire, so this is also the number of requests in flight).
     pub threads: usize,
-    /// How long the kernel caches attributes and entries (positive and negative).
+    /// How long the mount trusts attributes and entries it holds without hearing a recall
+    /// from the server (a bound for when the server cannot reach it; the kernel itself
+    /// caches neither, so other clients' changes are seen at once).
     pub attr_ttl: Duration,
     /// `-o` options passed through (`ro`, `noexec`, `noauto_unmount`…); unknown ones are
     /// ignored with a warning.

@@ -12,7 +12,7 @@
 //!   server without a commit and checks).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -94,6 +94,23 @@ impl ClientError {
 
 type Results = Vec<Result<p::Reply, p::OpError>>;
 
+/// A recall from the server (see `Client::take_recalls`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recall {
+    /// Answer with `Client::recall_done(recall_id)`.
+    pub recall_id: u64,
+    /// Inodes whose cached state must go.
+    pub inodes: Vec<u64>,
+}
+
+/// What callers hand the connection task.
+enum Outbound {
+    Call(Call),
+    RecallDone(u64),
+    /// Say goodbye, then signal (the client is being dropped).
+    Goodbye(std_mpsc::SyncSender<()>),
+}
+
 struct Call {
     id: u64,
     ops: Vec<p::Op>,
@@ -102,7 +119,9 @@ struct Call {
 
 /// A connection to one server, shared by every thread of a mount.
 pub struct Client {
-    tx: mpsc::UnboundedSender<Call>,
+    tx: mpsc::UnboundedSender<Outbound>,
+    recalls: Mutex<Option<std_mpsc::Receiver<Recall>>>,
+    recalls_taken: Arc<AtomicBool>,
     next_id: AtomicU64,
     in_flight: Arc<(Mutex<usize>, Condvar)>,
     opts: ClientOptions,
@@ -122,6 +141,9 @@ impl Client {
     pub fn connect(addr: &str, opts: ClientOptions) -> Result<Client, ClientError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = std_mpsc::sync_channel(1);
+        let (recall_tx, recall_rx) = std_mpsc::channel();
+        let recalls_taken = Arc::new(AtomicBool::new(false));
+        let sink = RecallSink { tx: recall_tx, taken: recalls_taken.clone() };
         let task_addr = addr.to_string();
         let task_opts = opts.clone();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -130,7 +152,7 @@ impl Client {
             .map_err(|e| ClientError::Connect { addr: addr.into(), detail: e.to_string() })?;
         std::thread::Builder::new()
             .name("crest-conn".into())
-            .spawn(move || rt.block_on(run(task_addr, task_opts, rx, ready_tx)))
+            .spawn(move || rt.block_on(run(task_addr, task_opts, rx, ready_tx, sink)))
             .map_err(|e| ClientError::Connect { addr: addr.into(), detail: e.to_string() })?;
         let fsid = match ready_rx.recv_timeout(opts.connect_timeout + Duration::from_secs(1)) {
             Ok(Ok(fsid)) => fsid,
@@ -139,12 +161,39 @@ impl Client {
         };
         Ok(Client {
             tx,
+            recalls: Mutex::new(Some(recall_rx)),
+            recalls_taken,
             next_id: AtomicU64::new(1),
             in_flight: Arc::new((Mutex::new(0), Condvar::new())),
             opts,
             addr: addr.into(),
             fsid,
         })
+    }
+
+    /// Takes the stream of recalls (once). Whoever takes it must drop what each recall
+    /// names from its caches and then call `recall_done`; until someone takes it the
+    /// connection answers recalls itself at once (a client that caches nothing).
+    pub fn take_recalls(&self) -> Option<std_mpsc::Receiver<Recall>> {
+        let r = self.recalls.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if r.is_some() {
+            self.recalls_taken.store(true, Ordering::SeqCst);
+        }
+        r
+    }
+
+    /// Ends the session cleanly: the server releases this client's open files and rights
+    /// at once instead of waiting for them to time out. Waits up to a second.
+    fn goodbye(&self) {
+        let (done, rx) = std_mpsc::sync_channel(1);
+        if self.tx.send(Outbound::Goodbye(done)).is_ok() {
+            let _ = rx.recv_timeout(Duration::from_secs(1));
+        }
+    }
+
+    /// Tells the server that recall `recall_id` is done.
+    pub fn recall_done(&self, recall_id: u64) {
+        let _ = self.tx.send(Outbound::RecallDone(recall_id));
     }
 
     /// The server's file system id.
@@ -177,7 +226,7 @@ impl Client {
     fn call_inner(&self, ops: Vec<p::Op>) -> Result<Results, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = std_mpsc::sync_channel(1);
-        self.tx.send(Call { id, ops, reply }).map_err(|_| ClientError::Closed)?;
+        self.tx.send(Outbound::Call(Call { id, ops, reply })).map_err(|_| ClientError::Closed)?;
         match rx.recv_timeout(self.opts.op_timeout) {
             Ok(r) => r,
             Err(std_mpsc::RecvTimeoutError::Timeout) => {
@@ -284,6 +333,25 @@ fn same_outcome(first: &Results, again: &Results) -> bool {
         })
 }
 
+/// Where recalls go: to whoever took them, else answered at once by the connection.
+struct RecallSink {
+    tx: std_mpsc::Sender<Recall>,
+    taken: Arc<AtomicBool>,
+}
+
+impl RecallSink {
+    /// False when nobody takes recalls (the caller answers it).
+    fn deliver(&self, r: Recall) -> bool {
+        self.taken.load(Ordering::SeqCst) && self.tx.send(r).is_ok()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.goodbye();
+    }
+}
+
 fn write_frame(buf: &mut Vec<u8>, msg: &ClientMessage) {
     if let Err(e) = p::encode_frame(msg, buf) {
         tracing::error!("cannot encode a request: {e}");
@@ -295,8 +363,9 @@ fn write_frame(buf: &mut Vec<u8>, msg: &ClientMessage) {
 async fn run(
     addr: String,
     opts: ClientOptions,
-    mut calls: mpsc::UnboundedReceiver<Call>,
+    mut calls: mpsc::UnboundedReceiver<Outbound>,
     ready: std_mpsc::SyncSender<Result<[u8; 16], ClientError>>,
+    recalls: RecallSink,
 ) {
     let mut pending: BTreeMap<u64, Call> = BTreeMap::new();
     let mut log = ReplayLog::default();
@@ -320,8 +389,10 @@ async fn run(
                     tokio::select! {
                         _ = &mut sleep => break,
                         c = calls.recv() => match c {
-                            Some(c) => { pending.insert(c.id, c); }
-                            None => return,
+                            Some(Outbound::Call(c)) => { pending.insert(c.id, c); }
+                            // The new connection's session will not wait for it.
+                            Some(Outbound::RecallDone(_)) => {}
+                            Some(Outbound::Goodbye(_)) | None => return,
                         },
                     }
                 }
@@ -432,12 +503,25 @@ async fn run(
                         let _ = wr.flush().await;
                         return;
                     };
-                    write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone() }));
-                    pending.insert(c.id, c);
                     // Take whatever else is queued so one flush carries the burst.
-                    while let Ok(c) = calls.try_recv() {
-                        write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone() }));
-                        pending.insert(c.id, c);
+                    let mut next = Some(c);
+                    while let Some(c) = next.take().or_else(|| calls.try_recv().ok()) {
+                        match c {
+                            Outbound::Call(c) => {
+                                write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone() }));
+                                pending.insert(c.id, c);
+                            }
+                            Outbound::RecallDone(recall_id) => {
+                                write_frame(&mut out, &ClientMessage::RecallDone { recall_id });
+                            }
+                            Outbound::Goodbye(done) => {
+                                write_frame(&mut out, &ClientMessage::Goodbye);
+                                let _ = wr.write_all(&out).await;
+                                let _ = wr.flush().await;
+                                let _ = done.try_send(());
+                                return;
+                            }
+                        }
                     }
                     let ok = wr.write_all(&out).await.is_ok() && wr.flush().await.is_ok();
                     out.clear();
@@ -474,6 +558,11 @@ async fn run(
                                 }
                                 log.durable(resp.durable);
                             }
+                            Ok(Some(ServerMessage::Notify(p::Notify::Recall { recall_id, inodes }))) => {
+                                if !recalls.deliver(Recall { recall_id, inodes }) {
+                                    write_frame(&mut out, &ClientMessage::RecallDone { recall_id });
+                                }
+                            }
                             Ok(Some(ServerMessage::Notify(n))) => tracing::info!("server notice: {n:?}"),
                             Ok(Some(other)) => {
                                 tracing::warn!("unexpected message from {addr}: {other:?}");
@@ -490,6 +579,14 @@ async fn run(
                     }
                     if broken {
                         break;
+                    }
+                    // Recalls answered here go out at once.
+                    if !out.is_empty() {
+                        let ok = wr.write_all(&out).await.is_ok() && wr.flush().await.is_ok();
+                        out.clear();
+                        if !ok {
+                            break;
+                        }
                     }
                 }
             }

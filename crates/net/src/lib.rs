@@ -18,4 +18,4 @@
 pub mod client;
 pub mod server;
 
-pub use client::{Client, ClientError, ClientOptions, MAX_IN_FLIGHT};
+pub use client::{Client, ClientError, ClientOptions, Recall, MAX_IN_FLIGHT};

@@ -11,12 +11,13 @@
 //!   or out-of-order frame ends that connection with a logged error, never the server;
 //! - the store is touched only by the store thread.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
-use crest_server::{Server, SessionId};
+use crest_server::{Outgoing, Server, SessionId};
 use crest_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
@@ -28,9 +29,11 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 type Outbox = mpsc::UnboundedSender<ServerMessage>;
 
 enum Cmd {
-    Hello { hello: p::Hello, peer: SocketAddr, reply: oneshot::Sender<(Option<SessionId>, ServerMessage)> },
+    Hello { hello: p::Hello, peer: SocketAddr, out: Outbox, reply: oneshot::Sender<(Option<SessionId>, ServerMessage)> },
     Request { session: SessionId, req: p::Request, out: Outbox },
     Goodbye { session: SessionId },
+    RecallDone { session: SessionId, recall_id: u64 },
+    Disconnected { session: SessionId, out: Outbox },
     Shutdown { done: oneshot::Sender<Result<Store, crest_store::Error>> },
     Kill { done: oneshot::Sender<Store> },
 }
@@ -44,32 +47,68 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
 }
 
+/// Sends what the server core queued to the sessions' connections (a session without a
+/// live connection misses its notices: a recall then times out, a response is resent
+/// from the reply cache when the client retries).
+fn deliver(server: &mut Server, outboxes: &HashMap<SessionId, Outbox>) {
+    for o in server.take_outgoing() {
+        let (session, msg) = match o {
+            Outgoing::Response { session, response } => (session, ServerMessage::Response(response)),
+            Outgoing::Notify { session, notify } => (session, ServerMessage::Notify(notify)),
+        };
+        if let Some(out) = outboxes.get(&session) {
+            let _ = out.send(msg);
+        }
+    }
+}
+
 /// Runs the store thread until a `Shutdown` command.
 fn store_thread(mut server: Server, rx: std_mpsc::Receiver<Cmd>) {
+    let mut outboxes: HashMap<SessionId, Outbox> = HashMap::new();
     loop {
-        let cmd = match rx.recv_timeout(Duration::from_millis(500)) {
+        // Wake often enough to release replies whose recalls went unanswered.
+        let cmd = match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(c) => c,
             Err(std_mpsc::RecvTimeoutError::Timeout) => {
                 if let Err(e) = server.tick(now_ms()) {
                     tracing::error!("periodic commit failed: {e}");
                 }
+                deliver(&mut server, &outboxes);
                 continue;
             }
             Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
         };
         match cmd {
-            Cmd::Hello { hello, peer, reply } => {
+            Cmd::Hello { hello, peer, out, reply } => {
                 let (sid, msg) = server.handle_hello(&hello);
-                if sid.is_none() {
-                    tracing::warn!(%peer, "handshake refused: {msg:?}");
+                // The welcome goes out first, before any notice for the session.
+                let _ = out.send(msg.clone());
+                match sid {
+                    Some(sid) => {
+                        outboxes.insert(sid, out);
+                    }
+                    None => tracing::warn!(%peer, "handshake refused: {msg:?}"),
                 }
                 let _ = reply.send((sid, msg));
             }
             Cmd::Request { session, req, out } => {
-                let resp = server.handle_request(session, req, now());
-                let _ = out.send(ServerMessage::Response(resp));
+                if !outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
+                    outboxes.insert(session, out);
+                }
+                server.handle(session, req, now());
             }
-            Cmd::Goodbye { session } => server.end_session(session),
+            Cmd::RecallDone { session, recall_id } => server.recall_done(session, recall_id),
+            Cmd::Disconnected { session, out } => {
+                // Only if no newer connection of the session took over.
+                if outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
+                    outboxes.remove(&session);
+                    server.disconnected(session, now_ms());
+                }
+            }
+            Cmd::Goodbye { session } => {
+                server.end_session(session);
+                outboxes.remove(&session);
+            }
             Cmd::Shutdown { done } => {
                 // Everything queued before the shutdown has been handled (FIFO channel).
                 let mut store = server.into_store();
@@ -85,6 +124,7 @@ fn store_thread(mut server: Server, rx: std_mpsc::Receiver<Cmd>) {
         if let Err(e) = server.tick(now_ms()) {
             tracing::error!("periodic commit failed: {e}");
         }
+        deliver(&mut server, &outboxes);
     }
 }
 
@@ -214,9 +254,10 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: std_mpsc::Sender<
         return Err(ConnError::Other(format!("first message is not a hello: {hello:?}")));
     };
     let (reply, rx) = oneshot::channel();
-    cmds.send(Cmd::Hello { hello, peer, reply }).map_err(|_| ConnError::Other("server stopping".into()))?;
-    let (session, welcome) = rx.await.map_err(|_| ConnError::Other("server stopping".into()))?;
-    let _ = out_tx.send(welcome);
+    cmds.send(Cmd::Hello { hello, peer, out: out_tx.clone(), reply })
+        .map_err(|_| ConnError::Other("server stopping".into()))?;
+    // The store thread has queued the welcome (or refusal) on `out_tx` itself.
+    let (session, _welcome) = rx.await.map_err(|_| ConnError::Other("server stopping".into()))?;
     let Some(session) = session else {
         drop(out_tx);
         let _ = writer.await;
@@ -228,6 +269,11 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: std_mpsc::Sender<
             match decoder.poll_message::<ClientMessage>() {
                 Ok(Some(ClientMessage::Request(req))) => {
                     if cmds.send(Cmd::Request { session, req, out: out_tx.clone() }).is_err() {
+                        return Ok(());
+                    }
+                }
+                Ok(Some(ClientMessage::RecallDone { recall_id })) => {
+                    if cmds.send(Cmd::RecallDone { session, recall_id }).is_err() {
                         return Ok(());
                     }
                 }
@@ -255,6 +301,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: std_mpsc::Sender<
     };
     // The session stays for a reconnect; its connection is gone.
     tracing::debug!(%peer, session, "client disconnected");
+    let _ = cmds.send(Cmd::Disconnected { session, out: out_tx.clone() });
     writer.abort();
     result
 }

@@ -205,3 +205,45 @@ fn a_killed_server_loses_nothing_it_acknowledged() {
     let report = crest_store::check::fsck(store.close().expect("close")).expect("fsck");
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// A change to an inode another client holds is answered only after that client has
+/// dropped it: the holder gets a recall naming the inode, and the changer's call returns
+/// after the holder says it is done. A client that never took its recalls answers them
+/// itself at once.
+#[test]
+fn a_change_waits_until_other_holders_have_dropped_their_copies() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let rt = rt();
+    let serving = rt.block_on(crest_net::server::start(store(), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let a = Client::connect(&addr, ClientOptions::default()).expect("connect a");
+    let b = Client::connect(&addr, ClientOptions::default()).expect("connect b");
+    let c = Client::connect(&addr, ClientOptions::default()).expect("connect c (caches nothing)");
+    let recalls = b.take_recalls().expect("recalls");
+    assert!(b.take_recalls().is_none(), "taken once");
+    // b and c read the root directory: both hold it.
+    b.call_one(Op::GetAttr { ino: 1 }).expect("getattr");
+    c.call_one(Op::GetAttr { ino: 1 }).expect("getattr");
+    let dropped = Arc::new(AtomicBool::new(false));
+    let b = Arc::new(b);
+    let holder = {
+        let (b, dropped) = (b.clone(), dropped.clone());
+        std::thread::spawn(move || {
+            let r = recalls.recv_timeout(Duration::from_secs(10)).expect("a recall");
+            assert!(r.inodes.contains(&1), "{r:?}");
+            std::thread::sleep(Duration::from_millis(200));
+            dropped.store(true, Ordering::SeqCst);
+            b.recall_done(r.recall_id);
+        })
+    };
+    let r = a.call_one(create("new"));
+    assert!(r.is_ok(), "{r:?}");
+    assert!(dropped.load(Ordering::SeqCst), "the create returned before the holder dropped the directory");
+    holder.join().expect("holder");
+    // b no longer holds the root: a second change goes straight through.
+    let t = std::time::Instant::now();
+    a.call_one(create("newer")).expect("create");
+    assert!(t.elapsed() < Duration::from_millis(1500), "no recall for a dropped right");
+    rt.block_on(serving.shutdown()).expect("shutdown");
+}

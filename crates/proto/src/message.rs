@@ -265,6 +265,12 @@ pub enum Op {
         offset: u64,
         data: Vec<u8>,
     },
+    /// Writes `data` at the end of the file as the server sees it (O_APPEND: the writer's
+    /// idea of the size may be stale when other clients append too).
+    Append {
+        ino: u64,
+        data: Vec<u8>,
+    },
     Fallocate {
         ino: u64,
         offset: u64,
@@ -417,6 +423,15 @@ pub struct Response {
 pub enum Notify {
     /// The server is shutting down; reconnect later.
     ShuttingDown,
+    /// Another session changed these inodes (attributes, data, or a directory's entries):
+    /// drop what is cached of them, then answer `ClientMessage::RecallDone` with this id.
+    /// The change's own reply waits for that answer (docs/protocol.md §4.2).
+    Recall {
+        /// Names this recall in the answer.
+        recall_id: u64,
+        /// The changed inodes.
+        inodes: Vec<u64>,
+    },
 }
 
 /// Everything a client sends.
@@ -428,6 +443,11 @@ pub enum ClientMessage {
     Request(Request),
     /// Clean end of the session.
     Goodbye,
+    /// Everything the recall named is dropped from this client's caches.
+    RecallDone {
+        /// `Notify::Recall::recall_id`.
+        recall_id: u64,
+    },
 }
 
 /// Everything a server sends.

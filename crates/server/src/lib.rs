@@ -11,7 +11,9 @@
 //!   the oldest; clients never have more requests than that in flight;
 //! - every store error becomes an errno plus a message at this edge.
 
+pub mod caps;
 pub mod convert;
 pub mod session;
 
+pub use caps::Outgoing;
 pub use session::{Server, SessionId, REPLY_CACHE_ENTRIES};

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use crest_proto::{self as p, Op, Reply};
 use crest_store::{self as s, Store};
 
+use crate::caps::{Caps, Outgoing};
 use crate::convert::{attr_out, error_out, kind_in, time_in};
 
 /// Responses each session remembers for retries.
@@ -79,6 +80,14 @@ pub struct Server {
     seen_generation: u64,
     /// File data bytes written since that generation.
     written_since_commit: u64,
+    /// Who may cache what; responses waiting for recalls.
+    caps: Caps,
+    /// Inodes the last request changed (recall targets).
+    changed: Vec<u64>,
+    /// What to send, drained by `take_outgoing`.
+    outbox: Vec<Outgoing>,
+    /// Sessions whose connection is gone, since when (ms).
+    disconnected: HashMap<SessionId, u64>,
 }
 
 impl std::fmt::Debug for Server {
@@ -122,7 +131,17 @@ impl Server {
             sessions.insert(id, s);
         }
         let seen_generation = store.generation();
-        Server { store, sessions, next_session, seen_generation, written_since_commit: 0 }
+        Server {
+            store,
+            sessions,
+            next_session,
+            seen_generation,
+            written_since_commit: 0,
+            caps: Caps::default(),
+            changed: Vec::new(),
+            outbox: Vec::new(),
+            disconnected: HashMap::new(),
+        }
     }
 
     /// The store (for shutdown and status).
@@ -142,6 +161,7 @@ impl Server {
         }
         if let Some(t) = hello.resume {
             if let Some(s) = self.sessions.get_mut(&t.id).filter(|s| s.secret == t.secret) {
+                self.disconnected.remove(&t.id);
                 let durable_seq = s.awaiting_resume.take().map(|_| s.durable);
                 tracing::info!(session = t.id, client = %hello.client_name, ?durable_seq, "session resumed");
                 return (Some(t.id), self.welcome(t.id, true, durable_seq));
@@ -166,8 +186,38 @@ impl Server {
         })
     }
 
+    /// Applies a request and queues what to send: its response, or recalls to other
+    /// sessions holding what it changed (the response follows when they answer).
+    pub fn handle(&mut self, session: SessionId, req: p::Request, now: p::Time) {
+        let response = self.handle_request(session, req, now);
+        let changed = std::mem::take(&mut self.changed);
+        let now_ms = (now.sec.max(0) as u64) * 1000 + u64::from(now.nsec) / 1_000_000;
+        let out = self.caps.changed(session, &changed, response, now_ms);
+        self.outbox.extend(out);
+    }
+
+    /// `session`'s connection is gone (it may come back and resume). After
+    /// `DISCONNECTED_HOLDER_MS` it no longer holds anything: changes stop waiting for it.
+    pub fn disconnected(&mut self, session: SessionId, now_ms: u64) {
+        self.disconnected.insert(session, now_ms);
+    }
+
+    /// `session` dropped what recall `recall_id` named.
+    pub fn recall_done(&mut self, session: SessionId, recall_id: u64) {
+        let out = self.caps.recall_done(session, recall_id);
+        self.outbox.extend(out);
+    }
+
+    /// Everything queued to send, in order.
+    pub fn take_outgoing(&mut self) -> Vec<Outgoing> {
+        std::mem::take(&mut self.outbox)
+    }
+
     /// Ends a session cleanly: its open files are released.
     pub fn end_session(&mut self, id: SessionId) {
+        self.disconnected.remove(&id);
+        let out = self.caps.forget_session(id);
+        self.outbox.extend(out);
         if let Some(s) = self.sessions.remove(&id) {
             tracing::info!(session = id, client = %s.client_name, "session ended");
             if let Err(e) = self.store.delete_session_record(id) {
@@ -183,8 +233,11 @@ impl Server {
         }
     }
 
-    /// Applies a request for `session` at time `now` (or answers it from the reply cache).
-    pub fn handle_request(&mut self, session: SessionId, req: p::Request, now: p::Time) -> p::Response {
+    /// Applies a request for `session` at time `now` (or answers it from the reply cache),
+    /// records the rights its replies grant and leaves the inodes it changed in
+    /// `self.changed`. `handle` is the whole step; this is its core (and the unit tests').
+    pub(crate) fn handle_request(&mut self, session: SessionId, req: p::Request, now: p::Time) -> p::Response {
+        self.changed.clear();
         if let Some(s) = self.sessions.get(&session) {
             if let Some(r) = s.replies.get(&req.id) {
                 tracing::debug!(session, id = req.id, "answered from the reply cache");
@@ -210,7 +263,17 @@ impl Server {
                     }
                 }
             }
-            let mut results: Vec<_> = req.ops.into_iter().map(|op| self.apply(session, op, now)).collect();
+            let mut results = Vec::with_capacity(req.ops.len());
+            for op in req.ops {
+                let touched = self.touches(&op);
+                let inode_of_op = op_inode(&op);
+                let r = self.apply(session, op, now);
+                if let Ok(reply) = &r {
+                    self.changed.extend(touched);
+                    self.caps.grant(session, carried(inode_of_op, reply));
+                }
+                results.push(r);
+            }
             if mutates {
                 if let Err(e) = self.store.end_unit() {
                     // The commit an fsync asked for failed: the fsync fails.
@@ -244,7 +307,33 @@ impl Server {
         resp
     }
 
-    /// Lets the store commit on its schedule, and drops restored sessions whose clients
+    /// Inodes `op` will change if it succeeds (looked up before it runs: an unlink's victim
+    /// is gone afterwards).
+    fn touches(&mut self, op: &Op) -> Vec<u64> {
+        let mut look = |parent: u64, name: &[u8]| self.store.lookup(parent, name).ok().map(|i| i.ino);
+        match op {
+            Op::SetAttr { ino, .. }
+            | Op::Write { ino, .. }
+            | Op::Append { ino, .. }
+            | Op::Fallocate { ino, .. }
+            | Op::SetXattr { ino, .. }
+            | Op::RemoveXattr { ino, .. } => vec![*ino],
+            Op::Create { parent, .. } | Op::Symlink { parent, .. } => vec![*parent],
+            Op::Link { ino, parent, .. } => vec![*ino, *parent],
+            Op::Unlink { parent, name } | Op::Rmdir { parent, name } => {
+                std::iter::once(*parent).chain(look(*parent, name)).collect()
+            }
+            Op::Rename { parent, name, new_parent, new_name, .. } => {
+                let moved = look(*parent, name);
+                let replaced = look(*new_parent, new_name);
+                [Some(*parent), Some(*new_parent), moved, replaced].into_iter().flatten().collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Lets the store commit on its schedule, releases change replies whose recalls went
+    /// unanswered too long, and drops restored sessions whose clients
     /// did not come back within `RESTORED_SESSION_GRACE_MS`.
     pub fn tick(&mut self, now_ms: u64) -> Result<(), s::Error> {
         let mut expired = Vec::new();
@@ -260,6 +349,19 @@ impl Server {
             tracing::warn!(session = id, "client did not come back after the restart; its session is dropped");
             self.end_session(id);
         }
+        let gone: Vec<SessionId> = self
+            .disconnected
+            .iter()
+            .filter(|(_, &at)| now_ms >= at + crate::caps::DISCONNECTED_HOLDER_MS)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in gone {
+            self.disconnected.remove(&s);
+            let out = self.caps.forget_holder(s);
+            self.outbox.extend(out);
+        }
+        let late = self.caps.expire(now_ms);
+        self.outbox.extend(late);
         let r = self.store.tick(now_ms);
         self.note_commits();
         r
@@ -408,6 +510,14 @@ impl Server {
                 let st = &mut self.store;
                 Ok(st.write(ino, offset, &data, now_s).map(|i| Reply::Attr(attr_out(&i)))?)
             }
+            Op::Append { ino, data } => {
+                if data.len() > p::MAX_IO_BYTES as usize {
+                    return Err(Failure::Wire(errno(27, "write larger than the protocol allows")));
+                }
+                self.written_since_commit += data.len() as u64;
+                let end = self.store.getattr(ino)?.size;
+                Ok(self.store.write(ino, end, &data, now_s).map(|i| Reply::Attr(attr_out(&i)))?)
+            }
             Op::Fallocate { ino, offset, len, flags } => {
                 let known = p::FALLOC_FL_KEEP_SIZE | p::FALLOC_FL_PUNCH_HOLE | p::FALLOC_FL_ZERO_RANGE;
                 if flags & !known != 0 {
@@ -454,6 +564,30 @@ impl Server {
             Op::RemoveXattr { ino, name } => Ok(st.removexattr(ino, &name, now_s).map(|()| Reply::Done)?),
         }
     }
+}
+
+/// The inode an operation is about, for the rights its reply grants.
+fn op_inode(op: &Op) -> Option<u64> {
+    match op {
+        Op::Lookup { parent, .. } => Some(*parent),
+        Op::ReadDir { ino, .. } | Op::Read { ino, .. } | Op::GetAttr { ino } | Op::Open { ino } => Some(*ino),
+        _ => None,
+    }
+}
+
+/// Inodes whose state a reply carries: the client may cache them from now on.
+fn carried(op_inode: Option<u64>, reply: &Reply) -> Vec<u64> {
+    let mut v: Vec<u64> = op_inode.into_iter().collect();
+    match reply {
+        Reply::Attr(a) | Reply::Entry(a) => v.push(a.ino),
+        Reply::Lookup { attr, leaf } => {
+            v.extend(attr.iter().map(|a| a.ino));
+            v.extend(leaf.items.iter().map(|i| i.attr.ino));
+        }
+        Reply::Dir { items, .. } => v.extend(items.iter().map(|i| i.attr.ino)),
+        Reply::Data(_) | Reply::Names(_) | Reply::StatFs(_) | Reply::Done => {}
+    }
+    v
 }
 
 /// Why an operation failed: in the store, or refused here with an errno.
@@ -652,5 +786,41 @@ mod tests {
         srv.tick(1_000 + RESTORED_SESSION_GRACE_MS).expect("tick");
         assert!(srv.sessions.is_empty());
         assert!(srv.store.session_records().expect("records").is_empty());
+    }
+
+    #[test]
+    fn a_change_to_what_another_session_read_waits_for_its_recall() {
+        let mut srv = server();
+        let (a, _) = srv.handle_hello(&hello(None));
+        let (b, _) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        let lookup = |id| p::Request { id, ops: vec![Op::Lookup { parent: 1, name: b"x".to_vec() }] };
+        srv.handle(b, lookup(1), NOW);
+        assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == b));
+        let create = p::Request {
+            id: 1,
+            ops: vec![Op::Create {
+                parent: 1,
+                name: b"x".to_vec(),
+                kind: p::FileType::Regular,
+                mode: 0o644,
+                rdev: 0,
+                cred: p::Cred::default(),
+            }],
+        };
+        srv.handle(a, create, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected one recall to b: {out:?}")
+        };
+        assert_eq!((*session, inodes.as_slice()), (b, &[1u64][..]), "b's copy of the root directory");
+        srv.recall_done(b, *recall_id);
+        let out = srv.take_outgoing();
+        assert!(
+            matches!(&out[..], [Outgoing::Response { session, response }] if *session == a && response.results[0].is_ok())
+        );
+        // A read by a changes nothing and recalls nobody.
+        srv.handle(a, lookup(2), NOW);
+        assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { .. }]));
     }
 }

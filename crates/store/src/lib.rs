@@ -25,7 +25,7 @@ pub mod sessions;
 pub mod store;
 pub mod superblock;
 
-pub use disk::{Disk, FileDisk, MemDisk};
+pub use disk::{Disk, DiskIo, FileDisk, MemDisk, PoolDisk, UringDisk};
 pub use error::{Error, Result};
 pub use fs::dirent::DirEntry;
 pub use fs::inode::{FileKind, Inode, Timespec, ROOT_INO};

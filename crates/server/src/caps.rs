@@ -1,0 +1,237 @@
+//! Shared capabilities and their recall (docs/protocol.md §4).
+//!
+//! Every reply that carries an inode's state makes its session a *holder* of that inode:
+//! the client may cache it. When another session changes the inode, every holder is sent
+//! a recall and stops being a holder; the change's reply is held back until each of them
+//! answers (or a deadline passes, for a client that went silent).
+//!
+//! Invariant (tests below and in session.rs): a change's response is released only when
+//! no other session that held the inode before the change still holds it unrecalled —
+//! so once a syscall returns on one client, no other client answers from older state.
+
+use std::collections::{HashMap, HashSet};
+
+use crest_proto as p;
+
+use crate::SessionId;
+
+/// How long a change's reply waits for a holder that does not answer its recall. Its
+/// caches expire on their own by then (the client-side TTL is shorter).
+pub const RECALL_TIMEOUT_MS: u64 = 2_000;
+/// How long after its connection dropped a session stops counting as a holder: longer
+/// than a client trusts its cache without the server (1 s by default).
+pub const DISCONNECTED_HOLDER_MS: u64 = 1_500;
+
+/// A response held back until recalls are answered.
+#[derive(Debug)]
+struct Wait {
+    session: SessionId,
+    response: p::Response,
+    outstanding: HashSet<SessionId>,
+    deadline_ms: u64,
+}
+
+/// Who holds what, and which responses wait.
+#[derive(Debug, Default)]
+pub struct Caps {
+    holders: HashMap<u64, Vec<SessionId>>,
+    waits: HashMap<u64, Wait>,
+    next_recall: u64,
+}
+
+/// Something the server sends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outgoing {
+    /// A response to one of `session`'s requests.
+    Response {
+        /// To whom.
+        session: SessionId,
+        /// What.
+        response: p::Response,
+    },
+    /// A message `session` did not ask for (a recall).
+    Notify {
+        /// To whom.
+        session: SessionId,
+        /// What.
+        notify: p::Notify,
+    },
+}
+
+impl Caps {
+    /// `session` may now cache these inodes.
+    pub fn grant(&mut self, session: SessionId, inodes: impl IntoIterator<Item = u64>) {
+        for ino in inodes {
+            let h = self.holders.entry(ino).or_default();
+            if !h.contains(&session) {
+                h.push(session);
+            }
+        }
+    }
+
+    /// `session` changed these inodes; `response` answers it. Returns what to send now:
+    /// the response itself if nobody else held them, else recalls (and the response
+    /// later, from `recall_done` or `expire`).
+    pub fn changed(&mut self, session: SessionId, inodes: &[u64], response: p::Response, now_ms: u64) -> Vec<Outgoing> {
+        let mut targets: HashMap<SessionId, Vec<u64>> = HashMap::new();
+        for &ino in inodes {
+            if let Some(h) = self.holders.get_mut(&ino) {
+                h.retain(|&t| {
+                    if t == session {
+                        return true;
+                    }
+                    let v = targets.entry(t).or_default();
+                    if !v.contains(&ino) {
+                        v.push(ino);
+                    }
+                    false
+                });
+                if h.is_empty() {
+                    self.holders.remove(&ino);
+                }
+            }
+        }
+        if targets.is_empty() {
+            return vec![Outgoing::Response { session, response }];
+        }
+        self.next_recall += 1;
+        let recall_id = self.next_recall;
+        let mut out = Vec::with_capacity(targets.len());
+        let mut outstanding = HashSet::new();
+        for (t, inodes) in targets {
+            outstanding.insert(t);
+            out.push(Outgoing::Notify { session: t, notify: p::Notify::Recall { recall_id, inodes } });
+        }
+        let deadline_ms = now_ms + RECALL_TIMEOUT_MS;
+        self.waits.insert(recall_id, Wait { session, response, outstanding, deadline_ms });
+        out
+    }
+
+    /// `session` answered recall `recall_id`.
+    pub fn recall_done(&mut self, session: SessionId, recall_id: u64) -> Vec<Outgoing> {
+        let Some(w) = self.waits.get_mut(&recall_id) else { return Vec::new() };
+        w.outstanding.remove(&session);
+        if !w.outstanding.is_empty() {
+            return Vec::new();
+        }
+        self.waits.remove(&recall_id).map(release).into_iter().collect()
+    }
+
+    /// Releases responses whose holders did not answer in time.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<Outgoing> {
+        let late: Vec<u64> = self.waits.iter().filter(|(_, w)| now_ms >= w.deadline_ms).map(|(id, _)| *id).collect();
+        let mut out = Vec::new();
+        for id in late {
+            if let Some(w) = self.waits.remove(&id) {
+                tracing::warn!(
+                    recall_id = id,
+                    sessions = ?w.outstanding,
+                    "recall not answered in {RECALL_TIMEOUT_MS} ms; releasing the change's reply"
+                );
+                out.push(release(w));
+            }
+        }
+        out
+    }
+
+    /// A session lost its rights (its connection has been gone longer than its client
+    /// trusts its cache): it holds nothing, and nobody waits for it.
+    pub fn forget_holder(&mut self, session: SessionId) -> Vec<Outgoing> {
+        self.holders.retain(|_, h| {
+            h.retain(|&t| t != session);
+            !h.is_empty()
+        });
+        let mut out = Vec::new();
+        let ids: Vec<u64> = self.waits.keys().copied().collect();
+        for id in ids {
+            out.extend(self.recall_done(session, id));
+        }
+        out
+    }
+
+    /// A session ended: as `forget_holder`, and its own parked responses go too.
+    pub fn forget_session(&mut self, session: SessionId) -> Vec<Outgoing> {
+        let out = self.forget_holder(session);
+        self.waits.retain(|_, w| w.session != session);
+        out
+    }
+
+    /// Responses waiting (for tests and status).
+    pub fn waiting(&self) -> usize {
+        self.waits.len()
+    }
+
+    /// Sessions holding `ino` (for tests).
+    pub fn holders_of(&self, ino: u64) -> Vec<SessionId> {
+        self.holders.get(&ino).cloned().unwrap_or_default()
+    }
+}
+
+fn release(w: Wait) -> Outgoing {
+    Outgoing::Response { session: w.session, response: w.response }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resp(id: u64) -> p::Response {
+        p::Response { id, results: Vec::new(), seq: 0, durable: 0 }
+    }
+
+    #[test]
+    fn a_change_nobody_else_holds_is_answered_at_once() {
+        let mut c = Caps::default();
+        c.grant(1, [10, 11]);
+        let out = c.changed(1, &[10], resp(5), 0);
+        assert_eq!(out, vec![Outgoing::Response { session: 1, response: resp(5) }]);
+        assert_eq!(c.holders_of(10), vec![1], "the changer keeps its rights");
+    }
+
+    #[test]
+    fn holders_are_recalled_and_the_reply_waits_for_all_of_them() {
+        let mut c = Caps::default();
+        c.grant(1, [10]);
+        c.grant(2, [10, 20]);
+        c.grant(3, [20]);
+        let out = c.changed(1, &[10, 20], resp(7), 100);
+        assert_eq!(out.len(), 2, "one recall per other holder: {out:?}");
+        let id = match &out[0] {
+            Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. } => *recall_id,
+            o => panic!("{o:?}"),
+        };
+        for o in &out {
+            if let Outgoing::Notify { session: 2, notify: p::Notify::Recall { inodes, .. } } = o {
+                assert_eq!(inodes, &vec![10, 20]);
+            }
+        }
+        assert!(c.holders_of(10) == vec![1] && c.holders_of(20).is_empty());
+        assert!(c.recall_done(2, id).is_empty(), "3 has not answered yet");
+        assert!(c.recall_done(2, id).is_empty(), "a repeated answer changes nothing");
+        assert_eq!(c.recall_done(3, id), vec![Outgoing::Response { session: 1, response: resp(7) }]);
+        assert_eq!(c.waiting(), 0);
+    }
+
+    #[test]
+    fn a_silent_holder_delays_the_reply_only_until_the_deadline() {
+        let mut c = Caps::default();
+        c.grant(2, [10]);
+        let out = c.changed(1, &[10], resp(1), 1_000);
+        assert!(matches!(out[0], Outgoing::Notify { session: 2, .. }));
+        assert!(c.expire(1_000 + RECALL_TIMEOUT_MS - 1).is_empty());
+        assert_eq!(c.expire(1_000 + RECALL_TIMEOUT_MS), vec![Outgoing::Response { session: 1, response: resp(1) }]);
+    }
+
+    #[test]
+    fn an_ended_session_releases_what_waits_for_it_and_its_own_waits_go() {
+        let mut c = Caps::default();
+        c.grant(2, [10]);
+        c.grant(1, [20]);
+        c.changed(1, &[10], resp(1), 0);
+        c.changed(2, &[20], resp(2), 0);
+        let out = c.forget_session(2);
+        assert_eq!(out, vec![Outgoing::Response { session: 1, response: resp(1) }]);
+        assert_eq!(c.waiting(), 0, "session 2's own held reply is dropped with it");
+        assert!(c.holders_of(10).is_empty());
+    }
+}

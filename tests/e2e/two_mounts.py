@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Coherence across two mounts of one server (issue 4).
+
+usage: two_mounts.py MOUNT_A MOUNT_B
+
+For each kind of change made through mount A, the very next system call on mount B must
+see it; before each change B looks, so whatever B caches is in play. Then: concurrent
+appenders on both mounts lose no record, and an O_DIRECT writer on A followed block by
+block by a buffered reader on B never sees a stale byte (in the spirit of seed 003's
+test). Prints one line per check; exits 1 if any failed.
+"""
+
+import errno
+import mmap
+import os
+import stat
+import sys
+import threading
+
+A, B = sys.argv[1], sys.argv[2]
+base = "coherence"
+fails = []
+
+
+def a(*p):
+    return os.path.join(A, base, *p)
+
+
+def b(*p):
+    return os.path.join(B, base, *p)
+
+
+def check(name, cond, detail=""):
+    print(("ok   " if cond else "FAIL ") + name + (f": {detail}" if detail and not cond else ""))
+    if not cond:
+        fails.append(name)
+
+
+def exists(p):
+    try:
+        os.lstat(p)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def read(p):
+    with open(p, "rb") as f:
+        return f.read()
+
+
+def write(p, data, mode="wb"):
+    with open(p, mode) as f:
+        f.write(data)
+
+
+def main():
+    os.makedirs(a(), exist_ok=True)
+    check("setup: B sees the directory A made", os.path.isdir(b()))
+    namespace_and_attributes()
+    concurrent_appenders()
+    direct_writer_buffered_reader()
+
+
+def namespace_and_attributes():
+
+    # create / unlink
+    check("create: B sees nothing yet", not exists(b("f")))
+    write(a("f"), b"one")
+    check("create: B sees the new file", exists(b("f")))
+    check("write: B reads what A wrote", read(b("f")) == b"one")
+    write(a("f"), b"two-longer")
+    check("overwrite: B reads the new content", read(b("f")) == b"two-longer", repr(read(b("f"))))
+    write(a("f"), b"+appended", "ab")
+    check("append: B reads the appended bytes", read(b("f")) == b"two-longer+appended")
+    os.truncate(a("f"), 3)
+    check("truncate: B sees the new size", os.stat(b("f")).st_size == 3)
+    check("truncate: B reads the short file", read(b("f")) == b"two")
+
+    # an open descriptor on B sees A's later writes (page cache revalidated)
+    fd = os.open(b("f"), os.O_RDONLY)
+    first = os.pread(fd, 100, 0)
+    with open(a("f"), "r+b") as f:
+        f.write(b"TWO")
+    check("open descriptor: B rereads A's write", os.pread(fd, 100, 0) == b"TWO", f"{first!r} then {os.pread(fd, 100, 0)!r}")
+    os.close(fd)
+
+    # attributes
+    os.stat(b("f"))
+    os.chmod(a("f"), 0o600)
+    check("chmod: B sees the mode", stat.S_IMODE(os.stat(b("f")).st_mode) == 0o600)
+    os.chown(a("f"), 1234, 4321)
+    st = os.stat(b("f"))
+    check("chown: B sees the owner", (st.st_uid, st.st_gid) == (1234, 4321))
+    os.utime(a("f"), (1_000_000_000, 1_000_000_000))
+    check("utimes: B sees the times", int(os.stat(b("f")).st_mtime) == 1_000_000_000)
+
+    # links
+    os.stat(b("f"))
+    os.link(a("f"), a("hard"))
+    check("link: B sees the link count", os.stat(b("f")).st_nlink == 2)
+    check("link: B sees the new name", exists(b("hard")))
+    check("symlink: B sees nothing yet", not exists(b("sym")))
+    os.symlink("f", a("sym"))
+    check("symlink: B reads the target", os.readlink(b("sym")) == "f")
+
+    # xattr
+    try:
+        os.getxattr(b("f"), "user.k")
+    except OSError:
+        pass
+    os.setxattr(a("f"), "user.k", b"v1")
+    check("setxattr: B reads it", os.getxattr(b("f"), "user.k") == b"v1")
+    os.setxattr(a("f"), "user.k", b"v2")
+    check("setxattr again: B reads the new value", os.getxattr(b("f"), "user.k") == b"v2")
+    os.removexattr(a("f"), "user.k")
+    try:
+        os.getxattr(b("f"), "user.k")
+        check("removexattr: B sees it gone", False)
+    except OSError as e:
+        check("removexattr: B sees it gone", e.errno == errno.ENODATA)
+
+    # rename
+    os.stat(b("f"))
+    os.rename(a("f"), a("g"))
+    check("rename: B no longer sees the old name", not exists(b("f")))
+    check("rename: B sees the new name", read(b("g")) == b"TWO")
+    write(a("h"), b"replacement")
+    os.stat(b("g"))
+    os.rename(a("h"), a("g"))
+    check("rename over: B reads the replacement", read(b("g")) == b"replacement")
+
+    # unlink
+    os.stat(b("hard"))
+    os.unlink(a("hard"))
+    check("unlink: B sees it gone", not exists(b("hard")))
+
+    # mkdir / rmdir
+    check("mkdir: B sees nothing yet", not exists(b("d")))
+    os.mkdir(a("d"))
+    check("mkdir: B sees the directory", os.path.isdir(b("d")))
+    check("mkdir: B lists it", "d" in os.listdir(b()))
+    os.rmdir(a("d"))
+    check("rmdir: B sees it gone", not exists(b("d")))
+    check("rmdir: B's listing drops it", "d" not in os.listdir(b()))
+
+    # B changes, A looks (both directions work)
+    write(b("from-b"), b"hello a")
+    check("reverse: A reads what B wrote", read(a("from-b")) == b"hello a")
+
+
+# concurrent appenders: records of 64 bytes from both mounts, O_APPEND
+RECORDS = 500
+
+
+def appender(path, tag):
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    for i in range(RECORDS):
+        rec = f"{tag} {i:08d} ".encode().ljust(63, b".") + b"\n"
+        os.write(fd, rec)
+    os.close(fd)
+
+
+def concurrent_appenders():
+    path_a, path_b = a("log"), b("log")
+    write(path_a, b"")
+    ts = [threading.Thread(target=appender, args=(p, t)) for p, t in ((path_a, "A"), (path_b, "B"))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    data = read(path_a)
+    lines = data.split(b"\n")[:-1]
+    good = [ln for ln in lines if len(ln) == 63 and ln[:1] in (b"A", b"B")]
+    seen = {(ln[:1], int(ln[2:10])) for ln in good}
+    check(
+        "concurrent appenders lose no record",
+        len(data) == 2 * RECORDS * 64 and len(seen) == 2 * RECORDS,
+        f"{len(data)} bytes, {len(seen)} distinct records of {2 * RECORDS}",
+    )
+
+
+# O_DIRECT writer on A, buffered reader on B following it, two passes
+BLOCK, BLOCKS = 4096, 256
+def direct_writer_buffered_reader():
+    buf = mmap.mmap(-1, BLOCK)
+    wfd = os.open(a("direct"), os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    rfd = None
+    stale = 0
+    for rnd in range(2):
+        for i in range(BLOCKS):
+            pattern = f"round {rnd} block {i:06d} ".encode()
+            buf.seek(0)
+            buf.write((pattern * (BLOCK // len(pattern) + 1))[:BLOCK])
+            os.pwrite(wfd, buf, i * BLOCK)
+            if rfd is None:
+                rfd = os.open(b("direct"), os.O_RDONLY)
+            got = os.pread(rfd, BLOCK, i * BLOCK)
+            if got[: len(pattern)] != pattern or len(got) != BLOCK:
+                stale += 1
+                if stale < 4:
+                    print(f"     stale block {i} in round {rnd}: {got[:40]!r}")
+    os.close(wfd)
+    os.close(rfd)
+    check("O_DIRECT writer on A, buffered reader on B: no stale byte", stale == 0, f"{stale} stale blocks")
+
+
+try:
+    main()
+except Exception as e:  # a crash is a failure of the check it happened in
+    import traceback
+
+    traceback.print_exc()
+    fails.append(f"exception: {e}")
+print(f"{len(fails)} failed")
+sys.exit(1 if fails else 0)
