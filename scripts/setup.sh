@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing crest needs on a fresh Debian machine, idempotently:
 # rustfmt and clippy for the Rust toolchain (rustup; Rust itself must be present), the
-# Debian packages the build and the mount tests use (fuse3, attr, bindfs), the POSIX
-# suites (pjdfstest, fsx) and the users pjdfstest switches to.
+# Debian packages the build, the mount tests and the benchmarks use (fuse3, attr, bindfs;
+# sshfs and openssh-server for bench/headline.sh), the POSIX suites (pjdfstest, fsx) and the
+# users pjdfstest switches to.
 set -euo pipefail
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -25,6 +26,9 @@ command -v setfattr >/dev/null 2>&1 || need+=(attr)
 command -v bindfs >/dev/null 2>&1 || need+=(bindfs)
 command -v xz >/dev/null 2>&1 || need+=(xz-utils)
 command -v bc >/dev/null 2>&1 || need+=(bc)
+command -v sshfs >/dev/null 2>&1 || need+=(sshfs)
+command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi

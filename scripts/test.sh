@@ -39,6 +39,9 @@ echo "== real mounts: pjdfstest, fsx, kernel-tree round trip, kill -9 (tests/e2e
 bash scripts/install.sh
 bash tests/e2e/run.sh
 
+echo "== headline benchmark tooling (smoke: tiny tar, 500 files; sshfs only in full runs)"
+bash bench/headline.sh --quick --only local,bindfs,crest,crest-rtt
+
 if [ "${CREST_FUZZ_SECONDS:-20}" != 0 ] && [ -f scripts/fuzz.sh ]; then
   echo "== fuzz (smoke)"
   CREST_FUZZ_SECONDS=${CREST_FUZZ_SECONDS:-20} bash scripts/fuzz.sh
