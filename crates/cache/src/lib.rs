@@ -21,8 +21,19 @@
 //!   fetched. The next issue's leases replace the timer: a range will be valid while the
 //!   directory's lease is held and dropped on recall;
 //! - bounded memory: beyond `MAX_ENTRIES` the cache is simply cleared.
+//!
+//! Writeback state (docs/protocol.md §4.1, `X` rights) lives here too, under the same
+//! lock, because the decision "may this mount answer a create itself" reads both:
+//! - **exclusive inodes**: granted when this mount creates an inode (the server applies
+//!   the same rule), dropped by a recall. While held, the inode's attributes and (for a
+//!   directory) its entries never expire: nobody else can change them;
+//! - **tombstones**: a recall of an inode this mount did not (yet) hold exclusively is
+//!   remembered for a while, so a grant that raced with it (a create's reply released
+//!   after a recall of the new inode) is refused;
+//! - **in flight** counts writeback requests per inode not yet answered, and **deferred
+//!   errors** keeps the failure of one until the next flush or fsync of what it touched.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crest_proto::{self as p, name_hash, DirLeaf};
@@ -31,7 +42,11 @@ use crest_proto::{self as p, name_hash, DirLeaf};
 pub const MAX_ENTRIES: usize = 1 << 20;
 
 /// Longest name the server accepts; longer ones always go to the server (for its error).
-const NAME_MAX: usize = 255;
+pub const NAME_MAX: usize = 255;
+
+/// How long a recall is remembered against a grant that raced with it (far longer than a
+/// response can be held back by the server: `RECALL_TIMEOUT_MS`, 2 s).
+pub const TOMBSTONE_LIFETIME: Duration = Duration::from_secs(10);
 
 /// What the cache knows about a name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +86,10 @@ pub struct NameCache {
     dirs: HashMap<u64, Vec<Range>>,
     attrs: HashMap<u64, Attr>,
     entries: usize,
+    exclusive: HashSet<u64>,
+    tombstones: HashMap<u64, Instant>,
+    in_flight: HashMap<u64, u32>,
+    deferred: HashMap<u64, p::OpError>,
 }
 
 fn cacheable(name: &[u8]) -> bool {
@@ -80,7 +99,17 @@ fn cacheable(name: &[u8]) -> bool {
 impl NameCache {
     /// An empty cache whose contents live `ttl` (zero: nothing is ever answered here).
     pub fn new(ttl: Duration) -> NameCache {
-        NameCache { ttl, epoch: 0, dirs: HashMap::new(), attrs: HashMap::new(), entries: 0 }
+        NameCache {
+            ttl,
+            epoch: 0,
+            dirs: HashMap::new(),
+            attrs: HashMap::new(),
+            entries: 0,
+            exclusive: HashSet::new(),
+            tombstones: HashMap::new(),
+            in_flight: HashMap::new(),
+            deferred: HashMap::new(),
+        }
     }
 
     /// The epoch to hand to `absorb_*` with the reply of a fetch sent now.
@@ -94,11 +123,12 @@ impl NameCache {
             return None;
         }
         let h = name_hash(name);
-        let range = self.dirs.get(&dir)?.iter().find(|r| r.lo <= h && h <= r.hi && now < r.expires)?;
+        let pinned = self.exclusive.contains(&dir);
+        let range = self.dirs.get(&dir)?.iter().find(|r| r.lo <= h && h <= r.hi && (pinned || now < r.expires))?;
         match range.names.get(name) {
             None => Some(Cached::Absent),
             Some(ino) => {
-                let a = self.attrs.get(ino).filter(|a| now < a.expires)?;
+                let a = self.attrs.get(ino).filter(|a| now < a.expires || self.exclusive.contains(ino))?;
                 Some(Cached::Found(a.attr.clone()))
             }
         }
@@ -205,7 +235,11 @@ impl NameCache {
 
     /// Holds attributes the server sent in reply to a fetch started at `epoch`.
     pub fn hold_attr(&mut self, attr: &p::Attr, epoch: Epoch, now: Instant) {
-        if epoch.0 != self.epoch || self.ttl.is_zero() {
+        // An exclusive inode changes only through this mount: with no writeback of it in
+        // flight, the server's answer is current whatever else changed meanwhile.
+        let current =
+            epoch.0 == self.epoch || (self.exclusive.contains(&attr.ino) && !self.writeback_pending(attr.ino));
+        if !current || self.ttl.is_zero() {
             return;
         }
         self.attrs.insert(attr.ino, Attr { attr: attr.clone(), expires: now + self.ttl });
@@ -213,7 +247,90 @@ impl NameCache {
 
     /// Attributes held for `ino`, if still valid.
     pub fn attr(&self, ino: u64, now: Instant) -> Option<p::Attr> {
-        self.attrs.get(&ino).filter(|a| now < a.expires).map(|a| a.attr.clone())
+        self.attrs.get(&ino).filter(|a| now < a.expires || self.exclusive.contains(&ino)).map(|a| a.attr.clone())
+    }
+
+    /// Attributes this mount computed itself for an operation it answered (writeback):
+    /// held as if the server had sent them.
+    pub fn set_attr(&mut self, attr: &p::Attr, now: Instant) {
+        self.epoch += 1;
+        self.attrs.insert(attr.ino, Attr { attr: attr.clone(), expires: now + self.ttl });
+    }
+
+    /// This mount created `ino` (the server says so, in order with its recalls): it holds
+    /// it exclusively, unless a recall of it already came (then that recall wins).
+    pub fn grant_exclusive(&mut self, ino: u64, now: Instant) {
+        if self.ttl.is_zero() || self.tombstones.remove(&ino).is_some() {
+            return;
+        }
+        self.exclusive.insert(ino);
+        self.purge_tombstones(now);
+    }
+
+    /// True when this mount holds `ino` exclusively.
+    pub fn is_exclusive(&self, ino: u64) -> bool {
+        self.exclusive.contains(&ino)
+    }
+
+    /// The server no longer knows of any exclusive rights of this mount (it restarted):
+    /// hold none, and drop what only they kept valid.
+    pub fn reset_rights(&mut self) {
+        self.exclusive.clear();
+        self.clear();
+    }
+
+    /// Exclusive inodes held (for tests and stats).
+    pub fn exclusive_count(&self) -> usize {
+        self.exclusive.len()
+    }
+
+    /// The server recalled `ino`: exclusive rights go first (on the connection thread, in
+    /// wire order); a recall of an inode not held exclusively leaves a tombstone.
+    pub fn recall_rights(&mut self, ino: u64, now: Instant) {
+        if !self.exclusive.remove(&ino) {
+            self.tombstones.insert(ino, now);
+        }
+        self.purge_tombstones(now);
+    }
+
+    fn purge_tombstones(&mut self, now: Instant) {
+        if self.tombstones.len() > 4096 {
+            self.tombstones.retain(|_, at| now.duration_since(*at) < TOMBSTONE_LIFETIME);
+        }
+    }
+
+    /// A writeback request touching `ino` was sent.
+    pub fn begin_writeback(&mut self, ino: u64) {
+        *self.in_flight.entry(ino).or_insert(0) += 1;
+    }
+
+    /// Its answer came; true when no other writeback of `ino` is in flight.
+    pub fn end_writeback(&mut self, ino: u64) -> bool {
+        match self.in_flight.get_mut(&ino) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                self.in_flight.remove(&ino);
+                true
+            }
+        }
+    }
+
+    /// True while writeback requests touching `ino` are unanswered.
+    pub fn writeback_pending(&self, ino: u64) -> bool {
+        self.in_flight.contains_key(&ino)
+    }
+
+    /// A writeback request touching `ino` failed: the next flush or fsync reports it.
+    pub fn defer_error(&mut self, ino: u64, e: p::OpError) {
+        self.deferred.entry(ino).or_insert(e);
+    }
+
+    /// Takes the deferred failure of `ino`, if any.
+    pub fn take_error(&mut self, ino: u64) -> Option<p::OpError> {
+        self.deferred.remove(&ino)
     }
 
     /// Another client changed `ino` (a recall): its attributes go, and if it is a
@@ -239,9 +356,9 @@ impl NameCache {
     /// Forgets everything (memory cap; or a reconnect to a restarted server).
     pub fn clear(&mut self) {
         self.epoch += 1;
-        self.dirs.clear();
-        self.attrs.clear();
-        self.entries = 0;
+        self.dirs.retain(|d, _| self.exclusive.contains(d));
+        self.attrs.retain(|i, _| self.exclusive.contains(i));
+        self.entries = self.dirs.values().flatten().map(|r| r.names.len()).sum();
     }
 
     /// Entries held (for tests and stats).

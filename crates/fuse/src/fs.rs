@@ -8,18 +8,25 @@
 //! - file and directory handles are a counter; they carry no state on files, and index the
 //!   directory streams on directories;
 //! - the kernel keeps locks (POSIX and flock) to itself: the init reply advertises neither
-//!   lock capability, and no lock method is implemented.
+//!   lock capability, and no lock method is implemented;
+//! - **writeback** (docs/protocol.md §4.1): a create in a directory this mount holds
+//!   exclusively, and a write or setattr of an inode it holds exclusively, is answered here
+//!   — attributes computed as the server will compute them, at this mount's clock, which
+//!   the request carries — and sent without waiting. The decision and the send happen
+//!   under the cache lock, which the recall path also takes before answering, so every
+//!   writeback request reaches the server before this mount gives the inode up. `flush`
+//!   (close) and `fsync` wait for the inode's writeback and report its deferred failure.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use crest_cache::{Cached, NameCache};
-use crest_net::Client;
+use crest_net::{Client, Completion, Rights};
 use crest_proto::{self as p, Op, Reply};
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
@@ -46,6 +53,17 @@ pub const MAX_DIR_STREAMS: usize = 4096;
 /// locks itself. Writable opens keep FLUSH, so `close` still pushes pages dirtied through
 /// mmap to the server (and reports their errors) before another client looks.
 const READ_ONLY_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+/// Inode numbers asked of the server at a time for writeback creates.
+pub const INODE_BATCH: u32 = 4096;
+/// How long `flush` and `fsync` wait for an inode's writeback to be answered.
+pub const WRITEBACK_WAIT: Duration = Duration::from_secs(120);
+/// Largest file data kept inline in a file's metadata by the server (no blocks counted).
+const INLINE_BYTES: u64 = 1024;
+/// The server's link limit: directories near it are created synchronously, so the
+/// server's EMLINK reaches the caller.
+const LINK_MAX_MARGIN: u32 = 64_000;
+/// Largest file end a writeback write may produce (the server refuses larger: EFBIG).
+const MAX_WRITEBACK_END: u64 = 1 << 60;
 
 type Results = Vec<Result<Reply, p::OpError>>;
 
@@ -60,8 +78,52 @@ pub struct CrestFs {
     next_fh: AtomicU64,
     inodes: Mutex<Inodes>,
     dirs: Mutex<HashMap<u64, DirStream>>,
-    /// Names and attributes this mount may answer lookups from (see crest-cache).
+    /// Names and attributes this mount may answer lookups from, and its writeback state
+    /// (see crest-cache).
     names: Arc<Mutex<NameCache>>,
+    /// Signalled (with `names`) when a writeback request is answered.
+    idle: Arc<Condvar>,
+    /// Inode numbers reserved for this mount's writeback creates: next, end.
+    pool: Mutex<(u64, u64)>,
+}
+
+/// Tells the cache about rights, on the connection thread in wire order.
+struct CacheRights {
+    names: Arc<Mutex<NameCache>>,
+}
+
+impl Rights for CacheRights {
+    fn granted_exclusive(&self, ino: u64) {
+        lock(&self.names).grant_exclusive(ino, Instant::now());
+    }
+
+    fn recalled(&self, inodes: &[u64]) {
+        let now = Instant::now();
+        let mut c = lock(&self.names);
+        for &ino in inodes {
+            c.recall_rights(ino, now);
+            c.recalled(ino);
+        }
+    }
+
+    fn reset(&self) {
+        lock(&self.names).reset_rights();
+    }
+}
+
+fn now_time() -> p::Time {
+    let d = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    p::Time { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+}
+
+/// 4 KiB blocks the server will count for a file of `size` bytes written densely (the
+/// server's own count replaces it when the write is answered).
+fn estimated_blocks(size: u64) -> u64 {
+    if size <= INLINE_BYTES {
+        0
+    } else {
+        size.div_ceil(4096)
+    }
 }
 
 /// Applies the server's recalls: drops the named inodes from the daemon's cache,
@@ -128,6 +190,7 @@ fn unexpected(op: &'static str, r: &Reply) -> Error {
         Reply::Names(_) => "Names",
         Reply::StatFs(_) => "StatFs",
         Reply::Done => "Done",
+        Reply::Inodes { .. } => "Inodes",
     };
     Error::Protocol { op, got: got.into() }
 }
@@ -169,14 +232,236 @@ impl CrestFs {
     /// A file system talking through `client`; the daemon trusts what it holds for at most
     /// `ttl` without hearing a recall (the kernel caches no entries or attributes).
     pub fn new(client: Client, ttl: Duration) -> CrestFs {
+        let names = Arc::new(Mutex::new(NameCache::new(ttl)));
+        client.set_rights(Arc::new(CacheRights { names: names.clone() }));
         CrestFs {
             client: Arc::new(client),
             ttl: Duration::ZERO,
             next_fh: AtomicU64::new(1),
             inodes: Mutex::new(Inodes::default()),
             dirs: Mutex::new(HashMap::new()),
-            names: Arc::new(Mutex::new(NameCache::new(ttl))),
+            names,
+            idle: Arc::new(Condvar::new()),
+            pool: Mutex::new((0, 0)),
         }
+    }
+
+    /// A fresh inode number for a writeback create (from a batch reserved on the server).
+    fn next_ino(&self) -> Option<u64> {
+        {
+            let mut p = lock(&self.pool);
+            if p.0 < p.1 {
+                p.0 += 1;
+                return Some(p.0 - 1);
+            }
+        }
+        match self.one("allocate inodes", Op::AllocInodes { count: INODE_BATCH }) {
+            Ok(Reply::Inodes { first, count }) if count > 0 => {
+                *lock(&self.pool) = (first + 1, first + u64::from(count));
+                Some(first)
+            }
+            Ok(r) => {
+                tracing::warn!("{}", unexpected("allocate inodes", &r));
+                None
+            }
+            Err(e) => {
+                tracing::debug!("{e}");
+                None
+            }
+        }
+    }
+
+    /// What runs when a writeback request touching `inodes` is answered: the in-flight
+    /// counts go down; a failure is kept for the next flush/fsync of each inode, and what
+    /// this mount assumed about them is dropped (the server's state is fetched again); on
+    /// success, the server's attributes replace the computed ones once nothing else is in
+    /// flight for the inode (they differ at most in the block count).
+    fn completion(&self, op: &'static str, inodes: Vec<u64>) -> Completion {
+        let names = self.names.clone();
+        let idle = self.idle.clone();
+        Box::new(move |r| {
+            let mut c = lock(&names);
+            let idle_now: Vec<bool> = inodes.iter().map(|&i| c.end_writeback(i)).collect();
+            let failure = match r {
+                Ok(results) => {
+                    let mut failure = None;
+                    for res in results {
+                        match res {
+                            Ok(Reply::Attr(a) | Reply::Entry(a)) => {
+                                if let Some(k) = inodes.iter().position(|&i| i == a.ino) {
+                                    if idle_now[k] && c.is_exclusive(a.ino) {
+                                        c.attr_changed(&a);
+                                    }
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(e) => failure = failure.or(Some(e)),
+                        }
+                    }
+                    failure
+                }
+                Err(e) => Some(p::OpError { errno: e.errno(), message: e.to_string() }),
+            };
+            if let Some(e) = failure {
+                tracing::warn!(?inodes, "writeback {op} failed: {} (errno {})", e.message, e.errno);
+                let now = Instant::now();
+                for &ino in &inodes {
+                    c.defer_error(ino, e.clone());
+                    c.recall_rights(ino, now);
+                    c.recalled(ino);
+                }
+            }
+            drop(c);
+            idle.notify_all();
+        })
+    }
+
+    /// Waits until no writeback of `ino` is in flight; then its deferred failure, if any.
+    fn settle(&self, op: &'static str, ino: u64) -> Result<(), Error> {
+        let deadline = Instant::now() + WRITEBACK_WAIT;
+        let mut c = lock(&self.names);
+        while c.writeback_pending(ino) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Server { op, errno: libc::ETIMEDOUT, message: format!("writeback of inode {ino}") });
+            }
+            c = self.idle.wait_timeout(c, left).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+        }
+        match c.take_error(ino) {
+            Some(e) => Err(Error::server(op, e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Answers a create here when this mount holds `parent` exclusively and knows `name`
+    /// is free: the new inode's attributes are the server's rules applied at this mount's
+    /// clock (`Store::create`, set-group-ID inheritance), and the request goes out without
+    /// waiting. `None`: do it the synchronous way.
+    #[allow(clippy::too_many_arguments)]
+    fn create_locally(
+        &self,
+        req: &Request,
+        parent: u64,
+        name: &[u8],
+        kind: p::FileType,
+        mode: u32,
+        rdev: u64,
+        target: Option<&[u8]>,
+        open: bool,
+    ) -> Option<p::Attr> {
+        if name.is_empty() || name.len() > crest_cache::NAME_MAX || name == b"." || name == b".." {
+            return None;
+        }
+        if !lock(&self.names).is_exclusive(parent) {
+            return None;
+        }
+        let ino = self.next_ino()?;
+        let permit = self.client.async_permit(name.len() + target.map_or(0, <[u8]>::len));
+        let now = Instant::now();
+        let t = now_time();
+        let mut c = lock(&self.names);
+        if !c.is_exclusive(parent) || c.lookup(parent, name, now) != Some(Cached::Absent) {
+            return None;
+        }
+        let dir = c.attr(parent, now)?;
+        if dir.kind != p::FileType::Directory || (kind == p::FileType::Directory && dir.nlink >= LINK_MAX_MARGIN) {
+            return None;
+        }
+        let cred = cred(req);
+        let (gid, mode) = if dir.mode & 0o2000 != 0 {
+            (dir.gid, if kind == p::FileType::Directory { mode | 0o2000 } else { mode })
+        } else {
+            (cred.gid, mode)
+        };
+        let size = target.map_or(0, |t| t.len() as u64);
+        let attr = p::Attr {
+            ino,
+            generation: crest_rng::next_u64(),
+            kind,
+            mode: if target.is_some() { 0o777 } else { mode & 0o7777 },
+            nlink: if kind == p::FileType::Directory { 2 } else { 1 },
+            uid: cred.uid,
+            gid,
+            size_bytes: size,
+            blocks_4k: estimated_blocks(size),
+            rdev,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+        };
+        let mut d = dir;
+        d.size_bytes += 1;
+        d.mtime = t;
+        d.ctime = t;
+        if kind == p::FileType::Directory {
+            d.nlink += 1;
+        }
+        let mut ops = vec![match target {
+            Some(target) => Op::SymlinkAt {
+                ino,
+                generation: attr.generation,
+                parent,
+                name: name.to_vec(),
+                target: target.to_vec(),
+                cred,
+            },
+            None => {
+                Op::CreateAt { ino, generation: attr.generation, parent, name: name.to_vec(), kind, mode, rdev, cred }
+            }
+        }];
+        if open {
+            ops.push(Op::Open { ino });
+        }
+        c.added(parent, name, &attr, now);
+        c.set_attr(&d, now);
+        if kind == p::FileType::Directory {
+            c.made_dir(&attr, now);
+        }
+        c.grant_exclusive(ino, now);
+        c.begin_writeback(ino);
+        c.begin_writeback(parent);
+        if let Err(e) = permit.submit(ops, t, self.completion("create", vec![ino, parent])) {
+            tracing::warn!("writeback create of inode {ino}: {e}");
+        }
+        drop(c);
+        lock(&self.inodes).learn(parent, &attr);
+        Some(attr)
+    }
+
+    /// Answers a change of an inode this mount holds exclusively here, if it can: `change`
+    /// turns the held attributes into the new ones (or declines), and `op` goes out
+    /// without waiting. `None`: do it the synchronous way.
+    fn change_locally(
+        &self,
+        what: &'static str,
+        ino: u64,
+        bytes: usize,
+        op: Op,
+        change: impl FnOnce(&mut p::Attr, p::Time) -> bool,
+    ) -> Option<p::Attr> {
+        if !lock(&self.names).is_exclusive(ino) {
+            return None;
+        }
+        let permit = self.client.async_permit(bytes);
+        let now = Instant::now();
+        let t = now_time();
+        let mut c = lock(&self.names);
+        if !c.is_exclusive(ino) {
+            return None;
+        }
+        let mut a = c.attr(ino, now)?;
+        if !change(&mut a, t) {
+            return None;
+        }
+        c.set_attr(&a, now);
+        c.begin_writeback(ino);
+        if let Err(e) = permit.submit(vec![op], t, self.completion(what, vec![ino])) {
+            tracing::warn!("writeback {what} of inode {ino}: {e}");
+        }
+        drop(c);
+        lock(&self.inodes).changed_here(&a);
+        Some(a)
     }
 
     /// The part that applies recalls; spawn it once the FUSE session exists.
@@ -254,6 +539,9 @@ impl CrestFs {
         mode: u32,
         rdev: u64,
     ) -> Result<p::Attr, Error> {
+        if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, rdev, None, false) {
+            return Ok(a);
+        }
         let op = Op::Create { parent: parent.0, name: name_of(name), kind, mode, rdev, cred: cred(req) };
         let a = self.one("create", op).and_then(|r| want_attr("create", r))?;
         self.added(parent.0, name.as_bytes(), &a);
@@ -417,6 +705,41 @@ impl Filesystem for CrestFs {
             mtime: mtime.map(convert::set_time),
             ctime: ctime.map(convert::setattr_time),
         };
+        let op = Op::SetAttr { ino: ino.0, set: set.clone() };
+        let local = self.change_locally("setattr", ino.0, 0, op, |a, t| {
+            if let Some(size) = set.size_bytes {
+                if a.kind != p::FileType::Regular || size > MAX_WRITEBACK_END {
+                    return false;
+                }
+                a.size_bytes = size;
+                a.blocks_4k = a.blocks_4k.min(estimated_blocks(size));
+                a.mtime = t;
+            }
+            if let Some(m) = set.mode {
+                a.mode = m & 0o7777;
+            }
+            if let Some(u) = set.uid {
+                a.uid = u;
+            }
+            if let Some(g) = set.gid {
+                a.gid = g;
+            }
+            let when = |x: p::SetTime| match x {
+                p::SetTime::Now => t,
+                p::SetTime::At(at) => at,
+            };
+            if let Some(x) = set.atime {
+                a.atime = when(x);
+            }
+            if let Some(x) = set.mtime {
+                a.mtime = when(x);
+            }
+            a.ctime = set.ctime.unwrap_or(t);
+            true
+        });
+        if let Some(a) = local {
+            return self.reply_attr(reply, Ok(a));
+        }
         let r = self.one("setattr", Op::SetAttr { ino: ino.0, set }).and_then(|r| want_attr("setattr", r));
         if let Ok(a) = &r {
             lock(&self.inodes).changed_here(a);
@@ -466,6 +789,13 @@ impl Filesystem for CrestFs {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let target_bytes = target.as_os_str().as_bytes();
+        if !target_bytes.is_empty() && target_bytes.len() < 4096 {
+            let (name, kind) = (link_name.as_bytes(), p::FileType::Symlink);
+            if let Some(a) = self.create_locally(req, parent.0, name, kind, 0o777, 0, Some(target_bytes), false) {
+                return self.reply_entry(reply, parent.0, Ok(a));
+            }
+        }
         let op = Op::Symlink {
             parent: parent.0,
             name: name_of(link_name),
@@ -589,7 +919,27 @@ impl Filesystem for CrestFs {
         };
         // O_APPEND: the kernel picked the offset from its idea of the size, which another
         // client's append may have outdated; the server appends at the real end.
-        let op = if flags.0 & libc::O_APPEND != 0 {
+        let append = flags.0 & libc::O_APPEND != 0;
+        if !append && !data.is_empty() {
+            let op = Op::Write { ino: ino.0, offset, data: data.to_vec() };
+            let local = self.change_locally("write", ino.0, data.len(), op, |a, t| {
+                let Some(end) = offset.checked_add(u64::from(len)).filter(|&e| e <= MAX_WRITEBACK_END) else {
+                    return false;
+                };
+                if a.kind != p::FileType::Regular {
+                    return false;
+                }
+                a.size_bytes = a.size_bytes.max(end);
+                a.blocks_4k = a.blocks_4k.max(estimated_blocks(a.size_bytes));
+                a.mtime = t;
+                a.ctime = t;
+                true
+            });
+            if local.is_some() {
+                return reply.written(len);
+            }
+        }
+        let op = if append {
             Op::Append { ino: ino.0, data: data.to_vec() }
         } else {
             Op::Write { ino: ino.0, offset, data: data.to_vec() }
@@ -604,11 +954,13 @@ impl Filesystem for CrestFs {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        // Writes are already on the server when they are acknowledged: nothing to push.
-        // Pages dirtied through a shared mapping were written back by the kernel before it
-        // sent this (files opened read-only skip it: FOPEN_NOFLUSH).
-        reply.ok();
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // Synchronous writes are on the server when acknowledged; writeback ones are waited
+        // for here, so close reports their failure (as NFS's close-to-open does). Pages
+        // dirtied through a shared mapping were written back by the kernel before it sent
+        // this (files opened read-only skip it: FOPEN_NOFLUSH).
+        let r = self.settle("flush", ino.0);
+        self.reply_empty(reply, r);
     }
 
     fn release(
@@ -621,13 +973,27 @@ impl Filesystem for CrestFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let r = self.one("release", Op::Release { ino: ino.0 });
-        self.reply_empty(reply, r.and_then(|r| want_done("release", r)));
+        // Nothing waits for a release (the kernel has closed the file): it follows the
+        // file's writeback on the connection without a round trip.
+        let permit = self.client.async_permit(0);
+        let done: Completion = Box::new(move |r| match r {
+            Ok(res) => {
+                if let Some(Err(e)) = res.first() {
+                    tracing::debug!(ino = ino.0, "release: {}", e.message);
+                }
+            }
+            Err(e) => tracing::debug!(ino = ino.0, "release: {e}"),
+        });
+        if let Err(e) = permit.submit(vec![Op::Release { ino: ino.0 }], now_time(), done) {
+            tracing::warn!(ino = ino.0, "release: {e}");
+        }
+        reply.ok();
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        let r = self.one("fsync", Op::Fsync { ino: ino.0 });
-        self.reply_empty(reply, r.and_then(|r| want_done("fsync", r)));
+        let r = self.one("fsync", Op::Fsync { ino: ino.0 }).and_then(|r| want_done("fsync", r));
+        let r = r.and_then(|()| self.settle("fsync", ino.0));
+        self.reply_empty(reply, r);
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -684,8 +1050,9 @@ impl Filesystem for CrestFs {
     }
 
     fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        let r = self.one("fsyncdir", Op::Fsync { ino: ino.0 });
-        self.reply_empty(reply, r.and_then(|r| want_done("fsyncdir", r)));
+        let r = self.one("fsyncdir", Op::Fsync { ino: ino.0 }).and_then(|r| want_done("fsyncdir", r));
+        let r = r.and_then(|()| self.settle("fsyncdir", ino.0));
+        self.reply_empty(reply, r);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -756,14 +1123,19 @@ impl Filesystem for CrestFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        let kind = p::FileType::Regular;
+        let mode = convert::create_mode(mode, umask);
+        if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, 0, None, true) {
+            lock(&self.inodes).keep_cache_on_open(&a);
+            let attr = convert::file_attr(&a);
+            return reply.created(&self.ttl, &attr, Generation(a.generation), self.fh(), FopenFlags::empty());
+        }
         // Two calls: Open names its inode, which exists only once Create has answered. The
         // kernel holds the directory locked in between, so nothing can unlink the new name.
-        let created = self
-            .create_node(req, parent, name, p::FileType::Regular, convert::create_mode(mode, umask), 0)
-            .and_then(|a| {
-                let opened = self.one("create", Op::Open { ino: a.ino }).and_then(|r| want_attr("create", r))?;
-                Ok((a, opened))
-            });
+        let created = self.create_node(req, parent, name, kind, mode, 0).and_then(|a| {
+            let opened = self.one("create", Op::Open { ino: a.ino }).and_then(|r| want_attr("create", r))?;
+            Ok((a, opened))
+        });
         match created {
             Ok((a, opened)) => {
                 let mut t = lock(&self.inodes);

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc as std_mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc as std_mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
@@ -27,6 +27,28 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 /// Bytes of acknowledged, not yet durable requests kept for replay. The server commits
 /// long before this (every 64 MiB written); beyond it the oldest are dropped, loudly.
 pub const MAX_UNSTABLE_BYTES: usize = 512 << 20;
+
+/// Bytes of writeback requests (`Client::submit`) in flight at once; a submitter waits
+/// beyond this, which bounds what a client holds unacknowledged.
+pub const MAX_ASYNC_BYTES: usize = 64 << 20;
+
+/// Rights the server grants and recalls, told to the cache that relies on them. Called on
+/// the connection thread **in the order the messages arrived**, before the response is
+/// handed to its caller or the recall to `take_recalls`: so a grant and a later recall
+/// of the same inode can never be applied the wrong way round. Must not block.
+pub trait Rights: Send + Sync {
+    /// A successful create (`Create`, `Symlink`, `CreateAt`, `SymlinkAt`) made `ino`:
+    /// the server counts this session as its exclusive holder.
+    fn granted_exclusive(&self, ino: u64);
+    /// The server recalls whatever this session holds of `inodes`.
+    fn recalled(&self, inodes: &[u64]);
+    /// The server restarted (or forgot this session): it remembers no rights of it.
+    fn reset(&self);
+}
+
+/// The `Rights` hook of a client, installed once (`Client::set_rights`); until then
+/// nothing is told.
+type RightsHook = Arc<OnceLock<Arc<dyn Rights>>>;
 
 /// How the client behaves.
 #[derive(Clone, Debug)]
@@ -114,7 +136,90 @@ enum Outbound {
 struct Call {
     id: u64,
     ops: Vec<p::Op>,
-    reply: std_mpsc::SyncSender<Result<Results, ClientError>>,
+    time: Option<p::Time>,
+    reply: Answer,
+}
+
+/// What a writeback submission runs when its response arrives (on the connection thread:
+/// it must not block).
+pub type Completion = Box<dyn FnOnce(Result<Results, ClientError>) + Send>;
+
+/// Where a response goes: to a waiting caller, or to a writeback completion.
+enum Answer {
+    Wait(std_mpsc::SyncSender<Result<Results, ClientError>>),
+    Then(Completion, AsyncBudget, usize),
+}
+
+impl Answer {
+    fn send(self, r: Result<Results, ClientError>) {
+        match self {
+            Answer::Wait(tx) => {
+                let _ = tx.try_send(r);
+            }
+            Answer::Then(done, budget, bytes) => {
+                done(r);
+                budget.release(bytes);
+            }
+        }
+    }
+}
+
+/// Bytes of writeback in flight, with a condition variable for submitters that wait.
+#[derive(Clone, Default)]
+struct AsyncBudget(Arc<(Mutex<usize>, Condvar)>);
+
+impl AsyncBudget {
+    fn take(&self, bytes: usize) {
+        let (lock, cvar) = &*self.0;
+        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while *n > 0 && *n + bytes > MAX_ASYNC_BYTES {
+            n = cvar.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        *n += bytes;
+    }
+
+    fn release(&self, bytes: usize) {
+        let (lock, cvar) = &*self.0;
+        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(bytes);
+        cvar.notify_all();
+    }
+}
+
+/// Room for one writeback submission, taken before the submitter locks its cache (taking
+/// it may wait); dropped unused, it gives the room back.
+pub struct AsyncPermit<'a> {
+    client: &'a Client,
+    bytes: usize,
+    used: bool,
+}
+
+impl AsyncPermit<'_> {
+    /// Sends `ops` (applied at the client's `time`) without waiting; `done` runs with the
+    /// results when they arrive. Never blocks, so it may be called under the caller's
+    /// cache lock — which is what orders it before any recall answer the recall thread
+    /// sends after taking that lock.
+    pub fn submit(mut self, ops: Vec<p::Op>, time: p::Time, done: Completion) -> Result<(), ClientError> {
+        self.used = true;
+        let id = self.client.next_id.fetch_add(1, Ordering::Relaxed);
+        let budget = self.client.budget.clone();
+        let reply = Answer::Then(done, budget, self.bytes);
+        let call = Call { id, ops, time: Some(time), reply };
+        self.client.tx.send(Outbound::Call(call)).map_err(|e| {
+            if let Outbound::Call(c) = e.0 {
+                c.reply.send(Err(ClientError::Closed));
+            }
+            ClientError::Closed
+        })
+    }
+}
+
+impl Drop for AsyncPermit<'_> {
+    fn drop(&mut self) {
+        if !self.used {
+            self.client.budget.release(self.bytes);
+        }
+    }
 }
 
 /// A connection to one server, shared by every thread of a mount.
@@ -124,6 +229,8 @@ pub struct Client {
     recalls_taken: Arc<AtomicBool>,
     next_id: AtomicU64,
     in_flight: Arc<(Mutex<usize>, Condvar)>,
+    budget: AsyncBudget,
+    rights: RightsHook,
     opts: ClientOptions,
     addr: String,
     fsid: [u8; 16],
@@ -146,13 +253,15 @@ impl Client {
         let sink = RecallSink { tx: recall_tx, taken: recalls_taken.clone() };
         let task_addr = addr.to_string();
         let task_opts = opts.clone();
+        let rights: RightsHook = Arc::default();
+        let task_rights = rights.clone();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| ClientError::Connect { addr: addr.into(), detail: e.to_string() })?;
         std::thread::Builder::new()
             .name("crest-conn".into())
-            .spawn(move || rt.block_on(run(task_addr, task_opts, rx, ready_tx, sink)))
+            .spawn(move || rt.block_on(run(task_addr, task_opts, rx, ready_tx, sink, task_rights)))
             .map_err(|e| ClientError::Connect { addr: addr.into(), detail: e.to_string() })?;
         let fsid = match ready_rx.recv_timeout(opts.connect_timeout + Duration::from_secs(1)) {
             Ok(Ok(fsid)) => fsid,
@@ -165,6 +274,8 @@ impl Client {
             recalls_taken,
             next_id: AtomicU64::new(1),
             in_flight: Arc::new((Mutex::new(0), Condvar::new())),
+            budget: AsyncBudget::default(),
+            rights,
             opts,
             addr: addr.into(),
             fsid,
@@ -206,6 +317,19 @@ impl Client {
         &self.addr
     }
 
+    /// Installs the hook told about rights in wire order (once; false if one was set).
+    pub fn set_rights(&self, rights: Arc<dyn Rights>) -> bool {
+        self.rights.set(rights).is_ok()
+    }
+
+    /// Room for a writeback submission of about `bytes` (waits while `MAX_ASYNC_BYTES`
+    /// are in flight).
+    pub fn async_permit(&self, bytes: usize) -> AsyncPermit<'_> {
+        let bytes = bytes + 128;
+        self.budget.take(bytes);
+        AsyncPermit { client: self, bytes, used: false }
+    }
+
     /// Sends a compound request and waits for its results.
     pub fn call(&self, ops: Vec<p::Op>) -> Result<Results, ClientError> {
         let (lock, cvar) = &*self.in_flight;
@@ -226,7 +350,8 @@ impl Client {
     fn call_inner(&self, ops: Vec<p::Op>) -> Result<Results, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = std_mpsc::sync_channel(1);
-        self.tx.send(Outbound::Call(Call { id, ops, reply })).map_err(|_| ClientError::Closed)?;
+        let call = Call { id, ops, time: None, reply: Answer::Wait(reply) };
+        self.tx.send(Outbound::Call(call)).map_err(|_| ClientError::Closed)?;
         match rx.recv_timeout(self.opts.op_timeout) {
             Ok(r) => r,
             Err(std_mpsc::RecvTimeoutError::Timeout) => {
@@ -249,6 +374,7 @@ impl Client {
 struct Unstable {
     id: u64,
     ops: Vec<p::Op>,
+    time: Option<p::Time>,
     results: Results,
 }
 
@@ -307,7 +433,7 @@ impl ReplayLog {
     /// Frames for every entry being replayed, in order.
     fn replay_frames(&self, out: &mut Vec<u8>) {
         for e in &self.replaying {
-            write_frame(out, &ClientMessage::Request(p::Request { id: e.id, ops: e.ops.clone() }));
+            write_frame(out, &ClientMessage::Request(p::Request { id: e.id, ops: e.ops.clone(), time: e.time }));
         }
     }
 
@@ -352,6 +478,16 @@ impl Drop for Client {
     }
 }
 
+/// Tells the rights hook what a response granted: exclusive rights on what it created.
+fn grant_rights(rights: &RightsHook, ops: &[p::Op], results: &Results) {
+    let Some(r) = rights.get() else { return };
+    for (op, res) in ops.iter().zip(results) {
+        if let (true, Ok(p::Reply::Entry(a))) = (op.creates(), res) {
+            r.granted_exclusive(a.ino);
+        }
+    }
+}
+
 fn write_frame(buf: &mut Vec<u8>, msg: &ClientMessage) {
     if let Err(e) = p::encode_frame(msg, buf) {
         tracing::error!("cannot encode a request: {e}");
@@ -366,6 +502,7 @@ async fn run(
     mut calls: mpsc::UnboundedReceiver<Outbound>,
     ready: std_mpsc::SyncSender<Result<[u8; 16], ClientError>>,
     recalls: RecallSink,
+    rights: RightsHook,
 ) {
     let mut pending: BTreeMap<u64, Call> = BTreeMap::new();
     let mut log = ReplayLog::default();
@@ -437,7 +574,7 @@ async fn run(
                 if fsid.is_some_and(|f| f != w.fsid) {
                     tracing::error!("{addr} now serves another file system; failing pending calls");
                     for (_, c) in std::mem::take(&mut pending) {
-                        let _ = c.reply.try_send(Err(ClientError::Refused {
+                        c.reply.send(Err(ClientError::Refused {
                             addr: addr.clone(),
                             reason: "the server's file system changed".into(),
                         }));
@@ -453,6 +590,9 @@ async fn run(
                         (false, _) => Some(0),
                     };
                     if let Some(through) = through {
+                        if let Some(r) = rights.get() {
+                            r.reset();
+                        }
                         log.start_replay(through);
                         if !log.replaying.is_empty() {
                             tracing::warn!(
@@ -476,7 +616,7 @@ async fn run(
                 tracing::error!("{err}");
                 let _ = ready.try_send(Err(err.clone()));
                 for (_, c) in std::mem::take(&mut pending) {
-                    let _ = c.reply.try_send(Err(err.clone()));
+                    c.reply.send(Err(err.clone()));
                 }
                 return;
             }
@@ -488,7 +628,7 @@ async fn run(
         }
         // Resend everything still waiting, in id order, with the same ids.
         for c in pending.values() {
-            write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone() }));
+            write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone(), time: c.time }));
         }
         if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
             continue;
@@ -508,7 +648,7 @@ async fn run(
                     while let Some(c) = next.take().or_else(|| calls.try_recv().ok()) {
                         match c {
                             Outbound::Call(c) => {
-                                write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone() }));
+                                write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone(), time: c.time }));
                                 pending.insert(c.id, c);
                             }
                             Outbound::RecallDone(recall_id) => {
@@ -542,9 +682,10 @@ async fn run(
                         match decoder.poll_message::<ServerMessage>() {
                             Ok(Some(ServerMessage::Response(resp))) => {
                                 if let Some(c) = pending.remove(&resp.id) {
-                                    let entry = Unstable { id: c.id, ops: c.ops, results: resp.results.clone() };
+                                    grant_rights(&rights, &c.ops, &resp.results);
+                                    let entry = Unstable { id: c.id, ops: c.ops, time: c.time, results: resp.results.clone() };
                                     log.acknowledged(resp.seq, entry);
-                                    let _ = c.reply.try_send(Ok(resp.results));
+                                    c.reply.send(Ok(resp.results));
                                 } else if let Some(e) = log.replayed(resp.id) {
                                     if !same_outcome(&e.results, &resp.results) {
                                         tracing::error!(
@@ -559,6 +700,9 @@ async fn run(
                                 log.durable(resp.durable);
                             }
                             Ok(Some(ServerMessage::Notify(p::Notify::Recall { recall_id, inodes }))) => {
+                                if let Some(r) = rights.get() {
+                                    r.recalled(&inodes);
+                                }
                                 if !recalls.deliver(Recall { recall_id, inodes }) {
                                     write_frame(&mut out, &ClientMessage::RecallDone { recall_id });
                                 }

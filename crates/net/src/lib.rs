@@ -18,4 +18,6 @@
 pub mod client;
 pub mod server;
 
-pub use client::{Client, ClientError, ClientOptions, Recall, MAX_IN_FLIGHT};
+pub use client::{
+    AsyncPermit, Client, ClientError, ClientOptions, Completion, Recall, Rights, MAX_ASYNC_BYTES, MAX_IN_FLIGHT,
+};

@@ -97,7 +97,7 @@ fn store_thread(mut server: Server, rx: std_mpsc::Receiver<Cmd>) {
                 }
                 server.handle(session, req, now());
             }
-            Cmd::RecallDone { session, recall_id } => server.recall_done(session, recall_id),
+            Cmd::RecallDone { session, recall_id } => server.recall_done(session, recall_id, now()),
             Cmd::Disconnected { session, out } => {
                 // Only if no newer connection of the session took over.
                 if outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {

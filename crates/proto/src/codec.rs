@@ -116,6 +116,7 @@ mod tests {
                 Op::Write { ino: 9, offset: 4096, data: vec![7; 1000] },
                 Op::Rename { parent: 1, name: b"a".to_vec(), new_parent: 2, new_name: b"b".to_vec(), flags: 1 },
             ],
+            time: Some(Time { sec: 5, nsec: 6 }),
         })
     }
 

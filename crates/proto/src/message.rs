@@ -6,13 +6,15 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// First bytes of a client hello, so a stray connection is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
 /// Most operations in one compound request.
 pub const MAX_OPS_PER_REQUEST: usize = 1024;
 /// Largest read or write payload of one operation (4 MiB, FUSE's largest request).
 pub const MAX_IO_BYTES: u32 = 4 << 20;
+/// Most inode numbers one `Op::AllocInodes` hands out.
+pub const MAX_INODE_GRANT: u32 = 1 << 16;
 
 /// Seconds and nanoseconds since the epoch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -299,6 +301,32 @@ pub enum Op {
         ino: u64,
         name: Vec<u8>,
     },
+    /// Reserves `count` inode numbers for this session's writeback creates (`CreateAt`,
+    /// `SymlinkAt`); answered with `Reply::Inodes`.
+    AllocInodes {
+        count: u32,
+    },
+    /// `Create` with an inode number the client chose from a range it was granted (and a
+    /// generation it chose): the client answered its caller before the server applied it.
+    CreateAt {
+        ino: u64,
+        generation: u64,
+        parent: u64,
+        name: Vec<u8>,
+        kind: FileType,
+        mode: u32,
+        rdev: u64,
+        cred: Cred,
+    },
+    /// `Symlink` with a client-chosen inode number and generation (see `CreateAt`).
+    SymlinkAt {
+        ino: u64,
+        generation: u64,
+        parent: u64,
+        name: Vec<u8>,
+        target: Vec<u8>,
+        cred: Cred,
+    },
 }
 
 impl Op {
@@ -315,6 +343,11 @@ impl Op {
                 | Op::GetXattr { .. }
                 | Op::ListXattr { .. }
         )
+    }
+
+    /// The inode a successful reply to this operation creates, if it creates one.
+    pub fn creates(&self) -> bool {
+        matches!(self, Op::Create { .. } | Op::Symlink { .. } | Op::CreateAt { .. } | Op::SymlinkAt { .. })
     }
 }
 
@@ -343,6 +376,11 @@ pub enum Reply {
     Names(Vec<Vec<u8>>),
     StatFs(StatFs),
     Done,
+    /// Inode numbers `first .. first + count` are this session's to use.
+    Inodes {
+        first: u64,
+        count: u32,
+    },
 }
 
 /// Why one operation failed: a POSIX errno and a message for the log.
@@ -401,6 +439,10 @@ pub struct Request {
     pub id: u64,
     /// Operations, applied in order.
     pub ops: Vec<Op>,
+    /// The client's clock when it answered these operations itself (writeback): the
+    /// server applies them at this time so that the attributes it stores are the ones the
+    /// client already reported. `None`: the server's clock.
+    pub time: Option<Time>,
 }
 
 /// The answer to a request: one result per operation, in order.

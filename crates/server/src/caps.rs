@@ -31,12 +31,27 @@ struct Wait {
     deadline_ms: u64,
 }
 
+/// An outstanding recall of exclusive rights: requests of other sessions wait for it.
+#[derive(Debug)]
+struct ExclusiveRecall {
+    holder: SessionId,
+    inodes: Vec<u64>,
+    deadline_ms: u64,
+}
+
 /// Who holds what, and which responses wait.
 #[derive(Debug, Default)]
 pub struct Caps {
     holders: HashMap<u64, Vec<SessionId>>,
     waits: HashMap<u64, Wait>,
     next_recall: u64,
+    /// Exclusive (`X`) rights: the holder answers operations on these inodes itself and
+    /// ships them later (docs/protocol.md §4.1). Another session's request that involves
+    /// one waits until the holder has flushed and given it up.
+    exclusive: HashMap<u64, SessionId>,
+    /// Inode → the recall of its exclusive rights under way.
+    recalling: HashMap<u64, u64>,
+    exclusive_recalls: HashMap<u64, ExclusiveRecall>,
 }
 
 /// Something the server sends.
@@ -109,6 +124,10 @@ impl Caps {
 
     /// `session` answered recall `recall_id`.
     pub fn recall_done(&mut self, session: SessionId, recall_id: u64) -> Vec<Outgoing> {
+        if self.exclusive_recalls.get(&recall_id).is_some_and(|r| r.holder == session) {
+            self.finish_exclusive_recall(recall_id);
+            return Vec::new();
+        }
         let Some(w) = self.waits.get_mut(&recall_id) else { return Vec::new() };
         w.outstanding.remove(&session);
         if !w.outstanding.is_empty() {
@@ -141,6 +160,12 @@ impl Caps {
             h.retain(|&t| t != session);
             !h.is_empty()
         });
+        let mine: Vec<u64> =
+            self.exclusive_recalls.iter().filter(|(_, r)| r.holder == session).map(|(id, _)| *id).collect();
+        for id in mine {
+            self.finish_exclusive_recall(id);
+        }
+        self.exclusive.retain(|_, h| *h != session);
         let mut out = Vec::new();
         let ids: Vec<u64> = self.waits.keys().copied().collect();
         for id in ids {
@@ -154,6 +179,111 @@ impl Caps {
         let out = self.forget_holder(session);
         self.waits.retain(|_, w| w.session != session);
         out
+    }
+
+    /// `session` created `ino`: nobody else can know it yet, so it is the session's alone
+    /// (the client applies the same rule to its own successful creates).
+    pub fn grant_exclusive(&mut self, session: SessionId, ino: u64) {
+        self.exclusive.insert(ino, session);
+    }
+
+    /// The inode is gone (rmdir): nobody holds it any more.
+    pub fn drop_exclusive(&mut self, ino: u64) {
+        self.exclusive.remove(&ino);
+    }
+
+    /// The session that holds `ino` exclusively, if it is not `session`.
+    pub fn exclusive_elsewhere(&self, session: SessionId, ino: u64) -> Option<SessionId> {
+        self.exclusive.get(&ino).copied().filter(|&h| h != session)
+    }
+
+    /// Recalls every exclusive right on `inodes` held by a session other than `session`
+    /// (reusing recalls already under way). Returns the recall ids to wait for (empty:
+    /// nothing to wait for) and queues the recall notices in `out`.
+    pub fn recall_exclusive(
+        &mut self,
+        session: SessionId,
+        inodes: &[u64],
+        now_ms: u64,
+        out: &mut Vec<Outgoing>,
+    ) -> HashSet<u64> {
+        let mut wait = HashSet::new();
+        let mut fresh: HashMap<SessionId, Vec<u64>> = HashMap::new();
+        for &ino in inodes {
+            let Some(holder) = self.exclusive_elsewhere(session, ino) else { continue };
+            match self.recalling.get(&ino) {
+                Some(&id) => {
+                    wait.insert(id);
+                }
+                None => {
+                    let v = fresh.entry(holder).or_default();
+                    if !v.contains(&ino) {
+                        v.push(ino);
+                    }
+                }
+            }
+        }
+        for (holder, inodes) in fresh {
+            self.next_recall += 1;
+            let id = self.next_recall;
+            for &ino in &inodes {
+                self.recalling.insert(ino, id);
+            }
+            out.push(Outgoing::Notify {
+                session: holder,
+                notify: p::Notify::Recall { recall_id: id, inodes: inodes.clone() },
+            });
+            self.exclusive_recalls
+                .insert(id, ExclusiveRecall { holder, inodes, deadline_ms: now_ms + RECALL_TIMEOUT_MS });
+            wait.insert(id);
+        }
+        wait
+    }
+
+    /// True while exclusive recall `id` is outstanding.
+    pub fn exclusive_recall_pending(&self, id: u64) -> bool {
+        self.exclusive_recalls.contains_key(&id)
+    }
+
+    /// Ends an exclusive recall: the holder flushed (everything it did before answering
+    /// arrived before the answer on its connection) and dropped its copies, or it went
+    /// silent. Either way it holds neither `X` nor `S` on those inodes any more.
+    fn finish_exclusive_recall(&mut self, id: u64) -> bool {
+        let Some(r) = self.exclusive_recalls.remove(&id) else { return false };
+        for ino in r.inodes {
+            if self.exclusive.get(&ino) == Some(&r.holder) {
+                self.exclusive.remove(&ino);
+            }
+            if self.recalling.get(&ino) == Some(&id) {
+                self.recalling.remove(&ino);
+            }
+            if let Some(h) = self.holders.get_mut(&ino) {
+                h.retain(|&t| t != r.holder);
+                if h.is_empty() {
+                    self.holders.remove(&ino);
+                }
+            }
+        }
+        true
+    }
+
+    /// Exclusive recalls whose holder did not answer in time are treated as answered:
+    /// the waiting requests go ahead (the silent holder's unflushed work may conflict
+    /// and fail later; leases and fencing close that window). True if any expired.
+    pub fn expire_exclusive(&mut self, now_ms: u64) -> bool {
+        let late: Vec<u64> =
+            self.exclusive_recalls.iter().filter(|(_, r)| now_ms >= r.deadline_ms).map(|(id, _)| *id).collect();
+        for &id in &late {
+            if let Some(r) = self.exclusive_recalls.get(&id) {
+                tracing::warn!(
+                    recall_id = id,
+                    session = r.holder,
+                    "exclusive rights not returned in {RECALL_TIMEOUT_MS} ms; revoked"
+                );
+            }
+            self.finish_exclusive_recall(id);
+        }
+        !late.is_empty()
     }
 
     /// Responses waiting (for tests and status).

@@ -1,6 +1,6 @@
 //! Sessions, the reply cache and the dispatch of operations to the store.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use crest_proto::{self as p, Op, Reply};
 use crest_store::{self as s, Store};
@@ -88,6 +88,27 @@ pub struct Server {
     outbox: Vec<Outgoing>,
     /// Sessions whose connection is gone, since when (ms).
     disconnected: HashMap<SessionId, u64>,
+    /// Inodes whose state the last request's replies carried.
+    carried: Vec<u64>,
+    /// Requests waiting for other sessions to give up exclusive rights, oldest first.
+    parked: VecDeque<Parked>,
+}
+
+/// A request that involves inodes another session holds exclusively: it runs once that
+/// session has flushed its writeback and answered the recalls in `waiting`.
+#[derive(Debug)]
+struct Parked {
+    session: SessionId,
+    req: p::Request,
+    waiting: HashSet<u64>,
+}
+
+fn millis(t: p::Time) -> u64 {
+    (t.sec.max(0) as u64) * 1000 + u64::from(t.nsec) / 1_000_000
+}
+
+fn time_of_millis(ms: u64) -> p::Time {
+    p::Time { sec: (ms / 1000) as i64, nsec: ((ms % 1000) * 1_000_000) as u32 }
 }
 
 impl std::fmt::Debug for Server {
@@ -141,6 +162,8 @@ impl Server {
             changed: Vec::new(),
             outbox: Vec::new(),
             disconnected: HashMap::new(),
+            carried: Vec::new(),
+            parked: VecDeque::new(),
         }
     }
 
@@ -188,12 +211,77 @@ impl Server {
 
     /// Applies a request and queues what to send: its response, or recalls to other
     /// sessions holding what it changed (the response follows when they answer).
+    ///
+    /// A request that involves an inode another session holds exclusively waits: that
+    /// session is asked to flush and give the inode up, and the request runs when it has
+    /// (or its time ran out). A read-only request is checked again after it ran, against
+    /// everything its reply would let the client cache, and run again later if needed.
     pub fn handle(&mut self, session: SessionId, req: p::Request, now: p::Time) {
+        let now_ms = millis(now);
+        let involved = self.involved(&req);
+        if self.park_if_exclusive(session, &req, &involved, now_ms) {
+            return;
+        }
+        let read_only = !req.ops.iter().any(Op::is_mutation);
+        let retry = read_only.then(|| req.clone());
         let response = self.handle_request(session, req, now);
+        let carried = std::mem::take(&mut self.carried);
+        if let Some(req) = retry {
+            if self.park_if_exclusive(session, &req, &carried, now_ms) {
+                return;
+            }
+        }
         let changed = std::mem::take(&mut self.changed);
-        let now_ms = (now.sec.max(0) as u64) * 1000 + u64::from(now.nsec) / 1_000_000;
         let out = self.caps.changed(session, &changed, response, now_ms);
         self.outbox.extend(out);
+    }
+
+    /// Parks `req` if other sessions hold any of `inodes` exclusively (recalling them).
+    fn park_if_exclusive(&mut self, session: SessionId, req: &p::Request, inodes: &[u64], now_ms: u64) -> bool {
+        if inodes.iter().all(|&i| self.caps.exclusive_elsewhere(session, i).is_none()) {
+            return false;
+        }
+        let mut out = Vec::new();
+        let waiting = self.caps.recall_exclusive(session, inodes, now_ms, &mut out);
+        self.outbox.extend(out);
+        if waiting.is_empty() {
+            return false;
+        }
+        tracing::debug!(session, id = req.id, "request waits for exclusive rights to be recalled");
+        self.parked.push_back(Parked { session, req: req.clone(), waiting });
+        true
+    }
+
+    /// Runs parked requests whose recalls are all answered, oldest first.
+    fn run_parked(&mut self, now: p::Time) {
+        let mut ready = Vec::new();
+        let mut still = VecDeque::with_capacity(self.parked.len());
+        for p in std::mem::take(&mut self.parked) {
+            if p.waiting.iter().any(|&id| self.caps.exclusive_recall_pending(id)) {
+                still.push_back(p);
+            } else {
+                ready.push(p);
+            }
+        }
+        self.parked = still;
+        for p in ready {
+            if self.sessions.contains_key(&p.session) {
+                self.handle(p.session, p.req, now);
+            }
+        }
+    }
+
+    /// Every inode a request names (and the victims of its unlinks and renames): what
+    /// must not be held exclusively by another session while it runs.
+    fn involved(&mut self, req: &p::Request) -> Vec<u64> {
+        let mut v = Vec::new();
+        for op in &req.ops {
+            v.extend(op_inodes(op));
+            if matches!(op, Op::Unlink { .. } | Op::Rmdir { .. } | Op::Rename { .. }) {
+                v.extend(self.touches(op));
+            }
+        }
+        v
     }
 
     /// `session`'s connection is gone (it may come back and resume). After
@@ -202,10 +290,12 @@ impl Server {
         self.disconnected.insert(session, now_ms);
     }
 
-    /// `session` dropped what recall `recall_id` named.
-    pub fn recall_done(&mut self, session: SessionId, recall_id: u64) {
+    /// `session` dropped what recall `recall_id` named (and, for exclusive rights, sent
+    /// everything it had answered itself first).
+    pub fn recall_done(&mut self, session: SessionId, recall_id: u64, now: p::Time) {
         let out = self.caps.recall_done(session, recall_id);
         self.outbox.extend(out);
+        self.run_parked(now);
     }
 
     /// Everything queued to send, in order.
@@ -218,6 +308,7 @@ impl Server {
         self.disconnected.remove(&id);
         let out = self.caps.forget_session(id);
         self.outbox.extend(out);
+        self.parked.retain(|p| p.session != id);
         if let Some(s) = self.sessions.remove(&id) {
             tracing::info!(session = id, client = %s.client_name, "session ended");
             if let Err(e) = self.store.delete_session_record(id) {
@@ -238,6 +329,9 @@ impl Server {
     /// `self.changed`. `handle` is the whole step; this is its core (and the unit tests').
     pub(crate) fn handle_request(&mut self, session: SessionId, req: p::Request, now: p::Time) -> p::Response {
         self.changed.clear();
+        self.carried.clear();
+        // Writeback: the client already answered with its clock; apply at that time.
+        let now = req.time.unwrap_or(now);
         if let Some(s) = self.sessions.get(&session) {
             if let Some(r) = s.replies.get(&req.id) {
                 tracing::debug!(session, id = req.id, "answered from the reply cache");
@@ -267,10 +361,33 @@ impl Server {
             for op in req.ops {
                 let touched = self.touches(&op);
                 let inode_of_op = op_inode(&op);
-                let r = self.apply(session, op, now);
-                if let Ok(reply) = &r {
+                let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
+                let mut r = self.apply(session, op, now);
+                if let Ok(reply) = &mut r {
+                    if mutates {
+                        // This reply is not checked after the fact (it cannot be rerun):
+                        // it lends no stretch of a directory holding another session's
+                        // exclusive inodes, whose attributes may be ahead on that client.
+                        if let Reply::Lookup { leaf, .. } = reply {
+                            if leaf.items.iter().any(|i| self.caps.exclusive_elsewhere(session, i.attr.ino).is_some()) {
+                                *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
+                            }
+                        }
+                    }
+                    if creates {
+                        if let Reply::Entry(a) = reply {
+                            self.caps.grant_exclusive(session, a.ino);
+                        }
+                    }
+                    if rmdir {
+                        if let Some(&victim) = touched.get(1) {
+                            self.caps.drop_exclusive(victim);
+                        }
+                    }
+                    let c = carried(inode_of_op, reply);
+                    self.carried.extend(&c);
                     self.changed.extend(touched);
-                    self.caps.grant(session, carried(inode_of_op, reply));
+                    self.caps.grant(session, c);
                 }
                 results.push(r);
             }
@@ -318,7 +435,10 @@ impl Server {
             | Op::Fallocate { ino, .. }
             | Op::SetXattr { ino, .. }
             | Op::RemoveXattr { ino, .. } => vec![*ino],
-            Op::Create { parent, .. } | Op::Symlink { parent, .. } => vec![*parent],
+            Op::Create { parent, .. }
+            | Op::Symlink { parent, .. }
+            | Op::CreateAt { parent, .. }
+            | Op::SymlinkAt { parent, .. } => vec![*parent],
             Op::Link { ino, parent, .. } => vec![*ino, *parent],
             Op::Unlink { parent, name } | Op::Rmdir { parent, name } => {
                 std::iter::once(*parent).chain(look(*parent, name)).collect()
@@ -362,6 +482,10 @@ impl Server {
         }
         let late = self.caps.expire(now_ms);
         self.outbox.extend(late);
+        self.caps.expire_exclusive(now_ms);
+        if !self.parked.is_empty() {
+            self.run_parked(time_of_millis(now_ms));
+        }
         let r = self.store.tick(now_ms);
         self.note_commits();
         r
@@ -559,6 +683,24 @@ impl Server {
                 }
                 Ok(st.setxattr(ino, &name, &value, now_s).map(|()| Reply::Done)?)
             }
+            Op::AllocInodes { count } => {
+                let count = count.clamp(1, p::MAX_INODE_GRANT);
+                let first = st.reserve_inode_numbers(u64::from(count))?;
+                Ok(Reply::Inodes { first, count })
+            }
+            Op::CreateAt { ino, generation, parent, name, kind, mode, rdev, cred } => {
+                let kind = kind_in(kind);
+                let (gid, mode) = self.new_owner(parent, cred, kind, mode)?;
+                let at = Some(s::NewInode { ino, generation });
+                let inode = self.store.create_at(at, parent, &name, kind, mode, cred.uid, gid, rdev, now_s)?;
+                Ok(Reply::Entry(attr_out(&inode)))
+            }
+            Op::SymlinkAt { ino, generation, parent, name, target, cred } => {
+                let (gid, _) = self.new_owner(parent, cred, s::FileKind::Symlink, 0)?;
+                let at = Some(s::NewInode { ino, generation });
+                let inode = self.store.symlink_at(at, parent, &name, &target, cred.uid, gid, now_s)?;
+                Ok(Reply::Entry(attr_out(&inode)))
+            }
             Op::GetXattr { ino, name } => Ok(st.getxattr(ino, &name).map(Reply::Data)?),
             Op::ListXattr { ino } => Ok(st.listxattr(ino).map(Reply::Names)?),
             Op::RemoveXattr { ino, name } => Ok(st.removexattr(ino, &name, now_s).map(|()| Reply::Done)?),
@@ -575,6 +717,37 @@ fn op_inode(op: &Op) -> Option<u64> {
     }
 }
 
+/// Every inode an operation names.
+fn op_inodes(op: &Op) -> Vec<u64> {
+    match op {
+        Op::Lookup { parent, .. }
+        | Op::Create { parent, .. }
+        | Op::Symlink { parent, .. }
+        | Op::CreateAt { parent, .. }
+        | Op::SymlinkAt { parent, .. }
+        | Op::Unlink { parent, .. }
+        | Op::Rmdir { parent, .. } => vec![*parent],
+        Op::Link { ino, parent, .. } => vec![*ino, *parent],
+        Op::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
+        Op::GetAttr { ino }
+        | Op::SetAttr { ino, .. }
+        | Op::ReadDir { ino, .. }
+        | Op::ReadLink { ino }
+        | Op::Open { ino }
+        | Op::Release { ino }
+        | Op::Read { ino, .. }
+        | Op::Write { ino, .. }
+        | Op::Append { ino, .. }
+        | Op::Fallocate { ino, .. }
+        | Op::SetXattr { ino, .. }
+        | Op::GetXattr { ino, .. }
+        | Op::ListXattr { ino }
+        | Op::RemoveXattr { ino, .. } => vec![*ino],
+        // fsync commits everything; it involves no one inode's rights.
+        Op::Fsync { .. } | Op::StatFs | Op::AllocInodes { .. } => Vec::new(),
+    }
+}
+
 /// Inodes whose state a reply carries: the client may cache them from now on.
 fn carried(op_inode: Option<u64>, reply: &Reply) -> Vec<u64> {
     let mut v: Vec<u64> = op_inode.into_iter().collect();
@@ -585,7 +758,7 @@ fn carried(op_inode: Option<u64>, reply: &Reply) -> Vec<u64> {
             v.extend(leaf.items.iter().map(|i| i.attr.ino));
         }
         Reply::Dir { items, .. } => v.extend(items.iter().map(|i| i.attr.ino)),
-        Reply::Data(_) | Reply::Names(_) | Reply::StatFs(_) | Reply::Done => {}
+        Reply::Data(_) | Reply::Names(_) | Reply::StatFs(_) | Reply::Done | Reply::Inodes { .. } => {}
     }
     v
 }
@@ -638,6 +811,7 @@ mod tests {
                 rdev: 0,
                 cred: p::Cred::default(),
             }],
+            time: None,
         };
         let first = srv.handle_request(sid, create.clone(), NOW);
         assert!(first.results[0].is_ok());
@@ -647,7 +821,7 @@ mod tests {
         let again = srv.handle_request(sid2.expect("resumed"), create.clone(), NOW);
         assert_eq!(again, first, "the retry is answered from the cache, not re-applied (EEXIST)");
         // A new request id with the same op does run again (and fails: EEXIST).
-        let fresh = srv.handle_request(sid, p::Request { id: 2, ..create }, NOW);
+        let fresh = srv.handle_request(sid, p::Request { id: 2, ..create.clone() }, NOW);
         assert_eq!(fresh.results[0].as_ref().err().map(|e| e.errno), Some(17));
     }
 
@@ -676,16 +850,20 @@ mod tests {
             rdev: 0,
             cred: p::Cred { uid, gid },
         };
-        let r =
-            srv.handle_request(sid, p::Request { id: 1, ops: vec![mk("d", p::FileType::Directory, 1, 0, 50)] }, NOW);
+        let r = srv.handle_request(
+            sid,
+            p::Request { id: 1, ops: vec![mk("d", p::FileType::Directory, 1, 0, 50)], time: None },
+            NOW,
+        );
         let Ok(Reply::Entry(d)) = &r.results[0] else { panic!("{r:?}") };
         let set = p::SetAttr { mode: Some(0o2775), ..Default::default() };
-        srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::SetAttr { ino: d.ino, set }] }, NOW);
+        srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::SetAttr { ino: d.ino, set }], time: None }, NOW);
         let r = srv.handle_request(
             sid,
             p::Request {
                 id: 3,
                 ops: vec![mk("f", p::FileType::Regular, d.ino, 7, 7), mk("sub", p::FileType::Directory, d.ino, 7, 7)],
+                time: None,
             },
             NOW,
         );
@@ -739,12 +917,13 @@ mod tests {
                 rdev: 0,
                 cred: p::Cred::default(),
             }],
+            time: None,
         };
         let r1 = srv.handle_request(sid, mk(1, "one"), NOW);
         assert_eq!((r1.seq, r1.durable), (1, 0));
-        let read = srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::GetAttr { ino: 1 }] }, NOW);
+        let read = srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
         assert_eq!(read.seq, 0, "reads take no place in the order");
-        let r2 = srv.handle_request(sid, p::Request { id: 3, ops: vec![Op::Fsync { ino: 1 }] }, NOW);
+        let r2 = srv.handle_request(sid, p::Request { id: 3, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
         assert_eq!((r2.seq, r2.durable), (2, 2), "fsync makes everything so far durable");
         let r3 = srv.handle_request(sid, mk(4, "two"), NOW);
         assert_eq!((r3.seq, r3.durable), (3, 2));
@@ -776,7 +955,7 @@ mod tests {
         Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
         let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
         let (sid, _) = srv.handle_hello(&hello(None));
-        let req = p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }] };
+        let req = p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None };
         srv.handle_request(sid.expect("session"), req, NOW);
         drop(srv.into_store().abandon());
         let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
@@ -794,7 +973,7 @@ mod tests {
         let (a, _) = srv.handle_hello(&hello(None));
         let (b, _) = srv.handle_hello(&hello(None));
         let (a, b) = (a.expect("a"), b.expect("b"));
-        let lookup = |id| p::Request { id, ops: vec![Op::Lookup { parent: 1, name: b"x".to_vec() }] };
+        let lookup = |id| p::Request { id, ops: vec![Op::Lookup { parent: 1, name: b"x".to_vec() }], time: None };
         srv.handle(b, lookup(1), NOW);
         assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == b));
         let create = p::Request {
@@ -807,6 +986,7 @@ mod tests {
                 rdev: 0,
                 cred: p::Cred::default(),
             }],
+            time: None,
         };
         srv.handle(a, create, NOW);
         let out = srv.take_outgoing();
@@ -814,13 +994,107 @@ mod tests {
             panic!("expected one recall to b: {out:?}")
         };
         assert_eq!((*session, inodes.as_slice()), (b, &[1u64][..]), "b's copy of the root directory");
-        srv.recall_done(b, *recall_id);
+        srv.recall_done(b, *recall_id, NOW);
         let out = srv.take_outgoing();
         assert!(
             matches!(&out[..], [Outgoing::Response { session, response }] if *session == a && response.results[0].is_ok())
         );
         // A read by a changes nothing and recalls nobody.
         srv.handle(a, lookup(2), NOW);
+        assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { .. }]));
+    }
+
+    #[test]
+    fn another_sessions_request_waits_until_exclusive_rights_are_flushed_and_returned() {
+        let mut srv = server();
+        let (a, _) = srv.handle_hello(&hello(None));
+        let (b, _) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        let req = |id, ops| p::Request { id, ops, time: None };
+        // a makes a directory: it holds it exclusively from birth.
+        let mkdir = Op::Create {
+            parent: 1,
+            name: b"d".to_vec(),
+            kind: p::FileType::Directory,
+            mode: 0o755,
+            rdev: 0,
+            cred: p::Cred::default(),
+        };
+        srv.handle(a, req(1, vec![mkdir, Op::AllocInodes { count: 8 }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        let (Ok(Reply::Entry(d)), Ok(Reply::Inodes { first, .. })) = (&response.results[0], &response.results[1])
+        else {
+            panic!("{response:?}")
+        };
+        let (d, first) = (d.ino, *first);
+        // b looks inside: its request waits and a is asked to give d up.
+        srv.handle(b, req(1, vec![Op::Lookup { parent: d, name: b"x".to_vec() }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected a recall to a: {out:?}")
+        };
+        assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
+        let recall_id = *recall_id;
+        // a's writeback, sent before its answer, arrives first and is applied at a's time.
+        let client_time = p::Time { sec: 1234, nsec: 5 };
+        let create_at = Op::CreateAt {
+            ino: first + 2,
+            generation: 9,
+            parent: d,
+            name: b"x".to_vec(),
+            kind: p::FileType::Regular,
+            mode: 0o600,
+            rdev: 0,
+            cred: p::Cred { uid: 3, gid: 4 },
+        };
+        srv.handle(a, p::Request { id: 2, ops: vec![create_at], time: Some(client_time) }, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        let Ok(Reply::Entry(x)) = &response.results[0] else { panic!("{response:?}") };
+        assert_eq!((x.ino, x.generation, x.uid, x.gid, x.mtime), (first + 2, 9, 3, 4, client_time));
+        // a answers: b's lookup runs, but its reply would carry x, which a also holds
+        // (it created it): that is recalled too before b hears anything.
+        srv.recall_done(a, recall_id, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected a recall of x to a: {out:?}")
+        };
+        assert_eq!((*session, inodes.as_slice()), (a, &[first + 2][..]));
+        srv.recall_done(a, *recall_id, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+        assert_eq!(*session, b);
+        assert!(matches!(&response.results[0], Ok(Reply::Lookup { attr: Some(found), .. }) if found.ino == first + 2));
+        // A holder that does not answer delays b only until its time runs out.
+        let create = Op::Create {
+            parent: d,
+            name: b"y".to_vec(),
+            kind: p::FileType::Regular,
+            mode: 0o600,
+            rdev: 0,
+            cred: p::Cred::default(),
+        };
+        srv.handle(a, req(3, vec![create]), NOW);
+        // (b caches d now: a's create is answered once b dropped it.)
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(*session, b);
+        srv.recall_done(b, *recall_id, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        let Ok(Reply::Entry(y)) = &response.results[0] else { panic!("{response:?}") };
+        let y = y.ino;
+        srv.handle(b, req(2, vec![Op::GetAttr { ino: y }]), NOW);
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
+        srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS).expect("tick");
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+        // And now nobody holds y exclusively: b's next look at it does not wait.
+        srv.handle(b, req(3, vec![Op::GetAttr { ino: y }]), NOW);
         assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { .. }]));
     }
 }

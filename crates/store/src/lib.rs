@@ -29,5 +29,5 @@ pub use disk::{Disk, DiskIo, FileDisk, MemDisk, PoolDisk, UringDisk};
 pub use error::{Error, Result};
 pub use fs::dirent::DirEntry;
 pub use fs::inode::{FileKind, Inode, Timespec, ROOT_INO};
-pub use fs::ops::{FallocateMode, LeafLookup, Op, OpResult, RenameFlags, SetAttr, StatFs, Unlinked};
+pub use fs::ops::{FallocateMode, LeafLookup, NewInode, Op, OpResult, RenameFlags, SetAttr, StatFs, Unlinked};
 pub use store::{CommitPolicy, MkfsOptions, Stats, Store};

@@ -366,3 +366,36 @@ fn session_records_and_units() {
     s.commit().expect("commit");
     assert!(s.session_records().expect("records").is_empty());
 }
+
+#[test]
+fn creates_at_reserved_inode_numbers() {
+    let disk = fresh(16);
+    let mut s = open(&disk);
+    let first = s.reserve_inode_numbers(10).expect("reserve");
+    assert!(first > ROOT_INO);
+    let at = |ino| Some(crest_store::NewInode { ino, generation: 77 });
+    let f = s.create_at(at(first + 3), ROOT_INO, b"f", FileKind::Regular, 0o644, 1, 2, 0, t(2)).expect("create_at");
+    assert_eq!((f.ino, f.generation), (first + 3, 77));
+    let l = s.symlink_at(at(first), ROOT_INO, b"l", b"target", 1, 2, t(2)).expect("symlink_at");
+    assert_eq!(l.ino, first);
+    // A number in use, one never reserved, and the root are refused; nothing changes.
+    assert!(matches!(
+        s.create_at(at(first + 3), ROOT_INO, b"g", FileKind::Regular, 0o644, 1, 2, 0, t(2)),
+        Err(Error::Exists(_))
+    ));
+    assert!(matches!(
+        s.create_at(at(first + 10), ROOT_INO, b"g", FileKind::Regular, 0o644, 1, 2, 0, t(2)),
+        Err(Error::Invalid(_))
+    ));
+    assert!(s.create_at(at(ROOT_INO), ROOT_INO, b"g", FileKind::Regular, 0o644, 1, 2, 0, t(2)).is_err());
+    assert!(matches!(s.lookup(ROOT_INO, b"g"), Err(Error::NotFound(_))));
+    // Ordinary creates never reuse a reserved number, even after reopen.
+    s.commit().expect("commit");
+    drop(s);
+    assert_clean(&disk);
+    let mut s = open(&disk);
+    let g = s.create(ROOT_INO, b"g", FileKind::Regular, 0o644, 1, 2, 0, t(3)).expect("create");
+    assert!(g.ino >= first + 10, "{} reuses a reserved number", g.ino);
+    assert_eq!(s.getattr(first + 3).expect("getattr").generation, 77);
+    assert!(s.reserve_inode_numbers(u64::MAX).is_err(), "inode numbers cannot wrap");
+}

@@ -16,6 +16,16 @@ use crate::key::{kind, Key, ORPHAN_OBJECTID};
 use crate::limits::{BLOCK_SIZE_U64, LINK_MAX, MAX_FILE_BYTES, MAX_INLINE_BYTES};
 use crate::store::Store;
 
+/// An inode number and generation chosen ahead of the create (from
+/// `Store::reserve_inode_numbers`), for clients that answer creates themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewInode {
+    /// A reserved, unused inode number.
+    pub ino: u64,
+    /// Its generation.
+    pub generation: u64,
+}
+
 /// Attributes to change; `None` leaves a field alone.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SetAttr {
@@ -394,9 +404,38 @@ impl Store {
         Ok(())
     }
 
+    /// Reserves `count` inode numbers for a client that will create inodes with them
+    /// (`create_at`, `symlink_at`) after answering its callers itself. Returns the first.
+    /// The numbers are never handed out again, used or not.
+    pub fn reserve_inode_numbers(&mut self, count: u64) -> Result<u64> {
+        self.pager.check_writable()?;
+        let first = self.meta.next_ino;
+        let end = first.checked_add(count).filter(|&e| e < crate::store::MAX_INO);
+        let Some(end) = end else {
+            return Err(Error::NoSpace("inode numbers exhausted".into()));
+        };
+        self.meta.next_ino = end;
+        Ok(first)
+    }
+
+    /// Checks that `at` names a reserved, unused inode number (a replayed or buggy
+    /// client must not overwrite a live inode).
+    fn check_new_inode(&mut self, at: Option<NewInode>) -> Result<()> {
+        let Some(at) = at else { return self.check_inode_numbers() };
+        if at.ino <= ROOT_INO || at.ino >= self.meta.next_ino {
+            return Err(Error::Invalid(format!("inode number {} was not reserved", at.ino)));
+        }
+        match self.getattr(at.ino) {
+            Ok(_) => Err(Error::Exists(format!("inode {}", at.ino))),
+            Err(Error::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn new_inode(
         &mut self,
+        at: Option<NewInode>,
         kind: FileKind,
         mode: u32,
         uid: u32,
@@ -405,13 +444,19 @@ impl Store {
         parent: u64,
         now: Timespec,
     ) -> Inode {
-        let ino = self.meta.next_ino;
-        self.meta.next_ino += 1;
+        let (ino, generation) = match at {
+            Some(at) => (at.ino, at.generation),
+            None => {
+                let ino = self.meta.next_ino;
+                self.meta.next_ino += 1;
+                (ino, crest_rng::next_u64())
+            }
+        };
         self.meta.inode_count += 1;
         debug_assert!(ino < crate::store::MAX_INO, "checked by reserve_inode");
         Inode {
             ino,
-            generation: crest_rng::next_u64(),
+            generation,
             kind,
             mode: mode & 0o7777,
             nlink: if kind == FileKind::Directory { 2 } else { 1 },
@@ -443,6 +488,24 @@ impl Store {
         rdev: u64,
         now: Timespec,
     ) -> Result<Inode> {
+        self.create_at(None, dir, name, kind, mode, uid, gid, rdev, now)
+    }
+
+    /// `create`, with the inode number and generation given (`at`, from
+    /// `reserve_inode_numbers`) or picked here (`None`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_at(
+        &mut self,
+        at: Option<NewInode>,
+        dir: u64,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u64,
+        now: Timespec,
+    ) -> Result<Inode> {
         if kind == FileKind::Symlink {
             return Err(Error::Invalid("use symlink() for symbolic links".into()));
         }
@@ -455,8 +518,8 @@ impl Store {
         if kind == FileKind::Directory && d.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks(dir));
         }
-        self.check_inode_numbers()?;
-        let inode = self.new_inode(kind, mode, uid, gid, rdev, dir, now);
+        self.check_new_inode(at)?;
+        let inode = self.new_inode(at, kind, mode, uid, gid, rdev, dir, now);
         self.put_inode(&inode)?;
         self.add_entry(&mut d, name, inode.ino, kind)?;
         if kind == FileKind::Directory {
@@ -479,6 +542,22 @@ impl Store {
         gid: u32,
         now: Timespec,
     ) -> Result<Inode> {
+        self.symlink_at(None, dir, name, target, uid, gid, now)
+    }
+
+    /// `symlink`, with the inode number and generation given or picked here (see
+    /// `create_at`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn symlink_at(
+        &mut self,
+        at: Option<NewInode>,
+        dir: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+        now: Timespec,
+    ) -> Result<Inode> {
         check_name(name)?;
         if target.is_empty() || target.len() >= 4096 {
             return Err(if target.is_empty() {
@@ -492,8 +571,8 @@ impl Store {
         if self.find_entry(dir, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
-        self.check_inode_numbers()?;
-        let mut inode = self.new_inode(FileKind::Symlink, 0o777, uid, gid, 0, dir, now);
+        self.check_new_inode(at)?;
+        let mut inode = self.new_inode(at, FileKind::Symlink, 0o777, uid, gid, 0, dir, now);
         self.write_data(&mut inode, 0, target)?;
         self.put_inode(&inode)?;
         self.add_entry(&mut d, name, inode.ino, FileKind::Symlink)?;
