@@ -162,6 +162,49 @@ two_mounts_are_coherent() {
 }
 check two-mounts-coherent two_mounts_are_coherent
 
+writeback_failure_reported_at_close() {
+  # A small file system of its own: writes answered by the client (writeback) run out of
+  # space on the server; close and fsync must say so, and nothing is damaged.
+  local small=$work/small.img sm=$work/small-mnt sport=$((port + 1)) spid rc
+  mkdir -p "$sm"
+  "$crest" mkfs --size 32M "$small" >/dev/null || return 1
+  "$crest" serve "$small" --listen "127.0.0.1:$sport" >>"$work/small.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$sport") 2>/dev/null && break; sleep 0.05; done
+  "$crest" mount "127.0.0.1:$sport" "$sm" >/dev/null || { kill "$spid"; return 1; }
+  python3 - "$sm" <<'PY'
+import errno, os, sys
+d = os.path.join(sys.argv[1], "new")
+os.mkdir(d)  # made here: held exclusively, so its files' writes are written back
+fd = os.open(os.path.join(d, "big"), os.O_CREAT | os.O_WRONLY, 0o644)
+chunk = b"x" * (1 << 20)
+try:
+    for _ in range(64):
+        os.write(fd, chunk)
+except OSError as e:  # a write may also fail at once (written synchronously)
+    print(f"write failed at once: {e}")
+try:
+    os.close(fd)
+    print("FAIL: close reported no error after 64 MiB written to a 32 MiB file system")
+    sys.exit(1)
+except OSError as e:
+    if e.errno != errno.ENOSPC:
+        print(f"FAIL: close failed with {e}, expected ENOSPC")
+        sys.exit(1)
+    print(f"close reported: {e}")
+os.unlink(os.path.join(d, "big"))
+with open(os.path.join(d, "small"), "wb") as f:
+    f.write(b"fits")
+    f.flush()
+    os.fsync(f.fileno())
+PY
+  rc=$?
+  "$crest" umount "$sm" 2>/dev/null || umount -l "$sm"
+  kill "$spid"; wait "$spid" 2>/dev/null
+  [ $rc = 0 ] && "$crest" fsck "$small" >&2
+}
+check writeback-failure-reported-at-close writeback_failure_reported_at_close
+
 killed_client_does_not_stop_others() {
   # The second mount's daemon holds the root directory; kill -9 it. The first mount's
   # next change waits at most the recall timeout for the dead holder, then goes on.

@@ -60,6 +60,7 @@ def main():
     namespace_and_attributes()
     concurrent_appenders()
     direct_writer_buffered_reader()
+    writeback_is_seen_at_once()
 
 
 def namespace_and_attributes():
@@ -203,6 +204,46 @@ def direct_writer_buffered_reader():
     os.close(wfd)
     os.close(rfd)
     check("O_DIRECT writer on A, buffered reader on B: no stale byte", stale == 0, f"{stale} stale blocks")
+
+
+def writeback_is_seen_at_once():
+    """A makes a tree in a directory it created (so it holds it exclusively and answers
+    creates, writes and setattrs itself, shipping them later); after each of A's calls
+    returns, B's next call must see it. Then B writes into A's directory (A gives it up)
+    and A, creating synchronously now, sees B's file."""
+    os.mkdir(a("wb"))
+    bad = []
+    for i in range(200):
+        name = f"f{i:03d}"
+        data = (name * (1 + i * 7)).encode()
+        write(a("wb", name), data)
+        os.chmod(a("wb", name), 0o600 + (i % 8))
+        os.utime(a("wb", name), ns=(1_000_000_000 + i, 2_000_000_000 + i))
+        if i % 10 == 0:
+            os.mkdir(a("wb", f"d{i:03d}"))
+            os.symlink(name, a("wb", f"d{i:03d}", "link"))
+        st = os.stat(b("wb", name))
+        got = read(b("wb", name))
+        if got != data or st.st_mode & 0o7777 != 0o600 + (i % 8) or st.st_mtime_ns != 2_000_000_000 + i:
+            bad.append((name, len(got), oct(st.st_mode), st.st_mtime_ns))
+        if i % 10 == 0 and os.readlink(b("wb", f"d{i:03d}", "link")) != name:
+            bad.append(f"d{i:03d}/link")
+    check("writeback: B sees each of A's files, modes and times at once", not bad, str(bad[:5]))
+    listing = sorted(os.listdir(b("wb")))
+    check("writeback: B lists all of them", len(listing) == 220, str(len(listing)))
+    write(b("wb", "from-b"), b"b was here")
+    check("writeback: A sees B's file in A's directory", read(a("wb", "from-b")) == b"b was here")
+    write(a("wb", "after"), b"a again")
+    check("writeback: B sees A's next file", read(b("wb", "after")) == b"a again")
+    for n in os.listdir(a("wb")):
+        p = a("wb", n)
+        if os.path.isdir(p) and not os.path.islink(p):
+            os.unlink(os.path.join(p, "link"))
+            os.rmdir(p)
+        else:
+            os.unlink(p)
+    os.rmdir(a("wb"))
+    check("writeback: B sees the tree gone", not exists(b("wb")))
 
 
 try:
