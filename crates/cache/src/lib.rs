@@ -31,7 +31,11 @@
 //!   remembered for a while, so a grant that raced with it (a create's reply released
 //!   after a recall of the new inode) is refused;
 //! - **in flight** counts writeback requests per inode not yet answered, and **deferred
-//!   errors** keeps the failure of one until the next flush or fsync of what it touched.
+//!   errors** keeps the failure of one until the next flush or fsync of what it touched;
+//! - **kernel entries**: names in exclusive directories the kernel was told to cache (a
+//!   long entry timeout). When the directory stops being exclusive they move to a list
+//!   the recall thread drains (kernel invalidations) *before* it answers the recall, so
+//!   the kernel never serves a name another client may have changed.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -90,6 +94,10 @@ pub struct NameCache {
     tombstones: HashMap<u64, Instant>,
     in_flight: HashMap<u64, u32>,
     deferred: HashMap<u64, p::OpError>,
+    kernel_entries: HashMap<u64, HashSet<Vec<u8>>>,
+    kernel_inval: Vec<(u64, Vec<u8>)>,
+    /// Inodes this mount created and set no extended attribute on since.
+    no_xattrs: HashSet<u64>,
 }
 
 fn cacheable(name: &[u8]) -> bool {
@@ -109,6 +117,9 @@ impl NameCache {
             tombstones: HashMap::new(),
             in_flight: HashMap::new(),
             deferred: HashMap::new(),
+            kernel_entries: HashMap::new(),
+            kernel_inval: Vec::new(),
+            no_xattrs: HashSet::new(),
         }
     }
 
@@ -267,6 +278,25 @@ impl NameCache {
         self.purge_tombstones(now);
     }
 
+    /// This mount created `ino`: it has no extended attributes.
+    pub fn created_without_xattrs(&mut self, ino: u64) {
+        if !self.ttl.is_zero() {
+            self.no_xattrs.insert(ino);
+        }
+    }
+
+    /// An extended attribute of `ino` is being set or removed through this mount.
+    pub fn xattrs_changed(&mut self, ino: u64) {
+        self.no_xattrs.remove(&ino);
+    }
+
+    /// True when `ino` is known to have no extended attributes: this mount created it,
+    /// set none, and holds it exclusively (nobody else can have set one). This answers the
+    /// kernel's `security.capability` look-up before every write without a round trip.
+    pub fn has_no_xattrs(&self, ino: u64) -> bool {
+        self.exclusive.contains(&ino) && self.no_xattrs.contains(&ino)
+    }
+
     /// True when this mount holds `ino` exclusively.
     pub fn is_exclusive(&self, ino: u64) -> bool {
         self.exclusive.contains(&ino)
@@ -276,6 +306,11 @@ impl NameCache {
     /// hold none, and drop what only they kept valid.
     pub fn reset_rights(&mut self) {
         self.exclusive.clear();
+        self.no_xattrs.clear();
+        let dirs: Vec<u64> = self.kernel_entries.keys().copied().collect();
+        for d in dirs {
+            self.release_kernel_entries(d);
+        }
         self.clear();
     }
 
@@ -287,10 +322,34 @@ impl NameCache {
     /// The server recalled `ino`: exclusive rights go first (on the connection thread, in
     /// wire order); a recall of an inode not held exclusively leaves a tombstone.
     pub fn recall_rights(&mut self, ino: u64, now: Instant) {
+        self.no_xattrs.remove(&ino);
         if !self.exclusive.remove(&ino) {
             self.tombstones.insert(ino, now);
         }
+        self.release_kernel_entries(ino);
         self.purge_tombstones(now);
+    }
+
+    /// May the kernel cache the entry `name` in `dir` (negative when `ino` is 0) for a
+    /// long time? Yes while `dir` (and the inode it names) is held exclusively; then the
+    /// name is recorded, to be invalidated in the kernel when `dir` is given up.
+    pub fn kernel_entry(&mut self, dir: u64, name: &[u8], ino: u64) -> bool {
+        if !self.exclusive.contains(&dir) || (ino != 0 && !self.exclusive.contains(&ino)) {
+            return false;
+        }
+        self.kernel_entries.entry(dir).or_default().insert(name.to_vec());
+        true
+    }
+
+    fn release_kernel_entries(&mut self, dir: u64) {
+        if let Some(names) = self.kernel_entries.remove(&dir) {
+            self.kernel_inval.extend(names.into_iter().map(|n| (dir, n)));
+        }
+    }
+
+    /// Names the kernel caches that it must now forget (drained by the recall thread).
+    pub fn take_kernel_invalidations(&mut self) -> Vec<(u64, Vec<u8>)> {
+        std::mem::take(&mut self.kernel_inval)
     }
 
     fn purge_tombstones(&mut self, now: Instant) {

@@ -53,6 +53,10 @@ pub const MAX_DIR_STREAMS: usize = 4096;
 /// locks itself. Writable opens keep FLUSH, so `close` still pushes pages dirtied through
 /// mmap to the server (and reports their errors) before another client looks.
 const READ_ONLY_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+/// How long the kernel may cache entries and attributes this mount holds exclusively
+/// (nobody else can change them; a recall invalidates them in the kernel before it is
+/// answered). Everything else gets no kernel caching at all.
+pub const HELD_TTL: Duration = Duration::from_secs(5);
 /// Inode numbers asked of the server at a time for writeback creates.
 pub const INODE_BATCH: u32 = 4096;
 /// How long `flush` and `fsync` wait for an inode's writeback to be answered.
@@ -139,17 +143,48 @@ pub struct RecallWorker {
 }
 
 impl RecallWorker {
+    fn invalidate_kernel_entries(&self, notifier: &fuser::Notifier) {
+        let names = lock(&self.names).take_kernel_invalidations();
+        for (dir, name) in names {
+            // ENOENT: the kernel no longer has the entry.
+            if let Err(e) = notifier.inval_entry(INodeNo(dir), OsStr::from_bytes(&name)) {
+                tracing::trace!(dir, "inval_entry: {e}");
+            }
+        }
+    }
+
     /// Starts the worker thread; it ends when the client's recall stream does.
     pub fn spawn(self, notifier: fuser::Notifier) -> std::io::Result<()> {
         let Some(recalls) = self.client.upgrade().and_then(|c| c.take_recalls()) else {
             return Ok(());
         };
         std::thread::Builder::new().name("crest-recall".into()).spawn(move || {
-            for r in recalls {
+            loop {
+                // Also wakes now and then for kernel entries given up without a recall
+                // (a failed writeback, a server restart).
+                let r = match recalls.recv_timeout(Duration::from_millis(100)) {
+                    Ok(r) => r,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        self.invalidate_kernel_entries(&notifier);
+                        continue;
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                };
                 {
                     let mut names = lock(&self.names);
                     for &ino in &r.inodes {
                         names.recalled(ino);
+                    }
+                }
+                // What the kernel was allowed to cache for long goes before the answer:
+                // names in directories held exclusively, and attributes (no page locks
+                // are taken for attributes; an entry waits for its directory's lock,
+                // which a create in flight holds — the server's recall deadline bounds
+                // that wait: docs/protocol.md §4.3).
+                self.invalidate_kernel_entries(&notifier);
+                for &ino in &r.inodes {
+                    if let Err(e) = notifier.inval_inode(INodeNo(ino), -1, 0) {
+                        tracing::trace!(ino, "inval_inode (attributes): {e}");
                     }
                 }
                 match self.client.upgrade() {
@@ -419,6 +454,7 @@ impl CrestFs {
             c.made_dir(&attr, now);
         }
         c.grant_exclusive(ino, now);
+        c.created_without_xattrs(ino);
         c.begin_writeback(ino);
         c.begin_writeback(parent);
         if let Err(e) = permit.submit(ops, t, self.completion("create", vec![ino, parent])) {
@@ -495,11 +531,30 @@ impl CrestFs {
         e.errno()
     }
 
-    fn reply_entry(&self, reply: ReplyEntry, parent: u64, r: Result<p::Attr, Error>) {
+    /// Kernel timeouts for the entry `name` in `parent` naming `ino` (0: absent): long
+    /// for what this mount holds exclusively, none otherwise. (entry, attributes)
+    fn kernel_ttls(&self, parent: u64, name: &[u8], ino: u64) -> (Duration, Duration) {
+        let mut c = lock(&self.names);
+        let entry = if c.kernel_entry(parent, name, ino) { HELD_TTL } else { self.ttl };
+        let attr = if ino != 0 && c.is_exclusive(ino) { HELD_TTL } else { self.ttl };
+        (entry, attr)
+    }
+
+    /// Kernel timeout for the attributes of `ino`.
+    fn attr_ttl(&self, ino: u64) -> Duration {
+        if lock(&self.names).is_exclusive(ino) {
+            HELD_TTL
+        } else {
+            self.ttl
+        }
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, parent: u64, name: &[u8], r: Result<p::Attr, Error>) {
         match r {
             Ok(a) => {
                 lock(&self.inodes).learn(parent, &a);
-                reply.entry(&self.ttl, &convert::file_attr(&a), Generation(a.generation));
+                let (entry_ttl, attr_ttl) = self.kernel_ttls(parent, name, a.ino);
+                reply.entry_with_ttls(&attr_ttl, &entry_ttl, &convert::file_attr(&a), Generation(a.generation));
             }
             Err(e) => reply.error(self.fail(&e)),
         }
@@ -507,7 +562,7 @@ impl CrestFs {
 
     fn reply_attr(&self, reply: ReplyAttr, r: Result<p::Attr, Error>) {
         match r {
-            Ok(a) => reply.attr(&self.ttl, &convert::file_attr(&a)),
+            Ok(a) => reply.attr(&self.attr_ttl(a.ino), &convert::file_attr(&a)),
             Err(e) => reply.error(self.fail(&e)),
         }
     }
@@ -552,6 +607,7 @@ impl CrestFs {
     fn added(&self, parent: u64, name: &[u8], a: &p::Attr) {
         let now = Instant::now();
         let mut c = lock(&self.names);
+        c.created_without_xattrs(a.ino);
         c.added(parent, name, a, now);
         if a.kind == p::FileType::Directory {
             c.made_dir(a, now);
@@ -655,9 +711,13 @@ impl Filesystem for CrestFs {
         };
         match r {
             // Inode 0 with a timeout: the kernel caches the name's absence.
-            Ok(None) => reply.entry(&self.ttl, &convert::placeholder_attr(0, FileType::RegularFile), Generation(0)),
-            Ok(Some(a)) => self.reply_entry(reply, parent.0, Ok(a)),
-            Err(e) => self.reply_entry(reply, parent.0, Err(e)),
+            Ok(None) => {
+                let (entry_ttl, _) = self.kernel_ttls(parent.0, name.as_bytes(), 0);
+                let absent = convert::placeholder_attr(0, FileType::RegularFile);
+                reply.entry_with_ttls(&self.ttl, &entry_ttl, &absent, Generation(0))
+            }
+            Ok(Some(a)) => self.reply_entry(reply, parent.0, name.as_bytes(), Ok(a)),
+            Err(e) => self.reply_entry(reply, parent.0, name.as_bytes(), Err(e)),
         }
     }
 
@@ -667,7 +727,9 @@ impl Filesystem for CrestFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        if let Some(a) = lock(&self.names).attr(ino.0, Instant::now()) {
+        // (Bound first: the cache guard must be gone before the reply locks it again.)
+        let held = lock(&self.names).attr(ino.0, Instant::now());
+        if let Some(a) = held {
             return self.reply_attr(reply, Ok(a));
         }
         let epoch = lock(&self.names).epoch();
@@ -762,12 +824,12 @@ impl Filesystem for CrestFs {
             return reply.error(self.fail(&e));
         };
         let r = self.create_node(req, parent, name, kind, convert::create_mode(mode, umask), u64::from(rdev));
-        self.reply_entry(reply, parent.0, r);
+        self.reply_entry(reply, parent.0, name.as_bytes(), r);
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let r = self.create_node(req, parent, name, p::FileType::Directory, convert::create_mode(mode, umask), 0);
-        self.reply_entry(reply, parent.0, r);
+        self.reply_entry(reply, parent.0, name.as_bytes(), r);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -793,7 +855,7 @@ impl Filesystem for CrestFs {
         if !target_bytes.is_empty() && target_bytes.len() < 4096 {
             let (name, kind) = (link_name.as_bytes(), p::FileType::Symlink);
             if let Some(a) = self.create_locally(req, parent.0, name, kind, 0o777, 0, Some(target_bytes), false) {
-                return self.reply_entry(reply, parent.0, Ok(a));
+                return self.reply_entry(reply, parent.0, name, Ok(a));
             }
         }
         let op = Op::Symlink {
@@ -806,7 +868,7 @@ impl Filesystem for CrestFs {
         if let Ok(a) = &r {
             self.added(parent.0, link_name.as_bytes(), a);
         }
-        self.reply_entry(reply, parent.0, r);
+        self.reply_entry(reply, parent.0, link_name.as_bytes(), r);
     }
 
     fn rename(
@@ -861,7 +923,7 @@ impl Filesystem for CrestFs {
         if let Ok(a) = &r {
             self.added(newparent.0, newname.as_bytes(), a);
         }
-        self.reply_entry(reply, newparent.0, r);
+        self.reply_entry(reply, newparent.0, newname.as_bytes(), r);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -1084,17 +1146,24 @@ impl Filesystem for CrestFs {
     ) {
         let op =
             Op::SetXattr { ino: ino.0, name: name_of(name), value: value.to_vec(), flags: convert::xattr_flags(flags) };
+        lock(&self.names).xattrs_changed(ino.0);
         let r = self.one("setxattr", op);
         lock(&self.names).attr_stale(ino.0);
         self.reply_empty(reply, r.and_then(|r| want_done("setxattr", r)));
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if lock(&self.names).has_no_xattrs(ino.0) {
+            return reply.error(Errno::from_i32(libc::ENODATA));
+        }
         let r = self.one("getxattr", Op::GetXattr { ino: ino.0, name: name_of(name) });
         self.reply_xattr(reply, size, r.and_then(|r| want_data("getxattr", r)));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if lock(&self.names).has_no_xattrs(ino.0) {
+            return self.reply_xattr(reply, size, Ok(Vec::new()));
+        }
         let r = self.one("listxattr", Op::ListXattr { ino: ino.0 }).and_then(|r| match r {
             Reply::Names(n) => Ok(convert::xattr_list(&n)),
             r => Err(unexpected("listxattr", &r)),
@@ -1103,6 +1172,7 @@ impl Filesystem for CrestFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        lock(&self.names).xattrs_changed(ino.0);
         let r = self.one("removexattr", Op::RemoveXattr { ino: ino.0, name: name_of(name) });
         lock(&self.names).attr_stale(ino.0);
         self.reply_empty(reply, r.and_then(|r| want_done("removexattr", r)));
@@ -1128,7 +1198,9 @@ impl Filesystem for CrestFs {
         if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, 0, None, true) {
             lock(&self.inodes).keep_cache_on_open(&a);
             let attr = convert::file_attr(&a);
-            return reply.created(&self.ttl, &attr, Generation(a.generation), self.fh(), FopenFlags::empty());
+            let (entry_ttl, attr_ttl) = self.kernel_ttls(parent.0, name.as_bytes(), a.ino);
+            let ttl = entry_ttl.min(attr_ttl);
+            return reply.created(&ttl, &attr, Generation(a.generation), self.fh(), FopenFlags::empty());
         }
         // Two calls: Open names its inode, which exists only once Create has answered. The
         // kernel holds the directory locked in between, so nothing can unlink the new name.

@@ -62,69 +62,95 @@ fn deliver(server: &mut Server, outboxes: &HashMap<SessionId, Outbox>) {
     }
 }
 
-/// Runs the store thread until a `Shutdown` command.
-fn store_thread(mut server: Server, rx: std_mpsc::Receiver<Cmd>) {
-    let mut outboxes: HashMap<SessionId, Outbox> = HashMap::new();
-    loop {
-        // Wake often enough to release replies whose recalls went unanswered.
-        let cmd = match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(c) => c,
-            Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                if let Err(e) = server.tick(now_ms()) {
-                    tracing::error!("periodic commit failed: {e}");
+/// What the store thread does next.
+enum Step {
+    Continue,
+    Stop,
+}
+
+/// Applies one command; `Stop` after a shutdown or kill (the store has been handed back).
+fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outbox>, cmd: Cmd) -> Step {
+    let Some(srv) = server.as_mut() else { return Step::Stop };
+    match cmd {
+        Cmd::Hello { hello, peer, out, reply } => {
+            let (sid, msg) = srv.handle_hello(&hello);
+            // The welcome goes out first, before any notice for the session.
+            let _ = out.send(msg.clone());
+            match sid {
+                Some(sid) => {
+                    outboxes.insert(sid, out);
                 }
-                deliver(&mut server, &outboxes);
-                continue;
+                None => tracing::warn!(%peer, "handshake refused: {msg:?}"),
             }
-            Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
-        };
-        match cmd {
-            Cmd::Hello { hello, peer, out, reply } => {
-                let (sid, msg) = server.handle_hello(&hello);
-                // The welcome goes out first, before any notice for the session.
-                let _ = out.send(msg.clone());
-                match sid {
-                    Some(sid) => {
-                        outboxes.insert(sid, out);
-                    }
-                    None => tracing::warn!(%peer, "handshake refused: {msg:?}"),
-                }
-                let _ = reply.send((sid, msg));
+            let _ = reply.send((sid, msg));
+        }
+        Cmd::Request { session, req, out } => {
+            if !outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
+                outboxes.insert(session, out);
             }
-            Cmd::Request { session, req, out } => {
-                if !outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
-                    outboxes.insert(session, out);
-                }
-                server.handle(session, req, now());
-            }
-            Cmd::RecallDone { session, recall_id } => server.recall_done(session, recall_id, now()),
-            Cmd::Disconnected { session, out } => {
-                // Only if no newer connection of the session took over.
-                if outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
-                    outboxes.remove(&session);
-                    server.disconnected(session, now_ms());
-                }
-            }
-            Cmd::Goodbye { session } => {
-                server.end_session(session);
+            srv.handle(session, req, now());
+        }
+        Cmd::RecallDone { session, recall_id } => srv.recall_done(session, recall_id, now()),
+        Cmd::Disconnected { session, out } => {
+            // Only if no newer connection of the session took over.
+            if outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
                 outboxes.remove(&session);
+                srv.disconnected(session, now_ms());
             }
-            Cmd::Shutdown { done } => {
-                // Everything queued before the shutdown has been handled (FIFO channel).
-                let mut store = server.into_store();
+        }
+        Cmd::Goodbye { session } => {
+            srv.end_session(session);
+            outboxes.remove(&session);
+        }
+        Cmd::Shutdown { done } => {
+            // Everything queued before the shutdown has been handled (FIFO channel).
+            deliver(srv, outboxes);
+            if let Some(srv) = server.take() {
+                let mut store = srv.into_store();
                 let r = store.commit().map(|()| store);
                 let _ = done.send(r);
+            }
+            return Step::Stop;
+        }
+        Cmd::Kill { done } => {
+            if let Some(srv) = server.take() {
+                let _ = done.send(srv.into_store());
+            }
+            return Step::Stop;
+        }
+    }
+    Step::Continue
+}
+
+/// Runs the store thread until a `Shutdown` command. Every command already queued is
+/// applied before the periodic work and the delivery of what they produced, so a burst
+/// of requests costs one wake-up of each connection's writer, not one per response.
+fn store_thread(server: Server, rx: std_mpsc::Receiver<Cmd>) {
+    let mut outboxes: HashMap<SessionId, Outbox> = HashMap::new();
+    let mut server = Some(server);
+    loop {
+        // Wake often enough to release replies whose recalls went unanswered.
+        let first = match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(c) => Some(c),
+            Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        if let Some(cmd) = first {
+            if let Step::Stop = apply_cmd(&mut server, &mut outboxes, cmd) {
                 return;
             }
-            Cmd::Kill { done } => {
-                let _ = done.send(server.into_store());
-                return;
+            for _ in 0..4096 {
+                let Ok(cmd) = rx.try_recv() else { break };
+                if let Step::Stop = apply_cmd(&mut server, &mut outboxes, cmd) {
+                    return;
+                }
             }
         }
-        if let Err(e) = server.tick(now_ms()) {
+        let Some(srv) = server.as_mut() else { return };
+        if let Err(e) = srv.tick(now_ms()) {
             tracing::error!("periodic commit failed: {e}");
         }
-        deliver(&mut server, &outboxes);
+        deliver(srv, &outboxes);
     }
 }
 
