@@ -128,6 +128,7 @@ fn unexpected(op: &'static str, r: &Reply) -> Error {
         Reply::Names(_) => "Names",
         Reply::StatFs(_) => "StatFs",
         Reply::Done => "Done",
+        Reply::Lock(_) => "Lock",
     };
     Error::Protocol { op, got: got.into() }
 }

@@ -13,6 +13,7 @@
 
 pub mod caps;
 pub mod convert;
+pub mod locks;
 pub mod session;
 
 pub use caps::Outgoing;
