@@ -365,9 +365,9 @@ impl Filesystem for CrestFs {
         // readdirs in one directory in parallel, symlink targets cached (they never change).
         // Locks are the server's, so they hold across clients (POSIX_LOCKS, FLOCK_LOCKS).
         // Deliberately absent: WRITEBACK_CACHE (several clients will share files; data is
-        // buffered by the daemon), ATOMIC_O_TRUNC (with it the kernel skips the truncating setattr of
-        // open(O_TRUNC) and with it the clearing of set-user-ID bits; without it the
-        // kernel sends that setattr itself), EXPORT_SUPPORT.
+        // buffered by the daemon), ATOMIC_O_TRUNC (with it the kernel skips the truncating
+        // setattr of open(O_TRUNC) and with it the clearing of set-user-ID bits; without it
+        // the kernel sends that setattr itself), EXPORT_SUPPORT.
         let wanted = [
             InitFlags::FUSE_ASYNC_READ,
             InitFlags::FUSE_BIG_WRITES,
