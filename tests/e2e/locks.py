@@ -182,6 +182,7 @@ def blocked_until_released(path_b, lock_b, release, name):
     os.close(fd)  # drops B's lock (and unblocks nothing: B is the waiter)
     ok = waiting and "at" in got and got["at"] >= released_at
     lag = got.get("at", 0) - released_at
+    print(f"     B got the lock {lag * 1000:.1f} ms after the release")
     check(name, ok and lag < 1.0, f"waiting after 0.5 s: {waiting}, result {got}, lag {lag:.3f} s")
     return lag
 
