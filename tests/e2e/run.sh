@@ -217,6 +217,16 @@ writeback_matches_the_server() {
   ! grep -h "writeback attributes differ" /tmp/crest-mount_*"$(basename "$work")"*.log 2>/dev/null | head -5 | grep .
 }
 
+locks_hold_across_mounts() {
+  # fcntl and flock locks between the two mounts, and a third client whose daemon is
+  # killed while it holds locks.
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  mkdir -p "$work/mnt3"
+  python3 "$root/tests/e2e/locks.py" "$mnt" "$mnt2" "$crest" "$addr" "$work/mnt3" >&2 || return 1
+  rm -rf "$mnt/locktest"
+}
+check locks-across-mounts locks_hold_across_mounts
+
 killed_client_does_not_stop_others() {
   # The second mount's daemon holds the root directory; kill -9 it. The first mount's
   # next change waits at most the recall timeout for the dead holder, then goes on.

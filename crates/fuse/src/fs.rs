@@ -7,8 +7,13 @@
 //!   the kernel releases the file handle (the kernel guarantees one release per open);
 //! - file and directory handles are a counter; they carry no state on files, and index the
 //!   directory streams on directories;
-//! - the kernel keeps locks (POSIX and flock) to itself: the init reply advertises neither
-//!   lock capability, and no lock method is implemented;
+//! - POSIX (fcntl) and flock locks on files are the server's (docs/protocol.md §4.6): the
+//!   init reply advertises both lock capabilities, `getlk`/`setlk` ask the server, and a
+//!   blocking request waits on a thread of its own, never on a handler thread
+//!   (`crate::locks`). Every lock is dropped on the server when the kernel would drop it
+//!   locally: a process's POSIX locks at each of its closes (FLUSH, hence no FOPEN_NOFLUSH),
+//!   an open file's flock and OFD locks at its release. Locks on directories stay in the
+//!   kernel (FUSE has no lock method for directories).
 //! - **writeback** (docs/protocol.md §4.1): a create in a directory this mount holds
 //!   exclusively, and a write or setattr of an inode it holds exclusively, is answered here
 //!   — attributes computed as the server will compute them, at this mount's clock, which
@@ -32,14 +37,15 @@ use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, PollEvents, PollFlags,
     PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 
 use crate::convert::{self, XattrAnswer};
 use crate::dir::{DirStream, Entry, READDIR_BATCH};
 use crate::error::Error;
 use crate::inodes::Inodes;
+use crate::locks::{self, LockCall, Owners};
 
 /// Largest read or write the kernel is offered (it caps this at its `max_pages_limit`).
 pub const MAX_IO_BYTES: u32 = p::MAX_IO_BYTES;
@@ -48,11 +54,11 @@ pub const MAX_IO_BYTES: u32 = p::MAX_IO_BYTES;
 pub const MAX_READAHEAD_BYTES: u32 = 1 << 20;
 /// Most directory streams kept at once (one per open directory handle).
 pub const MAX_DIR_STREAMS: usize = 4096;
-/// Flags for files opened read-only. NOFLUSH spares `close` a FLUSH round trip: such a
-/// descriptor cannot dirty pages (no writable shared mapping) and the kernel drops local
-/// locks itself. Writable opens keep FLUSH, so `close` still pushes pages dirtied through
-/// mmap to the server (and reports their errors) before another client looks.
-const READ_ONLY_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+/// Flags for files opened read-only. Not FOPEN_NOFLUSH, although such a descriptor cannot
+/// dirty pages: the FLUSH at `close` is where a process's POSIX locks end (a read lock
+/// needs only a read-only descriptor), and the daemon answers it without a round trip
+/// unless the process took locks on the file.
+const READ_ONLY_OPEN_FLAGS: FopenFlags = FopenFlags::empty();
 /// How long the kernel may cache entries and attributes this mount holds exclusively
 /// (nobody else can change them; a recall invalidates them in the kernel before it is
 /// answered). Everything else gets no kernel caching at all.
@@ -91,6 +97,8 @@ pub struct CrestFs {
     idle: Arc<Condvar>,
     /// Inode numbers reserved for this mount's writeback creates: next, end.
     pool: Mutex<(u64, u64)>,
+    /// Lock owners that may hold locks on the server (see crate::locks).
+    lock_owners: Arc<Mutex<Owners>>,
 }
 
 /// Tells the cache about rights, on the connection thread in wire order.
@@ -228,6 +236,7 @@ fn unexpected(op: &'static str, r: &Reply) -> Error {
         Reply::StatFs(_) => "StatFs",
         Reply::Done => "Done",
         Reply::Inodes { .. } => "Inodes",
+        Reply::Lock(_) => "Lock",
     };
     Error::Protocol { op, got: got.into() }
 }
@@ -280,6 +289,7 @@ impl CrestFs {
             names,
             idle: Arc::new(Condvar::new()),
             pool: Mutex::new((0, 0)),
+            lock_owners: Arc::new(Mutex::new(Owners::default())),
         }
     }
 
@@ -630,6 +640,41 @@ impl CrestFs {
         lock(&self.names).attr_changed(a);
     }
 
+    /// A close by process owner `owner` (FLUSH): drops its POSIX locks on `ino`, as a local
+    /// close would, if it may hold any.
+    fn unlock_at_close(&self, ino: u64, owner: u64) -> Result<(), Error> {
+        if !lock(&self.lock_owners).take_posix(ino, owner) {
+            return Ok(());
+        }
+        self.one("unlock at close", locks::unlock_all(ino, owner, false)).and_then(|r| want_done("unlock at close", r))
+    }
+
+    /// The release of handle `fh`: drops the locks owned by the open file itself (flock,
+    /// OFD). The kernel names the flock owner when it took a flock lock through the handle
+    /// (FUSE_RELEASE_FLOCK_UNLOCK); that owner is unlocked in both namespaces, in case its
+    /// flock was taken as a POSIX lock (when /proc could not tell). Failures are logged:
+    /// the release itself goes on, and the session's end drops whatever is left.
+    fn unlock_at_release(&self, ino: u64, fh: u64, flock_owner: Option<LockOwner>) {
+        let mut owners = lock(&self.lock_owners).take_handle(fh);
+        if let Some(o) = flock_owner {
+            owners.extend([(o.0, true), (o.0, false)]);
+        }
+        owners.sort_unstable();
+        owners.dedup();
+        if owners.is_empty() {
+            return;
+        }
+        let ops = owners.into_iter().map(|(owner, flock)| locks::unlock_all(ino, owner, flock)).collect();
+        match self.many("unlock at release", ops) {
+            Ok(results) => {
+                for e in results.into_iter().filter_map(Result::err) {
+                    tracing::warn!(ino, "unlock at release: {} (errno {})", e.message, e.errno);
+                }
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+
     /// Runs one readdir/readdirplus call on the stream of handle `fh`.
     fn readdir_into(
         &self,
@@ -673,11 +718,11 @@ impl Filesystem for CrestFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Wanted: big requests, readdirplus when the kernel thinks it helps, lookups and
         // readdirs in one directory in parallel, symlink targets cached (they never change).
+        // Locks are the server's, so they hold across clients (POSIX_LOCKS, FLOCK_LOCKS).
         // Deliberately absent: WRITEBACK_CACHE (several clients will share files; data is
-        // buffered by the daemon), POSIX_LOCKS / FLOCK_LOCKS (the kernel keeps locks
-        // local), ATOMIC_O_TRUNC (with it the kernel skips the truncating setattr of
-        // open(O_TRUNC) and with it the clearing of set-user-ID bits; without it the
-        // kernel sends that setattr itself), EXPORT_SUPPORT.
+        // buffered by the daemon), ATOMIC_O_TRUNC (with it the kernel skips the truncating
+        // setattr of open(O_TRUNC) and with it the clearing of set-user-ID bits; without it
+        // the kernel sends that setattr itself), EXPORT_SUPPORT.
         let wanted = [
             InitFlags::FUSE_ASYNC_READ,
             InitFlags::FUSE_BIG_WRITES,
@@ -688,6 +733,8 @@ impl Filesystem for CrestFs {
             // With attributes never cached in the kernel, every read revalidates them
             // and drops pages another client's write made stale.
             InitFlags::FUSE_AUTO_INVAL_DATA,
+            InitFlags::FUSE_POSIX_LOCKS,
+            InitFlags::FUSE_FLOCK_LOCKS,
         ];
         for f in wanted {
             if let Err(missing) = config.add_capabilities(f) {
@@ -1027,11 +1074,14 @@ impl Filesystem for CrestFs {
         }
     }
 
-    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         // Synchronous writes are on the server when acknowledged; writeback ones are waited
         // for here, so close reports their failure (as NFS's close-to-open does). Pages
         // dirtied through a shared mapping were written back by the kernel before it sent
-        // this (files opened read-only skip it: FOPEN_NOFLUSH).
+        // this. A process's POSIX locks end at each of its closes.
+        if let Err(e) = self.unlock_at_close(ino.0, lock_owner.0) {
+            return reply.error(self.fail(&e));
+        }
         let r = self.settle("flush", ino.0);
         self.reply_empty(reply, r);
     }
@@ -1040,12 +1090,13 @@ impl Filesystem for CrestFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.unlock_at_release(ino.0, fh.0, lock_owner);
         // Nothing waits for a release (the kernel has closed the file): it follows the
         // file's writeback on the connection without a round trip.
         let permit = self.client.async_permit(0);
@@ -1300,5 +1351,74 @@ impl Filesystem for CrestFs {
     ) {
         // ENOSYS once: the kernel then copies through read and write.
         reply.error(Errno::ENOSYS);
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        // Only fcntl tests locks (F_GETLK, F_OFD_GETLK): never the flock namespace.
+        let Some(kind) = locks::kind_in(typ) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let op = Op::GetLock { ino: ino.0, owner: lock_owner.0, start, end: locks::end_in(end), kind, flock: false };
+        match self.one("getlk", op) {
+            Ok(Reply::Lock(None)) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Ok(Reply::Lock(Some(c))) => reply.locked(c.start, locks::end_out(c.end), locks::kind_out(c.kind), c.pid),
+            Ok(r) => reply.error(self.fail(&unexpected("getlk", &r))),
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(kind) = locks::kind_in(typ) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let call = locks::lock_call(req.pid());
+        let (ino, fh, owner) = (ino.0, fh.0, lock_owner.0);
+        let op = Op::SetLock { ino, owner, start, end: locks::end_in(end), kind, flock: call == LockCall::Flock, pid };
+        let note = {
+            let owners = self.lock_owners.clone();
+            move || lock(&owners).note(ino, fh, owner, call)
+        };
+        if kind != p::LockKind::Unlock {
+            // Before the request too: a close racing with it then unlocks rather than
+            // leaving a lock nobody will drop.
+            note();
+        }
+        match self.one("setlk", op.clone()).and_then(|r| want_done("setlk", r)) {
+            Ok(()) => {
+                if kind != p::LockKind::Unlock {
+                    note();
+                }
+                reply.ok();
+            }
+            Err(e) if sleep && e.errno() == Errno::EAGAIN => {
+                if let Err(e) = locks::wait_for_lock(Arc::downgrade(&self.client), op, req.pid(), reply, note) {
+                    tracing::warn!("cannot start a lock waiter: {e}");
+                }
+            }
+            Err(e) => reply.error(self.fail(&e)),
+        }
     }
 }

@@ -1,10 +1,11 @@
 //! crest's FUSE layer, the client end of the data path (FUSE → **fuse** → client/net →
 //! proto → server → store): translation only: kernel request → client op → reply. Each
 //! request a handler thread takes from /dev/fuse becomes one blocking `Client::call`; the
-//! result becomes the reply, and a failure becomes an errno here and nowhere else. The
-//! kernel does the rest: permission checks (`default_permissions`), POSIX and flock locks
-//! (kept local), attribute and entry caching for `attr_ttl`, and the page cache, which is
-//! kept across opens only while the file is unchanged.
+//! result becomes the reply, and a failure becomes an errno here and nowhere else. Locks
+//! are the server's, so they hold across clients; a blocking lock waits on a thread of
+//! its own (`locks`). The kernel does the rest: permission checks
+//! (`default_permissions`), attribute and entry caching for `attr_ttl`, and the page
+//! cache, which is kept across opens only while the file is unchanged.
 //!
 //! Mounting: [`mount_blocking`] serves until the file system is unmounted;
 //! [`spawn_mount`] serves from background threads and unmounts when its guard is dropped.
@@ -16,6 +17,7 @@ mod dir;
 mod error;
 mod fs;
 mod inodes;
+mod locks;
 mod options;
 
 use std::io;

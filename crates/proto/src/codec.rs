@@ -115,6 +115,15 @@ mod tests {
                 Op::Lookup { parent: 1, name: b"hello".to_vec() },
                 Op::Write { ino: 9, offset: 4096, data: vec![7; 1000] },
                 Op::Rename { parent: 1, name: b"a".to_vec(), new_parent: 2, new_name: b"b".to_vec(), flags: 1 },
+                Op::SetLock {
+                    ino: 9,
+                    owner: u64::MAX - 1,
+                    start: 10,
+                    end: LOCK_TO_EOF,
+                    kind: LockKind::Write,
+                    flock: false,
+                    pid: 4242,
+                },
             ],
             time: Some(Time { sec: 5, nsec: 6 }),
         })

@@ -192,6 +192,33 @@ pub const FALLOC_FL_PUNCH_HOLE: u32 = 2;
 /// See `FALLOC_FL_KEEP_SIZE`.
 pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 
+/// What a byte-range lock request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LockKind {
+    /// Shared: coexists with other read locks (F_RDLCK, LOCK_SH).
+    Read,
+    /// Exclusive: coexists with no other lock (F_WRLCK, LOCK_EX).
+    Write,
+    /// Drops the owner's locks in the range (F_UNLCK, LOCK_UN).
+    Unlock,
+}
+
+/// The end of a lock range that means "to the end of the file, however long it grows".
+pub const LOCK_TO_EOF: u64 = u64::MAX;
+
+/// A lock held by another owner that conflicts with a request (the answer to `GetLock`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// `Read` or `Write`.
+    pub kind: LockKind,
+    /// First byte.
+    pub start: u64,
+    /// Last byte, inclusive (`LOCK_TO_EOF`: the rest of the file).
+    pub end: u64,
+    /// The holder's process id, as its client reported it (meaningful on its host only).
+    pub pid: u32,
+}
+
 /// One file system operation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)]
@@ -327,10 +354,39 @@ pub enum Op {
         target: Vec<u8>,
         cred: Cred,
     },
+    /// Takes, changes or drops a lock of `owner` (an id the client chose, unique within its
+    /// session) on bytes `start..=end` (`end` = `LOCK_TO_EOF`: to the end of the file).
+    /// A try: a conflicting lock of another owner fails it at once with EAGAIN (11) and
+    /// changes nothing; the server never makes a request wait. Locks of one owner never
+    /// conflict with each other; a new one replaces the owner's overlapping ranges. `flock`
+    /// locks are whole-file and live apart from POSIX (fcntl) locks: the two kinds never
+    /// conflict with each other. A session's locks go when it ends or stays disconnected
+    /// (docs/protocol.md §4.6).
+    SetLock {
+        ino: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        kind: LockKind,
+        flock: bool,
+        pid: u32,
+    },
+    /// Names a lock of another owner that would conflict with this one (F_GETLK):
+    /// `Reply::Lock(None)` when there is none.
+    GetLock {
+        ino: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        kind: LockKind,
+        flock: bool,
+    },
 }
 
 impl Op {
     /// True for operations that change the file system (these go through the reply cache).
+    /// Locks change no stored state: a retried `SetLock` of the same owner finds its own
+    /// lock and grants it again, so locks need neither the reply cache nor replay.
     pub fn is_mutation(&self) -> bool {
         !matches!(
             self,
@@ -342,6 +398,8 @@ impl Op {
                 | Op::StatFs
                 | Op::GetXattr { .. }
                 | Op::ListXattr { .. }
+                | Op::SetLock { .. }
+                | Op::GetLock { .. }
         )
     }
 
@@ -381,6 +439,8 @@ pub enum Reply {
         first: u64,
         count: u32,
     },
+    /// The answer to `GetLock`: the conflicting lock, or `None`.
+    Lock(Option<LockInfo>),
 }
 
 /// Why one operation failed: a POSIX errno and a message for the log.

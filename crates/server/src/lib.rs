@@ -9,10 +9,13 @@
 //!   never applied twice (exactly-once for retried creates, renames, unlinks);
 //! - each session's reply cache holds at most `REPLY_CACHE_ENTRIES` responses, evicting
 //!   the oldest; clients never have more requests than that in flight;
-//! - every store error becomes an errno plus a message at this edge.
+//! - every store error becomes an errno plus a message at this edge;
+//! - a session's locks (`locks`) go when it ends or has been disconnected for
+//!   `caps::DISCONNECTED_HOLDER_MS`: a dead client never blocks others for longer.
 
 pub mod caps;
 pub mod convert;
+pub mod locks;
 pub mod session;
 
 pub use caps::Outgoing;

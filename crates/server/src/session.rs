@@ -7,6 +7,7 @@ use crest_store::{self as s, Store};
 
 use crate::caps::{Caps, Outgoing};
 use crate::convert::{attr_out, error_out, kind_in, time_in};
+use crate::locks::{self, LockTable};
 
 /// Responses each session remembers for retries.
 pub const REPLY_CACHE_ENTRIES: usize = 4096;
@@ -92,6 +93,8 @@ pub struct Server {
     carried: Vec<u64>,
     /// Requests waiting for other sessions to give up exclusive rights, oldest first.
     parked: VecDeque<Parked>,
+    /// fcntl and flock locks, by inode.
+    locks: LockTable,
 }
 
 /// A request that involves inodes another session holds exclusively: it runs once that
@@ -164,6 +167,7 @@ impl Server {
             disconnected: HashMap::new(),
             carried: Vec::new(),
             parked: VecDeque::new(),
+            locks: LockTable::default(),
         }
     }
 
@@ -303,9 +307,10 @@ impl Server {
         std::mem::take(&mut self.outbox)
     }
 
-    /// Ends a session cleanly: its open files are released.
+    /// Ends a session cleanly: its open files and its locks are released.
     pub fn end_session(&mut self, id: SessionId) {
         self.disconnected.remove(&id);
+        self.release_locks(id, "session ended");
         let out = self.caps.forget_session(id);
         self.outbox.extend(out);
         self.parked.retain(|p| p.session != id);
@@ -477,6 +482,9 @@ impl Server {
             .collect();
         for s in gone {
             self.disconnected.remove(&s);
+            // Its client is presumed dead (killed, or cut off): another client must not
+            // wait for ever on its locks.
+            self.release_locks(s, "disconnected");
             let out = self.caps.forget_holder(s);
             self.outbox.extend(out);
         }
@@ -489,6 +497,14 @@ impl Server {
         let r = self.store.tick(now_ms);
         self.note_commits();
         r
+    }
+
+    /// Drops every lock of `session`, saying why in the log.
+    fn release_locks(&mut self, session: SessionId, why: &str) {
+        let n = self.locks.release_session(session);
+        if n > 0 {
+            tracing::info!(session, "{why}: {n} locks released");
+        }
     }
 
     /// After a commit, every change applied so far is durable.
@@ -704,6 +720,36 @@ impl Server {
             Op::GetXattr { ino, name } => Ok(st.getxattr(ino, &name).map(Reply::Data)?),
             Op::ListXattr { ino } => Ok(st.listxattr(ino).map(Reply::Names)?),
             Op::RemoveXattr { ino, name } => Ok(st.removexattr(ino, &name, now_s).map(|()| Reply::Done)?),
+            Op::SetLock { ino, owner, start, end, kind, flock, pid } => {
+                if start > end {
+                    return Err(Failure::Wire(errno(22, format!("lock range {start}..={end} on inode {ino}"))));
+                }
+                if kind != p::LockKind::Unlock {
+                    st.getattr(ino)?; // no locks on inodes that do not exist
+                }
+                let req = locks::Request { holder: locks::Holder { session, owner }, start, end, kind, flock, pid };
+                match self.locks.set(ino, &req) {
+                    Ok(()) => Ok(Reply::Done),
+                    Err(locks::Refusal::Conflict(c)) => Err(Failure::Wire(errno(
+                        11,
+                        format!(
+                            "inode {ino}: bytes {}..={} {:?}-locked by pid {} of another owner",
+                            c.start, c.end, c.kind, c.pid
+                        ),
+                    ))),
+                    Err(locks::Refusal::TooMany) => Err(Failure::Wire(errno(
+                        37,
+                        format!("inode {ino} already carries {} locks", locks::MAX_LOCKS_PER_FILE),
+                    ))),
+                }
+            }
+            Op::GetLock { ino, owner, start, end, kind, flock } => {
+                if start > end {
+                    return Err(Failure::Wire(errno(22, format!("lock range {start}..={end} on inode {ino}"))));
+                }
+                st.getattr(ino)?;
+                Ok(Reply::Lock(self.locks.test(ino, locks::Holder { session, owner }, start, end, kind, flock)))
+            }
         }
     }
 }
@@ -743,8 +789,9 @@ fn op_inodes(op: &Op) -> Vec<u64> {
         | Op::GetXattr { ino, .. }
         | Op::ListXattr { ino }
         | Op::RemoveXattr { ino, .. } => vec![*ino],
-        // fsync commits everything; it involves no one inode's rights.
-        Op::Fsync { .. } | Op::StatFs | Op::AllocInodes { .. } => Vec::new(),
+        // fsync commits everything; it involves no one inode's rights. Locks live only on
+        // the server: no client caches them.
+        Op::Fsync { .. } | Op::StatFs | Op::AllocInodes { .. } | Op::SetLock { .. } | Op::GetLock { .. } => Vec::new(),
     }
 }
 
@@ -758,7 +805,7 @@ fn carried(op_inode: Option<u64>, reply: &Reply) -> Vec<u64> {
             v.extend(leaf.items.iter().map(|i| i.attr.ino));
         }
         Reply::Dir { items, .. } => v.extend(items.iter().map(|i| i.attr.ino)),
-        Reply::Data(_) | Reply::Names(_) | Reply::StatFs(_) | Reply::Done | Reply::Inodes { .. } => {}
+        Reply::Data(_) | Reply::Names(_) | Reply::StatFs(_) | Reply::Done | Reply::Inodes { .. } | Reply::Lock(_) => {}
     }
     v
 }
@@ -965,6 +1012,73 @@ mod tests {
         srv.tick(1_000 + RESTORED_SESSION_GRACE_MS).expect("tick");
         assert!(srv.sessions.is_empty());
         assert!(srv.store.session_records().expect("records").is_empty());
+    }
+
+    #[test]
+    fn locks_hold_across_sessions_and_go_with_their_session() {
+        let mut srv = server();
+        let (a, _) = srv.handle_hello(&hello(None));
+        let (b, _) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        let lock = |id, owner, kind| p::Request {
+            id,
+            ops: vec![Op::SetLock { ino: 1, owner, start: 0, end: p::LOCK_TO_EOF, kind, flock: false, pid: 42 }],
+            time: None,
+        };
+        let get = |id| p::Request {
+            id,
+            ops: vec![Op::GetLock { ino: 1, owner: 5, start: 10, end: 10, kind: p::LockKind::Read, flock: false }],
+            time: None,
+        };
+        let r = srv.handle_request(a, lock(1, 5, p::LockKind::Write), NOW);
+        assert_eq!((&r.results[0], r.seq), (&Ok(Reply::Done), 0), "a lock is no stored change");
+        let again = srv.handle_request(a, lock(1, 5, p::LockKind::Write), NOW);
+        assert_eq!(again.results[0], Ok(Reply::Done), "a retried lock is granted again");
+        let r = srv.handle_request(b, lock(1, 5, p::LockKind::Read), NOW);
+        assert_eq!(r.results[0].as_ref().err().map(|e| e.errno), Some(11), "the same owner id in another session");
+        let r = srv.handle_request(b, get(2), NOW);
+        let want = p::LockInfo { kind: p::LockKind::Write, start: 0, end: p::LOCK_TO_EOF, pid: 42 };
+        assert_eq!(r.results[0], Ok(Reply::Lock(Some(want))));
+        let bad = p::Request {
+            id: 3,
+            ops: vec![Op::SetLock {
+                ino: 1,
+                owner: 1,
+                start: 9,
+                end: 8,
+                kind: p::LockKind::Read,
+                flock: false,
+                pid: 1,
+            }],
+            time: None,
+        };
+        assert_eq!(srv.handle_request(b, bad, NOW).results[0].as_ref().err().map(|e| e.errno), Some(22));
+        let missing = p::Request {
+            id: 4,
+            ops: vec![Op::SetLock {
+                ino: 999,
+                owner: 1,
+                start: 0,
+                end: 0,
+                kind: p::LockKind::Read,
+                flock: false,
+                pid: 1,
+            }],
+            time: None,
+        };
+        assert!(srv.handle_request(b, missing, NOW).results[0].is_err(), "no such inode");
+        // a's connection drops: its locks stay while it may come back…
+        srv.disconnected(a, 10_000);
+        srv.tick(10_000 + crate::caps::DISCONNECTED_HOLDER_MS - 1).expect("tick");
+        assert_eq!(srv.handle_request(b, get(5), NOW).results[0], Ok(Reply::Lock(Some(want))));
+        // …and go once it has been away too long.
+        srv.tick(10_000 + crate::caps::DISCONNECTED_HOLDER_MS).expect("tick");
+        assert_eq!(srv.handle_request(b, get(6), NOW).results[0], Ok(Reply::Lock(None)));
+        // A clean end of b's session drops b's.
+        let r = srv.handle_request(b, lock(7, 1, p::LockKind::Write), NOW);
+        assert_eq!(r.results[0], Ok(Reply::Done));
+        srv.end_session(b);
+        assert!(srv.locks.is_empty());
     }
 
     #[test]
