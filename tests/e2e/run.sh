@@ -227,6 +227,32 @@ locks_hold_across_mounts() {
 }
 check locks-across-mounts locks_hold_across_mounts
 
+stopped_holder_is_fenced() {
+  # The first mount creates a directory (so it holds it exclusively) and a file in it,
+  # fsynced. Its daemon is then stopped (SIGSTOP: its connection stays up, it says
+  # nothing). The second mount's look inside must wait for the holder's lease to lapse,
+  # not for ever; then the holder is fenced. Resumed, the first mount carries on in a new
+  # session and sees the same state.
+  mkdir "$mnt/fence" && echo durable >"$mnt/fence/f" && sync "$mnt/fence/f" || return 1
+  local pid t0 took rc=0
+  pid=$(pgrep -f "crest mount .* $mnt\$" | head -1)
+  [ -n "$pid" ] || { log "no daemon for $mnt"; return 1; }
+  kill -STOP "$pid"
+  t0=$(date +%s.%N)
+  [ "$(timeout 30 cat "$mnt2/fence/f")" = durable ] || rc=1
+  took=$(echo "$(date +%s.%N) - $t0" | bc)
+  kill -CONT "$pid"
+  log "the other mount read the stopped holder's file after $took s"
+  [ "$(echo "$took < 15" | bc)" = 1 ] || rc=1
+  # The holder learns it was fenced at its next word, and starts a new session.
+  [ "$(timeout 30 cat "$mnt/fence/f")" = durable ] || { log "resumed holder cannot read"; rc=1; }
+  echo again >"$mnt/fence/g" && [ "$(cat "$mnt2/fence/g")" = again ] || { log "resumed holder's new file not seen"; rc=1; }
+  grep -q "fenced" /tmp/crest-mount_*"$(basename "$work")"_mnt.log || { log "the holder was not told it was fenced"; rc=1; }
+  rm -rf "$mnt/fence"
+  return $rc
+}
+check stopped-holder-is-fenced stopped_holder_is_fenced
+
 killed_client_does_not_stop_others() {
   # The second mount's daemon holds the root directory; kill -9 it. The first mount's
   # next change waits at most the recall timeout for the dead holder, then goes on.

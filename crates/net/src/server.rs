@@ -74,6 +74,9 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
     match cmd {
         Cmd::Hello { hello, peer, out, reply } => {
             let (sid, msg) = srv.handle_hello(&hello);
+            if let Some(sid) = sid {
+                srv.heard(sid, now_ms());
+            }
             // The welcome goes out first, before any notice for the session.
             let _ = out.send(msg.clone());
             match sid {

@@ -247,3 +247,49 @@ fn a_change_waits_until_other_holders_have_dropped_their_copies() {
     assert!(t.elapsed() < Duration::from_millis(1500), "no recall for a dropped right");
     rt.block_on(serving.shutdown()).expect("shutdown");
 }
+
+#[test]
+fn writeback_submissions_each_get_their_own_results_at_their_own_time() {
+    // A burst of writeback submissions is merged into compound requests on the wire
+    // (`Op::At` keeps each one's clock); every completion must still get exactly its own
+    // results, and the server must apply each at the time its submitter gave.
+    let rt = rt();
+    let serving = rt.block_on(crest_net::server::start(store(), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
+    let Ok(Reply::Entry(f)) = client.call_one(create("wb")) else { panic!("create") };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let n = 300u64;
+    for i in 0..n {
+        let tx = tx.clone();
+        let permit = client.async_permit(1);
+        let time = p::Time { sec: 1_000_000 + i as i64, nsec: 7 };
+        let ops = if i % 3 == 0 {
+            vec![Op::Write { ino: f.ino, offset: i, data: vec![i as u8] }]
+        } else {
+            // Two operations in one submission, the second one failing.
+            vec![Op::Write { ino: f.ino, offset: i, data: vec![i as u8] }, Op::GetAttr { ino: 999_999 }]
+        };
+        permit.submit(ops, time, Box::new(move |r| tx.send((i, time, r)).expect("send"))).expect("submit");
+    }
+    drop(tx);
+    let mut seen = 0;
+    for (i, time, r) in rx.iter().take(n as usize) {
+        let results = r.expect("answered");
+        let want = if i % 3 == 0 { 1 } else { 2 };
+        assert_eq!(results.len(), want, "submission {i} got {results:?}");
+        match &results[0] {
+            Ok(Reply::Attr(a)) => assert_eq!(a.mtime, time, "submission {i} applied at another time"),
+            other => panic!("submission {i}: {other:?}"),
+        }
+        if want == 2 {
+            assert!(results[1].is_err(), "submission {i}: {:?}", results[1]);
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, n);
+    let Ok(Reply::Data(d)) = client.call_one(Op::Read { ino: f.ino, offset: 0, len: n as u32 }) else { panic!() };
+    assert_eq!(d, (0..n).map(|i| i as u8).collect::<Vec<_>>());
+    drop(client);
+    rt.block_on(serving.shutdown()).expect("shutdown");
+}

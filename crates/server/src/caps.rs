@@ -18,9 +18,21 @@ use crate::SessionId;
 /// How long a change's reply waits for a holder that does not answer its recall. Its
 /// caches expire on their own by then (the client-side TTL is shorter).
 pub const RECALL_TIMEOUT_MS: u64 = 2_000;
-/// How long after its connection dropped a session stops counting as a holder: longer
-/// than a client trusts its cache without the server (1 s by default).
+/// How long after its connection dropped a session stops counting as a holder of shared
+/// rights: longer than a client trusts its cache without the server (1 s by default).
 pub const DISCONNECTED_HOLDER_MS: u64 = 1_500;
+/// A session's lease: the server fences a session it has not heard from for this long
+/// (clients send something at least every `HEARTBEAT_MS`).
+pub const LEASE_MS: u64 = 10_000;
+/// A session whose connection has been gone this long is fenced (its client died, or
+/// was cut off longer than a blip): its locks and exclusive rights go.
+pub const DISCONNECTED_FENCE_MS: u64 = 3_000;
+/// How often an idle client says it is alive.
+pub const HEARTBEAT_MS: u64 = 1_000;
+/// A client that has heard nothing from the server for this long drops every right it
+/// holds and everything it cached under them: well before the server can have fenced it
+/// (`DISCONNECTED_FENCE_MS` after its connection went, `LEASE_MS` after its last word).
+pub const CLIENT_LEASE_MS: u64 = 2_500;
 
 /// A response held back until recalls are answered.
 #[derive(Debug)]
@@ -153,8 +165,24 @@ impl Caps {
         out
     }
 
-    /// A session lost its rights (its connection has been gone longer than its client
-    /// trusts its cache): it holds nothing, and nobody waits for it.
+    /// A session's connection has been gone longer than its client trusts its shared
+    /// cache: it holds no shared rights, and no change waits for it. (Exclusive rights
+    /// stay until it is fenced: its client may still write them back after a blip.)
+    pub fn forget_shared(&mut self, session: SessionId) -> Vec<Outgoing> {
+        self.holders.retain(|_, h| {
+            h.retain(|&t| t != session);
+            !h.is_empty()
+        });
+        let mut out = Vec::new();
+        let ids: Vec<u64> = self.waits.keys().copied().collect();
+        for id in ids {
+            out.extend(self.recall_done(session, id));
+        }
+        out
+    }
+
+    /// A session lost all its rights (fenced or ended): it holds nothing, and nobody
+    /// waits for it.
     pub fn forget_holder(&mut self, session: SessionId) -> Vec<Outgoing> {
         self.holders.retain(|_, h| {
             h.retain(|&t| t != session);
@@ -233,8 +261,8 @@ impl Caps {
                 session: holder,
                 notify: p::Notify::Recall { recall_id: id, inodes: inodes.clone() },
             });
-            self.exclusive_recalls
-                .insert(id, ExclusiveRecall { holder, inodes, deadline_ms: now_ms + RECALL_TIMEOUT_MS });
+            let deadline_ms = now_ms + LEASE_MS;
+            self.exclusive_recalls.insert(id, ExclusiveRecall { holder, inodes, deadline_ms });
             wait.insert(id);
         }
         wait
@@ -267,23 +295,14 @@ impl Caps {
         true
     }
 
-    /// Exclusive recalls whose holder did not answer in time are treated as answered:
-    /// the waiting requests go ahead (the silent holder's unflushed work may conflict
-    /// and fail later; leases and fencing close that window). True if any expired.
-    pub fn expire_exclusive(&mut self, now_ms: u64) -> bool {
-        let late: Vec<u64> =
-            self.exclusive_recalls.iter().filter(|(_, r)| now_ms >= r.deadline_ms).map(|(id, _)| *id).collect();
-        for &id in &late {
-            if let Some(r) = self.exclusive_recalls.get(&id) {
-                tracing::warn!(
-                    recall_id = id,
-                    session = r.holder,
-                    "exclusive rights not returned in {RECALL_TIMEOUT_MS} ms; revoked"
-                );
-            }
-            self.finish_exclusive_recall(id);
-        }
-        !late.is_empty()
+    /// Holders of exclusive recalls unanswered for a whole lease: they are to be fenced
+    /// (a live client answers at once; one that cannot must not write back later).
+    pub fn late_exclusive_holders(&self, now_ms: u64) -> Vec<SessionId> {
+        let mut v: Vec<SessionId> =
+            self.exclusive_recalls.values().filter(|r| now_ms >= r.deadline_ms).map(|r| r.holder).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Responses waiting (for tests and status).

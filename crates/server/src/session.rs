@@ -93,6 +93,10 @@ pub struct Server {
     carried: Vec<u64>,
     /// Requests waiting for other sessions to give up exclusive rights, oldest first.
     parked: VecDeque<Parked>,
+    /// When each session (that spoke since this server started) was last heard from, ms.
+    last_heard: HashMap<SessionId, u64>,
+    /// Sessions fenced for silence: their requests are refused, a resume starts afresh.
+    fenced: HashSet<SessionId>,
     /// fcntl and flock locks, by inode.
     locks: LockTable,
 }
@@ -167,6 +171,8 @@ impl Server {
             disconnected: HashMap::new(),
             carried: Vec::new(),
             parked: VecDeque::new(),
+            last_heard: HashMap::new(),
+            fenced: HashSet::new(),
             locks: LockTable::default(),
         }
     }
@@ -186,23 +192,25 @@ impl Server {
         if let Err(reason) = p::check_hello(hello) {
             return (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
         }
+        let mut fenced = false;
         if let Some(t) = hello.resume {
+            fenced = self.fenced.contains(&t.id);
             if let Some(s) = self.sessions.get_mut(&t.id).filter(|s| s.secret == t.secret) {
                 self.disconnected.remove(&t.id);
                 let durable_seq = s.awaiting_resume.take().map(|_| s.durable);
                 tracing::info!(session = t.id, client = %hello.client_name, ?durable_seq, "session resumed");
-                return (Some(t.id), self.welcome(t.id, true, durable_seq));
+                return (Some(t.id), self.welcome(t.id, true, durable_seq, false));
             }
         }
         let id = self.next_session;
         self.next_session += 1;
         let secret = crest_rng::next_u64();
         self.sessions.insert(id, Session { secret, client_name: hello.client_name.clone(), ..Default::default() });
-        tracing::info!(session = id, client = %hello.client_name, "session started");
-        (Some(id), self.welcome(id, false, None))
+        tracing::info!(session = id, client = %hello.client_name, fenced_before = fenced, "session started");
+        (Some(id), self.welcome(id, false, None, fenced))
     }
 
-    fn welcome(&self, id: SessionId, resumed: bool, durable_seq: Option<u64>) -> p::ServerMessage {
+    fn welcome(&self, id: SessionId, resumed: bool, durable_seq: Option<u64>, fenced: bool) -> p::ServerMessage {
         let secret = self.sessions.get(&id).map_or(0, |s| s.secret);
         p::ServerMessage::Welcome(p::Welcome {
             version: p::PROTOCOL_VERSION,
@@ -210,6 +218,7 @@ impl Server {
             resumed,
             durable_seq,
             fsid: self.store.fsid(),
+            fenced,
         })
     }
 
@@ -222,6 +231,16 @@ impl Server {
     /// everything its reply would let the client cache, and run again later if needed.
     pub fn handle(&mut self, session: SessionId, req: p::Request, now: p::Time) {
         let now_ms = millis(now);
+        if !self.sessions.contains_key(&session) {
+            // Fenced (or never known): nothing of it is applied any more.
+            let refuse = || Err(errno(116, format!("session {session} was fenced: its lease lapsed")));
+            let results = req.ops.iter().map(|_| refuse()).collect();
+            let response = p::Response { id: req.id, results, seq: 0, durable: 0 };
+            self.outbox.push(Outgoing::Response { session, response });
+            self.outbox.push(Outgoing::Notify { session, notify: p::Notify::Fenced });
+            return;
+        }
+        self.heard(session, now_ms);
         let involved = self.involved(&req);
         if self.park_if_exclusive(session, &req, &involved, now_ms) {
             return;
@@ -297,9 +316,26 @@ impl Server {
     /// `session` dropped what recall `recall_id` named (and, for exclusive rights, sent
     /// everything it had answered itself first).
     pub fn recall_done(&mut self, session: SessionId, recall_id: u64, now: p::Time) {
+        if self.sessions.contains_key(&session) {
+            self.heard(session, millis(now));
+        }
         let out = self.caps.recall_done(session, recall_id);
         self.outbox.extend(out);
         self.run_parked(now);
+    }
+
+    /// `session` said something at `now_ms`: its lease runs from here.
+    pub fn heard(&mut self, session: SessionId, now_ms: u64) {
+        self.last_heard.insert(session, now_ms);
+    }
+
+    /// Takes everything back from a session that went silent past its lease (or whose
+    /// connection stayed gone): rights, locks, open files, waiting requests. Its later
+    /// requests are refused, so nothing it answered itself can land after others moved on.
+    fn fence(&mut self, id: SessionId, why: &str) {
+        tracing::warn!(session = id, "session fenced: {why}");
+        self.end_session(id);
+        self.fenced.insert(id);
     }
 
     /// Everything queued to send, in order.
@@ -310,6 +346,7 @@ impl Server {
     /// Ends a session cleanly: its open files and its locks are released.
     pub fn end_session(&mut self, id: SessionId) {
         self.disconnected.remove(&id);
+        self.last_heard.remove(&id);
         self.release_locks(id, "session ended");
         let out = self.caps.forget_session(id);
         self.outbox.extend(out);
@@ -336,7 +373,7 @@ impl Server {
         self.changed.clear();
         self.carried.clear();
         // Writeback: the client already answered with its clock; apply at that time.
-        let now = req.time.unwrap_or(now);
+        let mut now = req.time.unwrap_or(now);
         if let Some(s) = self.sessions.get(&session) {
             if let Some(r) = s.replies.get(&req.id) {
                 tracing::debug!(session, id = req.id, "answered from the reply cache");
@@ -364,6 +401,11 @@ impl Server {
             }
             let mut results = Vec::with_capacity(req.ops.len());
             for op in req.ops {
+                if let Op::At { time } = op {
+                    now = time;
+                    results.push(Ok(Reply::Done));
+                    continue;
+                }
                 let touched = self.touches(&op);
                 let inode_of_op = op_inode(&op);
                 let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
@@ -474,6 +516,33 @@ impl Server {
             tracing::warn!(session = id, "client did not come back after the restart; its session is dropped");
             self.end_session(id);
         }
+        // Leases: silent past LEASE_MS, or disconnected past DISCONNECTED_FENCE_MS, or
+        // holding exclusive rights a recall asked for a whole lease ago: fenced. (Sessions
+        // restored after a restart are not counted until their client comes back.)
+        let mut fence: Vec<(SessionId, &str)> = Vec::new();
+        for (&id, &at) in &self.last_heard {
+            if let Some(&gone) = self.disconnected.get(&id) {
+                if now_ms >= gone + crate::caps::DISCONNECTED_FENCE_MS {
+                    fence.push((id, "disconnected past the fencing delay"));
+                    continue;
+                }
+            }
+            if now_ms >= at + crate::caps::LEASE_MS {
+                fence.push((id, "silent past its lease"));
+            }
+        }
+        for id in self.caps.late_exclusive_holders(now_ms) {
+            fence.push((id, "did not return exclusive rights within a lease"));
+        }
+        fence.sort_unstable();
+        fence.dedup_by_key(|f| f.0);
+        for (id, why) in fence {
+            if self.sessions.contains_key(&id) {
+                self.fence(id, why);
+            } else {
+                self.last_heard.remove(&id);
+            }
+        }
         let gone: Vec<SessionId> = self
             .disconnected
             .iter()
@@ -481,16 +550,13 @@ impl Server {
             .map(|(s, _)| *s)
             .collect();
         for s in gone {
-            self.disconnected.remove(&s);
-            // Its client is presumed dead (killed, or cut off): another client must not
-            // wait for ever on its locks.
-            self.release_locks(s, "disconnected");
-            let out = self.caps.forget_holder(s);
+            // Its shared rights lapse (its cache has expired by now); its locks and
+            // exclusive rights wait for the fencing delay, in case it comes back.
+            let out = self.caps.forget_shared(s);
             self.outbox.extend(out);
         }
         let late = self.caps.expire(now_ms);
         self.outbox.extend(late);
-        self.caps.expire_exclusive(now_ms);
         if !self.parked.is_empty() {
             self.run_parked(time_of_millis(now_ms));
         }
@@ -699,6 +765,8 @@ impl Server {
                 }
                 Ok(st.setxattr(ino, &name, &value, now_s).map(|()| Reply::Done)?)
             }
+            // Handled by `handle_request` (it sets the clock for what follows).
+            Op::At { .. } => Ok(Reply::Done),
             Op::AllocInodes { count } => {
                 let count = count.clamp(1, p::MAX_INODE_GRANT);
                 let first = st.reserve_inode_numbers(u64::from(count))?;
@@ -791,7 +859,12 @@ fn op_inodes(op: &Op) -> Vec<u64> {
         | Op::RemoveXattr { ino, .. } => vec![*ino],
         // fsync commits everything; it involves no one inode's rights. Locks live only on
         // the server: no client caches them.
-        Op::Fsync { .. } | Op::StatFs | Op::AllocInodes { .. } | Op::SetLock { .. } | Op::GetLock { .. } => Vec::new(),
+        Op::Fsync { .. }
+        | Op::StatFs
+        | Op::AllocInodes { .. }
+        | Op::SetLock { .. }
+        | Op::GetLock { .. }
+        | Op::At { .. } => Vec::new(),
     }
 }
 
@@ -1068,11 +1141,12 @@ mod tests {
         };
         assert!(srv.handle_request(b, missing, NOW).results[0].is_err(), "no such inode");
         // a's connection drops: its locks stay while it may come back…
+        srv.heard(a, 10_000);
         srv.disconnected(a, 10_000);
-        srv.tick(10_000 + crate::caps::DISCONNECTED_HOLDER_MS - 1).expect("tick");
+        srv.tick(10_000 + crate::caps::DISCONNECTED_FENCE_MS - 1).expect("tick");
         assert_eq!(srv.handle_request(b, get(5), NOW).results[0], Ok(Reply::Lock(Some(want))));
-        // …and go once it has been away too long.
-        srv.tick(10_000 + crate::caps::DISCONNECTED_HOLDER_MS).expect("tick");
+        // …and go once it has been away too long (it is fenced).
+        srv.tick(10_000 + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
         assert_eq!(srv.handle_request(b, get(6), NOW).results[0], Ok(Reply::Lock(None)));
         // A clean end of b's session drops b's.
         let r = srv.handle_request(b, lock(7, 1, p::LockKind::Write), NOW);
@@ -1204,11 +1278,31 @@ mod tests {
         srv.handle(b, req(2, vec![Op::GetAttr { ino: y }]), NOW);
         let out = srv.take_outgoing();
         assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
-        srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS).expect("tick");
+        // b stays in touch; a stays silent for a whole lease: it is fenced.
+        let later = millis(NOW) + crate::caps::LEASE_MS;
+        srv.heard(b, later);
+        srv.tick(later - 1).expect("tick");
+        assert!(srv.take_outgoing().is_empty(), "a's lease has not lapsed yet");
+        srv.tick(later).expect("tick");
         let out = srv.take_outgoing();
         assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
-        // And now nobody holds y exclusively: b's next look at it does not wait.
-        srv.handle(b, req(3, vec![Op::GetAttr { ino: y }]), NOW);
+        // Nobody holds y exclusively now: b's next look at it does not wait.
+        srv.handle(b, req(3, vec![Op::GetAttr { ino: y }]), time_of_millis(later));
         assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { .. }]));
+        // a's late writeback is refused, not applied, and a is told it was fenced.
+        let late_write = Op::SetAttr { ino: y, set: p::SetAttr { mode: Some(0o777), ..Default::default() } };
+        srv.handle(a, req(4, vec![late_write]), time_of_millis(later));
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }, Outgoing::Notify { notify: p::Notify::Fenced, .. }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(response.results[0].as_ref().err().map(|e| e.errno), Some(116));
+        srv.handle(b, req(4, vec![Op::GetAttr { ino: y }]), time_of_millis(later));
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        assert!(matches!(&response.results[0], Ok(Reply::Attr(attr)) if attr.mode == 0o600));
+        // Its client's resume starts a new session and says the old one was fenced.
+        let (_, msg) = srv.handle_hello(&hello(Some(p::SessionToken { id: a, secret: 0 })));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
     }
 }
