@@ -759,8 +759,13 @@ async fn run(
                             );
                         }
                     }
-                    // Replays go first (a resumed session answers repeats from its cache).
+                    // Replays go first (a resumed session answers repeats from its cache);
+                    // after a restart the server holds everyone's new work until every
+                    // restored session has said its replays are all sent.
                     log.replay_frames(&mut out);
+                    if w.resumed && w.durable_seq.is_some() {
+                        write_frame(&mut out, &ClientMessage::Replayed);
+                    }
                 }
                 session = Some(w.session);
                 if fsid.is_none() {

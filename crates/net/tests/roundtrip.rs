@@ -293,3 +293,39 @@ fn writeback_submissions_each_get_their_own_results_at_their_own_time() {
     drop(client);
     rt.block_on(serving.shutdown()).expect("shutdown");
 }
+
+#[test]
+fn after_a_restart_another_client_waits_for_the_replay_of_what_it_may_have_seen() {
+    // a's create is acknowledged (and seen by b) but not durable when the server dies.
+    // After the restart, b's first look must not find it missing: the server holds b's
+    // request until a has come back and replayed (the grace period).
+    let rt = rt();
+    let disk = MemDisk::new(64 << 20);
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None }).expect("mkfs");
+    let open = |disk: &MemDisk| {
+        let mut s = Store::open(Box::new(disk.clone())).expect("open");
+        s.set_policy(crest_store::CommitPolicy { max_dirty_nodes: 1 << 20, interval_ms: u64::MAX });
+        s
+    };
+    let serving = rt.block_on(crest_net::server::start(open(&disk), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let a = Client::connect(&addr, ClientOptions { client_name: "a".into(), ..Default::default() }).expect("a");
+    let b = Client::connect(&addr, ClientOptions { client_name: "b".into(), ..Default::default() }).expect("b");
+    a.call_one(create("a-was-here")).expect("a's first create");
+    b.call_one(create("b-was-here")).expect("b's first create");
+    b.call_one(Op::Fsync { ino: 1 }).expect("fsync: both sessions' records are durable");
+    let Ok(Reply::Entry(x)) = a.call_one(create("x")) else { panic!("create x") };
+    let seen = b.call_one(Op::Lookup { parent: 1, name: b"x".to_vec() });
+    assert!(matches!(seen, Ok(Reply::Lookup { attr: Some(_), .. })), "b saw x: {seen:?}");
+    let store = rt.block_on(serving.kill()).expect("kill");
+    drop(store.abandon());
+    let serving = rt.block_on(crest_net::server::start(open(&disk), &addr)).expect("restart");
+    // b asks at once, while a may not have reconnected yet.
+    let again = b.call_one(Op::Lookup { parent: 1, name: b"x".to_vec() });
+    let Ok(Reply::Lookup { attr: Some(found), .. }) = again else {
+        panic!("b saw x vanish after the restart: {again:?}")
+    };
+    assert_eq!(found.ino, x.ino);
+    drop((a, b));
+    rt.block_on(serving.shutdown()).expect("shutdown");
+}

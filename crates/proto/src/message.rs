@@ -559,6 +559,10 @@ pub enum ClientMessage {
     Request(Request),
     /// Clean end of the session.
     Goodbye,
+    /// After a server restart: every request this client replays has been sent (they
+    /// precede this on the connection). The server holds other requests until every
+    /// restored session has said so, or its grace period ends (docs/protocol.md §4.5).
+    Replayed,
     /// Everything the recall named is dropped from this client's caches.
     RecallDone {
         /// `Notify::Recall::recall_id`.

@@ -27,6 +27,9 @@ pub const LEASE_MS: u64 = 10_000;
 /// A session whose connection has been gone this long is fenced (its client died, or
 /// was cut off longer than a blip): its locks and exclusive rights go.
 pub const DISCONNECTED_FENCE_MS: u64 = 3_000;
+/// After a restart, how long the server holds new work for restored sessions' clients to
+/// come back and replay what they had acknowledged (docs/protocol.md §4.5).
+pub const GRACE_MS: u64 = LEASE_MS;
 /// How often an idle client says it is alive.
 pub const HEARTBEAT_MS: u64 = 1_000;
 /// A client that has heard nothing from the server for this long drops every right it

@@ -97,6 +97,13 @@ pub struct Server {
     last_heard: HashMap<SessionId, u64>,
     /// Sessions fenced for silence: their requests are refused, a resume starts afresh.
     fenced: HashSet<SessionId>,
+    /// After a restart: sessions restored from their records whose clients have not yet
+    /// replayed; while any remain (and the grace period lasts), other work waits.
+    replaying: HashSet<SessionId>,
+    /// End of the grace period (set by the first tick after a restart).
+    grace_until: Option<u64>,
+    /// Requests held for the grace period, oldest first.
+    grace_parked: VecDeque<(SessionId, p::Request)>,
     /// fcntl and flock locks, by inode.
     locks: LockTable,
 }
@@ -159,6 +166,10 @@ impl Server {
             sessions.insert(id, s);
         }
         let seen_generation = store.generation();
+        let replaying: HashSet<SessionId> = sessions.keys().copied().collect();
+        if !replaying.is_empty() {
+            tracing::info!(sessions = replaying.len(), "restarted: new work waits for their clients to replay (grace)");
+        }
         Server {
             store,
             sessions,
@@ -173,6 +184,9 @@ impl Server {
             parked: VecDeque::new(),
             last_heard: HashMap::new(),
             fenced: HashSet::new(),
+            replaying,
+            grace_until: None,
+            grace_parked: VecDeque::new(),
             locks: LockTable::default(),
         }
     }
@@ -241,6 +255,12 @@ impl Server {
             return;
         }
         self.heard(session, now_ms);
+        if !self.replaying.is_empty() && !self.replaying.contains(&session) {
+            // Grace after a restart: a restored session's replays come first (they are
+            // changes other clients may already have seen acknowledged).
+            self.grace_parked.push_back((session, req));
+            return;
+        }
         let involved = self.involved(&req);
         if self.park_if_exclusive(session, &req, &involved, now_ms) {
             return;
@@ -324,6 +344,21 @@ impl Server {
         self.run_parked(now);
     }
 
+    /// `session`'s client has sent every request it replays after the restart.
+    pub fn replayed(&mut self, session: SessionId, now: p::Time) {
+        if self.replaying.remove(&session) && self.replaying.is_empty() {
+            tracing::info!("every restored session has replayed: grace over");
+            self.end_grace(now);
+        }
+    }
+
+    fn end_grace(&mut self, now: p::Time) {
+        self.replaying.clear();
+        for (session, req) in std::mem::take(&mut self.grace_parked) {
+            self.handle(session, req, now);
+        }
+    }
+
     /// `session` said something at `now_ms`: its lease runs from here.
     pub fn heard(&mut self, session: SessionId, now_ms: u64) {
         self.last_heard.insert(session, now_ms);
@@ -347,6 +382,9 @@ impl Server {
     pub fn end_session(&mut self, id: SessionId) {
         self.disconnected.remove(&id);
         self.last_heard.remove(&id);
+        self.grace_parked.retain(|(s, _)| *s != id);
+        // (If it was the last one to replay, the next tick ends the grace period.)
+        self.replaying.remove(&id);
         self.release_locks(id, "session ended");
         let out = self.caps.forget_session(id);
         self.outbox.extend(out);
@@ -503,6 +541,20 @@ impl Server {
     /// unanswered too long, and drops restored sessions whose clients
     /// did not come back within `RESTORED_SESSION_GRACE_MS`.
     pub fn tick(&mut self, now_ms: u64) -> Result<(), s::Error> {
+        if self.replaying.is_empty() {
+            if !self.grace_parked.is_empty() {
+                self.end_grace(time_of_millis(now_ms));
+            }
+        } else {
+            let until = *self.grace_until.get_or_insert(now_ms + crate::caps::GRACE_MS);
+            if now_ms >= until {
+                tracing::warn!(
+                    sessions = ?self.replaying,
+                    "grace period over; clients of these sessions did not come back to replay"
+                );
+                self.end_grace(time_of_millis(now_ms));
+            }
+        }
         let mut expired = Vec::new();
         for (id, s) in &mut self.sessions {
             if let Some(deadline) = &mut s.awaiting_resume {
@@ -1304,5 +1356,88 @@ mod tests {
         // Its client's resume starts a new session and says the old one was fenced.
         let (_, msg) = srv.handle_hello(&hello(Some(p::SessionToken { id: a, secret: 0 })));
         assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
+    }
+
+    #[test]
+    fn after_a_restart_no_one_sees_older_state_than_another_clients_lost_acknowledged_change() {
+        let disk = MemDisk::new(16 << 20);
+        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let token = |m: p::ServerMessage| match m {
+            p::ServerMessage::Welcome(w) => w.session,
+            other => panic!("{other:?}"),
+        };
+        let (a, wa) = srv.handle_hello(&hello(None));
+        let (b, wb) = srv.handle_hello(&hello(None));
+        let (a, b, ta, tb) = (a.expect("a"), b.expect("b"), token(wa), token(wb));
+        let mk = |id, name: &str| p::Request {
+            id,
+            ops: vec![Op::Create {
+                parent: 1,
+                name: name.as_bytes().to_vec(),
+                kind: p::FileType::Regular,
+                mode: 0o644,
+                rdev: 0,
+                cred: p::Cred::default(),
+            }],
+            time: None,
+        };
+        let lookup = |id, name: &str| p::Request {
+            id,
+            ops: vec![Op::Lookup { parent: 1, name: name.as_bytes().to_vec() }],
+            time: None,
+        };
+        srv.handle_request(a, mk(1, "w"), NOW);
+        srv.handle_request(b, mk(1, "y"), NOW);
+        srv.handle_request(b, p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+        // a's create of x is acknowledged, then the server dies before committing it.
+        let lost = srv.handle_request(a, mk(2, "x"), NOW);
+        assert!(lost.results[0].is_ok() && lost.seq > lost.durable);
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        srv.tick(millis(NOW)).expect("tick");
+        // b comes back first, has nothing to replay, and looks for x: it must wait.
+        srv.handle_hello(&hello(Some(tb)));
+        srv.replayed(b, NOW);
+        srv.handle(b, lookup(3, "x"), NOW);
+        assert!(srv.take_outgoing().is_empty(), "b's look waits while a has not replayed");
+        // a comes back and replays its acknowledged create, then says so.
+        let (_, msg) = srv.handle_hello(&hello(Some(ta)));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { durable_seq: Some(1), .. })));
+        srv.handle(a, mk(2, "x"), NOW);
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == a), "a's replay runs: {out:?}");
+        srv.replayed(a, NOW);
+        // (The replayed create made x a's alone again: b's look recalls it first.)
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(*session, a);
+        srv.recall_done(a, *recall_id, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+        assert_eq!(*session, b);
+        assert!(matches!(&response.results[0], Ok(Reply::Lookup { attr: Some(_), .. })), "b sees a's x: {response:?}");
+    }
+
+    #[test]
+    fn the_grace_period_ends_without_clients_that_never_come_back() {
+        let disk = MemDisk::new(16 << 20);
+        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let (a, _) = srv.handle_hello(&hello(None));
+        srv.handle_request(a.expect("a"), p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        srv.tick(0).expect("tick");
+        let (c, _) = srv.handle_hello(&hello(None));
+        let c = c.expect("c");
+        srv.handle(c, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+        srv.tick(crate::caps::GRACE_MS - 1).expect("tick");
+        assert!(srv.take_outgoing().is_empty(), "held during the grace period");
+        srv.heard(c, crate::caps::GRACE_MS);
+        srv.tick(crate::caps::GRACE_MS).expect("tick");
+        assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == c));
     }
 }
