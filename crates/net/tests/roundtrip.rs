@@ -26,6 +26,21 @@ fn create(name: &str) -> Op {
     }
 }
 
+/// An image on a shared in-memory disk, to be killed and reopened.
+fn fresh_disk() -> MemDisk {
+    let disk = MemDisk::new(64 << 20);
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None }).expect("mkfs");
+    disk
+}
+
+/// The store on `disk`, committing only when asked (fsync), so a kill loses everything
+/// since.
+fn open(disk: &MemDisk) -> Store {
+    let mut s = Store::open(Box::new(disk.clone())).expect("open");
+    s.set_policy(crest_store::CommitPolicy { max_dirty_nodes: 1 << 20, interval_ms: u64::MAX });
+    s
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
@@ -161,13 +176,7 @@ fn garbage_and_wrong_versions_are_refused_and_others_carry_on() {
 #[test]
 fn a_killed_server_loses_nothing_it_acknowledged() {
     let rt = rt();
-    let disk = MemDisk::new(64 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None }).expect("mkfs");
-    let open = |disk: &MemDisk| {
-        let mut s = Store::open(Box::new(disk.clone())).expect("open");
-        s.set_policy(crest_store::CommitPolicy { max_dirty_nodes: 1 << 20, interval_ms: u64::MAX });
-        s
-    };
+    let disk = fresh_disk();
     let serving = rt.block_on(crest_net::server::start(open(&disk), "127.0.0.1:0")).expect("serve");
     let addr = serving.local_addr.to_string();
     let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
@@ -300,13 +309,7 @@ fn after_a_restart_another_client_waits_for_the_replay_of_what_it_may_have_seen(
     // After the restart, b's first look must not find it missing: the server holds b's
     // request until a has come back and replayed (the grace period).
     let rt = rt();
-    let disk = MemDisk::new(64 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None }).expect("mkfs");
-    let open = |disk: &MemDisk| {
-        let mut s = Store::open(Box::new(disk.clone())).expect("open");
-        s.set_policy(crest_store::CommitPolicy { max_dirty_nodes: 1 << 20, interval_ms: u64::MAX });
-        s
-    };
+    let disk = fresh_disk();
     let serving = rt.block_on(crest_net::server::start(open(&disk), "127.0.0.1:0")).expect("serve");
     let addr = serving.local_addr.to_string();
     let a = Client::connect(&addr, ClientOptions { client_name: "a".into(), ..Default::default() }).expect("a");
