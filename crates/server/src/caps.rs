@@ -9,7 +9,7 @@
 //! no other session that held the inode before the change still holds it unrecalled —
 //! so once a syscall returns on one client, no other client answers from older state.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crest_proto as p;
 
@@ -40,10 +40,14 @@ struct ExclusiveRecall {
 }
 
 /// Who holds what, and which responses wait.
+///
+/// Maps whose iteration order decides the order of what is sent are `BTreeMap`s: the
+/// core is a step function, and the same inputs must give the same outputs in the same
+/// order (the simulator, `tests/sim.rs`, replays a seed exactly).
 #[derive(Debug, Default)]
 pub struct Caps {
     holders: HashMap<u64, Vec<SessionId>>,
-    waits: HashMap<u64, Wait>,
+    waits: BTreeMap<u64, Wait>,
     next_recall: u64,
     /// Exclusive (`X`) rights: the holder answers operations on these inodes itself and
     /// ships them later (docs/protocol.md §4.1). Another session's request that involves
@@ -51,7 +55,7 @@ pub struct Caps {
     exclusive: HashMap<u64, SessionId>,
     /// Inode → the recall of its exclusive rights under way.
     recalling: HashMap<u64, u64>,
-    exclusive_recalls: HashMap<u64, ExclusiveRecall>,
+    exclusive_recalls: BTreeMap<u64, ExclusiveRecall>,
 }
 
 /// Something the server sends.
@@ -88,7 +92,7 @@ impl Caps {
     /// the response itself if nobody else held them, else recalls (and the response
     /// later, from `recall_done` or `expire`).
     pub fn changed(&mut self, session: SessionId, inodes: &[u64], response: p::Response, now_ms: u64) -> Vec<Outgoing> {
-        let mut targets: HashMap<SessionId, Vec<u64>> = HashMap::new();
+        let mut targets: BTreeMap<SessionId, Vec<u64>> = BTreeMap::new();
         for &ino in inodes {
             if let Some(h) = self.holders.get_mut(&ino) {
                 h.retain(|&t| {
@@ -208,7 +212,7 @@ impl Caps {
         out: &mut Vec<Outgoing>,
     ) -> HashSet<u64> {
         let mut wait = HashSet::new();
-        let mut fresh: HashMap<SessionId, Vec<u64>> = HashMap::new();
+        let mut fresh: BTreeMap<SessionId, Vec<u64>> = BTreeMap::new();
         for &ino in inodes {
             let Some(holder) = self.exclusive_elsewhere(session, ino) else { continue };
             match self.recalling.get(&ino) {

@@ -95,6 +95,22 @@ pub struct Server {
     parked: VecDeque<Parked>,
     /// fcntl and flock locks, by inode.
     locks: LockTable,
+    /// Requests run or answered, in order, while `record_applied` is on (for simulators).
+    applied: Option<Vec<Applied>>,
+}
+
+/// A request the server ran, or answered from its reply cache, in the order the effects
+/// took place (`Server::record_applied`). A simulator replays these on a model of the file
+/// system: which requests ran, and in which order, is otherwise hidden inside the core
+/// (parked requests run inside `recall_done` and `tick`; held responses come out later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// Whose request.
+    pub session: SessionId,
+    /// Its id.
+    pub id: u64,
+    /// Answered from the reply cache: nothing ran.
+    pub from_cache: bool,
 }
 
 /// A request that involves inodes another session holds exclusively: it runs once that
@@ -168,7 +184,19 @@ impl Server {
             carried: Vec::new(),
             parked: VecDeque::new(),
             locks: LockTable::default(),
+            applied: None,
         }
+    }
+
+    /// From now on, remember every request run or answered from the reply cache, for
+    /// `take_applied`. Off by default: only simulators need it.
+    pub fn record_applied(&mut self) {
+        self.applied.get_or_insert_with(Vec::new);
+    }
+
+    /// What ran since the last call, oldest first (empty unless `record_applied`).
+    pub fn take_applied(&mut self) -> Vec<Applied> {
+        self.applied.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The store (for shutdown and status).
@@ -228,12 +256,16 @@ impl Server {
         }
         let read_only = !req.ops.iter().any(Op::is_mutation);
         let retry = read_only.then(|| req.clone());
+        let (id, from_cache) = (req.id, self.sessions.get(&session).is_some_and(|s| s.replies.contains_key(&req.id)));
         let response = self.handle_request(session, req, now);
         let carried = std::mem::take(&mut self.carried);
         if let Some(req) = retry {
             if self.park_if_exclusive(session, &req, &carried, now_ms) {
                 return;
             }
+        }
+        if let Some(log) = &mut self.applied {
+            log.push(Applied { session, id, from_cache });
         }
         let changed = std::mem::take(&mut self.changed);
         let out = self.caps.changed(session, &changed, response, now_ms);
@@ -470,16 +502,20 @@ impl Server {
                 }
             }
         }
+        // Sessions are kept in a hash map: sort, so that what this sends comes out in
+        // the same order every time (a simulator seed must replay exactly).
+        expired.sort_unstable();
         for id in expired {
             tracing::warn!(session = id, "client did not come back after the restart; its session is dropped");
             self.end_session(id);
         }
-        let gone: Vec<SessionId> = self
+        let mut gone: Vec<SessionId> = self
             .disconnected
             .iter()
             .filter(|(_, &at)| now_ms >= at + crate::caps::DISCONNECTED_HOLDER_MS)
             .map(|(s, _)| *s)
             .collect();
+        gone.sort_unstable();
         for s in gone {
             self.disconnected.remove(&s);
             // Its client is presumed dead (killed, or cut off): another client must not
