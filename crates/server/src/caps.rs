@@ -56,6 +56,12 @@ pub struct Caps {
     /// Inode → the recall of its exclusive rights under way.
     recalling: HashMap<u64, u64>,
     exclusive_recalls: BTreeMap<u64, ExclusiveRecall>,
+    /// Exclusive rights taken back without their holder's answer (its recall timed out,
+    /// or it stayed disconnected): recall id → (holder, inodes). A notice is lost with a
+    /// broken connection, and a holder that never heard it would go on answering for
+    /// those inodes itself; so it is sent again each time the holder resumes, until the
+    /// holder answers it.
+    unanswered: BTreeMap<u64, (SessionId, Vec<u64>)>,
 }
 
 /// Something the server sends.
@@ -129,7 +135,11 @@ impl Caps {
     /// `session` answered recall `recall_id`.
     pub fn recall_done(&mut self, session: SessionId, recall_id: u64) -> Vec<Outgoing> {
         if self.exclusive_recalls.get(&recall_id).is_some_and(|r| r.holder == session) {
-            self.finish_exclusive_recall(recall_id);
+            self.finish_exclusive_recall(recall_id, true);
+            return Vec::new();
+        }
+        if self.unanswered.get(&recall_id).is_some_and(|(holder, _)| *holder == session) {
+            self.unanswered.remove(&recall_id);
             return Vec::new();
         }
         let Some(w) = self.waits.get_mut(&recall_id) else { return Vec::new() };
@@ -167,9 +177,15 @@ impl Caps {
         let mine: Vec<u64> =
             self.exclusive_recalls.iter().filter(|(_, r)| r.holder == session).map(|(id, _)| *id).collect();
         for id in mine {
-            self.finish_exclusive_recall(id);
+            self.finish_exclusive_recall(id, false);
         }
-        self.exclusive.retain(|_, h| *h != session);
+        let mut lost: Vec<u64> = self.exclusive.iter().filter(|(_, h)| **h == session).map(|(i, _)| *i).collect();
+        if !lost.is_empty() {
+            lost.sort_unstable();
+            self.exclusive.retain(|_, h| *h != session);
+            self.next_recall += 1;
+            self.unanswered.insert(self.next_recall, (session, lost));
+        }
         let mut out = Vec::new();
         let ids: Vec<u64> = self.waits.keys().copied().collect();
         for id in ids {
@@ -182,7 +198,24 @@ impl Caps {
     pub fn forget_session(&mut self, session: SessionId) -> Vec<Outgoing> {
         let out = self.forget_holder(session);
         self.waits.retain(|_, w| w.session != session);
+        self.unanswered.retain(|_, (holder, _)| *holder != session);
         out
+    }
+
+    /// `session` is back on a new connection: every recall of its exclusive rights it
+    /// has not answered is sent again (the first notice may have been lost with the old
+    /// connection), those still under way and those already given up on alike. A holder
+    /// that hears a recall twice answers twice; the second answer changes nothing.
+    pub fn resumed(&mut self, session: SessionId) -> Vec<Outgoing> {
+        let pending =
+            self.exclusive_recalls.iter().filter(|(_, r)| r.holder == session).map(|(id, r)| (*id, &r.inodes));
+        let given_up =
+            self.unanswered.iter().filter(|(_, (h, _))| *h == session).map(|(id, (_, inodes))| (*id, inodes));
+        let mut out: Vec<(u64, Vec<u64>)> = pending.chain(given_up).map(|(id, inodes)| (id, inodes.clone())).collect();
+        out.sort_unstable();
+        out.into_iter()
+            .map(|(recall_id, inodes)| Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } })
+            .collect()
     }
 
     /// `session` created `ino`: nobody else can know it yet, so it is the session's alone
@@ -251,9 +284,13 @@ impl Caps {
 
     /// Ends an exclusive recall: the holder flushed (everything it did before answering
     /// arrived before the answer on its connection) and dropped its copies, or it went
-    /// silent. Either way it holds neither `X` nor `S` on those inodes any more.
-    fn finish_exclusive_recall(&mut self, id: u64) -> bool {
+    /// silent (`answered` false: the recall is kept to be sent again when it resumes).
+    /// Either way it holds neither `X` nor `S` on those inodes any more.
+    fn finish_exclusive_recall(&mut self, id: u64, answered: bool) -> bool {
         let Some(r) = self.exclusive_recalls.remove(&id) else { return false };
+        if !answered {
+            self.unanswered.insert(id, (r.holder, r.inodes.clone()));
+        }
         for ino in r.inodes {
             if self.exclusive.get(&ino) == Some(&r.holder) {
                 self.exclusive.remove(&ino);
@@ -285,7 +322,7 @@ impl Caps {
                     "exclusive rights not returned in {RECALL_TIMEOUT_MS} ms; revoked"
                 );
             }
-            self.finish_exclusive_recall(id);
+            self.finish_exclusive_recall(id, false);
         }
         !late.is_empty()
     }

@@ -219,6 +219,9 @@ impl Server {
                 self.disconnected.remove(&t.id);
                 let durable_seq = s.awaiting_resume.take().map(|_| s.durable);
                 tracing::info!(session = t.id, client = %hello.client_name, ?durable_seq, "session resumed");
+                // Recalls it may have missed while away (sent after the welcome).
+                let again = self.caps.resumed(t.id);
+                self.outbox.extend(again);
                 return (Some(t.id), self.welcome(t.id, true, durable_seq));
             }
         }
@@ -1246,5 +1249,100 @@ mod tests {
         // And now nobody holds y exclusively: b's next look at it does not wait.
         srv.handle(b, req(3, vec![Op::GetAttr { ino: y }]), NOW);
         assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { .. }]));
+    }
+
+    /// a holds d exclusively; b's lookup in d recalls it, but a's connection is gone, so
+    /// the notice is lost (the shell has nowhere to send it). Found by `tests/sim.rs`.
+    fn recall_lost_with_the_connection() -> (Server, SessionId, SessionId, p::SessionToken, u64) {
+        let mut srv = server();
+        let (a, w) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+        let (b, _) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        let mkdir = Op::Create {
+            parent: 1,
+            name: b"d".to_vec(),
+            kind: p::FileType::Directory,
+            mode: 0o755,
+            rdev: 0,
+            cred: p::Cred::default(),
+        };
+        srv.handle(a, p::Request { id: 1, ops: vec![mkdir], time: None }, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        let Ok(Reply::Entry(d)) = &response.results[0] else { panic!("{response:?}") };
+        let d = d.ino;
+        srv.disconnected(a, millis(NOW));
+        let lookup = p::Request { id: 1, ops: vec![Op::Lookup { parent: d, name: b"x".to_vec() }], time: None };
+        srv.handle(b, lookup, NOW);
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
+        (srv, a, b, w.session, d)
+    }
+
+    #[test]
+    fn a_recall_lost_with_the_connection_is_sent_again_when_the_session_resumes() {
+        let (mut srv, a, b, token, d) = recall_lost_with_the_connection();
+        // a comes back within the deadline: it must hear the recall again, or it keeps
+        // answering from d as its own while the server waits for nothing.
+        let (again, _) = srv.handle_hello(&hello(Some(token)));
+        assert_eq!(again, Some(a));
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected the recall again: {out:?}")
+        };
+        assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
+        srv.recall_done(a, *recall_id, NOW);
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+    }
+
+    #[test]
+    fn rights_revoked_while_a_session_was_away_are_recalled_when_it_resumes() {
+        let (mut srv, a, b, token, d) = recall_lost_with_the_connection();
+        // a stays away past the deadline: its rights go and b's lookup runs…
+        srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS).expect("tick");
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+        // …and when a comes back it is told, so that it stops answering for d itself.
+        srv.handle_hello(&hello(Some(token)));
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected a recall of what a lost: {out:?}")
+        };
+        assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
+        // Its answer is welcome and changes nothing; the notice is not repeated.
+        srv.recall_done(a, *recall_id, NOW);
+        srv.disconnected(a, millis(NOW));
+        srv.handle_hello(&hello(Some(token)));
+        assert!(srv.take_outgoing().is_empty());
+        // The same holds for exclusive rights dropped because a stayed disconnected.
+        let mk = p::Request {
+            id: 2,
+            ops: vec![Op::Create {
+                parent: 1,
+                name: b"e".to_vec(),
+                kind: p::FileType::Regular,
+                mode: 0o644,
+                rdev: 0,
+                cred: p::Cred::default(),
+            }],
+            time: None,
+        };
+        srv.handle(a, mk, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        let Ok(Reply::Entry(e)) = &response.results[0] else { panic!("{response:?}") };
+        let e = e.ino;
+        srv.disconnected(a, 10_000_000);
+        srv.tick(10_000_000 + crate::caps::DISCONNECTED_HOLDER_MS).expect("tick");
+        srv.take_outgoing();
+        srv.handle_hello(&hello(Some(token)));
+        let out = srv.take_outgoing();
+        assert!(
+            out.iter().any(|o| matches!(o, Outgoing::Notify { session, notify: p::Notify::Recall { inodes, .. } }
+                if *session == a && inodes.contains(&e))),
+            "expected a recall of e: {out:?}"
+        );
     }
 }
