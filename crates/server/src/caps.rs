@@ -294,6 +294,10 @@ impl Caps {
             let id = self.next_recall;
             for &ino in &inodes {
                 self.recalling.insert(ino, id);
+                // Its answer ends its rights only on what it cached before this recall.
+                if let Some(r) = self.holders.get_mut(&ino).and_then(|h| h.get_mut(&holder)) {
+                    *r = Some(id);
+                }
             }
             out.push(Outgoing::Notify {
                 session: holder,
@@ -314,26 +318,24 @@ impl Caps {
     /// Ends an exclusive recall: the holder flushed (everything it did before answering
     /// arrived before the answer on its connection) and dropped its copies, or it went
     /// silent (`answered` false: the recall is kept to be sent again when it resumes).
-    /// Either way it holds neither `X` nor `S` on those inodes any more.
+    /// Either way it holds `X` on those inodes no more, nor `S` unless it read them again
+    /// after the recall was sent.
     fn finish_exclusive_recall(&mut self, id: u64, answered: bool) -> bool {
         let Some(r) = self.exclusive_recalls.remove(&id) else { return false };
         if !answered {
             self.unanswered.insert(id, (r.holder, r.inodes.clone()));
         }
-        for ino in r.inodes {
+        for &ino in &r.inodes {
             if self.exclusive.get(&ino) == Some(&r.holder) {
                 self.exclusive.remove(&ino);
             }
             if self.recalling.get(&ino) == Some(&id) {
                 self.recalling.remove(&ino);
             }
-            if let Some(h) = self.holders.get_mut(&ino) {
-                h.remove(&r.holder);
-                if h.is_empty() {
-                    self.holders.remove(&ino);
-                }
-            }
         }
+        // A holder that read an inode again after the recall was sent keeps it (the
+        // reply came after the recall on its connection: what it holds now is current).
+        self.unhold(r.holder, &r.inodes, id);
         true
     }
 
@@ -476,5 +478,32 @@ mod tests {
         c.grant(2, [10]);
         c.recall_done(2, old);
         assert_eq!(c.holders_of(10), vec![2]);
+    }
+
+    #[test]
+    fn a_holder_that_read_again_after_its_exclusive_recall_was_sent_stays_a_holder() {
+        // Found by tests/sim.rs (seed 1454359249465460950). 1 made 10 and holds it
+        // exclusively; 2 needs it, so it is recalled from 1. Before 1 answers, 1 reads 10
+        // again: that reply follows the recall on 1's connection, so 1 caches what it
+        // carries. 1's answer must not end that: 3's next change of 10 recalls 1 again.
+        let mut c = Caps::default();
+        c.grant(1, [10]);
+        c.grant_exclusive(1, 10);
+        let mut out = Vec::new();
+        let wait = c.recall_exclusive(2, &[10], 0, &mut out);
+        let id = *wait.iter().next().expect("a recall");
+        c.grant(1, [10]);
+        c.recall_done(1, id);
+        assert_eq!(c.holders_of(10), vec![1]);
+        assert_eq!(c.exclusive_elsewhere(2, 10), None, "the exclusive right is gone all the same");
+        let out = c.changed(3, &[10], resp(1), 10);
+        assert!(matches!(out[..], [Outgoing::Notify { session: 1, .. }]), "{out:?}");
+        // Without the second read, the answer ends 1's rights on 10.
+        let mut c = Caps::default();
+        c.grant(1, [10]);
+        c.grant_exclusive(1, 10);
+        let wait = c.recall_exclusive(2, &[10], 0, &mut Vec::new());
+        c.recall_done(1, *wait.iter().next().expect("a recall"));
+        assert!(c.holders_of(10).is_empty());
     }
 }
