@@ -58,7 +58,8 @@
 //! `CREST_SIM_OUTAGES=long` turns them on and shows it).
 //!
 //! **Reproducing**: `cargo test --release -p crest-server --test sim` runs the fixed
-//! seeds. `CREST_SIM_SEEDS=N` runs N random seeds (each printed), `CREST_SIM_STEPS`
+//! seeds. `CREST_SIM_SEEDS=N` runs N random seeds (each printed; add `-- --nocapture`
+//! to see them as they run), `CREST_SIM_STEPS`
 //! sets the system calls per seed, `CREST_SIM_SEED=S` runs one seed. A failure prints
 //! its seed and the last events; `CREST_SIM_SEED=<seed>` (with the same
 //! `CREST_SIM_STEPS`) replays it exactly; `CREST_SIM_TRACE=N` prints the last N events.
@@ -80,12 +81,11 @@ const FIXED_SEEDS: u64 = 40;
 /// Seeds that once found a bug the fixed range misses (a seed keeps its meaning only as
 /// long as the simulator draws the same numbers; re-find such seeds with
 /// `CREST_SIM_SEEDS` after changing how it draws).
-const REGRESSION_SEEDS: [u64; 3] = [
-    // An exclusive holder's answer to its recall dropped the rights a later read gave
-    // it (caps.rs: a_holder_that_read_again_after_its_exclusive_recall_was_sent_...).
-    1_454_359_249_465_460_950,
-    153,
-    160,
+const REGRESSION_SEEDS: [u64; 2] = [
+    // With seed 32, the only ones of the first 220 that catch an exclusive holder's
+    // answer to its recall dropping the rights a later read gave it (caps.rs:
+    // a_holder_that_read_again_after_its_exclusive_recall_was_sent_stays_a_holder).
+    153, 160,
 ];
 /// System calls per seed (over all clients).
 const DEFAULT_STEPS: usize = 4_000;
