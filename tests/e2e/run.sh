@@ -131,6 +131,24 @@ kill9_during_untar() {
   cp "$work/synced.ref" "$mnt/k9/synced" && sync "$mnt/k9/synced"
   tar -xf "$tarball" -C "$mnt/k9" 2>"$work/k9-tar.log" &
   local tarpid=$!
+  # Meanwhile the second mount writes files of its own, fsyncing every tenth: a mixed
+  # two-client workload. It must carry on through the restart, and keep what it fsynced.
+  mkdir -p "$mnt2/k9b"
+  python3 - "$mnt2/k9b" >"$work/k9b.log" 2>&1 <<'PY' &
+import os, sys, time
+d, end, i, synced = sys.argv[1], time.time() + 9, 0, -1
+while time.time() < end:
+    p = os.path.join(d, f"f{i}")
+    with open(p, "wb") as f:
+        f.write(f"file {i} ".encode() * 100)
+        if i % 10 == 0:
+            f.flush()
+            os.fsync(f.fileno())
+            synced = i
+    i += 1
+print(f"wrote {i} files, last fsynced f{synced}")
+PY
+  local writer=$!
   sleep 3
   kill -9 "$server"; wait "$server" 2>/dev/null; server=
   sleep 1
@@ -139,6 +157,22 @@ kill9_during_untar() {
   wait $tarpid || rc=$?
   log "tar exit $rc after the server was killed and restarted ($(wc -l <"$work/k9-tar.log") error lines)"
   if [ "$rc" != 0 ]; then head -20 "$work/k9-tar.log" >&2; return 1; fi
+  wait $writer || { log "the second mount's writer failed:"; cat "$work/k9b.log" >&2; return 1; }
+  log "second mount: $(cat "$work/k9b.log")"
+  python3 - "$mnt/k9b" <<'PY' || return 1
+import os, sys
+d = sys.argv[1]
+names = [n for n in os.listdir(d)]
+for n in names:
+    i = int(n[1:])
+    want = f"file {i} ".encode() * 100
+    with open(os.path.join(d, n), "rb") as f:
+        got = f.read()
+    if got != want:
+        sys.exit(f"{n}: {len(got)} bytes, not what the second mount wrote")
+print(f"{len(names)} files of the second mount intact, seen from the first")
+PY
+  rm -rf "$mnt/k9b" 
   grep -h "replaying" "${TMPDIR:-/tmp}"/crest-mount*.log 2>/dev/null | tail -1 >&2 || true
   cmp "$work/synced.ref" "$mnt/k9/synced" || return 1
   echo after >"$mnt/k9/after-restart" && [ "$(cat "$mnt/k9/after-restart")" = after ] || return 1
@@ -227,20 +261,70 @@ locks_hold_across_mounts() {
 }
 check locks-across-mounts locks_hold_across_mounts
 
+stopped_holder_is_fenced() {
+  # The first mount creates a directory (so it holds it exclusively) and a file in it,
+  # fsynced. Its daemon is then stopped (SIGSTOP: its connection stays up, it says
+  # nothing). The second mount's look inside must wait for the holder's lease to lapse,
+  # not for ever; then the holder is fenced. Resumed, the first mount carries on in a new
+  # session and sees the same state.
+  mkdir "$mnt/fence" && echo durable >"$mnt/fence/f" && sync "$mnt/fence/f" || return 1
+  local pid t0 took rc=0
+  pid=$(pgrep -f "crest mount .* $mnt\$" | head -1)
+  [ -n "$pid" ] || { log "no daemon for $mnt"; return 1; }
+  kill -STOP "$pid"
+  t0=$(date +%s.%N)
+  [ "$(timeout 30 cat "$mnt2/fence/f")" = durable ] || rc=1
+  took=$(echo "$(date +%s.%N) - $t0" | bc)
+  kill -CONT "$pid"
+  log "the other mount read the stopped holder's file after $took s"
+  [ "$(echo "$took < 15" | bc)" = 1 ] || rc=1
+  # The holder learns it was fenced at its next word, and starts a new session.
+  [ "$(timeout 30 cat "$mnt/fence/f")" = durable ] || { log "resumed holder cannot read"; rc=1; }
+  echo again >"$mnt/fence/g" && [ "$(cat "$mnt2/fence/g")" = again ] || { log "resumed holder's new file not seen"; rc=1; }
+  grep -q "fenced" /tmp/crest-mount_*"$(basename "$work")"_mnt.log || { log "the holder was not told it was fenced"; rc=1; }
+  rm -rf "$mnt/fence"
+  return $rc
+}
+check stopped-holder-is-fenced stopped_holder_is_fenced
+
 killed_client_does_not_stop_others() {
-  # The second mount's daemon holds the root directory; kill -9 it. The first mount's
-  # next change waits at most the recall timeout for the dead holder, then goes on.
-  ls "$mnt2" >/dev/null || return 1
-  local pid
-  pid=$(pgrep -f "crest mount .*$mnt2" | head -1)
-  [ -n "$pid" ] || { log "no daemon for $mnt2"; return 1; }
+  # The second mount's daemon holds the root directory (shared) and a directory it made
+  # and is writing into (exclusive, with writeback in flight); kill -9 it. The first
+  # mount's next change waits at most the recall timeout for the shared holder; its look
+  # into the dead client's directory waits until the server fences the dead session
+  # (3 s after its connection went), then sees whatever the server applied.
+  ls "$mnt" >/dev/null && ls "$mnt2" >/dev/null || return 1
+  mkdir "$mnt2/dirty" || return 1
+  ( i=0; while [ $i -lt 100000 ]; do echo "record $i" >"$mnt2/dirty/f$i" || break; i=$((i + 1)); done ) 2>/dev/null &
+  local writer=$! pid
+  sleep 1
+  pid=$(pgrep -f "crest mount .* $mnt2\$" | head -1)
+  [ -n "$pid" ] || { log "no daemon for $mnt2"; kill $writer; return 1; }
   kill -9 "$pid"
   local t0=$SECONDS
   timeout 30 touch "$mnt/after-client-death" || return 1
   log "change after the other client died took $((SECONDS - t0)) s"
   [ -e "$mnt/after-client-death" ] && rm "$mnt/after-client-death" || return 1
+  t0=$(date +%s.%N)
+  local n
+  n=$(timeout 30 ls "$mnt/dirty" | wc -l) || return 1
+  log "the dead client's directory was readable after $(echo "$(date +%s.%N) - $t0" | bc) s, with $n files"
+  wait $writer 2>/dev/null
   umount -l "$mnt2" 2>/dev/null || true
+  [ "$n" -gt 0 ] || return 1
+  # Every file the server has is whole (a record, or empty if its write was lost).
+  python3 - "$mnt/dirty" <<'PY' || return 1
+import os, sys
+d = sys.argv[1]
+for n in os.listdir(d):
+    with open(os.path.join(d, n), "rb") as f:
+        c = f.read()
+    if c and c != f"record {n[1:]}\n".encode():
+        sys.exit(f"damaged: {n}: {c[:40]!r}")
+PY
+  rm -rf "$mnt/dirty"
 }
+
 check writeback-matches-the-server writeback_matches_the_server
 check killed-client-does-not-stop-others killed_client_does_not_stop_others
 

@@ -297,6 +297,15 @@ impl NameCache {
         self.exclusive.contains(&ino) && self.no_xattrs.contains(&ino)
     }
 
+    /// True when directory `dir` is known to have no entries: every hash range of it is
+    /// held and lists nothing (a directory this mount made and emptied, say).
+    pub fn known_empty(&self, dir: u64) -> bool {
+        self.dirs
+            .get(&dir)
+            .is_some_and(|ranges| ranges.iter().any(|r| r.lo == 0 && r.hi == u64::MAX && r.names.is_empty()))
+            && self.exclusive.contains(&dir)
+    }
+
     /// True when this mount holds `ino` exclusively.
     pub fn is_exclusive(&self, ino: u64) -> bool {
         self.exclusive.contains(&ino)
@@ -476,6 +485,91 @@ mod tests {
         assert_eq!(c.lookup(2, b"a", now), None, "other directories are not held");
         assert_eq!(c.lookup(1, b"a", now + TTL), None, "expired");
         assert_eq!(c.lookup(1, &[b'x'; 300], now), None, "overlong names go to the server");
+    }
+
+    #[test]
+    fn exclusive_inodes_never_expire_until_recalled() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let d = attr(20, p::FileType::Directory);
+        c.made_dir(&d, now);
+        c.grant_exclusive(20, now);
+        c.added(20, b"f", &attr(21, p::FileType::Regular), now);
+        c.set_attr(&d, now); // (as writeback does: the directory's new attributes)
+        c.grant_exclusive(21, now);
+        let later = now + TTL * 10;
+        assert_eq!(c.lookup(20, b"f", later), Some(Cached::Found(attr(21, p::FileType::Regular))), "pinned");
+        assert_eq!(c.lookup(20, b"g", later), Some(Cached::Absent), "the whole directory is known");
+        assert!(c.attr(20, later).is_some() && !c.known_empty(21));
+        c.recall_rights(20, later);
+        c.recalled(20);
+        assert_eq!(c.lookup(20, b"g", later), None, "given up: the server is asked again");
+        assert!(!c.is_exclusive(20) && c.is_exclusive(21));
+    }
+
+    #[test]
+    fn a_recall_that_overtakes_its_grant_wins() {
+        // A create's reply released after a recall of the new inode (the server held the
+        // reply back): the grant must not resurrect rights the server took back.
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        c.recall_rights(30, now);
+        c.grant_exclusive(30, now);
+        assert!(!c.is_exclusive(30));
+        c.grant_exclusive(30, now);
+        assert!(c.is_exclusive(30), "the tombstone is used once");
+    }
+
+    #[test]
+    fn kernel_entries_are_handed_over_when_their_directory_is_given_up() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        assert!(!c.kernel_entry(40, b"a", 0), "not held: no long kernel timeout");
+        c.grant_exclusive(40, now);
+        c.grant_exclusive(41, now);
+        assert!(c.kernel_entry(40, b"a", 41));
+        assert!(c.kernel_entry(40, b"gone", 0), "negative entries too");
+        assert!(!c.kernel_entry(40, b"b", 99), "an inode held by nobody here");
+        assert!(c.take_kernel_invalidations().is_empty());
+        c.recall_rights(40, now);
+        let mut inval = c.take_kernel_invalidations();
+        inval.sort();
+        assert_eq!(inval, vec![(40, b"a".to_vec()), (40, b"gone".to_vec())]);
+        c.grant_exclusive(42, now);
+        assert!(c.kernel_entry(42, b"x", 0));
+        c.reset_rights();
+        assert_eq!(c.take_kernel_invalidations(), vec![(42, b"x".to_vec())], "a server restart gives all up");
+        assert_eq!(c.exclusive_count(), 0);
+    }
+
+    #[test]
+    fn emptiness_writeback_and_deferred_errors() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let d = attr(50, p::FileType::Directory);
+        c.made_dir(&d, now);
+        assert!(!c.known_empty(50), "only what is held exclusively");
+        c.grant_exclusive(50, now);
+        assert!(c.known_empty(50));
+        c.added(50, b"f", &attr(51, p::FileType::Regular), now);
+        assert!(!c.known_empty(50));
+        c.removed(50, b"f");
+        assert!(c.known_empty(50));
+        c.begin_writeback(51);
+        c.begin_writeback(51);
+        assert!(!c.end_writeback(51) && c.writeback_pending(51));
+        assert!(c.end_writeback(51) && !c.writeback_pending(51));
+        let e = p::OpError { errno: 28, message: "full".into() };
+        c.defer_error(51, e.clone());
+        c.defer_error(51, p::OpError { errno: 5, message: "later".into() });
+        assert_eq!(c.take_error(51), Some(e), "the first failure is the one reported");
+        assert_eq!(c.take_error(51), None, "once");
+        c.created_without_xattrs(51);
+        assert!(!c.has_no_xattrs(51), "not held exclusively");
+        c.grant_exclusive(51, now);
+        assert!(c.has_no_xattrs(51));
+        c.xattrs_changed(51);
+        assert!(!c.has_no_xattrs(51));
     }
 
     #[test]

@@ -486,6 +486,61 @@ impl CrestFs {
         Some(attr)
     }
 
+    /// Opens a regular file without waiting when its attributes are held (under a right:
+    /// a change elsewhere would have recalled them), so whether the kernel may keep its
+    /// pages is known here. The `Open` — which keeps an unlinked file alive on the
+    /// server — follows on the connection ahead of this file's reads and writes, and a
+    /// failure is reported at close. Returns keep-cache, or `None` to open synchronously.
+    fn open_locally(&self, ino: u64) -> Option<bool> {
+        let permit = self.client.async_permit(0);
+        let mut c = lock(&self.names);
+        let a = c.attr(ino, Instant::now()).filter(|a| a.kind == p::FileType::Regular)?;
+        c.begin_writeback(ino);
+        if let Err(e) = permit.submit(vec![Op::Open { ino }], now_time(), self.completion("open", vec![ino])) {
+            tracing::warn!("open of inode {ino}: {e}");
+        }
+        drop(c);
+        Some(lock(&self.inodes).keep_cache_on_open(&a))
+    }
+
+    /// Answers an unlink (or, `dir`, an rmdir) here when this mount holds the directory
+    /// and the victim exclusively and knows what the server will find: the name names a
+    /// non-directory (or a directory known to be empty), and the directory's attributes
+    /// are held. The request goes out without waiting; false: do it the synchronous way.
+    fn remove_locally(&self, parent: u64, name: &[u8], dir: bool) -> bool {
+        if !lock(&self.names).is_exclusive(parent) {
+            return false;
+        }
+        let permit = self.client.async_permit(name.len());
+        let now = Instant::now();
+        let t = now_time();
+        let mut c = lock(&self.names);
+        let Some(Cached::Found(victim)) = c.lookup(parent, name, now) else { return false };
+        let (Some(mut d), true) = (c.attr(parent, now), c.is_exclusive(parent) && c.is_exclusive(victim.ino)) else {
+            return false;
+        };
+        let is_dir = victim.kind == p::FileType::Directory;
+        if is_dir != dir || (dir && !c.known_empty(victim.ino)) {
+            return false;
+        }
+        d.mtime = t;
+        d.ctime = t;
+        if dir {
+            d.nlink = d.nlink.saturating_sub(1);
+        }
+        let op =
+            if dir { Op::Rmdir { parent, name: name.to_vec() } } else { Op::Unlink { parent, name: name.to_vec() } };
+        c.removed(parent, name);
+        c.set_attr(&d, now);
+        c.begin_writeback(parent);
+        c.begin_writeback(victim.ino);
+        let what = if dir { "rmdir" } else { "unlink" };
+        if let Err(e) = permit.submit(vec![op], t, self.completion(what, vec![parent, victim.ino])) {
+            tracing::warn!("writeback {what} in directory {parent}: {e}");
+        }
+        true
+    }
+
     /// Answers a change of an inode this mount holds exclusively here, if it can: `change`
     /// turns the held attributes into the new ones (or declines), and `op` goes out
     /// without waiting. `None`: do it the synchronous way.
@@ -891,6 +946,9 @@ impl Filesystem for CrestFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if self.remove_locally(parent.0, name.as_bytes(), false) {
+            return reply.ok();
+        }
         let r = self.one("unlink", Op::Unlink { parent: parent.0, name: name_of(name) });
         let r = r.and_then(|r| want_done("unlink", r));
         if r.is_ok() {
@@ -900,6 +958,9 @@ impl Filesystem for CrestFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if self.remove_locally(parent.0, name.as_bytes(), true) {
+            return reply.ok();
+        }
         let r = self.one("rmdir", Op::Rmdir { parent: parent.0, name: name_of(name) });
         let r = r.and_then(|r| want_done("rmdir", r));
         if r.is_ok() {
@@ -987,6 +1048,19 @@ impl Filesystem for CrestFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         // O_TRUNC never arrives here (no ATOMIC_O_TRUNC: the kernel truncates by setattr);
         // O_DIRECT needs nothing: the kernel sends such I/O straight through.
+        let flags_for = |keep: bool| {
+            let mut f = FopenFlags::empty();
+            if keep {
+                f |= FopenFlags::FOPEN_KEEP_CACHE;
+            }
+            if flags.acc_mode() == OpenAccMode::O_RDONLY {
+                f |= READ_ONLY_OPEN_FLAGS;
+            }
+            f
+        };
+        if let Some(keep) = self.open_locally(ino.0) {
+            return reply.opened(self.fh(), flags_for(keep));
+        }
         match self.one("open", Op::Open { ino: ino.0 }).and_then(|r| want_attr("open", r)) {
             Ok(a) => {
                 self.attr_changed(&a);

@@ -28,6 +28,15 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 /// long before this (every 64 MiB written); beyond it the oldest are dropped, loudly.
 pub const MAX_UNSTABLE_BYTES: usize = 512 << 20;
 
+/// How often the connection says it is alive when it has sent nothing else (the server's
+/// `caps::HEARTBEAT_MS`).
+pub const HEARTBEAT: Duration = Duration::from_millis(1_000);
+/// Heard nothing from the server for this long: every right is dropped, with what was
+/// cached under it, before the server can fence the session (its `caps::CLIENT_LEASE_MS`).
+pub const CLIENT_LEASE: Duration = Duration::from_millis(2_500);
+/// Request id of heartbeats (empty requests; real ids start at 1).
+const HEARTBEAT_ID: u64 = 0;
+
 /// Bytes of writeback requests (`Client::submit`) in flight at once; a submitter waits
 /// beyond this, which bounds what a client holds unacknowledged.
 pub const MAX_ASYNC_BYTES: usize = 64 << 20;
@@ -102,6 +111,13 @@ pub enum ClientError {
     /// The client was shut down.
     #[error("client is shut down")]
     Closed,
+    /// The server fenced this client's session (it was silent or away past its lease):
+    /// the request was not applied, and will not be.
+    #[error("{addr} fenced this client's session (its lease lapsed); the change was not applied")]
+    Fenced {
+        /// Server address.
+        addr: String,
+    },
 }
 
 impl ClientError {
@@ -110,6 +126,7 @@ impl ClientError {
         match self {
             ClientError::Timeout { .. } => 110, // ETIMEDOUT
             ClientError::Refused { .. } | ClientError::Connect { .. } | ClientError::Closed => 107, // ENOTCONN
+            ClientError::Fenced { .. } => 5,    // EIO
         }
     }
 }
@@ -144,10 +161,20 @@ struct Call {
 /// it must not block).
 pub type Completion = Box<dyn FnOnce(Result<Results, ClientError>) + Send>;
 
-/// Where a response goes: to a waiting caller, or to a writeback completion.
+/// Where a response goes: to a waiting caller, to a writeback completion, or — for
+/// writeback submissions merged into one compound request — to each part's own answer.
 enum Answer {
     Wait(std_mpsc::SyncSender<Result<Results, ClientError>>),
     Then(Completion, AsyncBudget, usize),
+    Batch(Vec<Part>),
+}
+
+/// One submission inside a merged request: its results are `len` of them, after `skip`
+/// results of the `Op::At` that set its clock.
+struct Part {
+    answer: Answer,
+    skip: usize,
+    len: usize,
 }
 
 impl Answer {
@@ -160,7 +187,90 @@ impl Answer {
                 done(r);
                 budget.release(bytes);
             }
+            Answer::Batch(parts) => {
+                let mut at = 0;
+                for part in parts {
+                    let mine = match &r {
+                        Ok(results) => {
+                            let from = (at + part.skip).min(results.len());
+                            let to = (at + part.skip + part.len).min(results.len());
+                            Ok(results[from..to].to_vec())
+                        }
+                        Err(e) => Err(e.clone()),
+                    };
+                    at += part.skip + part.len;
+                    part.answer.send(mine);
+                }
+            }
         }
+    }
+
+    fn is_writeback(&self) -> bool {
+        matches!(self, Answer::Then(..))
+    }
+}
+
+/// Most operations, and bytes of them, merged into one compound writeback request (well
+/// inside `MAX_OPS_PER_REQUEST` and the frame limit).
+const MAX_MERGED_OPS: usize = 512;
+const MAX_MERGED_BYTES: usize = 2 << 20;
+
+/// Consecutive writeback submissions taken from the queue in one burst, merged into one
+/// compound request: the server applies it as one unit (one transaction, one session
+/// record), and each part keeps the clock its caller was answered at (`Op::At`).
+/// Only consecutive ones: merging across a waiting call would reorder them.
+struct Merger {
+    base: Option<Call>,
+    parts: Vec<Part>,
+    clock: Option<p::Time>,
+    bytes: usize,
+}
+
+impl Merger {
+    fn new() -> Merger {
+        Merger { base: None, parts: Vec::new(), clock: None, bytes: 0 }
+    }
+
+    /// Takes `c` into the batch, or hands it back when it cannot join (then `flush`).
+    fn offer(&mut self, c: Call) -> Option<Call> {
+        let bytes = op_bytes(&c.ops);
+        if !c.reply.is_writeback() || bytes > MAX_MERGED_BYTES / 2 {
+            return Some(c);
+        }
+        let Some(base) = &mut self.base else {
+            self.clock = c.time;
+            self.bytes = bytes;
+            self.base = Some(c);
+            return None;
+        };
+        let prefix = usize::from(c.time != self.clock);
+        if base.ops.len() + prefix + c.ops.len() > MAX_MERGED_OPS || self.bytes + bytes > MAX_MERGED_BYTES {
+            return Some(c);
+        }
+        if self.parts.is_empty() {
+            // The base becomes the first part.
+            let reply = std::mem::replace(&mut base.reply, Answer::Batch(Vec::new()));
+            self.parts.push(Part { answer: reply, skip: 0, len: base.ops.len() });
+        }
+        if let (1, Some(time)) = (prefix, c.time) {
+            base.ops.push(p::Op::At { time });
+            self.clock = c.time;
+        }
+        self.bytes += bytes;
+        let len = c.ops.len();
+        base.ops.extend(c.ops);
+        self.parts.push(Part { answer: c.reply, skip: prefix, len });
+        None
+    }
+
+    /// The merged request, if any.
+    fn flush(&mut self) -> Option<Call> {
+        let mut base = self.base.take()?;
+        if !self.parts.is_empty() {
+            base.reply = Answer::Batch(std::mem::take(&mut self.parts));
+        }
+        self.bytes = 0;
+        Some(base)
     }
 }
 
@@ -478,6 +588,46 @@ impl Drop for Client {
     }
 }
 
+/// When the server was last heard from, and whether the rights have been dropped for it.
+struct Lease {
+    last_heard: tokio::time::Instant,
+    expired: bool,
+}
+
+impl Lease {
+    fn heard(&mut self) {
+        self.last_heard = tokio::time::Instant::now();
+        self.expired = false;
+    }
+
+    /// Past `CLIENT_LEASE` without a word from the server: drop every right at once,
+    /// before the server may have fenced this session and let others change what it held.
+    fn check(&mut self, rights: &RightsHook) {
+        if !self.expired && self.last_heard.elapsed() >= CLIENT_LEASE {
+            self.expired = true;
+            tracing::warn!("no word from the server for {CLIENT_LEASE:?}: dropping every cached right");
+            if let Some(r) = rights.get() {
+                r.reset();
+            }
+        }
+    }
+}
+
+/// The session was fenced: nothing pending or unacknowledged-durable will be applied.
+/// Callers and writeback completions are told (EIO), the replay log goes, and so does
+/// every right.
+fn fenced(addr: &str, pending: &mut BTreeMap<u64, Call>, log: &mut ReplayLog, rights: &RightsHook) {
+    let lost = pending.len() + log.unstable.len() + log.replaying.len();
+    tracing::error!("{addr} fenced this client's session: {lost} change(s) it had not made durable are lost");
+    for (_, c) in std::mem::take(pending) {
+        c.reply.send(Err(ClientError::Fenced { addr: addr.to_string() }));
+    }
+    *log = ReplayLog::default();
+    if let Some(r) = rights.get() {
+        r.reset();
+    }
+}
+
 /// Tells the rights hook what a response granted: exclusive rights on what it created.
 fn grant_rights(rights: &RightsHook, ops: &[p::Op], results: &Results) {
     let Some(r) = rights.get() else { return };
@@ -510,7 +660,9 @@ async fn run(
     let mut fsid: Option<[u8; 16]> = None;
     let mut backoff = Duration::from_millis(20);
     let started = tokio::time::Instant::now();
+    let mut lease = Lease { last_heard: started, expired: false };
     loop {
+        lease.check(&rights);
         let stream = match TcpStream::connect(&addr).await {
             Ok(s) => s,
             Err(e) => {
@@ -523,6 +675,7 @@ async fn run(
                 let sleep = tokio::time::sleep(backoff);
                 tokio::pin!(sleep);
                 loop {
+                    lease.check(&rights);
                     tokio::select! {
                         _ = &mut sleep => break,
                         c = calls.recv() => match c {
@@ -571,6 +724,10 @@ async fn run(
         };
         match welcome {
             Some(ServerMessage::Welcome(w)) => {
+                lease.heard();
+                if w.fenced {
+                    fenced(&addr, &mut pending, &mut log, &rights);
+                }
                 if fsid.is_some_and(|f| f != w.fsid) {
                     tracing::error!("{addr} now serves another file system; failing pending calls");
                     for (_, c) in std::mem::take(&mut pending) {
@@ -584,10 +741,11 @@ async fn run(
                     tracing::info!(resumed = w.resumed, pending = pending.len(), "reconnected to {addr}");
                     // After a restart, replay what did not survive it, oldest first. A
                     // server that forgot the session entirely knows nothing durable of it.
-                    let through = match (w.resumed, w.durable_seq) {
-                        (true, None) => None,
-                        (true, Some(d)) => Some(d),
-                        (false, _) => Some(0),
+                    let through = match (w.resumed, w.durable_seq, w.fenced) {
+                        (_, _, true) => None, // nothing of the old session may land now
+                        (true, None, _) => None,
+                        (true, Some(d), _) => Some(d),
+                        (false, _, _) => Some(0),
                     };
                     if let Some(through) = through {
                         if let Some(r) = rights.get() {
@@ -601,8 +759,13 @@ async fn run(
                             );
                         }
                     }
-                    // Replays go first (a resumed session answers repeats from its cache).
+                    // Replays go first (a resumed session answers repeats from its cache);
+                    // after a restart the server holds everyone's new work until every
+                    // restored session has said its replays are all sent.
                     log.replay_frames(&mut out);
+                    if w.resumed && w.durable_seq.is_some() {
+                        write_frame(&mut out, &ClientMessage::Replayed);
+                    }
                 }
                 session = Some(w.session);
                 if fsid.is_none() {
@@ -634,23 +797,63 @@ async fn run(
             continue;
         }
         out.clear();
+        let mut beat = tokio::time::interval(HEARTBEAT);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sent = tokio::time::Instant::now();
         loop {
             tokio::select! {
+                _ = beat.tick() => {
+                    lease.check(&rights);
+                    if last_sent.elapsed() >= HEARTBEAT {
+                        // An empty request: the server renews the lease and answers.
+                        write_frame(&mut out, &ClientMessage::Request(p::Request { id: HEARTBEAT_ID, ops: Vec::new(), time: None }));
+                        let ok = wr.write_all(&out).await.is_ok() && wr.flush().await.is_ok();
+                        out.clear();
+                        last_sent = tokio::time::Instant::now();
+                        if !ok {
+                            break;
+                        }
+                    }
+                }
                 c = calls.recv() => {
+                    last_sent = tokio::time::Instant::now();
                     let Some(c) = c else {
                         write_frame(&mut out, &ClientMessage::Goodbye);
                         let _ = wr.write_all(&out).await;
                         let _ = wr.flush().await;
                         return;
                     };
-                    // Take whatever else is queued so one flush carries the burst.
+                    // Take whatever else is queued so one flush carries the burst, merging
+                    // consecutive writeback submissions into compound requests.
                     let mut next = Some(c);
+                    let mut merger = Merger::new();
+                    let send = |c: Call, out: &mut Vec<u8>, pending: &mut BTreeMap<u64, Call>| {
+                        write_frame(out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone(), time: c.time }));
+                        pending.insert(c.id, c);
+                    };
                     while let Some(c) = next.take().or_else(|| calls.try_recv().ok()) {
-                        match c {
-                            Outbound::Call(c) => {
-                                write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone(), time: c.time }));
-                                pending.insert(c.id, c);
+                        let c = match c {
+                            Outbound::Call(c) => match merger.offer(c) {
+                                None => continue,
+                                Some(c) => {
+                                    if let Some(m) = merger.flush() {
+                                        send(m, &mut out, &mut pending);
+                                    }
+                                    match merger.offer(c) {
+                                        None => continue,
+                                        Some(c) => Outbound::Call(c),
+                                    }
+                                }
+                            },
+                            other => {
+                                if let Some(m) = merger.flush() {
+                                    send(m, &mut out, &mut pending);
+                                }
+                                other
                             }
+                        };
+                        match c {
+                            Outbound::Call(c) => send(c, &mut out, &mut pending),
                             Outbound::RecallDone(recall_id) => {
                                 write_frame(&mut out, &ClientMessage::RecallDone { recall_id });
                             }
@@ -663,6 +866,9 @@ async fn run(
                             }
                         }
                     }
+                    if let Some(m) = merger.flush() {
+                        send(m, &mut out, &mut pending);
+                    }
                     let ok = wr.write_all(&out).await.is_ok() && wr.flush().await.is_ok();
                     out.clear();
                     if !ok {
@@ -671,7 +877,10 @@ async fn run(
                 }
                 r = rd.read(&mut buf) => {
                     match r {
-                        Ok(n) if n > 0 => decoder.handle_bytes(&buf[..n]),
+                        Ok(n) if n > 0 => {
+                            decoder.handle_bytes(&buf[..n]);
+                            lease.heard();
+                        }
                         _ => {
                             tracing::warn!("connection to {addr} lost; {} requests pending", pending.len());
                             break;
@@ -707,6 +916,13 @@ async fn run(
                                     write_frame(&mut out, &ClientMessage::RecallDone { recall_id });
                                 }
                             }
+                            Ok(Some(ServerMessage::Notify(p::Notify::Fenced))) => {
+                                fenced(&addr, &mut pending, &mut log, &rights);
+                                // A new session, not a resume of the fenced one.
+                                session = None;
+                                broken = true;
+                                break;
+                            }
                             Ok(Some(ServerMessage::Notify(n))) => tracing::info!("server notice: {n:?}"),
                             Ok(Some(other)) => {
                                 tracing::warn!("unexpected message from {addr}: {other:?}");
@@ -735,5 +951,68 @@ async fn run(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writeback(id: u64, ops: Vec<p::Op>, sec: i64, log: std_mpsc::Sender<(u64, Results)>) -> Call {
+        let done: Completion = Box::new(move |r| log.send((id, r.expect("answered"))).expect("send"));
+        Call { id, ops, time: Some(p::Time { sec, nsec: 0 }), reply: Answer::Then(done, AsyncBudget::default(), 0) }
+    }
+
+    fn attr_op(ino: u64) -> p::Op {
+        p::Op::GetAttr { ino }
+    }
+
+    #[test]
+    fn consecutive_writeback_merges_with_clocks_and_splits_its_results() {
+        let (tx, rx) = std_mpsc::channel();
+        let mut m = Merger::new();
+        assert!(m.offer(writeback(1, vec![attr_op(10)], 5, tx.clone())).is_none());
+        assert!(m.offer(writeback(2, vec![attr_op(20), attr_op(21)], 5, tx.clone())).is_none());
+        assert!(m.offer(writeback(3, vec![attr_op(30)], 6, tx.clone())).is_none());
+        // A caller that waits is never merged (it would overtake or be overtaken).
+        let (wtx, _wrx) = std_mpsc::sync_channel(1);
+        let waiting = Call { id: 4, ops: vec![attr_op(40)], time: None, reply: Answer::Wait(wtx) };
+        assert!(m.offer(waiting).is_some());
+        let merged = m.flush().expect("one merged request");
+        assert!(m.flush().is_none());
+        assert_eq!(merged.id, 1, "it goes out under the first submission's id");
+        assert_eq!(merged.time, Some(p::Time { sec: 5, nsec: 0 }));
+        assert_eq!(
+            merged.ops,
+            vec![attr_op(10), attr_op(20), attr_op(21), p::Op::At { time: p::Time { sec: 6, nsec: 0 } }, attr_op(30)],
+            "the third submission's clock differs: an At sets it"
+        );
+        let results: Results = (0..5).map(|i| Ok(p::Reply::Names(vec![vec![i]]))).collect();
+        merged.reply.send(Ok(results));
+        let got: Vec<(u64, Results)> = rx.try_iter().collect();
+        let names = |r: &Results| -> Vec<u8> {
+            r.iter().map(|x| if let Ok(p::Reply::Names(n)) = x { n[0][0] } else { 99 }).collect()
+        };
+        assert_eq!(got.len(), 3);
+        assert_eq!((got[0].0, names(&got[0].1)), (1, vec![0]));
+        assert_eq!((got[1].0, names(&got[1].1)), (2, vec![1, 2]));
+        assert_eq!((got[2].0, names(&got[2].1)), (3, vec![4]), "the At's own result is skipped");
+    }
+
+    #[test]
+    fn merged_requests_stay_within_their_limits() {
+        let (tx, _rx) = std_mpsc::channel();
+        let mut m = Merger::new();
+        let mut handed_back = 0;
+        for i in 0..2 * MAX_MERGED_OPS as u64 {
+            if m.offer(writeback(i + 1, vec![attr_op(i)], 1, tx.clone())).is_some() {
+                handed_back += 1;
+                break;
+            }
+        }
+        assert_eq!(handed_back, 1, "the batch is full at {MAX_MERGED_OPS} operations");
+        assert_eq!(m.flush().expect("batch").ops.len(), MAX_MERGED_OPS);
+        let big = p::Op::Write { ino: 1, offset: 0, data: vec![0; MAX_MERGED_BYTES] };
+        assert!(m.offer(writeback(9, vec![big], 1, tx.clone())).is_some(), "a large write goes alone");
     }
 }

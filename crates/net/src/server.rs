@@ -33,6 +33,7 @@ enum Cmd {
     Request { session: SessionId, req: p::Request, out: Outbox },
     Goodbye { session: SessionId },
     RecallDone { session: SessionId, recall_id: u64 },
+    Replayed { session: SessionId },
     Disconnected { session: SessionId, out: Outbox },
     Shutdown { done: oneshot::Sender<Result<Store, crest_store::Error>> },
     Kill { done: oneshot::Sender<Store> },
@@ -74,6 +75,9 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
     match cmd {
         Cmd::Hello { hello, peer, out, reply } => {
             let (sid, msg) = srv.handle_hello(&hello);
+            if let Some(sid) = sid {
+                srv.heard(sid, now_ms());
+            }
             // The welcome goes out first, before any notice for the session.
             let _ = out.send(msg.clone());
             match sid {
@@ -91,6 +95,7 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
             srv.handle(session, req, now());
         }
         Cmd::RecallDone { session, recall_id } => srv.recall_done(session, recall_id, now()),
+        Cmd::Replayed { session } => srv.replayed(session, now()),
         Cmd::Disconnected { session, out } => {
             // Only if no newer connection of the session took over.
             if outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
@@ -295,6 +300,11 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: std_mpsc::Sender<
             match decoder.poll_message::<ClientMessage>() {
                 Ok(Some(ClientMessage::Request(req))) => {
                     if cmds.send(Cmd::Request { session, req, out: out_tx.clone() }).is_err() {
+                        return Ok(());
+                    }
+                }
+                Ok(Some(ClientMessage::Replayed)) => {
+                    if cmds.send(Cmd::Replayed { session }).is_err() {
                         return Ok(());
                     }
                 }

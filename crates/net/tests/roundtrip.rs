@@ -247,3 +247,85 @@ fn a_change_waits_until_other_holders_have_dropped_their_copies() {
     assert!(t.elapsed() < Duration::from_millis(1500), "no recall for a dropped right");
     rt.block_on(serving.shutdown()).expect("shutdown");
 }
+
+#[test]
+fn writeback_submissions_each_get_their_own_results_at_their_own_time() {
+    // A burst of writeback submissions is merged into compound requests on the wire
+    // (`Op::At` keeps each one's clock); every completion must still get exactly its own
+    // results, and the server must apply each at the time its submitter gave.
+    let rt = rt();
+    let serving = rt.block_on(crest_net::server::start(store(), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
+    let Ok(Reply::Entry(f)) = client.call_one(create("wb")) else { panic!("create") };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let n = 300u64;
+    for i in 0..n {
+        let tx = tx.clone();
+        let permit = client.async_permit(1);
+        let time = p::Time { sec: 1_000_000 + i as i64, nsec: 7 };
+        let ops = if i % 3 == 0 {
+            vec![Op::Write { ino: f.ino, offset: i, data: vec![i as u8] }]
+        } else {
+            // Two operations in one submission, the second one failing.
+            vec![Op::Write { ino: f.ino, offset: i, data: vec![i as u8] }, Op::GetAttr { ino: 999_999 }]
+        };
+        permit.submit(ops, time, Box::new(move |r| tx.send((i, time, r)).expect("send"))).expect("submit");
+    }
+    drop(tx);
+    let mut seen = 0;
+    for (i, time, r) in rx.iter().take(n as usize) {
+        let results = r.expect("answered");
+        let want = if i % 3 == 0 { 1 } else { 2 };
+        assert_eq!(results.len(), want, "submission {i} got {results:?}");
+        match &results[0] {
+            Ok(Reply::Attr(a)) => assert_eq!(a.mtime, time, "submission {i} applied at another time"),
+            other => panic!("submission {i}: {other:?}"),
+        }
+        if want == 2 {
+            assert!(results[1].is_err(), "submission {i}: {:?}", results[1]);
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, n);
+    let Ok(Reply::Data(d)) = client.call_one(Op::Read { ino: f.ino, offset: 0, len: n as u32 }) else { panic!() };
+    assert_eq!(d, (0..n).map(|i| i as u8).collect::<Vec<_>>());
+    drop(client);
+    rt.block_on(serving.shutdown()).expect("shutdown");
+}
+
+#[test]
+fn after_a_restart_another_client_waits_for_the_replay_of_what_it_may_have_seen() {
+    // a's create is acknowledged (and seen by b) but not durable when the server dies.
+    // After the restart, b's first look must not find it missing: the server holds b's
+    // request until a has come back and replayed (the grace period).
+    let rt = rt();
+    let disk = MemDisk::new(64 << 20);
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None }).expect("mkfs");
+    let open = |disk: &MemDisk| {
+        let mut s = Store::open(Box::new(disk.clone())).expect("open");
+        s.set_policy(crest_store::CommitPolicy { max_dirty_nodes: 1 << 20, interval_ms: u64::MAX });
+        s
+    };
+    let serving = rt.block_on(crest_net::server::start(open(&disk), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let a = Client::connect(&addr, ClientOptions { client_name: "a".into(), ..Default::default() }).expect("a");
+    let b = Client::connect(&addr, ClientOptions { client_name: "b".into(), ..Default::default() }).expect("b");
+    a.call_one(create("a-was-here")).expect("a's first create");
+    b.call_one(create("b-was-here")).expect("b's first create");
+    b.call_one(Op::Fsync { ino: 1 }).expect("fsync: both sessions' records are durable");
+    let Ok(Reply::Entry(x)) = a.call_one(create("x")) else { panic!("create x") };
+    let seen = b.call_one(Op::Lookup { parent: 1, name: b"x".to_vec() });
+    assert!(matches!(seen, Ok(Reply::Lookup { attr: Some(_), .. })), "b saw x: {seen:?}");
+    let store = rt.block_on(serving.kill()).expect("kill");
+    drop(store.abandon());
+    let serving = rt.block_on(crest_net::server::start(open(&disk), &addr)).expect("restart");
+    // b asks at once, while a may not have reconnected yet.
+    let again = b.call_one(Op::Lookup { parent: 1, name: b"x".to_vec() });
+    let Ok(Reply::Lookup { attr: Some(found), .. }) = again else {
+        panic!("b saw x vanish after the restart: {again:?}")
+    };
+    assert_eq!(found.ino, x.ino);
+    drop((a, b));
+    rt.block_on(serving.shutdown()).expect("shutdown");
+}

@@ -328,6 +328,11 @@ pub enum Op {
         ino: u64,
         name: Vec<u8>,
     },
+    /// The client's clock for the operations after this one in the request (writeback
+    /// submissions merged into one compound request each keep their own time).
+    At {
+        time: Time,
+    },
     /// Reserves `count` inode numbers for this session's writeback creates (`CreateAt`,
     /// `SymlinkAt`); answered with `Reply::Inodes`.
     AllocInodes {
@@ -400,6 +405,7 @@ impl Op {
                 | Op::ListXattr { .. }
                 | Op::SetLock { .. }
                 | Op::GetLock { .. }
+                | Op::At { .. }
         )
     }
 
@@ -490,6 +496,11 @@ pub struct Welcome {
     pub durable_seq: Option<u64>,
     /// File system id.
     pub fsid: [u8; 16],
+    /// The session the client asked to resume was fenced (it went silent past its lease:
+    /// its rights, locks and open files were taken back and its later requests refused).
+    /// This is a new session; the client must not replay what it held for the old one
+    /// and reports it lost (docs/protocol.md §4.4).
+    pub fenced: bool,
 }
 
 /// A compound request.
@@ -525,6 +536,9 @@ pub struct Response {
 pub enum Notify {
     /// The server is shutting down; reconnect later.
     ShuttingDown,
+    /// This session was fenced (its lease lapsed): the request just sent, and every later
+    /// one of it, is refused. The client starts a new session without replaying.
+    Fenced,
     /// Another session changed these inodes (attributes, data, or a directory's entries):
     /// drop what is cached of them, then answer `ClientMessage::RecallDone` with this id.
     /// The change's own reply waits for that answer (docs/protocol.md §4.2).
@@ -545,6 +559,10 @@ pub enum ClientMessage {
     Request(Request),
     /// Clean end of the session.
     Goodbye,
+    /// After a server restart: every request this client replays has been sent (they
+    /// precede this on the connection). The server holds other requests until every
+    /// restored session has said so, or its grace period ends (docs/protocol.md §4.5).
+    Replayed,
     /// Everything the recall named is dropped from this client's caches.
     RecallDone {
         /// `Notify::Recall::recall_id`.

@@ -21,9 +21,24 @@ use crate::SessionId;
 /// How long a change's reply waits for a holder that does not answer its recall. Its
 /// caches expire on their own by then (the client-side TTL is shorter).
 pub const RECALL_TIMEOUT_MS: u64 = 2_000;
-/// How long after its connection dropped a session stops counting as a holder: longer
-/// than a client trusts its cache without the server (1 s by default).
+/// How long after its connection dropped a session stops counting as a holder of shared
+/// rights: longer than a client trusts its cache without the server (1 s by default).
 pub const DISCONNECTED_HOLDER_MS: u64 = 1_500;
+/// A session's lease: the server fences a session it has not heard from for this long
+/// (clients send something at least every `HEARTBEAT_MS`).
+pub const LEASE_MS: u64 = 10_000;
+/// A session whose connection has been gone this long is fenced (its client died, or
+/// was cut off longer than a blip): its locks and exclusive rights go.
+pub const DISCONNECTED_FENCE_MS: u64 = 3_000;
+/// After a restart, how long the server holds new work for restored sessions' clients to
+/// come back and replay what they had acknowledged (docs/protocol.md §4.5).
+pub const GRACE_MS: u64 = LEASE_MS;
+/// How often an idle client says it is alive.
+pub const HEARTBEAT_MS: u64 = 1_000;
+/// A client that has heard nothing from the server for this long drops every right it
+/// holds and everything it cached under them: well before the server can have fenced it
+/// (`DISCONNECTED_FENCE_MS` after its connection went, `LEASE_MS` after its last word).
+pub const CLIENT_LEASE_MS: u64 = 2_500;
 
 /// A response held back until recalls are answered.
 #[derive(Debug)]
@@ -64,12 +79,6 @@ pub struct Caps {
     /// Inode → the recall of its exclusive rights under way.
     recalling: HashMap<u64, u64>,
     exclusive_recalls: BTreeMap<u64, ExclusiveRecall>,
-    /// Exclusive rights taken back without their holder's answer (its recall timed out,
-    /// or it stayed disconnected): recall id → (holder, inodes). A notice is lost with a
-    /// broken connection, and a holder that never heard it would go on answering for
-    /// those inodes itself; so it is sent again each time the holder resumes, until the
-    /// holder answers it.
-    unanswered: BTreeMap<u64, (SessionId, Vec<u64>)>,
 }
 
 /// Something the server sends.
@@ -137,11 +146,7 @@ impl Caps {
     /// `session` answered recall `recall_id`.
     pub fn recall_done(&mut self, session: SessionId, recall_id: u64) -> Vec<Outgoing> {
         if self.exclusive_recalls.get(&recall_id).is_some_and(|r| r.holder == session) {
-            self.finish_exclusive_recall(recall_id, true);
-            return Vec::new();
-        }
-        if self.unanswered.get(&recall_id).is_some_and(|(holder, _)| *holder == session) {
-            self.unanswered.remove(&recall_id);
+            self.finish_exclusive_recall(recall_id);
             return Vec::new();
         }
         let Some(w) = self.waits.get_mut(&recall_id) else { return Vec::new() };
@@ -191,8 +196,24 @@ impl Caps {
         out
     }
 
-    /// A session lost its rights (its connection has been gone longer than its client
-    /// trusts its cache): it holds nothing, and nobody waits for it.
+    /// A session's connection has been gone longer than its client trusts its shared
+    /// cache: it holds no shared rights, and no change waits for it. (Exclusive rights
+    /// stay until it is fenced: its client may still write them back after a blip.)
+    pub fn forget_shared(&mut self, session: SessionId) -> Vec<Outgoing> {
+        self.holders.retain(|_, h| {
+            h.remove(&session);
+            !h.is_empty()
+        });
+        let mut out = Vec::new();
+        let ids: Vec<u64> = self.waits.keys().copied().collect();
+        for id in ids {
+            out.extend(self.recall_done(session, id));
+        }
+        out
+    }
+
+    /// A session lost all its rights (fenced or ended): it holds nothing, and nobody
+    /// waits for it.
     pub fn forget_holder(&mut self, session: SessionId) -> Vec<Outgoing> {
         self.holders.retain(|_, h| {
             h.remove(&session);
@@ -201,15 +222,11 @@ impl Caps {
         let mine: Vec<u64> =
             self.exclusive_recalls.iter().filter(|(_, r)| r.holder == session).map(|(id, _)| *id).collect();
         for id in mine {
-            self.finish_exclusive_recall(id, false);
+            self.finish_exclusive_recall(id);
         }
-        let mut lost: Vec<u64> = self.exclusive.iter().filter(|(_, h)| **h == session).map(|(i, _)| *i).collect();
-        if !lost.is_empty() {
-            lost.sort_unstable();
-            self.exclusive.retain(|_, h| *h != session);
-            self.next_recall += 1;
-            self.unanswered.insert(self.next_recall, (session, lost));
-        }
+        // (A fenced session's client starts a new session and drops every right it held:
+        // nothing is left to recall from it.)
+        self.exclusive.retain(|_, h| *h != session);
         let mut out = Vec::new();
         let ids: Vec<u64> = self.waits.keys().copied().collect();
         for id in ids {
@@ -224,23 +241,20 @@ impl Caps {
         for w in self.waits.values_mut().filter(|w| w.session == session) {
             w.response = None;
         }
-        self.unanswered.retain(|_, (holder, _)| *holder != session);
         out
     }
 
     /// `session` is back on a new connection: every recall it has not answered is sent
     /// again (the first notice may have been lost with the old connection): recalls of
-    /// what it cached that changes still wait for, and recalls of its exclusive rights,
-    /// those under way and those already given up on alike. A holder that hears a recall
-    /// twice answers twice; the second answer changes nothing.
-    pub fn resumed(&mut self, session: SessionId) -> Vec<Outgoing> {
+    /// what it cached that changes still wait for, and recalls of its exclusive rights
+    /// under way. (Exclusive rights are never taken back without an answer: a holder that
+    /// does not answer within a lease is fenced, and a fenced session cannot resume.) A
+    /// holder that hears a recall twice answers twice; the second answer changes nothing.
+    pub fn resumed(&self, session: SessionId) -> Vec<Outgoing> {
         let shared = self.waits.iter().filter_map(|(id, w)| w.outstanding.get(&session).map(|inodes| (*id, inodes)));
         let pending =
             self.exclusive_recalls.iter().filter(|(_, r)| r.holder == session).map(|(id, r)| (*id, &r.inodes));
-        let given_up =
-            self.unanswered.iter().filter(|(_, (h, _))| *h == session).map(|(id, (_, inodes))| (*id, inodes));
-        let mut out: Vec<(u64, Vec<u64>)> =
-            shared.chain(pending).chain(given_up).map(|(id, inodes)| (id, inodes.clone())).collect();
+        let mut out: Vec<(u64, Vec<u64>)> = shared.chain(pending).map(|(id, inodes)| (id, inodes.clone())).collect();
         out.sort_unstable();
         out.into_iter()
             .map(|(recall_id, inodes)| Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } })
@@ -303,8 +317,8 @@ impl Caps {
                 session: holder,
                 notify: p::Notify::Recall { recall_id: id, inodes: inodes.clone() },
             });
-            self.exclusive_recalls
-                .insert(id, ExclusiveRecall { holder, inodes, deadline_ms: now_ms + RECALL_TIMEOUT_MS });
+            let deadline_ms = now_ms + LEASE_MS;
+            self.exclusive_recalls.insert(id, ExclusiveRecall { holder, inodes, deadline_ms });
             wait.insert(id);
         }
         wait
@@ -316,15 +330,11 @@ impl Caps {
     }
 
     /// Ends an exclusive recall: the holder flushed (everything it did before answering
-    /// arrived before the answer on its connection) and dropped its copies, or it went
-    /// silent (`answered` false: the recall is kept to be sent again when it resumes).
-    /// Either way it holds `X` on those inodes no more, nor `S` unless it read them again
-    /// after the recall was sent.
-    fn finish_exclusive_recall(&mut self, id: u64, answered: bool) -> bool {
+    /// arrived before the answer on its connection) and dropped its copies, or it was
+    /// fenced. Either way it holds `X` on those inodes no more, nor `S` unless it read
+    /// them again after the recall was sent.
+    fn finish_exclusive_recall(&mut self, id: u64) -> bool {
         let Some(r) = self.exclusive_recalls.remove(&id) else { return false };
-        if !answered {
-            self.unanswered.insert(id, (r.holder, r.inodes.clone()));
-        }
         for &ino in &r.inodes {
             if self.exclusive.get(&ino) == Some(&r.holder) {
                 self.exclusive.remove(&ino);
@@ -339,23 +349,14 @@ impl Caps {
         true
     }
 
-    /// Exclusive recalls whose holder did not answer in time are treated as answered:
-    /// the waiting requests go ahead (the silent holder's unflushed work may conflict
-    /// and fail later; leases and fencing close that window). True if any expired.
-    pub fn expire_exclusive(&mut self, now_ms: u64) -> bool {
-        let late: Vec<u64> =
-            self.exclusive_recalls.iter().filter(|(_, r)| now_ms >= r.deadline_ms).map(|(id, _)| *id).collect();
-        for &id in &late {
-            if let Some(r) = self.exclusive_recalls.get(&id) {
-                tracing::warn!(
-                    recall_id = id,
-                    session = r.holder,
-                    "exclusive rights not returned in {RECALL_TIMEOUT_MS} ms; revoked"
-                );
-            }
-            self.finish_exclusive_recall(id, false);
-        }
-        !late.is_empty()
+    /// Holders of exclusive recalls unanswered for a whole lease: they are to be fenced
+    /// (a live client answers at once; one that cannot must not write back later).
+    pub fn late_exclusive_holders(&self, now_ms: u64) -> Vec<SessionId> {
+        let mut v: Vec<SessionId> =
+            self.exclusive_recalls.values().filter(|r| now_ms >= r.deadline_ms).map(|r| r.holder).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Responses waiting (for tests and status).

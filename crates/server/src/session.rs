@@ -93,6 +93,17 @@ pub struct Server {
     carried: Vec<u64>,
     /// Requests waiting for other sessions to give up exclusive rights, oldest first.
     parked: VecDeque<Parked>,
+    /// When each session (that spoke since this server started) was last heard from, ms.
+    last_heard: HashMap<SessionId, u64>,
+    /// Sessions fenced for silence: their requests are refused, a resume starts afresh.
+    fenced: HashSet<SessionId>,
+    /// After a restart: sessions restored from their records whose clients have not yet
+    /// replayed; while any remain (and the grace period lasts), other work waits.
+    replaying: HashSet<SessionId>,
+    /// End of the grace period (set by the first tick after a restart).
+    grace_until: Option<u64>,
+    /// Requests held for the grace period, oldest first.
+    grace_parked: VecDeque<(SessionId, p::Request)>,
     /// fcntl and flock locks, by inode.
     locks: LockTable,
     /// Requests run or answered, in order, while `record_applied` is on (for simulators).
@@ -171,6 +182,10 @@ impl Server {
             sessions.insert(id, s);
         }
         let seen_generation = store.generation();
+        let replaying: HashSet<SessionId> = sessions.keys().copied().collect();
+        if !replaying.is_empty() {
+            tracing::info!(sessions = replaying.len(), "restarted: new work waits for their clients to replay (grace)");
+        }
         Server {
             store,
             sessions,
@@ -183,6 +198,11 @@ impl Server {
             disconnected: HashMap::new(),
             carried: Vec::new(),
             parked: VecDeque::new(),
+            last_heard: HashMap::new(),
+            fenced: HashSet::new(),
+            replaying,
+            grace_until: None,
+            grace_parked: VecDeque::new(),
             locks: LockTable::default(),
             applied: None,
         }
@@ -214,7 +234,9 @@ impl Server {
         if let Err(reason) = p::check_hello(hello) {
             return (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
         }
+        let mut fenced = false;
         if let Some(t) = hello.resume {
+            fenced = self.fenced.contains(&t.id);
             if let Some(s) = self.sessions.get_mut(&t.id).filter(|s| s.secret == t.secret) {
                 self.disconnected.remove(&t.id);
                 let durable_seq = s.awaiting_resume.take().map(|_| s.durable);
@@ -222,18 +244,18 @@ impl Server {
                 // Recalls it may have missed while away (sent after the welcome).
                 let again = self.caps.resumed(t.id);
                 self.outbox.extend(again);
-                return (Some(t.id), self.welcome(t.id, true, durable_seq));
+                return (Some(t.id), self.welcome(t.id, true, durable_seq, false));
             }
         }
         let id = self.next_session;
         self.next_session += 1;
         let secret = crest_rng::next_u64();
         self.sessions.insert(id, Session { secret, client_name: hello.client_name.clone(), ..Default::default() });
-        tracing::info!(session = id, client = %hello.client_name, "session started");
-        (Some(id), self.welcome(id, false, None))
+        tracing::info!(session = id, client = %hello.client_name, fenced_before = fenced, "session started");
+        (Some(id), self.welcome(id, false, None, fenced))
     }
 
-    fn welcome(&self, id: SessionId, resumed: bool, durable_seq: Option<u64>) -> p::ServerMessage {
+    fn welcome(&self, id: SessionId, resumed: bool, durable_seq: Option<u64>, fenced: bool) -> p::ServerMessage {
         let secret = self.sessions.get(&id).map_or(0, |s| s.secret);
         p::ServerMessage::Welcome(p::Welcome {
             version: p::PROTOCOL_VERSION,
@@ -241,6 +263,7 @@ impl Server {
             resumed,
             durable_seq,
             fsid: self.store.fsid(),
+            fenced,
         })
     }
 
@@ -253,6 +276,22 @@ impl Server {
     /// everything its reply would let the client cache, and run again later if needed.
     pub fn handle(&mut self, session: SessionId, req: p::Request, now: p::Time) {
         let now_ms = millis(now);
+        if !self.sessions.contains_key(&session) {
+            // Fenced (or never known): nothing of it is applied any more.
+            let refuse = || Err(errno(116, format!("session {session} was fenced: its lease lapsed")));
+            let results = req.ops.iter().map(|_| refuse()).collect();
+            let response = p::Response { id: req.id, results, seq: 0, durable: 0 };
+            self.outbox.push(Outgoing::Response { session, response });
+            self.outbox.push(Outgoing::Notify { session, notify: p::Notify::Fenced });
+            return;
+        }
+        self.heard(session, now_ms);
+        if !self.replaying.is_empty() && !self.replaying.contains(&session) {
+            // Grace after a restart: a restored session's replays come first (they are
+            // changes other clients may already have seen acknowledged).
+            self.grace_parked.push_back((session, req));
+            return;
+        }
         let involved = self.involved(&req);
         if self.park_if_exclusive(session, &req, &involved, now_ms) {
             return;
@@ -332,9 +371,41 @@ impl Server {
     /// `session` dropped what recall `recall_id` named (and, for exclusive rights, sent
     /// everything it had answered itself first).
     pub fn recall_done(&mut self, session: SessionId, recall_id: u64, now: p::Time) {
+        if self.sessions.contains_key(&session) {
+            self.heard(session, millis(now));
+        }
         let out = self.caps.recall_done(session, recall_id);
         self.outbox.extend(out);
         self.run_parked(now);
+    }
+
+    /// `session`'s client has sent every request it replays after the restart.
+    pub fn replayed(&mut self, session: SessionId, now: p::Time) {
+        if self.replaying.remove(&session) && self.replaying.is_empty() {
+            tracing::info!("every restored session has replayed: grace over");
+            self.end_grace(now);
+        }
+    }
+
+    fn end_grace(&mut self, now: p::Time) {
+        self.replaying.clear();
+        for (session, req) in std::mem::take(&mut self.grace_parked) {
+            self.handle(session, req, now);
+        }
+    }
+
+    /// `session` said something at `now_ms`: its lease runs from here.
+    pub fn heard(&mut self, session: SessionId, now_ms: u64) {
+        self.last_heard.insert(session, now_ms);
+    }
+
+    /// Takes everything back from a session that went silent past its lease (or whose
+    /// connection stayed gone): rights, locks, open files, waiting requests. Its later
+    /// requests are refused, so nothing it answered itself can land after others moved on.
+    fn fence(&mut self, id: SessionId, why: &str) {
+        tracing::warn!(session = id, "session fenced: {why}");
+        self.end_session(id);
+        self.fenced.insert(id);
     }
 
     /// Everything queued to send, in order.
@@ -345,6 +416,10 @@ impl Server {
     /// Ends a session cleanly: its open files and its locks are released.
     pub fn end_session(&mut self, id: SessionId) {
         self.disconnected.remove(&id);
+        self.last_heard.remove(&id);
+        self.grace_parked.retain(|(s, _)| *s != id);
+        // (If it was the last one to replay, the next tick ends the grace period.)
+        self.replaying.remove(&id);
         self.release_locks(id, "session ended");
         let out = self.caps.forget_session(id);
         self.outbox.extend(out);
@@ -371,7 +446,7 @@ impl Server {
         self.changed.clear();
         self.carried.clear();
         // Writeback: the client already answered with its clock; apply at that time.
-        let now = req.time.unwrap_or(now);
+        let mut now = req.time.unwrap_or(now);
         if let Some(s) = self.sessions.get(&session) {
             if let Some(r) = s.replies.get(&req.id) {
                 tracing::debug!(session, id = req.id, "answered from the reply cache");
@@ -399,6 +474,11 @@ impl Server {
             }
             let mut results = Vec::with_capacity(req.ops.len());
             for op in req.ops {
+                if let Op::At { time } = op {
+                    now = time;
+                    results.push(Ok(Reply::Done));
+                    continue;
+                }
                 let touched = self.touches(&op);
                 let inode_of_op = op_inode(&op);
                 let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
@@ -496,6 +576,20 @@ impl Server {
     /// unanswered too long, and drops restored sessions whose clients
     /// did not come back within `RESTORED_SESSION_GRACE_MS`.
     pub fn tick(&mut self, now_ms: u64) -> Result<(), s::Error> {
+        if self.replaying.is_empty() {
+            if !self.grace_parked.is_empty() {
+                self.end_grace(time_of_millis(now_ms));
+            }
+        } else {
+            let until = *self.grace_until.get_or_insert(now_ms + crate::caps::GRACE_MS);
+            if now_ms >= until {
+                tracing::warn!(
+                    sessions = ?self.replaying,
+                    "grace period over; clients of these sessions did not come back to replay"
+                );
+                self.end_grace(time_of_millis(now_ms));
+            }
+        }
         let mut expired = Vec::new();
         for (id, s) in &mut self.sessions {
             if let Some(deadline) = &mut s.awaiting_resume {
@@ -512,6 +606,33 @@ impl Server {
             tracing::warn!(session = id, "client did not come back after the restart; its session is dropped");
             self.end_session(id);
         }
+        // Leases: silent past LEASE_MS, or disconnected past DISCONNECTED_FENCE_MS, or
+        // holding exclusive rights a recall asked for a whole lease ago: fenced. (Sessions
+        // restored after a restart are not counted until their client comes back.)
+        let mut fence: Vec<(SessionId, &str)> = Vec::new();
+        for (&id, &at) in &self.last_heard {
+            if let Some(&gone) = self.disconnected.get(&id) {
+                if now_ms >= gone + crate::caps::DISCONNECTED_FENCE_MS {
+                    fence.push((id, "disconnected past the fencing delay"));
+                    continue;
+                }
+            }
+            if now_ms >= at + crate::caps::LEASE_MS {
+                fence.push((id, "silent past its lease"));
+            }
+        }
+        for id in self.caps.late_exclusive_holders(now_ms) {
+            fence.push((id, "did not return exclusive rights within a lease"));
+        }
+        fence.sort_unstable();
+        fence.dedup_by_key(|f| f.0);
+        for (id, why) in fence {
+            if self.sessions.contains_key(&id) {
+                self.fence(id, why);
+            } else {
+                self.last_heard.remove(&id);
+            }
+        }
         let mut gone: Vec<SessionId> = self
             .disconnected
             .iter()
@@ -520,16 +641,13 @@ impl Server {
             .collect();
         gone.sort_unstable();
         for s in gone {
-            self.disconnected.remove(&s);
-            // Its client is presumed dead (killed, or cut off): another client must not
-            // wait for ever on its locks.
-            self.release_locks(s, "disconnected");
-            let out = self.caps.forget_holder(s);
+            // Its shared rights lapse (its cache has expired by now); its locks and
+            // exclusive rights wait for the fencing delay, in case it comes back.
+            let out = self.caps.forget_shared(s);
             self.outbox.extend(out);
         }
         let late = self.caps.expire(now_ms);
         self.outbox.extend(late);
-        self.caps.expire_exclusive(now_ms);
         if !self.parked.is_empty() {
             self.run_parked(time_of_millis(now_ms));
         }
@@ -738,6 +856,8 @@ impl Server {
                 }
                 Ok(st.setxattr(ino, &name, &value, now_s).map(|()| Reply::Done)?)
             }
+            // Handled by `handle_request` (it sets the clock for what follows).
+            Op::At { .. } => Ok(Reply::Done),
             Op::AllocInodes { count } => {
                 let count = count.clamp(1, p::MAX_INODE_GRANT);
                 let first = st.reserve_inode_numbers(u64::from(count))?;
@@ -830,7 +950,12 @@ fn op_inodes(op: &Op) -> Vec<u64> {
         | Op::RemoveXattr { ino, .. } => vec![*ino],
         // fsync commits everything; it involves no one inode's rights. Locks live only on
         // the server: no client caches them.
-        Op::Fsync { .. } | Op::StatFs | Op::AllocInodes { .. } | Op::SetLock { .. } | Op::GetLock { .. } => Vec::new(),
+        Op::Fsync { .. }
+        | Op::StatFs
+        | Op::AllocInodes { .. }
+        | Op::SetLock { .. }
+        | Op::GetLock { .. }
+        | Op::At { .. } => Vec::new(),
     }
 }
 
@@ -1107,11 +1232,12 @@ mod tests {
         };
         assert!(srv.handle_request(b, missing, NOW).results[0].is_err(), "no such inode");
         // a's connection drops: its locks stay while it may come back…
+        srv.heard(a, 10_000);
         srv.disconnected(a, 10_000);
-        srv.tick(10_000 + crate::caps::DISCONNECTED_HOLDER_MS - 1).expect("tick");
+        srv.tick(10_000 + crate::caps::DISCONNECTED_FENCE_MS - 1).expect("tick");
         assert_eq!(srv.handle_request(b, get(5), NOW).results[0], Ok(Reply::Lock(Some(want))));
-        // …and go once it has been away too long.
-        srv.tick(10_000 + crate::caps::DISCONNECTED_HOLDER_MS).expect("tick");
+        // …and go once it has been away too long (it is fenced).
+        srv.tick(10_000 + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
         assert_eq!(srv.handle_request(b, get(6), NOW).results[0], Ok(Reply::Lock(None)));
         // A clean end of b's session drops b's.
         let r = srv.handle_request(b, lock(7, 1, p::LockKind::Write), NOW);
@@ -1243,12 +1369,115 @@ mod tests {
         srv.handle(b, req(2, vec![Op::GetAttr { ino: y }]), NOW);
         let out = srv.take_outgoing();
         assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
-        srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS).expect("tick");
+        // b stays in touch; a stays silent for a whole lease: it is fenced.
+        let later = millis(NOW) + crate::caps::LEASE_MS;
+        srv.heard(b, later);
+        srv.tick(later - 1).expect("tick");
+        assert!(srv.take_outgoing().is_empty(), "a's lease has not lapsed yet");
+        srv.tick(later).expect("tick");
         let out = srv.take_outgoing();
         assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
-        // And now nobody holds y exclusively: b's next look at it does not wait.
-        srv.handle(b, req(3, vec![Op::GetAttr { ino: y }]), NOW);
+        // Nobody holds y exclusively now: b's next look at it does not wait.
+        srv.handle(b, req(3, vec![Op::GetAttr { ino: y }]), time_of_millis(later));
         assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { .. }]));
+        // a's late writeback is refused, not applied, and a is told it was fenced.
+        let late_write = Op::SetAttr { ino: y, set: p::SetAttr { mode: Some(0o777), ..Default::default() } };
+        srv.handle(a, req(4, vec![late_write]), time_of_millis(later));
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }, Outgoing::Notify { notify: p::Notify::Fenced, .. }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(response.results[0].as_ref().err().map(|e| e.errno), Some(116));
+        srv.handle(b, req(4, vec![Op::GetAttr { ino: y }]), time_of_millis(later));
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        assert!(matches!(&response.results[0], Ok(Reply::Attr(attr)) if attr.mode == 0o600));
+        // Its client's resume starts a new session and says the old one was fenced.
+        let (_, msg) = srv.handle_hello(&hello(Some(p::SessionToken { id: a, secret: 0 })));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
+    }
+
+    #[test]
+    fn after_a_restart_no_one_sees_older_state_than_another_clients_lost_acknowledged_change() {
+        let disk = MemDisk::new(16 << 20);
+        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let token = |m: p::ServerMessage| match m {
+            p::ServerMessage::Welcome(w) => w.session,
+            other => panic!("{other:?}"),
+        };
+        let (a, wa) = srv.handle_hello(&hello(None));
+        let (b, wb) = srv.handle_hello(&hello(None));
+        let (a, b, ta, tb) = (a.expect("a"), b.expect("b"), token(wa), token(wb));
+        let mk = |id, name: &str| p::Request {
+            id,
+            ops: vec![Op::Create {
+                parent: 1,
+                name: name.as_bytes().to_vec(),
+                kind: p::FileType::Regular,
+                mode: 0o644,
+                rdev: 0,
+                cred: p::Cred::default(),
+            }],
+            time: None,
+        };
+        let lookup = |id, name: &str| p::Request {
+            id,
+            ops: vec![Op::Lookup { parent: 1, name: name.as_bytes().to_vec() }],
+            time: None,
+        };
+        srv.handle_request(a, mk(1, "w"), NOW);
+        srv.handle_request(b, mk(1, "y"), NOW);
+        srv.handle_request(b, p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+        // a's create of x is acknowledged, then the server dies before committing it.
+        let lost = srv.handle_request(a, mk(2, "x"), NOW);
+        assert!(lost.results[0].is_ok() && lost.seq > lost.durable);
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        srv.tick(millis(NOW)).expect("tick");
+        // b comes back first, has nothing to replay, and looks for x: it must wait.
+        srv.handle_hello(&hello(Some(tb)));
+        srv.replayed(b, NOW);
+        srv.handle(b, lookup(3, "x"), NOW);
+        assert!(srv.take_outgoing().is_empty(), "b's look waits while a has not replayed");
+        // a comes back and replays its acknowledged create, then says so.
+        let (_, msg) = srv.handle_hello(&hello(Some(ta)));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { durable_seq: Some(1), .. })));
+        srv.handle(a, mk(2, "x"), NOW);
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == a), "a's replay runs: {out:?}");
+        srv.replayed(a, NOW);
+        // (The replayed create made x a's alone again: b's look recalls it first.)
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(*session, a);
+        srv.recall_done(a, *recall_id, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+        assert_eq!(*session, b);
+        assert!(matches!(&response.results[0], Ok(Reply::Lookup { attr: Some(_), .. })), "b sees a's x: {response:?}");
+    }
+
+    #[test]
+    fn the_grace_period_ends_without_clients_that_never_come_back() {
+        let disk = MemDisk::new(16 << 20);
+        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let (a, _) = srv.handle_hello(&hello(None));
+        srv.handle_request(a.expect("a"), p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        srv.tick(0).expect("tick");
+        let (c, _) = srv.handle_hello(&hello(None));
+        let c = c.expect("c");
+        srv.handle(c, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+        srv.tick(crate::caps::GRACE_MS - 1).expect("tick");
+        assert!(srv.take_outgoing().is_empty(), "held during the grace period");
+        srv.heard(c, crate::caps::GRACE_MS);
+        srv.tick(crate::caps::GRACE_MS).expect("tick");
+        assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == c));
     }
 
     /// a holds d exclusively; b's lookup in d recalls it, but a's connection is gone, so
@@ -1298,51 +1527,34 @@ mod tests {
     }
 
     #[test]
-    fn rights_revoked_while_a_session_was_away_are_recalled_when_it_resumes() {
+    fn an_exclusive_recall_is_sent_again_on_a_late_resume_and_its_holder_fenced_if_it_stays_away() {
         let (mut srv, a, b, token, d) = recall_lost_with_the_connection();
-        // a stays away past the deadline: its rights go and b's lookup runs…
+        // Past a shared recall's deadline b's lookup still waits: exclusive rights are not
+        // taken back unanswered (a may still write back what it answered itself)…
         srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS).expect("tick");
-        let out = srv.take_outgoing();
-        assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
-        // …and when a comes back it is told, so that it stops answering for d itself.
+        assert!(srv.take_outgoing().is_empty());
+        // …and a, back before the fencing delay, hears the recall again.
         srv.handle_hello(&hello(Some(token)));
+        srv.heard(a, millis(NOW) + crate::caps::RECALL_TIMEOUT_MS);
         let out = srv.take_outgoing();
         let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
-            panic!("expected a recall of what a lost: {out:?}")
+            panic!("expected the recall again: {out:?}")
         };
         assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
-        // Its answer is welcome and changes nothing; the notice is not repeated.
-        srv.recall_done(a, *recall_id, NOW);
-        srv.disconnected(a, millis(NOW));
-        srv.handle_hello(&hello(Some(token)));
+        let recall_id = *recall_id;
+        // Its connection goes again before it answers, and it stays away: it is fenced,
+        // b's lookup runs, and a's resume is told (it drops everything, replays nothing).
+        let gone = millis(NOW) + crate::caps::RECALL_TIMEOUT_MS + 1;
+        srv.disconnected(a, gone);
+        srv.heard(b, gone + crate::caps::DISCONNECTED_FENCE_MS);
+        srv.tick(gone + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+        let (_, msg) = srv.handle_hello(&hello(Some(token)));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
+        assert!(srv.take_outgoing().is_empty(), "nothing is recalled from a new session");
+        // Its late answer to the old recall changes nothing.
+        srv.recall_done(a, recall_id, NOW);
         assert!(srv.take_outgoing().is_empty());
-        // The same holds for exclusive rights dropped because a stayed disconnected.
-        let mk = p::Request {
-            id: 2,
-            ops: vec![Op::Create {
-                parent: 1,
-                name: b"e".to_vec(),
-                kind: p::FileType::Regular,
-                mode: 0o644,
-                rdev: 0,
-                cred: p::Cred::default(),
-            }],
-            time: None,
-        };
-        srv.handle(a, mk, NOW);
-        let out = srv.take_outgoing();
-        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
-        let Ok(Reply::Entry(e)) = &response.results[0] else { panic!("{response:?}") };
-        let e = e.ino;
-        srv.disconnected(a, 10_000_000);
-        srv.tick(10_000_000 + crate::caps::DISCONNECTED_HOLDER_MS).expect("tick");
-        srv.take_outgoing();
-        srv.handle_hello(&hello(Some(token)));
-        let out = srv.take_outgoing();
-        assert!(
-            out.iter().any(|o| matches!(o, Outgoing::Notify { session, notify: p::Notify::Recall { inodes, .. } }
-                if *session == a && inodes.contains(&e))),
-            "expected a recall of e: {out:?}"
-        );
     }
 }

@@ -1753,6 +1753,9 @@ impl Sim {
             ClientMessage::Hello(h) => {
                 let (sid, reply) = self.server.handle_hello(&h);
                 let sid = sid.expect("a good hello");
+                // As the net layer: a hello renews the session's lease (requests and
+                // recall answers do so inside the core).
+                self.server.heard(sid, self.now / 1000);
                 self.conns.get_mut(&conn).expect("conn").session = Some(sid);
                 self.server_conn.insert(sid, conn);
                 self.log(format!("server: hello on conn {conn} → session {sid}"));
@@ -1769,6 +1772,12 @@ impl Sim {
                 let sid = session.expect("hello first");
                 self.log(format!("server: recall {recall_id} done by session {sid}"));
                 self.server.recall_done(sid, recall_id, now);
+                self.flush_server(now);
+            }
+            ClientMessage::Replayed => {
+                // (No server restarts are simulated; nothing sends this.)
+                let sid = session.expect("hello first");
+                self.server.replayed(sid, now);
                 self.flush_server(now);
             }
             ClientMessage::Goodbye => {
