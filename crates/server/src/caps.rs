@@ -359,6 +359,11 @@ impl Caps {
         v
     }
 
+    /// Is `session`'s response to request `id` held back behind recalls?
+    pub fn holds_response(&self, session: SessionId, id: u64) -> bool {
+        self.waits.values().any(|w| w.session == session && w.response.as_ref().is_some_and(|r| r.id == id))
+    }
+
     /// Responses waiting (for tests and status).
     pub fn waiting(&self) -> usize {
         self.waits.values().filter(|w| w.response.is_some()).count()

@@ -299,6 +299,14 @@ impl Server {
         let read_only = !req.ops.iter().any(Op::is_mutation);
         let retry = read_only.then(|| req.clone());
         let (id, from_cache) = (req.id, self.sessions.get(&session).is_some_and(|s| s.replies.contains_key(&req.id)));
+        if from_cache && self.caps.holds_response(session, id) {
+            // A resend (its connection broke) of a change whose reply still waits for
+            // other holders to drop what they cached: answering it from the reply cache
+            // now would let the call return before they have. The held reply goes to
+            // the session's current connection when they answer.
+            tracing::debug!(session, id, "resent while its reply waits on recalls");
+            return;
+        }
         let response = self.handle_request(session, req, now);
         let carried = std::mem::take(&mut self.carried);
         if let Some(req) = retry {
@@ -392,6 +400,12 @@ impl Server {
         for (session, req) in std::mem::take(&mut self.grace_parked) {
             self.handle(session, req, now);
         }
+    }
+
+    /// Was `session` fenced? (For simulators: the moment its unapplied writebacks are
+    /// lost is otherwise hidden inside `tick`.)
+    pub fn is_fenced(&self, session: SessionId) -> bool {
+        self.fenced.contains(&session)
     }
 
     /// `session` said something at `now_ms`: its lease runs from here.
@@ -1556,5 +1570,46 @@ mod tests {
         // Its late answer to the old recall changes nothing.
         srv.recall_done(a, recall_id, NOW);
         assert!(srv.take_outgoing().is_empty());
+    }
+
+    #[test]
+    fn a_resent_change_whose_reply_waits_on_recalls_is_not_answered_before_they_are() {
+        // Found by tests/sim.rs: b caches the root; a's mkdir changes it and its reply
+        // waits for b's answer. a's connection breaks and a resends the mkdir: the reply
+        // cache must not answer it before b has dropped what it cached.
+        let mut srv = server();
+        let (a, _) = srv.handle_hello(&hello(None));
+        let (b, _) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        srv.handle(b, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+        srv.take_outgoing();
+        let mkdir = p::Request {
+            id: 1,
+            ops: vec![Op::Create {
+                parent: 1,
+                name: b"d".to_vec(),
+                kind: p::FileType::Directory,
+                mode: 0o755,
+                rdev: 0,
+                cred: p::Cred::default(),
+            }],
+            time: None,
+        };
+        srv.handle(a, mkdir.clone(), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(*session, b);
+        let recall_id = *recall_id;
+        srv.disconnected(a, millis(NOW));
+        srv.handle(a, mkdir, NOW);
+        assert!(srv.take_outgoing().is_empty(), "the resend waits with the original");
+        srv.recall_done(b, recall_id, NOW);
+        let out = srv.take_outgoing();
+        assert!(
+            matches!(&out[..], [Outgoing::Response { session, response }] if *session == a && response.id == 1),
+            "{out:?}"
+        );
     }
 }
