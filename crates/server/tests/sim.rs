@@ -12,9 +12,17 @@
 //!   reconnects (`Hello` with `resume`) and resends every unanswered request with its old
 //!   id, as `crest-net` does; recall answers lost with the connection are not resent.
 //!   Partitions hold a client's messages (both ways) for up to a second.
-//! - *Clients* crash (the server sees a dropped connection and forgets the session's
-//!   rights after `DISCONNECTED_HOLDER_MS`) or unmount cleanly (`Goodbye` →
-//!   `end_session`), and come back as new sessions.
+//! - *Leases* (§4.4), as the net layer and `crest-net` do them: the server hears every
+//!   hello, request and recall answer (`Server::heard`); an idle client sends an empty
+//!   request (id 0) every `HEARTBEAT_MS`; a client that has heard nothing for
+//!   `CLIENT_LEASE_MS` drops every right and what it cached (checked on its heartbeat
+//!   timer, as `crest-net` does). A fenced session's requests are refused (ESTALE, then
+//!   `Notify::Fenced`), or its resume says `Welcome.fenced`: the client fails its
+//!   pending calls (EIO), drops cache, `X` and its inode numbers, and goes on with a new
+//!   session without resending anything.
+//! - *Clients* crash (the server sees a dropped connection, forgets the session's shared
+//!   rights after `DISCONNECTED_HOLDER_MS` and fences it after `DISCONNECTED_FENCE_MS`)
+//!   or unmount cleanly (`Goodbye` → `end_session`), and come back as new sessions.
 //! - *Client model*: each client runs one system call at a time and caches exactly what
 //!   the rules allow: what read replies carried (directory stretches of lookups, complete
 //!   listings, attributes, file data), for `TTL_US` after the call started, dropped at
@@ -23,6 +31,8 @@
 //!   directory, writes and setattrs of such an inode itself, and sends the writeback
 //!   (`CreateAt` with numbers from `AllocInodes`, `Write`, `SetAttr`, with its clock in
 //!   `Request.time`) at once, so it precedes any later `RecallDone` on the connection.
+//!   While its system call waits on the server, its other processes read what it holds
+//!   (`Ev::Peek`: answered from the cache or not at all).
 //!   Operations: lookup, getattr, read, readdir, create, mkdir, write, setattr (mode,
 //!   size), unlink, rmdir, rename, over ~8 names in a few directories, so that clients
 //!   collide all the time.
@@ -43,19 +53,27 @@
 //!   value the item had at or after the last completed change of that item, and no
 //!   later than now. A change applied but not completed (its response held back behind
 //!   recalls) may or may not be seen. A change a client answered itself must give the
-//!   same answer applied to some such state;
+//!   same answer applied to some such state. A fenced session's writebacks the server
+//!   never applied are lost changes (its client reports them later, as deferred EIO):
+//!   from the moment the server fences it, only that client itself may still show them;
+//!   a system call failed with EIO by the fencing is not a completed change;
 //! - a writeback comes out on the server exactly as its client answered it;
 //! - at the end (faults healed, everything answered): the store equals the model,
 //!   and `fsck` finds the image clean.
 //!
-//! Left out: a server crash and restart (replay of acknowledged, not durable requests:
-//! until §4.5's grace period exists, other clients may see the state before a lost
-//! change until its client has replayed it, and writeback inode numbers reserved before
-//! the crash need a rule first); hard links, symlinks, xattrs, locks, fsync; several
-//! system calls in flight on one client; partitions longer than the recall deadline and
-//! outages longer than `DISCONNECTED_HOLDER_MS` (with exclusive rights, today's protocol
-//! cannot keep its promise then: leases and fencing, §4.4, are planned;
-//! `CREST_SIM_OUTAGES=long` turns them on and shows it).
+//! Left out: a server crash and restart (§4.5's grace period and `Replayed` are not
+//! modelled: writeback inode numbers reserved before the crash need a rule first); hard
+//! links, symlinks, xattrs, locks, fsync; several changing system calls in flight on one
+//! client. By default outages stay short (partitions ≤ 1 s, reconnects ≤ 0.3 s), so
+//! fencing is rare (crashed clients); `CREST_SIM_OUTAGES=long` makes them as long as
+//! real ones (partitions up to 12 s, half of them breaking the connection; reconnects up
+//! to 1 s), so live clients are fenced all the time. With it, a client that checks its
+//! lease only on its 1 s heartbeat timer may drop its rights up to `CLIENT_LEASE_MS` +
+//! `HEARTBEAT_MS` = 3.5 s after its last word from the server, later than the server
+//! fences a disconnected session (`DISCONNECTED_FENCE_MS`, 3 s): it can then answer
+//! from `X` after others moved on, and the run fails. `CREST_SIM_LEASE=exact` makes the
+//! client also check its lease before answering anything itself; long outages pass
+//! then.
 //!
 //! **Reproducing**: `cargo test --release -p crest-server --test sim` runs the fixed
 //! seeds. `CREST_SIM_SEEDS=N` runs N random seeds (each printed; add `-- --nocapture`
@@ -70,7 +88,7 @@ use std::rc::Rc;
 
 use crest_proto::{self as p, ClientMessage, Op, Reply, ServerMessage};
 use crest_rng::Stream;
-use crest_server::caps::RECALL_TIMEOUT_MS;
+use crest_server::caps::{CLIENT_LEASE_MS, HEARTBEAT_MS, RECALL_TIMEOUT_MS};
 use crest_server::{Outgoing, Server, SessionId};
 use crest_store::{check, MemDisk, MkfsOptions, Store, ROOT_INO};
 
@@ -82,10 +100,11 @@ const FIXED_SEEDS: u64 = 40;
 /// long as the simulator draws the same numbers; re-find such seeds with
 /// `CREST_SIM_SEEDS` after changing how it draws).
 const REGRESSION_SEEDS: [u64; 2] = [
-    // With seed 32, the only ones of the first 220 that catch an exclusive holder's
-    // answer to its recall dropping the rights a later read gave it (caps.rs:
-    // a_holder_that_read_again_after_its_exclusive_recall_was_sent_stays_a_holder).
-    153, 160,
+    // Catch the reply cache answering a resent change while its reply still waited for
+    // recalls (session.rs: a_resent_change_whose_reply_waits_on_recalls_is_not_answered
+    // _before_they_are), which the fixed range misses.
+    5_791_083_150_518_340_141,
+    13_411_045_787_998_023_986,
 ];
 /// System calls per seed (over all clients).
 const DEFAULT_STEPS: usize = 4_000;
@@ -95,18 +114,15 @@ const DEFAULT_STEPS: usize = 4_000;
 const TTL_US: u64 = 1_000_000;
 /// Names the clients use: few, so that they collide.
 const NAMES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
-/// Longest partition: below the recall deadline, which is what today's protocol needs
-/// (a longer one leaves an exclusive holder's writeback behind a request the server ran
-/// without it; §4.4's leases are the planned answer).
+/// Longest partition by default: short outages, where nobody is fenced but crashed
+/// clients (`CREST_SIM_OUTAGES=long` for long ones).
 const MAX_PARTITION_US: u64 = 1_000_000;
-/// Longest wait before a client reconnects. Kept well below `DISCONNECTED_HOLDER_MS`
-/// (1.5 s): a client away longer loses its exclusive rights on the server while it may
-/// still hold writeback it answered (the same §4.4 gap). The real client backs off up to
-/// 1 s, so two failed attempts in a row get there; `CREST_SIM_OUTAGES=long` shows it.
+/// Longest wait before a client reconnects by default (the real client backs off up to
+/// 1 s: see `LONG_RECONNECT_US`).
 const MAX_RECONNECT_US: u64 = 300_000;
 /// With `CREST_SIM_OUTAGES=long`: partitions and reconnects as long as real ones can be
-/// (expect coherence failures until §4.4's leases and fencing exist).
-const LONG_PARTITION_US: u64 = 4_000_000;
+/// (past `LEASE_MS` and `DISCONNECTED_FENCE_MS`: sessions are fenced).
+const LONG_PARTITION_US: u64 = 12_000_000;
 /// See `LONG_PARTITION_US`.
 const LONG_RECONNECT_US: u64 = 1_000_000;
 /// Virtual time at the start (seconds): any time far from zero.
@@ -115,6 +131,10 @@ const EPOCH_S: u64 = 1_000;
 const TRACE_EVENTS: usize = 80;
 /// Inode numbers a client reserves at a time for its writeback creates.
 const INODE_BATCH: u32 = 16;
+/// What the server answers a fenced session's requests with.
+const ESTALE: i32 = 116;
+/// Mean time between reads by a client's other processes while its system call waits.
+const PEEK_US: u64 = 50_000;
 
 fn ptime(us: u64) -> p::Time {
     p::Time { sec: (us / 1_000_000) as i64, nsec: ((us % 1_000_000) * 1_000) as u32 }
@@ -612,6 +632,12 @@ struct Client {
     partition_until: u64,
     /// Said goodbye; comes back as a new session.
     leaving: bool,
+    /// When it last heard from the server, and last sent to it (virtual µs).
+    last_heard: u64,
+    last_sent: u64,
+    /// Its lease ran out (no word from the server for `CLIENT_LEASE_MS`): it dropped
+    /// every right; a word from the server starts a new lease.
+    lease_expired: bool,
 }
 
 impl Client {
@@ -635,6 +661,9 @@ impl Client {
             cred: p::Cred { uid: 1000 + idx as u32, gid: 100 + idx as u32 },
             partition_until: 0,
             leaving: false,
+            last_heard: 0,
+            last_sent: 0,
+            lease_expired: false,
         }
     }
 
@@ -958,6 +987,10 @@ struct Local {
     done_lc: u64,
     /// The model state (`Checker::k`) that first includes it.
     applied_k: Option<u64>,
+    /// Its session was fenced before the server applied it: it never will be (the client
+    /// reports it failed later, as a deferred EIO). Nobody else need see it; its own
+    /// client may, from what it still holds, until it learns of the fencing.
+    lost: bool,
 }
 
 /// A request the server received.
@@ -986,6 +1019,8 @@ struct Checker {
     /// Sessions whose client died: their changes complete when the server lets their
     /// response go (nobody is left to receive it).
     dead_sessions: BTreeSet<SessionId>,
+    /// Sessions the server fenced.
+    fenced_sessions: BTreeSet<SessionId>,
     /// Logical clock over system call starts and completions.
     lc: u64,
     reqs: BTreeMap<(SessionId, u64), ReqInfo>,
@@ -1017,6 +1052,11 @@ struct Stats {
     partitions: u64,
     crashes: u64,
     goodbyes: u64,
+    /// Reads answered from a client's cache while its system call waited.
+    peeks: u64,
+    /// Sessions the server fenced, and clients that learnt theirs was.
+    server_fenced: u64,
+    fenced: u64,
     checked: u64,
     /// Of the run's events (`Sim::trace_hash`).
     trace_hash: u64,
@@ -1072,9 +1112,24 @@ impl Checker {
         })
     }
 
-    /// Local answers completed before `before_lc` that state `k` does not include.
-    fn overlay(&self, k: u64, before_lc: u64) -> Vec<&Local> {
-        self.locals.values().filter(|l| l.done_lc < before_lc && l.applied_k.is_none_or(|a| a > k)).collect()
+    /// Local answers completed before `before_lc` that state `k` does not include (as
+    /// `viewer` may see them: lost ones only for their own client).
+    fn overlay(&self, k: u64, before_lc: u64, viewer: Option<usize>) -> Vec<&Local> {
+        self.locals
+            .values()
+            .filter(|l| l.done_lc < before_lc && l.applied_k.is_none_or(|a| a > k))
+            .filter(|l| !l.lost || viewer == Some(l.client))
+            .collect()
+    }
+
+    /// The server fenced `session`: its writebacks not applied yet never will be. A
+    /// fenced client's local answers are lost changes its client reports later (the real
+    /// client fails them with EIO: deferred errors on the next close or fsync), so other
+    /// clients are not required to see them from here on.
+    fn fenced(&mut self, session: SessionId) {
+        for l in self.locals.values_mut().filter(|l| l.session == session && l.applied_k.is_none()) {
+            l.lost = true;
+        }
     }
 
     /// The server ran (or answered from its reply cache) a request.
@@ -1103,7 +1158,7 @@ impl Checker {
         // Completed local answers (of anyone) the server has not applied yet: a coherent
         // answer to a system call started after them shows them.
         let coherent = if syscall {
-            let ov: Vec<Local> = self.overlay(self.k, info.t0_lc).into_iter().cloned().collect();
+            let ov: Vec<Local> = self.overlay(self.k, info.t0_lc, None).into_iter().cloned().collect();
             (!ov.is_empty()).then(|| {
                 let mut m = self.model().clone();
                 for l in &ov {
@@ -1248,8 +1303,8 @@ impl Checker {
     }
 
     /// State `k` with the local answers completed before `before_lc` that it lacks.
-    fn state(&self, k: u64, before_lc: u64) -> std::borrow::Cow<'_, Model> {
-        let ov = self.overlay(k, before_lc);
+    fn state(&self, k: u64, before_lc: u64, viewer: Option<usize>) -> std::borrow::Cow<'_, Model> {
+        let ov = self.overlay(k, before_lc, viewer);
         if ov.is_empty() {
             return std::borrow::Cow::Borrowed(&self.snaps[&k]);
         }
@@ -1263,10 +1318,10 @@ impl Checker {
     /// May a client show `val` for `item` now? Only a value at least as new as the last
     /// completed change of the item (local answers laid on), and no newer than the
     /// server's.
-    fn item_ok(&self, item: &Item, val: &Val, before_lc: u64) -> bool {
+    fn item_ok(&self, item: &Item, val: &Val, before_lc: u64, viewer: Option<usize>) -> bool {
         let ks: Vec<u64> = self.snaps.keys().rev().copied().collect();
         for (i, &k) in ks.iter().enumerate() {
-            if &self.state(k, before_lc).val(item) == val {
+            if &self.state(k, before_lc, viewer).val(item) == val {
                 return true;
             }
             let Some(&older) = ks.get(i + 1) else { break };
@@ -1285,13 +1340,13 @@ impl Checker {
         self.stats.checked += 1;
         let before = self.lc + 1;
         for (item, val) in self.items(op, reply) {
-            if !self.item_ok(&item, &val, before) {
+            if !self.item_ok(&item, &val, before, Some(client)) {
                 // Where the item changes, oldest first (states not listed repeat the one
                 // above them).
                 let mut cands: Vec<String> = Vec::new();
                 let mut last = None;
                 for &k in self.snaps.keys() {
-                    let v = self.state(k, before).val(&item);
+                    let v = self.state(k, before, Some(client)).val(&item);
                     if last.as_ref() != Some(&v) {
                         let done = if self.uncompleted.contains(&k) { "not completed" } else { "completed" };
                         cands.push(format!("  state {k} ({done}): {v:?}"));
@@ -1339,7 +1394,7 @@ impl Checker {
         let got = self.res(&Ok(reply.clone()));
         let before = self.lc + 1;
         let results: Vec<(u64, Res)> =
-            self.snaps.keys().map(|&k| (k, self.state(k, before).into_owned().apply(op, now))).collect();
+            self.snaps.keys().map(|&k| (k, self.state(k, before, Some(client)).into_owned().apply(op, now))).collect();
         if !results.iter().any(|(_, r)| r == &got) {
             let cands: Vec<String> =
                 results.iter().map(|(k, r)| format!("  state {k}: {}", res_brief(std::slice::from_ref(r)))).collect();
@@ -1389,11 +1444,37 @@ impl Model {
 
 #[derive(Debug)]
 enum Ev {
-    ToServer { conn: u64, msg: ClientMessage },
-    ToClient { conn: u64, msg: ServerMessage },
-    Wake { client: usize, incarnation: u32 },
-    Reconnect { client: usize, incarnation: u32 },
-    Restart { client: usize },
+    ToServer {
+        conn: u64,
+        msg: ClientMessage,
+    },
+    ToClient {
+        conn: u64,
+        msg: ServerMessage,
+    },
+    Wake {
+        client: usize,
+        incarnation: u32,
+    },
+    Reconnect {
+        client: usize,
+        incarnation: u32,
+    },
+    Restart {
+        client: usize,
+    },
+    /// A client's heartbeat timer (`HEARTBEAT_MS`): checks its lease and, idle, sends an
+    /// empty request (id 0), as `crest-net`'s client does.
+    Beat {
+        client: usize,
+        incarnation: u32,
+    },
+    /// While a client's system call waits on the server, another of its processes reads
+    /// what the client holds (the kernel and the client's cache answer without waiting).
+    Peek {
+        client: usize,
+        incarnation: u32,
+    },
     Tick,
 }
 
@@ -1423,6 +1504,8 @@ struct Faults {
     /// Longest partition and reconnect wait (µs).
     max_partition_us: u64,
     max_reconnect_us: u64,
+    /// Per partition: its connection breaks too (each side notices at once).
+    partition_drops: f64,
 }
 
 struct Sim {
@@ -1450,6 +1533,8 @@ struct Sim {
     locality: u64,
     /// Hash of every event so far.
     trace_hash: u64,
+    /// `CREST_SIM_LEASE=exact` (see `check_lease_now`).
+    exact_lease: bool,
 }
 
 impl Sim {
@@ -1471,9 +1556,15 @@ impl Sim {
             slow: pick(&mut rng, &[0.0, 0.01, 0.05]),
             max_partition_us: MAX_PARTITION_US,
             max_reconnect_us: MAX_RECONNECT_US,
+            partition_drops: 0.0,
         };
         let faults = match std::env::var("CREST_SIM_OUTAGES").as_deref() {
-            Ok("long") => Faults { max_partition_us: LONG_PARTITION_US, max_reconnect_us: LONG_RECONNECT_US, ..faults },
+            Ok("long") => Faults {
+                max_partition_us: LONG_PARTITION_US,
+                max_reconnect_us: LONG_RECONNECT_US,
+                partition_drops: 0.5,
+                ..faults
+            },
             _ => faults,
         };
         let n = 2 + rng.below(4) as usize;
@@ -1521,12 +1612,17 @@ impl Sim {
             trace_events: env_u64("CREST_SIM_TRACE").map_or(TRACE_EVENTS, |n| n as usize),
             locality,
             trace_hash: 0xcbf2_9ce4_8422_2325,
+            exact_lease: std::env::var("CREST_SIM_LEASE").as_deref() == Ok("exact"),
         };
         sim.log(format!("seed {seed}: {n} clients, locality {locality}%, faults {:?}", sim.faults));
         for c in 0..n {
             sim.connect(c);
             let d = sim.think();
             sim.at(d, Ev::Wake { client: c, incarnation: 0 });
+            let phase = sim.rng.below(HEARTBEAT_MS * 1000);
+            sim.at(phase, Ev::Beat { client: c, incarnation: 0 });
+            let d = PEEK_US / 2 + sim.rng.below(PEEK_US);
+            sim.at(d, Ev::Peek { client: c, incarnation: 0 });
         }
         sim.at(10_000, Ev::Tick);
         sim
@@ -1570,6 +1666,7 @@ impl Sim {
         let lat = self.latency();
         let Some(cn) = self.conns.get(&conn) else { return };
         let until = self.clients[cn.client].partition_until;
+        self.clients[cn.client].last_sent = self.now;
         let t = (self.now + lat).max(until + lat).max(cn.last_up);
         self.conns.get_mut(&conn).expect("conn").last_up = t;
         let d = t - self.now;
@@ -1590,9 +1687,13 @@ impl Sim {
         let id = self.next_conn;
         self.next_conn += 1;
         self.conns.insert(id, Conn { client: c, alive: true, session: None, last_up: 0, last_down: 0 });
+        let now = self.now;
         let cl = &mut self.clients[c];
         cl.conn = Some(id);
         cl.welcomed = false;
+        if cl.token.is_none() && cl.last_heard == 0 {
+            cl.last_heard = now; // a new client's lease starts with it
+        }
         let resume = cl.token;
         let hello =
             p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: format!("sim-{c}"), resume };
@@ -1630,7 +1731,25 @@ impl Sim {
 
     /// What the server queued: check it against the model, and send it.
     fn flush_server(&mut self, call_now: p::Time) {
+        // Sessions the server fenced just now (inside `tick`, or a request's handling):
+        // their writebacks not applied yet are lost from here on.
+        let fenced: Vec<SessionId> = self
+            .clients
+            .iter()
+            .filter_map(Client::sid)
+            .chain(self.ck.dead_sessions.iter().copied())
+            .filter(|s| !self.ck.fenced_sessions.contains(s) && self.server.is_fenced(*s))
+            .collect();
+        for s in fenced {
+            self.log(format!("server: session {s} fenced"));
+            self.ck.fenced_sessions.insert(s);
+            self.ck.fenced(s);
+            self.ck.stats.server_fenced += 1;
+        }
         for a in self.server.take_applied() {
+            if a.id == 0 {
+                continue; // a heartbeat
+            }
             if let Some(s) = self.ck.on_applied(a, call_now) {
                 self.log(s);
             }
@@ -1638,7 +1757,15 @@ impl Sim {
         for o in self.server.take_outgoing() {
             match o {
                 Outgoing::Response { session, response } => {
-                    self.ck.on_response(session, &response);
+                    let refused = !response.results.is_empty()
+                        && response.results.iter().all(|r| matches!(r, Err(e) if e.errno == ESTALE));
+                    if response.id == 0 {
+                        // A heartbeat's answer.
+                    } else if refused && self.ck.fenced_sessions.contains(&session) {
+                        self.log(format!("server: refuses {session}/{} (fenced)", response.id));
+                    } else {
+                        self.ck.on_response(session, &response);
+                    }
                     if self.ck.dead_sessions.contains(&session) {
                         // Had its client lived, it would have returned now.
                         self.ck.completed((session, response.id));
@@ -1734,8 +1861,117 @@ impl Sim {
                 self.connect(client);
                 let d = self.think();
                 self.at(d, Ev::Wake { client, incarnation: inc });
+                let phase = self.rng.below(HEARTBEAT_MS * 1000);
+                self.at(phase, Ev::Beat { client, incarnation: inc });
+                let d = PEEK_US / 2 + self.rng.below(PEEK_US);
+                self.at(d, Ev::Peek { client, incarnation: inc });
+            }
+            Ev::Beat { client, incarnation } => {
+                let c = &self.clients[client];
+                if !c.alive || c.incarnation != incarnation {
+                    return;
+                }
+                self.beat(client);
+                self.at(HEARTBEAT_MS * 1000, Ev::Beat { client, incarnation });
+            }
+            Ev::Peek { client, incarnation } => {
+                let c = &self.clients[client];
+                if !c.alive || c.incarnation != incarnation || self.draining {
+                    return;
+                }
+                if c.busy.is_some() && c.token.is_some() {
+                    self.peek(client);
+                }
+                let d = PEEK_US / 2 + self.rng.below(PEEK_US);
+                self.at(d, Ev::Peek { client, incarnation });
             }
         }
+    }
+
+    /// Another process of a client whose system call waits: a read, answered only if the
+    /// client holds what it needs (else that process would wait too; it is not run).
+    fn peek(&mut self, c: usize) {
+        let op = self.pick_op(c);
+        if op.is_mutation() {
+            return;
+        }
+        self.check_lease_now(c);
+        let now = self.now;
+        let Some(reply) = self.clients[c].answer_from_cache(&op, now) else { return };
+        self.ck.tick();
+        self.ck.stats.peeks += 1;
+        self.log(format!(
+            "client {c}: (meanwhile) [{}] from its cache → {:?}",
+            ops_brief(std::slice::from_ref(&op)),
+            brief(&[Ok(reply.clone())])
+        ));
+        self.ck.check_cached(c, &op, &reply);
+        self.ck.tick();
+    }
+
+    /// A client's heartbeat timer: as `crest-net`'s connection task, it drops every right
+    /// once it has heard nothing for `CLIENT_LEASE_MS` (checked only on this timer, so up
+    /// to a beat late, as there), and says it is alive when it has sent nothing for a beat.
+    fn beat(&mut self, c: usize) {
+        self.check_lease(c);
+        let now = self.now;
+        let cl = &self.clients[c];
+        if let (true, Some(conn)) = (cl.welcomed, cl.conn) {
+            if now >= cl.last_sent + HEARTBEAT_MS * 1000 {
+                self.send_up(conn, ClientMessage::Request(p::Request { id: 0, ops: Vec::new(), time: None }));
+            }
+        }
+    }
+
+    /// With `CREST_SIM_LEASE=exact`: the client also checks its lease before it answers
+    /// anything itself (not only on its heartbeat timer, as `crest-net` does today).
+    fn check_lease_now(&mut self, c: usize) {
+        if self.exact_lease {
+            self.check_lease(c);
+        }
+    }
+
+    /// Past `CLIENT_LEASE_MS` without a word from the server: drop every right.
+    fn check_lease(&mut self, c: usize) {
+        let now = self.now;
+        let cl = &mut self.clients[c];
+        if !cl.lease_expired && now >= cl.last_heard + CLIENT_LEASE_MS * 1000 {
+            cl.lease_expired = true;
+            // Tombstones stay: a create's reply still on its way must not grant what a
+            // recall already took.
+            let tombstones = std::mem::take(&mut cl.cache.tombstones);
+            cl.cache = Cache { tombstones, ..Cache::default() };
+            self.log(format!("client {c}: no word from the server for {CLIENT_LEASE_MS} ms; drops every right"));
+        }
+    }
+
+    /// The client learns its session was fenced (a refusal, `Notify::Fenced`, or a
+    /// resume answered with `Welcome.fenced`): as `crest-net`, it fails every pending
+    /// call (EIO; writeback completions become deferred errors: lost changes), drops
+    /// every right and what it cached, forgets its numbers for writeback creates, and
+    /// goes on with a new session without replaying anything.
+    fn fenced(&mut self, c: usize) {
+        let old = self.clients[c].sid();
+        self.log(format!("client {c}: session {old:?} was fenced; pending calls fail, rights dropped"));
+        if let Some(s) = old {
+            // (The checker marked them lost when the server fenced the session.)
+            self.ck.locals.retain(|_, l| !(l.session == s && l.applied_k.is_none()));
+        }
+        let cl = &mut self.clients[c];
+        let pending = std::mem::take(&mut cl.pending);
+        cl.cache = Cache::default();
+        cl.pool = (0, 0);
+        cl.token = None;
+        if let Some(id) = cl.busy.take() {
+            // The system call returns EIO. Had the server applied it, that change is not
+            // a completed one: the caller was told it failed.
+            let inc = cl.incarnation;
+            let ops = pending.get(&id).map(|p| ops_brief(&p.req.ops)).unwrap_or_default();
+            self.log(format!("client {c}: [{ops}] returns EIO (fenced)"));
+            let d = self.think();
+            self.at(d, Ev::Wake { client: c, incarnation: inc });
+        }
+        self.ck.stats.fenced += 1;
     }
 
     fn deliver_to_server(&mut self, conn: u64, msg: ClientMessage) {
@@ -1753,8 +1989,8 @@ impl Sim {
             ClientMessage::Hello(h) => {
                 let (sid, reply) = self.server.handle_hello(&h);
                 let sid = sid.expect("a good hello");
-                // As the net layer: a hello renews the session's lease (requests and
-                // recall answers do so inside the core).
+                // As the net layer: every message from a client renews its lease (requests
+                // and recall answers do so inside the core).
                 self.server.heard(sid, self.now / 1000);
                 self.conns.get_mut(&conn).expect("conn").session = Some(sid);
                 self.server_conn.insert(sid, conn);
@@ -1764,7 +2000,9 @@ impl Sim {
             }
             ClientMessage::Request(req) => {
                 let sid = session.expect("hello first");
-                self.log(format!("server: gets {sid}/{} [{}]", req.id, ops_brief(&req.ops)));
+                if req.id != 0 {
+                    self.log(format!("server: gets {sid}/{} [{}]", req.id, ops_brief(&req.ops)));
+                }
                 self.server.handle(sid, req, now);
                 self.flush_server(now);
             }
@@ -1802,8 +2040,14 @@ impl Sim {
             self.drop_conn(conn, "message to the client lost");
             return;
         }
+        let cl = &mut self.clients[c];
+        cl.last_heard = self.now;
+        cl.lease_expired = false;
         match msg {
             ServerMessage::Welcome(w) => {
+                if w.fenced {
+                    self.fenced(c);
+                }
                 let cl = &mut self.clients[c];
                 if cl.token.is_some() && !w.resumed {
                     self.ck.fail(format!("client {c}: session not resumed: {w:?}"));
@@ -1828,12 +2072,25 @@ impl Sim {
                 }
                 self.send_up(conn, ClientMessage::RecallDone { recall_id });
             }
+            ServerMessage::Notify(p::Notify::Fenced) => {
+                // A new session, not a resume of the fenced one.
+                self.fenced(c);
+                self.drop_conn(conn, "fenced");
+            }
             ServerMessage::Notify(n) => self.ck.fail(format!("unexpected notice {n:?}")),
             ServerMessage::Response(resp) => self.response(c, resp),
         }
     }
 
     fn response(&mut self, c: usize, resp: p::Response) {
+        if resp.results.iter().any(|r| matches!(r, Err(e) if e.errno == ESTALE)) {
+            // Refused: the session was fenced (`Notify::Fenced` follows).
+            if let Some(conn) = self.clients[c].conn {
+                self.fenced(c);
+                self.drop_conn(conn, "fenced");
+            }
+            return;
+        }
         let Some(pd) = self.clients[c].pending.remove(&resp.id) else {
             return; // a second answer to a resent request
         };
@@ -1892,6 +2149,7 @@ impl Sim {
             return;
         }
         let op = self.pick_op(c);
+        self.check_lease_now(c);
         let now = self.now;
         let t0_lc = self.ck.tick();
         if let Some(reply) = self.clients[c].answer_from_cache(&op, now) {
@@ -1925,7 +2183,10 @@ impl Sim {
             let t = ptime(now);
             self.send_request(c, vec![wb.clone()], Some(t), Purpose::Writeback(n), done_lc);
             let session = self.clients[c].sid().expect("session");
-            self.ck.locals.insert(n, Local { client: c, session, op: wb, time: t, answer, done_lc, applied_k: None });
+            self.ck.locals.insert(
+                n,
+                Local { client: c, session, op: wb, time: t, answer, done_lc, applied_k: None, lost: false },
+            );
             let d = self.think();
             let inc = self.clients[c].incarnation;
             self.at(d, Ev::Wake { client: c, incarnation: inc });
@@ -1956,6 +2217,9 @@ impl Sim {
             self.clients[c].partition_until = self.now + d;
             self.ck.stats.partitions += 1;
             self.log(format!("client {c}: partitioned for {} ms", d / 1000));
+            if let (true, Some(conn)) = (self.chance(f.partition_drops), self.clients[c].conn) {
+                self.drop_conn(conn, "partition");
+            }
         }
         if self.chance(f.crash) {
             self.ck.stats.crashes += 1;
@@ -2222,6 +2486,9 @@ fn coherence_across_clients() {
                 total.partitions += s.partitions;
                 total.crashes += s.crashes;
                 total.goodbyes += s.goodbyes;
+                total.server_fenced += s.server_fenced;
+                total.peeks += s.peeks;
+                total.fenced += s.fenced;
                 total.checked += s.checked;
             }
             Err(report) => panic!("{report}"),
