@@ -2,14 +2,17 @@
 //!
 //! Every reply that carries an inode's state makes its session a *holder* of that inode:
 //! the client may cache it. When another session changes the inode, every holder is sent
-//! a recall and stops being a holder; the change's reply is held back until each of them
-//! answers (or a deadline passes, for a client that went silent).
+//! a recall; the change's reply is held back until each of them answers (or a deadline
+//! passes, for a client that went silent). A holder stays a holder until it answers (or
+//! that deadline passes): until then it may still answer from what it cached, so a
+//! second change of the inode recalls it again and waits for it too.
 //!
 //! Invariant (tests below and in session.rs): a change's response is released only when
-//! no other session that held the inode before the change still holds it unrecalled —
-//! so once a syscall returns on one client, no other client answers from older state.
+//! no other session that held the inode before the change may still answer from what it
+//! cached — so once a syscall returns on one client, no other client answers from older
+//! state.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crest_proto as p;
 
@@ -41,8 +44,11 @@ pub const CLIENT_LEASE_MS: u64 = 2_500;
 #[derive(Debug)]
 struct Wait {
     session: SessionId,
-    response: p::Response,
-    outstanding: HashSet<SessionId>,
+    /// `None` once the changer's session ended (the wait stays, to keep track of who has
+    /// answered).
+    response: Option<p::Response>,
+    /// Sessions that have not answered, and the inodes the recall named to each.
+    outstanding: BTreeMap<SessionId, Vec<u64>>,
     deadline_ms: u64,
 }
 
@@ -55,10 +61,16 @@ struct ExclusiveRecall {
 }
 
 /// Who holds what, and which responses wait.
+///
+/// Maps whose iteration order decides the order of what is sent are `BTreeMap`s: the
+/// core is a step function, and the same inputs must give the same outputs in the same
+/// order (the simulator, `tests/sim.rs`, replays a seed exactly).
 #[derive(Debug, Default)]
 pub struct Caps {
-    holders: HashMap<u64, Vec<SessionId>>,
-    waits: HashMap<u64, Wait>,
+    /// Inode → the sessions that may cache it, each with the latest recall of it the
+    /// session has not answered (`None`: not being recalled).
+    holders: HashMap<u64, BTreeMap<SessionId, Option<u64>>>,
+    waits: BTreeMap<u64, Wait>,
     next_recall: u64,
     /// Exclusive (`X`) rights: the holder answers operations on these inodes itself and
     /// ships them later (docs/protocol.md §4.1). Another session's request that involves
@@ -66,7 +78,7 @@ pub struct Caps {
     exclusive: HashMap<u64, SessionId>,
     /// Inode → the recall of its exclusive rights under way.
     recalling: HashMap<u64, u64>,
-    exclusive_recalls: HashMap<u64, ExclusiveRecall>,
+    exclusive_recalls: BTreeMap<u64, ExclusiveRecall>,
 }
 
 /// Something the server sends.
@@ -90,12 +102,13 @@ pub enum Outgoing {
 
 impl Caps {
     /// `session` may now cache these inodes.
+    ///
+    /// A recall of the inode still unanswered does not matter any more: the reply that
+    /// carries this grant follows the recall on the session's connection, so its client
+    /// drops the old state before it takes in the new one.
     pub fn grant(&mut self, session: SessionId, inodes: impl IntoIterator<Item = u64>) {
         for ino in inodes {
-            let h = self.holders.entry(ino).or_default();
-            if !h.contains(&session) {
-                h.push(session);
-            }
+            self.holders.entry(ino).or_default().insert(session, None);
         }
     }
 
@@ -103,37 +116,30 @@ impl Caps {
     /// the response itself if nobody else held them, else recalls (and the response
     /// later, from `recall_done` or `expire`).
     pub fn changed(&mut self, session: SessionId, inodes: &[u64], response: p::Response, now_ms: u64) -> Vec<Outgoing> {
-        let mut targets: HashMap<SessionId, Vec<u64>> = HashMap::new();
+        let mut targets: BTreeMap<SessionId, Vec<u64>> = BTreeMap::new();
         for &ino in inodes {
-            if let Some(h) = self.holders.get_mut(&ino) {
-                h.retain(|&t| {
-                    if t == session {
-                        return true;
-                    }
-                    let v = targets.entry(t).or_default();
-                    if !v.contains(&ino) {
-                        v.push(ino);
-                    }
-                    false
-                });
-                if h.is_empty() {
-                    self.holders.remove(&ino);
+            for &t in self.holders.get(&ino).into_iter().flat_map(BTreeMap::keys) {
+                let v = targets.entry(t).or_default();
+                if t != session && !v.contains(&ino) {
+                    v.push(ino);
                 }
             }
         }
+        targets.retain(|_, v| !v.is_empty());
         if targets.is_empty() {
             return vec![Outgoing::Response { session, response }];
         }
         self.next_recall += 1;
         let recall_id = self.next_recall;
         let mut out = Vec::with_capacity(targets.len());
-        let mut outstanding = HashSet::new();
-        for (t, inodes) in targets {
-            outstanding.insert(t);
-            out.push(Outgoing::Notify { session: t, notify: p::Notify::Recall { recall_id, inodes } });
+        for (&t, inodes) in &targets {
+            for ino in inodes {
+                self.holders.entry(*ino).or_default().insert(t, Some(recall_id));
+            }
+            out.push(Outgoing::Notify { session: t, notify: p::Notify::Recall { recall_id, inodes: inodes.clone() } });
         }
         let deadline_ms = now_ms + RECALL_TIMEOUT_MS;
-        self.waits.insert(recall_id, Wait { session, response, outstanding, deadline_ms });
+        self.waits.insert(recall_id, Wait { session, response: Some(response), outstanding: targets, deadline_ms });
         out
     }
 
@@ -144,11 +150,29 @@ impl Caps {
             return Vec::new();
         }
         let Some(w) = self.waits.get_mut(&recall_id) else { return Vec::new() };
-        w.outstanding.remove(&session);
-        if !w.outstanding.is_empty() {
+        let Some(inodes) = w.outstanding.remove(&session) else { return Vec::new() };
+        let done = w.outstanding.is_empty();
+        // It dropped these (and, its connection being in order, everything recalled
+        // before): it holds them no more, unless a later recall of one is unanswered.
+        self.unhold(session, &inodes, recall_id);
+        if !done {
             return Vec::new();
         }
-        self.waits.remove(&recall_id).map(release).into_iter().collect()
+        self.waits.remove(&recall_id).and_then(release).into_iter().collect()
+    }
+
+    /// `session` is no longer a holder of `inodes` as far as recall `recall_id` goes.
+    fn unhold(&mut self, session: SessionId, inodes: &[u64], recall_id: u64) {
+        for ino in inodes {
+            if let Some(h) = self.holders.get_mut(ino) {
+                if h.get(&session).is_some_and(|r| r.is_some_and(|r| r <= recall_id)) {
+                    h.remove(&session);
+                }
+                if h.is_empty() {
+                    self.holders.remove(ino);
+                }
+            }
+        }
     }
 
     /// Releases responses whose holders did not answer in time.
@@ -159,10 +183,14 @@ impl Caps {
             if let Some(w) = self.waits.remove(&id) {
                 tracing::warn!(
                     recall_id = id,
-                    sessions = ?w.outstanding,
+                    sessions = ?w.outstanding.keys().collect::<Vec<_>>(),
                     "recall not answered in {RECALL_TIMEOUT_MS} ms; releasing the change's reply"
                 );
-                out.push(release(w));
+                // What they cached before the change has expired on their side by now.
+                for (t, inodes) in &w.outstanding {
+                    self.unhold(*t, inodes, id);
+                }
+                out.extend(release(w));
             }
         }
         out
@@ -173,7 +201,7 @@ impl Caps {
     /// stay until it is fenced: its client may still write them back after a blip.)
     pub fn forget_shared(&mut self, session: SessionId) -> Vec<Outgoing> {
         self.holders.retain(|_, h| {
-            h.retain(|&t| t != session);
+            h.remove(&session);
             !h.is_empty()
         });
         let mut out = Vec::new();
@@ -188,7 +216,7 @@ impl Caps {
     /// waits for it.
     pub fn forget_holder(&mut self, session: SessionId) -> Vec<Outgoing> {
         self.holders.retain(|_, h| {
-            h.retain(|&t| t != session);
+            h.remove(&session);
             !h.is_empty()
         });
         let mine: Vec<u64> =
@@ -196,6 +224,8 @@ impl Caps {
         for id in mine {
             self.finish_exclusive_recall(id);
         }
+        // (A fenced session's client starts a new session and drops every right it held:
+        // nothing is left to recall from it.)
         self.exclusive.retain(|_, h| *h != session);
         let mut out = Vec::new();
         let ids: Vec<u64> = self.waits.keys().copied().collect();
@@ -208,8 +238,27 @@ impl Caps {
     /// A session ended: as `forget_holder`, and its own parked responses go too.
     pub fn forget_session(&mut self, session: SessionId) -> Vec<Outgoing> {
         let out = self.forget_holder(session);
-        self.waits.retain(|_, w| w.session != session);
+        for w in self.waits.values_mut().filter(|w| w.session == session) {
+            w.response = None;
+        }
         out
+    }
+
+    /// `session` is back on a new connection: every recall it has not answered is sent
+    /// again (the first notice may have been lost with the old connection): recalls of
+    /// what it cached that changes still wait for, and recalls of its exclusive rights
+    /// under way. (Exclusive rights are never taken back without an answer: a holder that
+    /// does not answer within a lease is fenced, and a fenced session cannot resume.) A
+    /// holder that hears a recall twice answers twice; the second answer changes nothing.
+    pub fn resumed(&self, session: SessionId) -> Vec<Outgoing> {
+        let shared = self.waits.iter().filter_map(|(id, w)| w.outstanding.get(&session).map(|inodes| (*id, inodes)));
+        let pending =
+            self.exclusive_recalls.iter().filter(|(_, r)| r.holder == session).map(|(id, r)| (*id, &r.inodes));
+        let mut out: Vec<(u64, Vec<u64>)> = shared.chain(pending).map(|(id, inodes)| (id, inodes.clone())).collect();
+        out.sort_unstable();
+        out.into_iter()
+            .map(|(recall_id, inodes)| Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } })
+            .collect()
     }
 
     /// `session` created `ino`: nobody else can know it yet, so it is the session's alone
@@ -239,7 +288,7 @@ impl Caps {
         out: &mut Vec<Outgoing>,
     ) -> HashSet<u64> {
         let mut wait = HashSet::new();
-        let mut fresh: HashMap<SessionId, Vec<u64>> = HashMap::new();
+        let mut fresh: BTreeMap<SessionId, Vec<u64>> = BTreeMap::new();
         for &ino in inodes {
             let Some(holder) = self.exclusive_elsewhere(session, ino) else { continue };
             match self.recalling.get(&ino) {
@@ -259,6 +308,10 @@ impl Caps {
             let id = self.next_recall;
             for &ino in &inodes {
                 self.recalling.insert(ino, id);
+                // Its answer ends its rights only on what it cached before this recall.
+                if let Some(r) = self.holders.get_mut(&ino).and_then(|h| h.get_mut(&holder)) {
+                    *r = Some(id);
+                }
             }
             out.push(Outgoing::Notify {
                 session: holder,
@@ -277,24 +330,22 @@ impl Caps {
     }
 
     /// Ends an exclusive recall: the holder flushed (everything it did before answering
-    /// arrived before the answer on its connection) and dropped its copies, or it went
-    /// silent. Either way it holds neither `X` nor `S` on those inodes any more.
+    /// arrived before the answer on its connection) and dropped its copies, or it was
+    /// fenced. Either way it holds `X` on those inodes no more, nor `S` unless it read
+    /// them again after the recall was sent.
     fn finish_exclusive_recall(&mut self, id: u64) -> bool {
         let Some(r) = self.exclusive_recalls.remove(&id) else { return false };
-        for ino in r.inodes {
+        for &ino in &r.inodes {
             if self.exclusive.get(&ino) == Some(&r.holder) {
                 self.exclusive.remove(&ino);
             }
             if self.recalling.get(&ino) == Some(&id) {
                 self.recalling.remove(&ino);
             }
-            if let Some(h) = self.holders.get_mut(&ino) {
-                h.retain(|&t| t != r.holder);
-                if h.is_empty() {
-                    self.holders.remove(&ino);
-                }
-            }
         }
+        // A holder that read an inode again after the recall was sent keeps it (the
+        // reply came after the recall on its connection: what it holds now is current).
+        self.unhold(r.holder, &r.inodes, id);
         true
     }
 
@@ -308,19 +359,24 @@ impl Caps {
         v
     }
 
+    /// Is `session`'s response to request `id` held back behind recalls?
+    pub fn holds_response(&self, session: SessionId, id: u64) -> bool {
+        self.waits.values().any(|w| w.session == session && w.response.as_ref().is_some_and(|r| r.id == id))
+    }
+
     /// Responses waiting (for tests and status).
     pub fn waiting(&self) -> usize {
-        self.waits.len()
+        self.waits.values().filter(|w| w.response.is_some()).count()
     }
 
     /// Sessions holding `ino` (for tests).
     pub fn holders_of(&self, ino: u64) -> Vec<SessionId> {
-        self.holders.get(&ino).cloned().unwrap_or_default()
+        self.holders.get(&ino).map(|h| h.keys().copied().collect()).unwrap_or_default()
     }
 }
 
-fn release(w: Wait) -> Outgoing {
-    Outgoing::Response { session: w.session, response: w.response }
+fn release(w: Wait) -> Option<Outgoing> {
+    w.response.map(|response| Outgoing::Response { session: w.session, response })
 }
 
 #[cfg(test)]
@@ -357,11 +413,13 @@ mod tests {
                 assert_eq!(inodes, &vec![10, 20]);
             }
         }
-        assert!(c.holders_of(10) == vec![1] && c.holders_of(20).is_empty());
+        assert_eq!((c.holders_of(10), c.holders_of(20)), (vec![1, 2], vec![2, 3]), "holders until they answer");
         assert!(c.recall_done(2, id).is_empty(), "3 has not answered yet");
+        assert_eq!((c.holders_of(10), c.holders_of(20)), (vec![1], vec![3]));
         assert!(c.recall_done(2, id).is_empty(), "a repeated answer changes nothing");
         assert_eq!(c.recall_done(3, id), vec![Outgoing::Response { session: 1, response: resp(7) }]);
         assert_eq!(c.waiting(), 0);
+        assert!(c.holders_of(20).is_empty());
     }
 
     #[test]
@@ -384,6 +442,74 @@ mod tests {
         let out = c.forget_session(2);
         assert_eq!(out, vec![Outgoing::Response { session: 1, response: resp(1) }]);
         assert_eq!(c.waiting(), 0, "session 2's own held reply is dropped with it");
+        assert!(c.holders_of(10).is_empty());
+    }
+
+    #[test]
+    fn a_holder_that_has_not_answered_its_recall_is_waited_for_by_the_next_change_too() {
+        // Found by tests/sim.rs (seed 2). 2 holds 10; 1 changes it and 2's recall is on
+        // its way (slow, or lost with 2's connection). Then 3 changes 10: until 2 has
+        // answered, it may still answer from what it cached, so 3's reply waits for it.
+        let mut c = Caps::default();
+        c.grant(2, [10]);
+        let out = c.changed(1, &[10], resp(1), 0);
+        let [Outgoing::Notify { session: 2, notify: p::Notify::Recall { recall_id: first, .. } }] = out[..] else {
+            panic!("{out:?}")
+        };
+        let out = c.changed(3, &[10], resp(2), 10);
+        let [Outgoing::Notify { session: 2, notify: p::Notify::Recall { recall_id: second, .. } }] = out[..] else {
+            panic!("3's change must recall 2 again and wait: {out:?}")
+        };
+        // 2 answers both, in order: each change's reply goes once 2 has dropped 10.
+        assert_eq!(c.recall_done(2, first), vec![Outgoing::Response { session: 1, response: resp(1) }]);
+        assert_eq!(c.holders_of(10), vec![2], "2 has not answered the second recall yet");
+        assert_eq!(c.recall_done(2, second), vec![Outgoing::Response { session: 3, response: resp(2) }]);
+        assert!(c.holders_of(10).is_empty());
+        // A holder that stays silent past its recall's deadline has let its cache expire:
+        // later changes stop waiting for it.
+        c.grant(2, [10]);
+        c.changed(1, &[10], resp(3), 100);
+        assert_eq!(c.expire(100 + RECALL_TIMEOUT_MS), vec![Outgoing::Response { session: 1, response: resp(3) }]);
+        assert_eq!(
+            c.changed(3, &[10], resp(4), 200 + RECALL_TIMEOUT_MS),
+            vec![Outgoing::Response { session: 3, response: resp(4) }]
+        );
+        // A holder that fetched again after its recall was sent holds the new state: its
+        // answer to the old recall does not end that.
+        c.grant(2, [10]);
+        let out = c.changed(1, &[10], resp(5), 300);
+        let [Outgoing::Notify { notify: p::Notify::Recall { recall_id: old, .. }, .. }] = out[..] else {
+            panic!("{out:?}")
+        };
+        c.grant(2, [10]);
+        c.recall_done(2, old);
+        assert_eq!(c.holders_of(10), vec![2]);
+    }
+
+    #[test]
+    fn a_holder_that_read_again_after_its_exclusive_recall_was_sent_stays_a_holder() {
+        // Found by tests/sim.rs (seed 1454359249465460950). 1 made 10 and holds it
+        // exclusively; 2 needs it, so it is recalled from 1. Before 1 answers, 1 reads 10
+        // again: that reply follows the recall on 1's connection, so 1 caches what it
+        // carries. 1's answer must not end that: 3's next change of 10 recalls 1 again.
+        let mut c = Caps::default();
+        c.grant(1, [10]);
+        c.grant_exclusive(1, 10);
+        let mut out = Vec::new();
+        let wait = c.recall_exclusive(2, &[10], 0, &mut out);
+        let id = *wait.iter().next().expect("a recall");
+        c.grant(1, [10]);
+        c.recall_done(1, id);
+        assert_eq!(c.holders_of(10), vec![1]);
+        assert_eq!(c.exclusive_elsewhere(2, 10), None, "the exclusive right is gone all the same");
+        let out = c.changed(3, &[10], resp(1), 10);
+        assert!(matches!(out[..], [Outgoing::Notify { session: 1, .. }]), "{out:?}");
+        // Without the second read, the answer ends 1's rights on 10.
+        let mut c = Caps::default();
+        c.grant(1, [10]);
+        c.grant_exclusive(1, 10);
+        let wait = c.recall_exclusive(2, &[10], 0, &mut Vec::new());
+        c.recall_done(1, *wait.iter().next().expect("a recall"));
         assert!(c.holders_of(10).is_empty());
     }
 }

@@ -19,4 +19,4 @@ pub mod locks;
 pub mod session;
 
 pub use caps::Outgoing;
-pub use session::{Server, SessionId, REPLY_CACHE_ENTRIES};
+pub use session::{Applied, Server, SessionId, REPLY_CACHE_ENTRIES};

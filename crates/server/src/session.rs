@@ -106,6 +106,22 @@ pub struct Server {
     grace_parked: VecDeque<(SessionId, p::Request)>,
     /// fcntl and flock locks, by inode.
     locks: LockTable,
+    /// Requests run or answered, in order, while `record_applied` is on (for simulators).
+    applied: Option<Vec<Applied>>,
+}
+
+/// A request the server ran, or answered from its reply cache, in the order the effects
+/// took place (`Server::record_applied`). A simulator replays these on a model of the file
+/// system: which requests ran, and in which order, is otherwise hidden inside the core
+/// (parked requests run inside `recall_done` and `tick`; held responses come out later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// Whose request.
+    pub session: SessionId,
+    /// Its id.
+    pub id: u64,
+    /// Answered from the reply cache: nothing ran.
+    pub from_cache: bool,
 }
 
 /// A request that involves inodes another session holds exclusively: it runs once that
@@ -188,7 +204,19 @@ impl Server {
             grace_until: None,
             grace_parked: VecDeque::new(),
             locks: LockTable::default(),
+            applied: None,
         }
+    }
+
+    /// From now on, remember every request run or answered from the reply cache, for
+    /// `take_applied`. Off by default: only simulators need it.
+    pub fn record_applied(&mut self) {
+        self.applied.get_or_insert_with(Vec::new);
+    }
+
+    /// What ran since the last call, oldest first (empty unless `record_applied`).
+    pub fn take_applied(&mut self) -> Vec<Applied> {
+        self.applied.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The store (for shutdown and status).
@@ -213,6 +241,9 @@ impl Server {
                 self.disconnected.remove(&t.id);
                 let durable_seq = s.awaiting_resume.take().map(|_| s.durable);
                 tracing::info!(session = t.id, client = %hello.client_name, ?durable_seq, "session resumed");
+                // Recalls it may have missed while away (sent after the welcome).
+                let again = self.caps.resumed(t.id);
+                self.outbox.extend(again);
                 return (Some(t.id), self.welcome(t.id, true, durable_seq, false));
             }
         }
@@ -267,12 +298,24 @@ impl Server {
         }
         let read_only = !req.ops.iter().any(Op::is_mutation);
         let retry = read_only.then(|| req.clone());
+        let (id, from_cache) = (req.id, self.sessions.get(&session).is_some_and(|s| s.replies.contains_key(&req.id)));
+        if from_cache && self.caps.holds_response(session, id) {
+            // A resend (its connection broke) of a change whose reply still waits for
+            // other holders to drop what they cached: answering it from the reply cache
+            // now would let the call return before they have. The held reply goes to
+            // the session's current connection when they answer.
+            tracing::debug!(session, id, "resent while its reply waits on recalls");
+            return;
+        }
         let response = self.handle_request(session, req, now);
         let carried = std::mem::take(&mut self.carried);
         if let Some(req) = retry {
             if self.park_if_exclusive(session, &req, &carried, now_ms) {
                 return;
             }
+        }
+        if let Some(log) = &mut self.applied {
+            log.push(Applied { session, id, from_cache });
         }
         let changed = std::mem::take(&mut self.changed);
         let out = self.caps.changed(session, &changed, response, now_ms);
@@ -357,6 +400,12 @@ impl Server {
         for (session, req) in std::mem::take(&mut self.grace_parked) {
             self.handle(session, req, now);
         }
+    }
+
+    /// Was `session` fenced? (For simulators: the moment its unapplied writebacks are
+    /// lost is otherwise hidden inside `tick`.)
+    pub fn is_fenced(&self, session: SessionId) -> bool {
+        self.fenced.contains(&session)
     }
 
     /// `session` said something at `now_ms`: its lease runs from here.
@@ -564,6 +613,9 @@ impl Server {
                 }
             }
         }
+        // Sessions are kept in a hash map: sort, so that what this sends comes out in
+        // the same order every time (a simulator seed must replay exactly).
+        expired.sort_unstable();
         for id in expired {
             tracing::warn!(session = id, "client did not come back after the restart; its session is dropped");
             self.end_session(id);
@@ -595,12 +647,13 @@ impl Server {
                 self.last_heard.remove(&id);
             }
         }
-        let gone: Vec<SessionId> = self
+        let mut gone: Vec<SessionId> = self
             .disconnected
             .iter()
             .filter(|(_, &at)| now_ms >= at + crate::caps::DISCONNECTED_HOLDER_MS)
             .map(|(s, _)| *s)
             .collect();
+        gone.sort_unstable();
         for s in gone {
             // Its shared rights lapse (its cache has expired by now); its locks and
             // exclusive rights wait for the fencing delay, in case it comes back.
@@ -1439,5 +1492,124 @@ mod tests {
         srv.heard(c, crate::caps::GRACE_MS);
         srv.tick(crate::caps::GRACE_MS).expect("tick");
         assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == c));
+    }
+
+    /// a holds d exclusively; b's lookup in d recalls it, but a's connection is gone, so
+    /// the notice is lost (the shell has nowhere to send it). Found by `tests/sim.rs`.
+    fn recall_lost_with_the_connection() -> (Server, SessionId, SessionId, p::SessionToken, u64) {
+        let mut srv = server();
+        let (a, w) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+        let (b, _) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        let mkdir = Op::Create {
+            parent: 1,
+            name: b"d".to_vec(),
+            kind: p::FileType::Directory,
+            mode: 0o755,
+            rdev: 0,
+            cred: p::Cred::default(),
+        };
+        srv.handle(a, p::Request { id: 1, ops: vec![mkdir], time: None }, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        let Ok(Reply::Entry(d)) = &response.results[0] else { panic!("{response:?}") };
+        let d = d.ino;
+        srv.disconnected(a, millis(NOW));
+        let lookup = p::Request { id: 1, ops: vec![Op::Lookup { parent: d, name: b"x".to_vec() }], time: None };
+        srv.handle(b, lookup, NOW);
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
+        (srv, a, b, w.session, d)
+    }
+
+    #[test]
+    fn a_recall_lost_with_the_connection_is_sent_again_when_the_session_resumes() {
+        let (mut srv, a, b, token, d) = recall_lost_with_the_connection();
+        // a comes back within the deadline: it must hear the recall again, or it keeps
+        // answering from d as its own while the server waits for nothing.
+        let (again, _) = srv.handle_hello(&hello(Some(token)));
+        assert_eq!(again, Some(a));
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected the recall again: {out:?}")
+        };
+        assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
+        srv.recall_done(a, *recall_id, NOW);
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+    }
+
+    #[test]
+    fn an_exclusive_recall_is_sent_again_on_a_late_resume_and_its_holder_fenced_if_it_stays_away() {
+        let (mut srv, a, b, token, d) = recall_lost_with_the_connection();
+        // Past a shared recall's deadline b's lookup still waits: exclusive rights are not
+        // taken back unanswered (a may still write back what it answered itself)…
+        srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS).expect("tick");
+        assert!(srv.take_outgoing().is_empty());
+        // …and a, back before the fencing delay, hears the recall again.
+        srv.handle_hello(&hello(Some(token)));
+        srv.heard(a, millis(NOW) + crate::caps::RECALL_TIMEOUT_MS);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected the recall again: {out:?}")
+        };
+        assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
+        let recall_id = *recall_id;
+        // Its connection goes again before it answers, and it stays away: it is fenced,
+        // b's lookup runs, and a's resume is told (it drops everything, replays nothing).
+        let gone = millis(NOW) + crate::caps::RECALL_TIMEOUT_MS + 1;
+        srv.disconnected(a, gone);
+        srv.heard(b, gone + crate::caps::DISCONNECTED_FENCE_MS);
+        srv.tick(gone + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+        let (_, msg) = srv.handle_hello(&hello(Some(token)));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
+        assert!(srv.take_outgoing().is_empty(), "nothing is recalled from a new session");
+        // Its late answer to the old recall changes nothing.
+        srv.recall_done(a, recall_id, NOW);
+        assert!(srv.take_outgoing().is_empty());
+    }
+
+    #[test]
+    fn a_resent_change_whose_reply_waits_on_recalls_is_not_answered_before_they_are() {
+        // Found by tests/sim.rs: b caches the root; a's mkdir changes it and its reply
+        // waits for b's answer. a's connection breaks and a resends the mkdir: the reply
+        // cache must not answer it before b has dropped what it cached.
+        let mut srv = server();
+        let (a, _) = srv.handle_hello(&hello(None));
+        let (b, _) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        srv.handle(b, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+        srv.take_outgoing();
+        let mkdir = p::Request {
+            id: 1,
+            ops: vec![Op::Create {
+                parent: 1,
+                name: b"d".to_vec(),
+                kind: p::FileType::Directory,
+                mode: 0o755,
+                rdev: 0,
+                cred: p::Cred::default(),
+            }],
+            time: None,
+        };
+        srv.handle(a, mkdir.clone(), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(*session, b);
+        let recall_id = *recall_id;
+        srv.disconnected(a, millis(NOW));
+        srv.handle(a, mkdir, NOW);
+        assert!(srv.take_outgoing().is_empty(), "the resend waits with the original");
+        srv.recall_done(b, recall_id, NOW);
+        let out = srv.take_outgoing();
+        assert!(
+            matches!(&out[..], [Outgoing::Response { session, response }] if *session == a && response.id == 1),
+            "{out:?}"
+        );
     }
 }
