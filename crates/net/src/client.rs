@@ -613,6 +613,18 @@ impl Lease {
     }
 }
 
+/// How often the lease is checked: a client drops its rights at most this long after
+/// `CLIENT_LEASE` (2.5 s + 0.25 s, inside the server's 3 s fencing delay).
+const LEASE_CHECK: Duration = Duration::from_millis(250);
+
+async fn watch_lease(lease: Arc<Mutex<Lease>>, rights: RightsHook) {
+    let mut tick = tokio::time::interval(LEASE_CHECK);
+    loop {
+        tick.tick().await;
+        lease.lock().unwrap_or_else(|e| e.into_inner()).check(&rights);
+    }
+}
+
 /// The session was fenced: nothing pending or unacknowledged-durable will be applied.
 /// Callers and writeback completions are told (EIO), the replay log goes, and so does
 /// every right.
@@ -660,9 +672,12 @@ async fn run(
     let mut fsid: Option<[u8; 16]> = None;
     let mut backoff = Duration::from_millis(20);
     let started = tokio::time::Instant::now();
-    let mut lease = Lease { last_heard: started, expired: false };
+    // The lease is watched by a task of its own, so that it lapses on time whatever this
+    // loop is waiting for (a connect, a handshake, a backoff, a full socket).
+    let lease = Arc::new(Mutex::new(Lease { last_heard: started, expired: false }));
+    tokio::spawn(watch_lease(lease.clone(), rights.clone()));
+    let heard = || lease.lock().unwrap_or_else(|e| e.into_inner()).heard();
     loop {
-        lease.check(&rights);
         let stream = match TcpStream::connect(&addr).await {
             Ok(s) => s,
             Err(e) => {
@@ -675,7 +690,6 @@ async fn run(
                 let sleep = tokio::time::sleep(backoff);
                 tokio::pin!(sleep);
                 loop {
-                    lease.check(&rights);
                     tokio::select! {
                         _ = &mut sleep => break,
                         c = calls.recv() => match c {
@@ -724,7 +738,7 @@ async fn run(
         };
         match welcome {
             Some(ServerMessage::Welcome(w)) => {
-                lease.heard();
+                heard();
                 if w.fenced {
                     fenced(&addr, &mut pending, &mut log, &rights);
                 }
@@ -803,7 +817,6 @@ async fn run(
         loop {
             tokio::select! {
                 _ = beat.tick() => {
-                    lease.check(&rights);
                     if last_sent.elapsed() >= HEARTBEAT {
                         // An empty request: the server renews the lease and answers.
                         write_frame(&mut out, &ClientMessage::Request(p::Request { id: HEARTBEAT_ID, ops: Vec::new(), time: None }));
@@ -879,7 +892,7 @@ async fn run(
                     match r {
                         Ok(n) if n > 0 => {
                             decoder.handle_bytes(&buf[..n]);
-                            lease.heard();
+                            heard();
                         }
                         _ => {
                             tracing::warn!("connection to {addr} lost; {} requests pending", pending.len());

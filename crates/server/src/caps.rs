@@ -36,8 +36,9 @@ pub const GRACE_MS: u64 = LEASE_MS;
 /// How often an idle client says it is alive.
 pub const HEARTBEAT_MS: u64 = 1_000;
 /// A client that has heard nothing from the server for this long drops every right it
-/// holds and everything it cached under them: well before the server can have fenced it
-/// (`DISCONNECTED_FENCE_MS` after its connection went, `LEASE_MS` after its last word).
+/// holds and everything it cached under them (checked every 250 ms): before the server
+/// can have fenced it (`DISCONNECTED_FENCE_MS` after its connection went, `LEASE_MS`
+/// after its last word).
 pub const CLIENT_LEASE_MS: u64 = 2_500;
 
 /// A response held back until recalls are answered.

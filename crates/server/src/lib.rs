@@ -10,8 +10,10 @@
 //! - each session's reply cache holds at most `REPLY_CACHE_ENTRIES` responses, evicting
 //!   the oldest; clients never have more requests than that in flight;
 //! - every store error becomes an errno plus a message at this edge;
-//! - a session's locks (`locks`) go when it ends or has been disconnected for
-//!   `caps::DISCONNECTED_HOLDER_MS`: a dead client never blocks others for longer.
+//! - a session's locks (`locks`) and rights go when it ends or is fenced (silent
+//!   `caps::LEASE_MS`, disconnected `caps::DISCONNECTED_FENCE_MS`, or sitting on an
+//!   exclusive recall a lease long): a dead client never blocks others for longer, and a
+//!   fenced session's later requests are refused.
 
 pub mod caps;
 pub mod convert;

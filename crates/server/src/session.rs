@@ -373,6 +373,10 @@ impl Server {
     /// `session`'s connection is gone (it may come back and resume). After
     /// `DISCONNECTED_HOLDER_MS` it no longer holds anything: changes stop waiting for it.
     pub fn disconnected(&mut self, session: SessionId, now_ms: u64) {
+        // A fenced or ended session's connection closing leaves nothing to track.
+        if !self.sessions.contains_key(&session) {
+            return;
+        }
         self.disconnected.insert(session, now_ms);
     }
 
