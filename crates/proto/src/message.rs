@@ -409,7 +409,8 @@ impl Op {
         )
     }
 
-    /// The inode a successful reply to this operation creates, if it creates one.
+    /// True for operations whose successful reply names an inode they created (its creator
+    /// holds it exclusively).
     pub fn creates(&self) -> bool {
         matches!(self, Op::Create { .. } | Op::Symlink { .. } | Op::CreateAt { .. } | Op::SymlinkAt { .. })
     }

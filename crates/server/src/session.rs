@@ -1009,10 +1009,31 @@ mod tests {
     use super::*;
     use crest_store::{MemDisk, MkfsOptions};
 
-    fn server() -> Server {
+    /// A new file system on a shared in-memory disk (to reopen after a simulated crash).
+    fn fresh_disk() -> MemDisk {
         let disk = MemDisk::new(16 << 20);
         Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
-        Server::new(Store::open(Box::new(disk)).expect("open"))
+        disk
+    }
+
+    fn server() -> Server {
+        Server::new(Store::open(Box::new(fresh_disk())).expect("open"))
+    }
+
+    /// Request `id`: create regular file `name` in the root.
+    fn create_in_root(id: u64, name: &str) -> p::Request {
+        p::Request {
+            id,
+            ops: vec![Op::Create {
+                parent: 1,
+                name: name.as_bytes().to_vec(),
+                kind: p::FileType::Regular,
+                mode: 0o644,
+                rdev: 0,
+                cred: p::Cred::default(),
+            }],
+            time: None,
+        }
     }
 
     fn hello(resume: Option<p::SessionToken>) -> p::Hello {
@@ -1030,18 +1051,7 @@ mod tests {
             p::ServerMessage::Welcome(w) => w.session,
             other => panic!("{other:?}"),
         };
-        let create = p::Request {
-            id: 1,
-            ops: vec![Op::Create {
-                parent: 1,
-                name: b"f".to_vec(),
-                kind: p::FileType::Regular,
-                mode: 0o644,
-                rdev: 0,
-                cred: p::Cred::default(),
-            }],
-            time: None,
-        };
+        let create = create_in_root(1, "f");
         let first = srv.handle_request(sid, create.clone(), NOW);
         assert!(first.results[0].is_ok());
         // The connection drops; the client resumes and retries the same id.
@@ -1130,24 +1140,12 @@ mod tests {
 
     #[test]
     fn after_a_crash_a_resumed_session_learns_exactly_which_changes_survived() {
-        let disk = MemDisk::new(16 << 20);
-        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+        let disk = fresh_disk();
         let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
         let (sid, w) = srv.handle_hello(&hello(None));
         let sid = sid.expect("session");
         let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
-        let mk = |id, name: &str| p::Request {
-            id,
-            ops: vec![Op::Create {
-                parent: 1,
-                name: name.as_bytes().to_vec(),
-                kind: p::FileType::Regular,
-                mode: 0o644,
-                rdev: 0,
-                cred: p::Cred::default(),
-            }],
-            time: None,
-        };
+        let mk = create_in_root;
         let r1 = srv.handle_request(sid, mk(1, "one"), NOW);
         assert_eq!((r1.seq, r1.durable), (1, 0));
         let read = srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
@@ -1180,8 +1178,7 @@ mod tests {
 
     #[test]
     fn restored_sessions_expire_when_their_client_never_returns() {
-        let disk = MemDisk::new(16 << 20);
-        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+        let disk = fresh_disk();
         let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
         let (sid, _) = srv.handle_hello(&hello(None));
         let req = p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None };
@@ -1273,18 +1270,7 @@ mod tests {
         let lookup = |id| p::Request { id, ops: vec![Op::Lookup { parent: 1, name: b"x".to_vec() }], time: None };
         srv.handle(b, lookup(1), NOW);
         assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == b));
-        let create = p::Request {
-            id: 1,
-            ops: vec![Op::Create {
-                parent: 1,
-                name: b"x".to_vec(),
-                kind: p::FileType::Regular,
-                mode: 0o644,
-                rdev: 0,
-                cred: p::Cred::default(),
-            }],
-            time: None,
-        };
+        let create = create_in_root(1, "x");
         srv.handle(a, create, NOW);
         let out = srv.take_outgoing();
         let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
@@ -1417,8 +1403,7 @@ mod tests {
 
     #[test]
     fn after_a_restart_no_one_sees_older_state_than_another_clients_lost_acknowledged_change() {
-        let disk = MemDisk::new(16 << 20);
-        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+        let disk = fresh_disk();
         let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
         let token = |m: p::ServerMessage| match m {
             p::ServerMessage::Welcome(w) => w.session,
@@ -1427,18 +1412,7 @@ mod tests {
         let (a, wa) = srv.handle_hello(&hello(None));
         let (b, wb) = srv.handle_hello(&hello(None));
         let (a, b, ta, tb) = (a.expect("a"), b.expect("b"), token(wa), token(wb));
-        let mk = |id, name: &str| p::Request {
-            id,
-            ops: vec![Op::Create {
-                parent: 1,
-                name: name.as_bytes().to_vec(),
-                kind: p::FileType::Regular,
-                mode: 0o644,
-                rdev: 0,
-                cred: p::Cred::default(),
-            }],
-            time: None,
-        };
+        let mk = create_in_root;
         let lookup = |id, name: &str| p::Request {
             id,
             ops: vec![Op::Lookup { parent: 1, name: name.as_bytes().to_vec() }],
@@ -1480,8 +1454,7 @@ mod tests {
 
     #[test]
     fn the_grace_period_ends_without_clients_that_never_come_back() {
-        let disk = MemDisk::new(16 << 20);
-        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+        let disk = fresh_disk();
         let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
         let (a, _) = srv.handle_hello(&hello(None));
         srv.handle_request(a.expect("a"), p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
