@@ -389,6 +389,41 @@ pub enum Op {
 }
 
 impl Op {
+    /// The operation's kind, for logs and counters.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Lookup { .. } => "lookup",
+            Op::GetAttr { .. } => "get_attr",
+            Op::SetAttr { .. } => "set_attr",
+            Op::ReadDir { .. } => "read_dir",
+            Op::Create { .. } => "create",
+            Op::Symlink { .. } => "symlink",
+            Op::Link { .. } => "link",
+            Op::Unlink { .. } => "unlink",
+            Op::Rmdir { .. } => "rmdir",
+            Op::Rename { .. } => "rename",
+            Op::ReadLink { .. } => "read_link",
+            Op::Open { .. } => "open",
+            Op::Release { .. } => "release",
+            Op::Read { .. } => "read",
+            Op::Write { .. } => "write",
+            Op::Append { .. } => "append",
+            Op::Fallocate { .. } => "fallocate",
+            Op::Fsync { .. } => "fsync",
+            Op::StatFs => "stat_fs",
+            Op::SetXattr { .. } => "set_xattr",
+            Op::GetXattr { .. } => "get_xattr",
+            Op::ListXattr { .. } => "list_xattr",
+            Op::RemoveXattr { .. } => "remove_xattr",
+            Op::At { .. } => "at",
+            Op::AllocInodes { .. } => "alloc_inodes",
+            Op::CreateAt { .. } => "create_at",
+            Op::SymlinkAt { .. } => "symlink_at",
+            Op::SetLock { .. } => "set_lock",
+            Op::GetLock { .. } => "get_lock",
+        }
+    }
+
     /// True for operations that change the file system (these go through the reply cache).
     /// Locks change no stored state: a retried `SetLock` of the same owner finds its own
     /// lock and grants it again, so locks need neither the reply cache nor replay.

@@ -1,6 +1,6 @@
 //! Sessions, the reply cache and the dispatch of operations to the store.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use crest_proto::{self as p, Op, Reply};
 use crest_store::{self as s, Store};
@@ -108,6 +108,8 @@ pub struct Server {
     locks: LockTable,
     /// Requests run or answered, in order, while `record_applied` is on (for simulators).
     applied: Option<Vec<Applied>>,
+    /// Operations run since start, by kind (logged at shutdown: what a workload cost).
+    served: BTreeMap<&'static str, u64>,
 }
 
 /// A request the server ran, or answered from its reply cache, in the order the effects
@@ -205,6 +207,7 @@ impl Server {
             grace_parked: VecDeque::new(),
             locks: LockTable::default(),
             applied: None,
+            served: BTreeMap::new(),
         }
     }
 
@@ -226,6 +229,11 @@ impl Server {
 
     /// Hands the store back.
     pub fn into_store(self) -> Store {
+        if !self.served.is_empty() {
+            let total: u64 = self.served.values().sum();
+            let kinds: Vec<String> = self.served.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            tracing::info!("served {total} operations: {}", kinds.join(", "));
+        }
         self.store
     }
 
@@ -497,6 +505,7 @@ impl Server {
                     results.push(Ok(Reply::Done));
                     continue;
                 }
+                *self.served.entry(op.name()).or_default() += 1;
                 let touched = self.touches(&op);
                 let inode_of_op = op_inode(&op);
                 let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
