@@ -5,10 +5,11 @@
 #   CREST_FSX_OPS     fsx operations (default 100000; the long mode runs millions)
 #   CREST_TAR         tar to round-trip (default: the ~20K-file kernel subset)
 #   CREST_E2E_ONLY    run only checks whose name contains this word
+#   CREST_BIN         the crest binary to test (default target/release/crest)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-crest=$root/target/release/crest
+crest=${CREST_BIN:-$root/target/release/crest} # CREST_BIN: test a copy (and rebuild meanwhile)
 [ -x "$crest" ] || { echo "build first: cargo build --release" >&2; exit 2; }
 work=$(mktemp -d /tmp/crest-e2e.XXXXXX)
 chmod 755 "$work" # pjdfstest switches to unprivileged users who must reach the mount

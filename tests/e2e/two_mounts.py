@@ -61,6 +61,7 @@ def main():
     concurrent_appenders()
     direct_writer_buffered_reader()
     writeback_is_seen_at_once()
+    acquired_directories_trade_hands()
 
 
 def namespace_and_attributes():
@@ -244,6 +245,47 @@ def writeback_is_seen_at_once():
             os.unlink(p)
     os.rmdir(a("wb"))
     check("writeback: B sees the tree gone", not exists(b("wb")))
+
+
+def acquired_directories_trade_hands():
+    """B makes a tree (B holds it); A removes it file by file: A's first change in each
+    directory takes that directory whole (Op::Acquire, recalling B), then A answers the
+    rest itself. After each of A's calls B's next one sees it; then B creates in a
+    directory A holds (A gives it back) and A sees B's file at once."""
+    os.mkdir(b("acq"))
+    for d in range(4):
+        os.mkdir(b("acq", f"d{d}"))
+        for i in range(50):
+            write(b("acq", f"d{d}", f"f{i:02d}"), f"{d}/{i}".encode())
+    check("acquire: A sees B's tree", len(os.listdir(a("acq", "d0"))) == 50)
+    bad = []
+    for d in range(4):
+        for i in range(50):
+            os.unlink(a("acq", f"d{d}", f"f{i:02d}"))
+            if exists(b("acq", f"d{d}", f"f{i:02d}")):
+                bad.append(f"d{d}/f{i:02d}")
+        left = sorted(os.listdir(b("acq", f"d{d}")))
+        if left:
+            bad.append(f"d{d} lists {left[:3]}")
+    check("acquire: B's next call sees each of A's unlinks", not bad, str(bad[:5]))
+    write(b("acq", "d0", "new"), b"from b")
+    check("acquire: A sees B's file in a directory A held", read(a("acq", "d0", "new")) == b"from b")
+    write(a("acq", "d1", "new"), b"from a")
+    check("acquire: B sees A's file in a directory A held", read(b("acq", "d1", "new")) == b"from a")
+    st_a, st_b = os.stat(a("acq", "d1")), os.stat(b("acq", "d1"))
+    check(
+        "acquire: both see the same directory attributes",
+        (st_a.st_nlink, st_a.st_mtime_ns) == (st_b.st_nlink, st_b.st_mtime_ns),
+        f"{st_a} vs {st_b}",
+    )
+    for d in range(4):
+        for n in os.listdir(a("acq", f"d{d}")):
+            os.unlink(a("acq", f"d{d}", n))
+        os.rmdir(a("acq", f"d{d}"))
+        if exists(b("acq", f"d{d}")):
+            bad.append(f"d{d} still there")
+    os.rmdir(a("acq"))
+    check("acquire: B sees A's rmdirs at once", not bad and not exists(b("acq")), str(bad[:5]))
 
 
 try:

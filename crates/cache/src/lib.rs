@@ -98,6 +98,9 @@ pub struct NameCache {
     kernel_inval: Vec<(u64, Vec<u8>)>,
     /// Inodes this mount created and set no extended attribute on since.
     no_xattrs: HashSet<u64>,
+    /// Directories acquired whole (`absorb_acquired`) and held since: their entries were
+    /// granted with them.
+    acquired: HashSet<u64>,
 }
 
 fn cacheable(name: &[u8]) -> bool {
@@ -120,6 +123,7 @@ impl NameCache {
             kernel_entries: HashMap::new(),
             kernel_inval: Vec::new(),
             no_xattrs: HashSet::new(),
+            acquired: HashSet::new(),
         }
     }
 
@@ -161,6 +165,31 @@ impl NameCache {
             return;
         }
         self.hold(dir, 0, u64::MAX, items, now);
+    }
+
+    /// Takes in a directory this mount acquired (`Op::Acquire`, fetched at `epoch`): its
+    /// attributes and every entry, held for as long as the exclusive rights that came with
+    /// them. False (nothing taken) when a change made through this mount, or a recall,
+    /// came in between, or `leaf` does not cover every name.
+    pub fn absorb_acquired(&mut self, dir: &p::Attr, leaf: &DirLeaf, epoch: Epoch, now: Instant) -> bool {
+        if epoch.0 != self.epoch || self.ttl.is_zero() || leaf.hash_lo != 0 || leaf.hash_hi != u64::MAX {
+            return false;
+        }
+        self.hold(dir.ino, 0, u64::MAX, &leaf.items, now);
+        self.attrs.insert(dir.ino, Attr { attr: dir.clone(), expires: now + self.ttl });
+        self.acquired.insert(dir.ino);
+        true
+    }
+
+    /// True when this mount acquired `dir` whole and still holds it (its entries may have
+    /// been recalled one by one since).
+    pub fn holds_whole(&self, dir: u64) -> bool {
+        self.acquired.contains(&dir) && self.exclusive.contains(&dir)
+    }
+
+    /// True when this cache holds anything at all (its time to live is not zero).
+    pub fn caching(&self) -> bool {
+        !self.ttl.is_zero()
     }
 
     fn hold(&mut self, dir: u64, lo: u64, hi: u64, items: &[p::DirItem], now: Instant) {
@@ -315,6 +344,7 @@ impl NameCache {
     /// hold none, and drop what only they kept valid.
     pub fn reset_rights(&mut self) {
         self.exclusive.clear();
+        self.acquired.clear();
         self.no_xattrs.clear();
         let dirs: Vec<u64> = self.kernel_entries.keys().copied().collect();
         for d in dirs {
@@ -332,6 +362,7 @@ impl NameCache {
     /// wire order); a recall of an inode not held exclusively leaves a tombstone.
     pub fn recall_rights(&mut self, ino: u64, now: Instant) {
         self.no_xattrs.remove(&ino);
+        self.acquired.remove(&ino);
         if !self.exclusive.remove(&ino) {
             self.tombstones.insert(ino, now);
         }

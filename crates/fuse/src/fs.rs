@@ -74,6 +74,8 @@ const INLINE_BYTES: u64 = 1024;
 /// The server's link limit: directories near it are created synchronously, so the
 /// server's EMLINK reaches the caller.
 const LINK_MAX_MARGIN: u32 = 64_000;
+/// How often one directory may be asked for whole (`Op::Acquire`) by this mount.
+const ACQUIRE_RETRY: Duration = Duration::from_secs(1);
 /// Largest file end a writeback write may produce (the server refuses larger: EFBIG).
 const MAX_WRITEBACK_END: u64 = 1 << 60;
 
@@ -99,6 +101,8 @@ pub struct CrestFs {
     pool: Mutex<(u64, u64)>,
     /// Lock owners that may hold locks on the server (see crate::locks).
     lock_owners: Arc<Mutex<Owners>>,
+    /// Directories this mount last asked to hold whole (`Op::Acquire`), and when.
+    acquire_tried: Mutex<HashMap<u64, Instant>>,
 }
 
 /// Tells the cache about rights, on the connection thread in wire order.
@@ -290,6 +294,7 @@ impl CrestFs {
             idle: Arc::new(Condvar::new()),
             pool: Mutex::new((0, 0)),
             lock_owners: Arc::new(Mutex::new(Owners::default())),
+            acquire_tried: Mutex::new(HashMap::new()),
         }
     }
 
@@ -486,6 +491,47 @@ impl CrestFs {
         Some(attr)
     }
 
+    /// Asks the server for `dir` whole — exclusive rights on it and on everything it names,
+    /// with every entry — before a change in it that this mount would otherwise send and
+    /// wait for. Then this change and the ones after it (an `rm -rf`, a build's outputs)
+    /// are answered here. At most once per `ACQUIRE_RETRY` per directory, so two mounts
+    /// working in one directory trade it at that pace at most. True when `dir` is now held
+    /// whole.
+    fn acquire(&self, dir: u64) -> bool {
+        let epoch = {
+            let c = lock(&self.names);
+            // (A directory held through its parent's acquire still has to be listed.)
+            if !c.caching() || c.holds_whole(dir) {
+                return false;
+            }
+            c.epoch()
+        };
+        let now = Instant::now();
+        {
+            let mut tried = lock(&self.acquire_tried);
+            if tried.get(&dir).is_some_and(|&t| now.duration_since(t) < ACQUIRE_RETRY) {
+                return false;
+            }
+            if tried.len() >= 4096 {
+                tried.retain(|_, t| now.duration_since(*t) < ACQUIRE_RETRY);
+            }
+            tried.insert(dir, now);
+        }
+        match self.one("acquire", Op::Acquire { ino: dir }) {
+            Ok(Reply::Lookup { attr: Some(a), leaf }) => {
+                lock(&self.names).absorb_acquired(&a, &leaf, epoch, Instant::now())
+            }
+            Ok(r) => {
+                tracing::warn!("{}", unexpected("acquire", &r));
+                false
+            }
+            Err(e) => {
+                tracing::debug!("{e}");
+                false
+            }
+        }
+    }
+
     /// Opens a regular file without waiting when its attributes are held (under a right:
     /// a change elsewhere would have recalled them), so whether the kernel may keep its
     /// pages is known here. The `Open` — which keeps an unlinked file alive on the
@@ -672,6 +718,11 @@ impl CrestFs {
     ) -> Result<p::Attr, Error> {
         if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, rdev, None, false) {
             return Ok(a);
+        }
+        if self.acquire(parent.0) {
+            if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, rdev, None, false) {
+                return Ok(a);
+            }
         }
         let op = Op::Create { parent: parent.0, name: name_of(name), kind, mode, rdev, cred: cred(req) };
         let a = self.one("create", op).and_then(|r| want_attr("create", r))?;
@@ -946,7 +997,9 @@ impl Filesystem for CrestFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if self.remove_locally(parent.0, name.as_bytes(), false) {
+        if self.remove_locally(parent.0, name.as_bytes(), false)
+            || (self.acquire(parent.0) && self.remove_locally(parent.0, name.as_bytes(), false))
+        {
             return reply.ok();
         }
         let r = self.one("unlink", Op::Unlink { parent: parent.0, name: name_of(name) });
@@ -958,7 +1011,9 @@ impl Filesystem for CrestFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if self.remove_locally(parent.0, name.as_bytes(), true) {
+        if self.remove_locally(parent.0, name.as_bytes(), true)
+            || (self.acquire(parent.0) && self.remove_locally(parent.0, name.as_bytes(), true))
+        {
             return reply.ok();
         }
         let r = self.one("rmdir", Op::Rmdir { parent: parent.0, name: name_of(name) });
@@ -1331,7 +1386,8 @@ impl Filesystem for CrestFs {
     ) {
         let kind = p::FileType::Regular;
         let mode = convert::create_mode(mode, umask);
-        if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, 0, None, true) {
+        let local = || self.create_locally(req, parent.0, name.as_bytes(), kind, mode, 0, None, true);
+        if let Some(a) = local().or_else(|| if self.acquire(parent.0) { local() } else { None }) {
             lock(&self.inodes).keep_cache_on_open(&a);
             let attr = convert::file_attr(&a);
             let (entry_ttl, attr_ttl) = self.kernel_ttls(parent.0, name.as_bytes(), a.ino);

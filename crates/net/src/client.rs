@@ -46,8 +46,8 @@ pub const MAX_ASYNC_BYTES: usize = 64 << 20;
 /// handed to its caller or the recall to `take_recalls`: so a grant and a later recall
 /// of the same inode can never be applied the wrong way round. Must not block.
 pub trait Rights: Send + Sync {
-    /// A successful create (`Create`, `Symlink`, `CreateAt`, `SymlinkAt`) made `ino`:
-    /// the server counts this session as its exclusive holder.
+    /// A successful create (`Create`, `Symlink`, `CreateAt`, `SymlinkAt`) made `ino`, or
+    /// an `Acquire` named it: the server counts this session as its exclusive holder.
     fn granted_exclusive(&self, ino: u64);
     /// The server recalls whatever this session holds of `inodes`.
     fn recalled(&self, inodes: &[u64]);
@@ -640,12 +640,20 @@ fn fenced(addr: &str, pending: &mut BTreeMap<u64, Call>, log: &mut ReplayLog, ri
     }
 }
 
-/// Tells the rights hook what a response granted: exclusive rights on what it created.
+/// Tells the rights hook what a response granted: exclusive rights on what it created,
+/// and on a directory it acquired and everything in it.
 fn grant_rights(rights: &RightsHook, ops: &[p::Op], results: &Results) {
     let Some(r) = rights.get() else { return };
     for (op, res) in ops.iter().zip(results) {
-        if let (true, Ok(p::Reply::Entry(a))) = (op.creates(), res) {
-            r.granted_exclusive(a.ino);
+        match (op, res) {
+            (op, Ok(p::Reply::Entry(a))) if op.creates() => r.granted_exclusive(a.ino),
+            (p::Op::Acquire { ino }, Ok(p::Reply::Lookup { leaf, .. })) => {
+                r.granted_exclusive(*ino);
+                for item in &leaf.items {
+                    r.granted_exclusive(item.attr.ino);
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -6,11 +6,16 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// First bytes of a client hello, so a stray connection is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
 /// Most operations in one compound request.
 pub const MAX_OPS_PER_REQUEST: usize = 1024;
+/// The most entries an `Acquire` reply lists (a larger directory is not held whole).
+pub const MAX_ACQUIRE_ENTRIES: usize = 20_000;
+/// The most bytes of names an `Acquire` reply lists (it must fit in one frame with the
+/// entries' attributes: ~100 bytes each).
+pub const MAX_ACQUIRE_BYTES: usize = 1 << 20;
 /// Largest read or write payload of one operation (4 MiB, FUSE's largest request).
 pub const MAX_IO_BYTES: u32 = 4 << 20;
 /// Most inode numbers one `Op::AllocInodes` hands out.
@@ -376,6 +381,15 @@ pub enum Op {
         flock: bool,
         pid: u32,
     },
+    /// Asks for exclusive rights on directory `ino` and on every inode it names (so the
+    /// client may answer creates, unlinks and renames in it, and changes of its entries,
+    /// itself: docs/protocol.md §4.1). Answered, once every other session has given up
+    /// what it held of them, with `Reply::Lookup { attr: the directory, leaf: every entry
+    /// (hash range 0..=u64::MAX) }`. Refused with E2BIG (7) when the listing would not fit
+    /// in a reply (`MAX_ACQUIRE_ENTRIES`, `MAX_ACQUIRE_BYTES`), ENOTDIR for a non-directory.
+    Acquire {
+        ino: u64,
+    },
     /// Names a lock of another owner that would conflict with this one (F_GETLK):
     /// `Reply::Lock(None)` when there is none.
     GetLock {
@@ -421,12 +435,14 @@ impl Op {
             Op::SymlinkAt { .. } => "symlink_at",
             Op::SetLock { .. } => "set_lock",
             Op::GetLock { .. } => "get_lock",
+            Op::Acquire { .. } => "acquire",
         }
     }
 
     /// True for operations that change the file system (these go through the reply cache).
     /// Locks change no stored state: a retried `SetLock` of the same owner finds its own
-    /// lock and grants it again, so locks need neither the reply cache nor replay.
+    /// lock and grants it again, so locks need neither the reply cache nor replay; nor does
+    /// `Acquire`, which changes only who holds what (a retry grants the same again).
     pub fn is_mutation(&self) -> bool {
         !matches!(
             self,
@@ -441,6 +457,7 @@ impl Op {
                 | Op::SetLock { .. }
                 | Op::GetLock { .. }
                 | Op::At { .. }
+                | Op::Acquire { .. }
         )
     }
 

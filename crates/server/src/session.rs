@@ -371,7 +371,7 @@ impl Server {
         let mut v = Vec::new();
         for op in &req.ops {
             v.extend(op_inodes(op));
-            if matches!(op, Op::Unlink { .. } | Op::Rmdir { .. } | Op::Rename { .. }) {
+            if matches!(op, Op::Unlink { .. } | Op::Rmdir { .. } | Op::Rename { .. } | Op::Acquire { .. }) {
                 v.extend(self.touches(op));
             }
         }
@@ -509,6 +509,7 @@ impl Server {
                 let touched = self.touches(&op);
                 let inode_of_op = op_inode(&op);
                 let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
+                let acquires = if let Op::Acquire { ino } = op { Some(ino) } else { None };
                 let mut r = self.apply(session, op, now);
                 if let Ok(reply) = &mut r {
                     if mutates {
@@ -524,6 +525,12 @@ impl Server {
                     if creates {
                         if let Reply::Entry(a) = reply {
                             self.caps.grant_exclusive(session, a.ino);
+                        }
+                    }
+                    if let (Some(dir), Reply::Lookup { leaf, .. }) = (acquires, &*reply) {
+                        self.caps.grant_exclusive(session, dir);
+                        for i in &leaf.items {
+                            self.caps.grant_exclusive(session, i.attr.ino);
                         }
                     }
                     if rmdir {
@@ -594,6 +601,11 @@ impl Server {
                 let moved = look(*parent, name);
                 let replaced = look(*new_parent, new_name);
                 [Some(*parent), Some(*new_parent), moved, replaced].into_iter().flatten().collect()
+            }
+            // Taking a directory whole: whoever cached it or its entries must let go first.
+            Op::Acquire { ino } => {
+                let entries = self.store.readdir(*ino, 0, p::MAX_ACQUIRE_ENTRIES + 1).unwrap_or_default();
+                std::iter::once(*ino).chain(entries.into_iter().map(|(e, _)| e.ino)).collect()
             }
             _ => Vec::new(),
         }
@@ -751,6 +763,19 @@ impl Server {
                 Ok(Reply::Lookup { attr: l.found.as_ref().map(attr_out), leaf })
             }
             Op::GetAttr { ino } => Ok(Reply::Attr(attr_out(&st.getattr(ino)?))),
+            Op::Acquire { ino } => {
+                let dir = st.getattr(ino)?;
+                if dir.kind != s::FileKind::Directory {
+                    return Err(Failure::Wire(errno(20, format!("acquire of inode {ino}: not a directory"))));
+                }
+                let items = self.dir_items(ino, 0, p::MAX_ACQUIRE_ENTRIES + 1)?;
+                let name_bytes: usize = items.iter().map(|i| i.name.len()).sum();
+                if items.len() > p::MAX_ACQUIRE_ENTRIES || name_bytes > p::MAX_ACQUIRE_BYTES {
+                    return Err(Failure::Wire(errno(7, format!("directory {ino} is too large to hold exclusively"))));
+                }
+                let leaf = p::DirLeaf { hash_lo: 0, hash_hi: u64::MAX, items };
+                Ok(Reply::Lookup { attr: Some(attr_out(&dir)), leaf })
+            }
             Op::SetAttr { ino, set } => {
                 let t = |x: Option<p::SetTime>| {
                     x.map(|x| match x {
@@ -974,7 +999,8 @@ fn op_inodes(op: &Op) -> Vec<u64> {
         | Op::SetXattr { ino, .. }
         | Op::GetXattr { ino, .. }
         | Op::ListXattr { ino }
-        | Op::RemoveXattr { ino, .. } => vec![*ino],
+        | Op::RemoveXattr { ino, .. }
+        | Op::Acquire { ino } => vec![*ino],
         // fsync commits everything; it involves no one inode's rights. Locks live only on
         // the server: no client caches them.
         Op::Fsync { .. }
@@ -1408,6 +1434,73 @@ mod tests {
         // Its client's resume starts a new session and says the old one was fenced.
         let (_, msg) = srv.handle_hello(&hello(Some(p::SessionToken { id: a, secret: 0 })));
         assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
+    }
+
+    #[test]
+    fn acquiring_a_directory_recalls_its_readers_and_makes_others_wait() {
+        let mut srv = server();
+        let (a, _) = srv.handle_hello(&hello(None));
+        let (b, _) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        let req = |id, ops| p::Request { id, ops, time: None };
+        let answer = |srv: &mut Server| {
+            let out = srv.take_outgoing();
+            let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+            response.results[0].clone()
+        };
+        // b makes two files in the root and forgets its exclusive rights by a recall
+        // (a's look at them); a then reads the root, so both cache it.
+        srv.handle(b, create_in_root(1, "f"), NOW);
+        let Ok(Reply::Entry(f)) = answer(&mut srv) else { panic!() };
+        srv.handle(b, create_in_root(2, "g"), NOW);
+        let Ok(Reply::Entry(g)) = answer(&mut srv) else { panic!() };
+        srv.handle(a, req(1, vec![Op::Lookup { parent: 1, name: b"f".to_vec() }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        srv.recall_done(b, *recall_id, NOW);
+        assert!(matches!(answer(&mut srv), Ok(Reply::Lookup { attr: Some(_), .. })));
+        // A file is not a directory; a directory too large for one reply is refused.
+        srv.handle(a, req(2, vec![Op::Acquire { ino: f.ino }]), NOW);
+        assert_eq!(answer(&mut srv).err().map(|e| e.errno), Some(20));
+        // b's acquire of the root waits until a dropped what it read of it.
+        srv.handle(b, req(3, vec![Op::Acquire { ino: 1 }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected a recall to a: {out:?}")
+        };
+        assert_eq!(*session, a);
+        assert!(inodes.contains(&1) && inodes.contains(&f.ino), "{inodes:?}");
+        srv.recall_done(a, *recall_id, NOW);
+        let Ok(Reply::Lookup { attr: Some(root), leaf }) = answer(&mut srv) else { panic!() };
+        assert_eq!(root.ino, 1);
+        assert_eq!((leaf.hash_lo, leaf.hash_hi), (0, u64::MAX));
+        let mut names: Vec<_> = leaf.items.iter().map(|i| (i.name.clone(), i.attr.ino)).collect();
+        names.sort();
+        assert_eq!(names, vec![(b"f".to_vec(), f.ino), (b"g".to_vec(), g.ino)]);
+        for ino in [1, f.ino, g.ino] {
+            assert_eq!(srv.caps.exclusive_elsewhere(a, ino), Some(b), "inode {ino}");
+        }
+        // Now a's look into the root, or at g, waits for b to give them up.
+        srv.handle(a, req(4, vec![Op::GetAttr { ino: g.ino }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected a recall to b: {out:?}")
+        };
+        assert_eq!((*session, inodes.as_slice()), (b, &[g.ino][..]));
+        srv.recall_done(b, *recall_id, NOW);
+        assert!(matches!(answer(&mut srv), Ok(Reply::Attr(x)) if x.ino == g.ino));
+        // b takes the root back: a, which read g meanwhile, is asked to drop it first.
+        srv.handle(b, req(5, vec![Op::Acquire { ino: 1 }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected a recall to a: {out:?}")
+        };
+        assert_eq!((*session, inodes.as_slice()), (a, &[g.ino][..]));
+        srv.recall_done(a, *recall_id, NOW);
+        assert!(matches!(answer(&mut srv), Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 2));
+        assert_eq!(srv.caps.exclusive_elsewhere(a, g.ino), Some(b));
     }
 
     #[test]
