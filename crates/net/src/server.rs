@@ -1,19 +1,24 @@
-//! The server's async shell: a TCP listener whose connections feed one store thread.
+//! The server's async shell: a TCP listener whose connections feed the `Server` core, all
+//! on one thread.
 //!
-//! The store thread owns the `Server` core (and so the store); connections send it
-//! decoded messages over a channel and get `ServerMessage`s back on their own outgoing
-//! channel, written by a per-connection writer task that flushes once per burst. The
-//! store thread also commits on the store's schedule (`tick`) and, at shutdown, finishes
-//! every queued request, commits and hands the store back.
+//! One thread ("crest-server") runs a single-threaded tokio runtime: the accept loop, each
+//! connection's reader and writer tasks, and the store task that owns the `Server` core
+//! (and so the store). Readers send decoded messages to the store task over a channel; it
+//! applies every queued command, then hands the `ServerMessage`s to each connection's
+//! writer, which flushes once per burst. A request costs no hand-off between threads: the
+//! wake-ups between reader, store and writer are queue pushes on the same thread (on a
+//! 2-core VM a cross-thread wake-up costs more than most store operations). The store task
+//! also commits on the store's schedule (`tick`) and, at shutdown, finishes every queued
+//! request, commits and hands the store back. Store operations block the thread while they
+//! run: they are serial anyway.
 //!
 //! Invariants:
 //! - a connection must say a valid hello within `HELLO_TIMEOUT`; any malformed, oversized
 //!   or out-of-order frame ends that connection with a logged error, never the server;
-//! - the store is touched only by the store thread.
+//! - the store is touched only by the store task.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
@@ -127,18 +132,22 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
     Step::Continue
 }
 
-/// Runs the store thread until a `Shutdown` command. Every command already queued is
-/// applied before the periodic work and the delivery of what they produced, so a burst
+/// Runs the store task until a `Shutdown` or `Kill` command. Every command already queued
+/// is applied before the periodic work and the delivery of what they produced, so a burst
 /// of requests costs one wake-up of each connection's writer, not one per response.
-fn store_thread(server: Server, rx: std_mpsc::Receiver<Cmd>) {
+async fn store_task(server: Server, mut rx: mpsc::UnboundedReceiver<Cmd>) {
     let mut outboxes: HashMap<SessionId, Outbox> = HashMap::new();
     let mut server = Some(server);
+    // Wake often enough to release replies whose recalls went unanswered.
+    let mut ticker = tokio::time::interval(Duration::from_millis(100));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        // Wake often enough to release replies whose recalls went unanswered.
-        let first = match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(c) => Some(c),
-            Err(std_mpsc::RecvTimeoutError::Timeout) => None,
-            Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+        let first = tokio::select! {
+            c = rx.recv() => match c {
+                Some(c) => Some(c),
+                None => return,
+            },
+            _ = ticker.tick() => None,
         };
         if let Some(cmd) = first {
             if let Step::Stop = apply_cmd(&mut server, &mut outboxes, cmd) {
@@ -163,43 +172,66 @@ fn store_thread(server: Server, rx: std_mpsc::Receiver<Cmd>) {
 pub struct Serving {
     /// Address actually bound (useful with port 0).
     pub local_addr: SocketAddr,
-    cmds: std_mpsc::Sender<Cmd>,
+    cmds: mpsc::UnboundedSender<Cmd>,
     stop: Option<oneshot::Sender<()>>,
-    accept: Option<tokio::task::JoinHandle<()>>,
+    accept: Option<oneshot::Receiver<()>>,
 }
 
-/// Binds `listen` and starts serving `store`. Must be called inside a tokio runtime.
+/// Binds `listen` and starts serving `store` on a thread of its own. Async only to keep
+/// the callers' shape: it does not need their runtime.
 pub async fn start(store: Store, listen: &str) -> std::io::Result<Serving> {
-    let listener = TcpListener::bind(listen).await?;
+    let listener = std::net::TcpListener::bind(listen)?;
+    listener.set_nonblocking(true)?;
     let local_addr = listener.local_addr()?;
-    let (cmds, rx) = std_mpsc::channel();
+    let (cmds, rx) = mpsc::unbounded_channel();
     let server = Server::new(store);
-    std::thread::Builder::new().name("crest-store".into()).spawn(move || store_thread(server, rx))?;
-    let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let (accept_done_tx, accept_done_rx) = oneshot::channel::<()>();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let accept_cmds = cmds.clone();
-    let accept = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = &mut stop_rx => return,
-                r = listener.accept() => match r {
-                    Ok((stream, peer)) => {
-                        let cmds = accept_cmds.clone();
-                        tokio::spawn(async move {
-                            if let Err(e) = connection(stream, peer, cmds).await {
-                                tracing::warn!(%peer, "connection closed: {e}");
-                            }
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
+    std::thread::Builder::new().name("crest-server".into()).spawn(move || {
+        runtime.block_on(async move {
+            match TcpListener::from_std(listener) {
+                Ok(listener) => {
+                    tokio::spawn(accept_loop(listener, accept_cmds, stop_rx, accept_done_tx));
+                }
+                Err(e) => tracing::error!("cannot listen: {e}"),
             }
-        }
-    });
+            store_task(server, rx).await;
+        });
+    })?;
     tracing::info!(%local_addr, "serving");
-    Ok(Serving { local_addr, cmds, stop: Some(stop_tx), accept: Some(accept) })
+    Ok(Serving { local_addr, cmds, stop: Some(stop_tx), accept: Some(accept_done_rx) })
+}
+
+/// Accepts connections until `stop` fires (or the server thread ends), then says so.
+async fn accept_loop(
+    listener: TcpListener,
+    cmds: mpsc::UnboundedSender<Cmd>,
+    mut stop: oneshot::Receiver<()>,
+    done: oneshot::Sender<()>,
+) {
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            r = listener.accept() => match r {
+                Ok((stream, peer)) => {
+                    let cmds = cmds.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = connection(stream, peer, cmds).await {
+                            tracing::warn!(%peer, "connection closed: {e}");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let _ = done.send(());
 }
 
 impl Serving {
@@ -246,7 +278,7 @@ enum ConnError {
     Other(String),
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, cmds: std_mpsc::Sender<Cmd>) -> Result<(), ConnError> {
+async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSender<Cmd>) -> Result<(), ConnError> {
     let _ = stream.set_nodelay(true);
     let (mut rd, wr) = stream.into_split();
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<ServerMessage>();
