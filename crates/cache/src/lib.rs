@@ -285,6 +285,13 @@ impl NameCache {
         self.attrs.insert(attr.ino, Attr { attr: attr.clone(), expires: now + self.ttl });
     }
 
+    /// How much longer the attributes held for `ino` stay valid under shared rights (zero
+    /// when none are held): the kernel may cache them that long, as a recall drops them
+    /// from the kernel before it is answered.
+    pub fn attr_valid_for(&self, ino: u64, now: Instant) -> Duration {
+        self.attrs.get(&ino).map_or(Duration::ZERO, |a| a.expires.saturating_duration_since(now))
+    }
+
     /// Attributes held for `ino`, if still valid.
     pub fn attr(&self, ino: u64, now: Instant) -> Option<p::Attr> {
         self.attrs.get(&ino).filter(|a| now < a.expires || self.exclusive.contains(&ino)).map(|a| a.attr.clone())

@@ -658,16 +658,23 @@ impl CrestFs {
     fn kernel_ttls(&self, parent: u64, name: &[u8], ino: u64) -> (Duration, Duration) {
         let mut c = lock(&self.names);
         let entry = if c.kernel_entry(parent, name, ino) { HELD_TTL } else { self.ttl };
-        let attr = if ino != 0 && c.is_exclusive(ino) { HELD_TTL } else { self.ttl };
+        let attr = match ino {
+            0 => self.ttl,
+            _ if c.is_exclusive(ino) => HELD_TTL,
+            _ => c.attr_valid_for(ino, Instant::now()).max(self.ttl),
+        };
         (entry, attr)
     }
 
-    /// Kernel timeout for the attributes of `ino`.
+    /// Kernel timeout for the attributes of `ino`: long while held exclusively; while
+    /// held shared, as long as this mount's cache keeps them (the recall thread drops them
+    /// from the kernel, without taking any lock, before it answers a recall).
     fn attr_ttl(&self, ino: u64) -> Duration {
-        if lock(&self.names).is_exclusive(ino) {
+        let c = lock(&self.names);
+        if c.is_exclusive(ino) {
             HELD_TTL
         } else {
-            self.ttl
+            c.attr_valid_for(ino, Instant::now()).max(self.ttl)
         }
     }
 
