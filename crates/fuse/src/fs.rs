@@ -280,7 +280,8 @@ fn nth(op: &'static str, results: &mut Results, i: usize) -> Result<Reply, Error
 
 impl CrestFs {
     /// A file system talking through `client`; the daemon trusts what it holds for at most
-    /// `ttl` without hearing a recall (the kernel caches no entries or attributes).
+    /// `ttl` without hearing a recall (the kernel caches no entries, and attributes only as
+    /// long as the daemon holds them).
     pub fn new(client: Client, ttl: Duration) -> CrestFs {
         let names = Arc::new(Mutex::new(NameCache::new(ttl)));
         client.set_rights(Arc::new(CacheRights { names: names.clone() }));
