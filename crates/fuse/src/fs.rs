@@ -381,6 +381,8 @@ impl CrestFs {
     /// Waits until no writeback of `ino` is in flight; then its deferred failure, if any.
     fn settle(&self, op: &'static str, ino: u64) -> Result<(), Error> {
         let deadline = Instant::now() + WRITEBACK_WAIT;
+        // What is still held on the client goes out now rather than on its timer.
+        self.client.flush_writeback();
         let mut c = lock(&self.names);
         while c.writeback_pending(ino) {
             let left = deadline.saturating_duration_since(Instant::now());
