@@ -742,7 +742,13 @@ async fn watch_lease(lease: Arc<Mutex<Lease>>, rights: RightsHook) {
 /// The session was fenced: nothing pending or unacknowledged-durable will be applied.
 /// Callers and writeback completions are told (EIO), the replay log goes, and so does
 /// every right and every lock (the server dropped them when it fenced the session).
-fn fenced(addr: &str, pending: &mut BTreeMap<u64, Call>, log: &mut ReplayLog, rights: &RightsHook, held: &mut HeldLocks) {
+fn fenced(
+    addr: &str,
+    pending: &mut BTreeMap<u64, Call>,
+    log: &mut ReplayLog,
+    rights: &RightsHook,
+    held: &mut HeldLocks,
+) {
     let lost = pending.len() + log.unstable.len() + log.replaying.len();
     tracing::error!("{addr} fenced this client's session: {lost} change(s) it had not made durable are lost");
     for (_, c) in std::mem::take(pending) {

@@ -216,7 +216,11 @@ impl LockTable {
                 if let Err(e) = self.set(ino, req) {
                     // The server found no conflict among this session's own locks, so the
                     // copy disagrees with it: say so rather than guess.
-                    tracing::warn!(ino, owner = req.holder.owner, "local lock table out of step with the server: {e:?}");
+                    tracing::warn!(
+                        ino,
+                        owner = req.holder.owner,
+                        "local lock table out of step with the server: {e:?}"
+                    );
                 }
             }
             Err(EAGAIN) if req.flock && req.kind != LockKind::Unlock => {

@@ -691,8 +691,9 @@ impl Server {
 
     /// A session that takes a lock gets a durable record if it has none yet (it has
     /// changed nothing so far), so that after a restart it is restored and the grace
-    /// period keeps its locks for it until its client has taken them again. Durable with
-    /// the next commit, as every record is.
+    /// period keeps its locks for it until its client has taken them again. Committed at
+    /// once (once per session): a lock is granted now, and a crash before the next
+    /// periodic commit must not let another client take it.
     fn record_lock_holder(&mut self, session: SessionId) {
         let Some(s) = self.sessions.get_mut(&session) else { return };
         if s.recorded {
@@ -700,7 +701,7 @@ impl Server {
         }
         s.recorded = true;
         let record = encode_record(s.secret, s.applied, &s.client_name);
-        if let Err(e) = self.store.put_session_record(session, &record) {
+        if let Err(e) = self.store.put_session_record(session, &record).and_then(|()| self.store.commit()) {
             tracing::error!(session, "cannot record the session of a lock holder: {e}");
         }
     }
@@ -1527,8 +1528,7 @@ mod tests {
             let r = srv.handle_request(a, lock_root(id, 7, p::LockKind::Write, flock), NOW);
             assert_eq!(r.results[0], Ok(Reply::Done));
         }
-        // The lock gave a its record (it changed nothing): durable with the next commit.
-        srv.store_mut().commit().expect("commit");
+        // The lock gave a its record (it changed nothing), committed at once.
         drop(srv.into_store().abandon());
         let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
         assert!(srv.locks.is_empty(), "locks live in memory only");
@@ -1555,8 +1555,24 @@ mod tests {
         let relock = p::Request {
             id: 100,
             ops: vec![
-                Op::SetLock { ino: 1, owner: 7, start: 0, end: p::LOCK_TO_EOF, kind: p::LockKind::Write, flock: false, pid: 42 },
-                Op::SetLock { ino: 1, owner: 7, start: 0, end: p::LOCK_TO_EOF, kind: p::LockKind::Write, flock: true, pid: 42 },
+                Op::SetLock {
+                    ino: 1,
+                    owner: 7,
+                    start: 0,
+                    end: p::LOCK_TO_EOF,
+                    kind: p::LockKind::Write,
+                    flock: false,
+                    pid: 42,
+                },
+                Op::SetLock {
+                    ino: 1,
+                    owner: 7,
+                    start: 0,
+                    end: p::LOCK_TO_EOF,
+                    kind: p::LockKind::Write,
+                    flock: true,
+                    pid: 42,
+                },
             ],
             time: None,
         };
