@@ -631,7 +631,7 @@ impl HeldLocks {
             })
             .collect();
         if !ops.is_empty() {
-            tracing::info!("taking {} lock(s) again after the server restarted", ops.len());
+            tracing::warn!("{} lock(s) held: taking them again after the server restarted", ops.len());
         }
         for chunk in ops.chunks(p::MAX_OPS_PER_REQUEST) {
             let id = next_id.fetch_add(1, Ordering::Relaxed);

@@ -437,6 +437,13 @@ impl Server {
         tracing::warn!(session = id, "session fenced: {why}");
         self.end_session(id);
         self.fenced.insert(id);
+        // The record's removal is made durable at once: after a restart within the commit
+        // interval the fenced session would otherwise be restored, and its client would
+        // take back locks and replay changes that others have moved past.
+        if let Err(e) = self.store.commit() {
+            tracing::error!(session = id, "cannot commit the end of a fenced session: {e}");
+        }
+        self.note_commits();
     }
 
     /// Everything queued to send, in order.
