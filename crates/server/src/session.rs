@@ -707,6 +707,8 @@ impl Server {
             return;
         }
         s.recorded = true;
+        // No unit is open here: a request that changes anything recorded its session
+        // before its first op ran, so this commit never cuts a unit in two.
         let record = encode_record(s.secret, s.applied, &s.client_name);
         if let Err(e) = self.store.put_session_record(session, &record).and_then(|()| self.store.commit()) {
             tracing::error!(session, "cannot record the session of a lock holder: {e}");
@@ -1640,6 +1642,24 @@ mod tests {
         let out = srv.take_outgoing();
         let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
         assert_eq!(response.results[0].as_ref().err().map(|e| e.errno), Some(11));
+    }
+
+    #[test]
+    fn a_fenced_session_is_not_restored_after_a_restart() {
+        // Its record's removal is committed with the fencing: a restart right after it
+        // (well inside the commit interval) does not bring it back.
+        let disk = fresh_disk();
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let (a, _) = srv.handle_hello(&hello(None));
+        let a = a.expect("a");
+        srv.handle_request(a, lock_root(1, 7, p::LockKind::Write, false), NOW);
+        srv.heard(a, 1_000);
+        srv.disconnected(a, 1_000);
+        srv.tick(1_000 + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
+        assert!(srv.is_fenced(a));
+        drop(srv.into_store().abandon());
+        let srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        assert!(srv.sessions.is_empty() && srv.replaying.is_empty(), "nothing to wait for");
     }
 
     /// a holds d exclusively; b's lookup in d recalls it, but a's connection is gone, so
