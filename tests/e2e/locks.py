@@ -2,6 +2,7 @@
 """fcntl and flock locks across two mounts of one server (issue 4, item 6).
 
 usage: locks.py MOUNT_A MOUNT_B [CREST ADDR SCRATCH_DIR]
+       locks.py restart MOUNT_A MOUNT_B SIGNAL_DIR
 
 A lock taken through mount A must exclude conflicting locks taken through mount B, and
 must go away when its holder drops it: by unlocking, by closing the descriptor, by dying
@@ -9,6 +10,11 @@ must go away when its holder drops it: by unlocking, by closing the descriptor, 
 script mounts a third client — when the holder's whole client daemon is killed. Locks are
 held by child processes of this script (`locks.py hold …`), driven over their stdin.
 Prints one line per check; exits 1 if any failed.
+
+`restart`: locks held through mount A must survive a restart of the server (kill -9 and
+start again, done by the caller: this creates SIGNAL_DIR/restart-please and waits for
+SIGNAL_DIR/restarted). After it, B's conflicting locks must still be refused (once the
+mounts have reconnected and the grace period is over) until A's holders let go.
 """
 
 import errno
@@ -351,9 +357,48 @@ def killed_client(crest, addr, scratch, b):
         subprocess.run(["umount", "-l", scratch], stderr=subprocess.DEVNULL)
 
 
+def survive_restart(a, b, signals):
+    """A's fcntl write lock on bytes 0..99 and its flock lock, across a server restart."""
+    pa, pb = a("restart"), b("restart")
+    with open(pa, "wb") as f:
+        f.write(b"x" * 4096)
+    hp, hf = Holder(pa, "posix-ex", 0, 100), Holder(pa, "flock-ex")
+    try:
+        check("restart: A's locks hold before", not try_posix(pb, fcntl.LOCK_EX, 50, 10) and not try_flock(pb, fcntl.LOCK_EX))
+        open(os.path.join(signals, "restart-please"), "w").close()
+        if until(lambda: os.path.exists(os.path.join(signals, "restarted")), 60) is None:
+            check("restart: the server was restarted", False, "no signal within 60 s")
+            return
+        # B's first try goes out while the mounts reconnect; it waits for the grace period
+        # at most (the server holds other work until A has taken its locks again).
+        t0 = time.monotonic()
+        busy = not try_posix(pb, fcntl.LOCK_EX, 50, 10)
+        print(f"     B's first try after the restart was answered after {time.monotonic() - t0:.2f} s")
+        check("restart: A's fcntl lock refuses B's after the server restarted", busy)
+        check("restart: A's flock lock refuses B's after the server restarted", not try_flock(pb, fcntl.LOCK_EX))
+        t, s, n, pid = getlk(pb, fcntl.F_WRLCK)
+        check(
+            "restart: F_GETLK on B still names A's lock and holder",
+            (t, s, n, pid) == (fcntl.F_WRLCK, 0, 100, hp.pid),
+            f"got type {t} start {s} len {n} pid {pid}, holder {hp.pid}",
+        )
+        check("restart: bytes past A's range are free on B", try_posix(pb, fcntl.LOCK_EX, 100, 100))
+        hp.order("unlock")
+        check("restart: A's fcntl unlock frees the range for B", try_posix(pb, fcntl.LOCK_EX, 0, 100))
+        check("restart: A's flock lock still holds", not try_flock(pb, fcntl.LOCK_EX))
+        hf.order("unlock")
+        check("restart: A's flock unlock frees the file for B", try_flock(pb, fcntl.LOCK_EX))
+    finally:
+        hp.end()
+        hf.end()
+
+
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "hold":
         return hold(*sys.argv[2:6])
+    restart = len(sys.argv) >= 2 and sys.argv[1] == "restart"
+    if restart:
+        del sys.argv[1]
     A, B = sys.argv[1], sys.argv[2]
     os.makedirs(os.path.join(A, BASE), exist_ok=True)
 
@@ -364,6 +409,10 @@ def main():
         return os.path.join(B, BASE, *p)
 
     try:
+        if restart:
+            survive_restart(a, b, sys.argv[3])
+            print(f"{len(fails)} failed")
+            sys.exit(1 if fails else 0)
         posix_locks(a, b)
         flock_locks(a, b)
         waiters_can_be_interrupted(a, b)

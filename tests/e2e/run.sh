@@ -262,6 +262,37 @@ locks_hold_across_mounts() {
 }
 check locks-across-mounts locks_hold_across_mounts
 
+locks_survive_server_restart() {
+  # A process on the first mount holds an fcntl write lock and an flock lock; the server
+  # is killed (-9) and started again. The first mount takes both locks again in the
+  # grace period, so the second mount's conflicting tries are still refused (EAGAIN)
+  # until the holder lets go; then they succeed.
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  rm -f "$work/restart-please" "$work/restarted"
+  python3 "$root/tests/e2e/locks.py" restart "$mnt" "$mnt2" "$work" >&2 &
+  local driver=$! rc=0
+  for _ in $(seq 300); do
+    [ -e "$work/restart-please" ] && break
+    kill -0 "$driver" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ -e "$work/restart-please" ]; then
+    kill -9 "$server"; wait "$server" 2>/dev/null; server=
+    sleep 1
+    start_server || { kill "$driver"; return 1; }
+    touch "$work/restarted"
+  fi
+  wait "$driver" || rc=1
+  local logs=(/tmp/crest-mount_*"$(basename "$work")"*.log)
+  grep -h "taking them again" "${logs[@]}" 2>/dev/null | tail -2 >&2
+  grep -h "grace\|restored" "$work/serve.log" | tail -6 >&2
+  grep -q "taking them again" "${logs[@]}" 2>/dev/null || { log "no mount took its locks again"; rc=1; }
+  if grep -h "LOCK LOST" "${logs[@]}" 2>/dev/null | head -3 >&2; then log "a mount lost a lock"; rc=1; fi
+  rm -rf "$mnt/locktest"
+  return $rc
+}
+check locks-survive-server-restart locks_survive_server_restart
+
 stopped_holder_is_fenced() {
   # The first mount creates a directory (so it holds it exclusively) and a file in it,
   # fsynced. Its daemon is then stopped (SIGSTOP: its connection stays up, it says

@@ -9,7 +9,12 @@
 //!   response says it is durable. If the server restarts, its welcome names the last
 //!   durable `seq`, and the client replays the later entries in order before anything
 //!   else, so acknowledged work survives a server crash (tests/roundtrip.rs kills a
-//!   server without a commit and checks).
+//!   server without a commit and checks);
+//! - the locks the session holds on the server are kept in a copy of the server's lock
+//!   table for this session (`HeldLocks`), updated from each lock answer in wire order;
+//!   after a restart they are taken again, behind the replays and before `Replayed`,
+//!   while the server's grace period holds everyone else's requests (docs/protocol.md
+//!   §4.5). A fenced session's locks are gone for good, and so is the copy.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +22,7 @@ use std::sync::{mpsc as std_mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
+use crest_server::locks::{self, LockTable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -419,7 +425,9 @@ pub struct Client {
     out: Outbox,
     recalls: Mutex<Option<std_mpsc::Receiver<Recall>>>,
     recalls_taken: Arc<AtomicBool>,
-    next_id: AtomicU64,
+    /// Request ids, shared with the connection thread (which makes requests of its own:
+    /// the locks it takes again after a restart).
+    next_id: Arc<AtomicU64>,
     in_flight: Arc<(Mutex<usize>, Condvar)>,
     budget: AsyncBudget,
     rights: RightsHook,
@@ -447,6 +455,8 @@ impl Client {
         let task_opts = opts.clone();
         let rights: RightsHook = Arc::default();
         let task_rights = rights.clone();
+        let next_id = Arc::new(AtomicU64::new(1));
+        let task_ids = next_id.clone();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -458,7 +468,7 @@ impl Client {
             .spawn(move || {
                 rt.block_on(async move {
                     tokio::spawn(release_held_periodically(task_held, weak_tx));
-                    run(task_addr, task_opts, rx, ready_tx, sink, task_rights).await
+                    run(task_addr, task_opts, rx, ready_tx, sink, task_rights, task_ids).await
                 })
             })
             .map_err(|e| ClientError::Connect { addr: addr.into(), detail: e.to_string() })?;
@@ -471,7 +481,7 @@ impl Client {
             out: Outbox { tx, held },
             recalls: Mutex::new(Some(recall_rx)),
             recalls_taken,
-            next_id: AtomicU64::new(1),
+            next_id,
             in_flight: Arc::new((Mutex::new(0), Condvar::new())),
             budget: AsyncBudget::default(),
             rights,
@@ -663,6 +673,110 @@ fn same_outcome(first: &Results, again: &Results) -> bool {
         })
 }
 
+/// The locks this session holds on the server, as the server's answers said: a copy of
+/// the server's lock table for this one session (owner ids are the session's own), kept
+/// in wire order on the connection thread, and the requests taking them again after a
+/// restart that are not answered yet.
+#[derive(Default)]
+struct HeldLocks {
+    table: LockTable,
+    /// Requests re-asserting locks after a restart, by id, until answered.
+    reasserting: BTreeMap<u64, Vec<p::Op>>,
+}
+
+/// The lock request in `op`, in the copy's terms (this session is session 0 there).
+fn lock_request(op: &p::Op) -> Option<(u64, locks::Request)> {
+    match *op {
+        p::Op::SetLock { ino, owner, start, end, kind, flock, pid } => {
+            let holder = locks::Holder { session: 0, owner };
+            Some((ino, locks::Request { holder, start, end, kind, flock, pid }))
+        }
+        _ => None,
+    }
+}
+
+impl HeldLocks {
+    /// Brings the copy up to date with the server's answers to `ops`.
+    fn follow(&mut self, ops: &[p::Op], results: &Results) {
+        for (op, r) in ops.iter().zip(results) {
+            if let Some((ino, req)) = lock_request(op) {
+                self.table.follow(ino, &req, r.as_ref().map(|_| ()).map_err(|e| e.errno));
+            }
+        }
+    }
+
+    /// After a server restart (or after it forgot the session): frames for requests that
+    /// take every held lock again, with fresh ids. Re-asserts of an earlier restart still
+    /// unanswered are superseded: the copy holds what they would take.
+    fn reassert(&mut self, next_id: &AtomicU64, out: &mut Vec<u8>) {
+        self.reasserting.clear();
+        let ops: Vec<p::Op> = self
+            .table
+            .entries()
+            .into_iter()
+            .map(|(ino, r)| p::Op::SetLock {
+                ino,
+                owner: r.holder.owner,
+                start: r.start,
+                end: r.end,
+                kind: r.kind,
+                flock: r.flock,
+                pid: r.pid,
+            })
+            .collect();
+        if !ops.is_empty() {
+            tracing::warn!("{} lock(s) held: taking them again after the server restarted", ops.len());
+        }
+        for chunk in ops.chunks(p::MAX_OPS_PER_REQUEST) {
+            let id = next_id.fetch_add(1, Ordering::Relaxed);
+            self.reasserting.insert(id, chunk.to_vec());
+        }
+        self.resend(out);
+    }
+
+    /// Frames for every re-assert not yet answered (after a plain reconnect: the server
+    /// may not have seen them; taking a held lock again is harmless).
+    fn resend(&self, out: &mut Vec<u8>) {
+        for (&id, ops) in &self.reasserting {
+            write_frame(out, &ClientMessage::Request(p::Request { id, ops: ops.clone(), time: None }));
+        }
+    }
+
+    /// The answer to request `id`, if it was a re-assert (true). A lock the server refused
+    /// is lost: another client got it while this one was away past the grace period. The
+    /// process that took it still thinks it holds it; nothing can tell it, so this says so
+    /// loudly and forgets the lock.
+    fn answered(&mut self, id: u64, results: &Results) -> bool {
+        let Some(ops) = self.reasserting.remove(&id) else { return false };
+        for (op, r) in ops.iter().zip(results) {
+            let (Some((ino, req)), Err(e)) = (lock_request(op), r) else { continue };
+            tracing::error!(
+                ino,
+                owner = req.holder.owner,
+                pid = req.pid,
+                start = req.start,
+                end = req.end,
+                kind = ?req.kind,
+                flock = req.flock,
+                "LOCK LOST: the server restarted and refused to give this lock back ({}, errno {}); \
+                 the process still believes it holds it",
+                e.message,
+                e.errno
+            );
+            let unlock = locks::Request { kind: p::LockKind::Unlock, ..req };
+            if let Err(e) = self.table.set(ino, &unlock) {
+                tracing::warn!(ino, "cannot drop a lost lock from the local table: {e:?}");
+            }
+        }
+        true
+    }
+
+    /// The session is gone (fenced, or another file system): so is every lock.
+    fn clear(&mut self) {
+        *self = HeldLocks::default();
+    }
+}
+
 /// Where recalls go: to whoever took them, else answered at once by the connection.
 struct RecallSink {
     tx: std_mpsc::Sender<Recall>,
@@ -721,14 +835,25 @@ async fn watch_lease(lease: Arc<Mutex<Lease>>, rights: RightsHook) {
 
 /// The session was fenced: nothing pending or unacknowledged-durable will be applied.
 /// Callers and writeback completions are told (EIO), the replay log goes, and so does
-/// every right.
-fn fenced(addr: &str, pending: &mut BTreeMap<u64, Call>, log: &mut ReplayLog, rights: &RightsHook) {
+/// every right and every lock (the server dropped them when it fenced the session).
+fn fenced(
+    addr: &str,
+    pending: &mut BTreeMap<u64, Call>,
+    log: &mut ReplayLog,
+    rights: &RightsHook,
+    held: &mut HeldLocks,
+) {
     let lost = pending.len() + log.unstable.len() + log.replaying.len();
     tracing::error!("{addr} fenced this client's session: {lost} change(s) it had not made durable are lost");
     for (_, c) in std::mem::take(pending) {
         c.reply.send(Err(ClientError::Fenced { addr: addr.to_string() }));
     }
     *log = ReplayLog::default();
+    let locks = held.table.len();
+    if locks > 0 {
+        tracing::error!("{addr} fenced this client's session: its {locks} lock(s) are lost");
+    }
+    held.clear();
     if let Some(r) = rights.get() {
         r.reset();
     }
@@ -767,9 +892,11 @@ async fn run(
     ready: std_mpsc::SyncSender<Result<[u8; 16], ClientError>>,
     recalls: RecallSink,
     rights: RightsHook,
+    next_id: Arc<AtomicU64>,
 ) {
     let mut pending: BTreeMap<u64, Call> = BTreeMap::new();
     let mut log = ReplayLog::default();
+    let mut held = HeldLocks::default();
     let mut session: Option<p::SessionToken> = None;
     let mut fsid: Option<[u8; 16]> = None;
     let mut backoff = Duration::from_millis(20);
@@ -842,10 +969,11 @@ async fn run(
             Some(ServerMessage::Welcome(w)) => {
                 heard();
                 if w.fenced {
-                    fenced(&addr, &mut pending, &mut log, &rights);
+                    fenced(&addr, &mut pending, &mut log, &rights, &mut held);
                 }
                 if fsid.is_some_and(|f| f != w.fsid) {
                     tracing::error!("{addr} now serves another file system; failing pending calls");
+                    held.clear();
                     for (_, c) in std::mem::take(&mut pending) {
                         c.reply.send(Err(ClientError::Refused {
                             addr: addr.clone(),
@@ -877,9 +1005,19 @@ async fn run(
                     }
                     // Replays go first (a resumed session answers repeats from its cache);
                     // after a restart the server holds everyone's new work until every
-                    // restored session has said its replays are all sent.
+                    // restored session has said its replays are all sent. The locks it
+                    // held go with the replays: nobody else can take them meanwhile.
+                    let resent = !log.replaying.is_empty() || !held.reasserting.is_empty();
                     log.replay_frames(&mut out);
-                    if w.resumed && w.durable_seq.is_some() {
+                    if through.is_some() {
+                        held.reassert(&next_id, &mut out);
+                    } else if !w.fenced {
+                        held.resend(&mut out);
+                    }
+                    // Said again after a reconnect that had to resend replays or
+                    // re-asserts: the first `Replayed` may have been lost with the
+                    // connection, and the server ignores it from a session not replaying.
+                    if w.resumed && (w.durable_seq.is_some() || resent) {
                         write_frame(&mut out, &ClientMessage::Replayed);
                     }
                 }
@@ -1007,6 +1145,7 @@ async fn run(
                             Ok(Some(ServerMessage::Response(resp))) => {
                                 if let Some(c) = pending.remove(&resp.id) {
                                     grant_rights(&rights, &c.ops, &resp.results);
+                                    held.follow(&c.ops, &resp.results);
                                     let entry = Unstable { id: c.id, ops: c.ops, time: c.time, results: resp.results.clone() };
                                     log.acknowledged(resp.seq, entry);
                                     c.reply.send(Ok(resp.results));
@@ -1020,6 +1159,8 @@ async fn run(
                                         );
                                     }
                                     log.acknowledged(resp.seq, Unstable { results: resp.results, ..e });
+                                } else {
+                                    held.answered(resp.id, &resp.results);
                                 }
                                 log.durable(resp.durable);
                             }
@@ -1032,7 +1173,7 @@ async fn run(
                                 }
                             }
                             Ok(Some(ServerMessage::Notify(p::Notify::Fenced))) => {
-                                fenced(&addr, &mut pending, &mut log, &rights);
+                                fenced(&addr, &mut pending, &mut log, &rights, &mut held);
                                 // A new session, not a resume of the fenced one.
                                 session = None;
                                 broken = true;

@@ -332,3 +332,60 @@ fn after_a_restart_another_client_waits_for_the_replay_of_what_it_may_have_seen(
     drop((a, b));
     rt.block_on(serving.shutdown()).expect("shutdown");
 }
+
+/// A lock op of `owner` on `ino`, bytes `start..=end`.
+fn lock(ino: u64, owner: u64, start: u64, end: u64, kind: p::LockKind, flock: bool) -> Op {
+    Op::SetLock { ino, owner, start, end, kind, flock, pid: 4242 }
+}
+
+fn errno(r: Result<Reply, p::OpError>) -> Option<i32> {
+    r.err().map(|e| e.errno)
+}
+
+#[test]
+fn after_a_restart_each_client_takes_its_locks_again_before_anyone_else_may() {
+    // a holds an fcntl lock on all of f, an flock lock on f and an fcntl lock on g with a
+    // hole unlocked in its middle. The server dies; b, asking at once, must still meet
+    // every one of them (and only them): a takes them again while the grace period holds
+    // b's requests.
+    use p::LockKind::{Unlock, Write};
+    let rt = rt();
+    let disk = fresh_disk();
+    let serving = rt.block_on(crest_net::server::start(open(&disk), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let a = Client::connect(&addr, ClientOptions { client_name: "a".into(), ..Default::default() }).expect("a");
+    let b = Client::connect(&addr, ClientOptions { client_name: "b".into(), ..Default::default() }).expect("b");
+    let Ok(Reply::Entry(f)) = a.call_one(create("f")) else { panic!("create f") };
+    let Ok(Reply::Entry(g)) = a.call_one(create("g")) else { panic!("create g") };
+    a.call_one(Op::Fsync { ino: 1 }).expect("fsync");
+    let eof = p::LOCK_TO_EOF;
+    a.call_one(lock(f.ino, 7, 0, eof, Write, false)).expect("fcntl lock");
+    a.call_one(lock(f.ino, 8, 0, eof, Write, true)).expect("flock lock");
+    a.call_one(lock(g.ino, 9, 0, 99, Write, false)).expect("range lock");
+    a.call_one(lock(g.ino, 9, 40, 59, Unlock, false)).expect("unlock the middle");
+    assert_eq!(errno(b.call_one(lock(f.ino, 1, 5, 5, Write, false))), Some(11), "before the restart");
+    let store = rt.block_on(serving.kill()).expect("kill");
+    drop(store.abandon());
+    let serving = rt.block_on(crest_net::server::start(open(&disk), &addr)).expect("restart");
+    // b asks at once, while a may not have reconnected yet.
+    assert_eq!(errno(b.call_one(lock(f.ino, 1, 5, 5, Write, false))), Some(11), "a's fcntl lock came back");
+    assert_eq!(errno(b.call_one(lock(f.ino, 2, 0, eof, Write, true))), Some(11), "a's flock lock came back");
+    assert_eq!(errno(b.call_one(lock(g.ino, 3, 39, 39, Write, false))), Some(11), "a's range came back");
+    assert_eq!(errno(b.call_one(lock(g.ino, 3, 60, 60, Write, false))), Some(11), "both of its parts");
+    b.call_one(lock(g.ino, 3, 40, 59, Write, false)).expect("the hole stayed free");
+    // a lets go; b gets them.
+    a.call_one(lock(f.ino, 7, 0, eof, Unlock, false)).expect("unlock");
+    a.call_one(lock(f.ino, 8, 0, eof, Unlock, true)).expect("unlock");
+    b.call_one(lock(f.ino, 1, 5, 5, Write, false)).expect("b's fcntl lock");
+    b.call_one(lock(f.ino, 2, 0, eof, Write, true)).expect("b's flock lock");
+    // A second restart: b's locks come back for b, and what a gave up stays given up.
+    let store = rt.block_on(serving.kill()).expect("kill");
+    drop(store.abandon());
+    let serving = rt.block_on(crest_net::server::start(open(&disk), &addr)).expect("restart");
+    assert_eq!(errno(a.call_one(lock(f.ino, 7, 5, 5, Write, false))), Some(11), "b's fcntl lock came back");
+    a.call_one(lock(f.ino, 7, 6, 6, Write, false)).expect("only byte 5 is b's");
+    assert_eq!(errno(a.call_one(lock(g.ino, 9, 40, 40, Write, false))), Some(11), "b's range on g came back");
+    a.call_one(lock(g.ino, 9, 0, 39, Write, false)).expect("a's own range");
+    drop((a, b));
+    rt.block_on(serving.shutdown()).expect("shutdown");
+}

@@ -15,7 +15,9 @@
 //!   that a conflicting flock conversion drops the old flock lock first, as Linux's does).
 //!   Clients that must wait retry.
 //!
-//! Nothing here is durable: a server restart forgets every lock.
+//! Nothing here is durable: a server restart forgets every lock, and clients take theirs
+//! again in the grace period that follows (each keeps a `LockTable` of its own session's
+//! locks for that, in `crest-net`).
 
 use std::collections::HashMap;
 
@@ -27,6 +29,9 @@ use crate::SessionId;
 /// more ranges than this gets ENOLCK rather than making every lock operation on the file
 /// slow for everyone.
 pub const MAX_LOCKS_PER_FILE: usize = 16 * 1024;
+
+/// The errno of a conflict (`Refusal::Conflict` on the wire).
+pub const EAGAIN: i32 = 11;
 
 /// Who holds a lock. The owner id is the client's (the kernel's lock owner) and is unique
 /// only within its session.
@@ -200,6 +205,31 @@ impl LockTable {
         Ok(())
     }
 
+    /// Brings a client's copy of its own session's locks up to date with the server's
+    /// answer to `req` on `ino` (`Err(errno)` for a refusal): a grant is applied as the
+    /// server applied it, and a refused flock conversion (EAGAIN) dropped the old flock
+    /// lock there too. Other refusals changed nothing. Applied in the order the server
+    /// answered, this keeps the copy equal to the server's locks of that session.
+    pub fn follow(&mut self, ino: u64, req: &Request, answer: Result<(), i32>) {
+        match answer {
+            Ok(()) => {
+                if let Err(e) = self.set(ino, req) {
+                    // The server found no conflict among this session's own locks, so the
+                    // copy disagrees with it: say so rather than guess.
+                    tracing::warn!(
+                        ino,
+                        owner = req.holder.owner,
+                        "local lock table out of step with the server: {e:?}"
+                    );
+                }
+            }
+            Err(EAGAIN) if req.flock && req.kind != LockKind::Unlock => {
+                self.drop_where(ino, |l| l.holder == req.holder && l.flock);
+            }
+            Err(_) => {}
+        }
+    }
+
     /// Drops the locks of `ino` that `pred` picks.
     fn drop_where(&mut self, ino: u64, pred: impl Fn(&Held) -> bool) {
         if let Some(locks) = self.files.get_mut(&ino) {
@@ -233,6 +263,28 @@ impl LockTable {
             .map(|l| (l.start, l.end, l.info().kind))
             .collect();
         v.sort_unstable_by_key(|&(s, _, _)| s);
+        v
+    }
+
+    /// Every lock in the table as the request that would take it again, by inode and
+    /// then by holder and start (a deterministic order). A client keeps a table of its own
+    /// session's locks and, after a server restart, re-asserts what this lists
+    /// (docs/protocol.md §4.5): the holder's locks are disjoint and joined, so taking them
+    /// one by one rebuilds exactly the same set.
+    pub fn entries(&self) -> Vec<(u64, Request)> {
+        let mut v: Vec<(u64, Request)> = self
+            .files
+            .iter()
+            .flat_map(|(&ino, locks)| {
+                locks.iter().map(move |l| {
+                    let kind = if l.write { LockKind::Write } else { LockKind::Read };
+                    let req =
+                        Request { holder: l.holder, start: l.start, end: l.end, kind, flock: l.flock, pid: l.pid };
+                    (ino, req)
+                })
+            })
+            .collect();
+        v.sort_unstable_by_key(|(ino, r)| (*ino, r.holder.session, r.holder.owner, r.flock, r.start));
         v
     }
 
@@ -454,6 +506,8 @@ mod tests {
             let holders = [A, A2, B];
             let mut model: HashMap<(usize, bool), Bytes> = HashMap::new();
             let mut t = LockTable::default();
+            // Session 1's client's copy, kept by the answers alone (as crest-net does).
+            let mut copy = LockTable::default();
             for (h, flock, kind, start, len, to_eof) in ops {
                 let end = if to_eof { LOCK_TO_EOF } else { (start + len).min(63) };
                 let kind = [Read, Write, Unlock][kind as usize];
@@ -466,6 +520,14 @@ mod tests {
                 proptest::prop_assert_eq!(tested.is_some(), conflict);
                 let got = t.set(F, &r);
                 proptest::prop_assert_eq!(got.is_err(), conflict, "{:?}", r);
+                if r.holder.session == 1 {
+                    let answer = match got {
+                        Ok(()) => Ok(()),
+                        Err(Refusal::Conflict(_)) => Err(EAGAIN),
+                        Err(Refusal::TooMany) => Err(37),
+                    };
+                    copy.follow(F, &r, answer);
+                }
                 if let Err(Refusal::Conflict(c)) = got {
                     proptest::prop_assert!(c.start <= end && start <= c.end && (write || c.kind == Write));
                     if flock {
@@ -484,6 +546,15 @@ mod tests {
                     }
                 }
             }
+            // The copy is session 1's part of the table, and taking its entries again in a
+            // fresh table (a server restart) rebuilds exactly that.
+            let mine: Vec<(u64, Request)> = t.entries().into_iter().filter(|(_, r)| r.holder.session == 1).collect();
+            proptest::prop_assert_eq!(copy.entries(), mine.clone());
+            let mut again = LockTable::default();
+            for (ino, r) in &mine {
+                proptest::prop_assert_eq!(again.set(*ino, r), Ok(()));
+            }
+            proptest::prop_assert_eq!(again.entries(), mine);
         }
     }
 }

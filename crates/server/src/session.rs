@@ -42,6 +42,10 @@ struct Session {
     /// Restored from its record after a restart and not yet resumed by its client;
     /// dropped at this time (set on the first tick) if the client never comes back.
     awaiting_resume: Option<Option<u64>>,
+    /// Its durable record has been written (by a change, or by its first lock): after a
+    /// restart it is restored, and the grace period waits for its client, which replays
+    /// its changes and takes its locks again (docs/protocol.md §4.5).
+    recorded: bool,
 }
 
 /// A session's durable record: the token, how far its changes are durable, and its name.
@@ -179,6 +183,7 @@ impl Server {
                 applied: seq,
                 durable: seq,
                 awaiting_resume: Some(None),
+                recorded: true,
                 ..Default::default()
             };
             sessions.insert(id, s);
@@ -432,6 +437,13 @@ impl Server {
         tracing::warn!(session = id, "session fenced: {why}");
         self.end_session(id);
         self.fenced.insert(id);
+        // The record's removal is made durable at once: after a restart within the commit
+        // interval the fenced session would otherwise be restored, and its client would
+        // take back locks and replay changes that others have moved past.
+        if let Err(e) = self.store.commit() {
+            tracing::error!(session = id, "cannot commit the end of a fenced session: {e}");
+        }
+        self.note_commits();
     }
 
     /// Everything queued to send, in order.
@@ -492,6 +504,7 @@ impl Server {
                 if let Some(s) = self.sessions.get_mut(&session) {
                     s.applied += 1;
                     seq = s.applied;
+                    s.recorded = true;
                     let record = encode_record(s.secret, seq, &s.client_name);
                     if let Err(e) = self.store.put_session_record(session, &record) {
                         tracing::error!(session, "cannot record the session: {e}");
@@ -693,6 +706,25 @@ impl Server {
         let r = self.store.tick(now_ms);
         self.note_commits();
         r
+    }
+
+    /// A session that takes a lock gets a durable record if it has none yet (it has
+    /// changed nothing so far), so that after a restart it is restored and the grace
+    /// period keeps its locks for it until its client has taken them again. Committed at
+    /// once (once per session): a lock is granted now, and a crash before the next
+    /// periodic commit must not let another client take it.
+    fn record_lock_holder(&mut self, session: SessionId) {
+        let Some(s) = self.sessions.get_mut(&session) else { return };
+        if s.recorded {
+            return;
+        }
+        s.recorded = true;
+        // No unit is open here: a request that changes anything recorded its session
+        // before its first op ran, so this commit never cuts a unit in two.
+        let record = encode_record(s.secret, s.applied, &s.client_name);
+        if let Err(e) = self.store.put_session_record(session, &record).and_then(|()| self.store.commit()) {
+            tracing::error!(session, "cannot record the session of a lock holder: {e}");
+        }
     }
 
     /// Drops every lock of `session`, saying why in the log.
@@ -940,7 +972,12 @@ impl Server {
                 }
                 let req = locks::Request { holder: locks::Holder { session, owner }, start, end, kind, flock, pid };
                 match self.locks.set(ino, &req) {
-                    Ok(()) => Ok(Reply::Done),
+                    Ok(()) => {
+                        if kind != p::LockKind::Unlock {
+                            self.record_lock_holder(session);
+                        }
+                        Ok(Reply::Done)
+                    }
                     Err(locks::Refusal::Conflict(c)) => Err(Failure::Wire(errno(
                         11,
                         format!(
@@ -1571,6 +1608,151 @@ mod tests {
         srv.heard(c, crate::caps::GRACE_MS);
         srv.tick(crate::caps::GRACE_MS).expect("tick");
         assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == c));
+    }
+
+    /// Request `id`: a `kind` lock of `owner` on the whole of inode 1 (fcntl, or flock).
+    fn lock_root(id: u64, owner: u64, kind: p::LockKind, flock: bool) -> p::Request {
+        p::Request {
+            id,
+            ops: vec![Op::SetLock { ino: 1, owner, start: 0, end: p::LOCK_TO_EOF, kind, flock, pid: 42 }],
+            time: None,
+        }
+    }
+
+    /// A server with session a holding an fcntl write lock and an flock lock on inode 1
+    /// (and having changed nothing), restarted after a commit: a's token.
+    fn restarted_with_a_lock_holder(disk: &MemDisk) -> (Server, SessionId, p::SessionToken) {
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let (a, w) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+        let a = a.expect("a");
+        for (id, flock) in [(1, false), (2, true)] {
+            let r = srv.handle_request(a, lock_root(id, 7, p::LockKind::Write, flock), NOW);
+            assert_eq!(r.results[0], Ok(Reply::Done));
+        }
+        // The lock gave a its record (it changed nothing), committed at once.
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+        assert!(srv.locks.is_empty(), "locks live in memory only");
+        srv.tick(millis(NOW)).expect("tick");
+        (srv, a, w.session)
+    }
+
+    #[test]
+    fn a_lock_taken_again_in_the_grace_period_beats_a_new_sessions_conflicting_lock() {
+        let disk = fresh_disk();
+        let (mut srv, a, ta) = restarted_with_a_lock_holder(&disk);
+        // b is first back and wants both locks: new work, held for the grace period.
+        let (b, _) = srv.handle_hello(&hello(None));
+        let b = b.expect("b");
+        srv.handle(b, lock_root(1, 9, p::LockKind::Write, false), NOW);
+        srv.handle(b, lock_root(2, 9, p::LockKind::Read, true), NOW);
+        let test = Op::GetLock { ino: 1, owner: 9, start: 0, end: 0, kind: p::LockKind::Read, flock: false };
+        srv.handle(b, p::Request { id: 3, ops: vec![test], time: None }, NOW);
+        assert!(srv.take_outgoing().is_empty(), "b waits while a has not taken its locks again");
+        // a resumes (its record was restored) and takes its locks again: they run at once,
+        // as no change: no seq, nothing in the reply cache.
+        let (_, msg) = srv.handle_hello(&hello(Some(ta)));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: true, durable_seq: Some(0), .. })));
+        let relock = p::Request {
+            id: 100,
+            ops: vec![
+                Op::SetLock {
+                    ino: 1,
+                    owner: 7,
+                    start: 0,
+                    end: p::LOCK_TO_EOF,
+                    kind: p::LockKind::Write,
+                    flock: false,
+                    pid: 42,
+                },
+                Op::SetLock {
+                    ino: 1,
+                    owner: 7,
+                    start: 0,
+                    end: p::LOCK_TO_EOF,
+                    kind: p::LockKind::Write,
+                    flock: true,
+                    pid: 42,
+                },
+            ],
+            time: None,
+        };
+        srv.handle(a, relock, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+        assert_eq!(*session, a);
+        assert_eq!(response.results, vec![Ok(Reply::Done), Ok(Reply::Done)]);
+        assert_eq!(response.seq, 0, "a lock is no stored change");
+        assert!(srv.sessions[&a].replies.is_empty(), "nor is it kept for a retry");
+        // a has replayed: b's requests run now, and meet a's locks.
+        srv.replayed(a, NOW);
+        let out = srv.take_outgoing();
+        let answers: Vec<(u64, &p::Response)> = out
+            .iter()
+            .map(|o| match o {
+                Outgoing::Response { session, response } => (*session, response),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(answers.iter().map(|(s, r)| (*s, r.id)).collect::<Vec<_>>(), vec![(b, 1), (b, 2), (b, 3)]);
+        for (_, r) in &answers[..2] {
+            assert_eq!(r.results[0].as_ref().err().map(|e| e.errno), Some(11), "{r:?}");
+        }
+        let want = p::LockInfo { kind: p::LockKind::Write, start: 0, end: p::LOCK_TO_EOF, pid: 42 };
+        assert_eq!(answers[2].1.results[0], Ok(Reply::Lock(Some(want))));
+        // Once a lets go, b gets them.
+        srv.handle(a, lock_root(101, 7, p::LockKind::Unlock, false), NOW);
+        srv.handle(a, lock_root(102, 7, p::LockKind::Unlock, true), NOW);
+        srv.handle(b, lock_root(4, 9, p::LockKind::Write, false), NOW);
+        srv.handle(b, lock_root(5, 9, p::LockKind::Read, true), NOW);
+        let out = srv.take_outgoing();
+        assert_eq!(out.len(), 4);
+        for o in &out {
+            assert!(matches!(o, Outgoing::Response { response, .. } if response.results[0].is_ok()), "{o:?}");
+        }
+    }
+
+    #[test]
+    fn a_lock_not_taken_again_within_the_grace_period_is_lost() {
+        let disk = fresh_disk();
+        let (mut srv, a, ta) = restarted_with_a_lock_holder(&disk);
+        let (b, _) = srv.handle_hello(&hello(None));
+        let b = b.expect("b");
+        srv.handle(b, lock_root(1, 9, p::LockKind::Write, false), NOW);
+        srv.tick(millis(NOW) + crate::caps::GRACE_MS - 1).expect("tick");
+        assert!(srv.take_outgoing().is_empty(), "held during the grace period");
+        srv.heard(b, millis(NOW) + crate::caps::GRACE_MS);
+        srv.tick(millis(NOW) + crate::caps::GRACE_MS).expect("tick");
+        let out = srv.take_outgoing();
+        assert!(
+            matches!(&out[..], [Outgoing::Response { session, response }] if *session == b && response.results[0].is_ok()),
+            "a never came back: b gets the lock: {out:?}"
+        );
+        // a's client comes back late: its lock is refused (and it says so to its owner).
+        srv.handle_hello(&hello(Some(ta)));
+        srv.handle(a, lock_root(100, 7, p::LockKind::Write, false), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        assert_eq!(response.results[0].as_ref().err().map(|e| e.errno), Some(11));
+    }
+
+    #[test]
+    fn a_fenced_session_is_not_restored_after_a_restart() {
+        // Its record's removal is committed with the fencing: a restart right after it
+        // (well inside the commit interval) does not bring it back.
+        let disk = fresh_disk();
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let (a, _) = srv.handle_hello(&hello(None));
+        let a = a.expect("a");
+        srv.handle_request(a, lock_root(1, 7, p::LockKind::Write, false), NOW);
+        srv.heard(a, 1_000);
+        srv.disconnected(a, 1_000);
+        srv.tick(1_000 + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
+        assert!(srv.is_fenced(a));
+        drop(srv.into_store().abandon());
+        let srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        assert!(srv.sessions.is_empty() && srv.replaying.is_empty(), "nothing to wait for");
     }
 
     /// a holds d exclusively; b's lookup in d recalls it, but a's connection is gone, so
