@@ -1214,14 +1214,21 @@ impl Filesystem for CrestFs {
     }
 
     fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
-        // Synchronous writes are on the server when acknowledged; writeback ones are waited
-        // for here, so close reports their failure (as NFS's close-to-open does). Pages
-        // dirtied through a shared mapping were written back by the kernel before it sent
-        // this. A process's POSIX locks end at each of its closes.
+        // Synchronous writes are on the server when acknowledged. Writeback ones are not
+        // waited for — a local disk's close does not wait for its write-back either, and
+        // waiting costs a round trip per file written — but shipped now, and a failure of
+        // them that has already come back is reported here; a later one, by the next
+        // fsync or close of the file. Pages dirtied through a shared mapping were written
+        // back by the kernel before it sent this. A process's POSIX locks end at each of
+        // its closes.
         if let Err(e) = self.unlock_at_close(ino.0, lock_owner.0) {
             return reply.error(self.fail(&e));
         }
-        let r = self.settle("flush", ino.0);
+        self.client.flush_writeback();
+        let r = match lock(&self.names).take_error(ino.0) {
+            Some(e) => Err(Error::server("flush", e)),
+            None => Ok(()),
+        };
         self.reply_empty(reply, r);
     }
 
