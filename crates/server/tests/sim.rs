@@ -31,16 +31,29 @@
 //!   directory, writes and setattrs of such an inode itself, and sends the writeback
 //!   (`CreateAt` with numbers from `AllocInodes`, `Write`, `SetAttr`, with its clock in
 //!   `Request.time`) at once, so it precedes any later `RecallDone` on the connection.
+//!   *Acquire* (§4.1, as `Fs::acquire`): before an unlink, rmdir or create in a directory
+//!   it does not hold whole (and cannot answer itself), a client asks for it
+//!   (`Op::Acquire`; in a per-seed share of the cases, at most once a second per
+//!   directory), then goes on with the change. The reply's grants — `X` on the directory
+//!   and on every inode it names — are applied in wire order with recalls (a tombstone of
+//!   a recall that came first refuses one, whatever its age, as the real cache does);
+//!   the listing and the directory's attributes are taken in only if no recall came
+//!   while it waited (`absorb_acquired`'s epoch), and then stay pinned while `X` is held.
+//!   It then answers lookups, readdirs and getattrs there from its cache, creates in it,
+//!   and *unlinks and rmdirs* (as `remove_locally`: `X` on the directory and the victim,
+//!   the name and the victim's attributes held, the directory's attributes held, an
+//!   rmdir's victim known empty), sending `Unlink`/`Rmdir` as writeback.
 //!   While its system call waits on the server, its other processes read what it holds
 //!   (`Ev::Peek`: answered from the cache or not at all).
 //!   Operations: lookup, getattr, read, readdir, create, mkdir, write, setattr (mode,
 //!   size), unlink, rmdir, rename, over ~8 names in a few directories, so that clients
-//!   collide all the time.
+//!   collide all the time (half the removals name what the client knows is there).
 //!
 //! **What is checked**:
 //! - every reply equals what a reference model of the file system gives when replayed in
 //!   the order the server applied requests (`Server::record_applied`): results, errnos,
-//!   attributes (times included, block counts not), data, listings, lookup leaves;
+//!   attributes (times included, block counts not), data, listings, lookup leaves, an
+//!   acquire's directory attributes and whole listing (with every entry's attributes);
 //! - exactly once: no changing request is applied twice; every response comes from a run
 //!   (or the reply cache);
 //! - **coherence**: no client ever observes a state older than an operation another
@@ -72,7 +85,9 @@
 //! the server, later than the server fences a disconnected session (3 s), and answer
 //! from `X` after others moved on: this simulator found that in `crest-net`, which now
 //! checks every 250 ms (2.75 s at most). `CREST_SIM_LEASE=exact` also checks before
-//! every local answer.
+//! every local answer. `CREST_SIM_TOMBSTONES=expire` lets a tombstone older than the
+//! real client's `TOMBSTONE_LIFETIME` (10 s) stop refusing grants (the real cache keeps
+//! refusing: see `tombstones_expire`).
 //!
 //! **Reproducing**: `cargo test --release -p crest-server --test sim` runs the fixed
 //! seeds. `CREST_SIM_SEEDS=N` runs N random seeds (each printed; add `-- --nocapture`
@@ -141,6 +156,18 @@ const PEEK_US: u64 = 50_000;
 /// A client asks for a directory whole at most this often (the real client's
 /// `ACQUIRE_RETRY`).
 const ACQUIRE_RETRY_US: u64 = 1_000_000;
+/// How long the real client means to remember a recall against a grant racing with it
+/// (`crest_cache::TOMBSTONE_LIFETIME`): honoured only with `CREST_SIM_TOMBSTONES=expire`.
+const TOMBSTONE_LIFETIME_US: u64 = 10_000_000;
+
+/// `CREST_SIM_TOMBSTONES=expire`: a tombstone older than `TOMBSTONE_LIFETIME_US` no
+/// longer refuses a grant. The real client refuses whatever its age, so an acquire is
+/// not granted what this client was ever recalled of (until the first grant used the
+/// tombstone up); this knob checks that honouring the lifetime would be safe.
+fn tombstones_expire() -> bool {
+    static EXPIRE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EXPIRE.get_or_init(|| std::env::var("CREST_SIM_TOMBSTONES").as_deref() == Ok("expire"))
+}
 
 fn ptime(us: u64) -> p::Time {
     p::Time { sec: (us / 1_000_000) as i64, nsec: ((us % 1_000_000) * 1_000) as u32 }
@@ -512,7 +539,8 @@ struct Cache {
     x_at: BTreeMap<u64, (u64, Vec<u8>)>,
     /// Recalls of inodes not (yet) held exclusively: a create's (or an acquire's) reply
     /// released after a recall of the new inode must not grant it.
-    tombstones: BTreeSet<u64>,
+    /// (With when each came, virtual µs: see `tombstones_expire`.)
+    tombstones: BTreeMap<u64, u64>,
     /// Directories acquired whole and held since (as `NameCache::acquired`): with `x`,
     /// what `holds_whole` says.
     acquired: BTreeSet<u64>,
@@ -558,11 +586,11 @@ impl Cache {
     }
 
     /// A recall: drop everything about `ino`.
-    fn recall(&mut self, ino: u64) {
+    fn recall(&mut self, ino: u64, now: u64) {
         self.epoch += 1;
         self.acquired.remove(&ino);
         if !self.x.remove(&ino) {
-            self.tombstones.insert(ino);
+            self.tombstones.insert(ino, now);
         }
         self.x_at.remove(&ino);
         self.forget(ino);
@@ -571,9 +599,13 @@ impl Cache {
     /// The server counts this client as `ino`'s exclusive holder (it created it, or
     /// acquired a directory naming it), told in wire order with recalls: a recall that
     /// came first wins (its tombstone refuses the grant). True when granted.
-    fn grant_x(&mut self, ino: u64) -> bool {
-        if self.tombstones.remove(&ino) {
-            return false;
+    fn grant_x(&mut self, ino: u64, now: u64) -> bool {
+        if let Some(at) = self.tombstones.remove(&ino) {
+            // The real client refuses whatever the tombstone's age (`grant_exclusive`;
+            // old ones are purged only past 4,096 of them).
+            if !tombstones_expire() || now < at + TOMBSTONE_LIFETIME_US {
+                return false;
+            }
         }
         self.x.insert(ino);
         true
@@ -827,7 +859,7 @@ impl Client {
                 let c = &mut self.cache;
                 c.attrs.insert(*parent, (d, 0));
                 c.range_mut(*parent, name).expect("held").names.insert(name.clone(), ino);
-                self.grant_new(&attr, *parent, name);
+                self.grant_new(&attr, *parent, name, now);
                 Some((wb, Reply::Entry(attr)))
             }
             Op::Write { ino, offset, data } => {
@@ -910,15 +942,24 @@ impl Client {
     /// it names, each refused by a tombstone of a recall that came first); then
     /// `absorb_acquired`: the listing and the directory's attributes, unless a recall (or
     /// a drop of rights) came in between. True when the listing was taken in.
-    fn absorb_acquired(&mut self, dir: u64, attr: &p::Attr, leaf: &p::DirLeaf, epoch: u64, t0_us: u64) -> bool {
+    #[allow(clippy::too_many_arguments)]
+    fn absorb_acquired(
+        &mut self,
+        dir: u64,
+        attr: &p::Attr,
+        leaf: &p::DirLeaf,
+        epoch: u64,
+        t0_us: u64,
+        now: u64,
+    ) -> bool {
         self.learn(attr);
         for i in &leaf.items {
             self.known.insert(i.attr.ino, i.attr.kind);
         }
         let c = &mut self.cache;
-        c.grant_x(dir);
+        c.grant_x(dir, now);
         for i in &leaf.items {
-            if c.grant_x(i.attr.ino) {
+            if c.grant_x(i.attr.ino, now) {
                 c.x_at.insert(i.attr.ino, (dir, i.name.clone()));
             }
         }
@@ -934,10 +975,10 @@ impl Client {
 
     /// This client created `attr` (named `name` in `parent`): it holds it exclusively,
     /// unless a recall of it came first.
-    fn grant_new(&mut self, attr: &p::Attr, parent: u64, name: &[u8]) {
+    fn grant_new(&mut self, attr: &p::Attr, parent: u64, name: &[u8], now: u64) {
         self.learn(attr);
         let c = &mut self.cache;
-        if !c.grant_x(attr.ino) {
+        if !c.grant_x(attr.ino, now) {
             return;
         }
         c.x_at.insert(attr.ino, (parent, name.to_vec()));
@@ -954,7 +995,7 @@ impl Client {
     }
 
     /// Takes in the reply to a system call it sent (`ops`, started at `t0_us`).
-    fn absorb(&mut self, ops: &[Op], results: &[Result<Reply, p::OpError>], t0_us: u64) {
+    fn absorb(&mut self, ops: &[Op], results: &[Result<Reply, p::OpError>], t0_us: u64, now: u64) {
         let expires = t0_us + TTL_US;
         for r in results.iter().flatten() {
             match r {
@@ -1004,7 +1045,7 @@ impl Client {
                     if let Some(r) = c.range_mut(*parent, name) {
                         r.names.insert(name.clone(), a.ino);
                     }
-                    self.grant_new(a, *parent, name);
+                    self.grant_new(a, *parent, name, now);
                 }
                 // Asked with a create in a directory held exclusively: still held, so
                 // current.
@@ -1362,7 +1403,14 @@ impl Checker {
     /// A response left the server (delivered or not): is it what the model said?
     fn on_response(&mut self, session: SessionId, resp: &p::Response) {
         let key = (session, resp.id);
-        let Some(e) = self.expect.get_mut(&key).and_then(VecDeque::pop_front) else {
+        let ops = self.reqs.get(&key).map(|i| i.ops.clone()).unwrap_or_default();
+        let got: Vec<Res> = resp.results.iter().zip(&ops).map(|(r, op)| self.res_of(op, r)).collect();
+        // Runs of a request answer in the order they ran, except a read that waits on
+        // recalls (an acquire): a resend's run can be answered before the first run is.
+        // Whichever run this is, it must be one.
+        let queue = self.expect.entry(key).or_default();
+        let at = queue.iter().position(|e| e.results == got).unwrap_or(0);
+        let Some(e) = queue.remove(at) else {
             self.fail(format!("response to {key:?} from no run of it: {resp:?}"));
             return;
         };
@@ -1373,8 +1421,6 @@ impl Checker {
                 resp.seq, resp.durable, e.seq
             ));
         }
-        let ops = self.reqs.get(&key).map(|i| i.ops.clone()).unwrap_or_default();
-        let got: Vec<Res> = resp.results.iter().zip(&ops).map(|(r, op)| self.res_of(op, r)).collect();
         if got != e.results {
             let ops = self.reqs.get(&key).map(|i| i.ops.clone());
             let client = self.reqs.get(&key).map(|i| i.client);
@@ -2217,8 +2263,9 @@ impl Sim {
             ServerMessage::Refused { reason, .. } => self.ck.fail(format!("client {c} refused: {reason}")),
             ServerMessage::Notify(p::Notify::Recall { recall_id, inodes }) => {
                 self.log(format!("client {c}: recall {recall_id} of {inodes:?}"));
+                let now = self.now;
                 for ino in &inodes {
-                    self.clients[c].cache.recall(*ino);
+                    self.clients[c].cache.recall(*ino, now);
                 }
                 self.send_up(conn, ClientMessage::RecallDone { recall_id });
             }
@@ -2233,6 +2280,7 @@ impl Sim {
     }
 
     fn response(&mut self, c: usize, resp: p::Response) {
+        let now = self.now;
         if resp.results.iter().any(|r| matches!(r, Err(e) if e.errno == ESTALE)) {
             // Refused: the session was fenced (`Notify::Fenced` follows).
             if let Some(conn) = self.clients[c].conn {
@@ -2250,7 +2298,7 @@ impl Sim {
                 self.ck.completed((sid, resp.id));
                 self.log(format!("client {c}: [{}] returns {:?}", ops_brief(&pd.req.ops), brief(&resp.results)));
                 let cl = &mut self.clients[c];
-                cl.absorb(&pd.req.ops, &resp.results, pd.t0_us);
+                cl.absorb(&pd.req.ops, &resp.results, pd.t0_us, now);
                 cl.busy = None;
                 let inc = cl.incarnation;
                 let d = self.think();
@@ -2259,7 +2307,7 @@ impl Sim {
             Purpose::Acquire { dir, then, epoch } => {
                 let took = match resp.results.first() {
                     Some(Ok(Reply::Lookup { attr: Some(a), leaf })) => {
-                        self.clients[c].absorb_acquired(dir, a, leaf, epoch, pd.t0_us)
+                        self.clients[c].absorb_acquired(dir, a, leaf, epoch, pd.t0_us, now)
                     }
                     _ => false,
                 };
