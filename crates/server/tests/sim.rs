@@ -117,12 +117,15 @@ const FIXED_SEEDS: u64 = 40;
 /// Seeds that once found a bug the fixed range misses (a seed keeps its meaning only as
 /// long as the simulator draws the same numbers; re-find such seeds with
 /// `CREST_SIM_SEEDS` after changing how it draws).
-const REGRESSION_SEEDS: [u64; 2] = [
+const REGRESSION_SEEDS: [u64; 3] = [
     // Catch the reply cache answering a resent change while its reply still waited for
     // recalls (session.rs: a_resent_change_whose_reply_waits_on_recalls_is_not_answered
     // _before_they_are), which the fixed range misses.
     5_791_083_150_518_340_141,
     13_411_045_787_998_023_986,
+    // An acquire run while the recall of its own session's X on an entry was unanswered
+    // (session.rs: an_acquire_waits_for_the_recall_of_its_own_sessions_exclusive_rights).
+    14_630_225_732_569_651_823,
 ];
 /// System calls per seed (over all clients).
 const DEFAULT_STEPS: usize = 4_000;
@@ -199,7 +202,10 @@ enum Out {
     Dir(BTreeMap<Vec<u8>, AttrV>),
     Data(Vec<u8>),
     Done,
-    Inodes { first: u64, count: u32 },
+    Inodes {
+        first: u64,
+        count: u32,
+    },
     /// An `Acquire`: the directory's attributes and every entry.
     Acquired(AttrV, BTreeMap<Vec<u8>, AttrV>),
 }
@@ -2420,7 +2426,8 @@ impl Sim {
             return None;
         };
         let cl = &self.clients[c];
-        if cl.cache.holds_whole(*parent) || cl.acquire_tried.get(parent).is_some_and(|&t| self.now < t + ACQUIRE_RETRY_US)
+        if cl.cache.holds_whole(*parent)
+            || cl.acquire_tried.get(parent).is_some_and(|&t| self.now < t + ACQUIRE_RETRY_US)
         {
             return None;
         }
@@ -2452,7 +2459,9 @@ impl Sim {
         let t = ptime(now);
         self.send_request(c, vec![wb.clone()], Some(t), Purpose::Writeback(n), done_lc);
         let session = self.clients[c].sid().expect("session");
-        self.ck.locals.insert(n, Local { client: c, session, op: wb, time: t, answer, done_lc, applied_k: None, lost: false });
+        self.ck
+            .locals
+            .insert(n, Local { client: c, session, op: wb, time: t, answer, done_lc, applied_k: None, lost: false });
         true
     }
 
