@@ -85,9 +85,9 @@
 //! the server, later than the server fences a disconnected session (3 s), and answer
 //! from `X` after others moved on: this simulator found that in `crest-net`, which now
 //! checks every 250 ms (2.75 s at most). `CREST_SIM_LEASE=exact` also checks before
-//! every local answer. `CREST_SIM_TOMBSTONES=expire` lets a tombstone older than the
-//! real client's `TOMBSTONE_LIFETIME` (10 s) stop refusing grants (the real cache keeps
-//! refusing: see `tombstones_expire`).
+//! every local answer. `CREST_SIM_TOMBSTONES=expire` or `=since-send` changes which
+//! tombstones refuse a grant from the real client's rule (any, whatever its age) to a
+//! narrower one, to check that it would be safe (see `tombstone_rule`).
 //!
 //! **Reproducing**: `cargo test --release -p crest-server --test sim` runs the fixed
 //! seeds. `CREST_SIM_SEEDS=N` runs N random seeds (each printed; add `-- --nocapture`
@@ -163,13 +163,27 @@ const ACQUIRE_RETRY_US: u64 = 1_000_000;
 /// (`crest_cache::TOMBSTONE_LIFETIME`): honoured only with `CREST_SIM_TOMBSTONES=expire`.
 const TOMBSTONE_LIFETIME_US: u64 = 10_000_000;
 
-/// `CREST_SIM_TOMBSTONES=expire`: a tombstone older than `TOMBSTONE_LIFETIME_US` no
-/// longer refuses a grant. The real client refuses whatever its age, so an acquire is
-/// not granted what this client was ever recalled of (until the first grant used the
-/// tombstone up); this knob checks that honouring the lifetime would be safe.
-fn tombstones_expire() -> bool {
-    static EXPIRE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *EXPIRE.get_or_init(|| std::env::var("CREST_SIM_TOMBSTONES").as_deref() == Ok("expire"))
+/// Which tombstones refuse a grant (`CREST_SIM_TOMBSTONES`). By default any, whatever
+/// its age, as the real client (`NameCache::grant_exclusive`; old ones are purged only
+/// past 4,096 of them): an acquire is then not granted what this client was ever
+/// recalled of, until a grant has used the tombstone up. `expire`: only one younger than
+/// `TOMBSTONE_LIFETIME_US` (what the real client's constant means). `since-send`: only
+/// one of a recall that came after the request was sent (one that came before was
+/// answered before the request reached the server, so the grant is newer).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TombstoneRule {
+    Forever,
+    Expire,
+    SinceSend,
+}
+
+fn tombstone_rule() -> TombstoneRule {
+    static RULE: std::sync::OnceLock<TombstoneRule> = std::sync::OnceLock::new();
+    *RULE.get_or_init(|| match std::env::var("CREST_SIM_TOMBSTONES").as_deref() {
+        Ok("expire") => TombstoneRule::Expire,
+        Ok("since-send") => TombstoneRule::SinceSend,
+        _ => TombstoneRule::Forever,
+    })
 }
 
 fn ptime(us: u64) -> p::Time {
@@ -545,7 +559,7 @@ struct Cache {
     x_at: BTreeMap<u64, (u64, Vec<u8>)>,
     /// Recalls of inodes not (yet) held exclusively: a create's (or an acquire's) reply
     /// released after a recall of the new inode must not grant it.
-    /// (With when each came, virtual µs: see `tombstones_expire`.)
+    /// (With when each came, virtual µs: see `tombstone_rule`.)
     tombstones: BTreeMap<u64, u64>,
     /// Directories acquired whole and held since (as `NameCache::acquired`): with `x`,
     /// what `holds_whole` says.
@@ -605,11 +619,15 @@ impl Cache {
     /// The server counts this client as `ino`'s exclusive holder (it created it, or
     /// acquired a directory naming it), told in wire order with recalls: a recall that
     /// came first wins (its tombstone refuses the grant). True when granted.
-    fn grant_x(&mut self, ino: u64, now: u64) -> bool {
+    /// (`sent`: when the request whose reply grants it was first sent.)
+    fn grant_x(&mut self, ino: u64, now: u64, sent: u64) -> bool {
         if let Some(at) = self.tombstones.remove(&ino) {
-            // The real client refuses whatever the tombstone's age (`grant_exclusive`;
-            // old ones are purged only past 4,096 of them).
-            if !tombstones_expire() || now < at + TOMBSTONE_LIFETIME_US {
+            let refuses = match tombstone_rule() {
+                TombstoneRule::Forever => true,
+                TombstoneRule::Expire => now < at + TOMBSTONE_LIFETIME_US,
+                TombstoneRule::SinceSend => at >= sent,
+            };
+            if refuses {
                 return false;
             }
         }
@@ -865,7 +883,7 @@ impl Client {
                 let c = &mut self.cache;
                 c.attrs.insert(*parent, (d, 0));
                 c.range_mut(*parent, name).expect("held").names.insert(name.clone(), ino);
-                self.grant_new(&attr, *parent, name, now);
+                self.grant_new(&attr, *parent, name, now, now);
                 Some((wb, Reply::Entry(attr)))
             }
             Op::Write { ino, offset, data } => {
@@ -963,9 +981,9 @@ impl Client {
             self.known.insert(i.attr.ino, i.attr.kind);
         }
         let c = &mut self.cache;
-        c.grant_x(dir, now);
+        c.grant_x(dir, now, t0_us);
         for i in &leaf.items {
-            if c.grant_x(i.attr.ino, now) {
+            if c.grant_x(i.attr.ino, now, t0_us) {
                 c.x_at.insert(i.attr.ino, (dir, i.name.clone()));
             }
         }
@@ -981,10 +999,10 @@ impl Client {
 
     /// This client created `attr` (named `name` in `parent`): it holds it exclusively,
     /// unless a recall of it came first.
-    fn grant_new(&mut self, attr: &p::Attr, parent: u64, name: &[u8], now: u64) {
+    fn grant_new(&mut self, attr: &p::Attr, parent: u64, name: &[u8], now: u64, sent: u64) {
         self.learn(attr);
         let c = &mut self.cache;
-        if !c.grant_x(attr.ino, now) {
+        if !c.grant_x(attr.ino, now, sent) {
             return;
         }
         c.x_at.insert(attr.ino, (parent, name.to_vec()));
@@ -1051,7 +1069,7 @@ impl Client {
                     if let Some(r) = c.range_mut(*parent, name) {
                         r.names.insert(name.clone(), a.ino);
                     }
-                    self.grant_new(a, *parent, name, now);
+                    self.grant_new(a, *parent, name, now, t0_us);
                 }
                 // Asked with a create in a directory held exclusively: still held, so
                 // current.
@@ -1213,9 +1231,11 @@ struct Stats {
     goodbyes: u64,
     /// Reads answered from a client's cache while its system call waited.
     peeks: u64,
-    /// Acquires sent, and those whose listing the client took in.
+    /// Acquires sent, those whose listing the client took in, and of those, the ones
+    /// that left it without `X` on the directory (a tombstone refused it).
     acquires: u64,
     acquired: u64,
+    acquired_without_x: u64,
     /// Unlinks and rmdirs a client answered itself.
     local_removes: u64,
     /// Sessions the server fenced, and clients that learnt theirs was.
@@ -2318,6 +2338,7 @@ impl Sim {
                     _ => false,
                 };
                 self.ck.stats.acquired += u64::from(took);
+                self.ck.stats.acquired_without_x += u64::from(took && !self.clients[c].cache.x.contains(&dir));
                 self.log(format!(
                     "client {c}: acquire {dir} returns {:?}{}",
                     brief(&resp.results),
@@ -2797,6 +2818,7 @@ fn coherence_across_clients() {
                 total.peeks += s.peeks;
                 total.acquires += s.acquires;
                 total.acquired += s.acquired;
+                total.acquired_without_x += s.acquired_without_x;
                 total.local_removes += s.local_removes;
                 total.fenced += s.fenced;
                 total.checked += s.checked;
