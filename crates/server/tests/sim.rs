@@ -85,9 +85,14 @@
 //! the server, later than the server fences a disconnected session (3 s), and answer
 //! from `X` after others moved on: this simulator found that in `crest-net`, which now
 //! checks every 250 ms (2.75 s at most). `CREST_SIM_LEASE=exact` also checks before
-//! every local answer. `CREST_SIM_TOMBSTONES=expire` or `=since-send` changes which
-//! tombstones refuse a grant from the real client's rule (any, whatever its age) to a
-//! narrower one, to check that it would be safe (see `tombstone_rule`).
+//! every local answer. With acquires it found the server running a session's acquire
+//! while the recall of that session's own `X` on an entry was unanswered: the client,
+//! seeing the recall and then the grant, held the entry again, while its answer to the
+//! recall ended the rights on the server (now the acquire waits for that answer).
+//! `CREST_SIM_TOMBSTONES=expire` or `=since-send` changes which tombstones refuse a grant
+//! from the real client's rule (any, whatever its age) to a narrower one, to check that
+//! it would be safe (see `tombstone_rule`); the real rule leaves over half the acquires
+//! without `X` on their directory (`Stats::acquired_without_x`), `since-send` none.
 //!
 //! **Reproducing**: `cargo test --release -p crest-server --test sim` runs the fixed
 //! seeds. `CREST_SIM_SEEDS=N` runs N random seeds (each printed; add `-- --nocapture`
