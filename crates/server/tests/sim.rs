@@ -172,9 +172,11 @@ const TOMBSTONE_LIFETIME_US: u64 = 10_000_000;
 /// its age, as the real client (`NameCache::grant_exclusive`; old ones are purged only
 /// past 4,096 of them): an acquire is then not granted what this client was ever
 /// recalled of, until a grant has used the tombstone up. `expire`: only one younger than
-/// `TOMBSTONE_LIFETIME_US` (what the real client's constant means). `since-send`: only
-/// one of a recall that came after the request was sent (one that came before was
-/// answered before the request reached the server, so the grant is newer).
+/// `TOMBSTONE_LIFETIME_US` (what the real client's constant means). `since-send`: every
+/// recall leaves one, even of an inode held (an acquire's grant of what is held already
+/// can come after a recall that ended it), and only one of a recall that came after the
+/// request was sent refuses (one that came before was answered before the request
+/// reached the server, so the grant is newer).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum TombstoneRule {
     Forever,
@@ -614,7 +616,9 @@ impl Cache {
     fn recall(&mut self, ino: u64, now: u64) {
         self.epoch += 1;
         self.acquired.remove(&ino);
-        if !self.x.remove(&ino) {
+        // (The real client leaves none when it held the inode: see `tombstone_rule`.)
+        let held = self.x.remove(&ino);
+        if !held || tombstone_rule() == TombstoneRule::SinceSend {
             self.tombstones.insert(ino, now);
         }
         self.x_at.remove(&ino);
