@@ -184,6 +184,14 @@ enum TombstoneRule {
     SinceSend,
 }
 
+/// `CREST_SIM_GRANT=fresh`: a grant of `X` drops what the client cached of the inode
+/// and has expired, instead of pinning it again as the real client does (`attr`,
+/// `lookup` and `known_empty` take anything held under `X` as current, however old).
+fn fresh_grants() -> bool {
+    static FRESH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FRESH.get_or_init(|| std::env::var("CREST_SIM_GRANT").as_deref() == Ok("fresh"))
+}
+
 fn tombstone_rule() -> TombstoneRule {
     static RULE: std::sync::OnceLock<TombstoneRule> = std::sync::OnceLock::new();
     *RULE.get_or_init(|| match std::env::var("CREST_SIM_TOMBSTONES").as_deref() {
@@ -638,6 +646,15 @@ impl Cache {
             };
             if refuses {
                 return false;
+            }
+        }
+        if fresh_grants() && !self.x.contains(&ino) {
+            // What expired of it may be stale (the server stops counting this client as
+            // a holder once its copies have expired): X pins only what is still valid.
+            self.attrs.retain(|i, (_, e)| *i != ino || now < *e);
+            self.data.retain(|i, (_, e)| *i != ino || now < *e);
+            if let Some(v) = self.dirs.get_mut(&ino) {
+                v.retain(|r| now < r.expires);
             }
         }
         self.x.insert(ino);
