@@ -89,10 +89,22 @@
 //! while the recall of that session's own `X` on an entry was unanswered: the client,
 //! seeing the recall and then the grant, held the entry again, while its answer to the
 //! recall ended the rights on the server (now the acquire waits for that answer).
-//! `CREST_SIM_TOMBSTONES=expire` or `=since-send` changes which tombstones refuse a grant
-//! from the real client's rule (any, whatever its age) to a narrower one, to check that
-//! it would be safe (see `tombstone_rule`); the real rule leaves over half the acquires
-//! without `X` on their directory (`Stats::acquired_without_x`), `since-send` none.
+//!
+//! **Open, in the real client** (modelled as it is by default, so random seeds with
+//! `CREST_SIM_OUTAGES=long` fail now and then; knobs model the proposed fixes):
+//! - an acquire's reply held behind recalls can arrive after a recall of an inode it
+//!   grants that the client already held: that recall leaves no tombstone, so the late
+//!   grant makes the client hold what the server no longer counts as its (a local change
+//!   unseen by others). `CREST_SIM_TOMBSTONES=since-send`: every recall leaves a
+//!   tombstone, and one refuses a grant only if it came after the request was sent;
+//! - a grant of `X` pins again what the client cached of the inode and has expired
+//!   (the server stopped counting it as a holder: a disconnection, a recall lost with its
+//!   connection), so an acquire whose listing was refused revives stale attributes or
+//!   listings of what it names. `CREST_SIM_GRANT=fresh`: a grant drops expired copies;
+//! - tombstones refuse a grant whatever their age (4,096 are kept before old ones go):
+//!   over half the acquires leave the client without `X` on their directory
+//!   (`Stats::acquired_without_x`), since it was once recalled of it (`since-send`:
+//!   none). `CREST_SIM_TOMBSTONES=expire` honours the 10 s `TOMBSTONE_LIFETIME` instead.
 //!
 //! **Reproducing**: `cargo test --release -p crest-server --test sim` runs the fixed
 //! seeds. `CREST_SIM_SEEDS=N` runs N random seeds (each printed; add `-- --nocapture`
