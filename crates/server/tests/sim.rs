@@ -2382,9 +2382,10 @@ impl Sim {
                     brief(&resp.results),
                     if took { "; holds it whole" } else { "" }
                 ));
-                // The system call goes on: answered here if it now can be, else sent.
+                // The system call goes on: answered here if the directory was taken in
+                // and it now can be (as `Fs::unlink`, `create_node`), else sent.
                 self.check_lease_now(c);
-                if self.try_local(c, &then) {
+                if took && self.try_local(c, &then) {
                     let cl = &mut self.clients[c];
                     cl.busy = None;
                     let inc = cl.incarnation;
