@@ -325,6 +325,19 @@ impl Caps {
         wait
     }
 
+    /// Recalls under way of `session`'s own exclusive rights on any of `inodes`. A
+    /// request that would grant those rights again (an acquire) waits for them: its
+    /// client sees the recall before the grant and holds the inode again, while the
+    /// recall's answer, coming after the grant, would end the rights here.
+    pub fn own_exclusive_recalls(&self, session: SessionId, inodes: &[u64]) -> HashSet<u64> {
+        inodes
+            .iter()
+            .filter(|&i| self.exclusive.get(i) == Some(&session))
+            .filter_map(|i| self.recalling.get(i).copied())
+            .filter(|id| self.exclusive_recalls.get(id).is_some_and(|r| r.holder == session))
+            .collect()
+    }
+
     /// True while exclusive recall `id` is outstanding.
     pub fn exclusive_recall_pending(&self, id: u64) -> bool {
         self.exclusive_recalls.contains_key(&id)

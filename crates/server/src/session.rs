@@ -337,11 +337,17 @@ impl Server {
 
     /// Parks `req` if other sessions hold any of `inodes` exclusively (recalling them).
     fn park_if_exclusive(&mut self, session: SessionId, req: &p::Request, inodes: &[u64], now_ms: u64) -> bool {
-        if inodes.iter().all(|&i| self.caps.exclusive_elsewhere(session, i).is_none()) {
+        // An acquire grants X again on what it names: if this session's own X on one is
+        // being recalled, it waits for the answer, else that answer (sent before the
+        // client saw the grant) would end here the rights the client then holds.
+        let acquires = req.ops.iter().any(|op| matches!(op, Op::Acquire { .. }));
+        let own = if acquires { self.caps.own_exclusive_recalls(session, inodes) } else { HashSet::new() };
+        if own.is_empty() && inodes.iter().all(|&i| self.caps.exclusive_elsewhere(session, i).is_none()) {
             return false;
         }
         let mut out = Vec::new();
-        let waiting = self.caps.recall_exclusive(session, inodes, now_ms, &mut out);
+        let mut waiting = self.caps.recall_exclusive(session, inodes, now_ms, &mut out);
+        waiting.extend(own);
         self.outbox.extend(out);
         if waiting.is_empty() {
             return false;
@@ -1538,6 +1544,52 @@ mod tests {
         srv.recall_done(a, *recall_id, NOW);
         assert!(matches!(answer(&mut srv), Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 2));
         assert_eq!(srv.caps.exclusive_elsewhere(a, g.ino), Some(b));
+    }
+
+    #[test]
+    fn an_acquire_waits_for_the_recall_of_its_own_sessions_exclusive_rights() {
+        // (Found by the simulator, seed 14630225732569651823.) a holds f exclusively (it
+        // made it); b's look at f recalls it. Before a's answer, a acquires the root,
+        // which names f: run at once, it would grant f again, a's client (seeing the
+        // recall first, then the grant) would hold f, and a's answer to the recall would
+        // then end a's rights here: a would answer changes of f itself unseen by b.
+        let mut srv = server();
+        let (a, _) = srv.handle_hello(&hello(None));
+        let (b, _) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        let req = |id, ops| p::Request { id, ops, time: None };
+        srv.handle(a, create_in_root(1, "f"), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        let Ok(Reply::Entry(f)) = &response.results[0] else { panic!("{response:?}") };
+        srv.handle(b, req(1, vec![Op::GetAttr { ino: f.ino }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+            panic!("expected a recall to a: {out:?}")
+        };
+        assert_eq!(*session, a);
+        let recall_id = *recall_id;
+        srv.handle(a, req(2, vec![Op::Acquire { ino: 1 }]), NOW);
+        assert_eq!(srv.take_outgoing(), vec![], "the acquire waits for a's answer to the recall");
+        srv.recall_done(a, recall_id, NOW);
+        // b's look runs first (it came first), then a's acquire, which recalls what b
+        // read of f and answers once b has dropped it.
+        let out = srv.take_outgoing();
+        let b_answered = out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == b));
+        assert!(b_answered, "{out:?}");
+        let recall = out.iter().find_map(|o| match o {
+            Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if *session == b => {
+                Some(*recall_id)
+            }
+            _ => None,
+        });
+        let Some(recall) = recall else { panic!("expected a recall to b: {out:?}") };
+        srv.recall_done(b, recall, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+        assert_eq!(*session, a);
+        assert!(matches!(&response.results[0], Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 1));
+        assert_eq!(srv.caps.exclusive_elsewhere(b, f.ino), Some(a), "a holds f again, as its client does");
     }
 
     #[test]
