@@ -27,9 +27,9 @@
 //! - **exclusive inodes**: granted when this mount creates an inode (the server applies
 //!   the same rule), dropped by a recall. While held, the inode's attributes and (for a
 //!   directory) its entries never expire: nobody else can change them;
-//! - **tombstones**: a recall of an inode this mount did not (yet) hold exclusively is
-//!   remembered for a while, so a grant that raced with it (a create's reply released
-//!   after a recall of the new inode) is refused;
+//! - **tombstones**: a recall is remembered for a while, so a grant that raced with it
+//!   (a create's or acquire's reply released after a recall of what it grants: the
+//!   request was sent before the recall came) is refused;
 //! - **in flight** counts writeback requests per inode not yet answered, and **deferred
 //!   errors** keeps the failure of one until the next flush or fsync of what it touched;
 //! - **kernel entries**: names in exclusive directories the kernel was told to cache (a
@@ -304,11 +304,31 @@ impl NameCache {
         self.attrs.insert(attr.ino, Attr { attr: attr.clone(), expires: now + self.ttl });
     }
 
-    /// This mount created `ino` (the server says so, in order with its recalls): it holds
-    /// it exclusively, unless a recall of it already came (then that recall wins).
-    pub fn grant_exclusive(&mut self, ino: u64, now: Instant) {
-        if self.ttl.is_zero() || self.tombstones.remove(&ino).is_some() {
+    /// The server counts this mount as `ino`'s exclusive holder (it created it, or
+    /// acquired a directory naming it), told in wire order with recalls, by the reply to a
+    /// request first sent at `sent`: this mount holds it exclusively, unless a recall of
+    /// it came after `sent` (then the recall wins: the server may have taken the rights
+    /// back after granting them; a recall that came before `sent` was answered before the
+    /// request reached the server, so the grant is newer). Cached state of `ino` that had
+    /// expired is dropped rather than pinned: the server may have stopped counting this
+    /// mount as a holder of it meanwhile (a recall lost with a connection).
+    pub fn grant_exclusive(&mut self, ino: u64, now: Instant, sent: Instant) {
+        if self.ttl.is_zero() {
             return;
+        }
+        if self.tombstones.remove(&ino).is_some_and(|at| at >= sent) {
+            return;
+        }
+        if !self.exclusive.contains(&ino) {
+            if self.attrs.get(&ino).is_some_and(|a| a.expires <= now) {
+                self.attrs.remove(&ino);
+            }
+            if let Some(ranges) = self.dirs.get_mut(&ino) {
+                let before: usize = ranges.iter().map(|r| r.names.len()).sum();
+                ranges.retain(|r| now < r.expires);
+                let after: usize = ranges.iter().map(|r| r.names.len()).sum();
+                self.entries -= before - after;
+            }
         }
         self.exclusive.insert(ino);
         self.purge_tombstones(now);
@@ -366,13 +386,14 @@ impl NameCache {
     }
 
     /// The server recalled `ino`: exclusive rights go first (on the connection thread, in
-    /// wire order); a recall of an inode not held exclusively leaves a tombstone.
+    /// wire order), and a tombstone is left against a grant racing with the recall (an
+    /// acquire's grant of what this mount already held can come after a recall that
+    /// ended it — `grant_exclusive`).
     pub fn recall_rights(&mut self, ino: u64, now: Instant) {
         self.no_xattrs.remove(&ino);
         self.acquired.remove(&ino);
-        if !self.exclusive.remove(&ino) {
-            self.tombstones.insert(ino, now);
-        }
+        self.exclusive.remove(&ino);
+        self.tombstones.insert(ino, now);
         self.release_kernel_entries(ino);
         self.purge_tombstones(now);
     }
@@ -531,10 +552,10 @@ mod tests {
         let mut c = NameCache::new(TTL);
         let d = attr(20, p::FileType::Directory);
         c.made_dir(&d, now);
-        c.grant_exclusive(20, now);
+        c.grant_exclusive(20, now, now);
         c.added(20, b"f", &attr(21, p::FileType::Regular), now);
         c.set_attr(&d, now); // (as writeback does: the directory's new attributes)
-        c.grant_exclusive(21, now);
+        c.grant_exclusive(21, now, now);
         let later = now + TTL * 10;
         assert_eq!(c.lookup(20, b"f", later), Some(Cached::Found(attr(21, p::FileType::Regular))), "pinned");
         assert_eq!(c.lookup(20, b"g", later), Some(Cached::Absent), "the whole directory is known");
@@ -549,13 +570,36 @@ mod tests {
     fn a_recall_that_overtakes_its_grant_wins() {
         // A create's reply released after a recall of the new inode (the server held the
         // reply back): the grant must not resurrect rights the server took back.
-        let now = Instant::now();
+        let sent = Instant::now();
+        let now = sent + Duration::from_millis(1);
         let mut c = NameCache::new(TTL);
         c.recall_rights(30, now);
-        c.grant_exclusive(30, now);
+        c.grant_exclusive(30, now, sent);
         assert!(!c.is_exclusive(30));
-        c.grant_exclusive(30, now);
+        c.grant_exclusive(30, now, sent);
         assert!(c.is_exclusive(30), "the tombstone is used once");
+        // Held already, recalled, then granted again by a reply to a request sent before
+        // the recall: the recall wins. One sent after the recall is granted.
+        c.recall_rights(30, now);
+        c.grant_exclusive(30, now, sent);
+        assert!(!c.is_exclusive(30));
+        let later = now + Duration::from_millis(1);
+        c.recall_rights(31, now);
+        c.grant_exclusive(31, later, later);
+        assert!(c.is_exclusive(31), "a recall older than the request does not refuse");
+    }
+
+    #[test]
+    fn a_grant_pins_only_what_is_still_valid() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let d = attr(50, p::FileType::Directory);
+        c.absorb_listing(50, &[], c.epoch(), now);
+        c.hold_attr(&d, c.epoch(), now);
+        let later = now + TTL * 2;
+        c.grant_exclusive(50, later, later);
+        assert_eq!(c.attr(50, later), None, "expired attributes are not brought back");
+        assert_eq!(c.lookup(50, b"x", later), None, "nor an expired listing");
     }
 
     #[test]
@@ -563,8 +607,8 @@ mod tests {
         let now = Instant::now();
         let mut c = NameCache::new(TTL);
         assert!(!c.kernel_entry(40, b"a", 0), "not held: no long kernel timeout");
-        c.grant_exclusive(40, now);
-        c.grant_exclusive(41, now);
+        c.grant_exclusive(40, now, now);
+        c.grant_exclusive(41, now, now);
         assert!(c.kernel_entry(40, b"a", 41));
         assert!(c.kernel_entry(40, b"gone", 0), "negative entries too");
         assert!(!c.kernel_entry(40, b"b", 99), "an inode held by nobody here");
@@ -573,7 +617,7 @@ mod tests {
         let mut inval = c.take_kernel_invalidations();
         inval.sort();
         assert_eq!(inval, vec![(40, b"a".to_vec()), (40, b"gone".to_vec())]);
-        c.grant_exclusive(42, now);
+        c.grant_exclusive(42, now, now);
         assert!(c.kernel_entry(42, b"x", 0));
         c.reset_rights();
         assert_eq!(c.take_kernel_invalidations(), vec![(42, b"x".to_vec())], "a server restart gives all up");
@@ -587,7 +631,7 @@ mod tests {
         let d = attr(50, p::FileType::Directory);
         c.made_dir(&d, now);
         assert!(!c.known_empty(50), "only what is held exclusively");
-        c.grant_exclusive(50, now);
+        c.grant_exclusive(50, now, now);
         assert!(c.known_empty(50));
         c.added(50, b"f", &attr(51, p::FileType::Regular), now);
         assert!(!c.known_empty(50));
@@ -604,7 +648,7 @@ mod tests {
         assert_eq!(c.take_error(51), None, "once");
         c.created_without_xattrs(51);
         assert!(!c.has_no_xattrs(51), "not held exclusively");
-        c.grant_exclusive(51, now);
+        c.grant_exclusive(51, now, now);
         assert!(c.has_no_xattrs(51));
         c.xattrs_changed(51);
         assert!(!c.has_no_xattrs(51));

@@ -111,8 +111,8 @@ struct CacheRights {
 }
 
 impl Rights for CacheRights {
-    fn granted_exclusive(&self, ino: u64) {
-        lock(&self.names).grant_exclusive(ino, Instant::now());
+    fn granted_exclusive(&self, ino: u64, sent: Instant) {
+        lock(&self.names).grant_exclusive(ino, Instant::now(), sent);
     }
 
     fn recalled(&self, inodes: &[u64]) {
@@ -482,7 +482,7 @@ impl CrestFs {
         if kind == p::FileType::Directory {
             c.made_dir(&attr, now);
         }
-        c.grant_exclusive(ino, now);
+        c.grant_exclusive(ino, now, now);
         c.created_without_xattrs(ino);
         c.begin_writeback(ino);
         c.begin_writeback(parent);

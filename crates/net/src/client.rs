@@ -53,8 +53,10 @@ pub const MAX_ASYNC_BYTES: usize = 64 << 20;
 /// of the same inode can never be applied the wrong way round. Must not block.
 pub trait Rights: Send + Sync {
     /// A successful create (`Create`, `Symlink`, `CreateAt`, `SymlinkAt`) made `ino`, or
-    /// an `Acquire` named it: the server counts this session as its exclusive holder.
-    fn granted_exclusive(&self, ino: u64);
+    /// an `Acquire` named it: the server counts this session as its exclusive holder — as
+    /// of a moment after `sent` (the request was made then): a recall of `ino` told since
+    /// `sent` may have ended it already.
+    fn granted_exclusive(&self, ino: u64, sent: std::time::Instant);
     /// The server recalls whatever this session holds of `inodes`.
     fn recalled(&self, inodes: &[u64]);
     /// The server restarted (or forgot this session): it remembers no rights of it.
@@ -161,6 +163,9 @@ struct Call {
     ops: Vec<p::Op>,
     time: Option<p::Time>,
     reply: Answer,
+    /// When the call was made: no later than it was first sent. A recall that reached
+    /// this client after it may have ended rights its reply grants (`Rights`).
+    made: std::time::Instant,
 }
 
 /// What a writeback submission runs when its response arrives (on the connection thread:
@@ -402,7 +407,7 @@ impl AsyncPermit<'_> {
         let id = self.client.next_id.fetch_add(1, Ordering::Relaxed);
         let budget = self.client.budget.clone();
         let reply = Answer::Then(done, budget, self.bytes);
-        let call = Call { id, ops, time: Some(time), reply };
+        let call = Call { id, ops, time: Some(time), reply, made: std::time::Instant::now() };
         if self.client.out.tx.is_closed() {
             call.reply.send(Err(ClientError::Closed));
             return Err(ClientError::Closed);
@@ -564,7 +569,7 @@ impl Client {
     fn call_inner(&self, ops: Vec<p::Op>) -> Result<Results, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = std_mpsc::sync_channel(1);
-        let call = Call { id, ops, time: None, reply: Answer::Wait(reply) };
+        let call = Call { id, ops, time: None, reply: Answer::Wait(reply), made: std::time::Instant::now() };
         self.out.send(Outbound::Call(call)).map_err(|_| ClientError::Closed)?;
         match rx.recv_timeout(self.opts.op_timeout) {
             Ok(r) => r,
@@ -861,15 +866,15 @@ fn fenced(
 
 /// Tells the rights hook what a response granted: exclusive rights on what it created,
 /// and on a directory it acquired and everything in it.
-fn grant_rights(rights: &RightsHook, ops: &[p::Op], results: &Results) {
+fn grant_rights(rights: &RightsHook, ops: &[p::Op], results: &Results, sent: std::time::Instant) {
     let Some(r) = rights.get() else { return };
     for (op, res) in ops.iter().zip(results) {
         match (op, res) {
-            (op, Ok(p::Reply::Entry(a))) if op.creates() => r.granted_exclusive(a.ino),
+            (op, Ok(p::Reply::Entry(a))) if op.creates() => r.granted_exclusive(a.ino, sent),
             (p::Op::Acquire { ino }, Ok(p::Reply::Lookup { leaf, .. })) => {
-                r.granted_exclusive(*ino);
+                r.granted_exclusive(*ino, sent);
                 for item in &leaf.items {
-                    r.granted_exclusive(item.attr.ino);
+                    r.granted_exclusive(item.attr.ino, sent);
                 }
             }
             _ => {}
@@ -1144,7 +1149,7 @@ async fn run(
                         match decoder.poll_message::<ServerMessage>() {
                             Ok(Some(ServerMessage::Response(resp))) => {
                                 if let Some(c) = pending.remove(&resp.id) {
-                                    grant_rights(&rights, &c.ops, &resp.results);
+                                    grant_rights(&rights, &c.ops, &resp.results, c.made);
                                     held.follow(&c.ops, &resp.results);
                                     let entry = Unstable { id: c.id, ops: c.ops, time: c.time, results: resp.results.clone() };
                                     log.acknowledged(resp.seq, entry);
@@ -1216,7 +1221,13 @@ mod tests {
 
     fn writeback(id: u64, ops: Vec<p::Op>, sec: i64, log: std_mpsc::Sender<(u64, Results)>) -> Call {
         let done: Completion = Box::new(move |r| log.send((id, r.expect("answered"))).expect("send"));
-        Call { id, ops, time: Some(p::Time { sec, nsec: 0 }), reply: Answer::Then(done, AsyncBudget::default(), 0) }
+        Call {
+            id,
+            ops,
+            time: Some(p::Time { sec, nsec: 0 }),
+            reply: Answer::Then(done, AsyncBudget::default(), 0),
+            made: std::time::Instant::now(),
+        }
     }
 
     fn attr_op(ino: u64) -> p::Op {
@@ -1232,7 +1243,13 @@ mod tests {
         assert!(m.offer(writeback(3, vec![attr_op(30)], 6, tx.clone())).is_none());
         // A caller that waits is never merged (it would overtake or be overtaken).
         let (wtx, _wrx) = std_mpsc::sync_channel(1);
-        let waiting = Call { id: 4, ops: vec![attr_op(40)], time: None, reply: Answer::Wait(wtx) };
+        let waiting = Call {
+            id: 4,
+            ops: vec![attr_op(40)],
+            time: None,
+            reply: Answer::Wait(wtx),
+            made: std::time::Instant::now(),
+        };
         assert!(m.offer(waiting).is_some());
         let merged = m.flush().expect("one merged request");
         assert!(m.flush().is_none());

@@ -90,23 +90,23 @@
 //! seeing the recall and then the grant, held the entry again, while its answer to the
 //! recall ended the rights on the server (now the acquire waits for that answer).
 //!
-//! **Open, in the real client** (modelled as it is by default, so random seeds with
-//! `CREST_SIM_OUTAGES=long` fail now and then: 4 of 600, seeds 5039, 5132, 5261, 5519
-//! when written; with both `CREST_SIM_TOMBSTONES=since-send` and `CREST_SIM_GRANT=fresh`,
-//! which model the proposed fixes, none of 600 did):
-//! - an acquire's reply held behind recalls can arrive after a recall of an inode it
-//!   grants that the client already held: that recall leaves no tombstone, so the late
-//!   grant makes the client hold what the server no longer counts as its (a local change
-//!   unseen by others). `CREST_SIM_TOMBSTONES=since-send`: every recall leaves a
-//!   tombstone, and one refuses a grant only if it came after the request was sent;
-//! - a grant of `X` pins again what the client cached of the inode and has expired
+//! It also found two faults of the real client's rights bookkeeping, fixed there
+//! (`NameCache::grant_exclusive`, `recall_rights`) and modelled as fixed by default (4 of
+//! 600 random `CREST_SIM_OUTAGES=long` seeds failed before — 5039, 5132, 5261, 5519 when
+//! written; none of 1,200 with the fixes):
+//! - an acquire's reply held behind recalls could arrive after a recall of an inode it
+//!   grants that the client already held: that recall left no tombstone, so the late
+//!   grant made the client hold what the server no longer counted as its (a local change
+//!   unseen by others). Now every recall leaves a tombstone, and one refuses a grant only
+//!   if it came after the request was sent (`CREST_SIM_TOMBSTONES=forever` or `expire`
+//!   model the old rules: any tombstone, or one younger than `TOMBSTONE_LIFETIME`);
+//! - a grant of `X` pinned again what the client cached of the inode and had expired
 //!   (the server stopped counting it as a holder: a disconnection, a recall lost with its
-//!   connection), so an acquire whose listing was refused revives stale attributes or
-//!   listings of what it names. `CREST_SIM_GRANT=fresh`: a grant drops expired copies;
-//! - tombstones refuse a grant whatever their age (4,096 are kept before old ones go):
-//!   over half the acquires leave the client without `X` on their directory
-//!   (`Stats::acquired_without_x`), since it was once recalled of it (`since-send`:
-//!   none). `CREST_SIM_TOMBSTONES=expire` honours the 10 s `TOMBSTONE_LIFETIME` instead.
+//!   connection), so an acquire whose listing was refused revived stale attributes or
+//!   listings of what it names. Now a grant drops expired copies
+//!   (`CREST_SIM_GRANT=pin` models the old rule).
+//! Under the old tombstone rule over half the acquires left the client without `X` on
+//! their directory (`Stats::acquired_without_x`); under the new one, none.
 //!
 //! **Reproducing**: `cargo test --release -p crest-server --test sim` runs the fixed
 //! seeds. `CREST_SIM_SEEDS=N` runs N random seeds (each printed; add `-- --nocapture`
@@ -183,15 +183,13 @@ const ACQUIRE_RETRY_US: u64 = 1_000_000;
 /// (`crest_cache::TOMBSTONE_LIFETIME`): honoured only with `CREST_SIM_TOMBSTONES=expire`.
 const TOMBSTONE_LIFETIME_US: u64 = 10_000_000;
 
-/// Which tombstones refuse a grant (`CREST_SIM_TOMBSTONES`). By default any, whatever
-/// its age, as the real client (`NameCache::grant_exclusive`; old ones are purged only
-/// past 4,096 of them): an acquire is then not granted what this client was ever
-/// recalled of, until a grant has used the tombstone up. `expire`: only one younger than
-/// `TOMBSTONE_LIFETIME_US` (what the real client's constant means). `since-send`: every
-/// recall leaves one, even of an inode held (an acquire's grant of what is held already
-/// can come after a recall that ended it), and only one of a recall that came after the
-/// request was sent refuses (one that came before was answered before the request
-/// reached the server, so the grant is newer).
+/// Which tombstones refuse a grant (`CREST_SIM_TOMBSTONES`). By default, as the real
+/// client (`NameCache::grant_exclusive`): every recall leaves one, even of an inode held
+/// (an acquire's grant of what is held already can come after a recall that ended it),
+/// and only one of a recall that came after the request was sent refuses (one that came
+/// before was answered before the request reached the server, so the grant is newer).
+/// The client's old rules: `forever`, a recall of an inode not held leaves one and any
+/// refuses, whatever its age; `expire`, only one younger than `TOMBSTONE_LIFETIME_US`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum TombstoneRule {
     Forever,
@@ -199,20 +197,21 @@ enum TombstoneRule {
     SinceSend,
 }
 
-/// `CREST_SIM_GRANT=fresh`: a grant of `X` drops what the client cached of the inode
-/// and has expired, instead of pinning it again as the real client does (`attr`,
-/// `lookup` and `known_empty` take anything held under `X` as current, however old).
+/// A grant of `X` drops what the client cached of the inode and has expired, as the
+/// real client does, instead of pinning it again (`attr`, `lookup` and `known_empty` take
+/// anything held under `X` as current, however old): `CREST_SIM_GRANT=pin` models that
+/// old rule.
 fn fresh_grants() -> bool {
     static FRESH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FRESH.get_or_init(|| std::env::var("CREST_SIM_GRANT").as_deref() == Ok("fresh"))
+    *FRESH.get_or_init(|| std::env::var("CREST_SIM_GRANT").as_deref() != Ok("pin"))
 }
 
 fn tombstone_rule() -> TombstoneRule {
     static RULE: std::sync::OnceLock<TombstoneRule> = std::sync::OnceLock::new();
     *RULE.get_or_init(|| match std::env::var("CREST_SIM_TOMBSTONES").as_deref() {
         Ok("expire") => TombstoneRule::Expire,
-        Ok("since-send") => TombstoneRule::SinceSend,
-        _ => TombstoneRule::Forever,
+        Ok("forever") => TombstoneRule::Forever,
+        _ => TombstoneRule::SinceSend,
     })
 }
 
