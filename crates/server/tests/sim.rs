@@ -105,6 +105,7 @@
 //!   connection), so an acquire whose listing was refused revived stale attributes or
 //!   listings of what it names. Now a grant drops expired copies
 //!   (`CREST_SIM_GRANT=pin` models the old rule).
+//!
 //! Under the old tombstone rule over half the acquires left the client without `X` on
 //! their directory (`Stats::acquired_without_x`); under the new one, none.
 //!
