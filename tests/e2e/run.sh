@@ -371,6 +371,17 @@ PY
 }
 
 check writeback-matches-the-server writeback_matches_the_server
+
+writeback_ops_are_coherent() {
+  # Renames, links, xattr changes and create+unlink pairs answered by the mount holding
+  # everything involved (writeback): the other mount's next call sees exactly the result,
+  # and neither the server's answers nor its attributes contradict the writer's.
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  python3 "$root/tests/e2e/writeback_ops.py" "$mnt" "$mnt2" >&2 || return 1
+  ! grep -hE "writeback attributes differ|writeback (rename|link|setxattr|removexattr|unlink|rmdir|create) failed" \
+    /tmp/crest-mount_*"$(basename "$work")"*.log 2>/dev/null | head -5 | grep .
+}
+check writeback-ops writeback_ops_are_coherent
 check killed-client-does-not-stop-others killed_client_does_not_stop_others
 
 do_umount

@@ -32,12 +32,15 @@
 //!   request was sent before the recall came) is refused;
 //! - **in flight** counts writeback requests per inode not yet answered, and **deferred
 //!   errors** keeps the failure of one until the next flush or fsync of what it touched;
+//! - **xattrs**: every extended attribute of an inode this mount created (with none) and
+//!   changed only by writeback since — known complete, so answered here while the inode
+//!   is exclusive; a change sent to the server, or a recall, forgets them for good;
 //! - **kernel entries**: names in exclusive directories the kernel was told to cache (a
 //!   long entry timeout). When the directory stops being exclusive they move to a list
 //!   the recall thread drains (kernel invalidations) *before* it answers the recall, so
 //!   the kernel never serves a name another client may have changed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crest_proto::{self as p, name_hash, DirLeaf};
@@ -96,8 +99,10 @@ pub struct NameCache {
     deferred: HashMap<u64, p::OpError>,
     kernel_entries: HashMap<u64, HashSet<Vec<u8>>>,
     kernel_inval: Vec<(u64, Vec<u8>)>,
-    /// Inodes this mount created and set no extended attribute on since.
-    no_xattrs: HashSet<u64>,
+    /// Every extended attribute of inodes this mount created (with none) and changed only
+    /// through this mount since: complete, so get/list/set/remove are answered from it
+    /// while the inode is held exclusively.
+    xattrs: HashMap<u64, BTreeMap<Vec<u8>, Vec<u8>>>,
     /// Directories acquired whole (`absorb_acquired`) and held since: their entries were
     /// granted with them.
     acquired: HashSet<u64>,
@@ -122,7 +127,7 @@ impl NameCache {
             deferred: HashMap::new(),
             kernel_entries: HashMap::new(),
             kernel_inval: Vec::new(),
-            no_xattrs: HashSet::new(),
+            xattrs: HashMap::new(),
             acquired: HashSet::new(),
         }
     }
@@ -337,20 +342,99 @@ impl NameCache {
     /// This mount created `ino`: it has no extended attributes.
     pub fn created_without_xattrs(&mut self, ino: u64) {
         if !self.ttl.is_zero() {
-            self.no_xattrs.insert(ino);
+            self.xattrs.insert(ino, BTreeMap::new());
         }
     }
 
-    /// An extended attribute of `ino` is being set or removed through this mount.
+    /// An extended attribute of `ino` is being set or removed through the server (not
+    /// answered here): what was held of them is no longer known complete.
     pub fn xattrs_changed(&mut self, ino: u64) {
-        self.no_xattrs.remove(&ino);
+        self.xattrs.remove(&ino);
     }
 
     /// True when `ino` is known to have no extended attributes: this mount created it,
-    /// set none, and holds it exclusively (nobody else can have set one). This answers the
-    /// kernel's `security.capability` look-up before every write without a round trip.
+    /// set none (or removed what it set), and holds it exclusively (nobody else can have
+    /// set one). This answers the kernel's `security.capability` look-up before every
+    /// write without a round trip.
     pub fn has_no_xattrs(&self, ino: u64) -> bool {
-        self.exclusive.contains(&ino) && self.no_xattrs.contains(&ino)
+        self.held_xattrs(ino).is_some_and(BTreeMap::is_empty)
+    }
+
+    /// Every extended attribute of `ino` (name → value), when known complete: this mount
+    /// created it, has changed them only here since, and holds it exclusively.
+    pub fn held_xattrs(&self, ino: u64) -> Option<&BTreeMap<Vec<u8>, Vec<u8>>> {
+        self.xattrs.get(&ino).filter(|_| self.exclusive.contains(&ino))
+    }
+
+    /// A setxattr answered here (writeback): `ino`'s attributes stay known complete.
+    /// False (nothing recorded) when they were not held.
+    pub fn set_held_xattr(&mut self, ino: u64, name: &[u8], value: &[u8]) -> bool {
+        if !self.exclusive.contains(&ino) {
+            return false;
+        }
+        match self.xattrs.get_mut(&ino) {
+            Some(m) => {
+                m.insert(name.to_vec(), value.to_vec());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A removexattr answered here (writeback). True when `name` was there (held).
+    pub fn remove_held_xattr(&mut self, ino: u64, name: &[u8]) -> bool {
+        if !self.exclusive.contains(&ino) {
+            return false;
+        }
+        self.xattrs.get_mut(&ino).is_some_and(|m| m.remove(name).is_some())
+    }
+
+    /// `name` in `dir` was moved to `new_name` in `new_dir` through this mount (a rename
+    /// answered here or by the server): the entry moves (a directory keeps what is held of
+    /// its own entries); whatever `new_name` named before loses that link. `moved` and
+    /// `victim` are the inodes' attributes after the rename (`victim` `None`: it had no
+    /// link left, or there was none). Both directories' attributes are forgotten (the
+    /// caller sets them when it computed them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn renamed(
+        &mut self,
+        dir: u64,
+        name: &[u8],
+        new_dir: u64,
+        new_name: &[u8],
+        moved: &p::Attr,
+        victim: Option<&p::Attr>,
+        now: Instant,
+    ) {
+        self.epoch += 1;
+        self.attrs.remove(&dir);
+        self.attrs.remove(&new_dir);
+        self.take_name(dir, name);
+        let replaced = self.take_name(new_dir, new_name);
+        if let Some(v) = replaced.filter(|&v| v != moved.ino) {
+            self.attrs.remove(&v);
+            match victim {
+                Some(a) if a.ino == v => {
+                    self.attrs.insert(v, Attr { attr: a.clone(), expires: now + self.ttl });
+                }
+                _ => self.drop_dir(v),
+            }
+        }
+        self.added(new_dir, new_name, moved, now);
+    }
+
+    /// Removes `name` from what is held of `dir`, returning the inode it named.
+    fn take_name(&mut self, dir: u64, name: &[u8]) -> Option<u64> {
+        let h = name_hash(name);
+        let ino = self
+            .dirs
+            .get_mut(&dir)
+            .and_then(|v| v.iter_mut().find(|r| r.lo <= h && h <= r.hi))
+            .and_then(|r| r.names.remove(name));
+        if ino.is_some() {
+            self.entries -= 1;
+        }
+        ino
     }
 
     /// True when directory `dir` is known to have no entries: every hash range of it is
@@ -372,7 +456,7 @@ impl NameCache {
     pub fn reset_rights(&mut self) {
         self.exclusive.clear();
         self.acquired.clear();
-        self.no_xattrs.clear();
+        self.xattrs.clear();
         let dirs: Vec<u64> = self.kernel_entries.keys().copied().collect();
         for d in dirs {
             self.release_kernel_entries(d);
@@ -390,7 +474,7 @@ impl NameCache {
     /// acquire's grant of what this mount already held can come after a recall that
     /// ended it — `grant_exclusive`).
     pub fn recall_rights(&mut self, ino: u64, now: Instant) {
-        self.no_xattrs.remove(&ino);
+        self.xattrs.remove(&ino);
         self.acquired.remove(&ino);
         self.exclusive.remove(&ino);
         self.tombstones.insert(ino, now);
@@ -652,6 +736,67 @@ mod tests {
         assert!(c.has_no_xattrs(51));
         c.xattrs_changed(51);
         assert!(!c.has_no_xattrs(51));
+    }
+
+    #[test]
+    fn a_rename_moves_the_entry_keeps_a_moved_directory_whole_and_drops_its_victim() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        for d in [60, 61] {
+            c.made_dir(&attr(d, p::FileType::Directory), now);
+            c.grant_exclusive(d, now, now);
+        }
+        let sub = attr(62, p::FileType::Directory);
+        c.added(60, b"sub", &sub, now);
+        c.made_dir(&sub, now);
+        c.grant_exclusive(62, now, now);
+        c.added(61, b"old", &attr(63, p::FileType::Directory), now);
+        c.made_dir(&attr(63, p::FileType::Directory), now);
+        let before = c.len();
+        c.renamed(60, b"sub", 61, b"old", &sub, None, now);
+        assert_eq!(c.lookup(60, b"sub", now), Some(Cached::Absent));
+        assert_eq!(c.lookup(61, b"old", now), Some(Cached::Found(sub.clone())));
+        assert!(c.known_empty(62), "the moved directory is still known whole");
+        assert_eq!(c.lookup(63, b"x", now), None, "nothing is held of the replaced directory");
+        assert_eq!(c.len(), before - 1);
+        assert!(c.attr(60, now).is_none() && c.attr(61, now).is_none(), "both directories' times changed");
+
+        // A file over a file with another link: the victim keeps its attributes, one link less.
+        let mut two = attr(65, p::FileType::Regular);
+        two.nlink = 2;
+        c.added(60, b"v", &two, now);
+        c.added(60, b"v2", &two, now);
+        c.added(60, b"f", &attr(64, p::FileType::Regular), now);
+        let one = p::Attr { nlink: 1, ..two.clone() };
+        c.renamed(60, b"f", 60, b"v", &attr(64, p::FileType::Regular), Some(&one), now);
+        assert_eq!(c.lookup(60, b"v", now), Some(Cached::Found(attr(64, p::FileType::Regular))));
+        assert_eq!(c.lookup(60, b"v2", now), Some(Cached::Found(one)));
+        assert_eq!(c.lookup(60, b"f", now), Some(Cached::Absent));
+    }
+
+    #[test]
+    fn xattrs_of_inodes_created_here_are_held_while_exclusive() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        c.created_without_xattrs(70);
+        assert!(c.held_xattrs(70).is_none(), "not held exclusively");
+        assert!(!c.set_held_xattr(70, b"user.a", b"1"));
+        c.grant_exclusive(70, now, now);
+        assert!(c.has_no_xattrs(70));
+        assert!(c.set_held_xattr(70, b"user.b", b"2") && c.set_held_xattr(70, b"user.a", b"1"));
+        assert!(!c.has_no_xattrs(70));
+        let names: Vec<&[u8]> = c.held_xattrs(70).map(|m| m.keys().map(Vec::as_slice).collect()).unwrap_or_default();
+        assert_eq!(names, vec![&b"user.a"[..], b"user.b"]);
+        assert!(c.remove_held_xattr(70, b"user.a") && !c.remove_held_xattr(70, b"user.a"));
+        assert_eq!(c.held_xattrs(70).and_then(|m| m.get(&b"user.b"[..]).cloned()), Some(b"2".to_vec()));
+        c.xattrs_changed(70);
+        assert!(c.held_xattrs(70).is_none(), "changed through the server: no longer known complete");
+        assert!(!c.set_held_xattr(70, b"user.c", b"3"));
+        c.created_without_xattrs(71);
+        c.grant_exclusive(71, now, now);
+        c.recall_rights(71, now);
+        c.grant_exclusive(71, now, now);
+        assert!(c.held_xattrs(71).is_none(), "a recall forgets them for good");
     }
 
     #[test]

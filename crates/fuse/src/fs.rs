@@ -14,8 +14,9 @@
 //!   locally: a process's POSIX locks at each of its closes (FLUSH, hence no FOPEN_NOFLUSH),
 //!   an open file's flock and OFD locks at its release. Locks on directories stay in the
 //!   kernel (FUSE has no lock method for directories).
-//! - **writeback** (docs/protocol.md §4.1): a create in a directory this mount holds
-//!   exclusively, and a write or setattr of an inode it holds exclusively, is answered here
+//! - **writeback** (docs/protocol.md §4.1, §4.7): a create, unlink, rename or link among
+//!   what this mount holds exclusively, and a write, setattr or xattr change of an inode
+//!   it holds exclusively, is answered here
 //!   — attributes computed as the server will compute them, at this mount's clock, which
 //!   the request carries — and sent without waiting. The decision and the send happen
 //!   under the cache lock, which the recall path also takes before answering, so every
@@ -76,6 +77,13 @@ const INLINE_BYTES: u64 = 1024;
 const LINK_MAX_MARGIN: u32 = 64_000;
 /// How often one directory may be asked for whole (`Op::Acquire`) by this mount.
 const ACQUIRE_RETRY: Duration = Duration::from_secs(1);
+/// Longest extended attribute name the server accepts (`crest_store::limits`).
+const XATTR_NAME_MAX: usize = 255;
+/// Largest extended attribute name + value the server accepts (`crest_store::limits`).
+const XATTR_SIZE_MAX: usize = 1784;
+/// Largest store item holding extended attributes whose names share a hash
+/// (`crest_store::limits::MAX_ITEM_BYTES`): writeback keeps every inode's total inside it.
+const XATTR_ITEM_BYTES: usize = 1800;
 /// Largest file end a writeback write may produce (the server refuses larger: EFBIG).
 const MAX_WRITEBACK_END: u64 = 1 << 60;
 
@@ -590,6 +598,213 @@ impl CrestFs {
         true
     }
 
+    /// Answers a rename here when this mount holds both directories, the moved inode and
+    /// any inode the target name replaces exclusively, and knows what the server will
+    /// find: the source name (found), the target name (found or absent), both
+    /// directories' attributes, and — for a replaced directory — that it is empty. The
+    /// cache is changed as `Store::rename` changes the server (entries, both directories'
+    /// mtime/ctime and link counts, the moved inode's ctime, the replaced inode's lost
+    /// link); the request goes out without waiting. Only flags 0 and RENAME_NOREPLACE (with
+    /// the target absent); anything the server would refuse or treat specially (same
+    /// inode, a kind mismatch, exchange) is left to the synchronous path, which reports
+    /// the server's answer. false: do it the synchronous way.
+    fn rename_locally(&self, parent: u64, name: &[u8], new_parent: u64, new_name: &[u8], flags: u32) -> bool {
+        if flags & !p::RENAME_NOREPLACE != 0 {
+            return false;
+        }
+        {
+            let c = lock(&self.names);
+            if !c.is_exclusive(parent) || !c.is_exclusive(new_parent) {
+                return false;
+            }
+        }
+        let permit = self.client.async_permit(name.len() + new_name.len());
+        let now = Instant::now();
+        let t = now_time();
+        let mut c = lock(&self.names);
+        if !c.is_exclusive(parent) || !c.is_exclusive(new_parent) {
+            return false;
+        }
+        let Some(Cached::Found(mut moved)) = c.lookup(parent, name, now) else { return false };
+        let target = match c.lookup(new_parent, new_name, now) {
+            Some(Cached::Absent) => None,
+            Some(Cached::Found(v)) if flags == 0 => Some(v),
+            _ => return false,
+        };
+        let (Some(mut od), Some(mut nd)) = (c.attr(parent, now), c.attr(new_parent, now)) else { return false };
+        if !c.is_exclusive(moved.ino) || od.kind != p::FileType::Directory || nd.kind != p::FileType::Directory {
+            return false;
+        }
+        let is_dir = moved.kind == p::FileType::Directory;
+        let across = parent != new_parent;
+        if is_dir && across && (moved.ino == new_parent || nd.nlink >= LINK_MAX_MARGIN) {
+            return false;
+        }
+        let mut victim = None;
+        if let Some(v) = target {
+            let v_dir = v.kind == p::FileType::Directory;
+            if v.ino == moved.ino || !c.is_exclusive(v.ino) || v_dir != is_dir || (v_dir && !c.known_empty(v.ino)) {
+                return false;
+            }
+            victim = Some(v);
+        }
+        // The server's order (`Store::rename`): the old directory loses the entry (and a
+        // ".." link when a directory leaves it), the new one gains it (and the link),
+        // losing the replaced directory's; when both are one directory, both apply to it.
+        od.mtime = t;
+        od.ctime = t;
+        if is_dir && across {
+            od.nlink = od.nlink.saturating_sub(1);
+        }
+        if !across {
+            nd = od.clone();
+        }
+        if victim.as_ref().is_some_and(|v| v.kind == p::FileType::Directory) {
+            nd.nlink = nd.nlink.saturating_sub(1);
+        }
+        if is_dir && across {
+            nd.nlink += 1;
+        }
+        nd.mtime = t;
+        nd.ctime = t;
+        moved.ctime = t;
+        // The replaced inode loses a link (`drop_link`): a directory all of its own; with
+        // none left it is gone (or an orphan kept by its opens), and nothing is held of it.
+        let victim_after = victim.as_ref().and_then(|v| {
+            let nlink = if v.kind == p::FileType::Directory { 0 } else { v.nlink.saturating_sub(1) };
+            (nlink > 0).then(|| p::Attr { nlink, ctime: t, ..v.clone() })
+        });
+        c.renamed(parent, name, new_parent, new_name, &moved, victim_after.as_ref(), now);
+        if across {
+            c.set_attr(&od, now);
+        }
+        c.set_attr(&nd, now);
+        // The kernel moved its dentry itself, with the long timeout the old one had: the
+        // new name is one to invalidate when the new directory is given up.
+        c.kernel_entry(new_parent, new_name, moved.ino);
+        let mut touched = vec![parent, moved.ino];
+        if across {
+            touched.push(new_parent);
+        }
+        if let Some(v) = &victim {
+            touched.push(v.ino);
+        }
+        for &i in &touched {
+            c.begin_writeback(i);
+        }
+        let op = Op::Rename { parent, name: name.to_vec(), new_parent, new_name: new_name.to_vec(), flags };
+        if let Err(e) = permit.submit(vec![op], t, self.completion("rename", touched)) {
+            tracing::warn!("writeback rename in directory {parent}: {e}");
+        }
+        drop(c);
+        if is_dir {
+            lock(&self.inodes).set_parent(moved.ino, new_parent);
+        }
+        true
+    }
+
+    /// Answers a hard link here when this mount holds the inode and the directory
+    /// exclusively, knows the name is absent and holds both's attributes (`Store::link`:
+    /// the inode gains a link and its ctime, the directory its mtime and ctime). `None`:
+    /// do it the synchronous way.
+    fn link_locally(&self, ino: u64, parent: u64, name: &[u8]) -> Option<p::Attr> {
+        if name.is_empty() || name.len() > crest_cache::NAME_MAX || name == b"." || name == b".." {
+            return None;
+        }
+        {
+            let c = lock(&self.names);
+            if !c.is_exclusive(parent) || !c.is_exclusive(ino) {
+                return None;
+            }
+        }
+        let permit = self.client.async_permit(name.len());
+        let now = Instant::now();
+        let t = now_time();
+        let mut c = lock(&self.names);
+        if !c.is_exclusive(parent) || !c.is_exclusive(ino) || c.lookup(parent, name, now) != Some(Cached::Absent) {
+            return None;
+        }
+        let (mut a, mut d) = (c.attr(ino, now)?, c.attr(parent, now)?);
+        if a.kind == p::FileType::Directory || d.kind != p::FileType::Directory {
+            return None;
+        }
+        if a.nlink == 0 || a.nlink >= LINK_MAX_MARGIN {
+            return None;
+        }
+        a.nlink += 1;
+        a.ctime = t;
+        d.mtime = t;
+        d.ctime = t;
+        c.added(parent, name, &a, now);
+        c.set_attr(&d, now);
+        c.begin_writeback(ino);
+        c.begin_writeback(parent);
+        let op = Op::Link { ino, parent, name: name.to_vec() };
+        if let Err(e) = permit.submit(vec![op], t, self.completion("link", vec![ino, parent])) {
+            tracing::warn!("writeback link of inode {ino}: {e}");
+        }
+        Some(a)
+    }
+
+    /// Answers setxattr (`value` `Some`) or removexattr here when this mount holds the
+    /// inode exclusively and knows all its extended attributes (it created the inode and
+    /// changed them only here since). The flags' and a missing name's errors are answered
+    /// from that knowledge; a change bumps the ctime (as the store does) and goes out
+    /// without waiting. Anything the server might refuse for its size is left to the
+    /// synchronous path. `None`: do it the synchronous way.
+    fn xattr_locally(&self, ino: u64, name: &[u8], value: Option<&[u8]>, flags: u32) -> Option<Result<(), Errno>> {
+        if name.is_empty() || name.contains(&0) || name.len() > XATTR_NAME_MAX {
+            return None;
+        }
+        // Not held: the synchronous way (checked again under the lock below).
+        lock(&self.names).held_xattrs(ino)?;
+        let permit = self.client.async_permit(name.len() + value.map_or(0, <[u8]>::len));
+        let now = Instant::now();
+        let t = now_time();
+        let mut c = lock(&self.names);
+        let held = c.held_xattrs(ino)?;
+        let exists = held.contains_key(name);
+        let op = match value {
+            Some(value) => {
+                if flags & p::XATTR_CREATE != 0 && exists {
+                    return Some(Err(Errno::EEXIST));
+                }
+                if flags & p::XATTR_REPLACE != 0 && !exists {
+                    return Some(Err(Errno::from_i32(libc::ENODATA)));
+                }
+                // Every pair of the inode as the store encodes them (3 bytes of lengths
+                // each) must fit one item: names colliding on one hash share an item, and
+                // this bounds every such subset. Bigger goes to the server for its answer.
+                let others: usize =
+                    held.iter().filter(|(n, _)| n.as_slice() != name).map(|(n, v)| 3 + n.len() + v.len()).sum();
+                if name.len() + value.len() > XATTR_SIZE_MAX || others + 3 + name.len() + value.len() > XATTR_ITEM_BYTES
+                {
+                    return None;
+                }
+                Op::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), flags }
+            }
+            None => {
+                if !exists {
+                    return Some(Err(Errno::from_i32(libc::ENODATA)));
+                }
+                Op::RemoveXattr { ino, name: name.to_vec() }
+            }
+        };
+        let mut a = c.attr(ino, now)?;
+        a.ctime = t;
+        match value {
+            Some(v) => c.set_held_xattr(ino, name, v),
+            None => c.remove_held_xattr(ino, name),
+        };
+        c.set_attr(&a, now);
+        c.begin_writeback(ino);
+        let what = if value.is_some() { "setxattr" } else { "removexattr" };
+        if let Err(e) = permit.submit(vec![op], t, self.completion(what, vec![ino])) {
+            tracing::warn!("writeback {what} of inode {ino}: {e}");
+        }
+        Some(Ok(()))
+    }
+
     /// Answers a change of an inode this mount holds exclusively here, if it can: `change`
     /// turns the held attributes into the new ones (or declines), and `op` goes out
     /// without waiting. `None`: do it the synchronous way.
@@ -1069,6 +1284,9 @@ impl Filesystem for CrestFs {
             let e = Error::Invalid { op: "rename", why: format!("flags {:#x} (whiteout or unknown)", flags.bits()) };
             return reply.error(self.fail(&e));
         };
+        if self.rename_locally(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), wire_flags) {
+            return reply.ok();
+        }
         // Look the moved names up in the same request: a directory that moved needs its
         // new parent for "..".
         let mut ops = vec![
@@ -1102,6 +1320,9 @@ impl Filesystem for CrestFs {
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        if let Some(a) = self.link_locally(ino.0, newparent.0, newname.as_bytes()) {
+            return self.reply_entry(reply, newparent.0, newname.as_bytes(), Ok(a));
+        }
         let op = Op::Link { ino: ino.0, parent: newparent.0, name: name_of(newname) };
         let r = self.one("link", op).and_then(|r| want_attr("link", r));
         if let Ok(a) = &r {
@@ -1352,8 +1573,13 @@ impl Filesystem for CrestFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let op =
-            Op::SetXattr { ino: ino.0, name: name_of(name), value: value.to_vec(), flags: convert::xattr_flags(flags) };
+        let flags = convert::xattr_flags(flags);
+        match self.xattr_locally(ino.0, name.as_bytes(), Some(value), flags) {
+            Some(Ok(())) => return reply.ok(),
+            Some(Err(e)) => return reply.error(e),
+            None => {}
+        }
+        let op = Op::SetXattr { ino: ino.0, name: name_of(name), value: value.to_vec(), flags };
         lock(&self.names).xattrs_changed(ino.0);
         let r = self.one("setxattr", op);
         lock(&self.names).attr_stale(ino.0);
@@ -1361,16 +1587,21 @@ impl Filesystem for CrestFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if lock(&self.names).has_no_xattrs(ino.0) {
-            return reply.error(Errno::from_i32(libc::ENODATA));
+        // (Bound first: the cache guard must be gone before the reply.)
+        let held = lock(&self.names).held_xattrs(ino.0).map(|m| m.get(name.as_bytes()).cloned());
+        match held {
+            Some(Some(v)) => return self.reply_xattr(reply, size, Ok(v)),
+            Some(None) => return reply.error(Errno::from_i32(libc::ENODATA)),
+            None => {}
         }
         let r = self.one("getxattr", Op::GetXattr { ino: ino.0, name: name_of(name) });
         self.reply_xattr(reply, size, r.and_then(|r| want_data("getxattr", r)));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if lock(&self.names).has_no_xattrs(ino.0) {
-            return self.reply_xattr(reply, size, Ok(Vec::new()));
+        let held = lock(&self.names).held_xattrs(ino.0).map(|m| m.keys().cloned().collect::<Vec<_>>());
+        if let Some(names) = held {
+            return self.reply_xattr(reply, size, Ok(convert::xattr_list(&names)));
         }
         let r = self.one("listxattr", Op::ListXattr { ino: ino.0 }).and_then(|r| match r {
             Reply::Names(n) => Ok(convert::xattr_list(&n)),
@@ -1380,6 +1611,11 @@ impl Filesystem for CrestFs {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.xattr_locally(ino.0, name.as_bytes(), None, 0) {
+            Some(Ok(())) => return reply.ok(),
+            Some(Err(e)) => return reply.error(e),
+            None => {}
+        }
         lock(&self.names).xattrs_changed(ino.0);
         let r = self.one("removexattr", Op::RemoveXattr { ino: ino.0, name: name_of(name) });
         lock(&self.names).attr_stale(ino.0);
@@ -1567,5 +1803,19 @@ impl Filesystem for CrestFs {
             }
             Err(e) => reply.error(self.fail(&e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xattr_limits_are_the_stores() {
+        // Writeback answers xattr changes only inside what the server accepts; these must
+        // follow the store's limits (not a dependency of this crate outside tests).
+        assert_eq!(XATTR_NAME_MAX, crest_store::limits::XATTR_NAME_MAX);
+        assert_eq!(XATTR_SIZE_MAX, crest_store::limits::XATTR_SIZE_MAX);
+        assert_eq!(XATTR_ITEM_BYTES, crest_store::limits::MAX_ITEM_BYTES);
     }
 }

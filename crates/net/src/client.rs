@@ -229,7 +229,8 @@ const MAX_MERGED_BYTES: usize = 2 << 20;
 /// Consecutive writeback submissions taken from the queue in one burst, merged into one
 /// compound request: the server applies it as one unit (one transaction, one session
 /// record), and each part keeps the clock its caller was answered at (`Op::At`).
-/// Only consecutive ones: merging across a waiting call would reorder them.
+/// Only consecutive ones: merging across a waiting call would reorder them. A create
+/// whose removal joins the same batch is cancelled with it (`cancel_pair`).
 struct Merger {
     base: Option<Call>,
     parts: Vec<Part>,
@@ -271,6 +272,9 @@ impl Merger {
         let len = c.ops.len();
         base.ops.extend(c.ops);
         self.parts.push(Part { answer: c.reply, skip: prefix, len });
+        if cancel_pair(&mut base.ops, base.time) {
+            tracing::trace!(id = base.id, "a create and its removal cancelled before sending");
+        }
         None
     }
 
@@ -362,6 +366,142 @@ async fn release_held_periodically(held: Arc<Mutex<Held>>, tx: mpsc::WeakUnbound
             release_held(&mut h, &tx);
         }
     }
+}
+
+/// True when `op` names inode `ino` in any role (the inode it acts on, a directory it
+/// acts in, a new inode's number).
+fn mentions(op: &p::Op, ino: u64) -> bool {
+    use p::Op as O;
+    match op {
+        O::StatFs | O::At { .. } | O::AllocInodes { .. } => false,
+        O::Lookup { parent, .. }
+        | O::Create { parent, .. }
+        | O::Symlink { parent, .. }
+        | O::Unlink { parent, .. }
+        | O::Rmdir { parent, .. } => *parent == ino,
+        O::Rename { parent, new_parent, .. } => *parent == ino || *new_parent == ino,
+        O::Link { ino: i, parent, .. } | O::CreateAt { ino: i, parent, .. } | O::SymlinkAt { ino: i, parent, .. } => {
+            *i == ino || *parent == ino
+        }
+        O::GetAttr { ino: i }
+        | O::SetAttr { ino: i, .. }
+        | O::ReadDir { ino: i, .. }
+        | O::ReadLink { ino: i }
+        | O::Open { ino: i }
+        | O::Release { ino: i }
+        | O::Read { ino: i, .. }
+        | O::Write { ino: i, .. }
+        | O::Append { ino: i, .. }
+        | O::Fallocate { ino: i, .. }
+        | O::Fsync { ino: i }
+        | O::SetXattr { ino: i, .. }
+        | O::GetXattr { ino: i, .. }
+        | O::ListXattr { ino: i }
+        | O::RemoveXattr { ino: i, .. }
+        | O::SetLock { ino: i, .. }
+        | O::GetLock { ino: i, .. }
+        | O::Acquire { ino: i } => *i == ino,
+    }
+}
+
+/// Cancels a create and its removal that are both still in one unsent batch (`ops`, at
+/// clock `time` until an `Op::At`), when the removal is its last operation: an inode
+/// made and removed again before the server heard of it never reaches the server.
+///
+/// Sound only when nothing left can tell: the create (`CreateAt`/`SymlinkAt`, numbered by
+/// this client, so nobody else can name the inode) is in the batch, hence so is every
+/// later operation on the inode (a call that waits ends a batch); no rename or link came
+/// after it (the name may have moved, the inode gained a name); every operation naming
+/// the inode is one that only changes it (write, setattr, xattrs, fallocate) or an open
+/// matched by its release (no descriptor is left through which a later call could reach
+/// it); and nothing uses it as a directory (every entry made in it was cancelled first).
+/// Then the create and those operations become `Op::At` of the clock in force there (so
+/// every result slot stays, answered `Done`, and every completion still runs), and the
+/// removal becomes a setattr of the directory's mtime to its clock — the one trace the
+/// pair leaves on the server (its ctime follows; the link counts are unchanged).
+/// Returns true when it cancelled.
+fn cancel_pair(ops: &mut [p::Op], time: Option<p::Time>) -> bool {
+    let Some(last) = ops.len().checked_sub(1) else { return false };
+    let (parent, name, rmdir) = match &ops[last] {
+        p::Op::Unlink { parent, name } => (*parent, name.clone(), false),
+        p::Op::Rmdir { parent, name } => (*parent, name.clone(), true),
+        _ => return false,
+    };
+    let mut created = None;
+    for (i, op) in ops[..last].iter().enumerate().rev() {
+        match op {
+            p::Op::CreateAt { ino, parent: d, name: n, kind, .. } if *d == parent && *n == name => {
+                if (*kind == p::FileType::Directory) != rmdir {
+                    return false;
+                }
+                created = Some((i, *ino));
+                break;
+            }
+            p::Op::SymlinkAt { ino, parent: d, name: n, .. } if *d == parent && *n == name => {
+                if rmdir {
+                    return false;
+                }
+                created = Some((i, *ino));
+                break;
+            }
+            p::Op::Rename { .. } | p::Op::Link { .. } | p::Op::Create { .. } | p::Op::Symlink { .. } => return false,
+            p::Op::Unlink { parent: d, name: n } | p::Op::Rmdir { parent: d, name: n }
+                if *d == parent && *n == name =>
+            {
+                return false;
+            }
+            _ => {}
+        }
+    }
+    let Some((at, ino)) = created else { return false };
+    let mut gone = vec![at];
+    let (mut opens, mut releases) = (0usize, 0usize);
+    for (i, op) in ops.iter().enumerate().take(last).skip(at + 1) {
+        match op {
+            p::Op::Write { ino: x, .. }
+            | p::Op::Append { ino: x, .. }
+            | p::Op::SetAttr { ino: x, .. }
+            | p::Op::Fallocate { ino: x, .. }
+            | p::Op::SetXattr { ino: x, .. }
+            | p::Op::RemoveXattr { ino: x, .. }
+                if *x == ino =>
+            {
+                gone.push(i)
+            }
+            p::Op::Open { ino: x } if *x == ino => {
+                opens += 1;
+                gone.push(i);
+            }
+            p::Op::Release { ino: x } if *x == ino => {
+                releases += 1;
+                gone.push(i);
+            }
+            op if mentions(op, ino) => return false,
+            _ => {}
+        }
+    }
+    if opens != releases {
+        return false;
+    }
+    // The clock in force at each operation.
+    let mut clock = time;
+    let mut clocks = Vec::with_capacity(ops.len());
+    for op in ops.iter() {
+        if let p::Op::At { time } = op {
+            clock = Some(*time);
+        }
+        clocks.push(clock);
+    }
+    if gone.iter().chain([&last]).any(|&i| clocks[i].is_none()) {
+        return false;
+    }
+    for i in gone {
+        if let Some(time) = clocks[i] {
+            ops[i] = p::Op::At { time };
+        }
+    }
+    ops[last] = p::Op::SetAttr { ino: parent, set: p::SetAttr { mtime: Some(p::SetTime::Now), ..Default::default() } };
+    true
 }
 
 /// Bytes of writeback in flight, with a condition variable for submitters that wait.
@@ -1270,6 +1410,97 @@ mod tests {
         assert_eq!((got[0].0, names(&got[0].1)), (1, vec![0]));
         assert_eq!((got[1].0, names(&got[1].1)), (2, vec![1, 2]));
         assert_eq!((got[2].0, names(&got[2].1)), (3, vec![4]), "the At's own result is skipped");
+    }
+
+    fn cred() -> p::Cred {
+        p::Cred { uid: 0, gid: 0 }
+    }
+
+    fn create_at(ino: u64, parent: u64, name: &str, kind: p::FileType) -> p::Op {
+        let name = name.as_bytes().to_vec();
+        p::Op::CreateAt { ino, generation: 1, parent, name, kind, mode: 0o755, rdev: 0, cred: cred() }
+    }
+
+    fn unlink(parent: u64, name: &str) -> p::Op {
+        p::Op::Unlink { parent, name: name.as_bytes().to_vec() }
+    }
+
+    fn rmdir(parent: u64, name: &str) -> p::Op {
+        p::Op::Rmdir { parent, name: name.as_bytes().to_vec() }
+    }
+
+    fn at(sec: i64) -> p::Op {
+        p::Op::At { time: p::Time { sec, nsec: 0 } }
+    }
+
+    fn touch_dir(ino: u64) -> p::Op {
+        p::Op::SetAttr { ino, set: p::SetAttr { mtime: Some(p::SetTime::Now), ..Default::default() } }
+    }
+
+    /// Offers each submission (ops, clock) to one merger; the merged request's ops.
+    fn merged(subs: Vec<(Vec<p::Op>, i64)>) -> (Vec<p::Op>, std_mpsc::Receiver<(u64, Results)>, usize) {
+        let (tx, rx) = std_mpsc::channel();
+        let mut m = Merger::new();
+        let n = subs.len();
+        for (i, (ops, sec)) in subs.into_iter().enumerate() {
+            assert!(m.offer(writeback(i as u64 + 1, ops, sec, tx.clone())).is_none());
+        }
+        let call = m.flush().expect("a batch");
+        let ops = call.ops.clone();
+        let results: Results = ops.iter().map(|_| Ok(p::Reply::Done)).collect();
+        call.reply.send(Ok(results));
+        (ops, rx, n)
+    }
+
+    #[test]
+    fn a_mkdir_and_its_rmdir_in_one_batch_never_reach_the_server() {
+        let (ops, rx, n) = merged(vec![
+            (vec![create_at(100, 1, "d", p::FileType::Directory)], 5),
+            (vec![create_at(101, 100, "f", p::FileType::Regular), p::Op::Open { ino: 101 }], 5),
+            (vec![p::Op::Write { ino: 101, offset: 0, data: vec![1; 10] }], 6),
+            (vec![p::Op::Release { ino: 101 }], 6),
+            (vec![unlink(100, "f")], 7),
+            (vec![rmdir(1, "d")], 8),
+        ]);
+        assert_eq!(
+            ops,
+            vec![at(5), at(5), at(5), at(6), at(6), at(6), at(7), at(7), at(8), touch_dir(1)],
+            "all that is left is the parent's new mtime, at the rmdir's clock"
+        );
+        let got: Vec<(u64, Results)> = rx.try_iter().collect();
+        assert_eq!(got.len(), n, "every completion still runs");
+        assert_eq!(got.iter().map(|(_, r)| r.len()).collect::<Vec<_>>(), vec![1, 2, 1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn a_pair_is_kept_when_anything_could_still_tell() {
+        // An open with no release: a descriptor may still reach the unlinked file.
+        let (ops, ..) = merged(vec![
+            (vec![create_at(100, 1, "f", p::FileType::Regular), p::Op::Open { ino: 100 }], 5),
+            (vec![unlink(1, "f")], 5),
+        ]);
+        assert!(ops.contains(&unlink(1, "f")));
+        // A rename in between: the name may not be the created inode's any more.
+        let rename = p::Op::Rename { parent: 1, name: b"g".to_vec(), new_parent: 1, new_name: b"f".to_vec(), flags: 0 };
+        let (ops, ..) = merged(vec![
+            (vec![create_at(100, 1, "f", p::FileType::Regular)], 5),
+            (vec![rename], 5),
+            (vec![unlink(1, "f")], 5),
+        ]);
+        assert!(ops.contains(&unlink(1, "f")));
+        // Something made inside the directory is still there (and a read of the inode).
+        let (ops, ..) = merged(vec![
+            (vec![create_at(100, 1, "d", p::FileType::Directory)], 5),
+            (vec![create_at(101, 100, "x", p::FileType::Regular)], 5),
+            (vec![rmdir(1, "d")], 5),
+        ]);
+        assert!(ops.contains(&rmdir(1, "d")) && ops.contains(&create_at(100, 1, "d", p::FileType::Directory)));
+        // The create already went out (not in this batch): the removal is sent as it is.
+        let (ops, ..) = merged(vec![(vec![p::Op::GetAttr { ino: 7 }], 5), (vec![unlink(1, "f")], 5)]);
+        assert_eq!(ops, vec![p::Op::GetAttr { ino: 7 }, unlink(1, "f")]);
+        // A kind mismatch is the server's to refuse.
+        let (ops, ..) = merged(vec![(vec![create_at(100, 1, "f", p::FileType::Regular)], 5), (vec![rmdir(1, "f")], 5)]);
+        assert!(ops.contains(&rmdir(1, "f")));
     }
 
     #[test]

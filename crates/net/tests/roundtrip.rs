@@ -389,3 +389,77 @@ fn after_a_restart_each_client_takes_its_locks_again_before_anyone_else_may() {
     drop((a, b));
     rt.block_on(serving.shutdown()).expect("shutdown");
 }
+
+type Results = Vec<Result<Reply, p::OpError>>;
+
+/// One submission's outcome: exactly one successful result.
+fn outcome(r: Result<Results, crest_net::ClientError>) -> Result<(), String> {
+    match r.map_err(|e| e.to_string())?.as_slice() {
+        [Ok(_)] => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+#[test]
+fn creates_removed_in_the_same_burst_leave_only_their_directory_times() {
+    // Pairs submitted back to back (behind a large write, so the connection finds many of
+    // them queued at once and merges them): whether a pair is cancelled in the client or
+    // applied by the server, every completion gets its results, nothing is left, and the
+    // directory ends with the last removal's time.
+    let rt = rt();
+    let serving = rt.block_on(crest_net::server::start(store(), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
+    let Ok(Reply::Entry(f)) = client.call_one(create("big")) else { panic!("create") };
+    let Ok(Reply::Inodes { first, count }) = client.call_one(Op::AllocInodes { count: 1000 }) else { panic!() };
+    assert!(count >= 400);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut sent = 0;
+    let mut last = p::Time::default();
+    for round in 0..4u64 {
+        let big = Op::Write { ino: f.ino, offset: 0, data: vec![7; 3 << 20] };
+        let t = tx.clone();
+        let done = Box::new(move |r: Result<Results, crest_net::ClientError>| t.send(outcome(r)).expect("send"));
+        client.async_permit(3 << 20).submit(vec![big], p::Time { sec: 10, nsec: 0 }, done).expect("submit");
+        sent += 1;
+        for i in 0..50u64 {
+            let ino = first + round * 100 + 2 * i;
+            let name = format!("d{round}-{i}").into_bytes();
+            let time = p::Time { sec: 1_000 + (round * 100 + i) as i64, nsec: 0 };
+            let dir = i % 2 == 0;
+            let kind = if dir { p::FileType::Directory } else { p::FileType::Regular };
+            let mk = Op::CreateAt {
+                ino,
+                generation: 1,
+                parent: 1,
+                name: name.clone(),
+                kind,
+                mode: 0o755,
+                rdev: 0,
+                cred: p::Cred::default(),
+            };
+            let rm = if dir { Op::Rmdir { parent: 1, name } } else { Op::Unlink { parent: 1, name } };
+            for op in [mk, rm] {
+                let t = tx.clone();
+                let done =
+                    Box::new(move |r: Result<Results, crest_net::ClientError>| t.send(outcome(r)).expect("send"));
+                client.async_permit(16).submit(vec![op], time, done).expect("submit");
+                sent += 1;
+            }
+            last = time;
+        }
+    }
+    drop(tx);
+    let outcomes: Vec<Result<(), String>> = rx.iter().take(sent).collect();
+    assert_eq!(outcomes.len(), sent, "every submission answered");
+    let failed: Vec<&String> = outcomes.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failed.is_empty(), "none failed: {failed:?}");
+    let Ok(Reply::Dir { items, .. }) = client.call_one(Op::ReadDir { ino: 1, from_index: 0, limit: 1000 }) else {
+        panic!("readdir")
+    };
+    assert_eq!(items.iter().map(|i| i.name.clone()).collect::<Vec<_>>(), vec![b"big".to_vec()]);
+    let Ok(Reply::Attr(root)) = client.call_one(Op::GetAttr { ino: 1 }) else { panic!("getattr") };
+    assert_eq!((root.mtime, root.ctime, root.nlink), (last, last, 2));
+    drop(client);
+    rt.block_on(serving.shutdown()).expect("shutdown");
+}
