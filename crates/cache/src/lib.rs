@@ -493,6 +493,30 @@ impl NameCache {
         true
     }
 
+    /// `name` in `dir` was renamed to `new_name` in `new_dir` through the server: the
+    /// kernel moved its entry, long timeout and all. Still recorded when `new_dir` is held
+    /// exclusively; otherwise handed to the recall thread to invalidate (it does so before
+    /// it answers any recall, so another client's change of the name is never hidden).
+    pub fn kernel_entry_moved(&mut self, dir: u64, name: &[u8], new_dir: u64, new_name: &[u8]) {
+        let was = self.kernel_entries.get_mut(&dir).is_some_and(|names| names.remove(name));
+        if !was {
+            return;
+        }
+        if self.exclusive.contains(&new_dir) {
+            self.kernel_entries.entry(new_dir).or_default().insert(new_name.to_vec());
+        } else {
+            self.kernel_inval.push((new_dir, new_name.to_vec()));
+        }
+    }
+
+    /// The kernel's entry `name` in `dir` may now name something else (a rename exchange):
+    /// if it was allowed a long timeout, the recall thread invalidates it.
+    pub fn kernel_entry_dropped(&mut self, dir: u64, name: &[u8]) {
+        if self.kernel_entries.get_mut(&dir).is_some_and(|names| names.remove(name)) {
+            self.kernel_inval.push((dir, name.to_vec()));
+        }
+    }
+
     fn release_kernel_entries(&mut self, dir: u64) {
         if let Some(names) = self.kernel_entries.remove(&dir) {
             self.kernel_inval.extend(names.into_iter().map(|n| (dir, n)));
@@ -671,6 +695,24 @@ mod tests {
         c.recall_rights(31, now);
         c.grant_exclusive(31, later, later);
         assert!(c.is_exclusive(31), "a recall older than the request does not refuse");
+    }
+
+    #[test]
+    fn an_entry_renamed_out_of_a_held_directory_is_invalidated_or_still_tracked() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        for ino in [60, 61, 62] {
+            c.grant_exclusive(ino, now, now);
+        }
+        assert!(c.kernel_entry(60, b"a", 62));
+        assert!(c.kernel_entry(60, b"b", 62));
+        c.kernel_entry_moved(60, b"a", 61, b"a2"); // into a held directory: still tracked
+        c.kernel_entry_moved(60, b"b", 99, b"b2"); // into one not held: invalidated soon
+        assert_eq!(c.take_kernel_invalidations(), vec![(99, b"b2".to_vec())]);
+        c.kernel_entry_moved(60, b"never", 99, b"x"); // never given a long timeout
+        assert!(c.take_kernel_invalidations().is_empty());
+        c.recall_rights(61, now);
+        assert_eq!(c.take_kernel_invalidations(), vec![(61, b"a2".to_vec())]);
     }
 
     #[test]

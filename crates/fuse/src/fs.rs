@@ -1305,6 +1305,13 @@ impl Filesystem for CrestFs {
         let r = self.many("rename", ops).and_then(|mut res| {
             want_done("rename", nth("rename", &mut res, 0)?)?;
             let mut c = lock(&self.names);
+            // The kernel moved (or swapped) its entries, long timeouts included.
+            if wire_flags & p::RENAME_EXCHANGE != 0 {
+                c.kernel_entry_dropped(parent.0, name.as_bytes());
+                c.kernel_entry_dropped(newparent.0, newname.as_bytes());
+            } else {
+                c.kernel_entry_moved(parent.0, name.as_bytes(), newparent.0, newname.as_bytes());
+            }
             c.removed(parent.0, name.as_bytes());
             c.removed(newparent.0, newname.as_bytes());
             let mut t = lock(&self.inodes);
