@@ -14,44 +14,11 @@ import errno
 import mmap
 import os
 import stat
-import sys
 import threading
 
-A, B = sys.argv[1], sys.argv[2]
-base = "coherence"
-fails = []
+from mounts import A, B, a, b, check, exists, fails, read, run, use, write  # noqa: F401
 
-
-def a(*p):
-    return os.path.join(A, base, *p)
-
-
-def b(*p):
-    return os.path.join(B, base, *p)
-
-
-def check(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + (f": {detail}" if detail and not cond else ""))
-    if not cond:
-        fails.append(name)
-
-
-def exists(p):
-    try:
-        os.lstat(p)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def read(p):
-    with open(p, "rb") as f:
-        return f.read()
-
-
-def write(p, data, mode="wb"):
-    with open(p, mode) as f:
-        f.write(data)
+use("coherence")
 
 
 def main():
@@ -288,12 +255,4 @@ def acquired_directories_trade_hands():
     check("acquire: B sees A's rmdirs at once", not bad and not exists(b("acq")), str(bad[:5]))
 
 
-try:
-    main()
-except Exception as e:  # a crash is a failure of the check it happened in
-    import traceback
-
-    traceback.print_exc()
-    fails.append(f"exception: {e}")
-print(f"{len(fails)} failed")
-sys.exit(1 if fails else 0)
+run(main)

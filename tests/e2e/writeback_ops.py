@@ -15,46 +15,13 @@ scenario starts afresh. Prints one line per check; exits 1 if any failed.
 import ctypes
 import errno
 import os
-import sys
 
-A, B = sys.argv[1], sys.argv[2]
-base = "wbops"
-fails = []
+from mounts import A, B, a, b, check, exists, fails, read, run, use, write  # noqa: F401
+
+use("wbops")
 libc = ctypes.CDLL(None, use_errno=True)
 RENAME_NOREPLACE = 1
 AT_FDCWD = -100
-
-
-def a(*p):
-    return os.path.join(A, base, *p)
-
-
-def b(*p):
-    return os.path.join(B, base, *p)
-
-
-def check(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + (f": {detail}" if detail and not cond else ""))
-    if not cond:
-        fails.append(name)
-
-
-def exists(p):
-    try:
-        os.lstat(p)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def read(p):
-    with open(p, "rb") as f:
-        return f.read()
-
-
-def write(p, data):
-    with open(p, "wb") as f:
-        f.write(data)
 
 
 def errno_of(f, *args):
@@ -296,12 +263,4 @@ def main():
     check("cleanup: A sees everything gone", not exists(a()))
 
 
-try:
-    main()
-except Exception as e:  # a crash is a failure of the check it happened in
-    import traceback
-
-    traceback.print_exc()
-    fails.append(f"exception: {e}")
-print(f"{len(fails)} failed")
-sys.exit(1 if fails else 0)
+run(main)
