@@ -252,15 +252,8 @@ impl NameCache {
     pub fn removed(&mut self, dir: u64, name: &[u8]) {
         self.epoch += 1;
         self.attrs.remove(&dir);
-        let h = name_hash(name);
-        let ino = self
-            .dirs
-            .get_mut(&dir)
-            .and_then(|v| v.iter_mut().find(|r| r.lo <= h && h <= r.hi))
-            .and_then(|r| r.names.remove(name));
-        match ino {
+        match self.take_name(dir, name) {
             Some(ino) => {
-                self.entries -= 1;
                 self.attrs.remove(&ino);
                 self.drop_dir(ino);
             }
