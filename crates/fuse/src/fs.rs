@@ -419,7 +419,7 @@ impl CrestFs {
         mode: u32,
         rdev: u64,
         target: Option<&[u8]>,
-        open: bool,
+        open: Option<FileHandle>,
     ) -> Option<p::Attr> {
         if name.is_empty() || name.len() > crest_cache::NAME_MAX || name == b"." || name == b".." {
             return None;
@@ -482,8 +482,8 @@ impl CrestFs {
                 Op::CreateAt { ino, generation: attr.generation, parent, name: name.to_vec(), kind, mode, rdev, cred }
             }
         }];
-        if open {
-            ops.push(Op::Open { ino });
+        if let Some(fh) = open {
+            ops.push(Op::Open { ino, handle: fh.0 });
         }
         c.added(parent, name, &attr, now);
         c.set_attr(&d, now);
@@ -548,12 +548,14 @@ impl CrestFs {
     /// pages is known here. The `Open` — which keeps an unlinked file alive on the
     /// server — follows on the connection ahead of this file's reads and writes, and a
     /// failure is reported at close. Returns keep-cache, or `None` to open synchronously.
-    fn open_locally(&self, ino: u64) -> Option<bool> {
+    fn open_locally(&self, ino: u64, fh: FileHandle) -> Option<bool> {
         let permit = self.client.async_permit(0);
         let mut c = lock(&self.names);
         let a = c.attr(ino, Instant::now()).filter(|a| a.kind == p::FileType::Regular)?;
         c.begin_writeback(ino);
-        if let Err(e) = permit.submit(vec![Op::Open { ino }], now_time(), self.completion("open", vec![ino])) {
+        if let Err(e) =
+            permit.submit(vec![Op::Open { ino, handle: fh.0 }], now_time(), self.completion("open", vec![ino]))
+        {
             tracing::warn!("open of inode {ino}: {e}");
         }
         drop(c);
@@ -941,11 +943,11 @@ impl CrestFs {
         mode: u32,
         rdev: u64,
     ) -> Result<p::Attr, Error> {
-        if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, rdev, None, false) {
+        if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, rdev, None, None) {
             return Ok(a);
         }
         if self.acquire(parent.0) {
-            if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, rdev, None, false) {
+            if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, rdev, None, None) {
                 return Ok(a);
             }
         }
@@ -1253,7 +1255,7 @@ impl Filesystem for CrestFs {
         let target_bytes = target.as_os_str().as_bytes();
         if !target_bytes.is_empty() && target_bytes.len() < 4096 {
             let (name, kind) = (link_name.as_bytes(), p::FileType::Symlink);
-            if let Some(a) = self.create_locally(req, parent.0, name, kind, 0o777, 0, Some(target_bytes), false) {
+            if let Some(a) = self.create_locally(req, parent.0, name, kind, 0o777, 0, Some(target_bytes), None) {
                 return self.reply_entry(reply, parent.0, name, Ok(a));
             }
         }
@@ -1351,10 +1353,11 @@ impl Filesystem for CrestFs {
             }
             f
         };
-        if let Some(keep) = self.open_locally(ino.0) {
-            return reply.opened(self.fh(), flags_for(keep));
+        let fh = self.fh();
+        if let Some(keep) = self.open_locally(ino.0, fh) {
+            return reply.opened(fh, flags_for(keep));
         }
-        match self.one("open", Op::Open { ino: ino.0 }).and_then(|r| want_attr("open", r)) {
+        match self.one("open", Op::Open { ino: ino.0, handle: fh.0 }).and_then(|r| want_attr("open", r)) {
             Ok(a) => {
                 self.attr_changed(&a);
                 let keep = lock(&self.inodes).keep_cache_on_open(&a);
@@ -1365,7 +1368,7 @@ impl Filesystem for CrestFs {
                 if flags.acc_mode() == OpenAccMode::O_RDONLY {
                     f |= READ_ONLY_OPEN_FLAGS;
                 }
-                reply.opened(self.fh(), f);
+                reply.opened(fh, f);
             }
             Err(e) => reply.error(self.fail(&e)),
         }
@@ -1482,7 +1485,7 @@ impl Filesystem for CrestFs {
             }
             Err(e) => tracing::debug!(ino = ino.0, "release: {e}"),
         });
-        if let Err(e) = permit.submit(vec![Op::Release { ino: ino.0 }], now_time(), done) {
+        if let Err(e) = permit.submit(vec![Op::Release { ino: ino.0, handle: fh.0 }], now_time(), done) {
             tracing::warn!(ino = ino.0, "release: {e}");
         }
         reply.ok();
@@ -1646,18 +1649,20 @@ impl Filesystem for CrestFs {
     ) {
         let kind = p::FileType::Regular;
         let mode = convert::create_mode(mode, umask);
-        let local = || self.create_locally(req, parent.0, name.as_bytes(), kind, mode, 0, None, true);
+        let fh = self.fh();
+        let local = || self.create_locally(req, parent.0, name.as_bytes(), kind, mode, 0, None, Some(fh));
         if let Some(a) = local().or_else(|| if self.acquire(parent.0) { local() } else { None }) {
             lock(&self.inodes).keep_cache_on_open(&a);
             let attr = convert::file_attr(&a);
             let (entry_ttl, attr_ttl) = self.kernel_ttls(parent.0, name.as_bytes(), a.ino);
             let ttl = entry_ttl.min(attr_ttl);
-            return reply.created(&ttl, &attr, Generation(a.generation), self.fh(), FopenFlags::empty());
+            return reply.created(&ttl, &attr, Generation(a.generation), fh, FopenFlags::empty());
         }
         // Two calls: Open names its inode, which exists only once Create has answered. The
         // kernel holds the directory locked in between, so nothing can unlink the new name.
         let created = self.create_node(req, parent, name, kind, mode, 0).and_then(|a| {
-            let opened = self.one("create", Op::Open { ino: a.ino }).and_then(|r| want_attr("create", r))?;
+            let opened =
+                self.one("create", Op::Open { ino: a.ino, handle: fh.0 }).and_then(|r| want_attr("create", r))?;
             Ok((a, opened))
         });
         match created {
@@ -1668,7 +1673,7 @@ impl Filesystem for CrestFs {
                 drop(t);
                 self.attr_changed(&opened);
                 let attr = convert::file_attr(&opened);
-                reply.created(&self.ttl, &attr, Generation(opened.generation), self.fh(), FopenFlags::empty());
+                reply.created(&self.ttl, &attr, Generation(opened.generation), fh, FopenFlags::empty());
             }
             Err(e) => reply.error(self.fail(&e)),
         }

@@ -387,8 +387,8 @@ fn mentions(op: &p::Op, ino: u64) -> bool {
         | O::SetAttr { ino: i, .. }
         | O::ReadDir { ino: i, .. }
         | O::ReadLink { ino: i }
-        | O::Open { ino: i }
-        | O::Release { ino: i }
+        | O::Open { ino: i, .. }
+        | O::Release { ino: i, .. }
         | O::Read { ino: i, .. }
         | O::Write { ino: i, .. }
         | O::Append { ino: i, .. }
@@ -468,11 +468,11 @@ fn cancel_pair(ops: &mut [p::Op], time: Option<p::Time>) -> bool {
             {
                 gone.push(i)
             }
-            p::Op::Open { ino: x } if *x == ino => {
+            p::Op::Open { ino: x, .. } if *x == ino => {
                 opens += 1;
                 gone.push(i);
             }
-            p::Op::Release { ino: x } if *x == ino => {
+            p::Op::Release { ino: x, .. } if *x == ino => {
                 releases += 1;
                 gone.push(i);
             }
@@ -1456,9 +1456,9 @@ mod tests {
     fn a_mkdir_and_its_rmdir_in_one_batch_never_reach_the_server() {
         let (ops, rx, n) = merged(vec![
             (vec![create_at(100, 1, "d", p::FileType::Directory)], 5),
-            (vec![create_at(101, 100, "f", p::FileType::Regular), p::Op::Open { ino: 101 }], 5),
+            (vec![create_at(101, 100, "f", p::FileType::Regular), p::Op::Open { ino: 101, handle: 1 }], 5),
             (vec![p::Op::Write { ino: 101, offset: 0, data: vec![1; 10] }], 6),
-            (vec![p::Op::Release { ino: 101 }], 6),
+            (vec![p::Op::Release { ino: 101, handle: 1 }], 6),
             (vec![unlink(100, "f")], 7),
             (vec![rmdir(1, "d")], 8),
         ]);
@@ -1476,7 +1476,7 @@ mod tests {
     fn a_pair_is_kept_when_anything_could_still_tell() {
         // An open with no release: a descriptor may still reach the unlinked file.
         let (ops, ..) = merged(vec![
-            (vec![create_at(100, 1, "f", p::FileType::Regular), p::Op::Open { ino: 100 }], 5),
+            (vec![create_at(100, 1, "f", p::FileType::Regular), p::Op::Open { ino: 100, handle: 1 }], 5),
             (vec![unlink(1, "f")], 5),
         ]);
         assert!(ops.contains(&unlink(1, "f")));

@@ -282,12 +282,17 @@ pub enum Op {
     ReadLink {
         ino: u64,
     },
-    /// Keeps an unlinked inode alive until the matching `Release`.
+    /// Keeps an unlinked inode alive until the `Release` of the same `handle` (a number
+    /// the client chose, unique among its session's open handles). Idempotent: a retry
+    /// of an `Open` or `Release` of a handle already opened or released changes nothing,
+    /// so neither needs the reply cache nor replay (handles die with the server anyway).
     Open {
         ino: u64,
+        handle: u64,
     },
     Release {
         ino: u64,
+        handle: u64,
     },
     Read {
         ino: u64,
@@ -442,7 +447,8 @@ impl Op {
     /// True for operations that change the file system (these go through the reply cache).
     /// Locks change no stored state: a retried `SetLock` of the same owner finds its own
     /// lock and grants it again, so locks need neither the reply cache nor replay; nor does
-    /// `Acquire`, which changes only who holds what (a retry grants the same again).
+    /// `Acquire`, which changes only who holds what (a retry grants the same again), nor
+    /// `Open`/`Release`, idempotent by handle.
     pub fn is_mutation(&self) -> bool {
         !matches!(
             self,
@@ -458,6 +464,8 @@ impl Op {
                 | Op::GetLock { .. }
                 | Op::At { .. }
                 | Op::Acquire { .. }
+                | Op::Open { .. }
+                | Op::Release { .. }
         )
     }
 

@@ -33,8 +33,8 @@ struct Session {
     client_name: String,
     replies: HashMap<u64, p::Response>,
     order: VecDeque<u64>,
-    /// Inodes this session holds open, with counts (released when the session ends).
-    open: HashMap<u64, u32>,
+    /// Handles this session holds open, by inode (released when the session ends).
+    open: HashMap<u64, HashSet<u64>>,
     /// Requests that changed something, applied so far (the last one's `seq`).
     applied: u64,
     /// The last `seq` known to be committed.
@@ -473,8 +473,8 @@ impl Server {
             if let Err(e) = self.store.delete_session_record(id) {
                 tracing::warn!(session = id, "cannot drop the session record: {e}");
             }
-            for (ino, n) in s.open {
-                for _ in 0..n {
+            for (ino, handles) in s.open {
+                for _ in handles {
                     if let Err(e) = self.store.release_handle(ino) {
                         tracing::warn!(ino, "release at session end: {e}");
                     }
@@ -867,22 +867,33 @@ impl Server {
                 Ok(st.rename(parent, &name, new_parent, &new_name, f, now_s).map(|()| Reply::Done)?)
             }
             Op::ReadLink { ino } => Ok(st.readlink(ino).map(Reply::Data)?),
-            Op::Open { ino } => {
-                let inode = st.open_handle(ino)?;
-                if let Some(sess) = self.sessions.get_mut(&session) {
-                    *sess.open.entry(ino).or_insert(0) += 1;
-                }
-                Ok(Reply::Attr(attr_out(&inode)))
-            }
-            Op::Release { ino } => {
-                if let Some(sess) = self.sessions.get_mut(&session) {
-                    match sess.open.get_mut(&ino) {
-                        Some(n) if *n > 1 => *n -= 1,
-                        Some(_) => {
-                            sess.open.remove(&ino);
+            Op::Open { ino, handle } => {
+                let fresh =
+                    self.sessions.get_mut(&session).is_some_and(|s| s.open.entry(ino).or_default().insert(handle));
+                let inode = if fresh { self.store.open_handle(ino) } else { self.store.getattr(ino) };
+                match inode {
+                    Ok(inode) => Ok(Reply::Attr(attr_out(&inode))),
+                    Err(e) => {
+                        if fresh {
+                            if let Some(s) = self.sessions.get_mut(&session) {
+                                s.open.entry(ino).or_default().remove(&handle);
+                            }
                         }
-                        None => return Ok(Reply::Done), // already released (a retry)
+                        Err(e.into())
                     }
+                }
+            }
+            Op::Release { ino, handle } => {
+                let held = self.sessions.get_mut(&session).is_some_and(|s| {
+                    let Some(handles) = s.open.get_mut(&ino) else { return false };
+                    let held = handles.remove(&handle);
+                    if handles.is_empty() {
+                        s.open.remove(&ino);
+                    }
+                    held
+                });
+                if !held {
+                    return Ok(Reply::Done); // already released (a retry), or never opened
                 }
                 Ok(self.store.release_handle(ino).map(|()| Reply::Done)?)
             }
@@ -1012,7 +1023,7 @@ impl Server {
 fn op_inode(op: &Op) -> Option<u64> {
     match op {
         Op::Lookup { parent, .. } => Some(*parent),
-        Op::ReadDir { ino, .. } | Op::Read { ino, .. } | Op::GetAttr { ino } | Op::Open { ino } => Some(*ino),
+        Op::ReadDir { ino, .. } | Op::Read { ino, .. } | Op::GetAttr { ino } | Op::Open { ino, .. } => Some(*ino),
         _ => None,
     }
 }
@@ -1033,8 +1044,8 @@ fn op_inodes(op: &Op) -> Vec<u64> {
         | Op::SetAttr { ino, .. }
         | Op::ReadDir { ino, .. }
         | Op::ReadLink { ino }
-        | Op::Open { ino }
-        | Op::Release { ino }
+        | Op::Open { ino, .. }
+        | Op::Release { ino, .. }
         | Op::Read { ino, .. }
         | Op::Write { ino, .. }
         | Op::Append { ino, .. }
@@ -1477,6 +1488,45 @@ mod tests {
         // Its client's resume starts a new session and says the old one was fenced.
         let (_, msg) = srv.handle_hello(&hello(Some(p::SessionToken { id: a, secret: 0 })));
         assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
+    }
+
+    #[test]
+    fn open_and_release_are_idempotent_by_handle() {
+        // A retried Open or Release (its connection broke) runs again: handles, not
+        // counts, keep an unlinked file alive exactly until its last handle goes.
+        let mut srv = server();
+        let (a, _) = srv.handle_hello(&hello(None));
+        let a = a.expect("a");
+        let req = |id, ops| p::Request { id, ops, time: None };
+        let answer = |srv: &mut Server, id, ops| {
+            srv.handle(a, req(id, ops), NOW);
+            let out = srv.take_outgoing();
+            let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+            response.results[0].clone()
+        };
+        srv.handle(a, create_in_root(1, "f"), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        let Ok(Reply::Entry(f)) = &response.results[0] else { panic!("{response:?}") };
+        let ino = f.ino;
+        for (id, handle) in [(2, 7), (3, 7), (4, 8)] {
+            assert!(matches!(answer(&mut srv, id, vec![Op::Open { ino, handle }]), Ok(Reply::Attr(_))));
+        }
+        assert!(answer(&mut srv, 5, vec![Op::Unlink { parent: 1, name: b"f".to_vec() }]).is_ok());
+        for id in [6, 7] {
+            assert!(answer(&mut srv, id, vec![Op::Release { ino, handle: 7 }]).is_ok());
+        }
+        assert!(
+            matches!(answer(&mut srv, 8, vec![Op::GetAttr { ino }]), Ok(Reply::Attr(x)) if x.nlink == 0),
+            "handle 8 keeps it"
+        );
+        assert!(answer(&mut srv, 9, vec![Op::Release { ino, handle: 8 }]).is_ok());
+        assert_eq!(
+            answer(&mut srv, 10, vec![Op::GetAttr { ino }]).err().map(|e| e.errno),
+            Some(2),
+            "gone with its last handle"
+        );
+        assert_eq!(answer(&mut srv, 11, vec![Op::Open { ino, handle: 9 }]).err().map(|e| e.errno), Some(2));
     }
 
     #[test]
