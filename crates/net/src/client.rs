@@ -1042,6 +1042,10 @@ async fn run(
     let mut pending: BTreeMap<u64, Call> = BTreeMap::new();
     let mut log = ReplayLog::default();
     let mut held = HeldLocks::default();
+    // When the last fencing was learnt: writeback answered before it (still on its way
+    // here: held on the client or queued) belongs to the fenced session and is failed, not
+    // sent on the new one.
+    let mut fenced_at: Option<std::time::Instant> = None;
     let mut session: Option<p::SessionToken> = None;
     let mut fsid: Option<[u8; 16]> = None;
     let mut backoff = Duration::from_millis(20);
@@ -1115,6 +1119,7 @@ async fn run(
                 heard();
                 if w.fenced {
                     fenced(&addr, &mut pending, &mut log, &rights, &mut held);
+                    fenced_at = Some(std::time::Instant::now());
                 }
                 if fsid.is_some_and(|f| f != w.fsid) {
                     tracing::error!("{addr} now serves another file system; failing pending calls");
@@ -1231,6 +1236,10 @@ async fn run(
                     };
                     while let Some(c) = next.take().or_else(|| calls.try_recv().ok()) {
                         let c = match c {
+                            Outbound::Call(c) if c.reply.is_writeback() && fenced_at.is_some_and(|f| c.made < f) => {
+                                c.reply.send(Err(ClientError::Fenced { addr: addr.clone() }));
+                                continue;
+                            }
                             Outbound::Call(c) => match merger.offer(c) {
                                 None => continue,
                                 Some(c) => {
@@ -1319,6 +1328,7 @@ async fn run(
                             }
                             Ok(Some(ServerMessage::Notify(p::Notify::Fenced))) => {
                                 fenced(&addr, &mut pending, &mut log, &rights, &mut held);
+                    fenced_at = Some(std::time::Instant::now());
                                 // A new session, not a resume of the fenced one.
                                 session = None;
                                 broken = true;
