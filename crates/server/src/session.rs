@@ -525,10 +525,12 @@ impl Server {
                     continue;
                 }
                 *self.served.entry(op.name()).or_default() += 1;
-                let touched = self.touches(&op);
+                let acquires = if let Op::Acquire { ino } = op { Some(ino) } else { None };
+                // (An acquire touches what its reply carries: the directory and every
+                // entry — taken from the reply rather than listed again.)
+                let touched = if acquires.is_some() { Vec::new() } else { self.touches(&op) };
                 let inode_of_op = op_inode(&op);
                 let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
-                let acquires = if let Op::Acquire { ino } = op { Some(ino) } else { None };
                 let mut r = self.apply(session, op, now);
                 if let Ok(reply) = &mut r {
                     if mutates {
@@ -560,6 +562,9 @@ impl Server {
                     let c = carried(inode_of_op, reply);
                     self.carried.extend(&c);
                     self.changed.extend(touched);
+                    if acquires.is_some() {
+                        self.changed.extend(&c);
+                    }
                     self.caps.grant(session, c);
                 }
                 results.push(r);
@@ -1109,6 +1114,26 @@ mod tests {
         Server::new(Store::open(Box::new(fresh_disk())).expect("open"))
     }
 
+    /// A server with two sessions, a and b.
+    fn two_sessions() -> (Server, SessionId, SessionId) {
+        let mut srv = server();
+        let (a, _) = srv.handle_hello(&hello(None));
+        let (b, _) = srv.handle_hello(&hello(None));
+        (srv, a.expect("a"), b.expect("b"))
+    }
+
+    /// Request `id` carrying `ops` at the server's clock.
+    fn req(id: u64, ops: Vec<Op>) -> p::Request {
+        p::Request { id, ops, time: None }
+    }
+
+    /// The first result of the one response the last step sent (and nothing else).
+    fn sole_result(srv: &mut Server) -> Result<Reply, p::OpError> {
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+        response.results[0].clone()
+    }
+
     /// Request `id`: create regular file `name` in the root.
     fn create_in_root(id: u64, name: &str) -> p::Request {
         p::Request {
@@ -1284,10 +1309,7 @@ mod tests {
 
     #[test]
     fn locks_hold_across_sessions_and_go_with_their_session() {
-        let mut srv = server();
-        let (a, _) = srv.handle_hello(&hello(None));
-        let (b, _) = srv.handle_hello(&hello(None));
-        let (a, b) = (a.expect("a"), b.expect("b"));
+        let (mut srv, a, b) = two_sessions();
         let lock = |id, owner, kind| p::Request {
             id,
             ops: vec![Op::SetLock { ino: 1, owner, start: 0, end: p::LOCK_TO_EOF, kind, flock: false, pid: 42 }],
@@ -1352,10 +1374,7 @@ mod tests {
 
     #[test]
     fn a_change_to_what_another_session_read_waits_for_its_recall() {
-        let mut srv = server();
-        let (a, _) = srv.handle_hello(&hello(None));
-        let (b, _) = srv.handle_hello(&hello(None));
-        let (a, b) = (a.expect("a"), b.expect("b"));
+        let (mut srv, a, b) = two_sessions();
         let lookup = |id| p::Request { id, ops: vec![Op::Lookup { parent: 1, name: b"x".to_vec() }], time: None };
         srv.handle(b, lookup(1), NOW);
         assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == b));
@@ -1378,11 +1397,7 @@ mod tests {
 
     #[test]
     fn another_sessions_request_waits_until_exclusive_rights_are_flushed_and_returned() {
-        let mut srv = server();
-        let (a, _) = srv.handle_hello(&hello(None));
-        let (b, _) = srv.handle_hello(&hello(None));
-        let (a, b) = (a.expect("a"), b.expect("b"));
-        let req = |id, ops| p::Request { id, ops, time: None };
+        let (mut srv, a, b) = two_sessions();
         // a makes a directory: it holds it exclusively from birth.
         let mkdir = Op::Create {
             parent: 1,
@@ -1497,17 +1512,12 @@ mod tests {
         let mut srv = server();
         let (a, _) = srv.handle_hello(&hello(None));
         let a = a.expect("a");
-        let req = |id, ops| p::Request { id, ops, time: None };
         let answer = |srv: &mut Server, id, ops| {
             srv.handle(a, req(id, ops), NOW);
-            let out = srv.take_outgoing();
-            let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
-            response.results[0].clone()
+            sole_result(srv)
         };
         srv.handle(a, create_in_root(1, "f"), NOW);
-        let out = srv.take_outgoing();
-        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
-        let Ok(Reply::Entry(f)) = &response.results[0] else { panic!("{response:?}") };
+        let Ok(Reply::Entry(f)) = sole_result(&mut srv) else { panic!("create f") };
         let ino = f.ino;
         for (id, handle) in [(2, 7), (3, 7), (4, 8)] {
             assert!(matches!(answer(&mut srv, id, vec![Op::Open { ino, handle }]), Ok(Reply::Attr(_))));
@@ -1531,32 +1541,23 @@ mod tests {
 
     #[test]
     fn acquiring_a_directory_recalls_its_readers_and_makes_others_wait() {
-        let mut srv = server();
-        let (a, _) = srv.handle_hello(&hello(None));
-        let (b, _) = srv.handle_hello(&hello(None));
-        let (a, b) = (a.expect("a"), b.expect("b"));
-        let req = |id, ops| p::Request { id, ops, time: None };
-        let answer = |srv: &mut Server| {
-            let out = srv.take_outgoing();
-            let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
-            response.results[0].clone()
-        };
+        let (mut srv, a, b) = two_sessions();
         // b makes two files in the root and forgets its exclusive rights by a recall
         // (a's look at them); a then reads the root, so both cache it.
         srv.handle(b, create_in_root(1, "f"), NOW);
-        let Ok(Reply::Entry(f)) = answer(&mut srv) else { panic!() };
+        let Ok(Reply::Entry(f)) = sole_result(&mut srv) else { panic!() };
         srv.handle(b, create_in_root(2, "g"), NOW);
-        let Ok(Reply::Entry(g)) = answer(&mut srv) else { panic!() };
+        let Ok(Reply::Entry(g)) = sole_result(&mut srv) else { panic!() };
         srv.handle(a, req(1, vec![Op::Lookup { parent: 1, name: b"f".to_vec() }]), NOW);
         let out = srv.take_outgoing();
         let [Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. }] = &out[..] else {
             panic!("{out:?}")
         };
         srv.recall_done(b, *recall_id, NOW);
-        assert!(matches!(answer(&mut srv), Ok(Reply::Lookup { attr: Some(_), .. })));
+        assert!(matches!(sole_result(&mut srv), Ok(Reply::Lookup { attr: Some(_), .. })));
         // A file is not a directory; a directory too large for one reply is refused.
         srv.handle(a, req(2, vec![Op::Acquire { ino: f.ino }]), NOW);
-        assert_eq!(answer(&mut srv).err().map(|e| e.errno), Some(20));
+        assert_eq!(sole_result(&mut srv).err().map(|e| e.errno), Some(20));
         // b's acquire of the root waits until a dropped what it read of it.
         srv.handle(b, req(3, vec![Op::Acquire { ino: 1 }]), NOW);
         let out = srv.take_outgoing();
@@ -1566,7 +1567,7 @@ mod tests {
         assert_eq!(*session, a);
         assert!(inodes.contains(&1) && inodes.contains(&f.ino), "{inodes:?}");
         srv.recall_done(a, *recall_id, NOW);
-        let Ok(Reply::Lookup { attr: Some(root), leaf }) = answer(&mut srv) else { panic!() };
+        let Ok(Reply::Lookup { attr: Some(root), leaf }) = sole_result(&mut srv) else { panic!() };
         assert_eq!(root.ino, 1);
         assert_eq!((leaf.hash_lo, leaf.hash_hi), (0, u64::MAX));
         let mut names: Vec<_> = leaf.items.iter().map(|i| (i.name.clone(), i.attr.ino)).collect();
@@ -1583,7 +1584,7 @@ mod tests {
         };
         assert_eq!((*session, inodes.as_slice()), (b, &[g.ino][..]));
         srv.recall_done(b, *recall_id, NOW);
-        assert!(matches!(answer(&mut srv), Ok(Reply::Attr(x)) if x.ino == g.ino));
+        assert!(matches!(sole_result(&mut srv), Ok(Reply::Attr(x)) if x.ino == g.ino));
         // b takes the root back: a, which read g meanwhile, is asked to drop it first.
         srv.handle(b, req(5, vec![Op::Acquire { ino: 1 }]), NOW);
         let out = srv.take_outgoing();
@@ -1592,7 +1593,7 @@ mod tests {
         };
         assert_eq!((*session, inodes.as_slice()), (a, &[g.ino][..]));
         srv.recall_done(a, *recall_id, NOW);
-        assert!(matches!(answer(&mut srv), Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 2));
+        assert!(matches!(sole_result(&mut srv), Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 2));
         assert_eq!(srv.caps.exclusive_elsewhere(a, g.ino), Some(b));
     }
 
@@ -1603,11 +1604,7 @@ mod tests {
         // which names f: run at once, it would grant f again, a's client (seeing the
         // recall first, then the grant) would hold f, and a's answer to the recall would
         // then end a's rights here: a would answer changes of f itself unseen by b.
-        let mut srv = server();
-        let (a, _) = srv.handle_hello(&hello(None));
-        let (b, _) = srv.handle_hello(&hello(None));
-        let (a, b) = (a.expect("a"), b.expect("b"));
-        let req = |id, ops| p::Request { id, ops, time: None };
+        let (mut srv, a, b) = two_sessions();
         srv.handle(a, create_in_root(1, "f"), NOW);
         let out = srv.take_outgoing();
         let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
@@ -1940,10 +1937,7 @@ mod tests {
         // Found by tests/sim.rs: b caches the root; a's mkdir changes it and its reply
         // waits for b's answer. a's connection breaks and a resends the mkdir: the reply
         // cache must not answer it before b has dropped what it cached.
-        let mut srv = server();
-        let (a, _) = srv.handle_hello(&hello(None));
-        let (b, _) = srv.handle_hello(&hello(None));
-        let (a, b) = (a.expect("a"), b.expect("b"));
+        let (mut srv, a, b) = two_sessions();
         srv.handle(b, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
         srv.take_outgoing();
         let mkdir = p::Request {
