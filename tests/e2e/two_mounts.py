@@ -149,14 +149,15 @@ def concurrent_appenders():
     )
 
 
-# O_DIRECT writer on A, buffered reader on B following it, two passes
+# O_DIRECT writer on A, buffered reader on B following it, four passes (a recall that
+# dropped B's pages after answering once made B's read miss the size A had written)
 BLOCK, BLOCKS = 4096, 256
 def direct_writer_buffered_reader():
     buf = mmap.mmap(-1, BLOCK)
     wfd = os.open(a("direct"), os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
     rfd = None
     stale = 0
-    for rnd in range(2):
+    for rnd in range(4):
         for i in range(BLOCKS):
             pattern = f"round {rnd} block {i:06d} ".encode()
             buf.seek(0)

@@ -28,6 +28,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -111,6 +112,44 @@ pub struct CrestFs {
     lock_owners: Arc<Mutex<Owners>>,
     /// Directories this mount last asked to hold whole (`Op::Acquire`), and when.
     acquire_tried: Mutex<HashMap<u64, Instant>>,
+    /// Reads and writes in progress here, by inode: the kernel holds page locks for them.
+    page_io: Arc<PageIo>,
+}
+
+/// Reads and writes this mount is serving, counted by inode. The kernel holds page locks
+/// of the inode while it waits for them, and the server may park them behind a recall of
+/// this mount, so a recall does not wait for the kernel to drop those pages (`PageDropper`).
+#[derive(Debug, Default)]
+struct PageIo(Mutex<HashMap<u64, usize>>);
+
+impl PageIo {
+    /// Counts a read or write of `ino` until the guard goes.
+    fn begin(&self, ino: u64) -> PageIoGuard<'_> {
+        *lock(&self.0).entry(ino).or_default() += 1;
+        PageIoGuard { io: self, ino }
+    }
+
+    fn any(&self, inodes: &[u64]) -> bool {
+        let busy = lock(&self.0);
+        inodes.iter().any(|i| busy.contains_key(i))
+    }
+}
+
+struct PageIoGuard<'a> {
+    io: &'a PageIo,
+    ino: u64,
+}
+
+impl Drop for PageIoGuard<'_> {
+    fn drop(&mut self) {
+        let mut busy = lock(&self.io.0);
+        if let Some(n) = busy.get_mut(&self.ino) {
+            *n -= 1;
+            if *n == 0 {
+                busy.remove(&self.ino);
+            }
+        }
+    }
 }
 
 /// Tells the cache about rights, on the connection thread in wire order.
@@ -157,16 +196,26 @@ fn estimated_blocks(size: u64) -> u64 {
     }
 }
 
-/// Applies the server's recalls: drops the named inodes from the daemon's cache,
-/// acknowledges, then asks the kernel to drop their pages (mmap readers; `read` already
-/// revalidates through FUSE_AUTO_INVAL_DATA). Runs on its own thread, never inside a
-/// request handler.
+/// Applies the server's recalls: drops the named inodes from the daemon's cache and the
+/// kernel's (entries, attributes, pages), then acknowledges. Runs on its own thread, never
+/// inside a request handler.
+///
+/// Pages go before the answer too, when they can: every kernel invalidation of an inode
+/// bumps its attribute version, and a GETATTR whose reply comes back after a bump is
+/// discarded — a read that asked for the size then runs on the size it had, so dropping
+/// pages *after* answering let a reader miss a write the other client had completed (found
+/// by the O_DIRECT check of tests/e2e/two_mounts.py under load). Dropping pages waits for
+/// page locks, which a read or write of this mount may hold while the server parks it
+/// behind this very recall (docs/protocol.md §4.3), so a page drop runs on a thread of its
+/// own, and the answer waits for it only while no read or write of the inodes is in
+/// progress here (`PageIo`), and then at most `PAGE_DROP_WAIT`.
 #[derive(Debug)]
 pub struct RecallWorker {
     /// Weak: the mount owns the client; when it goes, the client says goodbye, its
     /// recall stream ends and so does this worker.
     client: std::sync::Weak<Client>,
     names: Arc<Mutex<NameCache>>,
+    page_io: Arc<PageIo>,
 }
 
 impl RecallWorker {
@@ -185,6 +234,7 @@ impl RecallWorker {
         let Some(recalls) = self.client.upgrade().and_then(|c| c.take_recalls()) else {
             return Ok(());
         };
+        let mut pages = PageDropper::spawn(notifier.clone())?;
         std::thread::Builder::new().name("crest-recall".into()).spawn(move || {
             loop {
                 // Also wakes now and then for kernel entries given up without a recall
@@ -214,19 +264,61 @@ impl RecallWorker {
                         tracing::trace!(ino, "inval_inode (attributes): {e}");
                     }
                 }
+                let busy = self.page_io.any(&r.inodes);
+                pages.drop_then_wait(r.inodes, !busy);
                 match self.client.upgrade() {
                     Some(c) => c.recall_done(r.recall_id),
                     None => return,
                 }
-                for &ino in &r.inodes {
+            }
+        })?;
+        Ok(())
+    }
+}
+
+/// How long a recall's answer waits for the kernel to drop the recalled inodes' pages.
+const PAGE_DROP_WAIT: Duration = Duration::from_millis(200);
+
+/// The thread that drops recalled inodes' pages from the kernel (see `RecallWorker`).
+struct PageDropper {
+    jobs: mpsc::Sender<(Vec<u64>, mpsc::SyncSender<()>)>,
+    /// Signalled when the last job handed over is done.
+    last: Option<mpsc::Receiver<()>>,
+}
+
+impl PageDropper {
+    fn spawn(notifier: fuser::Notifier) -> std::io::Result<Self> {
+        let (jobs, queue) = mpsc::channel::<(Vec<u64>, mpsc::SyncSender<()>)>();
+        std::thread::Builder::new().name("crest-pages".into()).spawn(move || {
+            for (inodes, done) in queue {
+                for ino in inodes {
                     // ENOENT: the kernel does not know the inode; nothing to drop.
                     if let Err(e) = notifier.inval_inode(INodeNo(ino), 0, 0) {
                         tracing::trace!(ino, "inval_inode: {e}");
                     }
                 }
+                let _ = done.send(());
             }
         })?;
-        Ok(())
+        Ok(PageDropper { jobs, last: None })
+    }
+
+    /// Drops the pages of `inodes`, waiting up to `PAGE_DROP_WAIT` for it if `wait`; not
+    /// at all when an earlier drop is still blocked (this one queues behind it).
+    fn drop_then_wait(&mut self, inodes: Vec<u64>, wait: bool) {
+        let blocked = self.last.as_ref().is_some_and(|rx| matches!(rx.try_recv(), Err(TryRecvError::Empty)));
+        let (done, rx) = mpsc::sync_channel(1);
+        if self.jobs.send((inodes, done)).is_err() {
+            return;
+        }
+        if wait && !blocked && rx.recv_timeout(PAGE_DROP_WAIT).is_ok() {
+            self.last = None;
+            return;
+        }
+        if wait {
+            tracing::debug!("dropping recalled pages waits on a page lock; answering the recall first");
+        }
+        self.last = Some(rx);
     }
 }
 
@@ -309,6 +401,7 @@ impl CrestFs {
             pool: Mutex::new((0, 0)),
             lock_owners: Arc::new(Mutex::new(Owners::default())),
             acquire_tried: Mutex::new(HashMap::new()),
+            page_io: Arc::default(),
         }
     }
 
@@ -857,7 +950,7 @@ impl CrestFs {
 
     /// The part that applies recalls; spawn it once the FUSE session exists.
     pub fn recall_worker(&self) -> RecallWorker {
-        RecallWorker { client: Arc::downgrade(&self.client), names: self.names.clone() }
+        RecallWorker { client: Arc::downgrade(&self.client), names: self.names.clone(), page_io: self.page_io.clone() }
     }
 
     fn fh(&self) -> FileHandle {
@@ -1399,7 +1492,12 @@ impl Filesystem for CrestFs {
         reply: ReplyData,
     ) {
         let op = Op::Read { ino: ino.0, offset, len: size.min(MAX_IO_BYTES) };
-        match self.one("read", op).and_then(|r| want_data("read", r)) {
+        let io = self.page_io.begin(ino.0);
+        let r = self.one("read", op).and_then(|r| want_data("read", r));
+        // Not counted once answered: the kernel unlocks the pages as it takes the answer,
+        // and the reader may go on at once to what a recall must not pass by.
+        drop(io);
+        match r {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(self.fail(&e)),
         }
@@ -1420,6 +1518,7 @@ impl Filesystem for CrestFs {
         let Ok(len) = u32::try_from(data.len()) else {
             return reply.error(Errno::EFBIG);
         };
+        let io = self.page_io.begin(ino.0);
         // O_APPEND: the kernel picked the offset from its idea of the size, which another
         // client's append may have outdated; the server appends at the real end.
         let append = flags.0 & libc::O_APPEND != 0;
@@ -1439,6 +1538,7 @@ impl Filesystem for CrestFs {
                 true
             });
             if local.is_some() {
+                drop(io);
                 return reply.written(len);
             }
         }
@@ -1447,7 +1547,9 @@ impl Filesystem for CrestFs {
         } else {
             Op::Write { ino: ino.0, offset, data: data.to_vec() }
         };
-        match self.one("write", op).and_then(|r| want_attr("write", r)) {
+        let r = self.one("write", op).and_then(|r| want_attr("write", r));
+        drop(io);
+        match r {
             Ok(a) => {
                 lock(&self.inodes).changed_here(&a);
                 self.attr_changed(&a);
