@@ -32,7 +32,7 @@ start_server() {
 stop_server() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; server=; }
 do_mount() { "$crest" mount "$addr" "$mnt" >/dev/null; }
 do_umount() { "$crest" umount "$mnt" 2>/dev/null || umount -l "$mnt"; for _ in $(seq 50); do grep -q " $mnt " /proc/mounts || return 0; sleep 0.1; done; }
-cleanup() { do_umount 2>/dev/null; "$crest" umount "$mnt2" 2>/dev/null || umount -l "$mnt2" 2>/dev/null; stop_server; rm -rf "$work"; }
+cleanup() { [ -n "${CREST_E2E_KEEP:-}" ] && cp /tmp/crest-mount_*"$(basename "$work")"*.log "$work/serve.log" /tmp/rep/ 2>/dev/null; do_umount 2>/dev/null; "$crest" umount "$mnt2" 2>/dev/null || umount -l "$mnt2" 2>/dev/null; stop_server; rm -rf "$work"; }
 trap cleanup EXIT
 check() { # name command...
   local name=$1; shift
@@ -305,6 +305,38 @@ locks_survive_server_restart() {
   return $rc
 }
 check locks-survive-server-restart locks_survive_server_restart
+
+rights_survive_server_restart() {
+  # The first mount makes a directory and files in it (it holds them exclusively, and its
+  # kernel caches their attributes for long), syncs, changes more (acknowledged, not yet
+  # durable), and stats everything. The server is killed (-9) and started at once. The
+  # mount replays its lost changes and takes its rights back in the grace period. Then
+  # the second mount's changes must still reach the first at once (a recall of the
+  # re-asserted rights), and the first mount's new file the second.
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  local rc=0 i logs
+  mkdir "$mnt/rr" || return 1
+  for i in $(seq 20); do echo "file $i" >"$mnt/rr/f$i"; done
+  sync "$mnt/rr/f1" || return 1
+  for i in $(seq 11 20); do echo "again $i" >"$mnt/rr/f$i"; chmod 640 "$mnt/rr/f$i"; done
+  stat "$mnt"/rr/* >/dev/null
+  kill -9 "$server"; wait "$server" 2>/dev/null; server=
+  start_server || return 1
+  chmod 600 "$mnt2/rr/f1" && echo "from b" >"$mnt2/rr/f2" || { log "the second mount cannot change the files"; rc=1; }
+  [ "$(stat -c %a "$mnt/rr/f1")" = 600 ] || { log "first mount: mode of f1 is $(stat -c %a "$mnt/rr/f1"), not 600"; rc=1; }
+  [ "$(cat "$mnt/rr/f2")" = "from b" ] || { log "first mount reads f2 as '$(cat "$mnt/rr/f2")'"; rc=1; }
+  for i in $(seq 11 20); do
+    [ "$(cat "$mnt2/rr/f$i")" = "again $i" ] && [ "$(stat -c %a "$mnt2/rr/f$i")" = 640 ] || { log "lost change of f$i"; rc=1; }
+  done
+  echo after >"$mnt/rr/after" && [ "$(cat "$mnt2/rr/after")" = after ] || { log "second mount misses the first's new file"; rc=1; }
+  [ "$(ls "$mnt2/rr" | wc -l)" = 21 ] || { log "second mount lists $(ls "$mnt2/rr" | wc -l) entries"; rc=1; }
+  logs=(/tmp/crest-mount_*"$(basename "$work")"_mnt.log)
+  grep -h "re-asserting rights" "${logs[@]}" 2>/dev/null | tail -1 >&2
+  grep -q "re-asserting rights" "${logs[@]}" 2>/dev/null || { log "the first mount did not take its rights back"; rc=1; }
+  rm -rf "$mnt/rr"
+  return $rc
+}
+check rights-survive-server-restart rights_survive_server_restart
 
 stopped_holder_is_fenced() {
   # The first mount creates a directory (so it holds it exclusively) and a file in it,

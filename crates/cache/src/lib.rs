@@ -99,6 +99,9 @@ pub struct NameCache {
     deferred: HashMap<u64, p::OpError>,
     kernel_entries: HashMap<u64, HashSet<Vec<u8>>>,
     kernel_inval: Vec<(u64, Vec<u8>)>,
+    /// Inodes whose attributes the kernel may cache for long and must now forget: what was
+    /// held when every right went without a recall (drained by the recall thread).
+    kernel_attr_inval: Vec<u64>,
     /// Every extended attribute of inodes this mount created (with none) and changed only
     /// through this mount since: complete, so get/list/set/remove are answered from it
     /// while the inode is held exclusively.
@@ -127,6 +130,7 @@ impl NameCache {
             deferred: HashMap::new(),
             kernel_entries: HashMap::new(),
             kernel_inval: Vec::new(),
+            kernel_attr_inval: Vec::new(),
             xattrs: HashMap::new(),
             acquired: HashSet::new(),
         }
@@ -447,6 +451,11 @@ impl NameCache {
     /// The server no longer knows of any exclusive rights of this mount (it restarted):
     /// hold none, and drop what only they kept valid.
     pub fn reset_rights(&mut self) {
+        // The kernel was let cache these attributes for long (exclusive ones, shared ones
+        // as long as held); nobody will recall them now.
+        let now = Instant::now();
+        let held = self.held_rights(now).into_iter().map(|(ino, _)| ino);
+        self.kernel_attr_inval.extend(held);
         self.exclusive.clear();
         self.acquired.clear();
         self.xattrs.clear();
@@ -514,6 +523,28 @@ impl NameCache {
         if let Some(names) = self.kernel_entries.remove(&dir) {
             self.kernel_inval.extend(names.into_iter().map(|n| (dir, n)));
         }
+    }
+
+    /// What this mount holds rights on, with whether exclusively: every exclusive inode,
+    /// and every inode or directory with attributes or entries still valid.
+    pub fn held_rights(&self, now: Instant) -> Vec<(u64, bool)> {
+        let mut held: BTreeMap<u64, bool> = self.exclusive.iter().map(|&i| (i, true)).collect();
+        for (&ino, a) in &self.attrs {
+            if now < a.expires {
+                held.entry(ino).or_insert(false);
+            }
+        }
+        for (&dir, ranges) in &self.dirs {
+            if ranges.iter().any(|r| now < r.expires) {
+                held.entry(dir).or_insert(false);
+            }
+        }
+        held.into_iter().collect()
+    }
+
+    /// Inodes whose attributes the kernel must now forget (drained by the recall thread).
+    pub fn take_kernel_attr_invalidations(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.kernel_attr_inval)
     }
 
     /// Names the kernel caches that it must now forget (drained by the recall thread).
@@ -741,6 +772,24 @@ mod tests {
         c.reset_rights();
         assert_eq!(c.take_kernel_invalidations(), vec![(42, b"x".to_vec())], "a server restart gives all up");
         assert_eq!(c.exclusive_count(), 0);
+    }
+
+    #[test]
+    fn held_rights_list_what_is_valid_and_a_reset_hands_their_attributes_to_the_kernel() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        c.grant_exclusive(50, now, now);
+        let e = c.epoch();
+        c.absorb_leaf(1, &leaf_around(&[("a", 51)]), e, now);
+        c.hold_attr(&attr(52, p::FileType::Regular), c.epoch(), now);
+        assert_eq!(c.held_rights(now), vec![(1, false), (50, true), (51, false), (52, false)]);
+        assert_eq!(c.held_rights(now + TTL), vec![(50, true)], "shared rights end with what they cached");
+        assert!(c.take_kernel_attr_invalidations().is_empty());
+        c.reset_rights();
+        let mut inval = c.take_kernel_attr_invalidations();
+        inval.sort();
+        assert_eq!(inval, vec![1, 50, 51, 52], "nobody will recall them now: the kernel forgets them");
+        assert!(c.held_rights(now).is_empty());
     }
 
     #[test]

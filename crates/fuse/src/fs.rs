@@ -174,6 +174,10 @@ impl Rights for CacheRights {
     fn reset(&self) {
         lock(&self.names).reset_rights();
     }
+
+    fn held(&self) -> Vec<(u64, bool)> {
+        lock(&self.names).held_rights(Instant::now())
+    }
 }
 
 fn now_time() -> p::Time {
@@ -220,11 +224,19 @@ pub struct RecallWorker {
 
 impl RecallWorker {
     fn invalidate_kernel_entries(&self, notifier: &fuser::Notifier) {
-        let names = lock(&self.names).take_kernel_invalidations();
+        let (names, inodes) = {
+            let mut c = lock(&self.names);
+            (c.take_kernel_invalidations(), c.take_kernel_attr_invalidations())
+        };
         for (dir, name) in names {
             // ENOENT: the kernel no longer has the entry.
             if let Err(e) = notifier.inval_entry(INodeNo(dir), OsStr::from_bytes(&name)) {
                 tracing::trace!(dir, "inval_entry: {e}");
+            }
+        }
+        for ino in inodes {
+            if let Err(e) = notifier.inval_inode(INodeNo(ino), -1, 0) {
+                tracing::trace!(ino, "inval_inode (attributes): {e}");
             }
         }
     }

@@ -61,6 +61,12 @@ pub trait Rights: Send + Sync {
     fn recalled(&self, inodes: &[u64]);
     /// The server restarted (or forgot this session): it remembers no rights of it.
     fn reset(&self);
+    /// The inodes this session holds rights on, with whether exclusively: after a server
+    /// restart that restored the session they are re-asserted (`Op::Reassert`); one the
+    /// server refuses is dropped through `recalled`.
+    fn held(&self) -> Vec<(u64, bool)> {
+        Vec::new()
+    }
 }
 
 /// The `Rights` hook of a client, installed once (`Client::set_rights`); until then
@@ -400,7 +406,8 @@ fn mentions(op: &p::Op, ino: u64) -> bool {
         | O::RemoveXattr { ino: i, .. }
         | O::SetLock { ino: i, .. }
         | O::GetLock { ino: i, .. }
-        | O::Acquire { ino: i } => *i == ino,
+        | O::Acquire { ino: i }
+        | O::Reassert { ino: i, .. } => *i == ino,
     }
 }
 
@@ -656,9 +663,12 @@ impl Client {
         }
     }
 
-    /// Tells the server that recall `recall_id` is done.
+    /// Tells the server that recall `recall_id` is done. (Id 0 names rights the server
+    /// refused to give back after a restart: dropped, but nobody waits for an answer.)
     pub fn recall_done(&self, recall_id: u64) {
-        let _ = self.out.send(Outbound::RecallDone(recall_id));
+        if recall_id != 0 {
+            let _ = self.out.send(Outbound::RecallDone(recall_id));
+        }
     }
 
     /// Ships every held writeback submission now (before waiting for one to complete).
@@ -820,12 +830,12 @@ fn same_outcome(first: &Results, again: &Results) -> bool {
 
 /// The locks this session holds on the server, as the server's answers said: a copy of
 /// the server's lock table for this one session (owner ids are the session's own), kept
-/// in wire order on the connection thread, and the requests taking them again after a
-/// restart that are not answered yet.
+/// in wire order on the connection thread, and the requests taking them — and the rights
+/// the cache holds — again after a restart that are not answered yet.
 #[derive(Default)]
 struct HeldLocks {
     table: LockTable,
-    /// Requests re-asserting locks after a restart, by id, until answered.
+    /// Requests re-asserting locks and rights after a restart, by id, until answered.
     reasserting: BTreeMap<u64, Vec<p::Op>>,
 }
 
@@ -851,11 +861,12 @@ impl HeldLocks {
     }
 
     /// After a server restart (or after it forgot the session): frames for requests that
-    /// take every held lock again, with fresh ids. Re-asserts of an earlier restart still
+    /// take every held lock again, and the `rights` the cache held (when the server
+    /// restored the session), with fresh ids. Re-asserts of an earlier restart still
     /// unanswered are superseded: the copy holds what they would take.
-    fn reassert(&mut self, next_id: &AtomicU64, out: &mut Vec<u8>) {
+    fn reassert(&mut self, rights: &[(u64, bool)], next_id: &AtomicU64, out: &mut Vec<u8>) {
         self.reasserting.clear();
-        let ops: Vec<p::Op> = self
+        let mut ops: Vec<p::Op> = self
             .table
             .entries()
             .into_iter()
@@ -872,6 +883,10 @@ impl HeldLocks {
         if !ops.is_empty() {
             tracing::warn!("{} lock(s) held: taking them again after the server restarted", ops.len());
         }
+        if !rights.is_empty() {
+            tracing::warn!("the server restarted: re-asserting rights on {} inode(s) this mount held", rights.len());
+        }
+        ops.extend(rights.iter().map(|&(ino, exclusive)| p::Op::Reassert { ino, exclusive }));
         for chunk in ops.chunks(p::MAX_OPS_PER_REQUEST) {
             let id = next_id.fetch_add(1, Ordering::Relaxed);
             self.reasserting.insert(id, chunk.to_vec());
@@ -887,13 +902,19 @@ impl HeldLocks {
         }
     }
 
-    /// The answer to request `id`, if it was a re-assert (true). A lock the server refused
-    /// is lost: another client got it while this one was away past the grace period. The
-    /// process that took it still thinks it holds it; nothing can tell it, so this says so
-    /// loudly and forgets the lock.
-    fn answered(&mut self, id: u64, results: &Results) -> bool {
-        let Some(ops) = self.reasserting.remove(&id) else { return false };
+    /// The answer to request `id`, if it was a re-assert: the inodes whose rights the
+    /// server refused to give back. A lock the server refused is lost: another client got
+    /// it while this one was away past the grace period. The process that took it still
+    /// thinks it holds it; nothing can tell it, so this says so loudly and forgets the lock.
+    fn answered(&mut self, id: u64, results: &Results) -> Vec<u64> {
+        let Some(ops) = self.reasserting.remove(&id) else { return Vec::new() };
+        let mut refused = Vec::new();
         for (op, r) in ops.iter().zip(results) {
+            if let (p::Op::Reassert { ino, .. }, Err(e)) = (op, r) {
+                tracing::info!(ino, "rights not given back after the restart: {}", e.message);
+                refused.push(*ino);
+                continue;
+            }
             let (Some((ino, req)), Err(e)) = (lock_request(op), r) else { continue };
             tracing::error!(
                 ino,
@@ -913,7 +934,7 @@ impl HeldLocks {
                 tracing::warn!(ino, "cannot drop a lost lock from the local table: {e:?}");
             }
         }
-        true
+        refused
     }
 
     /// The session is gone (fenced, or another file system): so is every lock.
@@ -1141,9 +1162,18 @@ async fn run(
                         (true, Some(d), _) => Some(d),
                         (false, _, _) => Some(0),
                     };
+                    // A restart that restored the session: the rights held are taken
+                    // again while it replays, before anyone's new work runs (§4.5).
+                    // A server that forgot the session gives nothing back.
+                    let restored = w.resumed && w.durable_seq.is_some() && !w.fenced;
+                    let mut rights_held = Vec::new();
                     if let Some(through) = through {
                         if let Some(r) = rights.get() {
-                            r.reset();
+                            if restored {
+                                rights_held = r.held();
+                            } else {
+                                r.reset();
+                            }
                         }
                         log.start_replay(through);
                         if !log.replaying.is_empty() {
@@ -1160,7 +1190,7 @@ async fn run(
                     let resent = !log.replaying.is_empty() || !held.reasserting.is_empty();
                     log.replay_frames(&mut out);
                     if through.is_some() {
-                        held.reassert(&next_id, &mut out);
+                        held.reassert(&rights_held, &next_id, &mut out);
                     } else if !w.fenced {
                         held.resend(&mut out);
                     }
@@ -1314,7 +1344,15 @@ async fn run(
                                     }
                                     log.acknowledged(resp.seq, Unstable { results: resp.results, ..e });
                                 } else {
-                                    held.answered(resp.id, &resp.results);
+                                    let refused = held.answered(resp.id, &resp.results);
+                                    if !refused.is_empty() {
+                                        // As a recall nobody waits on: dropped here and in
+                                        // the kernel (recall id 0 is never answered).
+                                        if let Some(r) = rights.get() {
+                                            r.recalled(&refused);
+                                        }
+                                        recalls.deliver(Recall { recall_id: 0, inodes: refused });
+                                    }
                                 }
                                 log.durable(resp.durable);
                             }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// First bytes of a client hello, so a stray connection is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
 /// Most operations in one compound request.
@@ -395,6 +395,15 @@ pub enum Op {
     Acquire {
         ino: u64,
     },
+    /// After a server restart, while the session replays (before `Replayed`): the client
+    /// held rights on `ino` before the restart — exclusive ones when `exclusive` — and
+    /// keeps them if the server gives them back (`Reply::Done`). Refused with EBUSY (16)
+    /// when another session holds rights that conflict, EINVAL (22) outside a replay
+    /// (docs/protocol.md §4.5). Changes nothing stored.
+    Reassert {
+        ino: u64,
+        exclusive: bool,
+    },
     /// Names a lock of another owner that would conflict with this one (F_GETLK):
     /// `Reply::Lock(None)` when there is none.
     GetLock {
@@ -441,14 +450,15 @@ impl Op {
             Op::SetLock { .. } => "set_lock",
             Op::GetLock { .. } => "get_lock",
             Op::Acquire { .. } => "acquire",
+            Op::Reassert { .. } => "reassert",
         }
     }
 
     /// True for operations that change the file system (these go through the reply cache).
     /// Locks change no stored state: a retried `SetLock` of the same owner finds its own
     /// lock and grants it again, so locks need neither the reply cache nor replay; nor does
-    /// `Acquire`, which changes only who holds what (a retry grants the same again), nor
-    /// `Open`/`Release`, idempotent by handle.
+    /// `Acquire` or `Reassert`, which change only who holds what (a retry grants the same
+    /// again), nor `Open`/`Release`, idempotent by handle.
     pub fn is_mutation(&self) -> bool {
         !matches!(
             self,
@@ -464,6 +474,7 @@ impl Op {
                 | Op::GetLock { .. }
                 | Op::At { .. }
                 | Op::Acquire { .. }
+                | Op::Reassert { .. }
                 | Op::Open { .. }
                 | Op::Release { .. }
         )

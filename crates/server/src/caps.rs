@@ -268,6 +268,23 @@ impl Caps {
         self.exclusive.insert(ino, session);
     }
 
+    /// After a restart, `session` says it held `ino` before — exclusively when `exclusive`
+    /// — and gets it back unless another session holds what conflicts: exclusive rights
+    /// on it, or (for exclusive rights) any. Returns the session in the way.
+    pub fn reassert(&mut self, session: SessionId, ino: u64, exclusive: bool) -> Result<(), SessionId> {
+        if let Some(other) = self.exclusive_elsewhere(session, ino) {
+            return Err(other);
+        }
+        if exclusive {
+            if let Some(&other) = self.holders.get(&ino).and_then(|h| h.keys().find(|&&s| s != session)) {
+                return Err(other);
+            }
+            self.exclusive.insert(ino, session);
+        }
+        self.holders.entry(ino).or_default().insert(session, None);
+        Ok(())
+    }
+
     /// The inode is gone (rmdir): nobody holds it any more.
     pub fn drop_exclusive(&mut self, ino: u64) {
         self.exclusive.remove(&ino);

@@ -418,6 +418,18 @@ impl Server {
         }
     }
 
+    /// `Op::Reassert`: rights a restored session's client held before the restart, given
+    /// back while it replays — when nobody's new work runs yet (docs/protocol.md §4.5).
+    fn reassert(&mut self, session: SessionId, ino: u64, exclusive: bool) -> Result<Reply, p::OpError> {
+        if !self.replaying.contains(&session) {
+            return Err(errno(22, format!("session {session} re-asserts rights on inode {ino} outside a replay")));
+        }
+        match self.caps.reassert(session, ino, exclusive) {
+            Ok(()) => Ok(Reply::Done),
+            Err(other) => Err(errno(16, format!("inode {ino} is held by session {other}; rights not given back"))),
+        }
+    }
+
     fn end_grace(&mut self, now: p::Time) {
         self.replaying.clear();
         for (session, req) in std::mem::take(&mut self.grace_parked) {
@@ -506,6 +518,10 @@ impl Server {
             // wholly durable (and the record says so) or wholly gone.
             let fsyncs: Vec<bool> = req.ops.iter().map(|op| matches!(op, Op::Fsync { .. })).collect();
             if mutates {
+                // A session's first change: its record goes to disk first, alone, so a
+                // restart restores the session and the grace period waits for its client
+                // to replay this change (were the record lost with it, nobody would wait).
+                self.record_session(session, "a changing session");
                 self.store.begin_unit();
                 if let Some(s) = self.sessions.get_mut(&session) {
                     s.applied += 1;
@@ -525,6 +541,10 @@ impl Server {
                     continue;
                 }
                 *self.served.entry(op.name()).or_default() += 1;
+                if let Op::Reassert { ino, exclusive } = op {
+                    results.push(self.reassert(session, ino, exclusive));
+                    continue;
+                }
                 let acquires = if let Op::Acquire { ino } = op { Some(ino) } else { None };
                 // (An acquire touches what its reply carries: the directory and every
                 // entry — taken from the reply rather than listed again.)
@@ -719,23 +739,25 @@ impl Server {
         r
     }
 
-    /// A session that takes a lock gets a durable record if it has none yet (it has
-    /// changed nothing so far), so that after a restart it is restored and the grace
-    /// period keeps its locks for it until its client has taken them again. Committed at
-    /// once (once per session): a lock is granted now, and a crash before the next
-    /// periodic commit must not let another client take it.
-    fn record_lock_holder(&mut self, session: SessionId) {
+    /// A session that changes something or takes a lock gets a durable record if it has
+    /// none yet, so that after a restart it is restored and the grace period waits for its
+    /// client: to replay its acknowledged changes, to take its locks again. Committed at
+    /// once (once per session): a crash before the next periodic commit must not lose the
+    /// record while the client holds a lock or an acknowledged change.
+    fn record_session(&mut self, session: SessionId, what: &str) {
         let Some(s) = self.sessions.get_mut(&session) else { return };
         if s.recorded {
             return;
         }
         s.recorded = true;
-        // No unit is open here: a request that changes anything recorded its session
-        // before its first op ran, so this commit never cuts a unit in two.
+        // No unit is open here (a changing request calls this before its unit begins),
+        // so this commit never cuts a unit in two.
         let record = encode_record(s.secret, s.applied, &s.client_name);
         if let Err(e) = self.store.put_session_record(session, &record).and_then(|()| self.store.commit()) {
-            tracing::error!(session, "cannot record the session of a lock holder: {e}");
+            tracing::error!(session, "cannot record the session of {what}: {e}");
         }
+        // What was applied before is durable now; what the caller applies next is not.
+        self.note_commits();
     }
 
     /// Drops every lock of `session`, saying why in the log.
@@ -964,6 +986,10 @@ impl Server {
             }
             // Handled by `handle_request` (it sets the clock for what follows).
             Op::At { .. } => Ok(Reply::Done),
+            // Answered by `Server::reassert` before the store is reached.
+            Op::Reassert { ino, .. } => {
+                Err(Failure::Wire(errno(22, format!("re-assert of inode {ino} inside a changing request"))))
+            }
             Op::AllocInodes { count } => {
                 let count = count.clamp(1, p::MAX_INODE_GRANT);
                 let first = st.reserve_inode_numbers(u64::from(count))?;
@@ -996,7 +1022,7 @@ impl Server {
                 match self.locks.set(ino, &req) {
                     Ok(()) => {
                         if kind != p::LockKind::Unlock {
-                            self.record_lock_holder(session);
+                            self.record_session(session, "a lock holder");
                         }
                         Ok(Reply::Done)
                     }
@@ -1068,6 +1094,8 @@ fn op_inodes(op: &Op) -> Vec<u64> {
         | Op::SetLock { .. }
         | Op::GetLock { .. }
         | Op::At { .. } => Vec::new(),
+        // Never waits for anyone: refused instead when another session holds the inode.
+        Op::Reassert { .. } => Vec::new(),
     }
 }
 
@@ -1688,6 +1716,79 @@ mod tests {
         let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
         assert_eq!(*session, b);
         assert!(matches!(&response.results[0], Ok(Reply::Lookup { attr: Some(_), .. })), "b sees a's x: {response:?}");
+    }
+
+    #[test]
+    fn rights_held_before_a_restart_are_given_back_while_their_session_replays() {
+        let disk = fresh_disk();
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let (a, wa) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(wa) = wa else { panic!("{wa:?}") };
+        let a = a.expect("a");
+        let made = srv.handle_request(a, create_in_root(1, "f"), NOW);
+        let Ok(Reply::Entry(f)) = &made.results[0] else { panic!("{made:?}") };
+        let f = f.ino;
+        srv.handle_request(a, p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        srv.tick(millis(NOW)).expect("tick");
+        assert_eq!(srv.caps.exclusive_elsewhere(0, f), None, "rights live in memory only");
+        // b is new: re-asserting is not for it, and its look at f waits for the grace.
+        let (b, _) = srv.handle_hello(&hello(None));
+        let b = b.expect("b");
+        let reassert = |id, ino, exclusive| p::Request { id, ops: vec![Op::Reassert { ino, exclusive }], time: None };
+        srv.handle(b, reassert(1, 1, false), NOW);
+        srv.handle(b, p::Request { id: 2, ops: vec![Op::GetAttr { ino: f }], time: None }, NOW);
+        assert!(srv.take_outgoing().is_empty(), "b's requests wait for a's replay");
+        // a resumes and takes back X on f and S on the root.
+        srv.handle_hello(&hello(Some(wa.session)));
+        let r = srv.handle_request(
+            a,
+            p::Request {
+                id: 10,
+                ops: vec![Op::Reassert { ino: f, exclusive: true }, Op::Reassert { ino: 1, exclusive: false }],
+                time: None,
+            },
+            NOW,
+        );
+        assert_eq!(r.results, vec![Ok(Reply::Done), Ok(Reply::Done)]);
+        assert_eq!(r.seq, 0, "no change: no place in the order");
+        assert_eq!(srv.caps.exclusive_elsewhere(b, f), Some(a));
+        srv.replayed(a, NOW);
+        // Grace over: b's re-assert is refused, and b's look at f recalls a first.
+        let out = srv.take_outgoing();
+        let refused = out.iter().any(|o| matches!(o, Outgoing::Response { session, response } if *session == b && response.id == 1 && matches!(&response.results[0], Err(e) if e.errno == 22)));
+        assert!(refused, "{out:?}");
+        let recall = out.iter().find_map(|o| match o {
+            Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }
+                if *session == a && inodes.contains(&f) =>
+            {
+                Some(*recall_id)
+            }
+            _ => None,
+        });
+        let recall = recall.unwrap_or_else(|| panic!("a is asked to give f up: {out:?}"));
+        assert!(
+            !out.iter().any(|o| matches!(o, Outgoing::Response { response, .. } if response.id == 2)),
+            "b waits for a"
+        );
+        srv.recall_done(a, recall, NOW);
+        let out = srv.take_outgoing();
+        assert!(
+            matches!(&out[..], [Outgoing::Response { session, response }] if *session == b && response.results[0].is_ok()),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_reassert_is_refused_when_another_session_holds_the_inode() {
+        let mut caps = crate::caps::Caps::default();
+        caps.grant(2, [7]);
+        assert_eq!(caps.reassert(1, 7, true), Err(2), "X conflicts with b's S");
+        assert_eq!(caps.reassert(1, 7, false), Ok(()), "S does not");
+        caps.grant_exclusive(2, 8);
+        assert_eq!(caps.reassert(1, 8, false), Err(2), "nothing is given back over b's X");
+        assert_eq!(caps.reassert(2, 8, true), Ok(()), "b's own again");
     }
 
     #[test]
