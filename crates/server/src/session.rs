@@ -23,6 +23,9 @@ pub const COMMIT_AFTER_WRITTEN_BYTES: u64 = 64 << 20;
 /// How long a session restored from its record after a restart waits for its client to
 /// come back before its record is dropped.
 pub const RESTORED_SESSION_GRACE_MS: u64 = 15 * 60 * 1000;
+/// Stands for the inode-number counter among inodes changed (no inode has number 0):
+/// creates and `AllocInodes` change it.
+const ALLOCATOR: u64 = 0;
 
 /// A session number.
 pub type SessionId = u64;
@@ -85,6 +88,16 @@ pub struct Server {
     seen_generation: u64,
     /// File data bytes written since that generation.
     written_since_commit: u64,
+    /// Inodes changed since the last commit, by the one session that changed them (the
+    /// inode-number counter as `ALLOCATOR`). A change by another session that involves one
+    /// is committed before it is answered, so no session's change ever builds on another's
+    /// that a crash could still take back: each inode's lost changes after a crash belong
+    /// to one session's replay, and replays of different sessions commute
+    /// (docs/protocol.md §4.5). (Reads may see such a change: it is back once its client
+    /// has replayed, before anyone's new work runs.)
+    unsettled: HashMap<u64, SessionId>,
+    /// Commits made for that, since start (logged at shutdown).
+    settling_commits: u64,
     /// Who may cache what; responses waiting for recalls.
     caps: Caps,
     /// Inodes the last request changed (recall targets).
@@ -199,6 +212,8 @@ impl Server {
             next_session,
             seen_generation,
             written_since_commit: 0,
+            unsettled: HashMap::new(),
+            settling_commits: 0,
             caps: Caps::default(),
             changed: Vec::new(),
             outbox: Vec::new(),
@@ -237,7 +252,7 @@ impl Server {
         if !self.served.is_empty() {
             let total: u64 = self.served.values().sum();
             let kinds: Vec<String> = self.served.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            tracing::info!("served {total} operations: {}", kinds.join(", "));
+            tracing::info!(settling_commits = self.settling_commits, "served {total} operations: {}", kinds.join(", "));
         }
         self.store
     }
@@ -510,6 +525,10 @@ impl Server {
             }
         }
         let mutates = req.ops.iter().any(Op::is_mutation);
+        let mut involved: Vec<u64> = req.ops.iter().flat_map(op_inodes).collect();
+        if req.ops.iter().any(|op| matches!(op, Op::Create { .. } | Op::Symlink { .. } | Op::AllocInodes { .. })) {
+            involved.push(ALLOCATOR);
+        }
         let mut seq = 0;
         let results = if req.ops.len() > p::MAX_OPS_PER_REQUEST {
             vec![Err(errno(7, format!("{} operations in one request (max {})", req.ops.len(), p::MAX_OPS_PER_REQUEST)))]
@@ -605,7 +624,9 @@ impl Server {
             }
             results
         };
-        self.note_commits();
+        involved.extend(&self.changed);
+        involved.extend(&self.carried);
+        self.settle(session, mutates, &involved);
         let durable = self.sessions.get(&session).map_or(0, |s| s.durable);
         let resp = p::Response { id: req.id, results, seq, durable };
         if mutates {
@@ -769,10 +790,33 @@ impl Server {
     }
 
     /// After a commit, every change applied so far is durable.
+    /// After `session`'s request that involved `inodes` ran: if it changed something and
+    /// one of them holds another session's change not yet durable, commits before it is
+    /// answered; then counts what the request left not durable as `session`'s.
+    fn settle(&mut self, session: SessionId, mutates: bool, inodes: &[u64]) {
+        let builds_on_other = mutates && inodes.iter().any(|i| self.unsettled.get(i).is_some_and(|&s| s != session));
+        if builds_on_other {
+            self.settling_commits += 1;
+            if let Err(e) = self.store.commit() {
+                tracing::error!(
+                    session,
+                    "commit before answering a request that builds on another session's change failed: {e}"
+                );
+            }
+        }
+        self.note_commits();
+        if mutates && self.store.is_dirty() {
+            for &ino in inodes {
+                self.unsettled.insert(ino, session);
+            }
+        }
+    }
+
     fn note_commits(&mut self) {
         let generation = self.store.generation();
         if generation != self.seen_generation {
             self.seen_generation = generation;
+            self.unsettled.clear();
             self.written_since_commit = 0;
             for s in self.sessions.values_mut() {
                 s.durable = s.applied;
@@ -1716,6 +1760,49 @@ mod tests {
         let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
         assert_eq!(*session, b);
         assert!(matches!(&response.results[0], Ok(Reply::Lookup { attr: Some(_), .. })), "b sees a's x: {response:?}");
+    }
+
+    #[test]
+    fn no_session_builds_on_another_sessions_change_that_a_crash_could_take_back() {
+        let disk = fresh_disk();
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let (a, _) = srv.handle_hello(&hello(None));
+        let (b, _) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        let look = |id, name: &str| p::Request {
+            id,
+            ops: vec![Op::Lookup { parent: 1, name: name.as_bytes().to_vec() }],
+            time: None,
+        };
+        let found = |r: &p::Response| matches!(&r.results[0], Ok(Reply::Lookup { attr: Some(_), .. }));
+        // (Each session's first change commits its record first: get those out of the way.)
+        srv.handle_request(a, create_in_root(10, "a0"), NOW);
+        srv.handle_request(b, create_in_root(10, "b0"), NOW);
+        srv.handle_request(b, p::Request { id: 11, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+        let settled = srv.settling_commits;
+        // a's own changes pile up without a commit, and b may look at them...
+        assert!(srv.handle_request(a, create_in_root(1, "x"), NOW).results[0].is_ok());
+        let r = srv.handle_request(a, create_in_root(2, "y"), NOW);
+        assert!(r.seq > r.durable, "not durable yet");
+        assert!(found(&srv.handle_request(b, look(1, "x"), NOW)));
+        assert_eq!(srv.settling_commits, settled, "a look changes nothing a replay could reorder");
+        // ...but b's change in the same directory is committed, with a's, before b is answered.
+        let r = srv.handle_request(b, create_in_root(2, "z"), NOW);
+        assert!(r.results[0].is_ok() && r.seq == r.durable, "{r:?}");
+        assert_eq!(srv.settling_commits, settled + 1);
+        // a's next change finds nothing of b's unsettled; w is a's alone, lost in the crash.
+        assert!(srv.handle_request(a, create_in_root(4, "w"), NOW).results[0].is_ok());
+        assert_eq!(srv.settling_commits, settled + 1);
+        let r = srv.handle_request(b, p::Request { id: 3, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+        assert!(r.results[0].is_ok());
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        let (c, _) = srv.handle_hello(&hello(None));
+        let c = c.expect("c");
+        for (id, name) in [(1, "x"), (2, "y"), (3, "z")] {
+            assert!(found(&srv.handle_request(c, look(id, name), NOW)), "{name} was seen by another session: durable");
+        }
+        assert!(!found(&srv.handle_request(c, look(4, "w"), NOW)), "w was a's alone");
     }
 
     #[test]
