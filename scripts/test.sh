@@ -9,6 +9,7 @@
 #   CREST_CRASH_THOROUGH=1   every single-write drop and more subsets per flush window
 #   CREST_FUZZ_SECONDS=N     seconds per fuzz target (default 20; 0 skips fuzzing)
 #   CREST_SIM_SEEDS=N        random simulator seeds per outage mode (default 100)
+#   CREST_CRASH_SEEDS=N      random server-crash simulator seeds (default 300)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -23,6 +24,8 @@ cargo test --workspace --release --locked
 echo "== coherence simulator: random seeds (each printed; a failure names its seed)"
 CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-server --test sim
 CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-server --test sim
+echo "== server-crash simulator: random seeds"
+CREST_CRASH_SEEDS=${CREST_CRASH_SEEDS:-300} cargo test --release --locked -p crest-server --test crash_sim
 
 echo "== benches (smoke)"
 cargo test --workspace --release --locked --benches

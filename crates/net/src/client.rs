@@ -6,10 +6,13 @@
 //!   session answers an already-applied one from its reply cache: exactly once);
 //! - a change the server acknowledged but has not yet made durable stays in the
 //!   `unstable` log, keyed by the server's apply order (`Response::seq`), until a
-//!   response says it is durable. If the server restarts, its welcome names the last
-//!   durable `seq`, and the client replays the later entries in order before anything
-//!   else, so acknowledged work survives a server crash (tests/roundtrip.rs kills a
-//!   server without a commit and checks);
+//!   response says it is durable. Each change has a place among the session's changes
+//!   from when it first goes on the wire (`write_call`), and as the server applies a
+//!   session's changes in arrival order, its place is its `seq`. If the server restarts,
+//!   its welcome names the last durable `seq`: unanswered changes placed at or below it
+//!   were kept (not sent again), and the lost ones go again in their order before
+//!   anything new, so acknowledged work survives a server crash and none runs twice
+//!   (tests/roundtrip.rs kills a server without a commit; server/tests/crash_sim.rs);
 //! - the locks the session holds on the server are kept in a copy of the server's lock
 //!   table for this session (`HeldLocks`), updated from each lock answer in wire order;
 //!   after a restart they are taken again, behind the replays and before `Replayed`,
@@ -132,6 +135,13 @@ pub enum ClientError {
         /// Server address.
         addr: String,
     },
+    /// The server applied the change, made it durable and restarted before its answer
+    /// went out: the change stands, its result is lost.
+    #[error("{addr} restarted after applying the change, before answering; its result is lost")]
+    ReplyLost {
+        /// Server address.
+        addr: String,
+    },
 }
 
 impl ClientError {
@@ -140,7 +150,7 @@ impl ClientError {
         match self {
             ClientError::Timeout { .. } => 110, // ETIMEDOUT
             ClientError::Refused { .. } | ClientError::Connect { .. } | ClientError::Closed => 107, // ENOTCONN
-            ClientError::Fenced { .. } => 5,    // EIO
+            ClientError::Fenced { .. } | ClientError::ReplyLost { .. } => 5, // EIO
         }
     }
 }
@@ -172,6 +182,9 @@ struct Call {
     /// When the call was made: no later than it was first sent. A recall that reached
     /// this client after it may have ended rights its reply grants (`Rights`).
     made: std::time::Instant,
+    /// For a change: its place among the session's changes on the wire (see `Positions`),
+    /// from when it was first written.
+    pos: Option<u64>,
 }
 
 /// What a writeback submission runs when its response arrives (on the connection thread:
@@ -337,11 +350,11 @@ impl Outbox {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sends `o` now, after every held submission.
-    fn send(&self, o: Outbound) -> Result<(), mpsc::error::SendError<Outbound>> {
+    /// Sends `o` now, after every held submission; false when the connection is gone.
+    fn send(&self, o: Outbound) -> bool {
         let mut h = self.held();
         release_held(&mut h, &self.tx);
-        self.tx.send(o)
+        self.tx.send(o).is_ok()
     }
 
     /// Holds a writeback submission (sends the batch when it is big enough).
@@ -554,7 +567,7 @@ impl AsyncPermit<'_> {
         let id = self.client.next_id.fetch_add(1, Ordering::Relaxed);
         let budget = self.client.budget.clone();
         let reply = Answer::Then(done, budget, self.bytes);
-        let call = Call { id, ops, time: Some(time), reply, made: std::time::Instant::now() };
+        let call = Call { id, ops, time: Some(time), reply, made: std::time::Instant::now(), pos: None };
         if self.client.out.tx.is_closed() {
             call.reply.send(Err(ClientError::Closed));
             return Err(ClientError::Closed);
@@ -658,7 +671,7 @@ impl Client {
     /// at once instead of waiting for them to time out. Waits up to a second.
     fn goodbye(&self) {
         let (done, rx) = std_mpsc::sync_channel(1);
-        if self.out.send(Outbound::Goodbye(done)).is_ok() {
+        if self.out.send(Outbound::Goodbye(done)) {
             let _ = rx.recv_timeout(Duration::from_secs(1));
         }
     }
@@ -667,7 +680,7 @@ impl Client {
     /// refused to give back after a restart: dropped, but nobody waits for an answer.)
     pub fn recall_done(&self, recall_id: u64) {
         if recall_id != 0 {
-            let _ = self.out.send(Outbound::RecallDone(recall_id));
+            self.out.send(Outbound::RecallDone(recall_id));
         }
     }
 
@@ -719,8 +732,10 @@ impl Client {
     fn call_inner(&self, ops: Vec<p::Op>) -> Result<Results, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = std_mpsc::sync_channel(1);
-        let call = Call { id, ops, time: None, reply: Answer::Wait(reply), made: std::time::Instant::now() };
-        self.out.send(Outbound::Call(call)).map_err(|_| ClientError::Closed)?;
+        let call = Call { id, ops, time: None, reply: Answer::Wait(reply), made: std::time::Instant::now(), pos: None };
+        if !self.out.send(Outbound::Call(call)) {
+            return Err(ClientError::Closed);
+        }
         match rx.recv_timeout(self.opts.op_timeout) {
             Ok(r) => r,
             Err(std_mpsc::RecvTimeoutError::Timeout) => {
@@ -745,6 +760,8 @@ struct Unstable {
     ops: Vec<p::Op>,
     time: Option<p::Time>,
     results: Results,
+    /// Its place among the session's changes (its `seq`; a replay's new one).
+    pos: u64,
 }
 
 fn op_bytes(ops: &[p::Op]) -> usize {
@@ -789,26 +806,58 @@ impl ReplayLog {
         }
     }
 
-    /// After a restart: moves the entries after `through` behind those still being
-    /// replayed from an earlier restart.
-    fn start_replay(&mut self, through: u64) {
+    /// After a restart that kept this session's changes through `through`: every
+    /// acknowledged change it lost — kept ones, and replays of an earlier restart not yet
+    /// answered (one through `through` was applied again and kept: done).
+    fn take_lost(&mut self, through: u64) -> Vec<Unstable> {
         self.durable(through);
-        for (_, e) in std::mem::take(&mut self.unstable) {
-            self.replaying.push(e);
-        }
+        let mut lost: Vec<Unstable> = std::mem::take(&mut self.unstable).into_values().collect();
+        lost.extend(std::mem::take(&mut self.replaying).into_iter().filter(|e| e.pos > through));
         self.bytes = 0;
-    }
-
-    /// Frames for every entry being replayed, in order.
-    fn replay_frames(&self, out: &mut Vec<u8>) {
-        for e in &self.replaying {
-            write_frame(out, &ClientMessage::Request(p::Request { id: e.id, ops: e.ops.clone(), time: e.time }));
-        }
+        lost
     }
 
     fn replayed(&mut self, id: u64) -> Option<Unstable> {
         let i = self.replaying.iter().position(|e| e.id == id)?;
         Some(self.replaying.remove(i))
+    }
+}
+
+/// A change the server lost in a restart: an acknowledged one (replayed), or a pending
+/// call's (by id).
+enum Lost {
+    Replay(Unstable),
+    Pending(u64),
+}
+
+impl Call {
+    fn request(&self) -> p::Request {
+        p::Request { id: self.id, ops: self.ops.clone(), time: self.time }
+    }
+}
+
+/// Writes `c`'s request, giving a change its place among the session's changes when it
+/// first goes on the wire. The server applies a session's changes in the order they
+/// arrive (a parked one holds back the later ones), so the change in place n is the one
+/// it answers with `seq` n, and after a restart the welcome's `durable_seq` tells which
+/// unanswered changes it applied and kept (docs/protocol.md §4.5).
+fn write_call(c: &mut Call, positions: &mut u64, out: &mut Vec<u8>) {
+    if c.pos.is_none() && c.ops.iter().any(p::Op::is_mutation) {
+        *positions += 1;
+        c.pos = Some(*positions);
+    }
+    write_frame(out, &ClientMessage::Request(c.request()));
+}
+
+/// Answers a change the server applied and kept but never answered: writeback (already
+/// answered to its caller) as done; a waiting caller with `ReplyLost`.
+fn reply_lost(c: Call, addr: &str) {
+    match c.reply {
+        Answer::Wait(_) => c.reply.send(Err(ClientError::ReplyLost { addr: addr.to_string() })),
+        _ => {
+            let n = c.ops.len();
+            c.reply.send(Ok(vec![Ok(p::Reply::Done); n]));
+        }
     }
 }
 
@@ -1067,6 +1116,8 @@ async fn run(
     // here: held on the client or queued) belongs to the fenced session and is failed, not
     // sent on the new one.
     let mut fenced_at: Option<std::time::Instant> = None;
+    // How many changes of this session have gone on the wire (see `write_call`).
+    let mut positions: u64 = 0;
     let mut session: Option<p::SessionToken> = None;
     let mut fsid: Option<[u8; 16]> = None;
     let mut backoff = Duration::from_millis(20);
@@ -1135,6 +1186,10 @@ async fn run(
                 _ => break None,
             }
         };
+        // Calls written again in their places during the handshake (not resent below).
+        let mut rewritten = std::collections::HashSet::new();
+        // After a restart: unanswered changes that may never have run, by their old place.
+        let mut late: Vec<(u64, u64)> = Vec::new();
         match welcome {
             Some(ServerMessage::Welcome(w)) => {
                 heard();
@@ -1167,6 +1222,7 @@ async fn run(
                     // A server that forgot the session gives nothing back.
                     let restored = w.resumed && w.durable_seq.is_some() && !w.fenced;
                     let mut rights_held = Vec::new();
+                    let mut resent = !log.replaying.is_empty() || !held.reasserting.is_empty();
                     if let Some(through) = through {
                         if let Some(r) = rights.get() {
                             if restored {
@@ -1175,20 +1231,82 @@ async fn run(
                                 r.reset();
                             }
                         }
-                        log.start_replay(through);
-                        if !log.replaying.is_empty() {
-                            tracing::warn!(
-                                "{addr} restarted: replaying {} acknowledged change(s) it lost",
-                                log.replaying.len()
-                            );
+                        // Every acknowledged change the server lost goes again, in the order
+                        // it first applied them (their places), before anything new; so does
+                        // an unanswered one placed before one of them (the server applies a
+                        // session's changes in order: it ran, and was lost). One whose place
+                        // the server kept was applied and is durable: not sent again (it
+                        // would run twice). One placed after every lost acknowledged change
+                        // may never have run: it goes as new work, after `Replayed` (run
+                        // earlier, it could take what another client's replay needs).
+                        let mut lost: Vec<(u64, Lost)> =
+                            log.take_lost(through).into_iter().map(|e| (e.pos, Lost::Replay(e))).collect();
+                        let last_acknowledged = lost.iter().map(|(p, _)| *p).max().unwrap_or(through);
+                        let kept: Vec<u64> =
+                            pending.values().filter(|c| c.pos.is_some_and(|p| p <= through)).map(|c| c.id).collect();
+                        for id in kept {
+                            if let Some(c) = pending.remove(&id) {
+                                tracing::warn!(id, "{addr} restarted after applying a change, before answering it");
+                                reply_lost(c, &addr);
+                            }
+                        }
+                        for c in pending.values_mut() {
+                            match c.pos {
+                                Some(p) if p < last_acknowledged => lost.push((p, Lost::Pending(c.id))),
+                                Some(p) => {
+                                    late.push((p, c.id));
+                                    c.pos = None;
+                                }
+                                None => {}
+                            }
+                        }
+                        late.sort_unstable();
+                        lost.sort_by_key(|(p, _)| *p);
+                        if !lost.is_empty() {
+                            tracing::warn!("{addr} restarted: sending again {} change(s) it lost", lost.len());
+                            resent = true;
+                        }
+                        positions = through;
+                        for (_, l) in lost {
+                            positions += 1;
+                            match l {
+                                Lost::Replay(mut e) => {
+                                    e.pos = positions;
+                                    let req = p::Request { id: e.id, ops: e.ops.clone(), time: e.time };
+                                    write_frame(&mut out, &ClientMessage::Request(req));
+                                    log.replaying.push(e);
+                                }
+                                Lost::Pending(id) => {
+                                    if let Some(c) = pending.get_mut(&id) {
+                                        c.pos = Some(positions);
+                                        write_frame(&mut out, &ClientMessage::Request(c.request()));
+                                        rewritten.insert(id);
+                                    }
+                                }
+                            }
+                        }
+                    } else if !w.fenced {
+                        // The same session: what may not have arrived goes again, changes
+                        // in their places (a repeat is answered from the reply cache).
+                        let mut again: Vec<(u64, p::Request)> = log
+                            .replaying
+                            .iter()
+                            .map(|e| (e.pos, p::Request { id: e.id, ops: e.ops.clone(), time: e.time }))
+                            .collect();
+                        for c in pending.values() {
+                            if let Some(p) = c.pos {
+                                again.push((p, c.request()));
+                                rewritten.insert(c.id);
+                            }
+                        }
+                        again.sort_by_key(|(p, _)| *p);
+                        for (_, req) in again {
+                            write_frame(&mut out, &ClientMessage::Request(req));
                         }
                     }
-                    // Replays go first (a resumed session answers repeats from its cache);
-                    // after a restart the server holds everyone's new work until every
+                    // After a restart the server holds everyone's new work until every
                     // restored session has said its replays are all sent. The locks it
                     // held go with the replays: nobody else can take them meanwhile.
-                    let resent = !log.replaying.is_empty() || !held.reasserting.is_empty();
-                    log.replay_frames(&mut out);
                     if through.is_some() {
                         held.reassert(&rights_held, &next_id, &mut out);
                     } else if !w.fenced {
@@ -1200,6 +1318,15 @@ async fn run(
                     if w.resumed && (w.durable_seq.is_some() || resent) {
                         write_frame(&mut out, &ClientMessage::Replayed);
                     }
+                    for (_, id) in late {
+                        if let Some(c) = pending.get_mut(&id) {
+                            write_call(c, &mut positions, &mut out);
+                            rewritten.insert(id);
+                        }
+                    }
+                }
+                if w.fenced || session.is_none() {
+                    positions = 0;
                 }
                 session = Some(w.session);
                 if fsid.is_none() {
@@ -1223,9 +1350,11 @@ async fn run(
                 continue;
             }
         }
-        // Resend everything still waiting, in id order, with the same ids.
-        for c in pending.values() {
-            write_frame(&mut out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone(), time: c.time }));
+        // Then everything else still waiting, in id order, with the same ids.
+        for c in pending.values_mut() {
+            if !rewritten.contains(&c.id) {
+                write_call(c, &mut positions, &mut out);
+            }
         }
         if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
             continue;
@@ -1260,8 +1389,8 @@ async fn run(
                     // consecutive writeback submissions into compound requests.
                     let mut next = Some(c);
                     let mut merger = Merger::new();
-                    let send = |c: Call, out: &mut Vec<u8>, pending: &mut BTreeMap<u64, Call>| {
-                        write_frame(out, &ClientMessage::Request(p::Request { id: c.id, ops: c.ops.clone(), time: c.time }));
+                    let send = |mut c: Call, out: &mut Vec<u8>, pending: &mut BTreeMap<u64, Call>, positions: &mut u64| {
+                        write_call(&mut c, positions, out);
                         pending.insert(c.id, c);
                     };
                     while let Some(c) = next.take().or_else(|| calls.try_recv().ok()) {
@@ -1274,7 +1403,7 @@ async fn run(
                                 None => continue,
                                 Some(c) => {
                                     if let Some(m) = merger.flush() {
-                                        send(m, &mut out, &mut pending);
+                                        send(m, &mut out, &mut pending, &mut positions);
                                     }
                                     match merger.offer(c) {
                                         None => continue,
@@ -1284,13 +1413,13 @@ async fn run(
                             },
                             other => {
                                 if let Some(m) = merger.flush() {
-                                    send(m, &mut out, &mut pending);
+                                    send(m, &mut out, &mut pending, &mut positions);
                                 }
                                 other
                             }
                         };
                         match c {
-                            Outbound::Call(c) => send(c, &mut out, &mut pending),
+                            Outbound::Call(c) => send(c, &mut out, &mut pending, &mut positions),
                             Outbound::RecallDone(recall_id) => {
                                 write_frame(&mut out, &ClientMessage::RecallDone { recall_id });
                             }
@@ -1304,7 +1433,7 @@ async fn run(
                         }
                     }
                     if let Some(m) = merger.flush() {
-                        send(m, &mut out, &mut pending);
+                        send(m, &mut out, &mut pending, &mut positions);
                     }
                     let ok = wr.write_all(&out).await.is_ok() && wr.flush().await.is_ok();
                     out.clear();
@@ -1330,7 +1459,10 @@ async fn run(
                                 if let Some(c) = pending.remove(&resp.id) {
                                     grant_rights(&rights, &c.ops, &resp.results, c.made);
                                     held.follow(&c.ops, &resp.results);
-                                    let entry = Unstable { id: c.id, ops: c.ops, time: c.time, results: resp.results.clone() };
+                                    if c.pos.is_some_and(|p| resp.seq != 0 && resp.seq != p) {
+                                        tracing::error!(id = c.id, pos = ?c.pos, seq = resp.seq, "a change came back with another place than it was sent in");
+                                    }
+                                    let entry = Unstable { id: c.id, ops: c.ops, time: c.time, results: resp.results.clone(), pos: resp.seq };
                                     log.acknowledged(resp.seq, entry);
                                     c.reply.send(Ok(resp.results));
                                 } else if let Some(e) = log.replayed(resp.id) {
@@ -1342,7 +1474,7 @@ async fn run(
                                             resp.results
                                         );
                                     }
-                                    log.acknowledged(resp.seq, Unstable { results: resp.results, ..e });
+                                    log.acknowledged(resp.seq, Unstable { results: resp.results, pos: resp.seq, ..e });
                                 } else {
                                     let refused = held.answered(resp.id, &resp.results);
                                     if !refused.is_empty() {
@@ -1415,6 +1547,7 @@ mod tests {
             time: Some(p::Time { sec, nsec: 0 }),
             reply: Answer::Then(done, AsyncBudget::default(), 0),
             made: std::time::Instant::now(),
+            pos: None,
         }
     }
 
@@ -1437,6 +1570,7 @@ mod tests {
             time: None,
             reply: Answer::Wait(wtx),
             made: std::time::Instant::now(),
+            pos: None,
         };
         assert!(m.offer(waiting).is_some());
         let merged = m.flush().expect("one merged request");

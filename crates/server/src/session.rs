@@ -152,6 +152,12 @@ struct Parked {
     waiting: HashSet<u64>,
 }
 
+impl Parked {
+    fn mutates(&self) -> bool {
+        self.req.ops.iter().any(Op::is_mutation)
+    }
+}
+
 fn millis(t: p::Time) -> u64 {
     (t.sec.max(0) as u64) * 1000 + u64::from(t.nsec) / 1_000_000
 }
@@ -320,6 +326,14 @@ impl Server {
             self.grace_parked.push_back((session, req));
             return;
         }
+        // A session's changes run in the order they arrive — its client counts on it:
+        // after a restart, the n-th change it sent is the one with seq n (§4.5) — so one
+        // waits behind that session's change parked before it.
+        if req.ops.iter().any(Op::is_mutation) && self.parked.iter().any(|p| p.session == session && p.mutates()) {
+            tracing::debug!(session, id = req.id, "change waits behind the session's parked change");
+            self.parked.push_back(Parked { session, req, waiting: HashSet::new() });
+            return;
+        }
         let involved = self.involved(&req);
         if self.park_if_exclusive(session, &req, &involved, now_ms) {
             return;
@@ -376,8 +390,14 @@ impl Server {
     fn run_parked(&mut self, now: p::Time) {
         let mut ready = Vec::new();
         let mut still = VecDeque::with_capacity(self.parked.len());
+        // Sessions with a change still parked: their later changes stay behind it.
+        let mut held_back = HashSet::new();
         for p in std::mem::take(&mut self.parked) {
-            if p.waiting.iter().any(|&id| self.caps.exclusive_recall_pending(id)) {
+            let behind = p.mutates() && held_back.contains(&p.session);
+            if behind || p.waiting.iter().any(|&id| self.caps.exclusive_recall_pending(id)) {
+                if p.mutates() {
+                    held_back.insert(p.session);
+                }
                 still.push_back(p);
             } else {
                 ready.push(p);
@@ -568,6 +588,9 @@ impl Server {
                 // (An acquire touches what its reply carries: the directory and every
                 // entry — taken from the reply rather than listed again.)
                 let touched = if acquires.is_some() { Vec::new() } else { self.touches(&op) };
+                // (What it would change decides its answer even when it fails: an rmdir's
+                // ENOTEMPTY depends on the victim's entries.)
+                involved.extend(&touched);
                 let inode_of_op = op_inode(&op);
                 let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
                 let mut r = self.apply(session, op, now);

@@ -75,7 +75,8 @@
 //!   and `fsck` finds the image clean.
 //!
 //! Left out: a server crash and restart (§4.5's grace period and `Replayed` are not
-//! modelled: writeback inode numbers reserved before the crash need a rule first); hard
+//! modelled here: writeback inode numbers reserved before the crash need a rule first;
+//! `crash_sim.rs` crashes the server under clients without caches or writeback); hard
 //! links, symlinks, xattrs, locks, fsync; several changing system calls in flight on one
 //! client. By default outages stay short (partitions ≤ 1 s, reconnects ≤ 0.3 s), so
 //! fencing is rare (crashed clients); `CREST_SIM_OUTAGES=long` makes them as long as
