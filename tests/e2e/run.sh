@@ -260,9 +260,11 @@ PY
 check writeback-failure-reported-at-close writeback_failure_reported_at_close
 
 writeback_matches_the_server() {
-  # Every writeback answer's attributes are compared with the server's when it replies;
-  # a difference is logged as an error by the mounts of this run.
-  ! grep -h "writeback attributes differ" /tmp/crest-mount_*"$(basename "$work")"*.log 2>/dev/null | head -5 | grep .
+  # Every writeback answer's attributes are compared with the server's when it replies,
+  # and every change's seq with the place the mount sent it in; a difference is logged as
+  # an error by the mounts of this run.
+  ! grep -hE "writeback attributes differ|came back with another place" \
+    /tmp/crest-mount_*"$(basename "$work")"*.log 2>/dev/null | head -5 | grep .
 }
 
 locks_hold_across_mounts() {

@@ -830,6 +830,54 @@ enum Lost {
     Pending(u64),
 }
 
+/// One of the changes sent again after a restart (`plan_restart`).
+#[derive(Debug, PartialEq, Eq)]
+enum Again {
+    /// The i-th lost acknowledged change.
+    Acknowledged(usize),
+    /// A pending call's, by id.
+    Pending(u64),
+}
+
+/// What becomes of a session's changes after a restart that kept them through `through`.
+#[derive(Debug, PartialEq, Eq)]
+struct RestartPlan {
+    /// Pending calls the server applied and kept: their answers are lost.
+    kept: Vec<u64>,
+    /// Sent again before `Replayed`, in this order (their old places).
+    again: Vec<Again>,
+    /// Pending calls that may never have run: new work after `Replayed`, in this order.
+    late: Vec<u64>,
+}
+
+/// Plans what goes again after a restart, from the places of the acknowledged changes the
+/// server lost (`acknowledged`) and of the pending calls (id, place). The server applies a
+/// session's changes in order, so: a pending call at or below `through` was kept; one
+/// below a lost acknowledged change ran and was lost, and goes again in its place; one
+/// above every lost acknowledged change may never have run (docs/protocol.md §4.5).
+fn plan_restart(through: u64, acknowledged: &[u64], pending: &[(u64, u64)]) -> RestartPlan {
+    let last_acknowledged = acknowledged.iter().copied().max().unwrap_or(through);
+    let mut again: Vec<(u64, Again)> =
+        acknowledged.iter().enumerate().map(|(i, &p)| (p, Again::Acknowledged(i))).collect();
+    let (mut kept, mut late) = (Vec::new(), Vec::new());
+    for &(id, p) in pending {
+        if p <= through {
+            kept.push(id);
+        } else if p < last_acknowledged {
+            again.push((p, Again::Pending(id)));
+        } else {
+            late.push((p, id));
+        }
+    }
+    again.sort_by_key(|(p, _)| *p);
+    late.sort_unstable();
+    RestartPlan {
+        kept,
+        again: again.into_iter().map(|(_, a)| a).collect(),
+        late: late.into_iter().map(|(_, id)| id).collect(),
+    }
+}
+
 impl Call {
     fn request(&self) -> p::Request {
         p::Request { id: self.id, ops: self.ops.clone(), time: self.time }
@@ -1188,8 +1236,8 @@ async fn run(
         };
         // Calls written again in their places during the handshake (not resent below).
         let mut rewritten = std::collections::HashSet::new();
-        // After a restart: unanswered changes that may never have run, by their old place.
-        let mut late: Vec<(u64, u64)> = Vec::new();
+        // After a restart: unanswered changes that may never have run, in their old order.
+        let mut late: Vec<u64> = Vec::new();
         match welcome {
             Some(ServerMessage::Welcome(w)) => {
                 heard();
@@ -1239,35 +1287,40 @@ async fn run(
                         // would run twice). One placed after every lost acknowledged change
                         // may never have run: it goes as new work, after `Replayed` (run
                         // earlier, it could take what another client's replay needs).
-                        let mut lost: Vec<(u64, Lost)> =
-                            log.take_lost(through).into_iter().map(|e| (e.pos, Lost::Replay(e))).collect();
-                        let last_acknowledged = lost.iter().map(|(p, _)| *p).max().unwrap_or(through);
-                        let kept: Vec<u64> =
-                            pending.values().filter(|c| c.pos.is_some_and(|p| p <= through)).map(|c| c.id).collect();
-                        for id in kept {
+                        let acknowledged = log.take_lost(through);
+                        let placed: Vec<(u64, u64)> =
+                            pending.values().filter_map(|c| c.pos.map(|p| (c.id, p))).collect();
+                        let places: Vec<u64> = acknowledged.iter().map(|e| e.pos).collect();
+                        let plan = plan_restart(through, &places, &placed);
+                        for id in plan.kept {
                             if let Some(c) = pending.remove(&id) {
                                 tracing::warn!(id, "{addr} restarted after applying a change, before answering it");
                                 reply_lost(c, &addr);
                             }
                         }
-                        for c in pending.values_mut() {
-                            match c.pos {
-                                Some(p) if p < last_acknowledged => lost.push((p, Lost::Pending(c.id))),
-                                Some(p) => {
-                                    late.push((p, c.id));
-                                    c.pos = None;
-                                }
-                                None => {}
+                        for &id in &plan.late {
+                            if let Some(c) = pending.get_mut(&id) {
+                                c.pos = None;
                             }
                         }
-                        late.sort_unstable();
-                        lost.sort_by_key(|(p, _)| *p);
+                        late = plan.late;
+                        let mut acknowledged: Vec<Option<Unstable>> = acknowledged.into_iter().map(Some).collect();
+                        let lost: Vec<Lost> = plan
+                            .again
+                            .into_iter()
+                            .filter_map(|a| match a {
+                                Again::Acknowledged(i) => {
+                                    acknowledged.get_mut(i).and_then(Option::take).map(Lost::Replay)
+                                }
+                                Again::Pending(id) => Some(Lost::Pending(id)),
+                            })
+                            .collect();
                         if !lost.is_empty() {
                             tracing::warn!("{addr} restarted: sending again {} change(s) it lost", lost.len());
                             resent = true;
                         }
                         positions = through;
-                        for (_, l) in lost {
+                        for l in lost {
                             positions += 1;
                             match l {
                                 Lost::Replay(mut e) => {
@@ -1318,7 +1371,7 @@ async fn run(
                     if w.resumed && (w.durable_seq.is_some() || resent) {
                         write_frame(&mut out, &ClientMessage::Replayed);
                     }
-                    for (_, id) in late {
+                    for id in std::mem::take(&mut late) {
                         if let Some(c) = pending.get_mut(&id) {
                             write_call(c, &mut positions, &mut out);
                             rewritten.insert(id);
@@ -1538,6 +1591,23 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_a_restart_kept_changes_stay_lost_ones_go_again_in_place_and_unsure_ones_go_last() {
+        // Kept through place 5; acknowledged changes in places 7 and 9 were lost.
+        let pending = [(20, 4), (21, 6), (22, 8), (23, 10), (24, 11), (25, 3)];
+        let plan = plan_restart(5, &[9, 7], &pending);
+        assert_eq!(plan.kept, vec![20, 25], "applied and kept: not sent again");
+        assert_eq!(
+            plan.again,
+            vec![Again::Pending(21), Again::Acknowledged(1), Again::Pending(22), Again::Acknowledged(0)],
+            "in their old places: what ran before an acknowledged change ran, and goes again"
+        );
+        assert_eq!(plan.late, vec![23, 24], "after every lost acknowledged change: maybe never ran");
+        // Nothing acknowledged was lost: every unanswered change above the kept ones is unsure.
+        let plan = plan_restart(5, &[], &pending);
+        assert_eq!((plan.again, plan.late), (vec![], vec![21, 22, 23, 24]));
+    }
 
     fn writeback(id: u64, ops: Vec<p::Op>, sec: i64, log: std_mpsc::Sender<(u64, Results)>) -> Call {
         let done: Completion = Box::new(move |r| log.send((id, r.expect("answered"))).expect("send"));
