@@ -7,12 +7,14 @@
 //! - a change the server acknowledged but has not yet made durable stays in the
 //!   `unstable` log, keyed by the server's apply order (`Response::seq`), until a
 //!   response says it is durable. Each change has a place among the session's changes
-//!   from when it first goes on the wire (`write_call`), and as the server applies a
-//!   session's changes in arrival order, its place is its `seq`. If the server restarts,
-//!   its welcome names the last durable `seq`: unanswered changes placed at or below it
-//!   were kept (not sent again), and the lost ones go again in their order before
-//!   anything new, so acknowledged work survives a server crash and none runs twice
-//!   (tests/roundtrip.rs kills a server without a commit; server/tests/crash_sim.rs);
+//!   from when it first goes on the wire (`write_call`), and the server numbers changes
+//!   as they arrive, so its place is its `seq`. If the server restarts, its welcome names
+//!   the last durable `seq` and the places below it that had not run: unanswered changes
+//!   placed at or below it otherwise were kept (not sent again); the lost acknowledged
+//!   ones are replayed in the order they ran (their answers' order) before anything new,
+//!   and the other unanswered ones follow as new work; so acknowledged work survives a
+//!   server crash and none runs twice (`plan_restart`; tests/roundtrip.rs kills a server
+//!   without a commit; server/tests/crash_sim.rs crashes it anywhere);
 //! - the locks the session holds on the server are kept in a copy of the server's lock
 //!   table for this session (`HeldLocks`), updated from each lock answer in wire order;
 //!   after a restart they are taken again, behind the replays and before `Replayed`,
@@ -762,6 +764,8 @@ struct Unstable {
     results: Results,
     /// Its place among the session's changes (its `seq`; a replay's new one).
     pos: u64,
+    /// When its answer came, counted (answers come in the order the changes ran).
+    answered: u64,
 }
 
 fn op_bytes(ops: &[p::Op]) -> usize {
@@ -777,6 +781,8 @@ fn op_bytes(ops: &[p::Op]) -> usize {
 #[derive(Default)]
 struct ReplayLog {
     unstable: BTreeMap<u64, Unstable>,
+    /// Answers taken in, counted.
+    answers: u64,
     bytes: usize,
     /// Entries resent after a restart, in their original order, until their new
     /// responses arrive.
@@ -784,10 +790,12 @@ struct ReplayLog {
 }
 
 impl ReplayLog {
-    fn acknowledged(&mut self, seq: u64, entry: Unstable) {
+    fn acknowledged(&mut self, seq: u64, mut entry: Unstable) {
         if seq == 0 {
             return;
         }
+        self.answers += 1;
+        entry.answered = self.answers;
         self.bytes += op_bytes(&entry.ops);
         self.unstable.insert(seq, entry);
         while self.bytes > MAX_UNSTABLE_BYTES {
@@ -809,10 +817,13 @@ impl ReplayLog {
     /// After a restart that kept this session's changes through `through`: every
     /// acknowledged change it lost — kept ones, and replays of an earlier restart not yet
     /// answered (one through `through` was applied again and kept: done).
-    fn take_lost(&mut self, through: u64) -> Vec<Unstable> {
+    fn take_lost(&mut self, through: u64, holes: &[u64]) -> Vec<Unstable> {
         self.durable(through);
         let mut lost: Vec<Unstable> = std::mem::take(&mut self.unstable).into_values().collect();
-        lost.extend(std::mem::take(&mut self.replaying).into_iter().filter(|e| e.pos > through));
+        let replays = std::mem::take(&mut self.replaying);
+        lost.extend(replays.into_iter().filter(|e| e.pos > through || holes.contains(&e.pos)));
+        // In the order they ran (the order their answers came).
+        lost.sort_by_key(|e| e.answered);
         self.bytes = 0;
         lost
     }
@@ -823,59 +834,35 @@ impl ReplayLog {
     }
 }
 
-/// A change the server lost in a restart: an acknowledged one (replayed), or a pending
-/// call's (by id).
-enum Lost {
-    Replay(Unstable),
-    Pending(u64),
-}
-
-/// One of the changes sent again after a restart (`plan_restart`).
-#[derive(Debug, PartialEq, Eq)]
-enum Again {
-    /// The i-th lost acknowledged change.
-    Acknowledged(usize),
-    /// A pending call's, by id.
-    Pending(u64),
-}
-
-/// What becomes of a session's changes after a restart that kept them through `through`.
+/// What becomes of a session's pending calls after a restart that kept its changes
+/// through `through` (the lost acknowledged ones are replayed first, in the order they ran).
 #[derive(Debug, PartialEq, Eq)]
 struct RestartPlan {
-    /// Pending calls the server applied and kept: their answers are lost.
+    /// Applied and kept: their answers are lost.
     kept: Vec<u64>,
-    /// Sent again before `Replayed`, in this order (their old places).
-    again: Vec<Again>,
-    /// Pending calls that may never have run: new work after `Replayed`, in this order.
+    /// May have run and been lost, or never run: new work after `Replayed`, in the order
+    /// they were sent.
     late: Vec<u64>,
 }
 
-/// Plans what goes again after a restart, from the places of the acknowledged changes the
-/// server lost (`acknowledged`) and of the pending calls (id, place). The server applies a
-/// session's changes in order, so: a pending call at or below `through` was kept; one
-/// below a lost acknowledged change ran and was lost, and goes again in its place; one
-/// above every lost acknowledged change may never have run (docs/protocol.md §4.5).
-fn plan_restart(through: u64, acknowledged: &[u64], pending: &[(u64, u64)]) -> RestartPlan {
-    let last_acknowledged = acknowledged.iter().copied().max().unwrap_or(through);
-    let mut again: Vec<(u64, Again)> =
-        acknowledged.iter().enumerate().map(|(i, &p)| (p, Again::Acknowledged(i))).collect();
+/// Plans what becomes of the pending calls (id, place) after a restart. A change takes its
+/// place as it reaches the server, and the record says which places had run when it was
+/// last committed: all through `through` but `holes` (changes parked behind another
+/// client's rights while later ones ran). So a pending call placed there was kept. Every
+/// other one ran, if at all, after every acknowledged change (a session's answers go out
+/// in the order its changes ran): it goes after their replays, as new work
+/// (docs/protocol.md §4.5).
+fn plan_restart(through: u64, holes: &[u64], pending: &[(u64, u64)]) -> RestartPlan {
     let (mut kept, mut late) = (Vec::new(), Vec::new());
     for &(id, p) in pending {
-        if p <= through {
+        if p <= through && !holes.contains(&p) {
             kept.push(id);
-        } else if p < last_acknowledged {
-            again.push((p, Again::Pending(id)));
         } else {
             late.push((p, id));
         }
     }
-    again.sort_by_key(|(p, _)| *p);
     late.sort_unstable();
-    RestartPlan {
-        kept,
-        again: again.into_iter().map(|(_, a)| a).collect(),
-        late: late.into_iter().map(|(_, id)| id).collect(),
-    }
+    RestartPlan { kept, late: late.into_iter().map(|(_, id)| id).collect() }
 }
 
 impl Call {
@@ -898,10 +885,12 @@ fn write_call(c: &mut Call, positions: &mut u64, out: &mut Vec<u8>) {
 }
 
 /// Answers a change the server applied and kept but never answered: writeback (already
-/// answered to its caller) as done; a waiting caller with `ReplyLost`.
+/// answered to its caller) as done, and an fsync too (it was kept: its commit happened);
+/// any other waiting caller with `ReplyLost` (its result is gone).
 fn reply_lost(c: Call, addr: &str) {
+    let all_fsync = c.ops.iter().all(|o| matches!(o, p::Op::Fsync { .. } | p::Op::At { .. }));
     match c.reply {
-        Answer::Wait(_) => c.reply.send(Err(ClientError::ReplyLost { addr: addr.to_string() })),
+        Answer::Wait(_) if !all_fsync => c.reply.send(Err(ClientError::ReplyLost { addr: addr.to_string() })),
         _ => {
             let n = c.ops.len();
             c.reply.send(Ok(vec![Ok(p::Reply::Done); n]));
@@ -1287,11 +1276,10 @@ async fn run(
                         // would run twice). One placed after every lost acknowledged change
                         // may never have run: it goes as new work, after `Replayed` (run
                         // earlier, it could take what another client's replay needs).
-                        let acknowledged = log.take_lost(through);
+                        let lost = log.take_lost(through, &w.durable_holes);
                         let placed: Vec<(u64, u64)> =
                             pending.values().filter_map(|c| c.pos.map(|p| (c.id, p))).collect();
-                        let places: Vec<u64> = acknowledged.iter().map(|e| e.pos).collect();
-                        let plan = plan_restart(through, &places, &placed);
+                        let plan = plan_restart(through, &w.durable_holes, &placed);
                         for id in plan.kept {
                             if let Some(c) = pending.remove(&id) {
                                 tracing::warn!(id, "{addr} restarted after applying a change, before answering it");
@@ -1304,39 +1292,17 @@ async fn run(
                             }
                         }
                         late = plan.late;
-                        let mut acknowledged: Vec<Option<Unstable>> = acknowledged.into_iter().map(Some).collect();
-                        let lost: Vec<Lost> = plan
-                            .again
-                            .into_iter()
-                            .filter_map(|a| match a {
-                                Again::Acknowledged(i) => {
-                                    acknowledged.get_mut(i).and_then(Option::take).map(Lost::Replay)
-                                }
-                                Again::Pending(id) => Some(Lost::Pending(id)),
-                            })
-                            .collect();
                         if !lost.is_empty() {
                             tracing::warn!("{addr} restarted: sending again {} change(s) it lost", lost.len());
                             resent = true;
                         }
                         positions = through;
-                        for l in lost {
+                        for mut e in lost {
                             positions += 1;
-                            match l {
-                                Lost::Replay(mut e) => {
-                                    e.pos = positions;
-                                    let req = p::Request { id: e.id, ops: e.ops.clone(), time: e.time };
-                                    write_frame(&mut out, &ClientMessage::Request(req));
-                                    log.replaying.push(e);
-                                }
-                                Lost::Pending(id) => {
-                                    if let Some(c) = pending.get_mut(&id) {
-                                        c.pos = Some(positions);
-                                        write_frame(&mut out, &ClientMessage::Request(c.request()));
-                                        rewritten.insert(id);
-                                    }
-                                }
-                            }
+                            e.pos = positions;
+                            let req = p::Request { id: e.id, ops: e.ops.clone(), time: e.time };
+                            write_frame(&mut out, &ClientMessage::Request(req));
+                            log.replaying.push(e);
                         }
                     } else if !w.fenced {
                         // The same session: what may not have arrived goes again, changes
@@ -1515,7 +1481,14 @@ async fn run(
                                     if c.pos.is_some_and(|p| resp.seq != 0 && resp.seq != p) {
                                         tracing::error!(id = c.id, pos = ?c.pos, seq = resp.seq, "a change came back with another place than it was sent in");
                                     }
-                                    let entry = Unstable { id: c.id, ops: c.ops, time: c.time, results: resp.results.clone(), pos: resp.seq };
+                                    let entry = Unstable {
+                                        id: c.id,
+                                        ops: c.ops,
+                                        time: c.time,
+                                        results: resp.results.clone(),
+                                        pos: resp.seq,
+                                        answered: 0,
+                                    };
                                     log.acknowledged(resp.seq, entry);
                                     c.reply.send(Ok(resp.results));
                                 } else if let Some(e) = log.replayed(resp.id) {
@@ -1593,20 +1566,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn after_a_restart_kept_changes_stay_lost_ones_go_again_in_place_and_unsure_ones_go_last() {
-        // Kept through place 5; acknowledged changes in places 7 and 9 were lost.
-        let pending = [(20, 4), (21, 6), (22, 8), (23, 10), (24, 11), (25, 3)];
-        let plan = plan_restart(5, &[9, 7], &pending);
-        assert_eq!(plan.kept, vec![20, 25], "applied and kept: not sent again");
-        assert_eq!(
-            plan.again,
-            vec![Again::Pending(21), Again::Acknowledged(1), Again::Pending(22), Again::Acknowledged(0)],
-            "in their old places: what ran before an acknowledged change ran, and goes again"
-        );
-        assert_eq!(plan.late, vec![23, 24], "after every lost acknowledged change: maybe never ran");
-        // Nothing acknowledged was lost: every unanswered change above the kept ones is unsure.
+    fn after_a_restart_kept_changes_stay_and_unanswered_ones_go_last_in_their_order() {
+        let pending = [(20, 4), (21, 6), (22, 8), (23, 10), (25, 3)];
         let plan = plan_restart(5, &[], &pending);
-        assert_eq!((plan.again, plan.late), (vec![], vec![21, 22, 23, 24]));
+        assert_eq!(plan.kept, vec![20, 25], "applied and kept: not sent again");
+        assert_eq!(plan.late, vec![21, 22, 23], "after the replays, in the order they were sent");
+        // Place 4 waited (parked) while 5 ran and was committed: not kept.
+        let plan = plan_restart(5, &[4], &pending);
+        assert_eq!((plan.kept, plan.late), (vec![25], vec![20, 21, 22, 23]));
     }
 
     fn writeback(id: u64, ops: Vec<p::Op>, sec: i64, log: std_mpsc::Sender<(u64, Results)>) -> Call {

@@ -566,6 +566,10 @@ pub struct Welcome {
     /// `Response::seq` up to this value survived. The client replays the later ones it
     /// holds, in `seq` order, before anything else.
     pub durable_seq: Option<u64>,
+    /// With `durable_seq`: places at or below it whose changes had not run when the last
+    /// commit was made (they waited behind another session's exclusive rights while later
+    /// ones ran): lost, like those above it.
+    pub durable_holes: Vec<u64>,
     /// File system id.
     pub fsid: [u8; 16],
     /// The session the client asked to resume was fenced (it went silent past its lease:

@@ -30,6 +30,29 @@ const ALLOCATOR: u64 = 0;
 /// A session number.
 pub type SessionId = u64;
 
+impl Session {
+    /// The `seq` of change `id`, running now: the place it took when it arrived (a
+    /// request run without going through `Server::handle` takes the next one).
+    fn take_place(&mut self, id: u64) -> u64 {
+        let seq = self.reserved.remove(&id).unwrap_or_else(|| {
+            self.applied += 1;
+            self.applied
+        });
+        self.top = self.top.max(seq);
+        seq
+    }
+
+    /// Places below `top` whose changes have not run (they wait, parked).
+    fn holes_below_top(&self) -> Vec<u64> {
+        let mut holes: Vec<u64> = self.reserved.values().copied().filter(|&p| p < self.top).collect();
+        holes.sort_unstable();
+        if holes.len() > MAX_RECORD_HOLES {
+            tracing::error!(holes = holes.len(), "more waiting changes than a session record can name");
+        }
+        holes
+    }
+}
+
 #[derive(Debug, Default)]
 struct Session {
     secret: u64,
@@ -38,10 +61,26 @@ struct Session {
     order: VecDeque<u64>,
     /// Handles this session holds open, by inode (released when the session ends).
     open: HashMap<u64, HashSet<u64>>,
-    /// Requests that changed something, applied so far (the last one's `seq`).
+    /// Changing requests numbered so far (the last one's `seq`): a change takes its `seq`
+    /// when it arrives, so that `seq` is its place in the order the client sent them,
+    /// even when it is parked and runs after later ones (docs/protocol.md §4.5).
     applied: u64,
-    /// The last `seq` known to be committed.
+    /// The highest `seq` of a change that has run.
+    top: u64,
+    /// Changes that arrived and wait (parked) with the `seq` each took, by request id.
+    reserved: BTreeMap<u64, u64>,
+    /// Changes run through `Server::handle`, counted.
+    ran: u64,
+    /// Changes run whose responses have not gone out: request id → when it ran.
+    run_order: HashMap<u64, u64>,
+    /// Their responses that are ready, by when they ran (waiting for earlier ones).
+    unreleased: BTreeMap<u64, p::Response>,
+    /// The last `top` known to be committed (changes up to it have run and are durable,
+    /// but for `holes`).
     durable: u64,
+    /// After a restart: places at or below `durable` whose changes never ran (they waited
+    /// when the last commit was made), from the record.
+    holes: Vec<u64>,
     /// Restored from its record after a restart and not yet resumed by its client;
     /// dropped at this time (set on the first tick) if the client never comes back.
     awaiting_resume: Option<Option<u64>>,
@@ -51,32 +90,65 @@ struct Session {
     recorded: bool,
 }
 
-/// A session's durable record: the token, how far its changes are durable, and its name.
-/// Layout: version 1 (u8), secret (u64 LE), seq (u64 LE), name length (u8), name.
-fn encode_record(secret: u64, seq: u64, name: &str) -> Vec<u8> {
+/// The most places a session record lists as holes (changes that waited while later ones
+/// ran). Only changes parked behind another session's exclusive rights leave one: a
+/// client's synchronous calls, a handful at a time.
+const MAX_RECORD_HOLES: usize = 64;
+
+/// A session's durable record: the token, how far its changes have run and are durable
+/// (the highest `seq` that ran, and the places below it whose changes had not), and its
+/// name. Layout: version 2 (u8), secret (u64 LE), seq (u64 LE), hole count (u8), holes
+/// (u64 LE each), name length (u8), name. (Version 1 had no holes.)
+fn encode_record(secret: u64, seq: u64, holes: &[u64], name: &str) -> Vec<u8> {
     let name = &name.as_bytes()[..name.len().min(200)];
-    let mut out = Vec::with_capacity(18 + name.len());
-    out.push(1);
+    let holes = &holes[..holes.len().min(MAX_RECORD_HOLES)];
+    let mut out = Vec::with_capacity(19 + 8 * holes.len() + name.len());
+    out.push(2);
     out.extend_from_slice(&secret.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
+    out.push(holes.len() as u8);
+    for h in holes {
+        out.extend_from_slice(&h.to_le_bytes());
+    }
     out.push(name.len() as u8);
     out.extend_from_slice(name);
     out
 }
 
+/// A decoded session record.
+#[derive(Debug, PartialEq, Eq)]
+struct Record {
+    secret: u64,
+    seq: u64,
+    holes: Vec<u64>,
+    name: String,
+}
+
 /// Decodes a session record; `None` for anything malformed (such a record is dropped).
-fn decode_record(b: &[u8]) -> Option<(u64, u64, String)> {
+fn decode_record(b: &[u8]) -> Option<Record> {
     let (&version, rest) = b.split_first()?;
-    if version != 1 || rest.len() < 17 {
+    if !(version == 1 || version == 2) || rest.len() < 17 {
         return None;
     }
     let secret = u64::from_le_bytes(rest[0..8].try_into().ok()?);
     let seq = u64::from_le_bytes(rest[8..16].try_into().ok()?);
-    let name = rest.get(17..)?;
-    if name.len() != usize::from(rest[16]) {
+    let mut rest = &rest[16..];
+    let mut holes = Vec::new();
+    if version == 2 {
+        let (&n, after) = rest.split_first()?;
+        if usize::from(n) > MAX_RECORD_HOLES || after.len() < 8 * usize::from(n) {
+            return None;
+        }
+        for i in 0..usize::from(n) {
+            holes.push(u64::from_le_bytes(after[8 * i..8 * i + 8].try_into().ok()?));
+        }
+        rest = &after[8 * usize::from(n)..];
+    }
+    let (&len, name) = rest.split_first()?;
+    if name.len() != usize::from(len) || holes.iter().any(|&h| h == 0 || h >= seq) {
         return None;
     }
-    Some((secret, seq, String::from_utf8_lossy(name).into_owned()))
+    Some(Record { secret, seq, holes, name: String::from_utf8_lossy(name).into_owned() })
 }
 
 /// The server core.
@@ -152,12 +224,6 @@ struct Parked {
     waiting: HashSet<u64>,
 }
 
-impl Parked {
-    fn mutates(&self) -> bool {
-        self.req.ops.iter().any(Op::is_mutation)
-    }
-}
-
 fn millis(t: p::Time) -> u64 {
     (t.sec.max(0) as u64) * 1000 + u64::from(t.nsec) / 1_000_000
 }
@@ -188,19 +254,21 @@ impl Server {
         });
         for (id, bytes) in records {
             next_session = next_session.max(id.saturating_add(1));
-            let Some((secret, seq, client_name)) = decode_record(&bytes) else {
+            let Some(Record { secret, seq, holes, name: client_name }) = decode_record(&bytes) else {
                 tracing::warn!(session = id, "malformed session record of {} bytes dropped", bytes.len());
                 if let Err(e) = store.delete_session_record(id) {
                     tracing::error!(session = id, "cannot drop a session record: {e}");
                 }
                 continue;
             };
-            tracing::info!(session = id, client = %client_name, durable_seq = seq, "session restored");
+            tracing::info!(session = id, client = %client_name, durable_seq = seq, ?holes, "session restored");
             let s = Session {
                 secret,
                 client_name,
                 applied: seq,
+                top: seq,
                 durable: seq,
+                holes,
                 awaiting_resume: Some(None),
                 recorded: true,
                 ..Default::default()
@@ -273,12 +341,14 @@ impl Server {
             fenced = self.fenced.contains(&t.id);
             if let Some(s) = self.sessions.get_mut(&t.id).filter(|s| s.secret == t.secret) {
                 self.disconnected.remove(&t.id);
-                let durable_seq = s.awaiting_resume.take().map(|_| s.durable);
-                tracing::info!(session = t.id, client = %hello.client_name, ?durable_seq, "session resumed");
+                let restarted = s.awaiting_resume.take().is_some();
+                let durable_seq = restarted.then_some(s.durable);
+                let holes = if restarted { std::mem::take(&mut s.holes) } else { Vec::new() };
+                tracing::info!(session = t.id, client = %hello.client_name, ?durable_seq, ?holes, "session resumed");
                 // Recalls it may have missed while away (sent after the welcome).
                 let again = self.caps.resumed(t.id);
                 self.outbox.extend(again);
-                return (Some(t.id), self.welcome(t.id, true, durable_seq, false));
+                return (Some(t.id), self.welcome(t.id, true, durable_seq, holes, false));
             }
         }
         let id = self.next_session;
@@ -286,16 +356,24 @@ impl Server {
         let secret = crest_rng::next_u64();
         self.sessions.insert(id, Session { secret, client_name: hello.client_name.clone(), ..Default::default() });
         tracing::info!(session = id, client = %hello.client_name, fenced_before = fenced, "session started");
-        (Some(id), self.welcome(id, false, None, fenced))
+        (Some(id), self.welcome(id, false, None, Vec::new(), fenced))
     }
 
-    fn welcome(&self, id: SessionId, resumed: bool, durable_seq: Option<u64>, fenced: bool) -> p::ServerMessage {
+    fn welcome(
+        &self,
+        id: SessionId,
+        resumed: bool,
+        durable_seq: Option<u64>,
+        durable_holes: Vec<u64>,
+        fenced: bool,
+    ) -> p::ServerMessage {
         let secret = self.sessions.get(&id).map_or(0, |s| s.secret);
         p::ServerMessage::Welcome(p::Welcome {
             version: p::PROTOCOL_VERSION,
             session: p::SessionToken { id, secret },
             resumed,
             durable_seq,
+            durable_holes,
             fsid: self.store.fsid(),
             fenced,
         })
@@ -326,13 +404,15 @@ impl Server {
             self.grace_parked.push_back((session, req));
             return;
         }
-        // A session's changes run in the order they arrive — its client counts on it:
-        // after a restart, the n-th change it sent is the one with seq n (§4.5) — so one
-        // waits behind that session's change parked before it.
-        if req.ops.iter().any(Op::is_mutation) && self.parked.iter().any(|p| p.session == session && p.mutates()) {
-            tracing::debug!(session, id = req.id, "change waits behind the session's parked change");
-            self.parked.push_back(Parked { session, req, waiting: HashSet::new() });
-            return;
+        // A change takes its place (`seq`) in its session's order as it arrives, parked or
+        // not: its client counts them as it sends them (§4.5).
+        if req.ops.iter().any(Op::is_mutation) {
+            if let Some(s) = self.sessions.get_mut(&session) {
+                if !s.replies.contains_key(&req.id) && !s.reserved.contains_key(&req.id) {
+                    s.applied += 1;
+                    s.reserved.insert(req.id, s.applied);
+                }
+            }
         }
         let involved = self.involved(&req);
         if self.park_if_exclusive(session, &req, &involved, now_ms) {
@@ -350,6 +430,12 @@ impl Server {
             return;
         }
         let response = self.handle_request(session, req, now);
+        if response.seq != 0 && !from_cache {
+            if let Some(s) = self.sessions.get_mut(&session) {
+                s.ran += 1;
+                s.run_order.insert(id, s.ran);
+            }
+        }
         let carried = std::mem::take(&mut self.carried);
         if let Some(req) = retry {
             if self.park_if_exclusive(session, &req, &carried, now_ms) {
@@ -390,14 +476,8 @@ impl Server {
     fn run_parked(&mut self, now: p::Time) {
         let mut ready = Vec::new();
         let mut still = VecDeque::with_capacity(self.parked.len());
-        // Sessions with a change still parked: their later changes stay behind it.
-        let mut held_back = HashSet::new();
         for p in std::mem::take(&mut self.parked) {
-            let behind = p.mutates() && held_back.contains(&p.session);
-            if behind || p.waiting.iter().any(|&id| self.caps.exclusive_recall_pending(id)) {
-                if p.mutates() {
-                    held_back.insert(p.session);
-                }
+            if p.waiting.iter().any(|&id| self.caps.exclusive_recall_pending(id)) {
                 still.push_back(p);
             } else {
                 ready.push(p);
@@ -500,8 +580,42 @@ impl Server {
     }
 
     /// Everything queued to send, in order.
+    ///
+    /// A session's change responses come out in the order the changes ran: one held for
+    /// recalls holds back the later ones. So what a client has had answered is always
+    /// everything its session ran up to some point, and after a restart it can replay its
+    /// lost acknowledged changes in that order, and send the unanswered ones after them
+    /// (docs/protocol.md §4.5).
     pub fn take_outgoing(&mut self) -> Vec<Outgoing> {
-        std::mem::take(&mut self.outbox)
+        let out = std::mem::take(&mut self.outbox);
+        let mut ready = Vec::with_capacity(out.len());
+        for o in out {
+            match o {
+                Outgoing::Response { session, response } => self.release_in_order(session, response, &mut ready),
+                other => ready.push(other),
+            }
+        }
+        ready
+    }
+
+    /// Lets `response` go once every change `session` ran before it has been answered.
+    fn release_in_order(&mut self, session: SessionId, response: p::Response, ready: &mut Vec<Outgoing>) {
+        let Some(s) = self.sessions.get_mut(&session) else {
+            return ready.push(Outgoing::Response { session, response });
+        };
+        let Some(&order) = s.run_order.get(&response.id) else {
+            // A read, or a repeat answered from the reply cache.
+            return ready.push(Outgoing::Response { session, response });
+        };
+        s.unreleased.insert(order, response);
+        while let Some(entry) = s.unreleased.first_entry() {
+            if s.run_order.values().any(|&o| o < *entry.key()) {
+                break;
+            }
+            let response = entry.remove();
+            s.run_order.remove(&response.id);
+            ready.push(Outgoing::Response { session, response });
+        }
     }
 
     /// Ends a session cleanly: its open files and its locks are released.
@@ -551,6 +665,13 @@ impl Server {
         }
         let mut seq = 0;
         let results = if req.ops.len() > p::MAX_OPS_PER_REQUEST {
+            // Refused whole, but still the session's next change in order: its client
+            // counted it (places, §4.5), and it changed nothing a replay could redo.
+            if mutates {
+                if let Some(s) = self.sessions.get_mut(&session) {
+                    seq = s.take_place(req.id);
+                }
+            }
             vec![Err(errno(7, format!("{} operations in one request (max {})", req.ops.len(), p::MAX_OPS_PER_REQUEST)))]
         } else {
             // A changing request is one unit with its session record: after a crash it is
@@ -563,10 +684,9 @@ impl Server {
                 self.record_session(session, "a changing session");
                 self.store.begin_unit();
                 if let Some(s) = self.sessions.get_mut(&session) {
-                    s.applied += 1;
-                    seq = s.applied;
+                    seq = s.take_place(req.id);
                     s.recorded = true;
-                    let record = encode_record(s.secret, seq, &s.client_name);
+                    let record = encode_record(s.secret, s.top, &s.holes_below_top(), &s.client_name);
                     if let Err(e) = self.store.put_session_record(session, &record) {
                         tracing::error!(session, "cannot record the session: {e}");
                     }
@@ -632,6 +752,10 @@ impl Server {
                 results.push(r);
             }
             if mutates {
+                // A change that waited (parked) while later ones ran and were committed:
+                // its place is below what this session's answers call durable, so it is
+                // made durable before it is answered too.
+                let late = self.sessions.get(&session).is_some_and(|s| seq != 0 && seq <= s.durable);
                 if let Err(e) = self.store.end_unit() {
                     // The commit an fsync asked for failed: the fsync fails.
                     tracing::error!(session, "commit failed: {e}");
@@ -639,7 +763,7 @@ impl Server {
                         *r = Err(error_out(&e));
                     }
                 }
-                if self.written_since_commit >= COMMIT_AFTER_WRITTEN_BYTES {
+                if late || self.written_since_commit >= COMMIT_AFTER_WRITTEN_BYTES {
                     if let Err(e) = self.store.commit() {
                         tracing::error!("commit after {} written bytes failed: {e}", self.written_since_commit);
                     }
@@ -796,7 +920,7 @@ impl Server {
         s.recorded = true;
         // No unit is open here (a changing request calls this before its unit begins),
         // so this commit never cuts a unit in two.
-        let record = encode_record(s.secret, s.applied, &s.client_name);
+        let record = encode_record(s.secret, s.top, &s.holes_below_top(), &s.client_name);
         if let Err(e) = self.store.put_session_record(session, &record).and_then(|()| self.store.commit()) {
             tracing::error!(session, "cannot record the session of {what}: {e}");
         }
@@ -842,7 +966,7 @@ impl Server {
             self.unsettled.clear();
             self.written_since_commit = 0;
             for s in self.sessions.values_mut() {
-                s.durable = s.applied;
+                s.durable = s.top;
             }
         }
     }
@@ -1332,18 +1456,31 @@ mod tests {
 
     #[test]
     fn session_records_round_trip_and_bad_ones_are_refused() {
-        let r = encode_record(42, 7, "host-a");
-        assert_eq!(decode_record(&r), Some((42, 7, "host-a".to_string())));
+        let r = encode_record(42, 7, &[3, 5], "host-a");
+        let want = Record { secret: 42, seq: 7, holes: vec![3, 5], name: "host-a".into() };
+        assert_eq!(decode_record(&r), Some(want));
         for cut in 0..r.len() {
             assert_eq!(decode_record(&r[..cut]), None, "truncated at {cut}");
         }
         let mut bad = r.clone();
-        bad[0] = 2;
+        bad[0] = 3;
         assert_eq!(decode_record(&bad), None, "unknown version");
         let mut long = r.clone();
         long.push(b'x');
         assert_eq!(decode_record(&long), None, "name length disagrees");
-        let huge = encode_record(1, 1, &"n".repeat(1000));
+        assert_eq!(decode_record(&encode_record(42, 5, &[5], "h")), None, "a hole at or above its seq");
+        let mut many = encode_record(42, 7, &[], "h");
+        many[17] = (MAX_RECORD_HOLES + 1) as u8;
+        assert_eq!(decode_record(&many), None, "more holes than a record names");
+        // A version 1 record (no holes), as written before.
+        let mut v1 = vec![1];
+        v1.extend_from_slice(&42u64.to_le_bytes());
+        v1.extend_from_slice(&7u64.to_le_bytes());
+        v1.push(1);
+        v1.push(b'h');
+        assert_eq!(decode_record(&v1), Some(Record { secret: 42, seq: 7, holes: vec![], name: "h".into() }));
+        let holes: Vec<u64> = (1..=MAX_RECORD_HOLES as u64 + 5).collect();
+        let huge = encode_record(1, u64::MAX, &holes, &"n".repeat(1000));
         assert!(huge.len() <= s::sessions::MAX_SESSION_RECORD_BYTES);
     }
 
@@ -1783,6 +1920,20 @@ mod tests {
         let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
         assert_eq!(*session, b);
         assert!(matches!(&response.results[0], Ok(Reply::Lookup { attr: Some(_), .. })), "b sees a's x: {response:?}");
+    }
+
+    #[test]
+    fn a_refused_oversized_change_still_takes_its_place_in_the_sessions_order() {
+        let mut srv = Server::new(Store::open(Box::new(fresh_disk())).expect("open"));
+        let (a, _) = srv.handle_hello(&hello(None));
+        let a = a.expect("a");
+        assert_eq!(srv.handle_request(a, create_in_root(1, "x"), NOW).seq, 1);
+        let unlink = Op::Unlink { parent: 1, name: b"nothing".to_vec() };
+        let big = p::Request { id: 2, ops: vec![unlink; p::MAX_OPS_PER_REQUEST + 1], time: None };
+        let r = srv.handle_request(a, big, NOW);
+        assert!(matches!(&r.results[..], [Err(e)] if e.errno == 7), "{r:?}");
+        assert_eq!(r.seq, 2, "the client counted it as its second change");
+        assert_eq!(srv.handle_request(a, create_in_root(3, "y"), NOW).seq, 3);
     }
 
     #[test]

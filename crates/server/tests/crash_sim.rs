@@ -9,12 +9,13 @@
 //! and a new `Server` restores the sessions it finds records of — at any moment, also
 //! while changes it applied wait for their answers. Each client does what `crest-net`'s
 //! does: responses already sent reach it; then it says hello with its token; of its
-//! changes (each has a place among its session's changes, which is its `seq` because the
-//! server applies a session's changes in order) those at or below the welcome's
-//! `durable_seq` were kept — one unanswered is not sent again, its answer is lost — and
-//! the lost ones go again in their order: every acknowledged one, and every unanswered
-//! one placed before an acknowledged one; then `Replayed`; then, as new work, unanswered
-//! changes placed after every lost acknowledged one (they may never have run) and reads.
+//! changes (each has a place among its session's changes, which is its `seq`: the server
+//! numbers a change as it arrives, even one parked behind another client's rights) those
+//! at or below the welcome's `durable_seq` but for its `durable_holes` were kept — one
+//! unanswered is not sent again, its answer is lost; the lost acknowledged ones are
+//! replayed in the order their answers came (the order they ran: the server answers a
+//! session's changes in that order); then `Replayed`; then, as new work, every other
+//! unanswered change (it ran, if at all, after them) and reads.
 //! Clients answer recalls after a random delay and stay alive (client crashes, network
 //! faults and leases are `sim.rs`'s).
 //!
@@ -40,10 +41,12 @@
 //! first it removed the directory and the create's replay failed (`REGRESSION_SEEDS`);
 //! and, once crashes could fall anywhere, a change applied and kept but unanswered at the
 //! crash run again after the restart (a create answered EEXIST; the e2e kill -9 check saw
-//! it too), and a change that never ran sent during the replays, taking an inode number a
-//! replay needed. Without the commit before one session builds on another's change,
-//! without a session's record committed at its first change, or without in-order
-//! application of a session's changes, most seeds fail.
+//! it too); a change that never ran sent during the replays, taking an inode number a
+//! replay needed; and an unanswered change sent again in its place although a later one
+//! (a parked rename, then an rmdir in the same directory that ran first) had run before
+//! it. Without the commit before one session builds on another's change, the session's
+//! record committed at its first change, places taken on arrival, or answers in the order
+//! changes ran, seeds fail within 300.
 //!
 //! **Reproducing**: `cargo test --release -p crest-server --test crash_sim` runs the fixed
 //! seeds; `CREST_CRASH_SEEDS=N` runs N random ones, `CREST_CRASH_SEED=S` one; a failure
@@ -89,6 +92,8 @@ struct Sent {
 struct Unstable {
     id: u64,
     sent: Sent,
+    /// When its answer came, counted (answers come in the order the changes ran).
+    answered: u64,
 }
 
 #[derive(Debug, Default)]
@@ -100,6 +105,10 @@ struct Client {
     positions: u64,
     /// By `seq`.
     unstable: BTreeMap<u64, Unstable>,
+    /// Acknowledged changes sent again after a restart, not yet answered again, by id.
+    replaying: BTreeMap<u64, Unstable>,
+    /// Answers taken in, counted.
+    answers: u64,
     /// Messages from the server not yet taken in (responses, recall ids).
     inbox: VecDeque<Inbound>,
 }
@@ -281,16 +290,19 @@ impl Sim {
         // applied and is durable: its answer is lost, and it is not sent again.
         let cl = &mut self.clients[c];
         cl.unstable.retain(|&seq, _| seq > through);
-        let mut lost: Vec<(u64, u64, Sent)> =
-            std::mem::take(&mut cl.unstable).into_values().map(|u| (u.sent.pos.unwrap_or(0), u.id, u.sent)).collect();
-        let last_acknowledged = lost.iter().map(|l| l.0).max().unwrap_or(through);
+        let holes = &w.durable_holes;
+        let replays = std::mem::take(&mut cl.replaying).into_values();
+        let mut lost: Vec<Unstable> = std::mem::take(&mut cl.unstable)
+            .into_values()
+            .chain(replays.filter(|u| u.sent.pos.is_some_and(|p| p > through || holes.contains(&p))))
+            .collect();
+        lost.sort_by_key(|u| u.answered);
         let (mut kept, mut late) = (Vec::new(), Vec::new());
         for (&id, sent) in &mut cl.pending {
             match sent.pos {
-                Some(p) if p <= through => kept.push(id),
-                Some(p) if p < last_acknowledged => lost.push((p, id, sent.clone())),
-                // Placed after every lost acknowledged change: it may never have run; it
-                // goes as new work after `Replayed`.
+                Some(p) if p <= through && !holes.contains(&p) => kept.push(id),
+                // It ran, if at all, after every acknowledged change: new work after
+                // `Replayed`.
                 Some(p) => {
                     late.push((p, id));
                     sent.pos = None;
@@ -302,24 +314,21 @@ impl Sim {
         for id in &kept {
             cl.pending.remove(id);
         }
-        lost.sort_by_key(|l| l.0);
         cl.positions = through;
         let mut again = Vec::new();
-        for (_, id, mut sent) in lost {
+        for mut u in lost {
             cl.positions += 1;
-            sent.pos = Some(cl.positions);
-            // (A replay's answer is taken in like any: acknowledged again, with its seq.)
-            cl.pending.insert(id, sent);
-            again.push(id);
+            u.sent.pos = Some(cl.positions);
+            again.push((u.id, u.sent.clone()));
+            cl.replaying.insert(u.id, u);
         }
         self.replies_lost += kept.len() as u64;
         for id in kept {
             self.log(format!("client {c}: {id} was applied and kept before the crash; its answer is lost"));
         }
-        for id in again {
+        for (id, sent) in again {
             self.replays += 1;
-            self.log(format!("client {c}: sends {id} again"));
-            let sent = self.clients[c].pending[&id].clone();
+            self.log(format!("client {c}: replays {id}"));
             self.server.handle(sid, p::Request { id, ops: sent.ops, time: Some(sent.time) }, now);
         }
         if w.resumed {
@@ -448,7 +457,10 @@ impl Sim {
             }
             Inbound::Response(r) => {
                 let key = (self.serial.get(&sid).copied().unwrap_or(u64::MAX), r.id);
-                let Some(sent) = self.clients[c].pending.remove(&r.id) else { return };
+                let cl = &mut self.clients[c];
+                let Some(sent) = cl.pending.remove(&r.id).or_else(|| cl.replaying.remove(&r.id).map(|u| u.sent)) else {
+                    return;
+                };
                 let got = outcomes(&r.results);
                 match self.ref_results.get(&key) {
                     Some(want) if *want != got => {
@@ -475,7 +487,8 @@ impl Sim {
                 }
                 let cl = &mut self.clients[c];
                 if r.seq > 0 {
-                    cl.unstable.insert(r.seq, Unstable { id: r.id, sent });
+                    cl.answers += 1;
+                    cl.unstable.insert(r.seq, Unstable { id: r.id, sent, answered: cl.answers });
                 }
                 cl.unstable.retain(|&s, _| s > r.durable);
             }
@@ -642,7 +655,9 @@ impl Sim {
         }
         // Heal: everything answered.
         for _ in 0..100_000 {
-            if self.failure.is_some() || self.clients.iter().all(|c| c.pending.is_empty() && c.inbox.is_empty()) {
+            if self.failure.is_some()
+                || self.clients.iter().all(|c| c.pending.is_empty() && c.replaying.is_empty() && c.inbox.is_empty())
+            {
                 break;
             }
             self.now_us += 1_000;
@@ -655,7 +670,7 @@ impl Sim {
             }
             self.pump();
         }
-        if self.failure.is_none() && self.clients.iter().any(|c| !c.pending.is_empty()) {
+        if self.failure.is_none() && self.clients.iter().any(|c| !c.pending.is_empty() || !c.replaying.is_empty()) {
             self.fail("requests still unanswered at the end".into());
         }
         if self.failure.is_none() {

@@ -18,7 +18,7 @@ use crate::key::{kind, Key};
 use crate::store::Store;
 
 /// Largest session record.
-pub const MAX_SESSION_RECORD_BYTES: usize = 256;
+pub const MAX_SESSION_RECORD_BYTES: usize = 1024;
 
 fn session_key(id: u64) -> Key {
     Key::new(id, kind::SESSION, 0)

@@ -345,7 +345,8 @@ fn session_records_and_units() {
     let mut s = open(&disk);
     assert_eq!(s.session_records().expect("records"), vec![(7, b"seq=1".to_vec())]);
     assert!(s.lookup(ROOT_INO, b"a").is_ok() && s.lookup(ROOT_INO, b"b").is_err());
-    assert!(matches!(s.put_session_record(1, &[0; 257]), Err(Error::TooBig(_))));
+    let too_big = vec![0; crest_store::sessions::MAX_SESSION_RECORD_BYTES + 1];
+    assert!(matches!(s.put_session_record(1, &too_big), Err(Error::TooBig(_))));
     // A unit holds the fsync's commit until its end.
     let g = s.generation();
     s.begin_unit();
