@@ -2,7 +2,7 @@
 //!
 //! **What runs**: the real server core (`crest_server::Server` over a `Store` on a
 //! `MemDisk`) with 2–4 clients that pipeline up to four requests each — creates, mkdirs,
-//! unlinks, rmdirs, renames, writes, chmods and reads over a few names in a few
+//! unlinks, rmdirs, renames, writes, chmods, fsyncs and reads over a few names in a few
 //! directories, so that they collide — on virtual time, every choice drawn from one
 //! seeded `crest_rng::Stream`. Now and then the server **crashes**: its store is dropped
 //! without a commit (`Store::abandon`, as `kill -9` or a power cut leaves it), reopened,
@@ -171,6 +171,8 @@ struct Sim {
     /// The crashing server's live sessions → this simulation's number for each (the
     /// server may give a number again after a restart, to another client).
     serial: BTreeMap<SessionId, u64>,
+    /// The client each live session number belongs to.
+    owner: BTreeMap<SessionId, usize>,
     /// Requests the reference ran, with what they answered.
     ref_results: BTreeMap<(u64, u64), Vec<String>>,
     /// Every request sent, by (session, id) (sessions keep their id across a restart).
@@ -207,6 +209,7 @@ impl Sim {
             clients,
             ref_session: BTreeMap::new(),
             serial: BTreeMap::new(),
+            owner: BTreeMap::new(),
             ref_results: BTreeMap::new(),
             requests: BTreeMap::new(),
             known: vec![(ROOT_INO, p::FileType::Directory)],
@@ -264,6 +267,7 @@ impl Sim {
             let serial = self.ref_session.len() as u64;
             self.ref_session.insert(serial, rs);
             self.serial.insert(sid, serial);
+            self.owner.insert(sid, c);
             self.log(format!("client {c}: session {sid}"));
             self.clients[c].positions = 0;
             let ids: Vec<u64> = self.clients[c].pending.keys().copied().collect();
@@ -410,7 +414,9 @@ impl Sim {
                     continue;
                 }
             };
-            if let Some(c) = self.clients.iter().position(|c| c.token.is_some_and(|t| t.id == session)) {
+            // (By who was welcomed with the number last: a restarted server may give a
+            // number again, to another client, while the old holder has yet to reconnect.)
+            if let Some(&c) = self.owner.get(&session) {
                 self.clients[c].inbox.push_back(msg);
             }
         }
@@ -516,7 +522,7 @@ impl Sim {
         let cred = p::Cred { uid: 1000 + c as u32, gid: 100 };
         let dir = self.known_of(p::FileType::Directory);
         let file = self.known_of(p::FileType::Regular);
-        match self.rng.below(12) {
+        match self.rng.below(13) {
             0 | 1 => {
                 Op::Create { parent: dir, name: self.name(), kind: p::FileType::Regular, mode: 0o644, rdev: 0, cred }
             }
@@ -539,6 +545,8 @@ impl Sim {
             },
             9 => Op::Lookup { parent: dir, name: self.name() },
             10 => Op::ReadDir { ino: dir, from_index: 0, limit: 64 },
+            // (Commits everything: a durable point in the middle of the clients' work.)
+            11 => Op::Fsync { ino: file },
             _ => Op::Read { ino: file, offset: 0, len: 256 },
         }
     }
