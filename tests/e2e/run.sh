@@ -6,6 +6,7 @@
 #   CREST_TAR         tar to round-trip (default: the ~20K-file kernel subset)
 #   CREST_E2E_ONLY    run only checks whose name contains this word
 #   CREST_BIN         the crest binary to test (default target/release/crest)
+#   CREST_E2E_KEEP    a directory to copy the run's server and mount logs into at the end
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -32,7 +33,7 @@ start_server() {
 stop_server() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; server=; }
 do_mount() { "$crest" mount "$addr" "$mnt" >/dev/null; }
 do_umount() { "$crest" umount "$mnt" 2>/dev/null || umount -l "$mnt"; for _ in $(seq 50); do grep -q " $mnt " /proc/mounts || return 0; sleep 0.1; done; }
-cleanup() { [ -n "${CREST_E2E_KEEP:-}" ] && cp /tmp/crest-mount_*"$(basename "$work")"*.log "$work/serve.log" /tmp/rep/ 2>/dev/null; do_umount 2>/dev/null; "$crest" umount "$mnt2" 2>/dev/null || umount -l "$mnt2" 2>/dev/null; stop_server; rm -rf "$work"; }
+cleanup() { [ -n "${CREST_E2E_KEEP:-}" ] && mkdir -p "$CREST_E2E_KEEP" && cp /tmp/crest-mount_*"$(basename "$work")"*.log "$work/serve.log" "$CREST_E2E_KEEP"/ 2>/dev/null; do_umount 2>/dev/null; "$crest" umount "$mnt2" 2>/dev/null || umount -l "$mnt2" 2>/dev/null; stop_server; rm -rf "$work"; }
 trap cleanup EXIT
 check() { # name command...
   local name=$1; shift

@@ -234,11 +234,7 @@ impl RecallWorker {
                 tracing::trace!(dir, "inval_entry: {e}");
             }
         }
-        for ino in inodes {
-            if let Err(e) = notifier.inval_inode(INodeNo(ino), -1, 0) {
-                tracing::trace!(ino, "inval_inode (attributes): {e}");
-            }
-        }
+        invalidate_attributes(notifier, &inodes);
     }
 
     /// Starts the worker thread; it ends when the client's recall stream does.
@@ -271,11 +267,7 @@ impl RecallWorker {
                 // which a create in flight holds — the server's recall deadline bounds
                 // that wait: docs/protocol.md §4.3).
                 self.invalidate_kernel_entries(&notifier);
-                for &ino in &r.inodes {
-                    if let Err(e) = notifier.inval_inode(INodeNo(ino), -1, 0) {
-                        tracing::trace!(ino, "inval_inode (attributes): {e}");
-                    }
-                }
+                invalidate_attributes(&notifier, &r.inodes);
                 let busy = self.page_io.any(&r.inodes);
                 pages.drop_then_wait(r.inodes, !busy);
                 match self.client.upgrade() {
@@ -285,6 +277,16 @@ impl RecallWorker {
             }
         })?;
         Ok(())
+    }
+}
+
+/// Drops the kernel's attributes of `inodes` (offset −1: no page lock is taken).
+fn invalidate_attributes(notifier: &fuser::Notifier, inodes: &[u64]) {
+    for &ino in inodes {
+        // ENOENT: the kernel does not know the inode; nothing to drop.
+        if let Err(e) = notifier.inval_inode(INodeNo(ino), -1, 0) {
+            tracing::trace!(ino, "inval_inode (attributes): {e}");
+        }
     }
 }
 

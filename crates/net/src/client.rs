@@ -184,8 +184,8 @@ struct Call {
     /// When the call was made: no later than it was first sent. A recall that reached
     /// this client after it may have ended rights its reply grants (`Rights`).
     made: std::time::Instant,
-    /// For a change: its place among the session's changes on the wire (see `Positions`),
-    /// from when it was first written.
+    /// For a change: its place among the session's changes on the wire (see
+    /// `write_call`), from when it was first written.
     pos: Option<u64>,
 }
 
@@ -871,11 +871,17 @@ impl Call {
     }
 }
 
+impl Unstable {
+    fn request(&self) -> p::Request {
+        p::Request { id: self.id, ops: self.ops.clone(), time: self.time }
+    }
+}
+
 /// Writes `c`'s request, giving a change its place among the session's changes when it
-/// first goes on the wire. The server applies a session's changes in the order they
-/// arrive (a parked one holds back the later ones), so the change in place n is the one
-/// it answers with `seq` n, and after a restart the welcome's `durable_seq` tells which
-/// unanswered changes it applied and kept (docs/protocol.md §4.5).
+/// first goes on the wire. The server numbers a session's changes as they arrive (parked
+/// or not), so the change in place n is the one it answers with `seq` n, and after a
+/// restart the welcome's `durable_seq` and `durable_holes` tell which unanswered changes
+/// it applied and kept (docs/protocol.md §4.5).
 fn write_call(c: &mut Call, positions: &mut u64, out: &mut Vec<u8>) {
     if c.pos.is_none() && c.ops.iter().any(p::Op::is_mutation) {
         *positions += 1;
@@ -1225,8 +1231,6 @@ async fn run(
         };
         // Calls written again in their places during the handshake (not resent below).
         let mut rewritten = std::collections::HashSet::new();
-        // After a restart: unanswered changes that may never have run, in their old order.
-        let mut late: Vec<u64> = Vec::new();
         match welcome {
             Some(ServerMessage::Welcome(w)) => {
                 heard();
@@ -1260,6 +1264,8 @@ async fn run(
                     let restored = w.resumed && w.durable_seq.is_some() && !w.fenced;
                     let mut rights_held = Vec::new();
                     let mut resent = !log.replaying.is_empty() || !held.reasserting.is_empty();
+                    // After a restart: unanswered changes that may never have run, in order.
+                    let mut late: Vec<u64> = Vec::new();
                     if let Some(through) = through {
                         if let Some(r) = rights.get() {
                             if restored {
@@ -1269,13 +1275,11 @@ async fn run(
                             }
                         }
                         // Every acknowledged change the server lost goes again, in the order
-                        // it first applied them (their places), before anything new; so does
-                        // an unanswered one placed before one of them (the server applies a
-                        // session's changes in order: it ran, and was lost). One whose place
-                        // the server kept was applied and is durable: not sent again (it
-                        // would run twice). One placed after every lost acknowledged change
-                        // may never have run: it goes as new work, after `Replayed` (run
-                        // earlier, it could take what another client's replay needs).
+                        // they ran (their answers' order), before anything new. An unanswered
+                        // one whose place the server kept was applied and is durable: not
+                        // sent again (it would run twice). Any other unanswered one ran, if at
+                        // all, after them: it goes as new work, after `Replayed` (run earlier,
+                        // it could take what another client's replay needs).
                         let lost = log.take_lost(through, &w.durable_holes);
                         let placed: Vec<(u64, u64)> =
                             pending.values().filter_map(|c| c.pos.map(|p| (c.id, p))).collect();
@@ -1300,18 +1304,14 @@ async fn run(
                         for mut e in lost {
                             positions += 1;
                             e.pos = positions;
-                            let req = p::Request { id: e.id, ops: e.ops.clone(), time: e.time };
-                            write_frame(&mut out, &ClientMessage::Request(req));
+                            write_frame(&mut out, &ClientMessage::Request(e.request()));
                             log.replaying.push(e);
                         }
                     } else if !w.fenced {
                         // The same session: what may not have arrived goes again, changes
                         // in their places (a repeat is answered from the reply cache).
-                        let mut again: Vec<(u64, p::Request)> = log
-                            .replaying
-                            .iter()
-                            .map(|e| (e.pos, p::Request { id: e.id, ops: e.ops.clone(), time: e.time }))
-                            .collect();
+                        let mut again: Vec<(u64, p::Request)> =
+                            log.replaying.iter().map(|e| (e.pos, e.request())).collect();
                         for c in pending.values() {
                             if let Some(p) = c.pos {
                                 again.push((p, c.request()));
@@ -1337,7 +1337,7 @@ async fn run(
                     if w.resumed && (w.durable_seq.is_some() || resent) {
                         write_frame(&mut out, &ClientMessage::Replayed);
                     }
-                    for id in std::mem::take(&mut late) {
+                    for id in late {
                         if let Some(c) = pending.get_mut(&id) {
                             write_call(c, &mut positions, &mut out);
                             rewritten.insert(id);

@@ -30,29 +30,6 @@ const ALLOCATOR: u64 = 0;
 /// A session number.
 pub type SessionId = u64;
 
-impl Session {
-    /// The `seq` of change `id`, running now: the place it took when it arrived (a
-    /// request run without going through `Server::handle` takes the next one).
-    fn take_place(&mut self, id: u64) -> u64 {
-        let seq = self.reserved.remove(&id).unwrap_or_else(|| {
-            self.applied += 1;
-            self.applied
-        });
-        self.top = self.top.max(seq);
-        seq
-    }
-
-    /// Places below `top` whose changes have not run (they wait, parked).
-    fn holes_below_top(&self) -> Vec<u64> {
-        let mut holes: Vec<u64> = self.reserved.values().copied().filter(|&p| p < self.top).collect();
-        holes.sort_unstable();
-        if holes.len() > MAX_RECORD_HOLES {
-            tracing::error!(holes = holes.len(), "more waiting changes than a session record can name");
-        }
-        holes
-    }
-}
-
 #[derive(Debug, Default)]
 struct Session {
     secret: u64,
@@ -88,6 +65,29 @@ struct Session {
     /// restart it is restored, and the grace period waits for its client, which replays
     /// its changes and takes its locks again (docs/protocol.md §4.5).
     recorded: bool,
+}
+
+impl Session {
+    /// The `seq` of change `id`, running now: the place it took when it arrived (a
+    /// request run without going through `Server::handle` takes the next one).
+    fn take_place(&mut self, id: u64) -> u64 {
+        let seq = self.reserved.remove(&id).unwrap_or_else(|| {
+            self.applied += 1;
+            self.applied
+        });
+        self.top = self.top.max(seq);
+        seq
+    }
+
+    /// Places below `top` whose changes have not run (they wait, parked).
+    fn holes_below_top(&self) -> Vec<u64> {
+        let mut holes: Vec<u64> = self.reserved.values().copied().filter(|&p| p < self.top).collect();
+        holes.sort_unstable();
+        if holes.len() > MAX_RECORD_HOLES {
+            tracing::error!(holes = holes.len(), "more waiting changes than a session record can name");
+        }
+        holes
+    }
 }
 
 /// The most places a session record lists as holes (changes that waited while later ones
@@ -765,7 +765,7 @@ impl Server {
                 }
                 if late || self.written_since_commit >= COMMIT_AFTER_WRITTEN_BYTES {
                     if let Err(e) = self.store.commit() {
-                        tracing::error!("commit after {} written bytes failed: {e}", self.written_since_commit);
+                        tracing::error!(session, late, written = self.written_since_commit, "commit failed: {e}");
                     }
                 }
             }
@@ -936,7 +936,6 @@ impl Server {
         }
     }
 
-    /// After a commit, every change applied so far is durable.
     /// After `session`'s request that involved `inodes` ran: if it changed something and
     /// one of them holds another session's change not yet durable, commits before it is
     /// answered; then counts what the request left not durable as `session`'s.
@@ -959,6 +958,7 @@ impl Server {
         }
     }
 
+    /// After a commit, every change applied so far is durable.
     fn note_commits(&mut self) {
         let generation = self.store.generation();
         if generation != self.seen_generation {
