@@ -466,6 +466,42 @@ impl NameCache {
         self.clear();
     }
 
+    /// Stops answering from what is held under shared rights, keeping what is held
+    /// exclusively. For when the connection to the server breaks (a recall may be lost
+    /// with it, and a server that restarts meanwhile knows of no shared holder) and when a
+    /// restarted server restored the session (it may have applied, and kept, changes whose
+    /// recalls were unanswered when it died). Exclusive state is sure: nobody else can
+    /// change it until the lease is over. The kernel forgets the attributes it was let
+    /// cache under the dropped rights.
+    pub fn drop_shared(&mut self) {
+        let shared = self.attrs.keys().copied().filter(|i| !self.exclusive.contains(i));
+        self.kernel_attr_inval.extend(shared);
+        self.clear();
+    }
+
+    /// A change the server applied and kept, but whose answer was lost (it restarted
+    /// first): nothing held about what it touched can be trusted — the inodes it names and
+    /// what its names stand for here. They are dropped as if recalled, exclusive rights
+    /// included (the server still counting this mount as their holder costs a recall
+    /// answered at once).
+    pub fn reply_lost(&mut self, ops: &[p::Op], now: Instant) {
+        let mut touched: Vec<u64> = ops.iter().flat_map(p::Op::named_inodes).collect();
+        for op in ops {
+            for (dir, name) in op.named_entries() {
+                let h = name_hash(name);
+                let named = self.dirs.get(&dir).into_iter().flatten().find(|r| r.lo <= h && h <= r.hi);
+                touched.extend(named.and_then(|r| r.names.get(name).copied()));
+            }
+        }
+        for ino in touched {
+            if self.exclusive.contains(&ino) || self.attrs.contains_key(&ino) {
+                self.kernel_attr_inval.push(ino);
+            }
+            self.recall_rights(ino, now);
+            self.recalled(ino);
+        }
+    }
+
     /// Exclusive inodes held (for tests and stats).
     pub fn exclusive_count(&self) -> usize {
         self.exclusive.len()
@@ -696,6 +732,45 @@ mod tests {
         c.recalled(20);
         assert_eq!(c.lookup(20, b"g", later), None, "given up: the server is asked again");
         assert!(!c.is_exclusive(20) && c.is_exclusive(21));
+    }
+
+    #[test]
+    fn a_broken_connection_or_a_restart_keeps_only_exclusive_state() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let e = c.epoch();
+        c.absorb_leaf(1, &leaf_around(&[("a", 10)]), e, now);
+        let d = attr(20, p::FileType::Directory);
+        c.made_dir(&d, now);
+        c.grant_exclusive(20, now, now);
+        c.added(20, b"f", &attr(21, p::FileType::Regular), now);
+        c.set_attr(&d, now);
+        c.grant_exclusive(21, now, now);
+        c.drop_shared();
+        assert_eq!(c.lookup(1, b"a", now), None, "shared: the server is asked again");
+        assert_eq!(c.attr(10, now), None);
+        assert_eq!(c.lookup(20, b"f", now), Some(Cached::Found(attr(21, p::FileType::Regular))), "exclusive: kept");
+        assert_eq!(c.held_rights(now), vec![(20, true), (21, true)], "what a restored session re-asserts");
+        assert_eq!(c.take_kernel_attr_invalidations(), vec![10], "the kernel forgets what was shared");
+    }
+
+    #[test]
+    fn a_change_whose_answer_was_lost_drops_what_it_touched() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let d = attr(20, p::FileType::Directory);
+        c.made_dir(&d, now);
+        c.grant_exclusive(20, now, now);
+        c.added(20, b"f", &attr(21, p::FileType::Regular), now);
+        c.set_attr(&d, now);
+        c.grant_exclusive(21, now, now);
+        c.added(20, b"g", &attr(22, p::FileType::Regular), now);
+        c.grant_exclusive(22, now, now);
+        // An unlink of f sent to the server, applied and kept, answer lost.
+        c.reply_lost(&[p::Op::Unlink { parent: 20, name: b"f".to_vec() }], now);
+        assert!(!c.is_exclusive(20) && !c.is_exclusive(21), "the directory and the victim are given up");
+        assert_eq!(c.lookup(20, b"f", now), None);
+        assert!(c.is_exclusive(22) && c.attr(22, now).is_some(), "what it did not touch stays");
     }
 
     #[test]

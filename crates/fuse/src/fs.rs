@@ -178,6 +178,20 @@ impl Rights for CacheRights {
     fn held(&self) -> Vec<(u64, bool)> {
         lock(&self.names).held_rights(Instant::now())
     }
+
+    fn disconnected(&self) {
+        lock(&self.names).drop_shared();
+    }
+
+    fn restored(&self) -> Vec<(u64, bool)> {
+        let mut c = lock(&self.names);
+        c.drop_shared();
+        c.held_rights(Instant::now())
+    }
+
+    fn reply_lost(&self, ops: &[p::Op]) {
+        lock(&self.names).reply_lost(ops, Instant::now());
+    }
 }
 
 fn now_time() -> p::Time {

@@ -72,6 +72,19 @@ pub trait Rights: Send + Sync {
     fn held(&self) -> Vec<(u64, bool)> {
         Vec::new()
     }
+    /// The connection broke: stop answering from what is held under shared rights (a
+    /// recall may be lost with it; a server that restarts meanwhile knows of no shared
+    /// holder). Exclusive rights stay until the lease is over.
+    fn disconnected(&self) {}
+    /// A restarted server restored the session: keep only exclusive rights (shared copies
+    /// may be stale — the server may have applied and kept changes whose recalls were
+    /// unanswered when it died) and name them, to be re-asserted (`Op::Reassert`).
+    fn restored(&self) -> Vec<(u64, bool)> {
+        self.held()
+    }
+    /// A change the server applied and kept but never answered (it restarted first):
+    /// whatever is held about what it touched is stale.
+    fn reply_lost(&self, _ops: &[p::Op]) {}
 }
 
 /// The `Rights` hook of a client, installed once (`Client::set_rights`); until then
@@ -1171,6 +1184,11 @@ async fn run(
     tokio::spawn(watch_lease(lease.clone(), rights.clone()));
     let heard = || lease.lock().unwrap_or_else(|e| e.into_inner()).heard();
     loop {
+        if session.is_some() {
+            if let Some(r) = rights.get() {
+                r.disconnected();
+            }
+        }
         let stream = match TcpStream::connect(&addr).await {
             Ok(s) => s,
             Err(e) => {
@@ -1263,13 +1281,12 @@ async fn run(
                     // A server that forgot the session gives nothing back.
                     let restored = w.resumed && w.durable_seq.is_some() && !w.fenced;
                     let mut rights_held = Vec::new();
-                    let mut resent = !log.replaying.is_empty() || !held.reasserting.is_empty();
                     // After a restart: unanswered changes that may never have run, in order.
                     let mut late: Vec<u64> = Vec::new();
                     if let Some(through) = through {
                         if let Some(r) = rights.get() {
                             if restored {
-                                rights_held = r.held();
+                                rights_held = r.restored();
                             } else {
                                 r.reset();
                             }
@@ -1287,6 +1304,9 @@ async fn run(
                         for id in plan.kept {
                             if let Some(c) = pending.remove(&id) {
                                 tracing::warn!(id, "{addr} restarted after applying a change, before answering it");
+                                if let Some(r) = rights.get() {
+                                    r.reply_lost(&c.ops);
+                                }
                                 reply_lost(c, &addr);
                             }
                         }
@@ -1298,7 +1318,6 @@ async fn run(
                         late = plan.late;
                         if !lost.is_empty() {
                             tracing::warn!("{addr} restarted: sending again {} change(s) it lost", lost.len());
-                            resent = true;
                         }
                         positions = through;
                         for mut e in lost {
@@ -1331,10 +1350,12 @@ async fn run(
                     } else if !w.fenced {
                         held.resend(&mut out);
                     }
-                    // Said again after a reconnect that had to resend replays or
-                    // re-asserts: the first `Replayed` may have been lost with the
-                    // connection, and the server ignores it from a session not replaying.
-                    if w.resumed && (w.durable_seq.is_some() || resent) {
+                    // Said again after every reconnect of a resumed session: the first
+                    // `Replayed` may have been lost with the connection even when its
+                    // replays and re-asserts were answered, and new work sent before it
+                    // would be taken for replays and run inside the grace period. The
+                    // server ignores it from a session not replaying.
+                    if w.resumed && !w.fenced {
                         write_frame(&mut out, &ClientMessage::Replayed);
                     }
                     for id in late {

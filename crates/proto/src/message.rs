@@ -485,6 +485,60 @@ impl Op {
     pub fn creates(&self) -> bool {
         matches!(self, Op::Create { .. } | Op::Symlink { .. } | Op::CreateAt { .. } | Op::SymlinkAt { .. })
     }
+
+    /// The inodes the operation names by number (a directory it changes the entries of
+    /// included; not what a name in it stands for: see `named_entries`).
+    pub fn named_inodes(&self) -> Vec<u64> {
+        match self {
+            Op::StatFs | Op::At { .. } | Op::AllocInodes { .. } => Vec::new(),
+            Op::Lookup { parent, .. }
+            | Op::Create { parent, .. }
+            | Op::Symlink { parent, .. }
+            | Op::Unlink { parent, .. }
+            | Op::Rmdir { parent, .. } => vec![*parent],
+            Op::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
+            Op::Link { ino, parent, .. } | Op::CreateAt { ino, parent, .. } | Op::SymlinkAt { ino, parent, .. } => {
+                vec![*ino, *parent]
+            }
+            Op::GetAttr { ino }
+            | Op::SetAttr { ino, .. }
+            | Op::ReadDir { ino, .. }
+            | Op::ReadLink { ino }
+            | Op::Open { ino, .. }
+            | Op::Release { ino, .. }
+            | Op::Read { ino, .. }
+            | Op::Write { ino, .. }
+            | Op::Append { ino, .. }
+            | Op::Fallocate { ino, .. }
+            | Op::Fsync { ino }
+            | Op::SetXattr { ino, .. }
+            | Op::GetXattr { ino, .. }
+            | Op::ListXattr { ino }
+            | Op::RemoveXattr { ino, .. }
+            | Op::SetLock { ino, .. }
+            | Op::Acquire { ino }
+            | Op::Reassert { ino, .. }
+            | Op::GetLock { ino, .. } => vec![*ino],
+        }
+    }
+
+    /// The directory entries the operation names: (directory, name).
+    pub fn named_entries(&self) -> Vec<(u64, &[u8])> {
+        match self {
+            Op::Lookup { parent, name }
+            | Op::Create { parent, name, .. }
+            | Op::Symlink { parent, name, .. }
+            | Op::Link { parent, name, .. }
+            | Op::Unlink { parent, name }
+            | Op::Rmdir { parent, name }
+            | Op::CreateAt { parent, name, .. }
+            | Op::SymlinkAt { parent, name, .. } => vec![(*parent, name.as_slice())],
+            Op::Rename { parent, name, new_parent, new_name, .. } => {
+                vec![(*parent, name.as_slice()), (*new_parent, new_name.as_slice())]
+            }
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// The successful result of one operation.

@@ -61,6 +61,11 @@ struct Session {
     /// Restored from its record after a restart and not yet resumed by its client;
     /// dropped at this time (set on the first tick) if the client never comes back.
     awaiting_resume: Option<Option<u64>>,
+    /// Resumed after a restart, and nothing heard from it since its hello: its welcome
+    /// (with `durable_seq` and `holes`) may have been lost with the connection, so a
+    /// second resume is told the same again — else its client would send again, as if
+    /// the server still had them in its reply cache, changes that ran and were kept.
+    restart_unconfirmed: bool,
     /// Its durable record has been written (by a change, or by its first lock): after a
     /// restart it is restored, and the grace period waits for its client, which replays
     /// its changes and takes its locks again (docs/protocol.md §4.5).
@@ -311,6 +316,14 @@ impl Server {
         self.applied.get_or_insert_with(Vec::new);
     }
 
+    /// Numbers new sessions from `first` on (at least). A restarted server knows the
+    /// numbers of the sessions it restored, not of those an earlier life handed out and
+    /// kept no record of; a simulator that checks every session's history tells it where
+    /// to start so that no number means two sessions.
+    pub fn number_sessions_from(&mut self, first: SessionId) {
+        self.next_session = self.next_session.max(first);
+    }
+
     /// What ran since the last call, oldest first (empty unless `record_applied`).
     pub fn take_applied(&mut self) -> Vec<Applied> {
         self.applied.as_mut().map(std::mem::take).unwrap_or_default()
@@ -341,9 +354,10 @@ impl Server {
             fenced = self.fenced.contains(&t.id);
             if let Some(s) = self.sessions.get_mut(&t.id).filter(|s| s.secret == t.secret) {
                 self.disconnected.remove(&t.id);
-                let restarted = s.awaiting_resume.take().is_some();
+                let restarted = s.awaiting_resume.take().is_some() || s.restart_unconfirmed;
+                s.restart_unconfirmed = restarted;
                 let durable_seq = restarted.then_some(s.durable);
-                let holes = if restarted { std::mem::take(&mut s.holes) } else { Vec::new() };
+                let holes = if restarted { s.holes.clone() } else { Vec::new() };
                 tracing::info!(session = t.id, client = %hello.client_name, ?durable_seq, ?holes, "session resumed");
                 // Recalls it may have missed while away (sent after the welcome).
                 let again = self.caps.resumed(t.id);
@@ -398,6 +412,7 @@ impl Server {
             return;
         }
         self.heard(session, now_ms);
+        self.confirm_resume(session);
         if !self.replaying.is_empty() && !self.replaying.contains(&session) {
             // Grace after a restart: a restored session's replays come first (they are
             // changes other clients may already have seen acknowledged).
@@ -519,6 +534,7 @@ impl Server {
     pub fn recall_done(&mut self, session: SessionId, recall_id: u64, now: p::Time) {
         if self.sessions.contains_key(&session) {
             self.heard(session, millis(now));
+            self.confirm_resume(session);
         }
         let out = self.caps.recall_done(session, recall_id);
         self.outbox.extend(out);
@@ -527,6 +543,7 @@ impl Server {
 
     /// `session`'s client has sent every request it replays after the restart.
     pub fn replayed(&mut self, session: SessionId, now: p::Time) {
+        self.confirm_resume(session);
         if self.replaying.remove(&session) && self.replaying.is_empty() {
             tracing::info!("every restored session has replayed: grace over");
             self.end_grace(now);
@@ -542,6 +559,16 @@ impl Server {
         match self.caps.reassert(session, ino, exclusive) {
             Ok(()) => Ok(Reply::Done),
             Err(other) => Err(errno(16, format!("inode {ino} is held by session {other}; rights not given back"))),
+        }
+    }
+
+    /// A message from `session` after its hello: its client has the welcome.
+    fn confirm_resume(&mut self, session: SessionId) {
+        if let Some(s) = self.sessions.get_mut(&session) {
+            if s.restart_unconfirmed {
+                s.restart_unconfirmed = false;
+                s.holes.clear();
+            }
         }
     }
 
@@ -2214,6 +2241,30 @@ mod tests {
         drop(srv.into_store().abandon());
         let srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
         assert!(srv.sessions.is_empty() && srv.replaying.is_empty(), "nothing to wait for");
+    }
+
+    #[test]
+    fn a_restart_welcome_lost_with_its_connection_is_given_again() {
+        // Found by `tests/sim.rs` with server crashes: the client never saw the first
+        // welcome, took the second for a plain resume and sent a kept change again.
+        let disk = fresh_disk();
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+        let (a, w) = srv.handle_hello(&hello(None));
+        let (a, p::ServerMessage::Welcome(w)) = (a.expect("a"), w) else { panic!("no welcome") };
+        let chmod = Op::SetAttr { ino: 1, set: p::SetAttr { mode: Some(0o700), ..Default::default() } };
+        srv.handle(a, p::Request { id: 1, ops: vec![chmod], time: None }, NOW);
+        srv.store_mut().commit().expect("commit");
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        let durable = |m: p::ServerMessage| match m {
+            p::ServerMessage::Welcome(w) => (w.resumed, w.durable_seq),
+            other => panic!("{other:?}"),
+        };
+        let resume = hello(Some(w.session));
+        assert_eq!(durable(srv.handle_hello(&resume).1), (true, Some(1)));
+        assert_eq!(durable(srv.handle_hello(&resume).1), (true, Some(1)), "nothing heard since: told again");
+        srv.replayed(a, NOW);
+        assert_eq!(durable(srv.handle_hello(&resume).1), (true, None), "the client had it: a plain resume");
     }
 
     /// a holds d exclusively; b's lookup in d recalls it, but a's connection is gone, so

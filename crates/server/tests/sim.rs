@@ -74,11 +74,39 @@
 //! - at the end (faults healed, everything answered): the store equals the model,
 //!   and `fsck` finds the image clean.
 //!
-//! Left out: a server crash and restart (§4.5's grace period and `Replayed` are not
-//! modelled here: writeback inode numbers reserved before the crash need a rule first;
-//! `crash_sim.rs` crashes the server under clients without caches or writeback); hard
-//! links, symlinks, xattrs, locks, fsync; several changing system calls in flight on one
-//! client. By default outages stay short (partitions ≤ 1 s, reconnects ≤ 0.3 s), so
+//! - *Server crashes* (`coherence_across_server_crashes`, or `CREST_SIM_SERVER_CRASHES=
+//!   only` with random seeds; drawn from a stream of their own, so a seed runs as in
+//!   `coherence_across_clients` until its first one): the server dies just after a commit
+//!   and starts again on its image; every connection breaks, every message in flight is
+//!   lost, and the new server restores the sessions it has records of and waits for them
+//!   (§4.5's grace period). Each client does as `crest-net`: places its changes as they
+//!   go on the wire; on a restart welcome, an unanswered change placed at or below
+//!   `durable_seq` (not a hole) was kept — its system call fails with EIO, which the
+//!   checker counts as *completed* (the change stands and its caller has returned), a
+//!   writeback is done — and the others go again after `Replayed`, behind `Op::Reassert`
+//!   of the rights it holds; a session not restored starts afresh without rights. Every
+//!   change must come back with `seq` equal to its place. The crash falls just after a
+//!   commit, so no acknowledged change is lost (checked): crashes that lose applied
+//!   changes, and exactly-once replay, are `crash_sim.rs`'s, whose clients keep no caches.
+//!   It found four faults, fixed: a client re-asserted *shared* rights on copies a kept
+//!   change (its own, or another client's whose recall the crash swallowed) had made
+//!   stale — now a restored client keeps and re-asserts only `X`, drops every shared copy
+//!   when its connection breaks, and drops what a kept change touched; a restart welcome
+//!   lost with its connection was not given again (the client took the next one for a
+//!   plain resume and sent a kept change again: applied twice); a `Replayed` lost with its
+//!   connection was not said again, so the session's new work ran as replays inside the
+//!   grace period, ahead of another client's parked writeback.
+//!
+//! Left out: crashes between commits under caching clients (see above); a fenced session
+//! is not told so by a server that restarted since (its record is gone, as is that of a
+//! session that never changed anything): its client sends its unanswered work again in a
+//! new session, best effort (modelled as such) — and a writeback it had answered itself
+//! can then fail on the server (`CREST_SIM_OUTAGES=long CREST_SIM_SEED=
+//! 11636724451101490288`, open: the server should keep a fenced session's record, marked,
+//! to answer `Welcome.fenced`); `CREST_SIM_SEED=6712747764523413448` (server crashes)
+//! ends with a re-assert request never answered (open, not yet understood). So CI runs
+//! this test's fixed seeds only. Also left out: hard links, symlinks, xattrs, locks,
+//! fsync; several changing system calls in flight on one client. By default outages stay short (partitions ≤ 1 s, reconnects ≤ 0.3 s), so
 //! fencing is rare (crashed clients); `CREST_SIM_OUTAGES=long` makes them as long as
 //! real ones (partitions up to 12 s, half of them breaking the connection; reconnects up
 //! to 1 s), so live clients are fenced all the time. A client that checked its lease only
@@ -149,6 +177,10 @@ const REGRESSION_SEEDS: [u64; 3] = [
     // first found as 14630225732569651823, before the simulator drew differently).
     292,
 ];
+/// Fixed seeds of `coherence_across_server_crashes`: 1..=this, then
+/// `SERVER_CRASH_REGRESSION_SEEDS`.
+const FIXED_SERVER_CRASH_SEEDS: u64 = 40;
+const SERVER_CRASH_REGRESSION_SEEDS: [u64; 0] = [];
 /// System calls per seed (over all clients).
 const DEFAULT_STEPS: usize = 4_000;
 /// How long a client trusts what a reply carried without hearing a recall, counted from
@@ -677,6 +709,16 @@ impl Cache {
         true
     }
 
+    /// After a server restart: keeps only what it holds exclusively (`x`, and what `x`
+    /// pins), as `NameCache::restored`.
+    fn keep_exclusive_only(&mut self) {
+        self.epoch += 1;
+        let x = &self.x;
+        self.attrs.retain(|i, _| x.contains(i));
+        self.data.retain(|i, _| x.contains(i));
+        self.dirs.retain(|i, _| x.contains(i));
+    }
+
     /// Acquired whole and still held (`NameCache::holds_whole`).
     fn holds_whole(&self, dir: u64) -> bool {
         self.acquired.contains(&dir) && self.x.contains(&dir)
@@ -756,6 +798,10 @@ enum Purpose {
     /// The system call in progress first asks for `then`'s directory `dir` whole (sent
     /// with the cache at `epoch`); `then` follows when the answer comes.
     Acquire { dir: u64, then: Op, epoch: u64 },
+    /// After a server restart that restored the session: the rights it held, asked back
+    /// (`Op::Reassert`, as `crest-net`'s `HeldLocks::reassert`); a refused one is dropped
+    /// as a recall nobody answers.
+    Reassert,
 }
 
 #[derive(Clone, Debug)]
@@ -764,6 +810,9 @@ struct Pending {
     purpose: Purpose,
     /// When the call started (virtual µs; what cached replies expire from).
     t0_us: u64,
+    /// A change's place among its session's changes, given when it first goes on the
+    /// wire (`crest-net`'s `write_call`): the server answers it with this `seq`.
+    pos: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -800,6 +849,15 @@ struct Client {
     /// When it last asked for each directory whole (virtual µs): at most once per
     /// `ACQUIRE_RETRY_US`, as the real client.
     acquire_tried: BTreeMap<u64, u64>,
+    /// Changes of its session put on the wire (the last place given).
+    positions: u64,
+    /// The highest `seq` answered in its session: a server restart must keep it.
+    answered_seq: u64,
+    /// Which life of the server last welcomed it (`Sim::server_life`).
+    server_life: u64,
+    /// Its session was restored after a server restart (it says `Replayed` again after a
+    /// reconnect).
+    restored_in_session: bool,
 }
 
 impl Client {
@@ -827,7 +885,31 @@ impl Client {
             last_sent: 0,
             lease_expired: false,
             acquire_tried: BTreeMap::new(),
+            positions: 0,
+            answered_seq: 0,
+            server_life: 0,
+            restored_in_session: false,
         }
+    }
+
+    /// Everything it holds rights on, with whether exclusively (`NameCache::held_rights`):
+    /// what it holds exclusively and every inode whose attributes, data or directory
+    /// entries it may still answer from.
+    fn held_rights(&self, now: u64) -> Vec<(u64, bool)> {
+        let c = &self.cache;
+        let mut held: BTreeMap<u64, bool> = c.x.iter().map(|&i| (i, true)).collect();
+        let valid = c.attrs.iter().map(|(&i, (_, e))| (i, *e)).chain(c.data.iter().map(|(&i, (_, e))| (i, *e)));
+        for (ino, expires) in valid {
+            if now < expires {
+                held.entry(ino).or_insert(false);
+            }
+        }
+        for (&dir, ranges) in &c.dirs {
+            if ranges.iter().any(|r| now < r.expires) {
+                held.entry(dir).or_insert(false);
+            }
+        }
+        held.into_iter().collect()
     }
 
     fn sid(&self) -> Option<SessionId> {
@@ -1256,6 +1338,8 @@ struct Checker {
     first_run: BTreeMap<(SessionId, u64), Expect>,
     /// Changing requests each session has had applied.
     seqs: BTreeMap<SessionId, u64>,
+    /// The highest `seq` each session was answered with.
+    top_seq: BTreeMap<SessionId, u64>,
     locals: BTreeMap<u64, Local>,
     next_local: u64,
     /// Generation of every inode seen (the model does not pick them).
@@ -1290,6 +1374,12 @@ struct Stats {
     server_fenced: u64,
     fenced: u64,
     checked: u64,
+    /// Server crashes; changes applied and kept whose answers they lost (system calls
+    /// failed with EIO, writebacks done); rights asked back after them, and refused.
+    server_crashes: u64,
+    replies_lost: u64,
+    reasserted: u64,
+    reassert_refused: u64,
     /// Of the run's events (`Sim::trace_hash`).
     trace_hash: u64,
 }
@@ -1392,6 +1482,10 @@ impl Checker {
             self.fail(format!("the server ran request {key:?}, which nobody sent"));
             return None;
         };
+        if matches!(info.purpose, Purpose::Reassert) {
+            // (Changes only who holds what; the client checks what it was given back.)
+            return Some(format!("server: runs {key:?} (re-assert)"));
+        }
         if a.from_cache {
             self.stats.reply_cache_hits += 1;
             if !self.applied.contains_key(&key) {
@@ -1448,7 +1542,7 @@ impl Checker {
                 Purpose::Syscall => {
                     self.uncompleted.insert(k);
                 }
-                Purpose::Acquire { .. } => self.fail(format!("acquire {key:?} ran as a change")),
+                Purpose::Acquire { .. } | Purpose::Reassert => self.fail(format!("{key:?} ran as a change")),
                 // It completed when its client answered.
                 Purpose::Writeback(n) => {
                     if let Some(l) = self.locals.get_mut(&n) {
@@ -1477,6 +1571,9 @@ impl Checker {
     /// A response left the server (delivered or not): is it what the model said?
     fn on_response(&mut self, session: SessionId, resp: &p::Response) {
         let key = (session, resp.id);
+        if matches!(self.reqs.get(&key), Some(ReqInfo { purpose: Purpose::Reassert, .. })) {
+            return;
+        }
         let ops = self.reqs.get(&key).map(|i| i.ops.clone()).unwrap_or_default();
         let got: Vec<Res> = resp.results.iter().zip(&ops).map(|(r, op)| self.res_of(op, r)).collect();
         // Runs of a request answer in the order they ran, except a read that waits on
@@ -1489,9 +1586,14 @@ impl Checker {
             return;
         };
         self.stats.checked += 1;
-        if resp.seq != e.seq || resp.durable > self.seqs.get(&session).copied().unwrap_or(0) {
+        // (Its client checks `seq` against the change's place: a change takes its place as
+        // it arrives, parked or not, so it need not count the changes applied before it.)
+        let top = self.top_seq.entry(session).or_default();
+        *top = (*top).max(resp.seq);
+        let top = (*top).max(self.seqs.get(&session).copied().unwrap_or(0));
+        if resp.durable > top || (resp.seq == 0) != (e.seq == 0) {
             self.fail(format!(
-                "response to {key:?} says seq {} durable {}; expected seq {}",
+                "response to {key:?} says seq {} durable {}; expected seq {} (highest so far {top})",
                 resp.seq, resp.durable, e.seq
             ));
         }
@@ -1767,6 +1869,9 @@ struct Faults {
     max_reconnect_us: u64,
     /// Per partition: its connection breaks too (each side notices at once).
     partition_drops: f64,
+    /// Per system call: the server dies just after a commit and starts again on its image
+    /// (drawn from `Sim::crash_rng`; 0 unless server crashes are on).
+    server_crash: f64,
 }
 
 struct Sim {
@@ -1799,11 +1904,17 @@ struct Sim {
     trace_hash: u64,
     /// `CREST_SIM_LEASE=exact` (see `check_lease_now`).
     exact_lease: bool,
+    /// Draws of the server crashes, apart from `rng` so that a seed without them runs as
+    /// it did before they existed.
+    crash_rng: Stream,
+    /// Lives of the server so far (bumped by each crash).
+    server_life: u64,
 }
 
 impl Sim {
-    fn new(seed: u64, max_steps: usize) -> Sim {
+    fn new(seed: u64, max_steps: usize, server_crashes: bool) -> Sim {
         let mut rng = Stream::from_seed_u64(seed);
+        let mut crash_rng = Stream::from_seed_u64(seed ^ 0x5e7e_c7a5_4000_0001);
         let disk = MemDisk::new(64 << 20);
         let t = crest_store::Timespec::new(EPOCH_S as i64 - 10, 0);
         Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: t, fsid: Some([7; 16]) }).expect("mkfs");
@@ -1821,7 +1932,10 @@ impl Sim {
             max_partition_us: MAX_PARTITION_US,
             max_reconnect_us: MAX_RECONNECT_US,
             partition_drops: 0.0,
+            server_crash: 0.0,
         };
+        let server_crash = if server_crashes { [0.0003, 0.001, 0.003][crash_rng.below(3) as usize] } else { 0.0 };
+        let faults = Faults { server_crash, ..faults };
         let faults = match std::env::var("CREST_SIM_OUTAGES").as_deref() {
             Ok("long") => Faults {
                 max_partition_us: LONG_PARTITION_US,
@@ -1879,6 +1993,8 @@ impl Sim {
             acquire_pct,
             trace_hash: 0xcbf2_9ce4_8422_2325,
             exact_lease: std::env::var("CREST_SIM_LEASE").as_deref() == Ok("exact"),
+            crash_rng,
+            server_life: 0,
         };
         sim.log(format!(
             "seed {seed}: {n} clients, locality {locality}%, acquires {acquire_pct}%, faults {:?}",
@@ -1990,6 +2106,11 @@ impl Sim {
         if cl.conn == Some(conn) {
             cl.conn = None;
             cl.welcomed = false;
+            // What it holds under shared rights it stops answering from: a recall may be
+            // lost with the connection, and a server that restarted meanwhile may not know
+            // of them at all (as `NameCache::disconnected`). What it holds exclusively
+            // nobody else can change until its lease is over.
+            cl.cache.keep_exclusive_only();
             if cl.alive && !cl.leaving {
                 let inc = cl.incarnation;
                 let d = 1 + self.rng.below(self.faults.max_reconnect_us);
@@ -2072,7 +2193,15 @@ impl Sim {
                 for c in &mut self.clients {
                     c.partition_until = 0;
                 }
-                self.faults = Faults { loss: 0.0, partition: 0.0, crash: 0.0, goodbye: 0.0, slow: 0.0, ..self.faults };
+                self.faults = Faults {
+                    loss: 0.0,
+                    partition: 0.0,
+                    crash: 0.0,
+                    goodbye: 0.0,
+                    slow: 0.0,
+                    server_crash: 0.0,
+                    ..self.faults
+                };
             }
             if self.draining {
                 let busy = self.clients.iter().any(|c| c.alive && (!c.pending.is_empty() || c.busy.is_some()))
@@ -2232,6 +2361,9 @@ impl Sim {
         cl.cache = Cache { epoch: cl.cache.epoch + 1, ..Cache::default() };
         cl.pool = (0, 0);
         cl.token = None;
+        cl.positions = 0;
+        cl.answered_seq = 0;
+        cl.restored_in_session = false;
         if let Some(id) = cl.busy.take() {
             // The system call returns EIO. Had the server applied it, that change is not
             // a completed one: the caller was told it failed.
@@ -2283,8 +2415,8 @@ impl Sim {
                 self.flush_server(now);
             }
             ClientMessage::Replayed => {
-                // (No server restarts are simulated; nothing sends this.)
                 let sid = session.expect("hello first");
+                self.log(format!("server: session {sid} has replayed"));
                 self.server.replayed(sid, now);
                 self.flush_server(now);
             }
@@ -2318,20 +2450,42 @@ impl Sim {
                 if w.fenced {
                     self.fenced(c);
                 }
+                let restarted = self.clients[c].server_life != self.server_life;
+                let old = self.clients[c].sid();
                 let cl = &mut self.clients[c];
-                if cl.token.is_some() && !w.resumed {
-                    self.ck.fail(format!("client {c}: session not resumed: {w:?}"));
-                }
                 cl.token = Some(w.session);
                 cl.welcomed = true;
+                cl.server_life = self.server_life;
                 let sid = w.session.id;
-                let again: Vec<p::Request> = cl.pending.values().map(|p| p.req.clone()).collect();
-                self.log(format!(
-                    "client {c}: welcome (session {sid}); resends {:?}",
-                    again.iter().map(|r| r.id).collect::<Vec<_>>()
-                ));
-                for req in again {
-                    self.send_up(conn, ClientMessage::Request(req));
+                if let (Some(old), false) = (old, w.resumed) {
+                    if !restarted {
+                        return self.ck.fail(format!("client {c}: session not resumed: {w:?}"));
+                    }
+                    self.not_restored(c, old, sid);
+                }
+                if let (true, Some(durable)) = (w.resumed, w.durable_seq) {
+                    self.log(format!("client {c}: welcome back after a restart (session {sid}, durable {durable})"));
+                    return self.restored(c, conn, durable, &w.durable_holes);
+                }
+                let mut again: Vec<u64> = self.clients[c].pending.keys().copied().collect();
+                self.log(format!("client {c}: welcome (session {sid}); resends {again:?}"));
+                if w.resumed && self.clients[c].restored_in_session {
+                    // The session was restored after a restart: its `Replayed` may have
+                    // been lost with the connection (the server ignores a second one), and
+                    // nothing new may go before it — the server would take it for a replay
+                    // and run it in the grace period (as `crest-net`: re-asserts, then
+                    // `Replayed`, then the rest).
+                    let pending = &self.clients[c].pending;
+                    let (first, rest): (Vec<u64>, Vec<u64>) =
+                        again.iter().partition(|id| matches!(pending[id].purpose, Purpose::Reassert));
+                    for id in first {
+                        self.write_request(c, conn, id);
+                    }
+                    self.send_up(conn, ClientMessage::Replayed);
+                    again = rest;
+                }
+                for id in again {
+                    self.write_request(c, conn, id);
                 }
             }
             ServerMessage::Refused { reason, .. } => self.ck.fail(format!("client {c} refused: {reason}")),
@@ -2367,7 +2521,28 @@ impl Sim {
             return; // a second answer to a resent request
         };
         let sid = self.clients[c].sid().expect("session");
+        if let Some(pos) = pd.pos {
+            if resp.seq != pos {
+                self.ck.fail(format!(
+                    "client {c}: change {} placed {pos} answered with seq {} ({:?})",
+                    resp.id, resp.seq, pd.req.ops
+                ));
+            }
+            let cl = &mut self.clients[c];
+            cl.answered_seq = cl.answered_seq.max(resp.seq);
+        }
         match pd.purpose {
+            Purpose::Reassert => {
+                for (op, r) in pd.req.ops.iter().zip(&resp.results) {
+                    if let (Op::Reassert { ino, .. }, Err(e)) = (op, r) {
+                        // Refused (another session holds what conflicts): dropped as a
+                        // recall nobody answers.
+                        self.ck.stats.reassert_refused += 1;
+                        self.log(format!("client {c}: rights on {ino} not given back (errno {})", e.errno));
+                        self.clients[c].cache.recall(*ino, now);
+                    }
+                }
+            }
             Purpose::Syscall => {
                 self.ck.completed((sid, resp.id));
                 self.log(format!("client {c}: [{}] returns {:?}", ops_brief(&pd.req.ops), brief(&resp.results)));
@@ -2421,14 +2596,192 @@ impl Sim {
         let id = cl.next_id;
         cl.next_id += 1;
         let req = p::Request { id, ops, time };
-        cl.pending.insert(id, Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now });
+        cl.pending.insert(id, Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now, pos: None });
         let sid = cl.sid().expect("a client sends only once welcomed");
         self.ck.reqs.insert((sid, id), ReqInfo { client: c, ops: req.ops.clone(), time, purpose, t0_lc });
         self.ck.stats.to_server += 1;
         if let (true, Some(conn)) = (cl.welcomed, cl.conn) {
-            self.send_up(conn, ClientMessage::Request(req));
+            self.write_request(c, conn, id);
         }
         id
+    }
+
+    /// Puts pending request `id` on the wire, giving a change its place among the
+    /// session's changes the first time (as `crest-net`'s `write_call`).
+    fn write_request(&mut self, c: usize, conn: u64, id: u64) {
+        let cl = &mut self.clients[c];
+        let Some(pd) = cl.pending.get_mut(&id) else { return };
+        if pd.pos.is_none() && pd.req.ops.iter().any(Op::is_mutation) {
+            cl.positions += 1;
+            pd.pos = Some(cl.positions);
+        }
+        let req = pd.req.clone();
+        self.send_up(conn, ClientMessage::Request(req));
+    }
+
+    /// The server dies just after a commit (so that everything it applied is durable:
+    /// crashes that lose applied changes, and their replays, are `crash_sim.rs`'s) and
+    /// starts again on its image; every connection breaks, and every message in flight
+    /// is lost. The new server restores the sessions it finds records of and waits for
+    /// their clients (the grace period, docs/protocol.md §4.5).
+    fn server_crash(&mut self) {
+        self.ck.stats.server_crashes += 1;
+        self.server_life += 1;
+        if let Err(e) = self.server.store_mut().commit() {
+            return self.ck.fail(format!("commit before the crash: {e}"));
+        }
+        self.log(format!("SERVER CRASH (life {} begins)", self.server_life));
+        let store = match Store::open(Box::new(self.disk.clone())) {
+            Ok(s) => s,
+            Err(e) => return self.ck.fail(format!("the image does not open after the crash: {e}")),
+        };
+        let old = std::mem::replace(&mut self.server, Server::new(store));
+        drop(old.into_store().abandon());
+        self.server.record_applied();
+        // (So that a session number names one session in the checker's books.)
+        let next = self.ck.reqs.keys().map(|k| k.0).chain(self.ck.seqs.keys().copied()).max().unwrap_or(0) + 1;
+        self.server.number_sessions_from(next);
+        // (The new server knows no connection: none is reported to it as dropped.)
+        self.server_conn.clear();
+        let alive: Vec<u64> = self.conns.iter().filter(|(_, c)| c.alive).map(|(&id, _)| id).collect();
+        for conn in alive {
+            self.drop_conn(conn, "server crashed");
+        }
+        let ms = self.now / 1000;
+        if let Err(e) = self.server.tick(ms) {
+            return self.ck.fail(format!("tick after the restart: {e}"));
+        }
+        self.flush_server(ptime(ms * 1000));
+    }
+
+    /// Welcomed back by a server that restarted and restored the session (`durable_seq`,
+    /// `durable_holes`), as `crest-net` does it (`plan_restart`): an unanswered change
+    /// placed at or below `durable_seq` and not a hole ran and was kept — not sent again
+    /// (its system call fails with EIO, a writeback counts as done); every other
+    /// unanswered request goes again as new work after `Replayed`, behind the rights the
+    /// client held (`Op::Reassert`). Every crash here falls just after a commit, so no
+    /// acknowledged change can be missing (nothing to replay).
+    fn restored(&mut self, c: usize, conn: u64, durable: u64, holes: &[u64]) {
+        let sid = self.clients[c].sid().expect("welcomed");
+        if self.clients[c].answered_seq > durable {
+            return self.ck.fail(format!(
+                "client {c}: the restarted server kept its session through seq {durable}, but seq {} was answered",
+                self.clients[c].answered_seq
+            ));
+        }
+        let kept: Vec<u64> = self.clients[c]
+            .pending
+            .iter()
+            .filter(|(_, pd)| pd.pos.is_some_and(|p| p <= durable && !holes.contains(&p)))
+            .map(|(&id, _)| id)
+            .collect();
+        let mut late: Vec<(u64, u64)> = Vec::new();
+        for (&id, pd) in &mut self.clients[c].pending {
+            if let Some(p) = pd.pos.take() {
+                if p > durable || holes.contains(&p) {
+                    late.push((p, id));
+                }
+            }
+        }
+        late.sort_unstable();
+        self.clients[c].positions = durable;
+        // What it held under shared rights may be stale: the server applied (and kept)
+        // changes whose recalls were still unanswered when it died, and it does not know.
+        // Only what it holds exclusively is sure (nobody else could change it) and asked
+        // back (as `NameCache::restored`).
+        let now = self.now;
+        self.clients[c].cache.keep_exclusive_only();
+        for id in kept {
+            let Some(pd) = self.clients[c].pending.remove(&id) else { continue };
+            self.ck.stats.replies_lost += 1;
+            // Nor is anything the kept change touched: its answer would have told how it
+            // came out (dropped as a recall, as `NameCache::reply_lost`).
+            let cache = &mut self.clients[c].cache;
+            let mut touched: Vec<u64> = pd.req.ops.iter().flat_map(Op::named_inodes).collect();
+            for op in &pd.req.ops {
+                touched.extend(op.named_entries().into_iter().filter_map(|(d, n)| cache.named(d, n)));
+            }
+            for ino in touched {
+                cache.recall(ino, now);
+            }
+            match pd.purpose {
+                Purpose::Syscall => {
+                    // The change stands; its result is lost: the caller is told EIO (the
+                    // change counts as completed: it returned).
+                    self.ck.completed((sid, id));
+                    self.log(format!("client {c}: [{}] was kept; its answer is lost: EIO", ops_brief(&pd.req.ops)));
+                    let cl = &mut self.clients[c];
+                    if cl.busy == Some(id) {
+                        cl.busy = None;
+                        let inc = cl.incarnation;
+                        let d = self.think();
+                        self.at(d, Ev::Wake { client: c, incarnation: inc });
+                    }
+                }
+                Purpose::Writeback(n) => self.log(format!("client {c}: writeback {n} was kept: done")),
+                Purpose::Acquire { .. } | Purpose::Reassert => {
+                    self.ck.fail(format!("client {c}: request {id} placed among changes"))
+                }
+            }
+        }
+        self.clients[c].restored_in_session = true;
+        let rights = self.clients[c].held_rights(now);
+        if !rights.is_empty() {
+            self.ck.stats.reasserted += rights.len() as u64;
+            self.log(format!("client {c}: re-asserts {rights:?}"));
+            let ops = rights.iter().map(|&(ino, exclusive)| Op::Reassert { ino, exclusive }).collect();
+            let t0_lc = self.ck.tick();
+            self.send_request(c, ops, None, Purpose::Reassert, t0_lc);
+        }
+        self.send_up(conn, ClientMessage::Replayed);
+        let late_ids: BTreeSet<u64> = late.iter().map(|&(_, id)| id).collect();
+        let rest: Vec<u64> = self.clients[c]
+            .pending
+            .iter()
+            .filter(|(id, pd)| !late_ids.contains(id) && !matches!(pd.purpose, Purpose::Reassert))
+            .map(|(&id, _)| id)
+            .collect();
+        self.log(format!("client {c}: after Replayed sends {late:?} (late), then {rest:?}"));
+        for id in late.into_iter().map(|(_, id)| id).chain(rest) {
+            self.write_request(c, conn, id);
+        }
+    }
+
+    /// Welcomed by a server that restarted without a record of the session (it had
+    /// changed nothing the server kept): as `crest-net`, a new session; what it held is
+    /// gone with the old one (it drops every right), and everything unanswered goes
+    /// again as new work.
+    fn not_restored(&mut self, c: usize, old: SessionId, new: SessionId) {
+        // (A session the old server fenced has no record either, and the new server
+        // cannot tell it from one that never had one: its client is not told it was
+        // fenced, and sends its unanswered work again in a new session, as `crest-net`
+        // does after any restart that forgot its session.)
+        if self.clients[c].answered_seq > 0 && !self.ck.fenced_sessions.contains(&old) {
+            return self.ck.fail(format!(
+                "client {c}: session {old} forgotten by the restarted server with changes answered (seq {})",
+                self.clients[c].answered_seq
+            ));
+        }
+        self.log(format!("client {c}: session {old} not restored: new session {new}, every right dropped"));
+        let cl = &mut self.clients[c];
+        let tombstones = std::mem::take(&mut cl.cache.tombstones);
+        cl.cache = Cache { tombstones, epoch: cl.cache.epoch + 1, ..Cache::default() };
+        cl.pool = (0, 0);
+        cl.positions = 0;
+        cl.answered_seq = 0;
+        cl.restored_in_session = false;
+        let ids: Vec<u64> = cl.pending.keys().copied().collect();
+        for pd in cl.pending.values_mut() {
+            pd.pos = None;
+        }
+        for id in ids {
+            if let Some(info) = self.ck.reqs.get(&(old, id)).cloned() {
+                self.ck.reqs.insert((new, id), info);
+            }
+        }
+        for l in self.ck.locals.values_mut().filter(|l| l.session == old && l.applied_k.is_none()) {
+            l.session = new;
+        }
     }
 
     /// A client's next system call.
@@ -2557,6 +2910,9 @@ impl Sim {
     /// Faults that strike at a client's system call.
     fn faults_at(&mut self, c: usize) {
         let f = self.faults.clone();
+        if f.server_crash > 0.0 && (self.crash_rng.next_u64() as f64 / u64::MAX as f64) < f.server_crash {
+            self.server_crash();
+        }
         if self.chance(f.partition) {
             let d = 50_000 + self.rng.below(f.max_partition_us - 50_000);
             self.clients[c].partition_until = self.now + d;
@@ -2823,8 +3179,8 @@ fn brief(results: &[Result<Reply, p::OpError>]) -> Vec<String> {
         .collect()
 }
 
-fn run_seed(seed: u64, steps: usize) -> Result<Stats, String> {
-    let mut sim = Sim::new(seed, steps);
+fn run_seed(seed: u64, steps: usize, server_crashes: bool) -> Result<Stats, String> {
+    let mut sim = Sim::new(seed, steps, server_crashes);
     sim.run()
 }
 
@@ -2834,6 +3190,27 @@ fn env_u64(name: &str) -> Option<u64> {
 
 #[test]
 fn coherence_across_clients() {
+    if std::env::var("CREST_SIM_SERVER_CRASHES").as_deref() == Ok("only") {
+        return;
+    }
+    run_seeds(false, FIXED_SEEDS, &REGRESSION_SEEDS);
+}
+
+/// The same with the server crashing now and then (`Faults::server_crash`): the seeds
+/// draw their server crashes apart, so seed S runs as `coherence_across_clients`' seed S
+/// until its first server crash. `CREST_SIM_SERVER_CRASHES=only` runs random seeds
+/// (`CREST_SIM_SEEDS`) only here.
+#[test]
+fn coherence_across_server_crashes() {
+    if std::env::var_os("CREST_SIM_SEEDS").is_some()
+        && std::env::var("CREST_SIM_SERVER_CRASHES").as_deref() != Ok("only")
+    {
+        return;
+    }
+    run_seeds(true, FIXED_SERVER_CRASH_SEEDS, &SERVER_CRASH_REGRESSION_SEEDS);
+}
+
+fn run_seeds(server_crashes: bool, fixed: u64, regression: &[u64]) {
     let steps = env_u64("CREST_SIM_STEPS").map_or(DEFAULT_STEPS, |s| s as usize);
     let seeds: Vec<u64> = if let Some(s) = env_u64("CREST_SIM_SEED") {
         vec![s]
@@ -2843,14 +3220,14 @@ fn coherence_across_clients() {
         let mut r = Stream::from_seed_u64(u64::from_le_bytes(buf));
         (0..n).map(|_| r.next_u64()).collect()
     } else {
-        (1..=FIXED_SEEDS).chain(REGRESSION_SEEDS).collect()
+        (1..=fixed).chain(regression.iter().copied()).collect()
     };
     let mut total = Stats::default();
     for seed in seeds {
         if std::env::var_os("CREST_SIM_SEEDS").is_some() {
             eprintln!("crest sim: seed {seed}");
         }
-        match run_seed(seed, steps) {
+        match run_seed(seed, steps, server_crashes) {
             Ok(s) => {
                 total.syscalls += s.syscalls;
                 total.from_cache += s.from_cache;
@@ -2871,6 +3248,10 @@ fn coherence_across_clients() {
                 total.local_removes += s.local_removes;
                 total.fenced += s.fenced;
                 total.checked += s.checked;
+                total.server_crashes += s.server_crashes;
+                total.replies_lost += s.replies_lost;
+                total.reasserted += s.reasserted;
+                total.reassert_refused += s.reassert_refused;
             }
             Err(report) => panic!("{report}"),
         }
@@ -2882,7 +3263,7 @@ fn coherence_across_clients() {
 fn a_seed_replays_exactly() {
     // The server core, the store and the simulator must take no input but the seed (no
     // clock, no hash-map order, no OS randomness in anything that decides what happens).
-    let a = run_seed(7, 1_000).unwrap_or_else(|r| panic!("{r}"));
-    let b = run_seed(7, 1_000).unwrap_or_else(|r| panic!("{r}"));
+    let a = run_seed(7, 1_000, true).unwrap_or_else(|r| panic!("{r}"));
+    let b = run_seed(7, 1_000, true).unwrap_or_else(|r| panic!("{r}"));
     assert_eq!(a.trace_hash, b.trace_hash, "seed 7 ran differently twice");
 }
