@@ -675,6 +675,7 @@ impl Server {
     /// records the rights its replies grant and leaves the inodes it changed in
     /// `self.changed`. `handle` is the whole step; this is its core (and the unit tests').
     pub(crate) fn handle_request(&mut self, session: SessionId, req: p::Request, now: p::Time) -> p::Response {
+        self.confirm_resume(session);
         self.changed.clear();
         self.carried.clear();
         // Writeback: the client already answered with its clock; apply at that time.
