@@ -120,6 +120,22 @@ fn encode_record(secret: u64, seq: u64, holes: &[u64], name: &str) -> Vec<u8> {
     out
 }
 
+/// The first byte of the record a fenced session leaves in place of its own (then its
+/// secret, u64 LE): so that a restarted server still tells its client, when it comes back,
+/// that the session was fenced — else the client, its session merely unknown, would send
+/// its unanswered work again in a new one (docs/protocol.md §4.4).
+const FENCED_MARKER: u8 = 0xfe;
+
+fn encode_fenced_marker(secret: u64) -> Vec<u8> {
+    let mut out = vec![FENCED_MARKER];
+    out.extend_from_slice(&secret.to_le_bytes());
+    out
+}
+
+fn is_fenced_marker(b: &[u8]) -> bool {
+    b.len() == 9 && b[0] == FENCED_MARKER
+}
+
 /// A decoded session record.
 #[derive(Debug, PartialEq, Eq)]
 struct Record {
@@ -191,6 +207,9 @@ pub struct Server {
     last_heard: HashMap<SessionId, u64>,
     /// Sessions fenced for silence: their requests are refused, a resume starts afresh.
     fenced: HashSet<SessionId>,
+    /// Fenced sessions whose durable marker (`FENCED_MARKER`) is still in the store: dropped
+    /// once the client has been told, or `RESTORED_SESSION_GRACE_MS` after the first tick.
+    fenced_markers: HashMap<SessionId, Option<u64>>,
     /// After a restart: sessions restored from their records whose clients have not yet
     /// replayed; while any remain (and the grace period lasts), other work waits.
     replaying: HashSet<SessionId>,
@@ -257,8 +276,14 @@ impl Server {
             tracing::error!("cannot read session records: {e}");
             Vec::new()
         });
+        let mut fenced = HashSet::new();
         for (id, bytes) in records {
             next_session = next_session.max(id.saturating_add(1));
+            if is_fenced_marker(&bytes) {
+                tracing::info!(session = id, "fenced before the restart: its client will be told");
+                fenced.insert(id);
+                continue;
+            }
             let Some(Record { secret, seq, holes, name: client_name }) = decode_record(&bytes) else {
                 tracing::warn!(session = id, "malformed session record of {} bytes dropped", bytes.len());
                 if let Err(e) = store.delete_session_record(id) {
@@ -300,7 +325,8 @@ impl Server {
             carried: Vec::new(),
             parked: VecDeque::new(),
             last_heard: HashMap::new(),
-            fenced: HashSet::new(),
+            fenced_markers: fenced.iter().map(|&id| (id, None)).collect(),
+            fenced,
             replaying,
             grace_until: None,
             grace_parked: VecDeque::new(),
@@ -352,6 +378,13 @@ impl Server {
         let mut fenced = false;
         if let Some(t) = hello.resume {
             fenced = self.fenced.contains(&t.id);
+            if fenced && self.fenced_markers.remove(&t.id).is_some() {
+                // (Durable with the next commit; told again after a crash before it, the
+                // client, on its new session by then, does not ask.)
+                if let Err(e) = self.store.delete_session_record(t.id) {
+                    tracing::warn!(session = t.id, "cannot drop a fenced session's marker: {e}");
+                }
+            }
             if let Some(s) = self.sessions.get_mut(&t.id).filter(|s| s.secret == t.secret) {
                 self.disconnected.remove(&t.id);
                 let restarted = s.awaiting_resume.take().is_some() || s.restart_unconfirmed;
@@ -595,8 +628,17 @@ impl Server {
     /// requests are refused, so nothing it answered itself can land after others moved on.
     fn fence(&mut self, id: SessionId, why: &str) {
         tracing::warn!(session = id, "session fenced: {why}");
+        let secret = self.sessions.get(&id).map(|s| s.secret);
         self.end_session(id);
         self.fenced.insert(id);
+        if let Some(secret) = secret {
+            match self.store.put_session_record(id, &encode_fenced_marker(secret)) {
+                Ok(()) => {
+                    self.fenced_markers.insert(id, None);
+                }
+                Err(e) => tracing::error!(session = id, "cannot record the fencing: {e}"),
+            }
+        }
         // The record's removal is made durable at once: after a restart within the commit
         // interval the fenced session would otherwise be restored, and its client would
         // take back locks and replay changes that others have moved past.
@@ -867,6 +909,19 @@ impl Server {
                     "grace period over; clients of these sessions did not come back to replay"
                 );
                 self.end_grace(time_of_millis(now_ms));
+            }
+        }
+        let mut stale_markers: Vec<SessionId> = Vec::new();
+        for (id, deadline) in &mut self.fenced_markers {
+            if now_ms >= *deadline.get_or_insert(now_ms + RESTORED_SESSION_GRACE_MS) {
+                stale_markers.push(*id);
+            }
+        }
+        stale_markers.sort_unstable();
+        for id in stale_markers {
+            self.fenced_markers.remove(&id);
+            if let Err(e) = self.store.delete_session_record(id) {
+                tracing::warn!(session = id, "cannot drop a fenced session's marker: {e}");
             }
         }
         let mut expired = Vec::new();
@@ -2232,16 +2287,27 @@ mod tests {
         // (well inside the commit interval) does not bring it back.
         let disk = fresh_disk();
         let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
-        let (a, _) = srv.handle_hello(&hello(None));
-        let a = a.expect("a");
+        let (a, w) = srv.handle_hello(&hello(None));
+        let (a, p::ServerMessage::Welcome(w)) = (a.expect("a"), w) else { panic!("no welcome") };
+        let a_token = w.session;
         srv.handle_request(a, lock_root(1, 7, p::LockKind::Write, false), NOW);
         srv.heard(a, 1_000);
         srv.disconnected(a, 1_000);
         srv.tick(1_000 + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
         assert!(srv.is_fenced(a));
         drop(srv.into_store().abandon());
-        let srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
         assert!(srv.sessions.is_empty() && srv.replaying.is_empty(), "nothing to wait for");
+        // Its client, back after the restart, is told its session was fenced (it must not
+        // send its unanswered work again in a new session), and told once.
+        let (_, msg) = srv.handle_hello(&hello(Some(a_token)));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })), "{msg:?}");
+        srv.store_mut().commit().expect("commit");
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+        let (_, msg) = srv.handle_hello(&hello(Some(a_token)));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: false, .. })), "{msg:?}");
+        assert!(srv.store.session_records().expect("records").len() <= 1, "only the new session's, if any");
     }
 
     #[test]
