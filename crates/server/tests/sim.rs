@@ -1910,6 +1910,8 @@ struct Sim {
     crash_rng: Stream,
     /// Lives of the server so far (bumped by each crash).
     server_life: u64,
+    /// The highest session number any server life has handed out.
+    max_session: SessionId,
 }
 
 impl Sim {
@@ -1996,6 +1998,7 @@ impl Sim {
             exact_lease: std::env::var("CREST_SIM_LEASE").as_deref() == Ok("exact"),
             crash_rng,
             server_life: 0,
+            max_session: 0,
         };
         sim.log(format!(
             "seed {seed}: {n} clients, locality {locality}%, acquires {acquire_pct}%, faults {:?}",
@@ -2392,6 +2395,7 @@ impl Sim {
             ClientMessage::Hello(h) => {
                 let (sid, reply) = self.server.handle_hello(&h);
                 let sid = sid.expect("a good hello");
+                self.max_session = self.max_session.max(sid);
                 // As the net layer: every message from a client renews its lease (requests
                 // and recall answers do so inside the core).
                 self.server.heard(sid, self.now / 1000);
@@ -2640,8 +2644,7 @@ impl Sim {
         drop(old.into_store().abandon());
         self.server.record_applied();
         // (So that a session number names one session in the checker's books.)
-        let next = self.ck.reqs.keys().map(|k| k.0).chain(self.ck.seqs.keys().copied()).max().unwrap_or(0) + 1;
-        self.server.number_sessions_from(next);
+        self.server.number_sessions_from(self.max_session + 1);
         // (The new server knows no connection: none is reported to it as dropped.)
         self.server_conn.clear();
         let alive: Vec<u64> = self.conns.iter().filter(|(_, c)| c.alive).map(|(&id, _)| id).collect();
