@@ -253,6 +253,11 @@ impl Answer {
     fn is_writeback(&self) -> bool {
         matches!(self, Answer::Then(..))
     }
+
+    /// Writeback, alone or merged: its callers were answered before it was sent.
+    fn answered_already(&self) -> bool {
+        matches!(self, Answer::Then(..) | Answer::Batch(..))
+    }
 }
 
 /// Most operations, and bytes of them, merged into one compound writeback request (well
@@ -1349,6 +1354,29 @@ async fn run(
                         held.reassert(&rights_held, &next_id, &mut out);
                     } else if !w.fenced {
                         held.resend(&mut out);
+                    }
+                    if restored {
+                        // Writeback was answered already, under exclusive rights: like a
+                        // replay it goes before `Replayed`, so that it runs ahead of the
+                        // new work other clients have waiting — also when those rights
+                        // were dropped meanwhile (a lease that ran out while away), and
+                        // the server could not recall them first. Nobody else can have
+                        // built on what it touches (they were held), and an unanswered
+                        // call it overtakes had not returned (found by the simulator).
+                        let unwritten = pending.values().filter(|c| c.pos.is_none() && !late.contains(&c.id));
+                        let mut early: Vec<u64> = late
+                            .iter()
+                            .copied()
+                            .filter(|id| pending.get(id).is_some_and(|c| c.reply.answered_already()))
+                            .collect();
+                        early.extend(unwritten.filter(|c| c.reply.answered_already()).map(|c| c.id));
+                        for id in early {
+                            if let Some(c) = pending.get_mut(&id) {
+                                write_call(c, &mut positions, &mut out);
+                                rewritten.insert(id);
+                            }
+                        }
+                        late.retain(|id| !rewritten.contains(id));
                     }
                     // Said again after every reconnect of a resumed session: the first
                     // `Replayed` may have been lost with the connection even when its

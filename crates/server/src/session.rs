@@ -747,6 +747,12 @@ impl Server {
             // A changing request is one unit with its session record: after a crash it is
             // wholly durable (and the record says so) or wholly gone.
             let fsyncs: Vec<bool> = req.ops.iter().map(|op| matches!(op, Op::Fsync { .. })).collect();
+            if req.ops.iter().any(|op| matches!(op, Op::Acquire { .. })) {
+                // An acquire grants exclusive rights, under which the client answers changes
+                // itself: after a restart its session must be restored (and waited for), or
+                // that writeback would arrive as a stranger's new work.
+                self.record_session(session, "an exclusive holder");
+            }
             if mutates {
                 // A session's first change: its record goes to disk first, alone, so a
                 // restart restores the session and the grace period waits for its client
