@@ -914,6 +914,23 @@ impl Server {
                     sessions = ?self.replaying,
                     "grace period over; clients of these sessions did not come back to replay"
                 );
+                // Those still away are fenced, as a session silent past its lease is: what
+                // they answered themselves and had not shipped (or had acknowledged and not
+                // replayed) must not land after others have moved on without it. Their
+                // clients are told when they come back (the fenced marker).
+                let mut away: Vec<SessionId> = self
+                    .replaying
+                    .iter()
+                    .copied()
+                    .filter(|id| {
+                        self.disconnected.contains_key(id)
+                            || self.sessions.get(id).is_some_and(|s| s.awaiting_resume.is_some())
+                    })
+                    .collect();
+                away.sort_unstable();
+                for id in away {
+                    self.fence(id, "did not come back within the grace period after a restart");
+                }
                 self.end_grace(time_of_millis(now_ms));
             }
         }
@@ -1612,7 +1629,7 @@ mod tests {
     }
 
     #[test]
-    fn restored_sessions_expire_when_their_client_never_returns() {
+    fn restored_sessions_whose_client_never_returns_are_fenced_and_forgotten() {
         let disk = fresh_disk();
         let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
         let (sid, _) = srv.handle_hello(&hello(None));
@@ -1623,9 +1640,12 @@ mod tests {
         assert_eq!(srv.sessions.len(), 1);
         srv.tick(1_000).expect("tick");
         assert_eq!(srv.sessions.len(), 1, "within the grace period");
-        srv.tick(1_000 + RESTORED_SESSION_GRACE_MS).expect("tick");
-        assert!(srv.sessions.is_empty());
-        assert!(srv.store.session_records().expect("records").is_empty());
+        srv.tick(1_000 + crate::caps::GRACE_MS).expect("tick");
+        assert!(srv.sessions.is_empty() && srv.is_fenced(sid.expect("session")), "fenced when the grace ends");
+        let records = srv.store.session_records().expect("records");
+        assert!(records.len() == 1 && is_fenced_marker(&records[0].1), "a marker tells its client later");
+        srv.tick(1_000 + crate::caps::GRACE_MS + RESTORED_SESSION_GRACE_MS).expect("tick");
+        assert!(srv.store.session_records().expect("records").is_empty(), "then it goes too");
     }
 
     #[test]
@@ -2279,12 +2299,16 @@ mod tests {
             matches!(&out[..], [Outgoing::Response { session, response }] if *session == b && response.results[0].is_ok()),
             "a never came back: b gets the lock: {out:?}"
         );
-        // a's client comes back late: its lock is refused (and it says so to its owner).
-        srv.handle_hello(&hello(Some(ta)));
+        // a's client comes back late: it was fenced when the grace period ended, and is
+        // told so (its locks are lost, as a client's cut off past its lease).
+        let (_, msg) = srv.handle_hello(&hello(Some(ta)));
+        assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })), "{msg:?}");
         srv.handle(a, lock_root(100, 7, p::LockKind::Write, false), NOW);
         let out = srv.take_outgoing();
-        let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
-        assert_eq!(response.results[0].as_ref().err().map(|e| e.errno), Some(11));
+        let [Outgoing::Response { response, .. }, Outgoing::Notify { notify: p::Notify::Fenced, .. }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(response.results[0].as_ref().err().map(|e| e.errno), Some(116));
     }
 
     #[test]
