@@ -8,10 +8,8 @@
 #   CREST_CRASH_SEEDS=N      more crash-test workloads (default 16)
 #   CREST_CRASH_THOROUGH=1   every single-write drop and more subsets per flush window
 #   CREST_FUZZ_SECONDS=N     seconds per fuzz target (default 20; 0 skips fuzzing)
-#   CREST_SIM_SEEDS=N        random simulator seeds per outage mode, and with server
-#                            crashes under short outages (default 100; with long outages
-#                            a random server-crash seed still fails now and then, see
-#                            crates/server/tests/sim.rs)
+#   CREST_SIM_SEEDS=N        random simulator seeds per outage mode, without and with
+#                            server crashes (default 100)
 #   CREST_CRASH_SEEDS=N      random server-crash simulator seeds (default 300)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +26,7 @@ echo "== coherence simulator: random seeds (each printed; a failure names its se
 CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-server --test sim
 CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-server --test sim
 CREST_SIM_SERVER_CRASHES=only CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-server --test sim
+CREST_SIM_SERVER_CRASHES=only CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-server --test sim
 echo "== server-crash simulator: random seeds"
 CREST_CRASH_SEEDS=${CREST_CRASH_SEEDS:-300} cargo test --release --locked -p crest-server --test crash_sim
 
