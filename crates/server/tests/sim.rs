@@ -83,8 +83,9 @@
 //!   go on the wire; on a restart welcome, an unanswered change placed at or below
 //!   `durable_seq` (not a hole) was kept — its system call fails with EIO, which the
 //!   checker counts as *completed* (the change stands and its caller has returned), a
-//!   writeback is done — and the others go again after `Replayed`, behind `Op::Reassert`
-//!   of the rights it holds; a session not restored starts afresh without rights. Every
+//!   writeback is done — and the others go again: writeback before `Replayed` (like a
+//!   replay), the rest after it, behind `Op::Reassert` of the `X` rights it holds; a
+//!   session not restored starts afresh without rights. Every
 //!   change must come back with `seq` equal to its place. The crash falls just after a
 //!   commit, so no acknowledged change is lost (checked): crashes that lose applied
 //!   changes, and exactly-once replay, are `crash_sim.rs`'s, whose clients keep no caches.
@@ -105,7 +106,10 @@
 //!   lease ran out while away dropped `X` but still had writeback to send; restored, it
 //!   sent it after `Replayed`, behind another client's acquire that then missed it
 //!   (seed 18381328063599058529, long outages): writeback now goes before `Replayed`,
-//!   and an acquire, too, gives a session its record. And a welcome
+//!   and an acquire, too, gives a session its record. A restored session whose client
+//!   was still away (partitioned) when the grace period ended was not fenced: its
+//!   writeback landed after others had moved on without it (seed 4371666790643603645);
+//!   now it is fenced then, and told so when it comes back. And a welcome
 //!   repeated after a lost one made the client re-assert afresh while its first re-assert
 //!   stayed pending (the simulator's own fault: superseded, as `crest-net` does).
 //!
