@@ -714,16 +714,21 @@ mod tests {
         assert_eq!(c.lookup(1, &[b'x'; 300], now), None, "overlong names go to the server");
     }
 
-    #[test]
-    fn exclusive_inodes_never_expire_until_recalled() {
-        let now = Instant::now();
-        let mut c = NameCache::new(TTL);
+    /// This mount made directory 20 and file 21 in it, named f: both held exclusively.
+    fn made_exclusive_dir_with_f(c: &mut NameCache, now: Instant) {
         let d = attr(20, p::FileType::Directory);
         c.made_dir(&d, now);
         c.grant_exclusive(20, now, now);
         c.added(20, b"f", &attr(21, p::FileType::Regular), now);
         c.set_attr(&d, now); // (as writeback does: the directory's new attributes)
         c.grant_exclusive(21, now, now);
+    }
+
+    #[test]
+    fn exclusive_inodes_never_expire_until_recalled() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        made_exclusive_dir_with_f(&mut c, now);
         let later = now + TTL * 10;
         assert_eq!(c.lookup(20, b"f", later), Some(Cached::Found(attr(21, p::FileType::Regular))), "pinned");
         assert_eq!(c.lookup(20, b"g", later), Some(Cached::Absent), "the whole directory is known");
@@ -740,12 +745,7 @@ mod tests {
         let mut c = NameCache::new(TTL);
         let e = c.epoch();
         c.absorb_leaf(1, &leaf_around(&[("a", 10)]), e, now);
-        let d = attr(20, p::FileType::Directory);
-        c.made_dir(&d, now);
-        c.grant_exclusive(20, now, now);
-        c.added(20, b"f", &attr(21, p::FileType::Regular), now);
-        c.set_attr(&d, now);
-        c.grant_exclusive(21, now, now);
+        made_exclusive_dir_with_f(&mut c, now);
         c.drop_shared();
         assert_eq!(c.lookup(1, b"a", now), None, "shared: the server is asked again");
         assert_eq!(c.attr(10, now), None);
@@ -758,12 +758,7 @@ mod tests {
     fn a_change_whose_answer_was_lost_drops_what_it_touched() {
         let now = Instant::now();
         let mut c = NameCache::new(TTL);
-        let d = attr(20, p::FileType::Directory);
-        c.made_dir(&d, now);
-        c.grant_exclusive(20, now, now);
-        c.added(20, b"f", &attr(21, p::FileType::Regular), now);
-        c.set_attr(&d, now);
-        c.grant_exclusive(21, now, now);
+        made_exclusive_dir_with_f(&mut c, now);
         c.added(20, b"g", &attr(22, p::FileType::Regular), now);
         c.grant_exclusive(22, now, now);
         // An unlink of f sent to the server, applied and kept, answer lost.

@@ -1356,43 +1356,16 @@ fn op_inode(op: &Op) -> Option<u64> {
     }
 }
 
-/// Every inode an operation names.
+/// Every inode an operation involves, for rights: what it names, but for these.
 fn op_inodes(op: &Op) -> Vec<u64> {
     match op {
-        Op::Lookup { parent, .. }
-        | Op::Create { parent, .. }
-        | Op::Symlink { parent, .. }
-        | Op::CreateAt { parent, .. }
-        | Op::SymlinkAt { parent, .. }
-        | Op::Unlink { parent, .. }
-        | Op::Rmdir { parent, .. } => vec![*parent],
-        Op::Link { ino, parent, .. } => vec![*ino, *parent],
-        Op::Rename { parent, new_parent, .. } => vec![*parent, *new_parent],
-        Op::GetAttr { ino }
-        | Op::SetAttr { ino, .. }
-        | Op::ReadDir { ino, .. }
-        | Op::ReadLink { ino }
-        | Op::Open { ino, .. }
-        | Op::Release { ino, .. }
-        | Op::Read { ino, .. }
-        | Op::Write { ino, .. }
-        | Op::Append { ino, .. }
-        | Op::Fallocate { ino, .. }
-        | Op::SetXattr { ino, .. }
-        | Op::GetXattr { ino, .. }
-        | Op::ListXattr { ino }
-        | Op::RemoveXattr { ino, .. }
-        | Op::Acquire { ino } => vec![*ino],
         // fsync commits everything; it involves no one inode's rights. Locks live only on
-        // the server: no client caches them.
-        Op::Fsync { .. }
-        | Op::StatFs
-        | Op::AllocInodes { .. }
-        | Op::SetLock { .. }
-        | Op::GetLock { .. }
-        | Op::At { .. } => Vec::new(),
-        // Never waits for anyone: refused instead when another session holds the inode.
-        Op::Reassert { .. } => Vec::new(),
+        // the server: no client caches them. A re-assert never waits for anyone: it is
+        // refused instead when another session holds the inode.
+        Op::Fsync { .. } | Op::SetLock { .. } | Op::GetLock { .. } | Op::Reassert { .. } => Vec::new(),
+        // The new inode's number was reserved for the creator: nobody else holds it.
+        Op::CreateAt { parent, .. } | Op::SymlinkAt { parent, .. } => vec![*parent],
+        other => other.named_inodes(),
     }
 }
 
