@@ -102,6 +102,13 @@ pub struct NameCache {
     /// Inodes whose attributes the kernel may cache for long and must now forget: what was
     /// held when every right went without a recall (drained by the recall thread).
     kernel_attr_inval: Vec<u64>,
+    /// Directories in which the kernel was let cache names under shared rights (only
+    /// where it can be told to drop them all at once, without a lock: `kernel_shared_entry`).
+    kernel_shared_dirs: HashSet<u64>,
+    /// Shared state was dropped without a recall (a broken connection, a restart, a
+    /// lapsed lease, a lost answer): every name the kernel caches under shared rights
+    /// must go (`take_kernel_epoch`).
+    kernel_epoch_due: bool,
     /// Every extended attribute of inodes this mount created (with none) and changed only
     /// through this mount since: complete, so get/list/set/remove are answered from it
     /// while the inode is held exclusively.
@@ -131,6 +138,8 @@ impl NameCache {
             kernel_entries: HashMap::new(),
             kernel_inval: Vec::new(),
             kernel_attr_inval: Vec::new(),
+            kernel_shared_dirs: HashSet::new(),
+            kernel_epoch_due: false,
             xattrs: HashMap::new(),
             acquired: HashSet::new(),
         }
@@ -494,12 +503,49 @@ impl NameCache {
             }
         }
         for ino in touched {
+            self.kernel_epoch_due |= self.kernel_shared_dirs.contains(&ino);
             if self.exclusive.contains(&ino) || self.attrs.contains_key(&ino) {
                 self.kernel_attr_inval.push(ino);
             }
             self.recall_rights(ino, now);
             self.recalled(ino);
         }
+    }
+
+    /// How long the kernel may cache the name `name` in `dir` (found or absent) under
+    /// shared rights: as long as this mount holds the stretch of `dir` that covers it.
+    /// For a kernel that can be told to drop every cached name at once without taking a
+    /// lock (`FUSE_NOTIFY_INC_EPOCH`): the directory is recorded, and a recall of it (or a
+    /// drop of shared state) makes `take_kernel_epoch` say so before the recall is
+    /// answered.
+    pub fn kernel_shared_entry(&mut self, dir: u64, name: &[u8], now: Instant) -> Duration {
+        if !cacheable(name) {
+            return Duration::ZERO;
+        }
+        let h = name_hash(name);
+        let valid = self
+            .dirs
+            .get(&dir)
+            .into_iter()
+            .flatten()
+            .find(|r| r.lo <= h && h <= r.hi)
+            .map_or(Duration::ZERO, |r| r.expires.saturating_duration_since(now));
+        if !valid.is_zero() {
+            self.kernel_shared_dirs.insert(dir);
+        }
+        valid
+    }
+
+    /// Whether the kernel must now drop every name it caches under shared rights: one of
+    /// `recalled` is a directory it was let cache names in, or shared state was dropped
+    /// without a recall. Then the record starts afresh.
+    pub fn take_kernel_epoch(&mut self, recalled: &[u64]) -> bool {
+        let due = self.kernel_epoch_due || recalled.iter().any(|i| self.kernel_shared_dirs.contains(i));
+        if due {
+            self.kernel_epoch_due = false;
+            self.kernel_shared_dirs.clear();
+        }
+        due
     }
 
     /// Exclusive inodes held (for tests and stats).
@@ -650,6 +696,7 @@ impl NameCache {
 
     /// Forgets everything (memory cap; or a reconnect to a restarted server).
     pub fn clear(&mut self) {
+        self.kernel_epoch_due |= !self.kernel_shared_dirs.is_empty();
         self.epoch += 1;
         self.dirs.retain(|d, _| self.exclusive.contains(d));
         self.attrs.retain(|i, _| self.exclusive.contains(i));
@@ -752,6 +799,24 @@ mod tests {
         assert_eq!(c.lookup(20, b"f", now), Some(Cached::Found(attr(21, p::FileType::Regular))), "exclusive: kept");
         assert_eq!(c.held_rights(now), vec![(20, true), (21, true)], "what a restored session re-asserts");
         assert_eq!(c.take_kernel_attr_invalidations(), vec![10], "the kernel forgets what was shared");
+    }
+
+    #[test]
+    fn names_the_kernel_caches_under_shared_rights_go_with_a_recall_of_their_directory() {
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let e = c.epoch();
+        c.absorb_leaf(1, &leaf_around(&[("a", 10)]), e, now);
+        let ttl = c.kernel_shared_entry(1, b"a", now + TTL / 4);
+        assert!(ttl > Duration::ZERO && ttl <= TTL * 3 / 4, "as long as the stretch is held: {ttl:?}");
+        assert!(c.kernel_shared_entry(1, b"zz", now) > Duration::ZERO, "absent names too");
+        assert_eq!(c.kernel_shared_entry(2, b"a", now), Duration::ZERO, "nothing held: not cached");
+        assert!(!c.take_kernel_epoch(&[10]), "a file's recall leaves names alone");
+        assert!(c.take_kernel_epoch(&[1]), "its directory's recall drops them all");
+        assert!(!c.take_kernel_epoch(&[1]), "once");
+        c.kernel_shared_entry(1, b"a", now);
+        c.drop_shared();
+        assert!(c.take_kernel_epoch(&[]), "shared state dropped without a recall");
     }
 
     #[test]

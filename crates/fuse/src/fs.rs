@@ -29,7 +29,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use crest_cache::{Cached, NameCache};
@@ -94,9 +94,9 @@ type Results = Vec<Result<Reply, p::OpError>>;
 #[derive(Debug)]
 pub struct CrestFs {
     client: Arc<Client>,
-    /// What the kernel may cache entries and attributes for: nothing. The daemon's own
-    /// cache (`names`) holds them under the server's recall protocol, where a recall
-    /// never waits on a kernel lock (docs/protocol.md §4.3).
+    /// What the kernel may cache entries and attributes for when nothing else says longer:
+    /// nothing. The daemon's own cache (`names`) holds them under the server's recall
+    /// protocol, where a recall never waits on a kernel lock (docs/protocol.md §4.3).
     ttl: Duration,
     next_fh: AtomicU64,
     inodes: Mutex<Inodes>,
@@ -114,6 +114,68 @@ pub struct CrestFs {
     acquire_tried: Mutex<HashMap<u64, Instant>>,
     /// Reads and writes in progress here, by inode: the kernel holds page locks for them.
     page_io: Arc<PageIo>,
+    /// Set when the kernel can drop every cached name at once without a lock: then it
+    /// caches names under shared rights too.
+    kernel_epoch: Arc<KernelEpoch>,
+}
+
+/// The kernel's name-cache epoch (`FUSE_NOTIFY_INC_EPOCH`, Linux 6.16+): bumping it makes
+/// every cached name be looked up again before its next use, without taking a directory
+/// lock — so, unlike `FUSE_NOTIFY_INVAL_ENTRY`, a recall can do it before it is answered
+/// whatever this mount's own requests hold (docs/protocol.md §4.3). A dentry carries the
+/// epoch of its creation, taken before its LOOKUP is sent, so a reply racing a bump
+/// cannot outlive it. Unsupported (an older kernel refuses the notice): names under
+/// shared rights are not cached by the kernel at all, as before.
+#[derive(Debug, Default)]
+pub struct KernelEpoch {
+    device: OnceLock<Mutex<std::fs::File>>,
+}
+
+/// `FUSE_NOTIFY_INC_EPOCH` (include/uapi/linux/fuse.h, protocol 7.44); it has no body.
+const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
+
+impl KernelEpoch {
+    /// Tries a first bump on the session's device; keeps a copy of it when the kernel takes
+    /// it.
+    pub fn attach(&self, device: std::os::fd::BorrowedFd<'_>) {
+        let Ok(owned) = device.try_clone_to_owned() else { return };
+        let file = std::fs::File::from(owned);
+        if Self::send(&file) {
+            let _ = self.device.set(Mutex::new(file));
+        } else {
+            tracing::info!("this kernel cannot drop every cached name at once: names are not cached by it");
+        }
+    }
+
+    /// True when the kernel caches names under shared rights.
+    pub fn enabled(&self) -> bool {
+        self.device.get().is_some()
+    }
+
+    /// Makes the kernel look every cached name up again. False when it could not be told
+    /// (the mount is going away).
+    pub fn bump(&self) -> bool {
+        self.device.get().is_some_and(|d| Self::send(&lock(d)))
+    }
+
+    fn send(mut file: &std::fs::File) -> bool {
+        use std::io::Write;
+        // struct fuse_out_header { u32 len; i32 error (the notice's code); u64 unique (0) }
+        let mut header = [0u8; 16];
+        header[0..4].copy_from_slice(&16u32.to_le_bytes());
+        header[4..8].copy_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_le_bytes());
+        match file.write(&header) {
+            Ok(16) => true,
+            Ok(n) => {
+                tracing::warn!("epoch notice: the kernel took {n} of 16 bytes");
+                false
+            }
+            Err(e) => {
+                tracing::debug!("epoch notice refused: {e}");
+                false
+            }
+        }
+    }
 }
 
 /// Reads and writes this mount is serving, counted by inode. The kernel holds page locks
@@ -234,14 +296,20 @@ pub struct RecallWorker {
     client: std::sync::Weak<Client>,
     names: Arc<Mutex<NameCache>>,
     page_io: Arc<PageIo>,
+    kernel_epoch: Arc<KernelEpoch>,
 }
 
 impl RecallWorker {
-    fn invalidate_kernel_entries(&self, notifier: &fuser::Notifier) {
-        let (names, inodes) = {
+    /// What the kernel caches and must now forget: names and attributes given up without
+    /// a recall, or with the recall of `recalled`.
+    fn invalidate_kernel_entries(&self, notifier: &fuser::Notifier, recalled: &[u64]) {
+        let (names, inodes, epoch) = {
             let mut c = lock(&self.names);
-            (c.take_kernel_invalidations(), c.take_kernel_attr_invalidations())
+            (c.take_kernel_invalidations(), c.take_kernel_attr_invalidations(), c.take_kernel_epoch(recalled))
         };
+        if epoch && !self.kernel_epoch.bump() {
+            tracing::warn!("the kernel could not be told to drop the names it caches");
+        }
         for (dir, name) in names {
             // ENOENT: the kernel no longer has the entry.
             if let Err(e) = notifier.inval_entry(INodeNo(dir), OsStr::from_bytes(&name)) {
@@ -264,7 +332,7 @@ impl RecallWorker {
                 let r = match recalls.recv_timeout(Duration::from_millis(100)) {
                     Ok(r) => r,
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                        self.invalidate_kernel_entries(&notifier);
+                        self.invalidate_kernel_entries(&notifier, &[]);
                         continue;
                     }
                     Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
@@ -280,7 +348,7 @@ impl RecallWorker {
                 // are taken for attributes; an entry waits for its directory's lock,
                 // which a create in flight holds — the server's recall deadline bounds
                 // that wait: docs/protocol.md §4.3).
-                self.invalidate_kernel_entries(&notifier);
+                self.invalidate_kernel_entries(&notifier, &r.inodes);
                 invalidate_attributes(&notifier, &r.inodes);
                 let busy = self.page_io.any(&r.inodes);
                 pages.drop_then_wait(r.inodes, !busy);
@@ -413,8 +481,9 @@ fn nth(op: &'static str, results: &mut Results, i: usize) -> Result<Reply, Error
 
 impl CrestFs {
     /// A file system talking through `client`; the daemon trusts what it holds for at most
-    /// `ttl` without hearing a recall (the kernel caches no entries, and attributes only as
-    /// long as the daemon holds them).
+    /// `ttl` without hearing a recall (the kernel caches entries and attributes only as
+    /// long as the daemon holds them, and entries under shared rights only once
+    /// `KernelEpoch::attach` found the kernel able to drop them all at once).
     pub fn new(client: Client, ttl: Duration) -> CrestFs {
         let names = Arc::new(Mutex::new(NameCache::new(ttl)));
         client.set_rights(Arc::new(CacheRights { names: names.clone() }));
@@ -430,7 +499,13 @@ impl CrestFs {
             lock_owners: Arc::new(Mutex::new(Owners::default())),
             acquire_tried: Mutex::new(HashMap::new()),
             page_io: Arc::default(),
+            kernel_epoch: Arc::default(),
         }
+    }
+
+    /// The kernel name-cache epoch of this mount, to attach to its session's device.
+    pub fn kernel_epoch(&self) -> Arc<KernelEpoch> {
+        self.kernel_epoch.clone()
     }
 
     /// A fresh inode number for a writeback create (from a batch reserved on the server).
@@ -978,7 +1053,12 @@ impl CrestFs {
 
     /// The part that applies recalls; spawn it once the FUSE session exists.
     pub fn recall_worker(&self) -> RecallWorker {
-        RecallWorker { client: Arc::downgrade(&self.client), names: self.names.clone(), page_io: self.page_io.clone() }
+        RecallWorker {
+            client: Arc::downgrade(&self.client),
+            names: self.names.clone(),
+            page_io: self.page_io.clone(),
+            kernel_epoch: self.kernel_epoch.clone(),
+        }
     }
 
     fn fh(&self) -> FileHandle {
@@ -1011,7 +1091,13 @@ impl CrestFs {
     /// for what this mount holds exclusively, none otherwise. (entry, attributes)
     fn kernel_ttls(&self, parent: u64, name: &[u8], ino: u64) -> (Duration, Duration) {
         let mut c = lock(&self.names);
-        let entry = if c.kernel_entry(parent, name, ino) { HELD_TTL } else { self.ttl };
+        let entry = if c.kernel_entry(parent, name, ino) {
+            HELD_TTL
+        } else if self.kernel_epoch.enabled() {
+            c.kernel_shared_entry(parent, name, Instant::now())
+        } else {
+            self.ttl
+        };
         let attr = match ino {
             0 => self.ttl,
             _ if c.is_exclusive(ino) => HELD_TTL,

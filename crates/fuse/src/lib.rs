@@ -43,7 +43,11 @@ fn session(
     tracing::debug!(?config, "mounting {}", mountpoint.display());
     let fs = CrestFs::new(client, opts.attr_ttl);
     let recalls = fs.recall_worker();
+    let epoch = fs.kernel_epoch();
     let session = fuser::Session::new(fs, &mountpoint, &config)?;
+    if options::kernel_names(opts) {
+        epoch.attach(std::os::fd::AsFd::as_fd(&session));
+    }
     recalls.spawn(session.notifier())?;
     raise_readahead(&mountpoint);
     Ok((session, via_fusermount))

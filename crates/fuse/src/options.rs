@@ -71,6 +71,14 @@ const MOUNT_ONLY: &[&str] = &[
     "relatime",
 ];
 
+/// Whether the kernel may cache names this mount holds under shared rights (where it can
+/// drop them all at once: `fs::KernelEpoch`). On unless `-o nokernelnames` (the last of
+/// `kernelnames`/`nokernelnames` wins).
+pub fn kernel_names(opts: &MountOptions) -> bool {
+    let mut words = opts.extra.iter().flat_map(|e| e.split(',')).map(str::trim);
+    words.rfind(|o| *o == "kernelnames" || *o == "nokernelnames").is_none_or(|o| o == "kernelnames")
+}
+
 /// The fuser configuration for `opts`; `auto_unmount` is the default `-o` can override.
 pub fn fuser_config(opts: &MountOptions, auto_unmount: bool) -> Config {
     let mut read_only = opts.read_only;
@@ -105,7 +113,8 @@ pub fn fuser_config(opts: &MountOptions, auto_unmount: bool) -> Config {
                 auto_unmount = false;
                 continue;
             }
-            "default_permissions" => continue, // always on
+            "default_permissions" => continue,           // always on
+            "kernelnames" | "nokernelnames" => continue, // crest's own: `kernel_names`
             "dev" => MountOption::Dev,
             "nodev" => MountOption::NoDev,
             "suid" => MountOption::Suid,
@@ -204,6 +213,15 @@ mod tests {
         assert_eq!(c.acl, SessionACL::Owner);
         assert_eq!(c.n_threads, Some(DEFAULT_THREADS));
         assert!(c.clone_fd);
+    }
+
+    #[test]
+    fn kernel_name_caching_is_on_unless_turned_off() {
+        assert!(kernel_names(&opts(&[])));
+        assert!(!kernel_names(&opts(&["noatime,nokernelnames"])));
+        assert!(kernel_names(&opts(&["nokernelnames", "kernelnames"])));
+        let c = fuser_config(&opts(&["nokernelnames", "kernelnames"]), false);
+        assert!(c.mount_options.iter().all(|o| !format!("{o:?}").contains("kernelnames")), "not passed to the kernel");
     }
 
     #[test]
