@@ -115,8 +115,11 @@ pub struct CrestFs {
     /// Reads and writes in progress here, by inode: the kernel holds page locks for them.
     page_io: Arc<PageIo>,
     /// Set when the kernel can drop every cached name at once without a lock: then it
-    /// caches names under shared rights too.
+    /// caches names under shared rights too (unless `shared_kernel_names` is off), and
+    /// names under exclusive rights are dropped that way.
     kernel_epoch: Arc<KernelEpoch>,
+    /// `-o nokernelnames` turns it off: the kernel caches no names under shared rights.
+    shared_kernel_names: bool,
 }
 
 /// The kernel's name-cache epoch (`FUSE_NOTIFY_INC_EPOCH`, Linux 6.16+): bumping it makes
@@ -307,8 +310,17 @@ impl RecallWorker {
             let mut c = lock(&self.names);
             (c.take_kernel_invalidations(), c.take_kernel_attr_invalidations(), c.take_kernel_epoch(recalled))
         };
-        if epoch && !self.kernel_epoch.bump() {
-            tracing::warn!("the kernel could not be told to drop the names it caches");
+        // Names held exclusively go the same way when the kernel can drop them all at once:
+        // one by one, each would wait for its directory's lock, which this mount's own
+        // create there may hold while it waits on the server for this very recall (a
+        // cycle only the lease broke: the holder was fenced after 10 s).
+        let at_once = self.kernel_epoch.enabled() && (epoch || !names.is_empty());
+        if at_once {
+            if !self.kernel_epoch.bump() {
+                tracing::warn!("the kernel could not be told to drop the names it caches");
+            }
+            invalidate_attributes(notifier, &inodes);
+            return;
         }
         for (dir, name) in names {
             // ENOENT: the kernel no longer has the entry.
@@ -500,7 +512,15 @@ impl CrestFs {
             acquire_tried: Mutex::new(HashMap::new()),
             page_io: Arc::default(),
             kernel_epoch: Arc::default(),
+            shared_kernel_names: true,
         }
+    }
+
+    /// Whether the kernel may cache names held under shared rights (where it can drop
+    /// them all at once); on by default.
+    pub fn with_shared_kernel_names(mut self, on: bool) -> CrestFs {
+        self.shared_kernel_names = on;
+        self
     }
 
     /// The kernel name-cache epoch of this mount, to attach to its session's device.
@@ -1093,7 +1113,7 @@ impl CrestFs {
         let mut c = lock(&self.names);
         let entry = if c.kernel_entry(parent, name, ino) {
             HELD_TTL
-        } else if self.kernel_epoch.enabled() {
+        } else if self.shared_kernel_names && self.kernel_epoch.enabled() {
             c.kernel_shared_entry(parent, name, Instant::now())
         } else {
             self.ttl

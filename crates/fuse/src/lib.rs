@@ -41,13 +41,11 @@ fn session(
     let config = options::fuser_config(opts, options::auto_unmount_by_default());
     let via_fusermount = config.mount_options.contains(&fuser::MountOption::AutoUnmount);
     tracing::debug!(?config, "mounting {}", mountpoint.display());
-    let fs = CrestFs::new(client, opts.attr_ttl);
+    let fs = CrestFs::new(client, opts.attr_ttl).with_shared_kernel_names(options::kernel_names(opts));
     let recalls = fs.recall_worker();
     let epoch = fs.kernel_epoch();
     let session = fuser::Session::new(fs, &mountpoint, &config)?;
-    if options::kernel_names(opts) {
-        epoch.attach(std::os::fd::AsFd::as_fd(&session));
-    }
+    epoch.attach(std::os::fd::AsFd::as_fd(&session));
     recalls.spawn(session.notifier())?;
     raise_readahead(&mountpoint);
     Ok((session, via_fusermount))
