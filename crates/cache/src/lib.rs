@@ -497,9 +497,7 @@ impl NameCache {
         let mut touched: Vec<u64> = ops.iter().flat_map(p::Op::named_inodes).collect();
         for op in ops {
             for (dir, name) in op.named_entries() {
-                let h = name_hash(name);
-                let named = self.dirs.get(&dir).into_iter().flatten().find(|r| r.lo <= h && h <= r.hi);
-                touched.extend(named.and_then(|r| r.names.get(name).copied()));
+                touched.extend(self.stretch(dir, name).and_then(|r| r.names.get(name).copied()));
             }
         }
         for ino in touched {
@@ -522,18 +520,17 @@ impl NameCache {
         if !cacheable(name) {
             return Duration::ZERO;
         }
-        let h = name_hash(name);
-        let valid = self
-            .dirs
-            .get(&dir)
-            .into_iter()
-            .flatten()
-            .find(|r| r.lo <= h && h <= r.hi)
-            .map_or(Duration::ZERO, |r| r.expires.saturating_duration_since(now));
+        let valid = self.stretch(dir, name).map_or(Duration::ZERO, |r| r.expires.saturating_duration_since(now));
         if !valid.is_zero() {
             self.kernel_shared_dirs.insert(dir);
         }
         valid
+    }
+
+    /// The stretch of `dir` held that covers `name`, valid or not.
+    fn stretch(&self, dir: u64, name: &[u8]) -> Option<&Range> {
+        let h = name_hash(name);
+        self.dirs.get(&dir)?.iter().find(|r| r.lo <= h && h <= r.hi)
     }
 
     /// Whether the kernel must now drop every name it caches under shared rights: one of

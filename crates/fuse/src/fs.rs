@@ -150,7 +150,7 @@ impl KernelEpoch {
         }
     }
 
-    /// True when the kernel caches names under shared rights.
+    /// True when the kernel took the notice: names can be dropped all at once.
     pub fn enabled(&self) -> bool {
         self.device.get().is_some()
     }
@@ -355,11 +355,11 @@ impl RecallWorker {
                         names.recalled(ino);
                     }
                 }
-                // What the kernel was allowed to cache for long goes before the answer:
-                // names in directories held exclusively, and attributes (no page locks
-                // are taken for attributes; an entry waits for its directory's lock,
-                // which a create in flight holds — the server's recall deadline bounds
-                // that wait: docs/protocol.md §4.3).
+                // What the kernel was allowed to cache goes before the answer: names (all
+                // at once with the epoch notice, which takes no lock; else one by one in
+                // directories held exclusively, each waiting for its directory's lock,
+                // which a create in flight may hold — the server's recall deadline bounds
+                // that wait: docs/protocol.md §4.3) and attributes (no page lock taken).
                 self.invalidate_kernel_entries(&notifier, &r.inodes);
                 invalidate_attributes(&notifier, &r.inodes);
                 let busy = self.page_io.any(&r.inodes);
@@ -1108,7 +1108,9 @@ impl CrestFs {
     }
 
     /// Kernel timeouts for the entry `name` in `parent` naming `ino` (0: absent): long
-    /// for what this mount holds exclusively, none otherwise. (entry, attributes)
+    /// for what this mount holds exclusively; under shared rights, as long as the daemon
+    /// holds them where the kernel can drop names at once (entries) and always
+    /// (attributes); none otherwise. (entry, attributes)
     fn kernel_ttls(&self, parent: u64, name: &[u8], ino: u64) -> (Duration, Duration) {
         let mut c = lock(&self.names);
         let entry = if c.kernel_entry(parent, name, ino) {

@@ -639,9 +639,9 @@ impl Server {
                 Err(e) => tracing::error!(session = id, "cannot record the fencing: {e}"),
             }
         }
-        // The record's removal is made durable at once: after a restart within the commit
-        // interval the fenced session would otherwise be restored, and its client would
-        // take back locks and replay changes that others have moved past.
+        // The record's replacement by the marker is made durable at once: after a restart
+        // within the commit interval the fenced session would otherwise be restored, and
+        // its client would take back locks and replay changes that others have moved past.
         if let Err(e) = self.store.commit() {
             tracing::error!(session = id, "cannot commit the end of a fenced session: {e}");
         }

@@ -724,6 +724,13 @@ impl Cache {
         true
     }
 
+    /// Drops every right and everything cached. Tombstones stay: a create's reply still on
+    /// its way must not grant what a recall already took.
+    fn drop_every_right(&mut self) {
+        let tombstones = std::mem::take(&mut self.tombstones);
+        *self = Cache { tombstones, epoch: self.epoch + 1, ..Cache::default() };
+    }
+
     /// After a server restart: keeps only what it holds exclusively (`x`, and what `x`
     /// pins), as `NameCache::restored`.
     fn keep_exclusive_only(&mut self) {
@@ -2367,11 +2374,7 @@ impl Sim {
         let cl = &mut self.clients[c];
         if !cl.lease_expired && now >= cl.last_heard + CLIENT_LEASE_MS * 1000 {
             cl.lease_expired = true;
-            // Tombstones stay: a create's reply still on its way must not grant what a
-            // recall already took.
-            let tombstones = std::mem::take(&mut cl.cache.tombstones);
-            let epoch = cl.cache.epoch + 1;
-            cl.cache = Cache { tombstones, epoch, ..Cache::default() };
+            cl.cache.drop_every_right();
             self.log(format!("client {c}: no word from the server for {CLIENT_LEASE_MS} ms; drops every right"));
         }
     }
@@ -2806,8 +2809,7 @@ impl Sim {
         }
         self.log(format!("client {c}: session {old} not restored: new session {new}, every right dropped"));
         let cl = &mut self.clients[c];
-        let tombstones = std::mem::take(&mut cl.cache.tombstones);
-        cl.cache = Cache { tombstones, epoch: cl.cache.epoch + 1, ..Cache::default() };
+        cl.cache.drop_every_right();
         cl.pool = (0, 0);
         cl.positions = 0;
         cl.answered_seq = 0;
