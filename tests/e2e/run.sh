@@ -198,6 +198,15 @@ two_mounts_are_coherent() {
 }
 check two-mounts-coherent two_mounts_are_coherent
 
+# Seeded races on two mounts: O_APPEND records, files removed while the other mount holds
+# them open, readdir while names move (tests/e2e/corners.py; CREST_E2E_ROUNDS, _SEED).
+posix_corners() {
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  (cd "$root/tests/e2e" && python3 corners.py "$mnt" "$mnt2") >&2 || return 1
+  rm -rf "$mnt/corners"
+}
+check posix-corners posix_corners
+
 writeback_failure_reported_at_close() {
   # A small file system of its own: writes answered by the client (writeback) run out of
   # space on the server; close (if the failure is back by then) or the next fsync must

@@ -10,6 +10,11 @@
 //!   `from` again (the usual sequential read), otherwise they are dropped and refetched;
 //! - offset 0 (opendir or rewinddir) always refetches, so a rewound stream sees the
 //!   directory as it is now;
+//! - a stream stops at the directory's next index as the first page after a (re)start
+//!   found it (`cap`): a rename gives its entry a new index, so without the cap a listing
+//!   read while names move (or that renames what it reads) would meet the same entries
+//!   again under new names and never end. Entries present throughout keep their index
+//!   and appear exactly once;
 //! - at most `READDIR_BATCH` entries are buffered per stream.
 
 use std::collections::VecDeque;
@@ -42,6 +47,8 @@ pub struct DirStream {
     items: VecDeque<p::DirItem>,
     /// The server said nothing follows `items`.
     end: bool,
+    /// Entries at or above this index were made after the stream (re)started.
+    cap: Option<u64>,
 }
 
 impl DirStream {
@@ -49,18 +56,20 @@ impl DirStream {
         self.from = from;
         self.items.clear();
         self.end = false;
+        self.cap = None;
     }
 
     /// Answers one kernel `readdir` at `offset`: hands entries to `add` until it reports a
     /// full buffer (returns true, the entry was not taken) or the directory ends. `fetch`
-    /// asks the server for a page starting at an index and returns it with its end flag.
+    /// asks the server for a page starting at an index and returns it with its end flag
+    /// and the directory's next index.
     ///
     /// A fetch error after some entries were taken ends the reply early without error (the
     /// kernel asks again from there); before any, it is returned.
     pub fn fill<E>(
         &mut self,
         offset: u64,
-        mut fetch: impl FnMut(u64) -> Result<(Vec<p::DirItem>, bool), E>,
+        mut fetch: impl FnMut(u64) -> Result<(Vec<p::DirItem>, bool, u64), E>,
         mut add: impl FnMut(Entry<'_>) -> bool,
     ) -> Result<(), E> {
         if offset == 0 {
@@ -83,11 +92,14 @@ impl DirStream {
                     return Ok(());
                 }
                 match fetch(self.from) {
-                    Ok((items, end)) => {
+                    Ok((items, end, next_index)) => {
                         let from = self.from;
-                        self.items = items.into_iter().filter(|i| i.index >= from).collect();
-                        // A page that is empty yet "not the end" would loop for ever.
-                        self.end = end || self.items.is_empty();
+                        let cap = *self.cap.get_or_insert(next_index);
+                        let fetched = items.len();
+                        self.items = items.into_iter().filter(|i| i.index >= from && i.index < cap).collect();
+                        // Pages come in index order: one that reached the cap ends the
+                        // stream; one that is empty yet "not the end" would loop for ever.
+                        self.end = end || self.items.len() < fetched || self.items.is_empty();
                         continue;
                     }
                     Err(e) if !taken => return Err(e),
@@ -141,11 +153,19 @@ mod tests {
     }
 
     impl Server {
-        fn fetch(&mut self, from: u64) -> Result<(Vec<p::DirItem>, bool), ()> {
+        fn fetch(&mut self, from: u64) -> Result<(Vec<p::DirItem>, bool, u64), ()> {
             self.fetches += 1;
             let rest: Vec<_> = self.indexes.iter().filter(|&&i| i >= from).copied().collect();
             let end = rest.len() <= self.page;
-            Ok((rest.into_iter().take(self.page).map(item).collect(), end))
+            let next = self.indexes.iter().max().map_or(0, |m| m + 1);
+            Ok((rest.into_iter().take(self.page).map(item).collect(), end, next))
+        }
+
+        /// A rename: the entry at `index` moves to a new one, as the store does it.
+        fn rename(&mut self, index: u64) {
+            let next = self.indexes.iter().max().map_or(0, |m| m + 1);
+            self.indexes.retain(|&i| i != index);
+            self.indexes.push(next);
         }
     }
 
@@ -229,6 +249,32 @@ mod tests {
     }
 
     #[test]
+    fn renaming_each_entry_as_it_is_read_ends_the_listing() {
+        // fstests generic/736: every entry read is renamed (a new, higher index) before
+        // the next kernel call, in pages of every size.
+        for page in [1, 2, 3, 7, 64] {
+            for room in [1, 2, 5, 100] {
+                let mut srv = Server { indexes: (0..20).collect(), page, fetches: 0 };
+                let mut s = DirStream::default();
+                let mut offset = 0;
+                let mut seen = Vec::new();
+                while seen.len() <= 40 {
+                    let got = call(&mut s, &mut srv, offset, room);
+                    let Some(last) = got.last() else { break };
+                    offset = last.1;
+                    for (name, off) in got {
+                        if off > DOTDOT_OFFSET {
+                            srv.rename(crate::convert::from_index(off) - 1);
+                            seen.push(name);
+                        }
+                    }
+                }
+                assert_eq!(seen.len(), 20, "page {page}, room {room}: {seen:?}");
+            }
+        }
+    }
+
+    #[test]
     fn rewind_refetches() {
         let mut srv = Server { indexes: vec![0, 1], page: 10, fetches: 0 };
         let mut s = DirStream::default();
@@ -245,7 +291,7 @@ mod tests {
             2,
             |_| {
                 calls += 1;
-                Ok((Vec::new(), false))
+                Ok((Vec::new(), false, 0))
             },
             |_| false,
         );
@@ -256,13 +302,13 @@ mod tests {
     #[test]
     fn fetch_error_before_any_entry_is_returned_after_is_swallowed() {
         let mut s = DirStream::default();
-        assert_eq!(s.fill(5, |_| Err::<(Vec<p::DirItem>, bool), _>("down"), |_| false), Err("down"));
+        assert_eq!(s.fill(5, |_| Err::<(Vec<p::DirItem>, bool, u64), _>("down"), |_| false), Err("down"));
         let mut s = DirStream::default();
         let mut n = 0;
         assert_eq!(
             s.fill(
                 0,
-                |_| Err::<(Vec<p::DirItem>, bool), _>("down"),
+                |_| Err::<(Vec<p::DirItem>, bool, u64), _>("down"),
                 |_| {
                     n += 1;
                     false

@@ -37,10 +37,10 @@ use crest_net::{Client, Completion, Rights};
 use crest_proto::{self as p, Op, Reply};
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, PollEvents, PollFlags,
-    PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags, PollNotifier,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 
 use crate::convert::{self, XattrAnswer};
@@ -61,6 +61,25 @@ pub const MAX_DIR_STREAMS: usize = 4096;
 /// needs only a read-only descriptor), and the daemon answers it without a round trip
 /// unless the process took locks on the file.
 const READ_ONLY_OPEN_FLAGS: FopenFlags = FopenFlags::empty();
+
+/// What the kernel is told of a file it opened with open(2) `flags`. An `O_APPEND`
+/// descriptor bypasses the page cache (FOPEN_DIRECT_IO): through the cache, the kernel
+/// sends a write that starts inside a page it has not read in two requests, ending the
+/// first at that page's end, and another client's append could land between the halves.
+/// Direct, each write(2) is one request of up to `MAX_IO_BYTES`, appended whole at the
+/// server's end of file.
+fn open_reply_flags(flags: i32, keep_cache: bool) -> FopenFlags {
+    let mut f = FopenFlags::empty();
+    if flags & libc::O_APPEND != 0 {
+        f |= FopenFlags::FOPEN_DIRECT_IO;
+    } else if keep_cache {
+        f |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        f |= READ_ONLY_OPEN_FLAGS;
+    }
+    f
+}
 /// How long the kernel may cache entries and attributes this mount holds exclusively
 /// (nobody else can change them; a recall invalidates them in the kernel before it is
 /// answered). Everything else gets no kernel caching at all.
@@ -1262,10 +1281,10 @@ impl CrestFs {
         // kernel never runs two readdirs on one handle at once).
         let mut stream = lock(&self.dirs).remove(&fh).unwrap_or_default();
         let parent = lock(&self.inodes).parent(ino);
-        let fetch = |from: u64| -> Result<(Vec<p::DirItem>, bool), Error> {
+        let fetch = |from: u64| -> Result<(Vec<p::DirItem>, bool, u64), Error> {
             let epoch = lock(&self.names).epoch();
             match self.one("readdir", Op::ReadDir { ino, from_index: from, limit: READDIR_BATCH })? {
-                Reply::Dir { items, end } => {
+                Reply::Dir { items, end, next_index } => {
                     let mut t = lock(&self.inodes);
                     for i in &items {
                         t.learn(ino, &i.attr);
@@ -1275,7 +1294,7 @@ impl CrestFs {
                         // The whole directory in one reply: every lookup in it can be answered here.
                         lock(&self.names).absorb_listing(ino, &items, epoch, Instant::now());
                     }
-                    Ok((items, end))
+                    Ok((items, end, next_index))
                 }
                 r => Err(unexpected("readdir", &r)),
             }
@@ -1310,6 +1329,8 @@ impl Filesystem for CrestFs {
             InitFlags::FUSE_AUTO_INVAL_DATA,
             InitFlags::FUSE_POSIX_LOCKS,
             InitFlags::FUSE_FLOCK_LOCKS,
+            // O_APPEND descriptors are direct (`open_reply_flags`) and may still be mapped.
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         ];
         for f in wanted {
             if let Err(missing) = config.add_capabilities(f) {
@@ -1585,32 +1606,15 @@ impl Filesystem for CrestFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         // O_TRUNC never arrives here (no ATOMIC_O_TRUNC: the kernel truncates by setattr);
         // O_DIRECT needs nothing: the kernel sends such I/O straight through.
-        let flags_for = |keep: bool| {
-            let mut f = FopenFlags::empty();
-            if keep {
-                f |= FopenFlags::FOPEN_KEEP_CACHE;
-            }
-            if flags.acc_mode() == OpenAccMode::O_RDONLY {
-                f |= READ_ONLY_OPEN_FLAGS;
-            }
-            f
-        };
         let fh = self.fh();
         if let Some(keep) = self.open_locally(ino.0, fh) {
-            return reply.opened(fh, flags_for(keep));
+            return reply.opened(fh, open_reply_flags(flags.0, keep));
         }
         match self.one("open", Op::Open { ino: ino.0, handle: fh.0 }).and_then(|r| want_attr("open", r)) {
             Ok(a) => {
                 self.attr_changed(&a);
                 let keep = lock(&self.inodes).keep_cache_on_open(&a);
-                let mut f = FopenFlags::empty();
-                if keep {
-                    f |= FopenFlags::FOPEN_KEEP_CACHE;
-                }
-                if flags.acc_mode() == OpenAccMode::O_RDONLY {
-                    f |= READ_ONLY_OPEN_FLAGS;
-                }
-                reply.opened(fh, f);
+                reply.opened(fh, open_reply_flags(flags.0, keep));
             }
             Err(e) => reply.error(self.fail(&e)),
         }
@@ -1895,7 +1899,7 @@ impl Filesystem for CrestFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let kind = p::FileType::Regular;
@@ -1907,7 +1911,7 @@ impl Filesystem for CrestFs {
             let attr = convert::file_attr(&a);
             let (entry_ttl, attr_ttl) = self.kernel_ttls(parent.0, name.as_bytes(), a.ino);
             let ttl = entry_ttl.min(attr_ttl);
-            return reply.created(&ttl, &attr, Generation(a.generation), fh, FopenFlags::empty());
+            return reply.created(&ttl, &attr, Generation(a.generation), fh, open_reply_flags(flags, false));
         }
         // Two calls: Open names its inode, which exists only once Create has answered. The
         // kernel holds the directory locked in between, so nothing can unlink the new name.
@@ -1924,7 +1928,7 @@ impl Filesystem for CrestFs {
                 drop(t);
                 self.attr_changed(&opened);
                 let attr = convert::file_attr(&opened);
-                reply.created(&self.ttl, &attr, Generation(opened.generation), fh, FopenFlags::empty());
+                reply.created(&self.ttl, &attr, Generation(opened.generation), fh, open_reply_flags(flags, false));
             }
             Err(e) => reply.error(self.fail(&e)),
         }

@@ -71,7 +71,7 @@ fn requests_round_trip_and_threads_share_one_connection() {
     }
     let (mut from, mut names) = (0, 0);
     loop {
-        let Ok(Reply::Dir { items, end }) = client.call_one(Op::ReadDir { ino: 1, from_index: from, limit: 5000 })
+        let Ok(Reply::Dir { items, end, .. }) = client.call_one(Op::ReadDir { ino: 1, from_index: from, limit: 5000 })
         else {
             panic!("readdir")
         };

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// First bytes of a client hello, so a stray connection is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
 /// Most operations in one compound request.
@@ -555,10 +555,15 @@ pub enum Reply {
         attr: Option<Attr>,
         leaf: DirLeaf,
     },
-    /// A page of a directory listing; `end` when nothing follows.
+    /// A page of a directory listing; `end` when nothing follows. `next_index` is the
+    /// directory's next entry index when the page was read: an entry created or renamed
+    /// into the directory later gets an index at or above it, so a listing that stops
+    /// there ends even while another client keeps renaming (each rename makes a new
+    /// index), and never names an entry twice.
     Dir {
         items: Vec<DirItem>,
         end: bool,
+        next_index: u64,
     },
     /// File bytes or an xattr value.
     Data(Vec<u8>),

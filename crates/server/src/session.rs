@@ -1158,10 +1158,11 @@ impl Server {
             }
             Op::ReadDir { ino, from_index, limit } => {
                 let limit = limit.clamp(1, READDIR_MAX_ITEMS) as usize;
+                let next_index = self.store.getattr(ino)?.next_index;
                 let mut items = self.dir_items(ino, from_index, limit + 1)?;
                 let end = items.len() <= limit;
                 items.truncate(limit);
-                Ok(Reply::Dir { items, end })
+                Ok(Reply::Dir { items, end, next_index })
             }
             Op::Create { parent, name, kind, mode, rdev, cred } => {
                 let kind = kind_in(kind);

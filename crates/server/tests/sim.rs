@@ -971,7 +971,7 @@ impl Client {
                 for (name, i) in &r.names {
                     items.push(p::DirItem { name: name.clone(), index: 0, attr: c.attr(*i, now)?.clone() });
                 }
-                Some(Reply::Dir { items, end: true })
+                Some(Reply::Dir { items, end: true, next_index: 0 })
             }
             _ => None,
         }
@@ -1210,7 +1210,7 @@ impl Client {
                 (Op::Read { ino, offset: 0, len }, Reply::Data(d)) if read_only && d.len() < *len as usize => {
                     c.data.insert(*ino, (d.clone(), expires));
                 }
-                (Op::ReadDir { ino, from_index: 0, .. }, Reply::Dir { items, end: true }) if read_only => {
+                (Op::ReadDir { ino, from_index: 0, .. }, Reply::Dir { items, end: true, .. }) if read_only => {
                     c.hold(*ino, 0, u64::MAX, items, expires);
                 }
                 // Replies to changes may have waited behind recalls: they update what
