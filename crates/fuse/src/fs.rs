@@ -796,6 +796,23 @@ impl CrestFs {
     /// pages is known here. The `Open` — which keeps an unlinked file alive on the
     /// server — follows on the connection ahead of this file's reads and writes, and a
     /// failure is reported at close. Returns keep-cache, or `None` to open synchronously.
+    /// Sends `op` behind this mount's writeback without waiting for its answer, which
+    /// only a log line awaits (opens and closes of handles).
+    fn send_behind(&self, what: &'static str, ino: u64, op: Op) {
+        let permit = self.client.async_permit(0);
+        let done: Completion = Box::new(move |r| match r {
+            Ok(res) => {
+                if let Some(Err(e)) = res.first() {
+                    tracing::debug!(ino, "{what}: {}", e.message);
+                }
+            }
+            Err(e) => tracing::debug!(ino, "{what}: {e}"),
+        });
+        if let Err(e) = permit.submit(vec![op], now_time(), done) {
+            tracing::warn!(ino, "{what}: {e}");
+        }
+    }
+
     fn open_locally(&self, ino: u64, fh: FileHandle) -> Option<bool> {
         let permit = self.client.async_permit(0);
         let mut c = lock(&self.names);
@@ -1731,18 +1748,7 @@ impl Filesystem for CrestFs {
         self.unlock_at_release(ino.0, fh.0, lock_owner);
         // Nothing waits for a release (the kernel has closed the file): it follows the
         // file's writeback on the connection without a round trip.
-        let permit = self.client.async_permit(0);
-        let done: Completion = Box::new(move |r| match r {
-            Ok(res) => {
-                if let Some(Err(e)) = res.first() {
-                    tracing::debug!(ino = ino.0, "release: {}", e.message);
-                }
-            }
-            Err(e) => tracing::debug!(ino = ino.0, "release: {e}"),
-        });
-        if let Err(e) = permit.submit(vec![Op::Release { ino: ino.0, handle: fh.0 }], now_time(), done) {
-            tracing::warn!(ino = ino.0, "release: {e}");
-        }
+        self.send_behind("release", ino.0, Op::Release { ino: ino.0, handle: fh.0 });
         reply.ok();
     }
 
@@ -1752,8 +1758,12 @@ impl Filesystem for CrestFs {
         self.reply_empty(reply, r);
     }
 
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(self.fh(), FopenFlags::empty());
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // The server learns of the open without a round trip: a directory removed while
+        // open stays (empty, nlink 0) until its last close, as fstat on it expects.
+        let fh = self.fh();
+        self.send_behind("opendir", ino.0, Op::Open { ino: ino.0, handle: fh.0 });
+        reply.opened(fh, FopenFlags::empty());
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
@@ -1800,8 +1810,9 @@ impl Filesystem for CrestFs {
         }
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
         lock(&self.dirs).remove(&fh.0);
+        self.send_behind("releasedir", ino.0, Op::Release { ino: ino.0, handle: fh.0 });
         reply.ok();
     }
 

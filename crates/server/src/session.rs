@@ -203,6 +203,9 @@ pub struct Server {
     carried: Vec<u64>,
     /// Requests waiting for other sessions to give up exclusive rights, oldest first.
     parked: VecDeque<Parked>,
+    /// Inodes a change removed the last name of while other sessions cached them, held
+    /// open (a store handle each) until the change's recall is answered, by recall id.
+    pins: BTreeMap<u64, Vec<u64>>,
     /// When each session (that spoke since this server started) was last heard from, ms.
     last_heard: HashMap<SessionId, u64>,
     /// Sessions fenced for silence: their requests are refused, a resume starts afresh.
@@ -324,6 +327,7 @@ impl Server {
             disconnected: HashMap::new(),
             carried: Vec::new(),
             parked: VecDeque::new(),
+            pins: BTreeMap::new(),
             last_heard: HashMap::new(),
             fenced_markers: fenced.iter().map(|&id| (id, None)).collect(),
             fenced,
@@ -463,6 +467,21 @@ impl Server {
             }
         }
         let involved = self.involved(&req);
+        if !involved.is_empty() {
+            // An open takes effect as it arrives, even when its answer must wait for
+            // another session's exclusive rights: its client may have answered the open
+            // itself and sent it before answering a recall, and the holder's unlink that
+            // runs first must find the file open (only the attributes in the answer need
+            // the holder's writeback).
+            for op in &req.ops {
+                if let Op::Open { ino, handle } = *op {
+                    if self.caps.exclusive_elsewhere(session, ino).is_some() {
+                        // A failure is reported when the open runs.
+                        let _ = self.open_handle(session, ino, handle);
+                    }
+                }
+            }
+        }
         if self.park_if_exclusive(session, &req, &involved, now_ms) {
             return;
         }
@@ -477,7 +496,14 @@ impl Server {
             tracing::debug!(session, id, "resent while its reply waits on recalls");
             return;
         }
+        let mut pins = if from_cache { Vec::new() } else { self.pin_victims(session, &req) };
         let response = self.handle_request(session, req, now);
+        if !pins.is_empty() {
+            // Only what the change did remove stays pinned (it may have failed).
+            let (removed, kept) = pins.into_iter().partition(|&i| self.store.getattr(i).is_ok_and(|a| a.nlink == 0));
+            self.unpin(kept);
+            pins = removed;
+        }
         if response.seq != 0 && !from_cache {
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.ran += 1;
@@ -495,7 +521,87 @@ impl Server {
         }
         let changed = std::mem::take(&mut self.changed);
         let out = self.caps.changed(session, &changed, response, now_ms);
+        if !pins.is_empty() {
+            let recall = out.iter().find_map(|o| match o {
+                Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. } => Some(*recall_id),
+                _ => None,
+            });
+            match recall {
+                Some(id) => self.pins.entry(id).or_default().extend(pins),
+                None => self.unpin(pins),
+            }
+        }
         self.outbox.extend(out);
+    }
+
+    /// Opens `handle` of `ino` for `session` unless it is open already (a retry, or an
+    /// open that took effect when it arrived).
+    fn open_handle(&mut self, session: SessionId, ino: u64, handle: u64) -> Result<s::Inode, s::Error> {
+        let fresh = self.sessions.get_mut(&session).is_some_and(|s| s.open.entry(ino).or_default().insert(handle));
+        if !fresh {
+            return self.store.getattr(ino);
+        }
+        let r = self.store.open_handle(ino);
+        if r.is_err() {
+            if let Some(s) = self.sessions.get_mut(&session) {
+                s.open.entry(ino).or_default().remove(&handle);
+            }
+        }
+        r
+    }
+
+    /// Holds open every inode `req` may remove the last name of that another session may
+    /// cache. Such a session may have opened it without asking (a client answers an open
+    /// of what it caches itself and sends the `Open` behind): the `Open` reaches the server
+    /// before that session's answer to the change's recall, so the inode must outlive the
+    /// recall, not the change, for that descriptor to keep working (`release_pins`).
+    fn pin_victims(&mut self, session: SessionId, req: &p::Request) -> Vec<u64> {
+        let mut pins = Vec::new();
+        for op in &req.ops {
+            // Files only: a directory's opens (opendir) are sent behind too, but an empty
+            // directory kept for another mount's open descriptor shows nothing but its
+            // attributes, and a removed directory must stay gone for lookups in it.
+            let victim = match op {
+                Op::Unlink { parent, name } => (*parent, name),
+                Op::Rename { new_parent, new_name, flags, .. } if flags & p::RENAME_EXCHANGE == 0 => {
+                    (*new_parent, new_name)
+                }
+                _ => continue,
+            };
+            let Ok(inode) = self.store.lookup(victim.0, victim.1) else { continue };
+            if inode.kind == s::FileKind::Directory || inode.nlink != 1 {
+                continue;
+            }
+            if self.caps.held_elsewhere(session, inode.ino) && self.store.open_handle(inode.ino).is_ok() {
+                pins.push(inode.ino);
+            }
+        }
+        pins
+    }
+
+    /// Lets go of the inodes held open for changes whose recalls are all answered (or
+    /// given up on).
+    fn release_pins(&mut self) {
+        let done: Vec<u64> = self.pins.keys().copied().filter(|&id| !self.caps.wait_pending(id)).collect();
+        for id in done {
+            if let Some(inodes) = self.pins.remove(&id) {
+                self.unpin(inodes);
+            }
+        }
+    }
+
+    /// True for an inode kept only by pins: gone for everything but an open that was
+    /// already on its way (the one reason it is kept).
+    fn only_pinned(&self, ino: u64) -> bool {
+        self.pins.values().any(|v| v.contains(&ino)) && !self.sessions.values().any(|s| s.open.contains_key(&ino))
+    }
+
+    fn unpin(&mut self, inodes: Vec<u64>) {
+        for ino in inodes {
+            if let Err(e) = self.store.release_handle(ino) {
+                tracing::warn!(ino, "cannot release a removed inode: {e}");
+            }
+        }
     }
 
     /// Parks `req` if other sessions hold any of `inodes` exclusively (recalling them).
@@ -571,6 +677,7 @@ impl Server {
         }
         let out = self.caps.recall_done(session, recall_id);
         self.outbox.extend(out);
+        self.release_pins();
         self.run_parked(now);
     }
 
@@ -1005,6 +1112,7 @@ impl Server {
         }
         let late = self.caps.expire(now_ms);
         self.outbox.extend(late);
+        self.release_pins();
         if !self.parked.is_empty() {
             self.run_parked(time_of_millis(now_ms));
         }
@@ -1111,6 +1219,11 @@ impl Server {
     }
 
     fn apply_inner(&mut self, session: SessionId, op: Op, now: p::Time) -> Result<Reply, Failure> {
+        if !self.pins.is_empty() && !matches!(op, Op::Open { .. } | Op::Release { .. }) {
+            if let Some(ino) = op_inodes(&op).into_iter().find(|&i| self.only_pinned(i)) {
+                return Err(Failure::Wire(errno(2, format!("inode {ino} was removed"))));
+            }
+        }
         let now_s = time_in(now);
         let st = &mut self.store;
         match op {
@@ -1192,22 +1305,7 @@ impl Server {
                 Ok(st.rename(parent, &name, new_parent, &new_name, f, now_s).map(|()| Reply::Done)?)
             }
             Op::ReadLink { ino } => Ok(st.readlink(ino).map(Reply::Data)?),
-            Op::Open { ino, handle } => {
-                let fresh =
-                    self.sessions.get_mut(&session).is_some_and(|s| s.open.entry(ino).or_default().insert(handle));
-                let inode = if fresh { self.store.open_handle(ino) } else { self.store.getattr(ino) };
-                match inode {
-                    Ok(inode) => Ok(Reply::Attr(attr_out(&inode))),
-                    Err(e) => {
-                        if fresh {
-                            if let Some(s) = self.sessions.get_mut(&session) {
-                                s.open.entry(ino).or_default().remove(&handle);
-                            }
-                        }
-                        Err(e.into())
-                    }
-                }
-            }
+            Op::Open { ino, handle } => Ok(Reply::Attr(attr_out(&self.open_handle(session, ino, handle)?))),
             Op::Release { ino, handle } => {
                 let held = self.sessions.get_mut(&session).is_some_and(|s| {
                     let Some(handles) = s.open.get_mut(&ino) else { return false };
@@ -1708,6 +1806,90 @@ mod tests {
         // A read by a changes nothing and recalls nobody.
         srv.handle(a, lookup(2), NOW);
         assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { .. }]));
+    }
+
+    /// Runs `ops` for `session` and answers every recall it sends at once; returns the
+    /// first result of `session`'s response.
+    fn run_answering_recalls(srv: &mut Server, session: SessionId, id: u64, ops: Vec<Op>) -> Result<Reply, p::OpError> {
+        srv.handle(session, req(id, ops), NOW);
+        loop {
+            let out = srv.take_outgoing();
+            let mut result = None;
+            for o in out {
+                match o {
+                    Outgoing::Notify { session: t, notify: p::Notify::Recall { recall_id, .. } } => {
+                        srv.recall_done(t, recall_id, NOW)
+                    }
+                    Outgoing::Response { session: s, response } if s == session => {
+                        result = Some(response.results[0].clone())
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(r) = result {
+                return r;
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_another_session_cached_outlives_its_unlink_until_that_session_answers() {
+        for opens in [false, true] {
+            let (mut srv, a, b) = two_sessions();
+            let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+                panic!("create")
+            };
+            let lookup = vec![Op::Lookup { parent: 1, name: b"x".to_vec() }];
+            assert!(run_answering_recalls(&mut srv, b, 1, lookup).is_ok());
+            // b caches x: it may open it without asking, and send the open behind.
+            srv.handle(a, req(2, vec![Op::Unlink { parent: 1, name: b"x".to_vec() }]), NOW);
+            let out = srv.take_outgoing();
+            let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+                panic!("expected a recall to b: {out:?}")
+            };
+            assert_eq!(*session, b);
+            let recall_id = *recall_id;
+            if opens {
+                srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9 }]), NOW);
+                let Ok(Reply::Attr(open)) = sole_result(&mut srv) else { panic!("b's open of the unlinked x") };
+                assert_eq!(open.nlink, 0);
+            }
+            srv.recall_done(b, recall_id, NOW);
+            assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == a));
+            srv.handle(b, req(3, vec![Op::GetAttr { ino: x.ino }]), NOW);
+            let after = sole_result(&mut srv);
+            assert_eq!(after.is_ok(), opens, "x lives on exactly while b holds it open: {after:?}");
+            if opens {
+                srv.handle(b, req(4, vec![Op::Release { ino: x.ino, handle: 9 }]), NOW);
+                assert!(sole_result(&mut srv).is_ok());
+                srv.handle(b, req(5, vec![Op::GetAttr { ino: x.ino }]), NOW);
+                assert_eq!(sole_result(&mut srv).err().map(|e| e.errno), Some(2), "the last close frees it");
+            }
+        }
+    }
+
+    #[test]
+    fn an_open_parked_behind_exclusive_rights_holds_the_file_before_the_holders_unlink() {
+        let (mut srv, a, b) = two_sessions();
+        let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+            panic!("create")
+        };
+        // a holds x exclusively (it made it): b's open waits for a's rights, yet it is
+        // already an open when a's unlink, sent before a answered, runs.
+        srv.handle(b, req(1, vec![Op::Open { ino: x.ino, handle: 3 }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+            panic!("expected a recall of a's rights: {out:?}")
+        };
+        assert_eq!(*session, a);
+        let recall_id = *recall_id;
+        srv.handle(a, req(2, vec![Op::Unlink { parent: 1, name: b"x".to_vec() }]), NOW);
+        assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == a));
+        srv.recall_done(a, recall_id, NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+        assert_eq!(*session, b);
+        assert!(matches!(&response.results[0], Ok(Reply::Attr(o)) if o.nlink == 0), "{response:?}");
     }
 
     #[test]
