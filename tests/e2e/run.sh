@@ -350,6 +350,44 @@ rights_survive_server_restart() {
 }
 check rights-survive-server-restart rights_survive_server_restart
 
+open_file_survives_server_restart() {
+  # The second mount holds a file open; the first unlinks it and syncs (the orphan is
+  # durable). The server is killed (-9) and started again: the second mount takes its open
+  # files back in the grace period, so the orphan is not reclaimed and its descriptor
+  # still reads, writes and fstats (nlink 0). The last close then frees it (fsck at the
+  # end finds no leftover orphan).
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  head -c 70001 /dev/urandom >"$work/held" && cp "$work/held" "$mnt/held-restart" && sync "$mnt/held-restart" || return 1
+  mkfifo "$work/go" || return 1
+  python3 - "$mnt2/held-restart" "$work/held" "$work/go" >"$work/held.out" 2>&1 <<'PY' &
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+want = open(sys.argv[2], "rb").read()
+print("open", flush=True)
+open(sys.argv[3]).read()  # until the server has restarted
+try:
+    got, st = os.pread(fd, len(want) + 1, 0), os.fstat(fd)
+    os.pwrite(fd, b"more", len(want))
+    ok = got == want and st.st_nlink == 0 and os.pread(fd, 4, len(want)) == b"more"
+    print("ok" if ok else f"differs: {len(got)} bytes, nlink {st.st_nlink}")
+except OSError as e:
+    print(f"error: {e}")
+os.close(fd)
+PY
+  local holder=$! rc=0
+  for _ in $(seq 100); do grep -q open "$work/held.out" && break; sleep 0.05; done
+  rm "$mnt/held-restart" && sync "$mnt" || rc=1
+  kill -9 "$server"; wait "$server" 2>/dev/null; server=
+  start_server || rc=1
+  ls "$mnt2" >/dev/null # the second mount is back (its grace-period work is done)
+  echo go >"$work/go"
+  wait "$holder"
+  rm -f "$work/go"
+  grep -q '^ok$' "$work/held.out" || { log "held descriptor after the restart: $(cat "$work/held.out")"; rc=1; }
+  return $rc
+}
+check open-file-survives-server-restart open_file_survives_server_restart
+
 stopped_holder_is_fenced() {
   # The first mount creates a directory (so it holds it exclusively) and a file in it,
   # fsynced. Its daemon is then stopped (SIGSTOP: its connection stays up, it says

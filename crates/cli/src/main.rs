@@ -217,7 +217,8 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
 
 fn serve(image: &Path, listen: &str, commit_interval_ms: u64, disk_io: DiskIo) -> Result<()> {
     let disk = open_disk(image, disk_io)?;
-    let mut store = Store::open(disk).with_context(|| format!("opening the file system on {}", image.display()))?;
+    let mut store =
+        Store::open_keeping_orphans(disk).with_context(|| format!("opening the file system on {}", image.display()))?;
     store.set_policy(crest_store::CommitPolicy { interval_ms: commit_interval_ms, ..Default::default() });
     for n in store.open_notes() {
         tracing::warn!("{n}");

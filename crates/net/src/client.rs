@@ -21,7 +21,7 @@
 //!   while the server's grace period holds everyone else's requests (docs/protocol.md
 //!   §4.5). A fenced session's locks are gone for good, and so is the copy.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -945,6 +945,9 @@ fn same_outcome(first: &Results, again: &Results) -> bool {
 #[derive(Default)]
 struct HeldLocks {
     table: LockTable,
+    /// Open handles (inode, handle) the server answered and no release has followed:
+    /// opened again after a restart, so that a file unlinked while open outlives it.
+    opens: BTreeSet<(u64, u64)>,
     /// Requests re-asserting locks and rights after a restart, by id, until answered.
     reasserting: BTreeMap<u64, Vec<p::Op>>,
 }
@@ -966,6 +969,15 @@ impl HeldLocks {
         for (op, r) in ops.iter().zip(results) {
             if let Some((ino, req)) = lock_request(op) {
                 self.table.follow(ino, &req, r.as_ref().map(|_| ()).map_err(|e| e.errno));
+            }
+            match *op {
+                p::Op::Open { ino, handle } if r.is_ok() => {
+                    self.opens.insert((ino, handle));
+                }
+                p::Op::Release { ino, handle } => {
+                    self.opens.remove(&(ino, handle));
+                }
+                _ => {}
             }
         }
     }
@@ -997,6 +1009,7 @@ impl HeldLocks {
             tracing::warn!("the server restarted: re-asserting rights on {} inode(s) this mount held", rights.len());
         }
         ops.extend(rights.iter().map(|&(ino, exclusive)| p::Op::Reassert { ino, exclusive }));
+        ops.extend(self.opens.iter().map(|&(ino, handle)| p::Op::Open { ino, handle }));
         for chunk in ops.chunks(p::MAX_OPS_PER_REQUEST) {
             let id = next_id.fetch_add(1, Ordering::Relaxed);
             self.reasserting.insert(id, chunk.to_vec());
@@ -1023,6 +1036,13 @@ impl HeldLocks {
             if let (p::Op::Reassert { ino, .. }, Err(e)) = (op, r) {
                 tracing::info!(ino, "rights not given back after the restart: {}", e.message);
                 refused.push(*ino);
+                continue;
+            }
+            if let (p::Op::Open { ino, handle }, Err(e)) = (op, r) {
+                // Reclaimed anyway (this session was away past the grace period): its
+                // descriptor's calls fail from now on.
+                tracing::warn!(ino, "an open file is gone after the server restarted: {}", e.message);
+                self.opens.remove(&(*ino, *handle));
                 continue;
             }
             let (Some((ino, req)), Err(e)) = (lock_request(op), r) else { continue };

@@ -206,6 +206,8 @@ pub struct Server {
     /// Inodes a change removed the last name of while other sessions cached them, held
     /// open (a store handle each) until the change's recall is answered, by recall id.
     pins: BTreeMap<u64, Vec<u64>>,
+    /// Unlinked files the last request opened (their openers need a record).
+    opened_orphans: Vec<u64>,
     /// When each session (that spoke since this server started) was last heard from, ms.
     last_heard: HashMap<SessionId, u64>,
     /// Sessions fenced for silence: their requests are refused, a resume starts afresh.
@@ -312,6 +314,8 @@ impl Server {
         let replaying: HashSet<SessionId> = sessions.keys().copied().collect();
         if !replaying.is_empty() {
             tracing::info!(sessions = replaying.len(), "restarted: new work waits for their clients to replay (grace)");
+        } else {
+            reclaim_orphans(&mut store);
         }
         Server {
             store,
@@ -328,6 +332,7 @@ impl Server {
             carried: Vec::new(),
             parked: VecDeque::new(),
             pins: BTreeMap::new(),
+            opened_orphans: Vec::new(),
             last_heard: HashMap::new(),
             fenced_markers: fenced.iter().map(|&id| (id, None)).collect(),
             fenced,
@@ -496,14 +501,20 @@ impl Server {
             tracing::debug!(session, id, "resent while its reply waits on recalls");
             return;
         }
-        let mut pins = if from_cache { Vec::new() } else { self.pin_victims(session, &req) };
+        let victims = if from_cache { Vec::new() } else { self.victims(&req) };
+        let mut pins = self.pin(session, &victims);
         let response = self.handle_request(session, req, now);
-        if !pins.is_empty() {
+        if !victims.is_empty() {
             // Only what the change did remove stays pinned (it may have failed).
-            let (removed, kept) = pins.into_iter().partition(|&i| self.store.getattr(i).is_ok_and(|a| a.nlink == 0));
+            let orphans: Vec<u64> =
+                victims.into_iter().filter(|&i| self.store.getattr(i).is_ok_and(|a| a.nlink == 0)).collect();
+            let (removed, kept) = pins.into_iter().partition(|i| orphans.contains(i));
             self.unpin(kept);
             pins = removed;
+            self.record_openers(&orphans);
         }
+        let opened = std::mem::take(&mut self.opened_orphans);
+        self.record_openers(&opened);
         if response.seq != 0 && !from_cache {
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.ran += 1;
@@ -550,33 +561,60 @@ impl Server {
         r
     }
 
-    /// Holds open every inode `req` may remove the last name of that another session may
-    /// cache. Such a session may have opened it without asking (a client answers an open
-    /// of what it caches itself and sends the `Open` behind): the `Open` reaches the server
-    /// before that session's answer to the change's recall, so the inode must outlive the
-    /// recall, not the change, for that descriptor to keep working (`release_pins`).
-    fn pin_victims(&mut self, session: SessionId, req: &p::Request) -> Vec<u64> {
-        let mut pins = Vec::new();
+    /// The files whose last name `req` may remove (unlinks and renames over them).
+    fn victims(&mut self, req: &p::Request) -> Vec<u64> {
+        let mut out = Vec::new();
         for op in &req.ops {
             // Files only: a directory's opens (opendir) are sent behind too, but an empty
             // directory kept for another mount's open descriptor shows nothing but its
             // attributes, and a removed directory must stay gone for lookups in it.
-            let victim = match op {
+            let (parent, name) = match op {
                 Op::Unlink { parent, name } => (*parent, name),
                 Op::Rename { new_parent, new_name, flags, .. } if flags & p::RENAME_EXCHANGE == 0 => {
                     (*new_parent, new_name)
                 }
                 _ => continue,
             };
-            let Ok(inode) = self.store.lookup(victim.0, victim.1) else { continue };
-            if inode.kind == s::FileKind::Directory || inode.nlink != 1 {
-                continue;
+            match self.store.lookup(parent, name) {
+                Ok(i) if i.kind != s::FileKind::Directory && i.nlink == 1 => out.push(i.ino),
+                _ => {}
             }
-            if self.caps.held_elsewhere(session, inode.ino) && self.store.open_handle(inode.ino).is_ok() {
-                pins.push(inode.ino);
+        }
+        out
+    }
+
+    /// Holds open each of `victims` that a session other than `session` may cache. Such a
+    /// session may have opened it without asking (a client answers an open of what it
+    /// caches itself and sends the `Open` behind): the `Open` reaches the server before
+    /// that session's answer to the change's recall, so the file must outlive the recall,
+    /// not the change, for that descriptor to keep working (`release_pins`).
+    fn pin(&mut self, session: SessionId, victims: &[u64]) -> Vec<u64> {
+        let mut pins = Vec::new();
+        for &ino in victims {
+            if self.caps.held_elsewhere(session, ino) && self.store.open_handle(ino).is_ok() {
+                pins.push(ino);
             }
         }
         pins
+    }
+
+    /// Sessions holding one of `orphans` (files unlinked while open) open get a durable
+    /// record: a restarted server then waits for their clients to open them again before
+    /// it reclaims what nobody holds.
+    fn record_openers(&mut self, orphans: &[u64]) {
+        if orphans.is_empty() {
+            return;
+        }
+        let mut openers: Vec<SessionId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.recorded && orphans.iter().any(|i| s.open.contains_key(i)))
+            .map(|(id, _)| *id)
+            .collect();
+        openers.sort_unstable();
+        for id in openers {
+            self.record_session(id, "a holder of an unlinked open file");
+        }
     }
 
     /// Lets go of the inodes held open for changes whose recalls are all answered (or
@@ -714,6 +752,9 @@ impl Server {
 
     fn end_grace(&mut self, now: p::Time) {
         self.replaying.clear();
+        // Every client that could still hold an unlinked file open has opened it again
+        // (`Op::Open` before `Replayed`) or was fenced: what nobody holds goes now.
+        reclaim_orphans(&mut self.store);
         for (session, req) in std::mem::take(&mut self.grace_parked) {
             self.handle(session, req, now);
         }
@@ -1305,7 +1346,14 @@ impl Server {
                 Ok(st.rename(parent, &name, new_parent, &new_name, f, now_s).map(|()| Reply::Done)?)
             }
             Op::ReadLink { ino } => Ok(st.readlink(ino).map(Reply::Data)?),
-            Op::Open { ino, handle } => Ok(Reply::Attr(attr_out(&self.open_handle(session, ino, handle)?))),
+            Op::Open { ino, handle } => {
+                let inode = self.open_handle(session, ino, handle)?;
+                if inode.nlink == 0 {
+                    // Recorded once the request is done (a record commits: not inside a unit).
+                    self.opened_orphans.push(ino);
+                }
+                Ok(Reply::Attr(attr_out(&inode)))
+            }
             Op::Release { ino, handle } => {
                 let held = self.sessions.get_mut(&session).is_some_and(|s| {
                     let Some(handles) = s.open.get_mut(&ino) else { return false };
@@ -1456,6 +1504,13 @@ fn op_inode(op: &Op) -> Option<u64> {
 }
 
 /// Every inode an operation involves, for rights: what it names, but for these.
+/// Destroys the files unlinked while open that nobody holds open any more.
+fn reclaim_orphans(store: &mut Store) {
+    if let Err(e) = store.reclaim_orphans() {
+        tracing::error!("cannot reclaim unlinked files: {e}");
+    }
+}
+
 fn op_inodes(op: &Op) -> Vec<u64> {
     match op {
         // fsync commits everything; it involves no one inode's rights. Locks live only on
@@ -1698,6 +1753,40 @@ mod tests {
         let mut store = srv.into_store();
         store.commit().expect("commit");
         assert!(store.session_records().expect("records").is_empty());
+    }
+
+    #[test]
+    fn a_file_unlinked_while_open_outlives_a_restart_for_a_client_that_opens_it_again() {
+        for reopens in [false, true] {
+            let disk = fresh_disk();
+            let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("open"));
+            let (a, wa) = srv.handle_hello(&hello(None));
+            let (b, wb) = srv.handle_hello(&hello(None));
+            let (a, b) = (a.expect("a"), b.expect("b"));
+            let (p::ServerMessage::Welcome(wa), p::ServerMessage::Welcome(wb)) = (wa, wb) else { panic!() };
+            let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+                panic!("create")
+            };
+            // b opens x, changes nothing (so far it has no record); a unlinks x: b's open
+            // gives it a record; a's fsync makes it all durable.
+            assert!(run_answering_recalls(&mut srv, b, 1, vec![Op::Open { ino: x.ino, handle: 4 }]).is_ok());
+            let unlink = vec![Op::Unlink { parent: 1, name: b"x".to_vec() }, Op::Fsync { ino: 1 }];
+            assert!(run_answering_recalls(&mut srv, a, 2, unlink).is_ok());
+            drop(srv.into_store().abandon());
+            let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("reopen"));
+            let (b2, msg) = srv.handle_hello(&hello(Some(wb.session)));
+            assert_eq!(b2, Some(b), "b's session is restored: {msg:?}");
+            if reopens {
+                let r = srv.handle_request(b, req(2, vec![Op::Open { ino: x.ino, handle: 4 }]), NOW);
+                assert!(matches!(&r.results[0], Ok(Reply::Attr(o)) if o.nlink == 0), "{r:?}");
+            }
+            srv.replayed(b, NOW);
+            assert_eq!(srv.handle_hello(&hello(Some(wa.session))).0, Some(a));
+            srv.replayed(a, NOW);
+            let _ = srv.take_outgoing();
+            let r = srv.handle_request(b, req(3, vec![Op::Read { ino: x.ino, offset: 0, len: 10 }]), NOW);
+            assert_eq!(r.results[0].is_ok(), reopens, "the orphan lives exactly while b opened it again: {r:?}");
+        }
     }
 
     #[test]

@@ -209,8 +209,17 @@ impl Store {
     }
 
     /// Opens an image: newest valid superblock wins; falls back to the other copy when
-    /// the newest one's trees cannot be read.
+    /// the newest one's trees cannot be read. Orphans (files unlinked while open, left by
+    /// a crash) are reclaimed.
     pub fn open(disk: Box<dyn Disk>) -> Result<Store> {
+        let mut store = Store::open_keeping_orphans(disk)?;
+        store.reclaim_orphans()?;
+        Ok(store)
+    }
+
+    /// As `open`, but orphans stay until `reclaim_orphans`: a server restarting after a
+    /// crash waits for its clients to open again the files they still hold.
+    pub fn open_keeping_orphans(disk: Box<dyn Disk>) -> Result<Store> {
         let size = disk.size_bytes();
         let image_blocks = size / BLOCK_SIZE_U64;
         if size < MIN_IMAGE_BYTES {
@@ -255,7 +264,6 @@ impl Store {
                     for n in &store.open_notes {
                         tracing::warn!("{n}");
                     }
-                    store.reclaim_orphans()?;
                     return Ok(store);
                 }
                 Err((e, d)) => {
