@@ -61,6 +61,18 @@ struct ExclusiveRecall {
     deadline_ms: u64,
 }
 
+/// A recall sent *before* another session's data change runs, to a session that holds the
+/// file open: its client may hold pages of a shared writable mapping dirty, and writes
+/// them back before it answers (a recall drops the kernel's pages, which writes dirty
+/// ones first). Run after the change, that write-back would put the page's old bytes
+/// back over the change. Not answered in `RECALL_TIMEOUT_MS`: the change runs anyway.
+#[derive(Debug)]
+struct FlushRecall {
+    holder: SessionId,
+    inodes: Vec<u64>,
+    deadline_ms: u64,
+}
+
 /// Who holds what, and which responses wait.
 ///
 /// Maps whose iteration order decides the order of what is sent are `BTreeMap`s: the
@@ -80,6 +92,7 @@ pub struct Caps {
     /// Inode → the recall of its exclusive rights under way.
     recalling: HashMap<u64, u64>,
     exclusive_recalls: BTreeMap<u64, ExclusiveRecall>,
+    flush_recalls: BTreeMap<u64, FlushRecall>,
 }
 
 /// Something the server sends.
@@ -160,6 +173,12 @@ impl Caps {
             self.finish_exclusive_recall(recall_id);
             return Vec::new();
         }
+        if self.flush_recalls.get(&recall_id).is_some_and(|r| r.holder == session) {
+            if let Some(r) = self.flush_recalls.remove(&recall_id) {
+                self.unhold(session, &r.inodes, recall_id);
+            }
+            return Vec::new();
+        }
         let Some(w) = self.waits.get_mut(&recall_id) else { return Vec::new() };
         let Some(inodes) = w.outstanding.remove(&session) else { return Vec::new() };
         let done = w.outstanding.is_empty();
@@ -186,8 +205,55 @@ impl Caps {
         }
     }
 
+    /// Sends flush recalls (`FlushRecall`) to `targets`: session → the inodes it holds
+    /// open that another session's change is about to write. Returns the recall ids to
+    /// wait for and queues the notices in `out`.
+    pub fn recall_for_flush(
+        &mut self,
+        targets: BTreeMap<SessionId, Vec<u64>>,
+        now_ms: u64,
+        out: &mut Vec<Outgoing>,
+    ) -> HashSet<u64> {
+        let mut wait = HashSet::new();
+        for (holder, inodes) in targets {
+            self.next_recall += 1;
+            let id = self.next_recall;
+            for &ino in &inodes {
+                if let Some(r) = self.holders.get_mut(&ino).and_then(|h| h.get_mut(&holder)) {
+                    *r = Some(id);
+                }
+            }
+            out.push(Outgoing::Notify {
+                session: holder,
+                notify: p::Notify::Recall { recall_id: id, inodes: inodes.clone() },
+            });
+            self.flush_recalls.insert(id, FlushRecall { holder, inodes, deadline_ms: now_ms + RECALL_TIMEOUT_MS });
+            wait.insert(id);
+        }
+        wait
+    }
+
+    /// True while `session` is asked to give up what it has of `ino` (a recall it has not
+    /// answered): what it sends about `ino` meanwhile is what its answer waits for.
+    pub fn being_recalled(&self, session: SessionId, ino: u64) -> bool {
+        self.holders.get(&ino).and_then(|h| h.get(&session)).is_some_and(Option::is_some)
+            || self.flush_recalls.values().any(|r| r.holder == session && r.inodes.contains(&ino))
+            || self.exclusive_recalls.values().any(|r| r.holder == session && r.inodes.contains(&ino))
+    }
+
     /// Releases responses whose holders did not answer in time.
     pub fn expire(&mut self, now_ms: u64) -> Vec<Outgoing> {
+        self.flush_recalls.retain(|id, r| {
+            let late = now_ms >= r.deadline_ms;
+            if late {
+                tracing::warn!(
+                    recall_id = id,
+                    session = r.holder,
+                    "flush recall not answered in {RECALL_TIMEOUT_MS} ms"
+                );
+            }
+            !late
+        });
         let late: Vec<u64> = self.waits.iter().filter(|(_, w)| now_ms >= w.deadline_ms).map(|(id, _)| *id).collect();
         let mut out = Vec::new();
         for id in late {
@@ -235,6 +301,7 @@ impl Caps {
         for id in mine {
             self.finish_exclusive_recall(id);
         }
+        self.flush_recalls.retain(|_, r| r.holder != session);
         // (A fenced session's client starts a new session and drops every right it held:
         // nothing is left to recall from it.)
         self.exclusive.retain(|_, h| *h != session);
@@ -265,7 +332,9 @@ impl Caps {
         let shared = self.waits.iter().filter_map(|(id, w)| w.outstanding.get(&session).map(|inodes| (*id, inodes)));
         let pending =
             self.exclusive_recalls.iter().filter(|(_, r)| r.holder == session).map(|(id, r)| (*id, &r.inodes));
-        let mut out: Vec<(u64, Vec<u64>)> = shared.chain(pending).map(|(id, inodes)| (id, inodes.clone())).collect();
+        let flush = self.flush_recalls.iter().filter(|(_, r)| r.holder == session).map(|(id, r)| (*id, &r.inodes));
+        let mut out: Vec<(u64, Vec<u64>)> =
+            shared.chain(pending).chain(flush).map(|(id, inodes)| (id, inodes.clone())).collect();
         out.sort_unstable();
         out.into_iter()
             .map(|(recall_id, inodes)| Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } })
@@ -365,9 +434,9 @@ impl Caps {
             .collect()
     }
 
-    /// True while exclusive recall `id` is outstanding.
-    pub fn exclusive_recall_pending(&self, id: u64) -> bool {
-        self.exclusive_recalls.contains_key(&id)
+    /// True while exclusive or flush recall `id` is outstanding (parked requests wait).
+    pub fn recall_pending(&self, id: u64) -> bool {
+        self.exclusive_recalls.contains_key(&id) || self.flush_recalls.contains_key(&id)
     }
 
     /// Ends an exclusive recall: the holder flushed (everything it did before answering

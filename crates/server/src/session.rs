@@ -208,6 +208,9 @@ pub struct Server {
     pins: BTreeMap<u64, Vec<u64>>,
     /// Unlinked files the last request opened (their openers need a record).
     opened_orphans: Vec<u64>,
+    /// Requests parked for a flush recall (`park_for_flush`), by session and id: run
+    /// when it is answered, whoever holds the file open by then.
+    flushed: HashSet<(SessionId, u64)>,
     /// When each session (that spoke since this server started) was last heard from, ms.
     last_heard: HashMap<SessionId, u64>,
     /// Sessions fenced for silence: their requests are refused, a resume starts afresh.
@@ -333,6 +336,7 @@ impl Server {
             parked: VecDeque::new(),
             pins: BTreeMap::new(),
             opened_orphans: Vec::new(),
+            flushed: HashSet::new(),
             last_heard: HashMap::new(),
             fenced_markers: fenced.iter().map(|&id| (id, None)).collect(),
             fenced,
@@ -487,7 +491,7 @@ impl Server {
                 }
             }
         }
-        if self.park_if_exclusive(session, &req, &involved, now_ms) {
+        if self.park_if_exclusive(session, &req, &involved, now_ms) || self.park_for_flush(session, &req, now_ms) {
             return;
         }
         let read_only = !req.ops.iter().any(Op::is_mutation);
@@ -664,12 +668,52 @@ impl Server {
         true
     }
 
+    /// Parks a change of file data until every other session that holds the file open has
+    /// answered a flush recall (`caps::FlushRecall`: pages it mapped shared and dirtied
+    /// are written back before the change, not over it). A session's writes to a file it
+    /// is asked to give up are that write-back: they run at once. A request waits so
+    /// once (`flushed`).
+    fn park_for_flush(&mut self, session: SessionId, req: &p::Request, now_ms: u64) -> bool {
+        if self.flushed.remove(&(session, req.id)) {
+            return false;
+        }
+        let mut targets: BTreeMap<SessionId, Vec<u64>> = BTreeMap::new();
+        for op in &req.ops {
+            let ino = match op {
+                Op::Write { ino, .. } | Op::Append { ino, .. } | Op::Fallocate { ino, .. } => *ino,
+                Op::SetAttr { ino, set } if set.size_bytes.is_some() => *ino,
+                _ => continue,
+            };
+            if self.caps.being_recalled(session, ino) {
+                continue;
+            }
+            for (&id, s) in &self.sessions {
+                if id != session && s.open.contains_key(&ino) {
+                    let v = targets.entry(id).or_default();
+                    if !v.contains(&ino) {
+                        v.push(ino);
+                    }
+                }
+            }
+        }
+        if targets.is_empty() {
+            return false;
+        }
+        let mut out = Vec::new();
+        let waiting = self.caps.recall_for_flush(targets, now_ms, &mut out);
+        self.outbox.extend(out);
+        tracing::debug!(session, id = req.id, "change of file data waits for other openers to write back");
+        self.flushed.insert((session, req.id));
+        self.parked.push_back(Parked { session, req: req.clone(), waiting });
+        true
+    }
+
     /// Runs parked requests whose recalls are all answered, oldest first.
     fn run_parked(&mut self, now: p::Time) {
         let mut ready = Vec::new();
         let mut still = VecDeque::with_capacity(self.parked.len());
         for p in std::mem::take(&mut self.parked) {
-            if p.waiting.iter().any(|&id| self.caps.exclusive_recall_pending(id)) {
+            if p.waiting.iter().any(|&id| self.caps.recall_pending(id)) {
                 still.push_back(p);
             } else {
                 ready.push(p);
@@ -846,6 +890,7 @@ impl Server {
         let out = self.caps.forget_session(id);
         self.outbox.extend(out);
         self.parked.retain(|p| p.session != id);
+        self.flushed.retain(|(s, _)| *s != id);
         if let Some(s) = self.sessions.remove(&id) {
             tracing::info!(session = id, client = %s.client_name, "session ended");
             if let Err(e) = self.store.delete_session_record(id) {
@@ -1955,6 +2000,46 @@ mod tests {
                 assert_eq!(sole_result(&mut srv).err().map(|e| e.errno), Some(2), "the last close frees it");
             }
         }
+    }
+
+    #[test]
+    fn a_write_waits_for_other_openers_to_write_back_first() {
+        let (mut srv, a, b) = two_sessions();
+        let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, b, 1, create_in_root(1, "x").ops) else {
+            panic!("create")
+        };
+        let ino = x.ino;
+        assert!(run_answering_recalls(&mut srv, b, 2, vec![Op::Write { ino, offset: 0, data: vec![b'0'; 64] }]).is_ok());
+        assert!(run_answering_recalls(&mut srv, a, 1, vec![Op::Open { ino, handle: 1 }]).is_ok());
+        // a holds x open (it may have dirtied a shared mapping): b's write waits.
+        srv.handle(b, req(3, vec![Op::Write { ino, offset: 10, data: b"BB".to_vec() }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+            panic!("expected a flush recall to a: {out:?}")
+        };
+        assert_eq!((*session, inodes.as_slice()), (a, &[ino][..]));
+        let recall_id = *recall_id;
+        // a writes its dirty page back before answering: that runs at once, b's waits on.
+        srv.handle(a, req(2, vec![Op::Write { ino, offset: 0, data: b"AAAAAAAAAAAAAAAA".to_vec() }]), NOW);
+        let out = srv.take_outgoing();
+        assert!(out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == a)), "{out:?}");
+        assert!(!out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == b)), "{out:?}");
+        srv.recall_done(a, recall_id, NOW);
+        let out = srv.take_outgoing();
+        for o in out {
+            if let Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } = o {
+                srv.recall_done(session, recall_id, NOW);
+            }
+        }
+        srv.handle(b, req(4, vec![Op::Read { ino, offset: 0, len: 16 }]), NOW);
+        let out = srv.take_outgoing();
+        let data = out.iter().find_map(|o| match o {
+            Outgoing::Response { session, response } if *session == b && response.id == 4 => {
+                response.results[0].clone().ok()
+            }
+            _ => None,
+        });
+        assert_eq!(data, Some(Reply::Data(b"AAAAAAAAAABBAAAA".to_vec())), "b's write lands after a's write-back");
     }
 
     #[test]
