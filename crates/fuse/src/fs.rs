@@ -1073,14 +1073,15 @@ impl CrestFs {
     }
 
     /// Answers a change of an inode this mount holds exclusively here, if it can: `change`
-    /// turns the held attributes into the new ones (or declines), and `op` goes out
-    /// without waiting. `None`: do it the synchronous way.
+    /// turns the held attributes into the new ones (or declines), and the operation `op`
+    /// makes of the attributes held before goes out without waiting. `None`: do it the
+    /// synchronous way.
     fn change_locally(
         &self,
         what: &'static str,
         ino: u64,
         bytes: usize,
-        op: Op,
+        op: impl FnOnce(&p::Attr) -> Op,
         change: impl FnOnce(&mut p::Attr, p::Time) -> bool,
     ) -> Option<p::Attr> {
         if !lock(&self.names).is_exclusive(ino) {
@@ -1094,6 +1095,7 @@ impl CrestFs {
             return None;
         }
         let mut a = c.attr(ino, now)?;
+        let op = op(&a);
         if !change(&mut a, t) {
             return None;
         }
@@ -1439,37 +1441,43 @@ impl Filesystem for CrestFs {
             ctime: ctime.map(convert::setattr_time),
         };
         let op = Op::SetAttr { ino: ino.0, set: set.clone() };
-        let local = self.change_locally("setattr", ino.0, 0, op, |a, t| {
-            if let Some(size) = set.size_bytes {
-                if a.kind != p::FileType::Regular || size > MAX_WRITEBACK_END {
-                    return false;
+        let local = self.change_locally(
+            "setattr",
+            ino.0,
+            0,
+            |_| op.clone(),
+            |a, t| {
+                if let Some(size) = set.size_bytes {
+                    if a.kind != p::FileType::Regular || size > MAX_WRITEBACK_END {
+                        return false;
+                    }
+                    a.size_bytes = size;
+                    a.blocks_4k = a.blocks_4k.min(estimated_blocks(size));
+                    a.mtime = t;
                 }
-                a.size_bytes = size;
-                a.blocks_4k = a.blocks_4k.min(estimated_blocks(size));
-                a.mtime = t;
-            }
-            if let Some(m) = set.mode {
-                a.mode = m & 0o7777;
-            }
-            if let Some(u) = set.uid {
-                a.uid = u;
-            }
-            if let Some(g) = set.gid {
-                a.gid = g;
-            }
-            let when = |x: p::SetTime| match x {
-                p::SetTime::Now => t,
-                p::SetTime::At(at) => at,
-            };
-            if let Some(x) = set.atime {
-                a.atime = when(x);
-            }
-            if let Some(x) = set.mtime {
-                a.mtime = when(x);
-            }
-            a.ctime = set.ctime.unwrap_or(t);
-            true
-        });
+                if let Some(m) = set.mode {
+                    a.mode = m & 0o7777;
+                }
+                if let Some(u) = set.uid {
+                    a.uid = u;
+                }
+                if let Some(g) = set.gid {
+                    a.gid = g;
+                }
+                let when = |x: p::SetTime| match x {
+                    p::SetTime::Now => t,
+                    p::SetTime::At(at) => at,
+                };
+                if let Some(x) = set.atime {
+                    a.atime = when(x);
+                }
+                if let Some(x) = set.mtime {
+                    a.mtime = when(x);
+                }
+                a.ctime = set.ctime.unwrap_or(t);
+                true
+            },
+        );
         if let Some(a) = local {
             return self.reply_attr(reply, Ok(a));
         }
@@ -1677,12 +1685,14 @@ impl Filesystem for CrestFs {
         };
         let io = self.page_io.begin(ino.0);
         // O_APPEND: the kernel picked the offset from its idea of the size, which another
-        // client's append may have outdated; the server appends at the real end.
+        // client's append may have outdated; the server appends at the real end, or, under
+        // exclusive rights, this mount at the end it holds.
         let append = flags.0 & libc::O_APPEND != 0;
-        if !append && !data.is_empty() {
-            let op = Op::Write { ino: ino.0, offset, data: data.to_vec() };
+        if !data.is_empty() {
+            let at = |a: &p::Attr| if append { a.size_bytes } else { offset };
+            let op = |a: &p::Attr| Op::Write { ino: ino.0, offset: at(a), data: data.to_vec() };
             let local = self.change_locally("write", ino.0, data.len(), op, |a, t| {
-                let Some(end) = offset.checked_add(u64::from(len)).filter(|&e| e <= MAX_WRITEBACK_END) else {
+                let Some(end) = at(a).checked_add(u64::from(len)).filter(|&e| e <= MAX_WRITEBACK_END) else {
                     return false;
                 };
                 if a.kind != p::FileType::Regular {

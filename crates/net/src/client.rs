@@ -303,6 +303,12 @@ impl Merger {
             let reply = std::mem::replace(&mut base.reply, Answer::Batch(Vec::new()));
             self.parts.push(Part { answer: reply, skip: 0, len: base.ops.len() });
         }
+        if join_write(&mut base.ops, &mut base.time, &mut self.clock, &c) {
+            // Its answer is the joined write's, which the part that wrote first gets.
+            self.bytes += bytes;
+            self.parts.push(Part { answer: c.reply, skip: 0, len: 0 });
+            return None;
+        }
         if let (1, Some(time)) = (prefix, c.time) {
             base.ops.push(p::Op::At { time });
             self.clock = c.time;
@@ -442,6 +448,42 @@ fn mentions(op: &p::Op, ino: u64) -> bool {
         | O::Acquire { ino: i }
         | O::Reassert { ino: i, .. } => *i == ino,
     }
+}
+
+/// Joins `c`, a lone write that continues the batch's last operation — a write of the
+/// same inode ending where `c`'s starts — into that operation: a run of small appends (a
+/// log written a few bytes per call, under exclusive rights) then costs the server one
+/// write per batch, not one per call. The joined write runs at `c`'s clock: its caller
+/// was told the times of the last write, and the earlier caller's times are overtaken by
+/// them on the server as they would be by `c`'s own write.
+fn join_write(ops: &mut [p::Op], base_time: &mut Option<p::Time>, clock: &mut Option<p::Time>, c: &Call) -> bool {
+    let [p::Op::Write { ino, offset, data }] = &c.ops[..] else { return false };
+    let n = ops.len();
+    let Some(p::Op::Write { ino: last_ino, offset: last_offset, data: last_data }) = ops.last() else {
+        return false;
+    };
+    let continues = last_offset.checked_add(last_data.len() as u64) == Some(*offset);
+    if *last_ino != *ino || !continues || last_data.len() + data.len() > p::MAX_IO_BYTES as usize {
+        return false;
+    }
+    // Where the last write's clock is set, if it must change: the request's own (it is
+    // the only operation) or an `At` just before it. Elsewhere an `At` would have to be
+    // inserted, shifting the results of the part it lies in: not joined then.
+    if c.time != *clock {
+        let Some(time) = c.time else { return false };
+        if n == 1 {
+            *base_time = Some(time);
+        } else if let p::Op::At { time: t } = &mut ops[n - 2] {
+            *t = time;
+        } else {
+            return false;
+        }
+        *clock = Some(time);
+    }
+    if let Some(p::Op::Write { data: last_data, .. }) = ops.last_mut() {
+        last_data.extend_from_slice(data);
+    }
+    true
 }
 
 /// Cancels a create and its removal that are both still in one unsent batch (`ops`, at
@@ -1758,6 +1800,44 @@ mod tests {
         let got: Vec<(u64, Results)> = rx.try_iter().collect();
         assert_eq!(got.len(), n, "every completion still runs");
         assert_eq!(got.iter().map(|(_, r)| r.len()).collect::<Vec<_>>(), vec![1, 2, 1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn contiguous_writes_of_one_inode_join_and_run_at_the_last_clock() {
+        let write = |ino, offset, data: &[u8]| p::Op::Write { ino, offset, data: data.to_vec() };
+        // Appends of uneven sizes, then one that leaves a gap, one to another inode, and
+        // one continuing after a different op: only the first run joins.
+        let (ops, rx, n) = merged(vec![
+            (vec![write(7, 0, b"ab")], 5),
+            (vec![write(7, 2, b"cde")], 5),
+            (vec![write(7, 5, b"f")], 6),
+            (vec![write(7, 6, b"ghij")], 7),
+            (vec![write(7, 20, b"gap")], 7),
+            (vec![write(8, 23, b"other")], 7),
+            (vec![touch_dir(1)], 7),
+            (vec![write(8, 28, b"after")], 7),
+        ]);
+        assert_eq!(
+            ops,
+            vec![
+                write(7, 0, b"abcdefghij"),
+                write(7, 20, b"gap"),
+                write(8, 23, b"other"),
+                touch_dir(1),
+                write(8, 28, b"after")
+            ],
+            "one write (the request's clock, alone before it: see below), then the rest at 7"
+        );
+        let got: Vec<(u64, Results)> = rx.try_iter().collect();
+        assert_eq!(got.len(), n, "every completion still runs");
+        assert_eq!(got.iter().map(|(_, r)| r.len()).collect::<Vec<_>>(), vec![1, 0, 0, 0, 1, 1, 1, 1]);
+        // A write alone in the batch takes the later clock as the request's own.
+        let (tx, _rx) = std_mpsc::channel();
+        let mut m = Merger::new();
+        assert!(m.offer(writeback(1, vec![write(7, 0, b"a")], 5, tx.clone())).is_none());
+        assert!(m.offer(writeback(2, vec![write(7, 1, b"b")], 9, tx)).is_none());
+        let call = m.flush().expect("a batch");
+        assert_eq!((call.ops, call.time), (vec![write(7, 0, b"ab")], Some(p::Time { sec: 9, nsec: 0 })));
     }
 
     #[test]
