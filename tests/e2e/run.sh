@@ -198,6 +198,17 @@ two_mounts_are_coherent() {
 }
 check two-mounts-coherent two_mounts_are_coherent
 
+# File handles made on one mount open the file on the other, also after the other
+# mount's daemon restarts; a removed file's handle is stale (tests/e2e/handles.py).
+file_handles_across_mounts() {
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  (cd "$root/tests/e2e" && python3 handles.py "$mnt" "$mnt2" make "$work/handles.json") >&2 || return 1
+  "$crest" umount "$mnt2" && "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  (cd "$root/tests/e2e" && python3 handles.py "$mnt" "$mnt2" check "$work/handles.json") >&2 || return 1
+  rm -rf "$mnt/handles"
+}
+check file-handles file_handles_across_mounts
+
 # Seeded races on two mounts: O_APPEND records, files removed while the other mount holds
 # them open, readdir while names move (tests/e2e/corners.py; CREST_E2E_ROUNDS, _SEED).
 posix_corners() {

@@ -796,6 +796,28 @@ impl CrestFs {
     /// pages is known here. The `Open` — which keeps an unlinked file alive on the
     /// server — follows on the connection ahead of this file's reads and writes, and a
     /// failure is reported at close. Returns keep-cache, or `None` to open synchronously.
+    /// The kernel looks up "." (an inode by number) and ".." (a directory's parent) only
+    /// to decode a file handle it did not find in its cache (EXPORT_SUPPORT): asked of the
+    /// server, cached nowhere (neither is an entry). A handle whose inode is gone gets
+    /// ENOENT here, which the kernel turns into ESTALE, as it does a generation that
+    /// differs (a number used again).
+    fn lookup_for_handle(&self, ino: u64, name: &OsStr, reply: ReplyEntry) {
+        let r = self.one("lookup", Op::Lookup { parent: ino, name: name_of(name) }).and_then(|r| match r {
+            Reply::Lookup { attr: Some(a), .. } => Ok(a),
+            Reply::Lookup { attr: None, .. } => {
+                Err(Error::server("lookup", p::OpError { errno: libc::ENOENT, message: "gone".into() }))
+            }
+            r => Err(unexpected("lookup", &r)),
+        });
+        match r {
+            Ok(a) => {
+                self.attr_changed(&a);
+                reply.entry(&Duration::ZERO, &convert::file_attr(&a), Generation(a.generation));
+            }
+            Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
     /// Sends `op` behind this mount's writeback without waiting for its answer, which
     /// only a log line awaits (opens and closes of handles).
     fn send_behind(&self, what: &'static str, ino: u64, op: Op) {
@@ -1335,7 +1357,7 @@ impl Filesystem for CrestFs {
         // Deliberately absent: WRITEBACK_CACHE (several clients will share files; data is
         // buffered by the daemon), ATOMIC_O_TRUNC (with it the kernel skips the truncating
         // setattr of open(O_TRUNC) and with it the clearing of set-user-ID bits; without it
-        // the kernel sends that setattr itself), EXPORT_SUPPORT.
+        // the kernel sends that setattr itself).
         let wanted = [
             InitFlags::FUSE_ASYNC_READ,
             InitFlags::FUSE_BIG_WRITES,
@@ -1350,6 +1372,10 @@ impl Filesystem for CrestFs {
             InitFlags::FUSE_FLOCK_LOCKS,
             // O_APPEND descriptors are direct (`open_reply_flags`) and may still be mapped.
             InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+            // File handles (name_to_handle_at, NFS export) hold the inode number and
+            // generation, both the server's: valid on every mount and after a remount
+            // (`lookup_for_handle`).
+            InitFlags::FUSE_EXPORT_SUPPORT,
         ];
         for f in wanted {
             if let Err(missing) = config.add_capabilities(f) {
@@ -1367,6 +1393,9 @@ impl Filesystem for CrestFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if name == "." || name == ".." {
+            return self.lookup_for_handle(parent.0, name, reply);
+        }
         let (held, epoch) = {
             let c = lock(&self.names);
             (c.lookup(parent.0, name.as_bytes(), Instant::now()), c.epoch())

@@ -1313,6 +1313,20 @@ impl Server {
         let now_s = time_in(now);
         let st = &mut self.store;
         match op {
+            // A client decoding a file handle asks for an inode by number ("." of it) or
+            // for a directory's parent (".."); neither is an entry: no leaf.
+            Op::Lookup { parent, name } if name == b"." || name == b".." => {
+                let dir = st.getattr(parent)?;
+                let ino = if name == b"." {
+                    parent
+                } else if dir.kind == s::FileKind::Directory {
+                    dir.parent
+                } else {
+                    return Err(Failure::Wire(errno(20, format!("inode {parent} is not a directory"))));
+                };
+                let attr = attr_out(&st.getattr(ino)?);
+                Ok(Reply::Lookup { attr: Some(attr), leaf: p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() } })
+            }
             Op::Lookup { parent, name } => {
                 let l = st.lookup_leaf(parent, &name, LOOKUP_NEIGHBOURS)?;
                 let items = l.neighbours.iter().map(|(e, i)| p::DirItem {
