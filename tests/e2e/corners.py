@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import random
 import signal
+import stat
 import time
 
 from mounts import a, b, check, exists, read, run, use, write
@@ -358,11 +359,44 @@ def mappings_across_mounts():
     check("shared mappings across mounts: coherent at msync, munmap and every recall", not bad, "; ".join(bad[:4]))
 
 
+def rename_whiteout():
+    """renameat2(RENAME_WHITEOUT) (overlayfs's): the old name becomes a whiteout, a
+    character device 0:0, seen so from both mounts; with RENAME_EXCHANGE it is EINVAL."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def renameat2(old, new, flags):
+        if libc.renameat2(-100, old.encode(), -100, new.encode(), flags) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+
+    bad = []
+    write(a("wo-src"), b"moved")
+    write(a("wo-dst"), b"replaced")
+    renameat2(a("wo-src"), a("wo-dst"), 4)
+    for side in (a, b):
+        st = os.lstat(side("wo-src"))
+        if not stat.S_ISCHR(st.st_mode) or st.st_rdev != 0:
+            bad.append(f"{side.__name__}: old name is {stat.filemode(st.st_mode)} rdev {st.st_rdev}")
+        if read(side("wo-dst")) != b"moved":
+            bad.append(f"{side.__name__}: new name reads {read(side('wo-dst'))!r}")
+    try:
+        renameat2(a("wo-dst"), a("wo-src"), 4 | 2)
+        bad.append("whiteout with exchange succeeded")
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            bad.append(f"whiteout with exchange: errno {e.errno}")
+    os.unlink(a("wo-src"))
+    os.unlink(a("wo-dst"))
+    check("rename with RENAME_WHITEOUT leaves a whiteout", not bad, "; ".join(bad))
+
+
 def main():
     use("corners")
     os.makedirs(a(), exist_ok=True)
     only = os.environ.get("CREST_CORNERS_ONLY", "")
-    for f in (appends_from_both_mounts, removed_while_open_elsewhere, renamed_over_on_one_mount, readdir_while_renaming, rename_each_as_read, mappings_across_mounts):
+    for f in (appends_from_both_mounts, removed_while_open_elsewhere, renamed_over_on_one_mount, readdir_while_renaming, rename_each_as_read, mappings_across_mounts, rename_whiteout):
         if only in f.__name__:
             f()
 

@@ -191,10 +191,10 @@ pub fn xattr_answer(len: usize, size: u32) -> XattrAnswer {
 }
 
 /// The wire's rename flags from `renameat2` flags; `None` for flags crest does not take
-/// (`RENAME_WHITEOUT`, unknown bits): EINVAL.
+/// (unknown bits, a whiteout with an exchange): EINVAL.
 pub fn rename_flags(flags: u32) -> Option<u32> {
-    let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
-    if flags & !known != 0 {
+    let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT;
+    if flags & !known != 0 || (flags & libc::RENAME_WHITEOUT != 0 && flags & libc::RENAME_EXCHANGE != 0) {
         return None;
     }
     let mut out = 0;
@@ -203,6 +203,9 @@ pub fn rename_flags(flags: u32) -> Option<u32> {
     }
     if flags & libc::RENAME_EXCHANGE != 0 {
         out |= p::RENAME_EXCHANGE;
+    }
+    if flags & libc::RENAME_WHITEOUT != 0 {
+        out |= p::RENAME_WHITEOUT;
     }
     Some(out)
 }

@@ -1600,7 +1600,10 @@ impl Filesystem for CrestFs {
         reply: ReplyEmpty,
     ) {
         let Some(wire_flags) = convert::rename_flags(flags.bits()) else {
-            let e = Error::Invalid { op: "rename", why: format!("flags {:#x} (whiteout or unknown)", flags.bits()) };
+            let e = Error::Invalid {
+                op: "rename",
+                why: format!("flags {:#x} (unknown, or whiteout with exchange)", flags.bits()),
+            };
             return reply.error(self.fail(&e));
         };
         if self.rename_locally(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), wire_flags) {
@@ -1618,7 +1621,8 @@ impl Filesystem for CrestFs {
             },
             Op::Lookup { parent: newparent.0, name: name_of(newname) },
         ];
-        if wire_flags & p::RENAME_EXCHANGE != 0 {
+        if wire_flags & (p::RENAME_EXCHANGE | p::RENAME_WHITEOUT) != 0 {
+            // The old name now names the other inode, or a whiteout.
             ops.push(Op::Lookup { parent: parent.0, name: name_of(name) });
         }
         let r = self.many("rename", ops).and_then(|mut res| {

@@ -182,10 +182,12 @@ pub struct StatFs {
     pub name_max: u32,
 }
 
-/// Rename flags (Linux values: NOREPLACE = 1, EXCHANGE = 2).
+/// Rename flags (Linux values: NOREPLACE = 1, EXCHANGE = 2, WHITEOUT = 4).
 pub const RENAME_NOREPLACE: u32 = 1;
 /// See `RENAME_NOREPLACE`.
 pub const RENAME_EXCHANGE: u32 = 2;
+/// Leaves a whiteout (a character device 0:0, as overlayfs makes them) at the old name.
+pub const RENAME_WHITEOUT: u32 = 4;
 /// Xattr flags (Linux values).
 pub const XATTR_CREATE: u32 = 1;
 /// See `XATTR_CREATE`.

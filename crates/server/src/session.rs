@@ -1395,14 +1395,22 @@ impl Server {
             Op::Unlink { parent, name } => Ok(st.unlink(parent, &name, now_s).map(|_| Reply::Done)?),
             Op::Rmdir { parent, name } => Ok(st.rmdir(parent, &name, now_s).map(|_| Reply::Done)?),
             Op::Rename { parent, name, new_parent, new_name, flags } => {
-                if flags & !(p::RENAME_NOREPLACE | p::RENAME_EXCHANGE) != 0 {
-                    return Err(Failure::Wire(errno(22, format!("unknown rename flags {flags:#x}"))));
+                let whiteout = flags & p::RENAME_WHITEOUT != 0;
+                if flags & !(p::RENAME_NOREPLACE | p::RENAME_EXCHANGE | p::RENAME_WHITEOUT) != 0
+                    || (whiteout && flags & p::RENAME_EXCHANGE != 0)
+                {
+                    return Err(Failure::Wire(errno(22, format!("unsupported rename flags {flags:#x}"))));
                 }
                 let f = s::RenameFlags {
                     noreplace: flags & p::RENAME_NOREPLACE != 0,
                     exchange: flags & p::RENAME_EXCHANGE != 0,
                 };
-                Ok(st.rename(parent, &name, new_parent, &new_name, f, now_s).map(|()| Reply::Done)?)
+                st.rename(parent, &name, new_parent, &new_name, f, now_s)?;
+                if whiteout {
+                    // In the same unit as the rename: a crash keeps both or neither.
+                    st.create(parent, &name, s::FileKind::CharDevice, 0, 0, 0, 0, now_s)?;
+                }
+                Ok(Reply::Done)
             }
             Op::ReadLink { ino } => Ok(st.readlink(ino).map(Reply::Data)?),
             Op::Open { ino, handle } => {
