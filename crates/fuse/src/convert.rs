@@ -366,7 +366,10 @@ mod tests {
         assert_eq!(rename_flags(0), Some(0));
         assert_eq!(rename_flags(libc::RENAME_NOREPLACE), Some(p::RENAME_NOREPLACE));
         assert_eq!(rename_flags(libc::RENAME_EXCHANGE), Some(p::RENAME_EXCHANGE));
-        assert_eq!(rename_flags(libc::RENAME_WHITEOUT), None);
+        assert_eq!(rename_flags(libc::RENAME_WHITEOUT), Some(p::RENAME_WHITEOUT));
+        assert_eq!(rename_flags(libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE), Some(5));
+        assert_eq!(rename_flags(libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE), None);
+        assert_eq!(rename_flags(8), None);
         assert_eq!(fallocate_flags(0), 0);
         assert_eq!(
             fallocate_flags(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE),
