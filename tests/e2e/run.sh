@@ -209,6 +209,34 @@ file_handles_across_mounts() {
 }
 check file-handles file_handles_across_mounts
 
+# Access times as fstests generic/003 wants them: relatime (the default) moves atime at the
+# first read after a change and not again, strictatime at every read, noatime and a
+# read-only mount never; the change time never moves for a read; the other mount sees it.
+access_times() {
+  local m3=$work/mnt-atime rc=0 t0 t1 t2 f=$mnt/atime/f
+  mkdir -p "$m3" "$mnt/atime" && echo aaa >"$f" || return 1
+  times() { stat -c '%x|%z' "$1"; }
+  t0=$(times "$f"); sleep 1.1; cat "$f" >/dev/null; t1=$(times "$f"); sleep 1.1; cat "$f" >/dev/null; t2=$(times "$f")
+  [ "${t1#*|}" = "${t0#*|}" ] && [ "${t1%%|*}" != "${t0%%|*}" ] || { log "relatime: first read: $t0 -> $t1"; rc=1; }
+  [ "$t2" = "$t1" ] || { log "relatime: second read moved a time: $t1 -> $t2"; rc=1; }
+  [ "$(times "$mnt2/atime/f")" = "$t1" ] || { log "the other mount sees $(times "$mnt2/atime/f"), not $t1"; rc=1; }
+  for o in strictatime noatime ro,strictatime; do
+    "$crest" mount -o "$o" "$addr" "$m3" >/dev/null || return 1
+    t0=$(times "$m3/atime/f"); sleep 1.1; cat "$m3/atime/f" >/dev/null; t1=$(times "$m3/atime/f")
+    sleep 1.1; cat "$m3/atime/f" >/dev/null; t2=$(times "$m3/atime/f")
+    "$crest" umount "$m3"
+    if [ "$o" = strictatime ]; then
+      [ "${t1%%|*}" != "${t0%%|*}" ] && [ "${t2%%|*}" != "${t1%%|*}" ] && [ "${t2#*|}" = "${t0#*|}" ] ||
+        { log "$o: $t0 -> $t1 -> $t2"; rc=1; }
+    else
+      [ "$t0" = "$t1" ] && [ "$t1" = "$t2" ] || { log "$o: $t0 -> $t1 -> $t2"; rc=1; }
+    fi
+  done
+  rm -rf "$mnt/atime"
+  return $rc
+}
+check access-times access_times
+
 # Seeded races on two mounts: O_APPEND records, files removed while the other mount holds
 # them open, readdir while names move (tests/e2e/corners.py; CREST_E2E_ROUNDS, _SEED).
 posix_corners() {

@@ -48,6 +48,7 @@ use crate::dir::{DirStream, Entry, READDIR_BATCH};
 use crate::error::Error;
 use crate::inodes::Inodes;
 use crate::locks::{self, LockCall, Owners};
+use crate::options::Atime;
 
 /// Largest read or write the kernel is offered (it caps this at its `max_pages_limit`).
 pub const MAX_IO_BYTES: u32 = p::MAX_IO_BYTES;
@@ -68,11 +69,12 @@ const READ_ONLY_OPEN_FLAGS: FopenFlags = FopenFlags::empty();
 /// first at that page's end, and another client's append could land between the halves.
 /// Direct, each write(2) is one request of up to `MAX_IO_BYTES`, appended whole at the
 /// server's end of file.
-fn open_reply_flags(flags: i32, keep_cache: bool) -> FopenFlags {
+fn open_reply_flags(flags: i32, keep_cache: bool, atime: Atime) -> FopenFlags {
     let mut f = FopenFlags::empty();
     if flags & libc::O_APPEND != 0 {
         f |= FopenFlags::FOPEN_DIRECT_IO;
-    } else if keep_cache {
+    } else if keep_cache && atime != Atime::Strict {
+        // (Under strictatime every read must reach the daemon, which moves the access time.)
         f |= FopenFlags::FOPEN_KEEP_CACHE;
     }
     if flags & libc::O_ACCMODE == libc::O_RDONLY {
@@ -139,6 +141,8 @@ pub struct CrestFs {
     kernel_epoch: Arc<KernelEpoch>,
     /// `-o nokernelnames` turns it off: the kernel caches no names under shared rights.
     shared_kernel_names: bool,
+    /// When a read changes the file's access time.
+    atime: Atime,
 }
 
 /// The kernel's name-cache epoch (`FUSE_NOTIFY_INC_EPOCH`, Linux 6.16+): bumping it makes
@@ -532,7 +536,14 @@ impl CrestFs {
             page_io: Arc::default(),
             kernel_epoch: Arc::default(),
             shared_kernel_names: true,
+            atime: Atime::Relative,
         }
+    }
+
+    /// When reads change access times (the mount's atime options); relatime by default.
+    pub fn with_atime(mut self, mode: Atime) -> CrestFs {
+        self.atime = mode;
+        self
     }
 
     /// Whether the kernel may cache names held under shared rights (where it can drop
@@ -815,6 +826,44 @@ impl CrestFs {
                 reply.entry(&Duration::ZERO, &convert::file_attr(&a), Generation(a.generation));
             }
             Err(e) => reply.error(self.fail(&e)),
+        }
+    }
+
+    /// A read of `ino` reached the daemon: its access time moves to now when the mount's
+    /// rule says so (`Atime`), without a round trip. The change time stays (an access
+    /// changes no state), so the operation names it. Reads the kernel answers from its
+    /// page cache do not get here; under `strictatime` opens do not keep that cache.
+    fn accessed(&self, ino: u64) {
+        if self.atime == Atime::Never {
+            return;
+        }
+        let now = now_time();
+        let Some(held) = lock(&self.names).attr(ino, Instant::now()) else { return };
+        // relatime: the last access is not after the last change, or is a day old.
+        let not_after = |t: p::Time| (held.atime.sec, held.atime.nsec) <= (t.sec, t.nsec);
+        let due = self.atime == Atime::Strict
+            || not_after(held.mtime)
+            || not_after(held.ctime)
+            || now.sec.saturating_sub(held.atime.sec) >= 24 * 3600;
+        if !due {
+            return;
+        }
+        let set = p::SetAttr { atime: Some(p::SetTime::At(now)), ctime: Some(held.ctime), ..Default::default() };
+        let op = Op::SetAttr { ino, set };
+        let local = self.change_locally(
+            "atime",
+            ino,
+            0,
+            |_| op.clone(),
+            |a, _| {
+                a.atime = now;
+                true
+            },
+        );
+        if local.is_none() {
+            // Held shared (or not at all): the server's answer recalls the other holders.
+            lock(&self.names).attr_stale(ino);
+            self.send_behind("atime", ino, op);
         }
     }
 
@@ -1666,13 +1715,13 @@ impl Filesystem for CrestFs {
         // O_DIRECT needs nothing: the kernel sends such I/O straight through.
         let fh = self.fh();
         if let Some(keep) = self.open_locally(ino.0, fh) {
-            return reply.opened(fh, open_reply_flags(flags.0, keep));
+            return reply.opened(fh, open_reply_flags(flags.0, keep, self.atime));
         }
         match self.one("open", Op::Open { ino: ino.0, handle: fh.0 }).and_then(|r| want_attr("open", r)) {
             Ok(a) => {
                 self.attr_changed(&a);
                 let keep = lock(&self.inodes).keep_cache_on_open(&a);
-                reply.opened(fh, open_reply_flags(flags.0, keep));
+                reply.opened(fh, open_reply_flags(flags.0, keep, self.atime));
             }
             Err(e) => reply.error(self.fail(&e)),
         }
@@ -1696,7 +1745,10 @@ impl Filesystem for CrestFs {
         // and the reader may go on at once to what a recall must not pass by.
         drop(io);
         match r {
-            Ok(d) => reply.data(&d),
+            Ok(d) => {
+                self.accessed(ino.0);
+                reply.data(&d)
+            }
             Err(e) => reply.error(self.fail(&e)),
         }
     }
@@ -1965,7 +2017,13 @@ impl Filesystem for CrestFs {
             let attr = convert::file_attr(&a);
             let (entry_ttl, attr_ttl) = self.kernel_ttls(parent.0, name.as_bytes(), a.ino);
             let ttl = entry_ttl.min(attr_ttl);
-            return reply.created(&ttl, &attr, Generation(a.generation), fh, open_reply_flags(flags, false));
+            return reply.created(
+                &ttl,
+                &attr,
+                Generation(a.generation),
+                fh,
+                open_reply_flags(flags, false, self.atime),
+            );
         }
         // Two calls: Open names its inode, which exists only once Create has answered. The
         // kernel holds the directory locked in between, so nothing can unlink the new name.
@@ -1982,7 +2040,13 @@ impl Filesystem for CrestFs {
                 drop(t);
                 self.attr_changed(&opened);
                 let attr = convert::file_attr(&opened);
-                reply.created(&self.ttl, &attr, Generation(opened.generation), fh, open_reply_flags(flags, false));
+                reply.created(
+                    &self.ttl,
+                    &attr,
+                    Generation(opened.generation),
+                    fh,
+                    open_reply_flags(flags, false, self.atime),
+                );
             }
             Err(e) => reply.error(self.fail(&e)),
         }

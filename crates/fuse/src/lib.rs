@@ -41,7 +41,9 @@ fn session(
     let config = options::fuser_config(opts, options::auto_unmount_by_default());
     let via_fusermount = config.mount_options.contains(&fuser::MountOption::AutoUnmount);
     tracing::debug!(?config, "mounting {}", mountpoint.display());
-    let fs = CrestFs::new(client, opts.attr_ttl).with_shared_kernel_names(options::kernel_names(opts));
+    let fs = CrestFs::new(client, opts.attr_ttl)
+        .with_shared_kernel_names(options::kernel_names(opts))
+        .with_atime(options::atime_mode(opts));
     let recalls = fs.recall_worker();
     let epoch = fs.kernel_epoch();
     let session = fuser::Session::new(fs, &mountpoint, &config)?;

@@ -71,6 +71,41 @@ const MOUNT_ONLY: &[&str] = &[
     "relatime",
 ];
 
+/// When a read changes a file's access time. FUSE leaves access times to the file
+/// system: the mount keeps them as a local one does under the same option.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Atime {
+    /// `relatime` (the default): when the access time is not after the modification or
+    /// change time, or is a day old.
+    Relative,
+    /// `strictatime`: at every read.
+    Strict,
+    /// `noatime`, and every read-only mount.
+    Never,
+}
+
+/// The mount's access-time rule (`Atime`): the last of `atime`/`relatime`,
+/// `strictatime` and `noatime` wins, as with mount(8).
+pub fn atime_mode(opts: &MountOptions) -> Atime {
+    let mut mode = Atime::Relative;
+    let mut read_only = opts.read_only;
+    for o in opts.extra.iter().flat_map(|e| e.split(',')).map(str::trim) {
+        match o {
+            "atime" | "relatime" => mode = Atime::Relative,
+            "strictatime" => mode = Atime::Strict,
+            "noatime" => mode = Atime::Never,
+            "ro" => read_only = true,
+            "rw" => read_only = false,
+            _ => {}
+        }
+    }
+    if read_only {
+        Atime::Never
+    } else {
+        mode
+    }
+}
+
 /// Whether the kernel may cache names this mount holds under shared rights (where it can
 /// drop them all at once: `fs::KernelEpoch`). On unless `-o nokernelnames` (the last of
 /// `kernelnames`/`nokernelnames` wins).
@@ -115,6 +150,10 @@ pub fn fuser_config(opts: &MountOptions, auto_unmount: bool) -> Config {
             }
             "default_permissions" => continue,           // always on
             "kernelnames" | "nokernelnames" => continue, // crest's own: `kernel_names`
+            // Access times are the daemon's (`atime_mode`); the kernel keeps none for FUSE.
+            "strictatime" | "nostrictatime" | "relatime" | "norelatime" | "diratime" | "nodiratime" | "lazytime" => {
+                continue;
+            }
             "dev" => MountOption::Dev,
             "nodev" => MountOption::NoDev,
             "suid" => MountOption::Suid,
@@ -260,5 +299,21 @@ mod tests {
         let c = fuser_config(&opts(&["noauto_unmount"]), true);
         assert!(!c.mount_options.contains(&MountOption::AutoUnmount));
         assert!(c.mount_options.contains(&MountOption::CUSTOM("subtype=crest".into())));
+    }
+
+    #[test]
+    fn the_last_atime_option_wins_and_read_only_mounts_keep_none() {
+        let with = |extra: &[&str], read_only| MountOptions {
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            read_only,
+            ..MountOptions::default()
+        };
+        assert_eq!(atime_mode(&with(&[], false)), Atime::Relative);
+        assert_eq!(atime_mode(&with(&["strictatime"], false)), Atime::Strict);
+        assert_eq!(atime_mode(&with(&["noatime,relatime"], false)), Atime::Relative);
+        assert_eq!(atime_mode(&with(&["relatime", "noatime"], false)), Atime::Never);
+        assert_eq!(atime_mode(&with(&["ro,strictatime"], false)), Atime::Never);
+        assert_eq!(atime_mode(&with(&["strictatime"], true)), Atime::Never);
+        assert_eq!(atime_mode(&with(&["ro", "rw,strictatime"], false)), Atime::Strict);
     }
 }
