@@ -22,12 +22,17 @@ pids=()
 mounts=()
 
 cleanup() {
+  # Unmount by mountinfo, not `mountpoint`: a mount whose server is gone answers ENOTCONN,
+  # and a broken build may have stacked several mounts on one directory.
   for m in "${mounts[@]}"; do
-    mountpoint -q "$m" 2>/dev/null && { umount -l "$m" 2>/dev/null || fusermount3 -u -z "$m" 2>/dev/null; }
+    for _ in 1 2 3 4; do
+      grep -qF " $(printf '%s' "$m" | sed 's/ /\\040/g') " /proc/self/mountinfo || break
+      umount -l "$m" 2>/dev/null || break
+    done
   done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
-  rm -rf "$tmp"
+  rm -rf "$tmp" "${TMPDIR:-/tmp}/crest-mount$(printf '%s' "$tmp" | tr / _)"*.log
 }
 trap cleanup EXIT
 
