@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing crest needs on a fresh Debian machine, idempotently:
 # rustfmt and clippy for the Rust toolchain (rustup; Rust itself must be present), the
-# Debian packages the build, the mount tests and the benchmarks use (fuse3, attr, bindfs;
+# Debian packages the build, the mount tests and the benchmarks use (fuse3, attr, bindfs,
+# e2fsprogs and util-linux for tests/cli.sh;
 # sshfs and openssh-server for bench/headline.sh), the POSIX suites (pjdfstest, fsx) and the
 # users pjdfstest switches to.
 set -euo pipefail
@@ -26,6 +27,10 @@ command -v setfattr >/dev/null 2>&1 || need+=(attr)
 command -v bindfs >/dev/null 2>&1 || need+=(bindfs)
 command -v xz >/dev/null 2>&1 || need+=(xz-utils)
 command -v bc >/dev/null 2>&1 || need+=(bc)
+# tests/cli.sh: real ext4 and swap signatures for mkfs to refuse, blkid to see them wiped.
+command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+command -v blkid >/dev/null 2>&1 || need+=(util-linux)
+command -v mkswap >/dev/null 2>&1 || need+=(util-linux)
 command -v sshfs >/dev/null 2>&1 || need+=(sshfs)
 command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)

@@ -33,18 +33,9 @@ CREST_CRASH_SEEDS=${CREST_CRASH_SEEDS:-300} cargo test --release --locked -p cre
 echo "== benches (smoke)"
 cargo test --workspace --release --locked --benches
 
-echo "== cli on a real image file"
+echo "== cli on a real image file: mkfs, fsck, serve, mount, umount, mount.fuse.crest (tests/cli.sh)"
 cargo build --release --locked -p crest
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-crest=target/release/crest
-$crest mkfs --size 64M "$tmp/img"
-$crest fsck "$tmp/img"
-if $crest mkfs "$tmp/img" 2>/dev/null; then echo "mkfs over an existing file system must refuse" >&2; exit 1; fi
-printf 'garbage' | dd of="$tmp/img" bs=1 seek=$((64*1024+40)) conv=notrunc status=none
-$crest fsck "$tmp/img"   # the damaged copy is skipped: the other copy still opens
-printf 'garbage' | dd of="$tmp/img" bs=1 seek=$((1024*1024+40)) conv=notrunc status=none
-if $crest fsck "$tmp/img"; then echo "fsck of an image with no valid superblock must fail" >&2; exit 1; fi
+bash tests/cli.sh
 
 echo "== real mounts: pjdfstest, fsx, kernel-tree round trip, kill -9 (tests/e2e/run.sh)"
 bash scripts/install.sh

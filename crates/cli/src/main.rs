@@ -1,13 +1,40 @@
-//! `crest`, the one binary: the top of the data path for administrators. Today it
-//! creates images (`mkfs`) and checks them (`fsck`); `serve` and `mount` arrive with the
-//! server and client crates. Output is for people by default and JSON with `--json`.
+//! `crest`, the one binary: `mkfs`, `fsck`, `serve`, `mount`, `umount`, and the mount
+//! helper `mount.fuse.crest` (the same binary under that name). Output is for people by
+//! default and JSON with `--json`; exit codes follow mkfs(8), fsck(8) and mount(8), since
+//! scripts and fstab treat crest as they treat those (see `exit`).
 
-use std::path::{Path, PathBuf};
+mod mount;
+mod mountinfo;
+mod signature;
+
+use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use crest_store::{check, DiskIo, FileDisk, MkfsOptions, Store, Timespec};
+
+/// Exit codes.
+mod exit {
+    /// Every command: success; fsck: clean.
+    pub const OK: u8 = 0;
+    /// mkfs, serve (mkfs(8)): failure.
+    pub const FAILURE: u8 = 1;
+    // fsck(8)'s 1, "errors corrected", is never returned: crest's fsck only reads.
+    /// Usage error, except for fsck and the mount helper (clap's convention).
+    pub const USAGE: u8 = 2;
+    /// fsck(8): file system errors left uncorrected.
+    pub const FSCK_UNCORRECTED: u8 = 4;
+    /// fsck(8): operational error (the image cannot be opened or read, or is no crest image).
+    pub const FSCK_OPERATIONAL: u8 = 8;
+    /// fsck(8): usage or syntax error.
+    pub const FSCK_USAGE: u8 = 16;
+    /// mount(8): incorrect invocation (the mount helper's usage errors).
+    pub const MOUNT_USAGE: u8 = 1;
+    /// mount(8): mount failure (`crest mount`, `crest umount`, the mount helper).
+    pub const MOUNT_FAILURE: u8 = 32;
+}
 
 #[derive(Parser, Debug)]
 #[command(name = "crest", version, about = "crest: a coherent remote file system")]
@@ -25,7 +52,9 @@ enum Command {
         /// Size of a new image file, e.g. 20G, 512M, 65536K or plain bytes.
         #[arg(long, value_parser = parse_size)]
         size: Option<u64>,
-        /// Overwrite an existing crest file system.
+        /// Overwrite what the image holds (another file system, swap, a partition table,
+        /// data); its signatures are wiped first. Without it mkfs refuses anything but an
+        /// empty or all-zero image.
         #[arg(long)]
         force: bool,
         /// Print the result as JSON.
@@ -51,7 +80,7 @@ enum Command {
     },
     /// Mount a crest server on a directory (in the background unless --foreground).
     Mount {
-        /// Server address (host:port).
+        /// Server address: HOST[:PORT] (the port defaults to 7410, as for serve).
         addr: String,
         /// Directory to mount on.
         mountpoint: PathBuf,
@@ -64,13 +93,21 @@ enum Command {
         /// Seconds a file operation waits for an absent server before failing.
         #[arg(long, default_value_t = 120)]
         timeout: u64,
+        /// (internal) Set by `crest mount` in its background daemon: stdout is a pipe on
+        /// which to report "ok" once mounted, or why not.
+        #[arg(long, hide = true, requires = "foreground")]
+        ready_pipe: bool,
     },
-    /// Unmount a crest mount.
+    /// Unmount a crest mount (refuses anything that is not a fuse.crest mount).
     Umount {
         /// The mount point.
         mountpoint: PathBuf,
+        /// Lazy: detach the mount now even if it is busy, clean up when no longer in use.
+        #[arg(short = 'l', long)]
+        lazy: bool,
     },
-    /// Check every checksum and structural invariant of an image (read-only).
+    /// Check every checksum and structural invariant of an image (read-only). Exit 0
+    /// clean, 4 problems found, 8 the image cannot be read or is no crest image, 16 usage.
     Fsck {
         /// Image file or block device.
         image: PathBuf,
@@ -78,104 +115,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-}
-
-fn mount(addr: &str, mountpoint: &Path, options: Option<&str>, foreground: bool, timeout: u64) -> Result<()> {
-    let opts: Vec<String> = options.unwrap_or("").split(',').filter(|o| !o.is_empty()).map(str::to_string).collect();
-    if opts.iter().any(|o| o == "remount") {
-        // Options of a live FUSE mount are the kernel's business; accept the request.
-        eprintln!("crest: {} remounted", mountpoint.display());
-        return Ok(());
-    }
-    if !mountpoint.is_dir() {
-        bail!("mount point {} is not a directory", mountpoint.display());
-    }
-    if !foreground {
-        return mount_in_background(addr, mountpoint, options, timeout);
-    }
-    let client_opts = crest_net::ClientOptions {
-        client_name: format!("{}:{}", hostname(), mountpoint.display()),
-        op_timeout: std::time::Duration::from_secs(timeout),
-        ..Default::default()
-    };
-    let client = crest_net::Client::connect(addr, client_opts).with_context(|| format!("connecting to {addr}"))?;
-    let mut mopts = crest_fuse::MountOptions { fsname: addr.to_string(), ..Default::default() };
-    for o in opts {
-        match o.as_str() {
-            "ro" => mopts.read_only = true,
-            "rw" => mopts.read_only = false,
-            "allow_other" => mopts.allow_other = true,
-            _ => mopts.extra.push(o),
-        }
-    }
-    crest_fuse::mount_blocking(client, mountpoint, &mopts)
-        .with_context(|| format!("mounting on {}", mountpoint.display()))
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "client".into())
-}
-
-fn is_mounted(mountpoint: &Path) -> bool {
-    let Ok(canon) = mountpoint.canonicalize() else { return false };
-    std::fs::read_to_string("/proc/mounts")
-        .map(|m| m.lines().any(|l| l.split(' ').nth(1) == Some(&*canon.to_string_lossy())))
-        .unwrap_or(false)
-}
-
-/// Re-runs `crest mount --foreground` detached (own process group, output to a log file)
-/// and returns once the mount is there, or with the child's error.
-fn mount_in_background(addr: &str, mountpoint: &Path, options: Option<&str>, timeout: u64) -> Result<()> {
-    use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe().context("finding the crest binary")?;
-    let log_dir = std::env::temp_dir();
-    let canon = mountpoint.canonicalize()?;
-    let log = log_dir.join(format!("crest-mount{}.log", canon.display().to_string().replace('/', "_")));
-    let log_file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("mount").arg("--foreground").arg("--timeout").arg(timeout.to_string()).arg(addr).arg(&canon);
-    if let Some(o) = options {
-        cmd.arg("-o").arg(o);
-    }
-    let mut child = cmd
-        .stdin(std::process::Stdio::null())
-        .stdout(log_file.try_clone()?)
-        .stderr(log_file)
-        .process_group(0)
-        .spawn()
-        .context("starting the mount process")?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        if is_mounted(&canon) {
-            println!(
-                "crest: {addr} mounted on {} (log: {}); unmount with: crest umount {}",
-                canon.display(),
-                log.display(),
-                canon.display()
-            );
-            return Ok(());
-        }
-        if let Some(status) = child.try_wait()? {
-            let msg = std::fs::read_to_string(&log).unwrap_or_default();
-            bail!("mount failed ({status}): {}", msg.trim());
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            bail!("mount did not appear within 20 s (log: {})", log.display());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
-fn umount(mountpoint: &Path) -> Result<()> {
-    let ok = std::process::Command::new("fusermount3").arg("-u").arg(mountpoint).status().is_ok_and(|s| s.success())
-        || std::process::Command::new("umount").arg(mountpoint).status().is_ok_and(|s| s.success());
-    if !ok {
-        bail!("could not unmount {}", mountpoint.display());
-    }
-    Ok(())
 }
 
 /// `crest serve --disk-io`: the image backend (benches/diskio.rs in crest-store measures them).
@@ -213,7 +152,7 @@ fn open_disk(image: &Path, mut io: DiskIo) -> Result<Box<dyn crest_store::Disk>>
 }
 
 /// Where `crest serve` listens unless told otherwise.
-const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
 
 fn serve(image: &Path, listen: &str, commit_interval_ms: u64, disk_io: DiskIo) -> Result<()> {
     let disk = open_disk(image, disk_io)?;
@@ -269,21 +208,36 @@ fn now() -> Timespec {
     Timespec::new(d.as_secs() as i64, d.subsec_nanos())
 }
 
+/// True if either superblock slot holds crest's magic (damaged or not): tells a damaged
+/// crest image (fsck: errors, 4) from something else entirely (fsck: operational, 8).
 fn looks_like_crest(path: &Path) -> bool {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else { return false };
+    use std::os::unix::fs::FileExt;
+    let Ok(f) = std::fs::File::open(path) else { return false };
     let mut magic = [0u8; 8];
-    crest_store::limits::SUPERBLOCK_OFFSETS.iter().any(|off| {
-        f.seek(SeekFrom::Start(off + 32)).is_ok()
-            && f.read_exact(&mut magic).is_ok()
-            && magic == crest_store::superblock::MAGIC
-    })
+    crest_store::limits::SUPERBLOCK_OFFSETS
+        .iter()
+        .any(|off| f.read_exact_at(&mut magic, off + 32).is_ok() && magic == crest_store::superblock::MAGIC)
+}
+
+/// Refuses (without `force`) an image that holds anything: another file system, swap, a
+/// partition table, crest, or any data. With `force`, wipes those signatures first so
+/// that blkid and mount stop seeing the old file system in what becomes crest.
+fn check_overwrite(image: &Path, force: bool) -> Result<()> {
+    let found = signature::detect(&signature::read_head(image)?);
+    if found.is_empty() {
+        return Ok(());
+    }
+    if !force {
+        bail!("{} holds {}; pass --force to overwrite it", image.display(), found.join(" and "));
+    }
+    eprintln!("crest: overwriting {} on {} (--force)", found.join(" and "), image.display());
+    signature::wipe(image)
 }
 
 fn mkfs(image: &Path, size: Option<u64>, force: bool, json: bool) -> Result<()> {
     let exists = image.exists();
-    if exists && looks_like_crest(image) && !force {
-        bail!("{} already holds a crest file system; pass --force to overwrite it", image.display());
+    if exists {
+        check_overwrite(image, force)?;
     }
     let disk = match (exists, size) {
         (_, Some(size)) => FileDisk::create(image, size),
@@ -316,39 +270,72 @@ fn mkfs(image: &Path, size: Option<u64>, force: bool, json: bool) -> Result<()> 
     Ok(())
 }
 
-fn fsck(image: &Path, json: bool) -> Result<bool> {
-    let file = std::fs::File::open(image).with_context(|| format!("opening {}", image.display()))?;
-    let disk = ReadOnlyDisk { size: file_size(&file)?, file };
-    let report = check::fsck(Box::new(disk)).with_context(|| format!("checking {}", image.display()))?;
+/// Runs fsck and reports; returns the fsck(8) exit code. With `json` exactly one JSON
+/// object goes to stdout whatever happens, so scripts can always parse it.
+fn fsck(image: &Path, json: bool) -> u8 {
+    let (code, report) = match fsck_report(image) {
+        Ok(r) if r.is_clean() => (exit::OK, r),
+        Ok(r) => (exit::FSCK_UNCORRECTED, r),
+        Err((code, e)) => {
+            if json {
+                let v = serde_json::json!({
+                    "image": image.display().to_string(), "clean": false, "exit_code": code,
+                    "error": format!("{e:#}"),
+                });
+                println!("{v}");
+            } else {
+                eprintln!("crest: {e:#}");
+            }
+            return code;
+        }
+    };
     if json {
         let v = serde_json::json!({
-            "image": image.display().to_string(), "clean": report.is_clean(), "generation": report.generation,
-            "problems": report.problems, "notes": report.notes, "inodes": report.inodes,
-            "directories": report.directories, "nodes": report.nodes, "data_blocks": report.data_blocks,
-            "used_blocks": report.used_blocks, "total_blocks": report.total_blocks,
+            "image": image.display().to_string(), "clean": report.is_clean(), "exit_code": code,
+            "generation": report.generation, "problems": report.problems, "notes": report.notes,
+            "inodes": report.inodes, "directories": report.directories, "nodes": report.nodes,
+            "data_blocks": report.data_blocks, "used_blocks": report.used_blocks,
+            "total_blocks": report.total_blocks,
         });
         println!("{v}");
-    } else {
-        for n in &report.notes {
-            println!("note: {n}");
-        }
-        for p in &report.problems {
-            println!("problem: {p}");
-        }
-        println!(
-            "{}: generation {}, {} inodes ({} directories), {} tree nodes, {} data blocks verified, {}/{} blocks used: {}",
-            image.display(),
-            report.generation,
-            report.inodes,
-            report.directories,
-            report.nodes,
-            report.data_blocks,
-            report.used_blocks,
-            report.total_blocks,
-            if report.is_clean() { "clean".to_string() } else { format!("{} problems", report.problems.len()) }
-        );
+        return code;
     }
-    Ok(report.is_clean())
+    for n in &report.notes {
+        println!("note: {n}");
+    }
+    for p in &report.problems {
+        println!("problem: {p}");
+    }
+    println!(
+        "{}: generation {}, {} inodes ({} directories), {} tree nodes, {} data blocks verified, {}/{} blocks used: {}",
+        image.display(),
+        report.generation,
+        report.inodes,
+        report.directories,
+        report.nodes,
+        report.data_blocks,
+        report.used_blocks,
+        report.total_blocks,
+        if report.is_clean() { "clean".to_string() } else { format!("{} problems", report.problems.len()) }
+    );
+    code
+}
+
+/// The report, or the exit code and error when fsck could not run: a crest image with no
+/// usable superblock is damage (4); an image that cannot be opened or read, or holds no
+/// crest magic at all, is an operational error (8).
+fn fsck_report(image: &Path) -> Result<check::Report, (u8, anyhow::Error)> {
+    let op = |e: anyhow::Error| (exit::FSCK_OPERATIONAL, e);
+    let file = std::fs::File::open(image).with_context(|| format!("opening {}", image.display())).map_err(op)?;
+    let size = file_size(&file).with_context(|| format!("sizing {}", image.display())).map_err(op)?;
+    let disk = ReadOnlyDisk { size, file };
+    check::fsck(Box::new(disk)).map_err(|e| {
+        let code = match e {
+            crest_store::Error::BadImage(_) if looks_like_crest(image) => exit::FSCK_UNCORRECTED,
+            _ => exit::FSCK_OPERATIONAL,
+        };
+        (code, anyhow::Error::new(e).context(format!("checking {}", image.display())))
+    })
 }
 
 fn file_size(file: &std::fs::File) -> Result<u64> {
@@ -382,38 +369,76 @@ impl crest_store::Disk for ReadOnlyDisk {
     }
 }
 
+/// The arguments as clap should see them: called as `mount.fuse.crest` (mount(8) runs
+/// `mount.fuse.crest SOURCE MOUNTPOINT [-o OPTIONS]` for `-t fuse.crest` and fstab), they
+/// become `crest mount ...`.
+fn arguments() -> (Vec<std::ffi::OsString>, bool) {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let argv0 = args.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
+    let helper = argv0.ends_with("mount.fuse.crest") || argv0.ends_with("mount.crest");
+    if helper {
+        args.remove(0);
+        // mount(8) may pass flags like -n (no mtab), -v (verbose), -s (sloppy) that
+        // mean nothing here.
+        args.retain(|a| a != "-n" && a != "-v" && a != "-s");
+        args.splice(0..0, ["crest".into(), "mount".into()]);
+    }
+    (args, helper)
+}
+
+/// The exit code of a usage error: 16 for fsck (fsck(8)), 1 for the mount helper
+/// (mount(8)), clap's 2 otherwise.
+fn usage_exit(args: &[std::ffi::OsString], helper: bool) -> u8 {
+    if helper {
+        return exit::MOUNT_USAGE;
+    }
+    match args.iter().skip(1).find(|a| !a.to_string_lossy().starts_with('-')) {
+        Some(sub) if sub == "fsck" => exit::FSCK_USAGE,
+        _ => exit::USAGE,
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CREST_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
-    // Called as mount.fuse.crest by mount(8): SOURCE MOUNTPOINT [-o OPTIONS].
-    let argv0 = std::env::args().next().unwrap_or_default();
-    let cli = if argv0.ends_with("mount.fuse.crest") || argv0.ends_with("mount.crest") {
-        let mut args: Vec<String> = std::env::args().skip(1).collect();
-        // mount(8) may pass `-o opts` anywhere and flags like -n/-v we don't need.
-        args.retain(|a| a != "-n" && a != "-v" && a != "-s");
-        Cli::parse_from(std::iter::once("crest".to_string()).chain(std::iter::once("mount".to_string())).chain(args))
-    } else {
-        Cli::parse()
-    };
-    let result = match cli.command {
-        Command::Mkfs { image, size, force, json } => mkfs(&image, size, force, json).map(|()| true),
-        Command::Fsck { image, json } => fsck(&image, json),
-        Command::Mount { addr, mountpoint, options, foreground, timeout } => {
-            mount(&addr, &mountpoint, options.as_deref(), foreground, timeout).map(|()| true)
+    let (args, helper) = arguments();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are no errors (clap prints them to stdout).
+            let code = if e.use_stderr() { usage_exit(&args, helper) } else { exit::OK };
+            let _ = e.print();
+            return ExitCode::from(code);
         }
-        Command::Umount { mountpoint } => umount(&mountpoint).map(|()| true),
+    };
+    let (result, failure) = match cli.command {
+        Command::Mkfs { image, size, force, json } => (mkfs(&image, size, force, json), exit::FAILURE),
+        Command::Fsck { image, json } => return ExitCode::from(fsck(&image, json)),
+        Command::Mount { addr, mountpoint, options, foreground, timeout, ready_pipe } => {
+            let voice = if helper { mount::Voice::Helper } else { mount::Voice::Crest };
+            let req = mount::Request {
+                addr: &addr,
+                mountpoint: &mountpoint,
+                options: options.as_deref(),
+                foreground,
+                timeout,
+                ready_pipe,
+                voice,
+            };
+            (mount::mount(&req), exit::MOUNT_FAILURE)
+        }
+        Command::Umount { mountpoint, lazy } => (mount::umount(&mountpoint, lazy), exit::MOUNT_FAILURE),
         Command::Serve { image, listen, commit_interval_ms, disk_io } => {
-            serve(&image, &listen, commit_interval_ms, disk_io.into()).map(|()| true)
+            (serve(&image, &listen, commit_interval_ms, disk_io.into()), exit::FAILURE)
         }
     };
     match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
+        Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
             eprintln!("crest: {e:#}");
-            ExitCode::from(2)
+            ExitCode::from(failure)
         }
     }
 }

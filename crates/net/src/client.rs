@@ -132,6 +132,15 @@ pub enum ClientError {
         /// Its reason.
         reason: String,
     },
+    /// Something answers at the address but it is not a crest server (its answer to the
+    /// first handshake was no crest frame, or none came).
+    #[error("{addr} is not a crest server: {detail}")]
+    NotCrest {
+        /// Server address.
+        addr: String,
+        /// What it did instead.
+        detail: String,
+    },
     /// Could not connect at all.
     #[error("cannot connect to {addr}: {detail}")]
     Connect {
@@ -164,7 +173,10 @@ impl ClientError {
     pub fn errno(&self) -> i32 {
         match self {
             ClientError::Timeout { .. } => 110, // ETIMEDOUT
-            ClientError::Refused { .. } | ClientError::Connect { .. } | ClientError::Closed => 107, // ENOTCONN
+            ClientError::Refused { .. }
+            | ClientError::NotCrest { .. }
+            | ClientError::Connect { .. }
+            | ClientError::Closed => 107, // ENOTCONN
             ClientError::Fenced { .. } | ClientError::ReplyLost { .. } => 5, // EIO
         }
     }
@@ -1299,19 +1311,36 @@ async fn run(
         out.clear();
         let mut decoder = FrameDecoder::new();
         let mut buf = vec![0u8; 256 * 1024];
-        // Handshake.
+        // Handshake. `why` says what went wrong, for a first connection that fails it.
+        let mut why = String::new();
+        let mut received = 0usize;
         let welcome = loop {
             match decoder.poll_message::<ServerMessage>() {
                 Ok(Some(m)) => break Some(m),
                 Ok(None) => {}
                 Err(e) => {
                     tracing::warn!("bad handshake from {addr}: {e}");
+                    why = format!("its answer to the handshake is not a crest frame ({e})");
                     break None;
                 }
             }
             match tokio::time::timeout(Duration::from_secs(10), rd.read(&mut buf)).await {
-                Ok(Ok(n)) if n > 0 => decoder.handle_bytes(&buf[..n]),
-                _ => break None,
+                Ok(Ok(n)) if n > 0 => {
+                    received += n;
+                    decoder.handle_bytes(&buf[..n]);
+                }
+                Ok(Ok(_)) => {
+                    why = format!("it closed the connection after {received} bytes, without a crest welcome");
+                    break None;
+                }
+                Ok(Err(e)) => {
+                    why = format!("reading its answer to the handshake: {e}");
+                    break None;
+                }
+                Err(_) => {
+                    why = format!("no crest welcome within 10 s ({received} bytes received)");
+                    break None;
+                }
             }
         };
         // Calls written again in their places during the handshake (not resent below).
@@ -1474,7 +1503,23 @@ async fn run(
                 }
                 return;
             }
-            _ => {
+            other => {
+                // The very first handshake failing means whatever answers at `addr` does
+                // not speak crest (an sshd, a web server): say so at once rather than
+                // retrying until the connect timeout. Once connected, a failed handshake
+                // is a server restarting, and is retried.
+                if fsid.is_none() {
+                    if other.is_some() {
+                        why = "its first message is not a welcome".into();
+                    }
+                    let err = ClientError::NotCrest { addr: addr.clone(), detail: why };
+                    tracing::error!("{err}");
+                    let _ = ready.try_send(Err(err.clone()));
+                    for (_, c) in std::mem::take(&mut pending) {
+                        c.reply.send(Err(err.clone()));
+                    }
+                    return;
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;

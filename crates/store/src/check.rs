@@ -66,14 +66,17 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
         match disk.read_at(*off, &mut buf) {
             Ok(()) => match Superblock::decode(&buf, copy, image_blocks) {
                 Ok(sb) => sbs.push(sb),
-                Err(e) => report.notes.push(format!("superblock copy {copy} unusable: {e}")),
+                Err(e) => report.problems.push(format!("superblock copy {copy} unusable at byte {off}: {e}")),
             },
-            Err(e) => report.notes.push(format!("superblock copy {copy} unreadable: {e}")),
+            Err(e) => report.problems.push(format!("superblock copy {copy} unreadable at byte {off}: {e}")),
         }
     }
+    // A damaged copy is a problem even though open falls back to the other one: the
+    // image has lost its second chance, and a commit only rewrites a copy every other
+    // generation (a copy one generation older is normal and is not reported).
     sbs.sort_by_key(|s| std::cmp::Reverse(s.generation));
     let Some(sb) = sbs.first().cloned() else {
-        return Err(Error::BadImage(format!("no valid superblock: {}", report.notes.join("; "))));
+        return Err(Error::BadImage(format!("no valid superblock: {}", report.problems.join("; "))));
     };
     if let Some(older) = sbs.get(1) {
         if older.fsid != sb.fsid || older.total_blocks != sb.total_blocks {

@@ -829,6 +829,16 @@ fn expect_bad_image(img: &[u8], open_needles: &[&str], fsck_needles: &[&str]) ->
 /// The image opens at generation `g` with exactly its namespace, notes containing every
 /// needle, and fsck is clean.
 fn expect_intact(fx: &Fixture, img: &[u8], g: &GenLayout, needles: &[&str]) -> R {
+    expect_opens_intact(fx, img, g, needles)?;
+    let rep = fsck_ok(img)?;
+    ensure!(rep.is_clean(), "fsck problems: {}", short(&rep.problems));
+    ensure!(rep.generation == g.generation, "fsck checked generation {}", rep.generation);
+    Ok(())
+}
+
+/// The image opens at generation `g` with exactly its namespace and notes containing
+/// every needle (what fsck says is the caller's to check).
+fn expect_opens_intact(fx: &Fixture, img: &[u8], g: &GenLayout, needles: &[&str]) -> R {
     keep(img);
     let (_, r) = open_img(img)?;
     let mut s = r.map_err(|e| format!("open failed: {e}"))?;
@@ -837,11 +847,7 @@ fn expect_intact(fx: &Fixture, img: &[u8], g: &GenLayout, needles: &[&str]) -> R
     for n in needles {
         ensure!(notes.contains(n), "open notes lack {n:?}: {notes:?}");
     }
-    check_dump(&dump_soft(&mut s)?, &fx.dumps[&g.generation], g, &BTreeSet::new())?;
-    let rep = fsck_ok(img)?;
-    ensure!(rep.is_clean(), "fsck problems: {}", short(&rep.problems));
-    ensure!(rep.generation == g.generation, "fsck checked generation {}", rep.generation);
-    Ok(())
+    check_dump(&dump_soft(&mut s)?, &fx.dumps[&g.generation], g, &BTreeSet::new())
 }
 
 /// `Store::open` falls back to the older generation, leaving notes with every needle; its
@@ -1003,8 +1009,13 @@ macro_rules! case {
 /// The numbered corpus of corrupt images (all built from `main_fixture`). Groups `Superblock`
 /// to `Data` run in-process; `Resealed` in child processes.
 const CORPUS: &[Case] = &[
-    case!(1, Superblock, "byte flipped in the newest superblock copy → falls back to the older generation", c001),
-    case!(2, Superblock, "byte flipped in the older superblock copy → newest generation, a note", c002),
+    case!(
+        1,
+        Superblock,
+        "byte flipped in the newest superblock copy → falls back to the older generation; fsck problem",
+        c001
+    ),
+    case!(2, Superblock, "byte flipped in the older superblock copy → newest generation; fsck problem", c002),
     case!(3, Superblock, "both superblock copies flipped → BadImage naming both copies", c003),
     case!(4, Superblock, "blank (all-zero) image → BadImage: bad magic", c004),
     case!(5, Superblock, "foreign ext4-like image → BadImage: bad magic", c005),
@@ -1155,15 +1166,13 @@ fn c001(fx: &Fixture) -> R {
     let copy = fx.new.copy;
     let mut img = fx.image.clone();
     blk_mut(&mut img, sb_block(copy))[100] ^= 0x08;
-    let rep = fsck_ok(&img)?;
+    // Open falls back to the other copy, but fsck reports the damaged one.
+    let rep = fsck_problem(
+        &img,
+        &[&format!("superblock copy {copy} unusable at byte {}", sb_block(copy) * BS64), "checksum mismatch"],
+    )?;
     ensure!(rep.generation == fx.old.generation, "fsck checked generation {}", rep.generation);
-    ensure!(rep.is_clean(), "fsck problems: {}", short(&rep.problems));
-    let note = format!("superblock copy {copy} unusable");
-    ensure!(
-        rep.notes.iter().any(|n| n.contains(&note) && n.contains("checksum mismatch")),
-        "fsck notes lack {note:?}: {:?}",
-        rep.notes
-    );
+    ensure!(rep.problems.len() == 1, "fsck problems besides the superblock: {}", short(&rep.problems));
     expect_fallback(
         fx,
         &img,
@@ -1175,13 +1184,13 @@ fn c002(fx: &Fixture) -> R {
     let copy = fx.old.copy;
     let mut img = fx.image.clone();
     blk_mut(&mut img, sb_block(copy))[300] ^= 0x01;
-    let rep = fsck_ok(&img)?;
-    ensure!(
-        rep.notes.iter().any(|n| n.contains(&format!("superblock copy {copy} unusable"))),
-        "fsck notes: {:?}",
-        rep.notes
-    );
-    expect_intact(fx, &img, &fx.new, &[&format!("superblock copy {copy}:"), "checksum mismatch"])
+    let rep = fsck_problem(
+        &img,
+        &[&format!("superblock copy {copy} unusable at byte {}", sb_block(copy) * BS64), "checksum mismatch"],
+    )?;
+    ensure!(rep.generation == fx.new.generation, "fsck checked generation {}", rep.generation);
+    ensure!(rep.problems.len() == 1, "fsck problems besides the superblock: {}", short(&rep.problems));
+    expect_opens_intact(fx, &img, &fx.new, &[&format!("superblock copy {copy}:"), "checksum mismatch"])
 }
 
 fn c003(fx: &Fixture) -> R {
@@ -2236,7 +2245,8 @@ fn fuzz_one(fx: &Fixture, seed: u64, tally: &mut Tally) -> R {
     // Superblock copies verify iff untouched (every byte of the block is checked).
     let valid: Vec<&GenLayout> = gens.iter().copied().filter(|g| !damaged.contains(&sb_block(g.copy))).collect();
 
-    // fsck checks the newest valid copy's generation and is clean iff none of its blocks changed.
+    // fsck checks the newest valid copy's generation and is clean iff none of its blocks
+    // changed and neither superblock copy did (a damaged copy is a problem of its own).
     match (valid.first(), run_fsck(&img).map_err(|e| format!("{ctx} {e}"))?) {
         (None, Err(Error::BadImage(_))) => tally.fsck_refused += 1,
         (Some(g), Ok(rep)) => {
@@ -2246,7 +2256,8 @@ fn fuzz_one(fx: &Fixture, seed: u64, tally: &mut Tally) -> R {
                 rep.generation,
                 g.generation
             );
-            let hit: Vec<u64> = g.live().intersection(&damaged).copied().collect();
+            let mut hit: Vec<u64> = g.live().intersection(&damaged).copied().collect();
+            hit.extend((0..2).map(sb_block).filter(|b| damaged.contains(b)));
             ensure!(
                 rep.is_clean() == hit.is_empty(),
                 "{ctx} fsck of generation {} clean={} but its changed blocks are {hit:?}; problems: {}",

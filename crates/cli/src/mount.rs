@@ -1,0 +1,343 @@
+//! `crest mount`, `crest umount` and the `mount.fuse.crest` helper, behaving as mount(8)
+//! and umount(8) users expect: mistakes in the address or options are reported before
+//! anything starts, a mount is reported only once it exists (the background daemon says
+//! so on a pipe), a peer that is no crest server is named as such, and `umount` touches
+//! only crest mounts.
+
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::mountinfo::{self, CREST_FSTYPE};
+
+/// The port `crest serve` listens on by default, and so the one `crest mount host` uses.
+pub fn default_port() -> u16 {
+    crate::DEFAULT_LISTEN.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(7410)
+}
+
+/// Checks a server address and completes it: `host:port`, `host` (the default port),
+/// `[v6]:port`, `[v6]` or a bare IPv6 address. Returns `host:port` as connect takes it.
+pub fn parse_addr(addr: &str) -> Result<String> {
+    let bad = |why: &str| anyhow!("bad server address {addr:?}: {why} (expected HOST[:PORT], e.g. server:7410)");
+    if addr.is_empty() {
+        return Err(bad("empty"));
+    }
+    let (host, port) = if let Some(rest) = addr.strip_prefix('[') {
+        let (v6, after) = rest.split_once(']').ok_or_else(|| bad("no closing ]"))?;
+        v6.parse::<std::net::Ipv6Addr>().map_err(|_| bad("not an IPv6 address in [ ]"))?;
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':').ok_or_else(|| bad("junk after ]"))?),
+        };
+        (format!("[{v6}]"), port)
+    } else if addr.matches(':').count() > 1 {
+        // Several colons and no brackets: only a bare IPv6 address makes sense.
+        let v6: std::net::Ipv6Addr = addr.parse().map_err(|_| bad("IPv6 addresses with a port go in [ ]"))?;
+        (format!("[{v6}]"), None)
+    } else {
+        let (h, p) = match addr.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (addr, None),
+        };
+        let ok = !h.is_empty()
+            && h.len() <= 253
+            && h.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b'_'));
+        if !ok {
+            return Err(bad("the host name may hold only letters, digits, '.', '-' and '_'"));
+        }
+        (h.to_string(), p)
+    };
+    let port = match port {
+        None => default_port(),
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(bad(&format!("port {p:?} is not a number from 1 to 65535"))),
+        },
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// Splits `-o` options and checks their syntax (`name` or `name=value`, no blanks or
+/// control characters): a typo must fail before a daemon starts. Which options crest
+/// knows is crest-fuse's business (it warns about the others and goes on).
+pub fn parse_options(options: Option<&str>) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for o in options.unwrap_or("").split(',').filter(|o| !o.is_empty()) {
+        let name = o.split_once('=').map_or(o, |(n, _)| n);
+        let name_ok = !name.is_empty()
+            && name.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.' | b':'));
+        if !name_ok || o.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            bail!(
+                "bad mount option {o:?} in -o {:?}: options are NAME or NAME=VALUE, comma-separated",
+                options.unwrap_or("")
+            );
+        }
+        out.push(o.to_string());
+    }
+    Ok(out)
+}
+
+/// How `crest mount` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Voice {
+    /// `crest mount`: says where it mounted.
+    Crest,
+    /// `mount.fuse.crest`: silent on success, like every mount(8) helper.
+    Helper,
+}
+
+/// What `crest mount` was asked.
+pub struct Request<'a> {
+    pub addr: &'a str,
+    pub mountpoint: &'a Path,
+    pub options: Option<&'a str>,
+    pub foreground: bool,
+    pub timeout: u64,
+    /// Set in the daemon `mount_in_background` starts: report readiness on stdout.
+    pub ready_pipe: bool,
+    pub voice: Voice,
+}
+
+pub fn mount(req: &Request) -> Result<()> {
+    let opts = parse_options(req.options)?;
+    let addr = parse_addr(req.addr)?;
+    if opts.iter().any(|o| o == "remount") {
+        // Options of a live FUSE mount are the kernel's business; accept the request.
+        if req.voice == Voice::Crest {
+            eprintln!("crest: {} remounted", req.mountpoint.display());
+        }
+        return Ok(());
+    }
+    let target = req.mountpoint.canonicalize().with_context(|| format!("mount point {}", req.mountpoint.display()))?;
+    if !target.is_dir() {
+        bail!("mount point {} is not a directory", req.mountpoint.display());
+    }
+    if let Some(m) = mountinfo::mount_at(&mountinfo::read()?, &target) {
+        bail!("{} is already mounted ({} from {}); unmount it first", target.display(), m.fstype, m.source);
+    }
+    // An unknown host fails here, at once, rather than in the daemon.
+    std::net::ToSocketAddrs::to_socket_addrs(&addr).with_context(|| format!("resolving {addr}"))?;
+    if !req.foreground {
+        return mount_in_background(&addr, &target, req);
+    }
+    let mut ready = if req.ready_pipe { Some(take_ready_pipe()?) } else { None };
+    let served = serve_mount(&addr, &target, opts, req.timeout, &mut ready);
+    if let (Err(e), Some(mut pipe)) = (&served, ready) {
+        // The parent is waiting: it prints this and exits non-zero. The pipe may be
+        // gone already (the parent died); the error still goes to the log.
+        let _ = writeln!(pipe, "{e:#}");
+    }
+    served
+}
+
+/// The daemon's end of the readiness pipe: the parent hands it over as stdout. It is
+/// taken as a descriptor of its own (close-on-exec), and stdout is pointed at the log
+/// (stderr) so that nothing else holds the pipe open: neither a later print nor a child
+/// such as fusermount3, which inherits stdout and lives as long as the mount.
+fn take_ready_pipe() -> Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    let fd = std::io::stdout().as_fd().try_clone_to_owned().context("taking the readiness pipe")?;
+    nix::unistd::dup2_stdout(std::io::stderr()).context("pointing stdout at the log")?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// Connects, mounts, says "ok" on the readiness pipe once the kernel has the mount (and
+/// closes it: the parent reads to its end), and serves until it is unmounted. Before
+/// that, the pipe stays with the caller, to say what went wrong.
+fn serve_mount(
+    addr: &str,
+    target: &Path,
+    opts: Vec<String>,
+    timeout: u64,
+    ready: &mut Option<std::fs::File>,
+) -> Result<()> {
+    let client_opts = crest_net::ClientOptions {
+        client_name: format!("{}:{}", hostname(), target.display()),
+        op_timeout: Duration::from_secs(timeout),
+        ..Default::default()
+    };
+    let client = crest_net::Client::connect(addr, client_opts).map_err(|e| anyhow!(e))?;
+    let mut mopts = crest_fuse::MountOptions { fsname: addr.to_string(), ..Default::default() };
+    for o in opts {
+        match o.as_str() {
+            "ro" => mopts.read_only = true,
+            "rw" => mopts.read_only = false,
+            "allow_other" => mopts.allow_other = true,
+            _ => mopts.extra.push(o),
+        }
+    }
+    // spawn_mount returns once the mount exists (fuser's session is mounted then).
+    let guard =
+        crest_fuse::spawn_mount(client, target, &mopts).with_context(|| format!("mounting on {}", target.display()))?;
+    if let Some(mut pipe) = ready.take() {
+        // Best effort: a parent that died meanwhile changes nothing for the mount.
+        let _ = pipe.write_all(b"ok\n");
+    }
+    tracing::info!("{addr} mounted on {}", target.display());
+    guard.join().with_context(|| format!("serving {}", target.display()))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "client".into())
+}
+
+/// Where the background daemon of a mount logs.
+fn log_path(target: &Path) -> PathBuf {
+    std::env::temp_dir().join(format!("crest-mount{}.log", target.display().to_string().replace('/', "_")))
+}
+
+/// How long `crest mount` waits for its daemon's word: a connect gives up after 10 s
+/// (ClientOptions::connect_timeout), a handshake after 10 s more.
+const READY_WAIT: Duration = Duration::from_secs(60);
+
+/// Re-runs `crest mount --foreground` detached (own process group, log file as stderr),
+/// its stdout a pipe on which it writes "ok" once the kernel has the mount or why it
+/// failed; returns when that word comes (or the daemon dies without one).
+fn mount_in_background(addr: &str, target: &Path, req: &Request) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("finding the crest binary")?;
+    let log = log_path(target);
+    let log_file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let (reader, writer) = std::io::pipe().context("creating the readiness pipe")?;
+    let mut cmd = std::process::Command::new(exe);
+    // The mount point stays the last argument (tests find the daemon by it).
+    cmd.arg("mount").arg("--foreground").arg("--ready-pipe").arg("--timeout").arg(req.timeout.to_string());
+    if let Some(o) = req.options {
+        cmd.arg("-o").arg(o);
+    }
+    cmd.arg(addr).arg(target);
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(writer)
+        .stderr(log_file)
+        .process_group(0)
+        .spawn()
+        .context("starting the mount daemon")?;
+    // Our copy of the write end must go, or the read below never sees the daemon die.
+    drop(cmd);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // "ok" is one line; an error message is read to the end (the daemon exits).
+        let mut reader = std::io::BufReader::new(reader);
+        let mut word = String::new();
+        let r = reader.read_line(&mut word).and_then(|_| {
+            if word.trim() != "ok" {
+                reader.read_to_string(&mut word)?;
+            }
+            Ok(word)
+        });
+        let _ = tx.send(r);
+    });
+    let word = match rx.recv_timeout(READY_WAIT) {
+        Ok(r) => r.context("reading the mount daemon's readiness pipe")?,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("no word from the mount daemon within {} s (log: {})", READY_WAIT.as_secs(), log.display());
+        }
+    };
+    if word.trim() == "ok" {
+        if req.voice == Voice::Crest {
+            println!(
+                "crest: {addr} mounted on {} (log: {}); unmount with: crest umount {}",
+                target.display(),
+                log.display(),
+                shell_quote(&target.display().to_string())
+            );
+        }
+        return Ok(());
+    }
+    // It failed: it said why, or died without a word (then its log says).
+    let status = child.wait().context("waiting for the mount daemon")?;
+    if !word.trim().is_empty() {
+        bail!("{}", word.trim());
+    }
+    let msg = std::fs::read_to_string(&log).unwrap_or_default();
+    bail!("the mount daemon exited ({status}) without mounting: {}", msg.trim())
+}
+
+/// `s` quoted for a shell when it needs it (a mount point with spaces).
+fn shell_quote(s: &str) -> String {
+    if s.bytes().all(|c| c.is_ascii_alphanumeric() || b"/._-+:@%".contains(&c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// Unmounts a crest mount (`lazy`: detach it now even if busy, as `umount -l`). Anything
+/// that is not a fuse.crest mount is refused: `crest umount` must never take down a
+/// tmpfs or a disk because of a wrong path.
+pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
+    let target = mountinfo::resolve(mountpoint)?;
+    let Some(m) = mountinfo::mount_at(&mountinfo::read()?, &target) else {
+        bail!("{} is not mounted", target.display());
+    };
+    if m.fstype != CREST_FSTYPE {
+        bail!(
+            "{} is a {} mount (from {}), not a crest one ({CREST_FSTYPE}); crest umount leaves it alone",
+            target.display(),
+            m.fstype,
+            m.source
+        );
+    }
+    let mut tries = Vec::new();
+    for (tool, flag) in [("fusermount3", "-z"), ("umount", "-l")] {
+        let mut cmd = std::process::Command::new(tool);
+        if tool == "fusermount3" {
+            cmd.arg("-u");
+        }
+        if lazy {
+            cmd.arg(flag);
+        }
+        match cmd.arg("--").arg(&target).output() {
+            Ok(out) if out.status.success() => return Ok(()),
+            Ok(out) => tries.push(format!("{tool}: {}", String::from_utf8_lossy(&out.stderr).trim())),
+            Err(e) => tries.push(format!("{tool}: {e}")),
+        }
+    }
+    bail!("could not unmount {}: {}", target.display(), tries.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        let p = |s: &str| parse_addr(s).map_err(|e| e.to_string());
+        assert_eq!(p("server:7410").ok().as_deref(), Some("server:7410"));
+        assert_eq!(p("127.0.0.1:1").ok().as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(p("server").ok(), Some(format!("server:{}", default_port())));
+        assert_eq!(default_port(), 7410);
+        assert_eq!(p("[::1]:99").ok().as_deref(), Some("[::1]:99"));
+        assert_eq!(p("[::1]").ok().as_deref(), Some("[::1]:7410"));
+        assert_eq!(p("fe80::1").ok().as_deref(), Some("[fe80::1]:7410"));
+        for bad in
+            ["", ":7410", "host:", "host:0", "host:65536", "host:x", "ho st:1", "a:b:c", "[::1", "[zz]:1", "[::1]x"]
+        {
+            assert!(p(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(p("host:99999").is_err_and(|e| e.contains("port \"99999\"")));
+    }
+
+    #[test]
+    fn options() {
+        assert_eq!(parse_options(None).ok(), Some(vec![]));
+        assert_eq!(parse_options(Some("ro,,allow_other,x-systemd.automount,comment=a")).ok().map(|v| v.len()), Some(4));
+        for bad in ["ro, rw", "=x", "ro,a b", "bad\u{7}"] {
+            assert!(parse_options(Some(bad)).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("/mnt/x"), "/mnt/x");
+        assert_eq!(shell_quote("/mnt/a b"), "'/mnt/a b'");
+        assert_eq!(shell_quote("/it's"), r"'/it'\''s'");
+    }
+}

@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# The crest command as mkfs(8), fsck(8), mount(8) and umount(8) users expect it, run
+# against the real binary, real images, a real server and real FUSE mounts (root):
+#   fsck    exit 0 clean, 4 damage (either superblock copy, both), 8 no image / not crest,
+#           16 usage; --json is one valid JSON object in every case;
+#   mkfs    refuses ext4 / XFS / swap / crest / random data without --force, naming it;
+#           with --force wipes the old signature (blkid no longer sees it); empty is fine;
+#   umount  refuses a tmpfs and an unmounted directory; -l detaches a busy crest mount;
+#   mount   waits for the mount (readiness pipe): a dead port, an already mounted
+#           directory and a peer that is no crest server fail non-zero without "mounted";
+#           mount.fuse.crest is silent on success and exits 32 on failure; spaces in
+#           paths; HOST alone means port 7410; syntax errors fail at once.
+# Each check prints PASS/FAIL; exits non-zero if any failed.
+#   CREST_BIN   the crest binary (default target/release/crest)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+crest=${CREST_BIN:-$root/target/release/crest}
+[ -x "$crest" ] || { echo "build first: cargo build --release -p crest" >&2; exit 2; }
+tmp=$(mktemp -d /tmp/crest-cli.XXXXXX)
+fails=0
+pids=()
+mounts=()
+
+cleanup() {
+  # Unmount by mountinfo, not `mountpoint`: a mount whose server is gone answers ENOTCONN,
+  # and a broken build may have stacked several mounts on one directory.
+  for m in "${mounts[@]}"; do
+    for _ in 1 2 3 4; do
+      grep -qF " $(printf '%s' "$m" | sed 's/ /\\040/g') " /proc/self/mountinfo || break
+      umount -l "$m" 2>/dev/null || break
+    done
+  done
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$tmp" "${TMPDIR:-/tmp}/crest-mount$(printf '%s' "$tmp" | tr / _)"*.log
+}
+trap cleanup EXIT
+
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
+# run CMD...: runs it with stdout in $tmp/out, stderr in $tmp/err, exit code in $rc.
+run() { "$@" >"$tmp/out" 2>"$tmp/err"; rc=$?; }
+said() { echo "exit $rc; stdout: $(head -c 400 "$tmp/out"); stderr: $(head -c 600 "$tmp/err")"; }
+# expect NAME CODE CMD...: the command exits CODE.
+expect() {
+  local name=$1 want=$2; shift 2
+  run "$@"
+  if [ "$rc" = "$want" ]; then pass "$name"; else fail "$name" "want exit $want; $(said)"; fi
+}
+# mentions NAME TEXT: the last command's stdout or stderr contains TEXT (case-insensitive).
+mentions() { if grep -qiF -- "$2" "$tmp/out" "$tmp/err"; then pass "$1"; else fail "$1" "no \"$2\"; $(said)"; fi; }
+silent_about_mounted() {
+  if grep -q "mounted on" "$tmp/out"; then fail "$1" "printed \"mounted\"; $(said)"; else pass "$1"; fi
+}
+# json NAME PYEXPR CMD...: stdout is one JSON object d for which PYEXPR holds.
+json() {
+  local name=$1 cond=$2; shift 2
+  run "$@"
+  if python3 -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if ($cond) else 1)" <"$tmp/out"; then
+    pass "$name"
+  else
+    fail "$name" "JSON not valid or not ($cond); $(said)"
+  fi
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_listen() {
+  for _ in $(seq 100); do
+    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+# crest_mounted DIR: DIR is a fuse.crest mount point (mountinfo escapes spaces as \040).
+crest_mounted() { grep -F " $(printf '%s' "$1" | sed 's/ /\\040/g') " /proc/self/mountinfo | grep -q " - fuse.crest "; }
+
+echo "== fsck: exit codes and JSON"
+img=$tmp/img
+"$crest" mkfs --size 64M "$img" >/dev/null || { echo "mkfs failed" >&2; exit 1; }
+expect fsck-clean-exit-0 0 "$crest" fsck "$img"
+json fsck-clean-json "d['clean'] is True and d['exit_code'] == 0 and d['problems'] == []" "$crest" fsck --json "$img"
+cp "$img" "$tmp/bad0"
+printf 'garbage' | dd of="$tmp/bad0" bs=1 seek=$((64 * 1024 + 40)) conv=notrunc status=none
+expect fsck-damaged-copy-1-exit-4 4 "$crest" fsck "$tmp/bad0"
+mentions fsck-damaged-copy-1-named "superblock copy 0 unusable at byte 65536"
+json fsck-damaged-copy-1-json "d['clean'] is False and d['exit_code'] == 4 and any('byte 65536' in p for p in d['problems'])" \
+  "$crest" fsck --json "$tmp/bad0"
+cp "$img" "$tmp/bad1"
+printf '\001' | dd of="$tmp/bad1" bs=1 seek=$((1024 * 1024 + 3000)) conv=notrunc status=none
+expect fsck-damaged-copy-2-exit-4 4 "$crest" fsck "$tmp/bad1"
+mentions fsck-damaged-copy-2-named "superblock copy 1 unusable at byte 1048576"
+json fsck-damaged-copy-2-json "d['clean'] is False and any('byte 1048576' in p for p in d['problems'])" "$crest" fsck --json "$tmp/bad1"
+cp "$tmp/bad0" "$tmp/bad01"
+printf 'garbage' | dd of="$tmp/bad01" bs=1 seek=$((1024 * 1024 + 40)) conv=notrunc status=none
+expect fsck-both-copies-exit-4 4 "$crest" fsck "$tmp/bad01"
+mentions fsck-both-copies-named "no valid superblock"
+json fsck-both-copies-json "d['clean'] is False and d['exit_code'] == 4 and 'superblock' in d['error']" "$crest" fsck --json "$tmp/bad01"
+expect fsck-missing-file-exit-8 8 "$crest" fsck "$tmp/nonexistent"
+json fsck-missing-file-json "d['clean'] is False and d['exit_code'] == 8 and 'error' in d" "$crest" fsck --json "$tmp/nonexistent"
+truncate -s 16M "$tmp/zeros"
+expect fsck-not-crest-exit-8 8 "$crest" fsck "$tmp/zeros"
+json fsck-not-crest-json "d['exit_code'] == 8 and 'magic' in d['error']" "$crest" fsck --json "$tmp/zeros"
+expect fsck-bad-flag-exit-16 16 "$crest" fsck --bogus "$img"
+expect fsck-no-image-exit-16 16 "$crest" fsck
+expect fsck-help-exit-0 0 "$crest" fsck --help
+
+echo "== mkfs: refuses what holds data or a file system without --force, wipes it with"
+expect mkfs-over-crest-refused 1 "$crest" mkfs "$img"
+mentions mkfs-over-crest-named "crest file system"
+truncate -s 64M "$tmp/ext4"
+mkfs.ext4 -F -q "$tmp/ext4" >/dev/null 2>&1
+expect mkfs-over-ext4-refused 1 "$crest" mkfs "$tmp/ext4"
+mentions mkfs-over-ext4-named "ext2/ext3/ext4"
+[ "$(blkid -p -o value -s TYPE "$tmp/ext4")" = ext4 ] && pass mkfs-refusal-leaves-ext4 || fail mkfs-refusal-leaves-ext4 "blkid: $(blkid -p "$tmp/ext4")"
+expect mkfs-force-over-ext4 0 "$crest" mkfs --force "$tmp/ext4"
+type=$(blkid -p -o value -s TYPE "$tmp/ext4" 2>/dev/null)
+[ "$type" != ext4 ] && pass mkfs-force-wipes-ext4 || fail mkfs-force-wipes-ext4 "blkid still says $type"
+expect mkfs-forced-image-is-clean 0 "$crest" fsck "$tmp/ext4"
+truncate -s 64M "$tmp/xfs"
+printf 'XFSB' | dd of="$tmp/xfs" conv=notrunc status=none
+expect mkfs-over-xfs-refused 1 "$crest" mkfs "$tmp/xfs"
+mentions mkfs-over-xfs-named "XFS"
+expect mkfs-force-over-xfs 0 "$crest" mkfs --force --size 64M "$tmp/xfs"
+[ "$(head -c 4 "$tmp/xfs" | tr -d '\0')" != XFSB ] && pass mkfs-force-wipes-xfs || fail mkfs-force-wipes-xfs "XFSB still at 0"
+truncate -s 64M "$tmp/swap"
+mkswap "$tmp/swap" >/dev/null 2>&1
+expect mkfs-over-swap-refused 1 "$crest" mkfs "$tmp/swap"
+mentions mkfs-over-swap-named "swap"
+expect mkfs-force-over-swap 0 "$crest" mkfs --force "$tmp/swap"
+type=$(blkid -p -o value -s TYPE "$tmp/swap" 2>/dev/null)
+[ "$type" != swap ] && pass mkfs-force-wipes-swap || fail mkfs-force-wipes-swap "blkid still says $type"
+truncate -s 64M "$tmp/random"
+head -c 100000 /dev/urandom | dd of="$tmp/random" bs=1 seek=300000 conv=notrunc status=none
+expect mkfs-over-data-refused 1 "$crest" mkfs "$tmp/random"
+mentions mkfs-over-data-named "data (a non-zero byte at offset 3000"
+expect mkfs-force-over-data 0 "$crest" mkfs --force "$tmp/random"
+: >"$tmp/empty"
+expect mkfs-on-empty-file 0 "$crest" mkfs --size 64M "$tmp/empty"
+truncate -s 64M "$tmp/allzero"
+expect mkfs-on-all-zero-file 0 "$crest" mkfs "$tmp/allzero"
+
+echo "== umount: only fuse.crest mounts"
+mkdir -p "$tmp/tmpfs"
+if mount -t tmpfs crest-cli-test "$tmp/tmpfs"; then
+  mounts+=("$tmp/tmpfs")
+  expect umount-refuses-tmpfs 32 "$crest" umount "$tmp/tmpfs"
+  mentions umount-refuses-tmpfs-named "tmpfs"
+  mountpoint -q "$tmp/tmpfs" && pass umount-leaves-tmpfs-mounted || fail umount-leaves-tmpfs-mounted "tmpfs is gone"
+  expect umount-refuses-tmpfs-lazily 32 "$crest" umount -l "$tmp/tmpfs"
+  umount "$tmp/tmpfs"
+else
+  fail umount-refuses-tmpfs "cannot mount a tmpfs to test with (not root?)"
+fi
+expect umount-not-mounted 32 "$crest" umount "$tmp/tmpfs"
+mentions umount-not-mounted-named "not mounted"
+
+echo "== mount against a real server"
+port=$(free_port)
+"$crest" serve "$img" --listen "127.0.0.1:$port" >"$tmp/serve.log" 2>&1 &
+server=$!
+pids+=("$server")
+wait_listen "$port" || { cat "$tmp/serve.log" >&2; echo "server did not start" >&2; exit 1; }
+mnt="$tmp/mnt with spaces"
+mkdir -p "$mnt" "$tmp/m2" "$tmp/m3"
+mounts+=("$mnt" "$tmp/m2" "$tmp/m3")
+expect mount-spaces 0 "$crest" mount "127.0.0.1:$port" "$mnt"
+mentions mount-says-mounted "mounted on $mnt"
+crest_mounted "$mnt" && pass mount-spaces-in-mountinfo || fail mount-spaces-in-mountinfo "$(grep crest /proc/self/mountinfo)"
+echo hello >"$mnt/file" && [ "$(cat "$mnt/file")" = hello ] && pass mount-spaces-works || fail mount-spaces-works "no round trip"
+expect mount-already-mounted 32 "$crest" mount "127.0.0.1:$port" "$mnt"
+mentions mount-already-mounted-named "already mounted"
+silent_about_mounted mount-already-mounted-no-mounted
+# A busy mount (a process has its cwd in it): -l detaches it anyway.
+(cd "$mnt" && exec sleep 30) &
+busy=$!
+pids+=("$busy")
+sleep 0.2
+expect umount-lazy-busy 0 "$crest" umount -l "$mnt"
+crest_mounted "$mnt" && fail umount-lazy-gone "still in mountinfo" || pass umount-lazy-gone
+kill "$busy" 2>/dev/null
+expect mount-again-after-lazy 0 "$crest" mount "127.0.0.1:$port" "$mnt"
+expect umount-spaces 0 "$crest" umount "$mnt"
+crest_mounted "$mnt" && fail umount-spaces-gone "still in mountinfo" || pass umount-spaces-gone
+
+echo "== mount helper (argv[0] mount.fuse.crest, as mount(8) runs it)"
+mkdir -p "$tmp/bin"
+ln -s "$crest" "$tmp/bin/mount.fuse.crest"
+expect helper-success-exit-0 0 "$tmp/bin/mount.fuse.crest" "127.0.0.1:$port" "$tmp/m2" -o rw,_netdev
+[ ! -s "$tmp/out" ] && [ ! -s "$tmp/err" ] && pass helper-success-silent || fail helper-success-silent "$(said)"
+crest_mounted "$tmp/m2" && pass helper-mounted || fail helper-mounted "not in mountinfo"
+expect helper-already-mounted-exit-32 32 "$tmp/bin/mount.fuse.crest" "127.0.0.1:$port" "$tmp/m2"
+"$crest" umount "$tmp/m2"
+
+echo "== mount failures: dead port, syntax, not a crest server"
+dead=$(free_port)
+# Both dead-port mounts wait out the connect timeout (10 s): run them side by side.
+("$crest" mount "127.0.0.1:$dead" "$tmp/m2" >"$tmp/dead.out" 2>"$tmp/dead.err"; echo $? >"$tmp/dead.rc") &
+("$tmp/bin/mount.fuse.crest" "127.0.0.1:$dead" "$tmp/m3" >"$tmp/hdead.out" 2>"$tmp/hdead.err"; echo $? >"$tmp/hdead.rc") &
+# Syntax errors fail at once, before any daemon starts.
+start=$(date +%s%N)
+expect mount-bad-port 32 "$crest" mount "127.0.0.1:99999" "$tmp/m3"
+mentions mount-bad-port-named "bad server address"
+expect mount-bad-host 32 "$crest" mount "no host!:1" "$tmp/m3"
+expect mount-bad-option 32 "$crest" mount -o "ro, rw" "127.0.0.1:$port" "$tmp/m3"
+mentions mount-bad-option-named "bad mount option"
+expect helper-bad-usage-exit-1 1 "$tmp/bin/mount.fuse.crest" "127.0.0.1:$port"
+ms=$((($(date +%s%N) - start) / 1000000))
+[ "$ms" -lt 3000 ] && pass syntax-errors-at-once || fail syntax-errors-at-once "took $ms ms"
+# Peers that are no crest server: an HTTP server, one that sends garbage, one that hangs up.
+cat >"$tmp/peer.py" <<'EOF'
+import socket, sys
+mode, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port)); s.listen(16)
+while True:
+    c, _ = s.accept()
+    if mode == "http":
+        c.recv(4096); c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    elif mode == "garbage":
+        c.sendall(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")
+    c.close()
+EOF
+for mode in http garbage close; do
+  p=$(free_port)
+  python3 "$tmp/peer.py" $mode "$p" &
+  pids+=("$!")
+  wait_listen "$p"
+  start=$(date +%s)
+  expect "mount-$mode-peer-fails" 32 "$crest" mount "127.0.0.1:$p" "$tmp/m3"
+  mentions "mount-$mode-peer-named" "127.0.0.1:$p is not a crest server"
+  silent_about_mounted "mount-$mode-peer-no-mounted"
+  [ $(($(date +%s) - start)) -lt 5 ] && pass "mount-$mode-peer-at-once" || fail "mount-$mode-peer-at-once" "took $(($(date +%s) - start)) s"
+done
+wait_for() { for _ in $(seq 300); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
+wait_for "$tmp/dead.rc"
+rc=$(cat "$tmp/dead.rc"); cp "$tmp/dead.out" "$tmp/out"; cp "$tmp/dead.err" "$tmp/err"
+[ "$rc" = 32 ] && pass mount-dead-port-exit-32 || fail mount-dead-port-exit-32 "$(said)"
+mentions mount-dead-port-refused "connection refused"
+silent_about_mounted mount-dead-port-no-mounted
+crest_mounted "$tmp/m2" && fail mount-dead-port-not-mounted "mounted anyway" || pass mount-dead-port-not-mounted
+wait_for "$tmp/hdead.rc"
+rc=$(cat "$tmp/hdead.rc"); cp "$tmp/hdead.out" "$tmp/out"; cp "$tmp/hdead.err" "$tmp/err"
+[ "$rc" = 32 ] && pass helper-failure-exit-32 || fail helper-failure-exit-32 "$(said)"
+[ ! -s "$tmp/out" ] && pass helper-failure-no-stdout || fail helper-failure-no-stdout "$(said)"
+
+echo "== HOST alone means the default port (7410)"
+if python3 -c "import socket; socket.create_connection(('127.0.0.1', 7410), 0.5)" 2>/dev/null; then
+  echo "SKIP mount-default-port: something already listens on 127.0.0.1:7410"
+else
+  "$crest" mkfs --size 64M "$tmp/img2" >/dev/null
+  "$crest" serve "$tmp/img2" >"$tmp/serve2.log" 2>&1 &
+  pids+=("$!")
+  wait_listen 7410
+  expect mount-default-port 0 "$crest" mount 127.0.0.1 "$tmp/m3"
+  grep -F " $tmp/m3 " /proc/self/mountinfo | grep -q " - fuse.crest 127.0.0.1:7410 " && pass mount-default-port-source ||
+    fail mount-default-port-source "$(grep -F "$tmp/m3" /proc/self/mountinfo)"
+  "$crest" umount "$tmp/m3"
+fi
+
+kill "$server"
+wait "$server"
+expect fsck-after-serving 0 "$crest" fsck "$img"
+echo "== cli: $fails failed"
+[ "$fails" = 0 ]
