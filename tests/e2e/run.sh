@@ -237,6 +237,25 @@ access_times() {
 }
 check access-times access_times
 
+# remount,ro is enforced (EROFS, fstests generic/294 306 452) and remount,rw lifts it,
+# through mount(8) and the helper; the other flags (nosuid, nodev) stay; the other mount
+# stays writable.
+remount_read_only() {
+  local rc=0 flags
+  mount -o remount,ro "$mnt" || return 1
+  flags=$(awk -v m="$mnt" '$2 == m { print $4 }' /proc/mounts)
+  case ",$flags," in *,ro,*nosuid*nodev*) ;; *) log "flags after remount,ro: $flags"; rc=1 ;; esac
+  if touch "$mnt/remount-ro" 2>/dev/null || mkdir "$mnt/remount-ro-d" 2>/dev/null; then log "a read-only mount took a change"; rc=1; fi
+  touch "$mnt2/remount-other" || { log "the other mount is read-only too"; rc=1; }
+  mount -o remount,rw "$mnt" || rc=1
+  touch "$mnt/remount-rw" || { log "remount,rw did not lift it"; rc=1; }
+  flags=$(awk -v m="$mnt" '$2 == m { print $4 }' /proc/mounts)
+  case ",$flags," in *,rw,*nosuid*nodev*) ;; *) log "flags after remount,rw: $flags"; rc=1 ;; esac
+  rm -f "$mnt/remount-rw" "$mnt/remount-other"
+  return $rc
+}
+check remount-read-only remount_read_only
+
 # Seeded races on two mounts: O_APPEND records, files removed while the other mount holds
 # them open, readdir while names move (tests/e2e/corners.py; CREST_E2E_ROUNDS, _SEED).
 posix_corners() {

@@ -104,7 +104,7 @@ pub fn mount(req: &Request) -> Result<()> {
     let opts = parse_options(req.options)?;
     let addr = parse_addr(req.addr)?;
     if opts.iter().any(|o| o == "remount") {
-        // Options of a live FUSE mount are the kernel's business; accept the request.
+        remount(req.mountpoint, &opts)?;
         if req.voice == Voice::Crest {
             eprintln!("crest: {} remounted", req.mountpoint.display());
         }
@@ -340,4 +340,60 @@ mod tests {
         assert_eq!(shell_quote("/mnt/a b"), "'/mnt/a b'");
         assert_eq!(shell_quote("/it's"), r"'/it'\''s'");
     }
+}
+
+/// `-o remount,…` of a live crest mount: the kernel keeps its flags (`ro` is enforced
+/// there, EROFS before anything reaches the daemon), so they change with mount(2)'s
+/// MS_REMOUNT; every flag not named keeps its current value (MS_REMOUNT sets them all).
+fn remount(mountpoint: &Path, opts: &[String]) -> Result<()> {
+    use nix::mount::MsFlags;
+    use nix::sys::statvfs::{statvfs, FsFlags};
+    let target = mountpoint.canonicalize().with_context(|| format!("mount point {}", mountpoint.display()))?;
+    let Some(m) = mountinfo::mount_at(&mountinfo::read()?, &target) else {
+        bail!("{} is not mounted", target.display());
+    };
+    if m.fstype != "fuse.crest" {
+        bail!("{} is a {} mount, not crest's", target.display(), m.fstype);
+    }
+    let now = statvfs(&target).with_context(|| format!("statfs {}", target.display()))?.flags();
+    let kept = [
+        (FsFlags::ST_RDONLY, MsFlags::MS_RDONLY),
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_SYNCHRONOUS, MsFlags::MS_SYNCHRONOUS),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ];
+    let mut flags = MsFlags::MS_REMOUNT;
+    for (st, ms) in kept {
+        if now.contains(st) {
+            flags |= ms;
+        }
+    }
+    for o in opts {
+        let (on, off) = match o.as_str() {
+            "ro" => (MsFlags::MS_RDONLY, MsFlags::empty()),
+            "rw" => (MsFlags::empty(), MsFlags::MS_RDONLY),
+            "nosuid" => (MsFlags::MS_NOSUID, MsFlags::empty()),
+            "suid" => (MsFlags::empty(), MsFlags::MS_NOSUID),
+            "nodev" => (MsFlags::MS_NODEV, MsFlags::empty()),
+            "dev" => (MsFlags::empty(), MsFlags::MS_NODEV),
+            "noexec" => (MsFlags::MS_NOEXEC, MsFlags::empty()),
+            "exec" => (MsFlags::empty(), MsFlags::MS_NOEXEC),
+            "sync" => (MsFlags::MS_SYNCHRONOUS, MsFlags::empty()),
+            "async" => (MsFlags::empty(), MsFlags::MS_SYNCHRONOUS),
+            "noatime" => (MsFlags::MS_NOATIME, MsFlags::MS_RELATIME | MsFlags::MS_STRICTATIME),
+            "relatime" | "atime" => (MsFlags::MS_RELATIME, MsFlags::MS_NOATIME | MsFlags::MS_STRICTATIME),
+            "strictatime" => (MsFlags::MS_STRICTATIME, MsFlags::MS_NOATIME | MsFlags::MS_RELATIME),
+            "nodiratime" => (MsFlags::MS_NODIRATIME, MsFlags::empty()),
+            "diratime" => (MsFlags::empty(), MsFlags::MS_NODIRATIME),
+            _ => continue,
+        };
+        flags = (flags | on) & !off;
+    }
+    nix::mount::mount(Some(m.source.as_str()), &target, Some("fuse.crest"), flags, None::<&str>)
+        .with_context(|| format!("remounting {}", target.display()))?;
+    Ok(())
 }
