@@ -303,45 +303,6 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
     bail!("could not unmount {}: {}", target.display(), tries.join("; "))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses() {
-        let p = |s: &str| parse_addr(s).map_err(|e| e.to_string());
-        assert_eq!(p("server:7410").ok().as_deref(), Some("server:7410"));
-        assert_eq!(p("127.0.0.1:1").ok().as_deref(), Some("127.0.0.1:1"));
-        assert_eq!(p("server").ok(), Some(format!("server:{}", default_port())));
-        assert_eq!(default_port(), 7410);
-        assert_eq!(p("[::1]:99").ok().as_deref(), Some("[::1]:99"));
-        assert_eq!(p("[::1]").ok().as_deref(), Some("[::1]:7410"));
-        assert_eq!(p("fe80::1").ok().as_deref(), Some("[fe80::1]:7410"));
-        for bad in
-            ["", ":7410", "host:", "host:0", "host:65536", "host:x", "ho st:1", "a:b:c", "[::1", "[zz]:1", "[::1]x"]
-        {
-            assert!(p(bad).is_err(), "{bad:?} accepted");
-        }
-        assert!(p("host:99999").is_err_and(|e| e.contains("port \"99999\"")));
-    }
-
-    #[test]
-    fn options() {
-        assert_eq!(parse_options(None).ok(), Some(vec![]));
-        assert_eq!(parse_options(Some("ro,,allow_other,x-systemd.automount,comment=a")).ok().map(|v| v.len()), Some(4));
-        for bad in ["ro, rw", "=x", "ro,a b", "bad\u{7}"] {
-            assert!(parse_options(Some(bad)).is_err(), "{bad:?} accepted");
-        }
-    }
-
-    #[test]
-    fn quoting() {
-        assert_eq!(shell_quote("/mnt/x"), "/mnt/x");
-        assert_eq!(shell_quote("/mnt/a b"), "'/mnt/a b'");
-        assert_eq!(shell_quote("/it's"), r"'/it'\''s'");
-    }
-}
-
 /// `-o remount,…` of a live crest mount: the kernel keeps its flags (`ro` is enforced
 /// there, EROFS before anything reaches the daemon), so they change with mount(2)'s
 /// MS_REMOUNT; every flag not named keeps its current value (MS_REMOUNT sets them all).
@@ -396,4 +357,43 @@ fn remount(mountpoint: &Path, opts: &[String]) -> Result<()> {
     nix::mount::mount(Some(m.source.as_str()), &target, Some("fuse.crest"), flags, None::<&str>)
         .with_context(|| format!("remounting {}", target.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        let p = |s: &str| parse_addr(s).map_err(|e| e.to_string());
+        assert_eq!(p("server:7410").ok().as_deref(), Some("server:7410"));
+        assert_eq!(p("127.0.0.1:1").ok().as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(p("server").ok(), Some(format!("server:{}", default_port())));
+        assert_eq!(default_port(), 7410);
+        assert_eq!(p("[::1]:99").ok().as_deref(), Some("[::1]:99"));
+        assert_eq!(p("[::1]").ok().as_deref(), Some("[::1]:7410"));
+        assert_eq!(p("fe80::1").ok().as_deref(), Some("[fe80::1]:7410"));
+        for bad in
+            ["", ":7410", "host:", "host:0", "host:65536", "host:x", "ho st:1", "a:b:c", "[::1", "[zz]:1", "[::1]x"]
+        {
+            assert!(p(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(p("host:99999").is_err_and(|e| e.contains("port \"99999\"")));
+    }
+
+    #[test]
+    fn options() {
+        assert_eq!(parse_options(None).ok(), Some(vec![]));
+        assert_eq!(parse_options(Some("ro,,allow_other,x-systemd.automount,comment=a")).ok().map(|v| v.len()), Some(4));
+        for bad in ["ro, rw", "=x", "ro,a b", "bad\u{7}"] {
+            assert!(parse_options(Some(bad)).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("/mnt/x"), "/mnt/x");
+        assert_eq!(shell_quote("/mnt/a b"), "'/mnt/a b'");
+        assert_eq!(shell_quote("/it's"), r"'/it'\''s'");
+    }
 }
