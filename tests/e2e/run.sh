@@ -483,6 +483,35 @@ PY
 }
 check appends-written-back-joined appends_are_written_back_joined
 
+unreachable_server_waits_end() {
+  # With the server stopped (SIGSTOP: its connections stay up, nothing answers), a call on
+  # a mount with -o timeout=2 fails with ETIMEDOUT, and one on a mount with the default
+  # 120 s wait ends as soon as its process is sent SIGINT or SIGKILL.
+  local img3=$work/img-wait m5=$work/mnt-wait m6=$work/mnt-wait2 port3 srv3 rc=0 out pid
+  port3=$((port + 2))
+  mkdir -p "$m5" "$m6"
+  "$crest" mkfs --size 1G "$img3" >/dev/null || return 1
+  "$crest" serve "$img3" --listen "127.0.0.1:$port3" >>"$work/serve-wait.log" 2>&1 &
+  srv3=$!
+  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port3") 2>/dev/null && break; sleep 0.05; done
+  "$crest" mount -o timeout=2 "127.0.0.1:$port3" "$m5" >/dev/null && "$crest" mount "127.0.0.1:$port3" "$m6" >/dev/null || rc=1
+  kill -STOP "$srv3"
+  out=$(timeout -s KILL 30 stat "$m5/absent" 2>&1)
+  case $out in *"timed out"*) ;; *) log "timeout=2: stat said: $out"; rc=1 ;; esac
+  for sig in INT KILL; do
+    local t0=$SECONDS
+    (timeout -s KILL 30 python3 -c "import os; os.listdir('$m6')" 2>/dev/null &
+      pid=$!; sleep 1.5; pkill -"$sig" -P "$pid" python3; wait "$pid")
+    # Only the 30 s guard ends a wait the signal did not.
+    [ $((SECONDS - t0)) -lt 25 ] || { log "a process sent SIG$sig kept waiting on the stopped server"; rc=1; }
+  done
+  kill -CONT "$srv3"
+  "$crest" umount "$m5"; "$crest" umount "$m6"
+  kill "$srv3"; wait "$srv3"
+  return $rc
+}
+check unreachable-server-waits-end unreachable_server_waits_end
+
 stopped_holder_is_fenced() {
   # The first mount creates a directory (so it holds it exclusively) and a file in it,
   # fsynced. Its daemon is then stopped (SIGSTOP: its connection stays up, it says

@@ -100,8 +100,29 @@ pub struct Request<'a> {
     pub voice: Voice,
 }
 
+/// `-o timeout=SECONDS` (fstab's way to say `--timeout`), taken out of `opts`: how long
+/// a file operation waits for an absent server before failing (ETIMEDOUT).
+fn take_timeout(opts: &mut Vec<String>) -> Result<Option<u64>> {
+    let mut timeout = None;
+    let mut err = None;
+    opts.retain(|o| {
+        let Some(v) = o.strip_prefix("timeout=") else { return true };
+        match v.parse::<u64>() {
+            Ok(t) if t > 0 => timeout = Some(t),
+            _ => err = Some(format!("bad mount option {o:?}: timeout=SECONDS, a whole number above 0")),
+        }
+        false
+    });
+    match err {
+        Some(e) => Err(anyhow!(e)),
+        None => Ok(timeout),
+    }
+}
+
 pub fn mount(req: &Request) -> Result<()> {
-    let opts = parse_options(req.options)?;
+    let mut opts = parse_options(req.options)?;
+    let timeout = take_timeout(&mut opts)?.unwrap_or(req.timeout);
+    let req = &Request { timeout, ..*req };
     let addr = parse_addr(req.addr)?;
     if opts.iter().any(|o| o == "remount") {
         remount(req.mountpoint, &opts)?;

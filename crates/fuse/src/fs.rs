@@ -43,6 +43,7 @@ use fuser::{
     WriteFlags,
 };
 
+use crate::caller::{self, Caller};
 use crate::convert::{self, XattrAnswer};
 use crate::dir::{DirStream, Entry, READDIR_BATCH};
 use crate::error::Error;
@@ -522,6 +523,7 @@ impl CrestFs {
     pub fn new(client: Client, ttl: Duration) -> CrestFs {
         let names = Arc::new(Mutex::new(NameCache::new(ttl)));
         client.set_rights(Arc::new(CacheRights { names: names.clone() }));
+        client.set_interrupt_check(Box::new(caller::interrupted));
         CrestFs {
             client: Arc::new(client),
             ttl: Duration::ZERO,
@@ -1441,7 +1443,8 @@ impl Filesystem for CrestFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _caller = Caller::enter(req.pid());
         if name == "." || name == ".." {
             return self.lookup_for_handle(parent.0, name, reply);
         }
@@ -1477,7 +1480,8 @@ impl Filesystem for CrestFs {
         lock(&self.inodes).forget(ino.0);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _caller = Caller::enter(req.pid());
         // (Bound first: the cache guard must be gone before the reply locks it again.)
         let held = lock(&self.names).attr(ino.0, Instant::now());
         if let Some(a) = held {
@@ -1493,7 +1497,7 @@ impl Filesystem for CrestFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -1509,6 +1513,7 @@ impl Filesystem for CrestFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _caller = Caller::enter(req.pid());
         let set = p::SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -1567,7 +1572,8 @@ impl Filesystem for CrestFs {
         self.reply_attr(reply, r);
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _caller = Caller::enter(req.pid());
         match self.one("readlink", Op::ReadLink { ino: ino.0 }).and_then(|r| want_data("readlink", r)) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(self.fail(&e)),
@@ -1575,6 +1581,7 @@ impl Filesystem for CrestFs {
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let _caller = Caller::enter(req.pid());
         let Some(kind) = convert::kind_from_mode(mode) else {
             let e =
                 Error::Invalid { op: "mknod", why: format!("mode {mode:#o} is not a file, device, fifo or socket") };
@@ -1585,11 +1592,13 @@ impl Filesystem for CrestFs {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let _caller = Caller::enter(req.pid());
         let r = self.create_node(req, parent, name, p::FileType::Directory, convert::create_mode(mode, umask), 0);
         self.reply_entry(reply, parent.0, name.as_bytes(), r);
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _caller = Caller::enter(req.pid());
         if self.remove_locally(parent.0, name.as_bytes(), false)
             || (self.acquire(parent.0) && self.remove_locally(parent.0, name.as_bytes(), false))
         {
@@ -1603,7 +1612,8 @@ impl Filesystem for CrestFs {
         self.reply_empty(reply, r);
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _caller = Caller::enter(req.pid());
         if self.remove_locally(parent.0, name.as_bytes(), true)
             || (self.acquire(parent.0) && self.remove_locally(parent.0, name.as_bytes(), true))
         {
@@ -1618,6 +1628,7 @@ impl Filesystem for CrestFs {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let _caller = Caller::enter(req.pid());
         let target_bytes = target.as_os_str().as_bytes();
         if !target_bytes.is_empty() && target_bytes.len() < 4096 {
             let (name, kind) = (link_name.as_bytes(), p::FileType::Symlink);
@@ -1640,7 +1651,7 @@ impl Filesystem for CrestFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1648,6 +1659,7 @@ impl Filesystem for CrestFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _caller = Caller::enter(req.pid());
         let Some(wire_flags) = convert::rename_flags(flags.bits()) else {
             let e = Error::Invalid {
                 op: "rename",
@@ -1698,7 +1710,8 @@ impl Filesystem for CrestFs {
         self.reply_empty(reply, r);
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let _caller = Caller::enter(req.pid());
         if let Some(a) = self.link_locally(ino.0, newparent.0, newname.as_bytes()) {
             return self.reply_entry(reply, newparent.0, newname.as_bytes(), Ok(a));
         }
@@ -1710,7 +1723,8 @@ impl Filesystem for CrestFs {
         self.reply_entry(reply, newparent.0, newname.as_bytes(), r);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _caller = Caller::enter(req.pid());
         // O_TRUNC never arrives here (no ATOMIC_O_TRUNC: the kernel truncates by setattr);
         // O_DIRECT needs nothing: the kernel sends such I/O straight through.
         let fh = self.fh();
@@ -1729,7 +1743,7 @@ impl Filesystem for CrestFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -1738,6 +1752,7 @@ impl Filesystem for CrestFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _caller = Caller::enter(req.pid());
         let op = Op::Read { ino: ino.0, offset, len: size.min(MAX_IO_BYTES) };
         let io = self.page_io.begin(ino.0);
         let r = self.one("read", op).and_then(|r| want_data("read", r));
@@ -1755,7 +1770,7 @@ impl Filesystem for CrestFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -1765,6 +1780,7 @@ impl Filesystem for CrestFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _caller = Caller::enter(req.pid());
         let Ok(len) = u32::try_from(data.len()) else {
             return reply.error(Errno::EFBIG);
         };
@@ -1811,7 +1827,8 @@ impl Filesystem for CrestFs {
         }
     }
 
-    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        let _caller = Caller::enter(req.pid());
         // Synchronous writes are on the server when acknowledged. Writeback ones are not
         // waited for — a local disk's close does not wait for its write-back either, and
         // waiting costs a round trip per file written — but shipped now, and a failure of
@@ -1847,7 +1864,8 @@ impl Filesystem for CrestFs {
         reply.ok();
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let _caller = Caller::enter(req.pid());
         let r = self.one("fsync", Op::Fsync { ino: ino.0 }).and_then(|r| want_done("fsync", r));
         let r = r.and_then(|()| self.settle("fsync", ino.0));
         self.reply_empty(reply, r);
@@ -1861,7 +1879,8 @@ impl Filesystem for CrestFs {
         reply.opened(fh, FopenFlags::empty());
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let _caller = Caller::enter(req.pid());
         let r = self.readdir_into(ino.0, fh.0, offset, |e, parent| match e {
             Entry::Dot => reply.add(ino, convert::DOT_OFFSET, FileType::Directory, "."),
             Entry::DotDot => reply.add(INodeNo(parent), convert::DOTDOT_OFFSET, FileType::Directory, ".."),
@@ -1878,7 +1897,8 @@ impl Filesystem for CrestFs {
         }
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let _caller = Caller::enter(req.pid());
         let ttl = self.ttl;
         let r = self.readdir_into(ino.0, fh.0, offset, |e, parent| match e {
             // The kernel takes no attributes or lookup reference from "." and "..".
@@ -1911,13 +1931,15 @@ impl Filesystem for CrestFs {
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let _caller = Caller::enter(req.pid());
         let r = self.one("fsyncdir", Op::Fsync { ino: ino.0 }).and_then(|r| want_done("fsyncdir", r));
         let r = r.and_then(|()| self.settle("fsyncdir", ino.0));
         self.reply_empty(reply, r);
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _caller = Caller::enter(req.pid());
         match self.one("statfs", Op::StatFs) {
             Ok(Reply::StatFs(s)) => reply.statfs(
                 s.total_blocks,
@@ -1936,7 +1958,7 @@ impl Filesystem for CrestFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1944,6 +1966,7 @@ impl Filesystem for CrestFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _caller = Caller::enter(req.pid());
         let flags = convert::xattr_flags(flags);
         match self.xattr_locally(ino.0, name.as_bytes(), Some(value), flags) {
             Some(Ok(())) => return reply.ok(),
@@ -1957,7 +1980,8 @@ impl Filesystem for CrestFs {
         self.reply_empty(reply, r.and_then(|r| want_done("setxattr", r)));
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _caller = Caller::enter(req.pid());
         // (Bound first: the cache guard must be gone before the reply.)
         let held = lock(&self.names).held_xattrs(ino.0).map(|m| m.get(name.as_bytes()).cloned());
         match held {
@@ -1969,7 +1993,8 @@ impl Filesystem for CrestFs {
         self.reply_xattr(reply, size, r.and_then(|r| want_data("getxattr", r)));
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _caller = Caller::enter(req.pid());
         let held = lock(&self.names).held_xattrs(ino.0).map(|m| m.keys().cloned().collect::<Vec<_>>());
         if let Some(names) = held {
             return self.reply_xattr(reply, size, Ok(convert::xattr_list(&names)));
@@ -1981,7 +2006,8 @@ impl Filesystem for CrestFs {
         self.reply_xattr(reply, size, r);
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _caller = Caller::enter(req.pid());
         match self.xattr_locally(ino.0, name.as_bytes(), None, 0) {
             Some(Ok(())) => return reply.ok(),
             Some(Err(e)) => return reply.error(e),
@@ -2008,6 +2034,7 @@ impl Filesystem for CrestFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _caller = Caller::enter(req.pid());
         let kind = p::FileType::Regular;
         let mode = convert::create_mode(mode, umask);
         let fh = self.fh();
@@ -2054,7 +2081,7 @@ impl Filesystem for CrestFs {
 
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
@@ -2063,12 +2090,13 @@ impl Filesystem for CrestFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let _caller = Caller::enter(req.pid());
         reply.error(Errno::from_i32(libc::ENOTTY));
     }
 
     fn poll(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         _fh: FileHandle,
         _ph: PollNotifier,
@@ -2076,13 +2104,14 @@ impl Filesystem for CrestFs {
         _flags: PollFlags,
         reply: ReplyPoll,
     ) {
+        let _caller = Caller::enter(req.pid());
         // ENOSYS once: the kernel then answers poll itself (always ready).
         reply.error(Errno::ENOSYS);
     }
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -2090,6 +2119,7 @@ impl Filesystem for CrestFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _caller = Caller::enter(req.pid());
         let op = Op::Fallocate { ino: ino.0, offset, len: length, flags: convert::fallocate_flags(mode) };
         let r = self.one("fallocate", op).and_then(|r| want_attr("fallocate", r));
         if let Ok(a) = &r {
@@ -2099,14 +2129,15 @@ impl Filesystem for CrestFs {
         self.reply_empty(reply, r.map(|_| ()));
     }
 
-    fn lseek(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: i64, _whence: i32, reply: ReplyLseek) {
+    fn lseek(&self, req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: i64, _whence: i32, reply: ReplyLseek) {
+        let _caller = Caller::enter(req.pid());
         // ENOSYS once: the kernel then seeks itself (SEEK_DATA/SEEK_HOLE see one extent).
         reply.error(Errno::ENOSYS);
     }
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino_in: INodeNo,
         _fh_in: FileHandle,
         _offset_in: u64,
@@ -2117,13 +2148,14 @@ impl Filesystem for CrestFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        let _caller = Caller::enter(req.pid());
         // ENOSYS once: the kernel then copies through read and write.
         reply.error(Errno::ENOSYS);
     }
 
     fn getlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         lock_owner: LockOwner,
@@ -2133,6 +2165,7 @@ impl Filesystem for CrestFs {
         _pid: u32,
         reply: ReplyLock,
     ) {
+        let _caller = Caller::enter(req.pid());
         // Only fcntl tests locks (F_GETLK, F_OFD_GETLK): never the flock namespace.
         let Some(kind) = locks::kind_in(typ) else {
             return reply.error(Errno::EINVAL);
@@ -2159,6 +2192,7 @@ impl Filesystem for CrestFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        let _caller = Caller::enter(req.pid());
         let Some(kind) = locks::kind_in(typ) else {
             return reply.error(Errno::EINVAL);
         };

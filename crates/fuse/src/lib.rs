@@ -12,6 +12,7 @@
 //! As root (with fusermount3 installed) mounts use `auto_unmount`: a killed client leaves
 //! no dead mount behind; `-o noauto_unmount` turns that off.
 
+mod caller;
 mod convert;
 mod dir;
 mod error;

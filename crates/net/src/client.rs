@@ -152,6 +152,13 @@ pub enum ClientError {
     /// The client was shut down.
     #[error("client is shut down")]
     Closed,
+    /// The caller gave up waiting (its process has a signal to take: Ctrl-C, kill). The
+    /// request may still run, as a call interrupted on an NFS `intr` mount may.
+    #[error("interrupted while waiting for {addr}")]
+    Interrupted {
+        /// Server address.
+        addr: String,
+    },
     /// The server fenced this client's session (it was silent or away past its lease):
     /// the request was not applied, and will not be.
     #[error("{addr} fenced this client's session (its lease lapsed); the change was not applied")]
@@ -178,6 +185,7 @@ impl ClientError {
             | ClientError::Connect { .. }
             | ClientError::Closed => 107, // ENOTCONN
             ClientError::Fenced { .. } | ClientError::ReplyLost { .. } => 5, // EIO
+            ClientError::Interrupted { .. } => 4, // EINTR
         }
     }
 }
@@ -659,8 +667,18 @@ impl Drop for AsyncPermit<'_> {
     }
 }
 
+/// A call waits at least this long before its caller's interrupt check is asked: most
+/// answers come well before, and an interrupted change may still run.
+const INTERRUPTIBLE_AFTER: Duration = Duration::from_secs(1);
+/// How often a waiting call asks the interrupt check after that.
+const INTERRUPT_POLL: Duration = Duration::from_millis(200);
+
+/// Whether the caller of a waiting call gave up (see `Client::set_interrupt_check`).
+pub type InterruptCheck = Box<dyn Fn() -> bool + Send + Sync>;
+
 /// A connection to one server, shared by every thread of a mount.
 pub struct Client {
+    interrupted: std::sync::OnceLock<InterruptCheck>,
     out: Outbox,
     recalls: Mutex<Option<std_mpsc::Receiver<Recall>>>,
     recalls_taken: Arc<AtomicBool>,
@@ -717,6 +735,7 @@ impl Client {
             Err(_) => return Err(ClientError::Connect { addr: addr.into(), detail: "timed out".into() }),
         };
         Ok(Client {
+            interrupted: std::sync::OnceLock::new(),
             out: Outbox { tx, held },
             recalls: Mutex::new(Some(recall_rx)),
             recalls_taken,
@@ -810,13 +829,33 @@ impl Client {
         if !self.out.send(Outbound::Call(call)) {
             return Err(ClientError::Closed);
         }
-        match rx.recv_timeout(self.opts.op_timeout) {
-            Ok(r) => r,
-            Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                Err(ClientError::Timeout { addr: self.addr.clone(), secs: self.opts.op_timeout.as_secs() })
+        // A caller that waits long may be asked to stop: after `INTERRUPTIBLE_AFTER`, the
+        // interrupt check (`set_interrupt_check`) is asked every `INTERRUPT_POLL`.
+        let start = std::time::Instant::now();
+        loop {
+            let waited = start.elapsed();
+            let Some(left) = self.opts.op_timeout.checked_sub(waited).filter(|d| !d.is_zero()) else {
+                return Err(ClientError::Timeout { addr: self.addr.clone(), secs: self.opts.op_timeout.as_secs() });
+            };
+            let slice = if waited < INTERRUPTIBLE_AFTER { INTERRUPTIBLE_AFTER - waited } else { INTERRUPT_POLL };
+            match rx.recv_timeout(left.min(slice)) {
+                Ok(r) => return r,
+                Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                    let check = self.interrupted.get();
+                    if start.elapsed() >= INTERRUPTIBLE_AFTER && check.is_some_and(|f| f()) {
+                        tracing::debug!(id, "caller interrupted after {:?}", start.elapsed());
+                        return Err(ClientError::Interrupted { addr: self.addr.clone() });
+                    }
+                }
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return Err(ClientError::Closed),
             }
-            Err(std_mpsc::RecvTimeoutError::Disconnected) => Err(ClientError::Closed),
         }
+    }
+
+    /// How a waiting call learns that its caller gave up (a signal to take): asked on the
+    /// calling thread, once a call has waited `INTERRUPTIBLE_AFTER`. Set once.
+    pub fn set_interrupt_check(&self, check: InterruptCheck) {
+        let _ = self.interrupted.set(check);
     }
 
     /// One operation; errors flattened to an errno.

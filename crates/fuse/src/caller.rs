@@ -1,0 +1,96 @@
+//! Which process each handler thread is serving, and whether that process has a signal
+//! to take. fuser does not pass the kernel's FUSE_INTERRUPT on (it answers ENOSYS, and
+//! the kernel stops sending them), and a process killed while its request is with the
+//! daemon waits until the daemon answers. So a call that waits long (an unreachable
+//! server) asks here, now and then, and gives up with EINTR for a caller that was sent
+//! SIGINT, SIGTERM, SIGKILL or any other signal it neither blocks nor ignores.
+
+use std::cell::Cell;
+
+thread_local! {
+    static CALLER: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The process this thread serves, from `enter` until dropped.
+pub struct Caller {
+    previous: u32,
+}
+
+impl Caller {
+    /// This thread now serves `pid` (the FUSE request's, a thread id).
+    pub fn enter(pid: u32) -> Caller {
+        Caller { previous: CALLER.with(|c| c.replace(pid)) }
+    }
+}
+
+impl Drop for Caller {
+    fn drop(&mut self) {
+        CALLER.with(|c| c.set(self.previous));
+    }
+}
+
+/// Whether the process this thread serves has a signal to take (or is gone). False on
+/// threads serving nobody.
+pub fn interrupted() -> bool {
+    let pid = CALLER.with(Cell::get);
+    if pid == 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Ok(status) => signal_pending(&status),
+        Err(_) => true,
+    }
+}
+
+/// SIGKILL's bit in the masks of /proc/PID/status (signal n is bit n - 1).
+const SIGKILL_BIT: u64 = 1 << 8;
+
+/// From /proc/PID/status: a pending signal (the thread's or the process's) that is
+/// neither blocked nor ignored; SIGKILL always counts.
+fn signal_pending(status: &str) -> bool {
+    let mask = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let pending = mask("SigPnd:") | mask("ShdPnd:");
+    let held = mask("SigBlk:") | mask("SigIgn:");
+    pending & SIGKILL_BIT != 0 || pending & !held != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(pnd: u64, shd: u64, blk: u64, ign: u64) -> String {
+        format!("Name:\tx\nSigQ:\t0/1\nSigPnd:\t{pnd:016x}\nShdPnd:\t{shd:016x}\nSigBlk:\t{blk:016x}\nSigIgn:\t{ign:016x}\n")
+    }
+
+    #[test]
+    fn pending_signals_count_unless_blocked_or_ignored() {
+        let sigint = 1 << 1;
+        assert!(!signal_pending(&status(0, 0, 0, 0)));
+        assert!(signal_pending(&status(0, sigint, 0, 0)), "Ctrl-C, sent to the process");
+        assert!(signal_pending(&status(sigint, 0, 0, 0)), "sent to the thread");
+        assert!(!signal_pending(&status(0, sigint, sigint, 0)), "blocked");
+        assert!(!signal_pending(&status(0, sigint, 0, sigint)), "ignored");
+        assert!(signal_pending(&status(0, SIGKILL_BIT, SIGKILL_BIT, SIGKILL_BIT)), "kill -9 always");
+    }
+
+    #[test]
+    fn a_thread_serves_its_caller_until_the_guard_goes() {
+        assert!(!interrupted(), "nobody served");
+        {
+            let _c = Caller::enter(u32::MAX - 1); // no such process: gone
+            assert!(interrupted());
+            {
+                let _inner = Caller::enter(std::process::id());
+                assert!(!interrupted(), "this test process has nothing pending");
+            }
+            assert!(interrupted());
+        }
+        assert!(!interrupted());
+    }
+}
