@@ -1458,6 +1458,8 @@ impl Server {
                 }))
             }
             Op::SetXattr { ino, name, value, flags } => {
+                // Linux refuses a bad name or an oversized value before looking at flags.
+                s::fs::xattr::check(&name, value.len())?;
                 if flags & (p::XATTR_CREATE | p::XATTR_REPLACE) != 0 {
                     let exists = match st.getxattr(ino, &name) {
                         Ok(_) => true,
