@@ -4,6 +4,8 @@
 //! collide, big↔small replacement, removal, refused changes, a full image, reopen, and
 //! fsck after each (no chunk without its record, none missing, none left behind).
 //!
+//! Damaged chunks (resealed leaves) must be reported by fsck and refused by getxattr.
+//!
 //! `CREST_XATTR_SEED=S` replays a seed (each test prints the one it used).
 
 mod common;
@@ -11,8 +13,11 @@ use std::collections::BTreeMap;
 
 use common::*;
 use crest_rng::Stream;
-use crest_store::key::name_hash;
-use crest_store::limits::{XATTR_CHUNK_BYTES, XATTR_INLINE_MAX, XATTR_LIST_MAX, XATTR_SIZE_MAX};
+use crest_store::checksum::crc32c;
+use crest_store::fs::xattr;
+use crest_store::key::{name_hash, Key};
+use crest_store::limits::{BLOCK_SIZE, XATTR_CHUNK_BYTES, XATTR_INLINE_MAX, XATTR_LIST_MAX, XATTR_SIZE_MAX};
+use crest_store::store::FS_TREE_ID;
 use crest_store::{Error, FileKind, MemDisk, Store, ROOT_INO};
 
 /// Two names whose FNV-1a hashes agree except in the low 8 bits: they have different
@@ -278,4 +283,76 @@ fn a_full_image_refuses_whole_xattrs_and_keeps_the_rest() {
     s.commit().expect("commit");
     s.setxattr(ino, b"user.again", &value(XATTR_SIZE_MAX, 1), t(4)).expect("room again");
     drop(reopen(s, &disk));
+}
+
+/// Rewrites, in every fs-tree leaf of `img` holding the item `key`, that item's key and
+/// value bytes with `f`, and reseals the leaf (what a buggy writer would leave).
+fn patch_item(img: &mut [u8], key: Key, f: impl Fn(&mut [u8], &mut [u8])) -> usize {
+    let mut patched = 0;
+    for block in img.chunks_mut(BLOCK_SIZE) {
+        let owner = u64::from_le_bytes(block[64..72].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(block[0..4].try_into().expect("4 bytes"));
+        if owner != FS_TREE_ID || block[72] != 0 || crc != crc32c(&block[32..]) {
+            continue;
+        }
+        let n = usize::from(u16::from_le_bytes([block[74], block[75]]));
+        for i in 0..n.min(191) {
+            let at = 80 + 21 * i;
+            if Key::decode(&block[at..at + 17]) != key {
+                continue;
+            }
+            let off = usize::from(u16::from_le_bytes([block[at + 17], block[at + 18]]));
+            let len = usize::from(u16::from_le_bytes([block[at + 19], block[at + 20]]));
+            let (head, values) = block.split_at_mut(off);
+            f(&mut head[at..at + 17], &mut values[..len]);
+            patched += 1;
+        }
+        let c = crc32c(&block[32..]);
+        block[0..4].copy_from_slice(&c.to_le_bytes());
+    }
+    patched
+}
+
+/// An image with one big xattr on the newest inode, and where its chunks are.
+fn big_xattr_image() -> (Vec<u8>, u64, u64) {
+    let disk = fresh(8);
+    let mut s = open(&disk);
+    let ino = file(&mut s, b"f");
+    s.setxattr(ino, b"user.big", &value(10_000, 1), t(3)).expect("setxattr");
+    s.commit().expect("commit");
+    drop(s);
+    assert_clean(&disk);
+    (disk.snapshot(), ino, xattr::preferred_chunk_id(name_hash(b"user.big")))
+}
+
+fn fsck_finds(img: Vec<u8>, needles: &[&str]) {
+    let report = fsck_bytes(img.clone());
+    for n in needles {
+        assert!(report.problems.iter().any(|p| p.contains(n)), "fsck should report {n:?}: {:#?}", report.problems);
+    }
+    let mut s = Store::open(Box::new(MemDisk::from_bytes(img))).expect("open");
+    let ino = s.lookup(ROOT_INO, b"f").expect("lookup").ino;
+    let e = s.getxattr(ino, b"user.big").expect_err("a damaged value is not returned");
+    assert!(e.is_corruption() && e.errno() == 5, "{e:?}");
+}
+
+#[test]
+fn fsck_and_reads_catch_damaged_chunks() {
+    let chunks = xattr::chunk_count(10_000);
+    // A chunk claiming another owner.
+    let (mut img, ino, id) = big_xattr_image();
+    assert!(patch_item(&mut img, xattr::chunk_key(ino, id, 1), |_, v| v[0] ^= 1) > 0);
+    fsck_finds(img, &["disagrees with the xattr naming it", &format!("has {} of {chunks} chunks", chunks - 1)]);
+    // The last chunk moved to a chunk id nobody names: an orphan, and one missing.
+    let (mut img, ino, id) = big_xattr_image();
+    assert!(
+        patch_item(&mut img, xattr::chunk_key(ino, id, chunks - 1), |k, _| k[9..17]
+            .copy_from_slice(&(xattr::chunk_key(ino, id + 1, chunks - 1).offset).to_le_bytes()))
+            > 0
+    );
+    fsck_finds(img, &["belongs to no xattr", &format!("has {} of {chunks} chunks", chunks - 1)]);
+    // A chunk whose header says another length: it holds the wrong number of bytes.
+    let (mut img, ino, id) = big_xattr_image();
+    assert!(patch_item(&mut img, xattr::chunk_key(ino, id, chunks - 1), |_, v| v[8] ^= 4) > 0);
+    fsck_finds(img, &["wrong number of bytes"]);
 }

@@ -27,7 +27,8 @@
 
 use crate::error::{Error, Result};
 use crate::key::{kind, name_hash, Key};
-use crate::limits::{XATTR_CHUNK_BYTES, XATTR_INLINE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use crate::limits::{MAX_ITEM_BYTES, XATTR_CHUNK_BYTES, XATTR_INLINE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use crate::node::{LEAF_ITEM_BYTES, LEAF_SPACE};
 
 /// Bytes of an out-of-line record besides its name: marker, name length, value length,
 /// chunk id.
@@ -38,6 +39,18 @@ const INLINE_HEADER: usize = 3;
 pub const CHUNK_HEADER: usize = 8 + 4;
 /// Chunk ids are below this (the low 8 bits of a chunk key's offset are the index).
 const CHUNK_ID_LIMIT: u64 = 1 << 56;
+
+// The layout's arithmetic, checked when the crate compiles: three chunk items fill a leaf
+// (four do not), a 64 KiB value's chunk indices fit the key's low byte, and the largest
+// record of either form fits an item by itself.
+const _: () = {
+    let chunk_item = LEAF_ITEM_BYTES + CHUNK_HEADER + XATTR_CHUNK_BYTES;
+    assert!(3 * chunk_item <= LEAF_SPACE && 4 * chunk_item > LEAF_SPACE);
+    assert!(CHUNK_HEADER + XATTR_CHUNK_BYTES <= MAX_ITEM_BYTES);
+    assert!(XATTR_SIZE_MAX.div_ceil(XATTR_CHUNK_BYTES) < 256);
+    assert!(INLINE_HEADER + XATTR_INLINE_MAX <= MAX_ITEM_BYTES);
+    assert!(OUTLINE_HEADER + XATTR_NAME_MAX <= MAX_ITEM_BYTES);
+};
 
 /// Where an xattr's value lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -322,8 +335,6 @@ pub fn join_chunks(owner_hash: u64, len: usize, id: u64, items: &[(Key, Vec<u8>)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::MAX_ITEM_BYTES;
-    use crate::node::{LEAF_ITEM_BYTES, LEAF_SPACE};
 
     fn inline(name: &[u8], v: &[u8]) -> Entry {
         Entry { name: name.to_vec(), value: Value::Inline(v.to_vec()) }
@@ -382,12 +393,5 @@ mod tests {
                 assert!(decode_chunk(*k, &v[..cut], 0).is_err());
             }
         }
-        // Three chunks fill a leaf: big values pack leaves nearly full.
-        assert!(3 * (LEAF_ITEM_BYTES + CHUNK_HEADER + XATTR_CHUNK_BYTES) <= LEAF_SPACE);
-        assert!(4 * (LEAF_ITEM_BYTES + CHUNK_HEADER + XATTR_CHUNK_BYTES) > LEAF_SPACE);
-        assert!(chunk_count(XATTR_SIZE_MAX) < 256, "the index fits the key's low byte");
-        // The largest record of either form fits an item.
-        assert!(record_bytes(XATTR_NAME_MAX, XATTR_INLINE_MAX - XATTR_NAME_MAX) <= MAX_ITEM_BYTES);
-        assert!(record_bytes(XATTR_NAME_MAX, XATTR_SIZE_MAX) <= MAX_ITEM_BYTES);
     }
 }
