@@ -1678,6 +1678,27 @@ mod tests {
     }
 
     #[test]
+    fn xattrs_up_to_the_linux_limits_and_their_errors() {
+        let mut srv = server();
+        let (sid, _) = srv.handle_hello(&hello(None));
+        let sid = sid.expect("session");
+        let r = srv.handle_request(sid, create_in_root(1, "f"), NOW);
+        let Ok(Reply::Entry(a)) = &r.results[0] else { panic!("{r:?}") };
+        let ino = a.ino;
+        let set = |name: Vec<u8>, len: usize, flags| Op::SetXattr { ino, name, value: vec![9; len], flags };
+        let errno_of = |srv: &mut Server, id, op| {
+            srv.handle_request(sid, req(id, vec![op]), NOW).results[0].as_ref().err().map(|e| e.errno)
+        };
+        // Linux checks the name and the value's size before the flags: ERANGE, E2BIG.
+        assert_eq!(errno_of(&mut srv, 2, set(vec![b'a'; 256], 1, p::XATTR_REPLACE)), Some(34));
+        assert_eq!(errno_of(&mut srv, 3, set(Vec::new(), 1, 0)), Some(34));
+        assert_eq!(errno_of(&mut srv, 4, set(b"user.a".to_vec(), 65_537, p::XATTR_REPLACE)), Some(7));
+        assert_eq!(errno_of(&mut srv, 5, set(b"user.a".to_vec(), 65_536, p::XATTR_CREATE)), None);
+        let r = srv.handle_request(sid, req(6, vec![Op::GetXattr { ino, name: b"user.a".to_vec() }]), NOW);
+        assert_eq!(r.results[0], Ok(Reply::Data(vec![9; 65_536])), "a 64 KiB value travels whole");
+    }
+
+    #[test]
     fn wrong_version_and_bad_tokens() {
         let mut srv = server();
         let mut h = hello(None);
