@@ -145,8 +145,13 @@ impl Template {
                         if n.is_empty() {
                             n.push(b'x');
                         }
-                        v.truncate(usize::from(u16::MAX));
-                        (n, v)
+                        // Inline if small enough, else a record naming chunks.
+                        if xattr::is_inline(n.len(), v.len()) {
+                            xattr::Entry { name: n, value: xattr::Value::Inline(v) }
+                        } else {
+                            v.truncate(65_536);
+                            xattr::Entry { name: n, value: xattr::Value::Chunked { len: v.len() as u32, id: v.len() as u64 } }
+                        }
                     })
                     .collect::<Vec<_>>(),
             ),
@@ -211,9 +216,11 @@ fn first_entry_name(b: &[u8]) -> &[u8] {
 }
 
 /// The first name of an XATTR value: name_len u8, value_len u16, name, value.
+/// The first record's name: inline `[len][u16][name]`, out of line `[0][len][u32][u64][name]`.
 fn first_xattr_name(b: &[u8]) -> &[u8] {
     match b.first() {
-        Some(&len) if b.len() >= 3 => &b[3..(3 + usize::from(len)).min(b.len())],
+        Some(0) if b.len() >= 14 => &b[14..(14 + usize::from(b[1])).min(b.len())],
+        Some(&len) if len != 0 && b.len() >= 3 => &b[3..(3 + usize::from(len)).min(b.len())],
         _ => &[],
     }
 }

@@ -217,14 +217,20 @@ def xattrs():
     check("xattr: B's stat (ctime) equals A's", shape(os.lstat(b(d, "f"))) == st_a, f"{st_a} vs {shape(os.lstat(b(d, 'f')))}")
     check("xattr: B finds the removed one gone", errno_of(os.getxattr, b(d, "f"), "user.gone") == errno.ENODATA)
 
-    # on a directory, and values too large to be answered locally (the server decides)
+    # on a directory, values up to Linux's 64 KiB, and a name list past what the server
+    # takes (the server decides: ENOSPC)
     d = fresh()
     os.setxattr(a(d), "user.dir", b"on a dir")
-    big = b"z" * 1500
+    big = bytes(i % 251 for i in range(65536))
     os.setxattr(a(d), "user.big", big)
-    os.setxattr(a(d), "user.big2", big)  # past what A answers alone: the server's call
-    r = errno_of(os.setxattr, a(d), "user.huge", b"h" * 1800)
-    check("xattr: larger than the server takes is refused at once", r != 0, str(r))
+    os.setxattr(a(d), "user.big2", big)
+    r = errno_of(os.setxattr, a(d), "user.huge", b"h" * 65537)
+    check("xattr: larger than Linux takes is refused at once: E2BIG", r == errno.E2BIG, str(r))
+    filled = 0
+    while filled < 1000 and errno_of(os.setxattr, a(d), "user.fill-" + "x" * 240 + str(filled), b"f") == 0:
+        filled += 1
+    r = errno_of(os.setxattr, a(d), "user.fill-" + "x" * 240 + str(filled), b"f")
+    check("xattr: names past 64 KiB of list: ENOSPC", r == errno.ENOSPC and filled > 200, f"{r} after {filled}")
     check("xattr: A reads all after a synchronous one", os.getxattr(a(d), "user.big") == big and os.getxattr(a(d), "user.big2") == big)
     st_a = shape(os.lstat(a(d)))
     check("xattr on a dir: B reads them", os.getxattr(b(d), "user.dir") == b"on a dir" and os.getxattr(b(d), "user.big2") == big)

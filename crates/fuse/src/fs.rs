@@ -102,11 +102,19 @@ const LINK_MAX_MARGIN: u32 = 64_000;
 const ACQUIRE_RETRY: Duration = Duration::from_secs(1);
 /// Longest extended attribute name the server accepts (`crest_store::limits`).
 const XATTR_NAME_MAX: usize = 255;
-/// Largest extended attribute name + value the server accepts (`crest_store::limits`).
-const XATTR_SIZE_MAX: usize = 1784;
-/// Largest store item holding extended attributes whose names share a hash
-/// (`crest_store::limits::MAX_ITEM_BYTES`): writeback keeps every inode's total inside it.
+/// Largest extended attribute value the server accepts (`crest_store::limits`, Linux's).
+const XATTR_SIZE_MAX: usize = 65_536;
+/// Most bytes of one inode's names, a NUL each, the server accepts (`crest_store::limits`).
+const XATTR_LIST_MAX: usize = 65_536;
+/// Xattrs whose name + value take at most this are stored inline in their store item
+/// (`crest_store::limits::XATTR_INLINE_MAX`); larger ones take a fixed-size record there.
+const XATTR_INLINE_MAX: usize = 1784;
+/// Largest store item holding the records of extended attributes whose names share a
+/// hash (`crest_store::limits::MAX_ITEM_BYTES`): writeback keeps each inside it.
 const XATTR_ITEM_BYTES: usize = 1800;
+/// Most bytes of names and values this mount keeps of one inode's xattrs to answer
+/// their changes itself: beyond it they go to the server (and are forgotten here).
+const HELD_XATTR_BYTES: usize = 1 << 20;
 /// Largest file end a writeback write may produce (the server refuses larger: EFBIG).
 const MAX_WRITEBACK_END: u64 = 1 << 60;
 
@@ -1086,6 +1094,36 @@ impl CrestFs {
         Some(a)
     }
 
+    /// Bytes the store's record of an xattr takes in the item of its name hash
+    /// (`crest_store::fs::xattr::record_bytes`): inline, or a 14-byte header and the name.
+    fn xattr_record_bytes(name_len: usize, value_len: usize) -> usize {
+        if name_len + value_len <= XATTR_INLINE_MAX {
+            3 + name_len + value_len
+        } else {
+            14 + name_len
+        }
+    }
+
+    /// True when the store accepts xattr `name` = a value of `value_len` bytes on an inode
+    /// whose xattrs are `held` (all of them): the value's size, the name list, and the
+    /// item of the names sharing its hash (computed as the store does, so exact).
+    fn xattr_fits(held: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>, name: &[u8], value_len: usize) -> bool {
+        if value_len > XATTR_SIZE_MAX {
+            return false;
+        }
+        if !held.contains_key(name) && held.keys().map(|n| n.len() + 1).sum::<usize>() + name.len() + 1 > XATTR_LIST_MAX
+        {
+            return false;
+        }
+        let hash = p::name_hash(name);
+        let same_hash: usize = held
+            .iter()
+            .filter(|(n, _)| n.as_slice() != name && p::name_hash(n) == hash)
+            .map(|(n, v)| Self::xattr_record_bytes(n.len(), v.len()))
+            .sum();
+        same_hash + Self::xattr_record_bytes(name.len(), value_len) <= XATTR_ITEM_BYTES
+    }
+
     /// Answers setxattr (`value` `Some`) or removexattr here when this mount holds the
     /// inode exclusively and knows all its extended attributes (it created the inode and
     /// changed them only here since). The flags' and a missing name's errors are answered
@@ -1112,13 +1150,11 @@ impl CrestFs {
                 if flags & p::XATTR_REPLACE != 0 && !exists {
                     return Some(Err(Errno::from_i32(libc::ENODATA)));
                 }
-                // Every pair of the inode as the store encodes them (3 bytes of lengths
-                // each) must fit one item: names colliding on one hash share an item, and
-                // this bounds every such subset. Bigger goes to the server for its answer.
+                // What the store would refuse goes to the server for its answer; so does
+                // an inode whose xattrs grow past what this mount keeps of them.
                 let others: usize =
-                    held.iter().filter(|(n, _)| n.as_slice() != name).map(|(n, v)| 3 + n.len() + v.len()).sum();
-                if name.len() + value.len() > XATTR_SIZE_MAX || others + 3 + name.len() + value.len() > XATTR_ITEM_BYTES
-                {
+                    held.iter().filter(|(n, _)| n.as_slice() != name).map(|(n, v)| n.len() + v.len()).sum();
+                if !Self::xattr_fits(held, name, value.len()) || others + name.len() + value.len() > HELD_XATTR_BYTES {
                     return None;
                 }
                 Op::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), flags }
@@ -2235,6 +2271,46 @@ mod tests {
         // follow the store's limits (not a dependency of this crate outside tests).
         assert_eq!(XATTR_NAME_MAX, crest_store::limits::XATTR_NAME_MAX);
         assert_eq!(XATTR_SIZE_MAX, crest_store::limits::XATTR_SIZE_MAX);
+        assert_eq!(XATTR_LIST_MAX, crest_store::limits::XATTR_LIST_MAX);
+        assert_eq!(XATTR_INLINE_MAX, crest_store::limits::XATTR_INLINE_MAX);
         assert_eq!(XATTR_ITEM_BYTES, crest_store::limits::MAX_ITEM_BYTES);
+        for name_len in [1, 10, 254, 255] {
+            for value_len in [0, 1, 1000, 1529, 1530, 1773, 1774, 1775, 1783, 1784, 1785, 65_535, 65_536] {
+                assert_eq!(
+                    CrestFs::xattr_record_bytes(name_len, value_len),
+                    crest_store::fs::xattr::record_bytes(name_len, value_len),
+                    "name {name_len} value {value_len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn xattr_fits_agrees_with_the_store() {
+        // Whatever the writeback rule accepts, the store takes: random inodes of small and
+        // big xattrs (a few names in a small pool, so lists fill), each change tried on both.
+        let mut rng = crest_rng::Stream::from_seed_u64(0x7a77);
+        for round in 0..20 {
+            let disk = crest_store::MemDisk::new(64 << 20);
+            let opts = crest_store::MkfsOptions { now: crest_store::Timespec::new(1, 0), fsid: None };
+            crest_store::Store::mkfs(Box::new(disk.clone()), &opts).expect("mkfs");
+            let mut st = crest_store::Store::open(Box::new(disk)).expect("open");
+            let now = crest_store::Timespec::new(2, 0);
+            let ino = st.create(1, b"f", crest_store::FileKind::Regular, 0o644, 0, 0, 0, now).expect("create").ino;
+            let mut held = std::collections::BTreeMap::new();
+            for _ in 0..300 {
+                let mut name = format!("user.{}-", rng.below(400)).into_bytes();
+                name.resize(name.len() + rng.below(if round % 2 == 0 { 250 } else { 8 }) as usize, b'n');
+                name.truncate(XATTR_NAME_MAX);
+                let len = [rng.below(40), 1700 + rng.below(200), rng.below(70_000)][rng.below(3) as usize] as usize;
+                let fits = CrestFs::xattr_fits(&held, &name, len);
+                let stored = st.setxattr(ino, &name, &vec![7; len], now);
+                // Exact both ways: refused only for what the store refuses too.
+                assert_eq!(fits, stored.is_ok(), "name of {} bytes, value of {len}: {stored:?}", name.len());
+                if stored.is_ok() {
+                    held.insert(name, vec![7; len]);
+                }
+            }
+        }
     }
 }

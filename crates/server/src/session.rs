@@ -1480,6 +1480,8 @@ impl Server {
                 }))
             }
             Op::SetXattr { ino, name, value, flags } => {
+                // Linux refuses a bad name or an oversized value before looking at flags.
+                s::fs::xattr::check(&name, value.len())?;
                 if flags & (p::XATTR_CREATE | p::XATTR_REPLACE) != 0 {
                     let exists = match st.getxattr(ino, &name) {
                         Ok(_) => true,
@@ -1695,6 +1697,27 @@ mod tests {
         // A new request id with the same op does run again (and fails: EEXIST).
         let fresh = srv.handle_request(sid, p::Request { id: 2, ..create.clone() }, NOW);
         assert_eq!(fresh.results[0].as_ref().err().map(|e| e.errno), Some(17));
+    }
+
+    #[test]
+    fn xattrs_up_to_the_linux_limits_and_their_errors() {
+        let mut srv = server();
+        let (sid, _) = srv.handle_hello(&hello(None));
+        let sid = sid.expect("session");
+        let r = srv.handle_request(sid, create_in_root(1, "f"), NOW);
+        let Ok(Reply::Entry(a)) = &r.results[0] else { panic!("{r:?}") };
+        let ino = a.ino;
+        let set = |name: Vec<u8>, len: usize, flags| Op::SetXattr { ino, name, value: vec![9; len], flags };
+        let errno_of = |srv: &mut Server, id, op| {
+            srv.handle_request(sid, req(id, vec![op]), NOW).results[0].as_ref().err().map(|e| e.errno)
+        };
+        // Linux checks the name and the value's size before the flags: ERANGE, E2BIG.
+        assert_eq!(errno_of(&mut srv, 2, set(vec![b'a'; 256], 1, p::XATTR_REPLACE)), Some(34));
+        assert_eq!(errno_of(&mut srv, 3, set(Vec::new(), 1, 0)), Some(34));
+        assert_eq!(errno_of(&mut srv, 4, set(b"user.a".to_vec(), 65_537, p::XATTR_REPLACE)), Some(7));
+        assert_eq!(errno_of(&mut srv, 5, set(b"user.a".to_vec(), 65_536, p::XATTR_CREATE)), None);
+        let r = srv.handle_request(sid, req(6, vec![Op::GetXattr { ino, name: b"user.a".to_vec() }]), NOW);
+        assert_eq!(r.results[0], Ok(Reply::Data(vec![9; 65_536])), "a 64 KiB value travels whole");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::fs::inode::{FileKind, Inode, ROOT_INO};
 use crate::fs::xattr;
 use crate::key::{kind, Key, ORPHAN_OBJECTID};
 use crate::limits::{
-    BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_INLINE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS,
+    BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_INLINE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS, XATTR_LIST_MAX,
 };
 use crate::node::{BlockPtr, Body, ChildPtr};
 use crate::pager::Pager;
@@ -122,6 +122,15 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
         c.problem(format!("superblock says {} blocks used; trees and extents use {used}", sb.used_blocks));
     }
     Ok(report)
+}
+
+/// One xattr as fsck sees it.
+struct XattrRecord {
+    ino: u64,
+    hash: u64,
+    name_len: usize,
+    /// Chunk id and value length of an out-of-line value.
+    chunked: Option<(u64, usize)>,
 }
 
 struct Checker<'a> {
@@ -242,7 +251,8 @@ impl Checker<'_> {
         let mut index: HashMap<(u64, u64), DirEntry> = HashMap::new();
         let mut extents: Vec<(u64, u64, Extent)> = Vec::new();
         let mut orphans = Vec::new();
-        let mut xattr_owners = Vec::new();
+        let mut xattrs: Vec<XattrRecord> = Vec::new();
+        let mut chunks: Vec<(u64, xattr::Chunk)> = Vec::new();
         for (k, v) in items {
             let r: Result<()> = (|| {
                 match k.kind {
@@ -254,10 +264,16 @@ impl Checker<'_> {
                         index.insert((k.objectid, k.offset), decode_index(*k, v, 0)?);
                     }
                     kind::EXTENT => extents.push((k.objectid, k.offset, Extent::decode(*k, v, total)?)),
-                    kind::XATTR => {
-                        xattr::decode(*k, v, 0)?;
-                        xattr_owners.push(k.objectid);
-                    }
+                    kind::XATTR => xattrs.extend(xattr::decode(*k, v, 0)?.into_iter().map(|e| XattrRecord {
+                        ino: k.objectid,
+                        hash: k.offset,
+                        name_len: e.name.len(),
+                        chunked: match e.value {
+                            xattr::Value::Inline(_) => None,
+                            xattr::Value::Chunked { len, id } => Some((id, len as usize)),
+                        },
+                    })),
+                    kind::XATTR_CHUNK => chunks.push((k.objectid, xattr::decode_chunk(*k, v, 0)?)),
                     kind::ORPHAN if k.objectid == ORPHAN_OBJECTID && v.is_empty() => orphans.push(k.offset),
                     _ => return Err(Error::bad_item(*k, 0, "unknown item kind in fs tree")),
                 }
@@ -367,12 +383,52 @@ impl Checker<'_> {
                 self.problem(format!("inode {ino} has no links and is not on the orphan list"));
             }
         }
-        for o in xattr_owners {
-            if !inodes.contains_key(&o) {
-                self.problem(format!("xattr of missing inode {o}"));
+        self.xattrs(&inodes, &xattrs, &chunks);
+        self.extents(&inodes, &extents, refs);
+    }
+
+    /// Xattrs against their inodes and chunks (the invariant of `fs/xattr.rs`): every
+    /// out-of-line record has a chunk id of its own and exactly its chunks, every chunk
+    /// belongs to such a record, and no inode's names pass `XATTR_LIST_MAX`.
+    fn xattrs(&mut self, inodes: &BTreeMap<u64, Inode>, records: &[XattrRecord], chunks: &[(u64, xattr::Chunk)]) {
+        let mut list_bytes: BTreeMap<u64, usize> = BTreeMap::new();
+        // (ino, chunk id) → (owner hash, value length, chunks found)
+        let mut owners: BTreeMap<(u64, u64), (u64, usize, usize)> = BTreeMap::new();
+        for r in records {
+            *list_bytes.entry(r.ino).or_default() += r.name_len + 1;
+            let Some((id, len)) = r.chunked else { continue };
+            if owners.insert((r.ino, id), (r.hash, len, 0)).is_some() {
+                self.problem(format!("inode {}: xattr chunk id {id} named by two xattrs", r.ino));
             }
         }
-        self.extents(&inodes, &extents, refs);
+        for (ino, bytes) in &list_bytes {
+            if !inodes.contains_key(ino) {
+                self.problem(format!("xattr of missing inode {ino}"));
+            }
+            if *bytes > XATTR_LIST_MAX {
+                self.problem(format!("inode {ino}: xattr names take {bytes} bytes (max {XATTR_LIST_MAX})"));
+            }
+        }
+        for (ino, c) in chunks {
+            match owners.get_mut(&(*ino, c.id)) {
+                Some((hash, len, found)) if *hash == c.owner_hash && *len == c.value_len => *found += 1,
+                Some(_) => self.problem(format!(
+                    "inode {ino}: xattr chunk {}/{} disagrees with the xattr naming it",
+                    c.id, c.index
+                )),
+                None => self.problem(format!("inode {ino}: xattr chunk {}/{} belongs to no xattr", c.id, c.index)),
+            }
+        }
+        for ((ino, id), (_, len, found)) in owners {
+            // decode_chunk refuses indices past the value and keys are unique, so the
+            // count says whether every chunk is there.
+            if found != xattr::chunk_count(len) {
+                self.problem(format!(
+                    "inode {ino}: xattr value of {len} bytes in chunk id {id} has {found} of {} chunks",
+                    xattr::chunk_count(len)
+                ));
+            }
+        }
     }
 
     fn extents(

@@ -92,6 +92,9 @@ pub enum Error {
     /// Value too large (xattr, inline item).
     #[error("value too large: {0}")]
     TooBig(String),
+    /// Result or argument out of range (an xattr name of 0 or more than 255 bytes).
+    #[error("out of range: {0}")]
+    Range(String),
     /// File too large.
     #[error("file too large: {0}")]
     FileTooBig(String),
@@ -123,6 +126,7 @@ impl Error {
             Error::NoSpace(_) => 28,                                 // ENOSPC
             Error::NoXattr(_) => 61,                                 // ENODATA
             Error::TooBig(_) => 7,                                   // E2BIG
+            Error::Range(_) => 34,                                   // ERANGE
             Error::FileTooBig(_) => 27,                              // EFBIG
             Error::TooManyLinks(_) => 31,                            // EMLINK
             Error::NotSupported(_) => 95,                            // EOPNOTSUPP

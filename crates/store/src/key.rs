@@ -31,6 +31,9 @@ pub mod kind {
     pub const EXTENT: u8 = 5;
     /// fs tree: inode `offset` is unlinked but was still open (objectid = ORPHAN_OBJECTID).
     pub const ORPHAN: u8 = 6;
+    /// fs tree: part of an xattr value too large for its XATTR item: offset =
+    /// chunk id << 8 | chunk index (`fs/xattr.rs`).
+    pub const XATTR_CHUNK: u8 = 7;
     /// root tree: the root pointer and counters of dataset `objectid`.
     pub const ROOT_ITEM: u8 = 10;
     /// root tree: the server's record of client session `objectid` (opaque bytes the

@@ -20,8 +20,17 @@ pub const MAX_ITEM_BYTES: usize = 1800;
 pub const MAX_INLINE_BYTES: usize = 1024;
 /// Longest xattr name.
 pub const XATTR_NAME_MAX: usize = 255;
-/// Largest xattr name + value that fits one item.
-pub const XATTR_SIZE_MAX: usize = MAX_ITEM_BYTES - 16;
+/// Largest xattr value (Linux's XATTR_SIZE_MAX: the kernel refuses larger with E2BIG).
+pub const XATTR_SIZE_MAX: usize = 65_536;
+/// Largest `listxattr` answer: the inode's names with a NUL each (Linux's XATTR_LIST_MAX).
+/// A setxattr of a new name that would pass it fails with ENOSPC, as on ext4.
+pub const XATTR_LIST_MAX: usize = 65_536;
+/// Xattrs whose name + value take at most this are stored inline in their XATTR item
+/// (the version-1 limit of any xattr); larger values go to XATTR_CHUNK items.
+pub const XATTR_INLINE_MAX: usize = MAX_ITEM_BYTES - 16;
+/// Value bytes per XATTR_CHUNK item: three chunk items (21-byte item header, 12-byte chunk
+/// header) fill a 4016-byte leaf, so a 64 KiB value takes 51 chunks in 17 leaves.
+pub const XATTR_CHUNK_BYTES: usize = 1305;
 /// Longest run of blocks one extent item maps (1 MiB): bounds the item's checksum array.
 pub const MAX_EXTENT_BLOCKS: u64 = 256;
 /// Largest file size (2^60 bytes, leaves room below u64::MAX for offsets + lengths).

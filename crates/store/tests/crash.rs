@@ -66,7 +66,19 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
                 store
                     .setattr(ino, &SetAttr { size: Some(rng.below(20_000)), ..Default::default() }, now)
                     .expect("truncate");
-                store.setxattr(ino, b"user.k", &[i as u8; 40], now).expect("setxattr");
+                // Small, just out of line, several chunks, the largest; or gone: power cuts
+                // land inside big xattr changes (chunks written, replaced, deleted).
+                let name = format!("user.k{}", rng.below(3)).into_bytes();
+                match [40, 1785, 5000, 65_536, 0][rng.below(5) as usize] {
+                    0 => match store.removexattr(ino, &name, now) {
+                        Ok(()) | Err(Error::NoXattr(_)) => {}
+                        Err(e) => panic!("removexattr: {e}"),
+                    },
+                    len => {
+                        let value: Vec<u8> = (0..len).map(|j| (j as u8) ^ (j >> 8) as u8 ^ (i as u8)).collect();
+                        store.setxattr(ino, &name, &value, now).expect("setxattr");
+                    }
+                }
             }
             9 if !files.is_empty() => {
                 // Open, unlink: an orphan that a crash leaves for the next open to reclaim.

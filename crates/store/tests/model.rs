@@ -46,7 +46,7 @@ fn act() -> impl Strategy<Value = Act> {
         2 => (sel.clone(), prop_oneof![0u64..2000, 0u64..600_000]).prop_map(|(file, size)| Act::Truncate { file, size }),
         1 => (sel.clone(), 0u64..300_000, 1u64..100_000).prop_map(|(file, offset, len)| Act::Punch { file, offset, len }),
         1 => (sel.clone(), 0u32..0o7777, 0u32..3).prop_map(|(file, mode, uid)| Act::Chmod { file, mode, uid }),
-        1 => (sel.clone(), name.clone(), 0usize..600).prop_map(|(file, name, len)| Act::SetXattr { file, name, len }),
+        2 => (sel.clone(), name.clone(), prop_oneof![0usize..600, 1700usize..1900, 1usize..=65_536]).prop_map(|(file, name, len)| Act::SetXattr { file, name, len }),
         1 => (sel.clone(), name).prop_map(|(file, name)| Act::RemoveXattr { file, name }),
         1 => Just(Act::Commit),
         1 => Just(Act::Reopen),
@@ -419,7 +419,8 @@ fn run(acts: Vec<Act>) {
             Act::SetXattr { file, name, len } => {
                 let Some(f) = pick(&all, file) else { continue };
                 let key = format!("user.{}", NAMES[name]).into_bytes();
-                let value = vec![name as u8; len];
+                // Position-dependent bytes: a chunk read in the wrong order shows.
+                let value: Vec<u8> = (0..len).map(|i| (i as u8) ^ (i >> 8) as u8 ^ name as u8).collect();
                 let got = errno(store.setxattr(f, &key, &value, now));
                 model.nodes.get_mut(&f).map(|n| n.xattrs.insert(key, value));
                 (got, Ok(()))

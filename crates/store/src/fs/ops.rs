@@ -13,7 +13,7 @@ use crate::fs::dirent::{self, check_name, DirEntry};
 use crate::fs::inode::{FileKind, Inode, Timespec, ROOT_INO};
 use crate::fs::xattr;
 use crate::key::{kind, Key, ORPHAN_OBJECTID};
-use crate::limits::{BLOCK_SIZE_U64, LINK_MAX, MAX_FILE_BYTES, MAX_INLINE_BYTES};
+use crate::limits::{BLOCK_SIZE_U64, LINK_MAX, MAX_FILE_BYTES, MAX_INLINE_BYTES, MAX_ITEM_BYTES, XATTR_LIST_MAX};
 use crate::store::Store;
 
 /// An inode number and generation chosen ahead of the create (from
@@ -275,10 +275,25 @@ impl Store {
 
     /// Value of xattr `name`.
     pub fn getxattr(&mut self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        xattr::check_name(name)?;
         self.getattr(ino)?;
         let key = xattr::xattr_key(ino, name);
         let v = self.fs.get(&mut self.pager, &key)?.ok_or(Error::NoXattr(ino))?;
-        xattr::decode(key, &v, 0)?.into_iter().find(|(n, _)| n == name).map(|(_, v)| v).ok_or(Error::NoXattr(ino))
+        let entry = xattr::decode(key, &v, 0)?.into_iter().find(|e| e.name == name).ok_or(Error::NoXattr(ino))?;
+        match entry.value {
+            xattr::Value::Inline(v) => Ok(v),
+            xattr::Value::Chunked { len, id } => {
+                let items = self.xattr_chunks(ino, id)?;
+                xattr::join_chunks(key.offset, len as usize, id, &items)
+            }
+        }
+    }
+
+    /// Every XATTR_CHUNK item of chunk id `id` of `ino`, in order.
+    fn xattr_chunks(&mut self, ino: u64, id: u64) -> Result<Vec<(Key, Vec<u8>)>> {
+        let lo = xattr::chunk_key(ino, id, 0);
+        let hi = xattr::chunk_key(ino, id, 0xff);
+        self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)
     }
 
     /// Names of all xattrs of `ino`.
@@ -287,10 +302,23 @@ impl Store {
         let lo = Key::new(ino, kind::XATTR, 0);
         let hi = Key::new(ino, kind::XATTR, u64::MAX);
         let mut names = Vec::new();
-        for (k, v) in self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)? {
-            names.extend(xattr::decode(k, &v, 0)?.into_iter().map(|(n, _)| n));
-        }
+        self.fs.range(&mut self.pager, &lo, &hi, &mut |k, v| {
+            names.extend(xattr::decode(*k, v, 0)?.into_iter().map(|e| e.name));
+            Ok(true)
+        })?;
         Ok(names)
+    }
+
+    /// Bytes `listxattr` of `ino` answers: every name with its NUL.
+    fn xattr_list_bytes(&mut self, ino: u64) -> Result<usize> {
+        let lo = Key::new(ino, kind::XATTR, 0);
+        let hi = Key::new(ino, kind::XATTR, u64::MAX);
+        let mut total = 0;
+        self.fs.range(&mut self.pager, &lo, &hi, &mut |k, v| {
+            total += xattr::list_bytes(*k, v, 0)?;
+            Ok(true)
+        })?;
+        Ok(total)
     }
 
     /// Usage figures.
@@ -959,46 +987,96 @@ impl Store {
         Ok(inode)
     }
 
-    /// Sets xattr `name` (creating or replacing it).
+    /// Sets xattr `name` (creating or replacing it). A value too big for the name's
+    /// XATTR item goes to chunk items (`fs/xattr.rs`); the record, its chunks and the old
+    /// value's chunks change in this one operation. Everything that can refuse the change
+    /// is checked before the tree is touched, so a refused setxattr changes nothing.
     pub fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], now: Timespec) -> Result<()> {
         xattr::check(name, value.len())?;
-        self.reserve(0, false)?;
+        // Each chunk may dirty a leaf of its own (old chunks are covered by the margin).
+        let chunks = if xattr::is_inline(name.len(), value.len()) { 0 } else { xattr::chunk_count(value.len()) };
+        self.reserve(chunks as u64, false)?;
         let mut inode = self.getattr(ino)?;
         let key = xattr::xattr_key(ino, name);
-        let mut pairs = match self.fs.get(&mut self.pager, &key)? {
+        let mut entries = match self.fs.get(&mut self.pager, &key)? {
             Some(v) => xattr::decode(key, &v, 0)?,
             None => Vec::new(),
         };
-        match pairs.iter_mut().find(|(n, _)| n == name) {
-            Some(p) => p.1 = value.to_vec(),
-            None => pairs.push((name.to_vec(), value.to_vec())),
+        let old = entries.iter().position(|e| e.name == name).map(|i| entries.remove(i));
+        if old.is_none() {
+            let list = self.xattr_list_bytes(ino)?;
+            if list + name.len() + 1 > XATTR_LIST_MAX {
+                return Err(Error::NoSpace(format!(
+                    "xattr names of inode {ino} would take {} bytes (max {XATTR_LIST_MAX})",
+                    list + name.len() + 1
+                )));
+            }
         }
-        let enc = xattr::encode(&pairs);
-        if enc.len() > crate::limits::MAX_ITEM_BYTES {
+        let item = xattr::item_bytes(&entries) + xattr::record_bytes(name.len(), value.len());
+        if item > MAX_ITEM_BYTES {
             return Err(Error::NoSpace(format!("xattrs colliding on one hash of inode {ino} exceed an item")));
         }
-        self.fs.insert(&mut self.pager, key, enc)?;
+        if let Some(xattr::Entry { value: xattr::Value::Chunked { len, id }, .. }) = old {
+            self.delete_xattr_chunks(ino, id, len)?;
+        }
+        let stored = if chunks == 0 {
+            xattr::Value::Inline(value.to_vec())
+        } else {
+            let id = self.free_chunk_id(ino, key.offset)?;
+            for i in 0..chunks {
+                self.fs.insert(
+                    &mut self.pager,
+                    xattr::chunk_key(ino, id, i),
+                    xattr::encode_chunk(key.offset, value, i),
+                )?;
+            }
+            xattr::Value::Chunked { len: value.len() as u32, id }
+        };
+        entries.push(xattr::Entry { name: name.to_vec(), value: stored });
+        self.fs.insert(&mut self.pager, key, xattr::encode(&entries))?;
         inode.ctime = now;
         self.put_inode(&inode)?;
         self.maybe_commit()
     }
 
-    /// Removes xattr `name`.
+    /// A chunk id no value of `ino` uses: the first free one from the name's preferred id
+    /// (every value has a chunk 0, so a free chunk 0 is a free id). An inode has at most
+    /// `XATTR_LIST_MAX / 2` xattrs, so the search ends within that many steps.
+    fn free_chunk_id(&mut self, ino: u64, hash: u64) -> Result<u64> {
+        let mut id = xattr::preferred_chunk_id(hash);
+        for _ in 0..=XATTR_LIST_MAX / 2 {
+            if self.fs.get(&mut self.pager, &xattr::chunk_key(ino, id, 0))?.is_none() {
+                return Ok(id);
+            }
+            id = xattr::next_chunk_id(id);
+        }
+        Err(Error::corrupt("item", 0, format!("inode {ino}: more xattr chunk ids in use than xattrs can have")))
+    }
+
+    /// Deletes the chunks of an out-of-line value.
+    fn delete_xattr_chunks(&mut self, ino: u64, id: u64, len: u32) -> Result<()> {
+        for i in 0..xattr::chunk_count(len as usize) {
+            self.fs.delete(&mut self.pager, &xattr::chunk_key(ino, id, i))?;
+        }
+        Ok(())
+    }
+
+    /// Removes xattr `name` and its chunks.
     pub fn removexattr(&mut self, ino: u64, name: &[u8], now: Timespec) -> Result<()> {
+        xattr::check_name(name)?;
         self.reserve(0, true)?;
         let mut inode = self.getattr(ino)?;
         let key = xattr::xattr_key(ino, name);
         let v = self.fs.get(&mut self.pager, &key)?.ok_or(Error::NoXattr(ino))?;
-        let mut pairs = xattr::decode(key, &v, 0)?;
-        let before = pairs.len();
-        pairs.retain(|(n, _)| n != name);
-        if pairs.len() == before {
-            return Err(Error::NoXattr(ino));
+        let mut entries = xattr::decode(key, &v, 0)?;
+        let i = entries.iter().position(|e| e.name == name).ok_or(Error::NoXattr(ino))?;
+        if let xattr::Value::Chunked { len, id } = entries.remove(i).value {
+            self.delete_xattr_chunks(ino, id, len)?;
         }
-        if pairs.is_empty() {
+        if entries.is_empty() {
             self.fs.delete(&mut self.pager, &key)?;
         } else {
-            self.fs.insert(&mut self.pager, key, xattr::encode(&pairs))?;
+            self.fs.insert(&mut self.pager, key, xattr::encode(&entries))?;
         }
         inode.ctime = now;
         self.put_inode(&inode)?;
