@@ -132,6 +132,9 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
     Step::Continue
 }
 
+/// A gap between two ticks longer than this is a stall of the store's thread.
+const STALL_MS: u64 = 1_000;
+
 /// Runs the store task until a `Shutdown` or `Kill` command. Every command already queued
 /// is applied before the periodic work and the delivery of what they produced, so a burst
 /// of requests costs one wake-up of each connection's writer, not one per response.
@@ -141,6 +144,7 @@ async fn store_task(server: Server, mut rx: mpsc::UnboundedReceiver<Cmd>) {
     // Wake often enough to release replies whose recalls went unanswered.
     let mut ticker = tokio::time::interval(Duration::from_millis(100));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_tick = now_ms();
     loop {
         let first = tokio::select! {
             c = rx.recv() => match c {
@@ -161,7 +165,13 @@ async fn store_task(server: Server, mut rx: mpsc::UnboundedReceiver<Cmd>) {
             }
         }
         let Some(srv) = server.as_mut() else { return };
-        if let Err(e) = srv.tick(now_ms()) {
+        let now = now_ms();
+        // Ticks come every 100 ms at most: a longer gap is this thread's own stall.
+        if let Some(gap) = now.checked_sub(last_tick).filter(|&g| g > STALL_MS) {
+            srv.forgive_stall(now, gap);
+        }
+        last_tick = now;
+        if let Err(e) = srv.tick(now) {
             tracing::error!("periodic commit failed: {e}");
         }
         deliver(srv, &outboxes);

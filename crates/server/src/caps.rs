@@ -233,6 +233,19 @@ impl Caps {
         wait
     }
 
+    /// Every deadline moves on by `ms` (the server stood still that long).
+    pub fn postpone_deadlines(&mut self, ms: u64) {
+        for w in self.waits.values_mut() {
+            w.deadline_ms = w.deadline_ms.saturating_add(ms);
+        }
+        for r in self.exclusive_recalls.values_mut() {
+            r.deadline_ms = r.deadline_ms.saturating_add(ms);
+        }
+        for r in self.flush_recalls.values_mut() {
+            r.deadline_ms = r.deadline_ms.saturating_add(ms);
+        }
+    }
+
     /// True while `session` is asked to give up what it has of `ino` (a recall it has not
     /// answered): what it sends about `ino` meanwhile is what its answer waits for.
     pub fn being_recalled(&self, session: SessionId, ino: u64) -> bool {

@@ -587,6 +587,22 @@ impl Server {
         out
     }
 
+    /// The server itself stood still for `gap_ms` until `now_ms` (one long operation: a
+    /// fallocate of gigabytes writes its zeros on the store's thread). What clients sent
+    /// meanwhile waits unread, so the stall must not count against their leases or recall
+    /// deadlines: every such clock moves on by it. The driver, which sees the wall clock,
+    /// says so before the next `tick`.
+    pub fn forgive_stall(&mut self, now_ms: u64, gap_ms: u64) {
+        tracing::warn!(stall_ms = gap_ms, "the server stood still; leases and recall deadlines move on by as much");
+        for at in self.last_heard.values_mut().chain(self.disconnected.values_mut()) {
+            *at = at.saturating_add(gap_ms).min(now_ms);
+        }
+        if let Some(until) = &mut self.grace_until {
+            *until = until.saturating_add(gap_ms);
+        }
+        self.caps.postpone_deadlines(gap_ms);
+    }
+
     /// Holds open each of `victims` that a session other than `session` may cache. Such a
     /// session may have opened it without asking (a client answers an open of what it
     /// caches itself and sends the `Open` behind): the `Open` reaches the server before
@@ -1876,6 +1892,21 @@ mod tests {
             let _ = srv.take_outgoing();
             let r = srv.handle_request(b, req(3, vec![Op::Read { ino: x.ino, offset: 0, len: 10 }]), NOW);
             assert_eq!(r.results[0].is_ok(), reopens, "the orphan lives exactly while b opened it again: {r:?}");
+        }
+    }
+
+    #[test]
+    fn a_stall_of_the_server_itself_does_not_count_against_leases() {
+        for forgiven in [false, true] {
+            let (mut srv, a, _) = two_sessions();
+            srv.handle(a, req(1, vec![Op::GetAttr { ino: 1 }]), p::Time { sec: 1, nsec: 0 });
+            srv.tick(1_000).expect("tick");
+            // One operation held the server's thread for 14 s: a's heartbeats wait unread.
+            if forgiven {
+                srv.forgive_stall(15_000, 14_000);
+            }
+            srv.tick(15_000).expect("tick");
+            assert_eq!(srv.is_fenced(a), !forgiven, "forgiven: {forgiven}");
         }
     }
 

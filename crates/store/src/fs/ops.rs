@@ -136,6 +136,15 @@ pub enum OpResult {
     Done,
 }
 
+/// Blocks an operation leaves free beyond its own for the commit that follows it.
+const COMMIT_BLOCKS: u64 = 64;
+
+/// Blocks a non-deleting operation leaves free: room for commits, and a reserve (0.5 % of
+/// the image, 16 to 4,096 blocks) that lets a full file system still be emptied.
+fn kept_back(total_blocks: u64) -> u64 {
+    (total_blocks / 200).clamp(16, 4096) + COMMIT_BLOCKS
+}
+
 impl Store {
     // ---- reading ------------------------------------------------------------------------
 
@@ -328,7 +337,10 @@ impl Store {
             block_size: crate::limits::BLOCK_SIZE as u32,
             total_blocks: self.sb.total_blocks,
             free_blocks: free,
-            avail_blocks: free,
+            // What a write may take: the blocks `reserve` keeps back for the commit that
+            // follows and for deletions are not available (as ext4's reserved blocks), so
+            // a fallocate of everything reported available succeeds.
+            avail_blocks: free.saturating_sub(kept_back(self.sb.total_blocks)),
             files: self.meta.inode_count,
             files_free: free,
             name_max: crate::limits::NAME_MAX as u32,
@@ -341,9 +353,8 @@ impl Store {
     /// Deletions (`for_delete`) may use the last reserve so a full disk can be emptied.
     fn reserve(&mut self, data_blocks: u64, for_delete: bool) -> Result<()> {
         self.pager.check_writable()?;
-        let total = self.sb.total_blocks;
-        let reserve = if for_delete { 0 } else { (total / 200).clamp(16, 4096) };
-        let need = |s: &Store| data_blocks + s.pager.dirty_nodes() as u64 + 64 + reserve;
+        let reserve = if for_delete { COMMIT_BLOCKS } else { kept_back(self.sb.total_blocks) };
+        let need = |s: &Store| data_blocks + s.pager.dirty_nodes() as u64 + reserve;
         if self.pager.alloc.free_blocks() >= need(self) {
             return Ok(());
         }
