@@ -417,7 +417,11 @@ fn invalidate_attributes(notifier: &fuser::Notifier, inodes: &[u64]) {
 }
 
 /// How long a recall's answer waits for the kernel to drop the recalled inodes' pages.
-const PAGE_DROP_WAIT: Duration = Duration::from_millis(200);
+/// Dropping a dirty page of a shared mapping writes it back first, a round trip to the
+/// server, which a flush recall's change waits for (`caps::FlushRecall`): 200 ms was too
+/// short for that on a loaded machine (the e2e mapping check saw the write-back land
+/// after the other mount's write). A drop that blocks longer is one a page lock holds.
+const PAGE_DROP_WAIT: Duration = Duration::from_millis(1_000);
 
 /// The thread that drops recalled inodes' pages from the kernel (see `RecallWorker`).
 struct PageDropper {
@@ -1811,7 +1815,7 @@ impl Filesystem for CrestFs {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -1848,6 +1852,10 @@ impl Filesystem for CrestFs {
         }
         let op = if append {
             Op::Append { ino: ino.0, data: data.to_vec() }
+        } else if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            // Pages the kernel cached (a shared mapping's), written back: during a recall,
+            // part of its answer (`Op::WriteBack`).
+            Op::WriteBack { ino: ino.0, offset, data: data.to_vec() }
         } else {
             Op::Write { ino: ino.0, offset, data: data.to_vec() }
         };

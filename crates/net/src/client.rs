@@ -456,6 +456,7 @@ fn mentions(op: &p::Op, ino: u64) -> bool {
         | O::Release { ino: i, .. }
         | O::Read { ino: i, .. }
         | O::Write { ino: i, .. }
+        | O::WriteBack { ino: i, .. }
         | O::Append { ino: i, .. }
         | O::Fallocate { ino: i, .. }
         | O::Fsync { ino: i }
@@ -561,6 +562,7 @@ fn cancel_pair(ops: &mut [p::Op], time: Option<p::Time>) -> bool {
     for (i, op) in ops.iter().enumerate().take(last).skip(at + 1) {
         match op {
             p::Op::Write { ino: x, .. }
+            | p::Op::WriteBack { ino: x, .. }
             | p::Op::Append { ino: x, .. }
             | p::Op::SetAttr { ino: x, .. }
             | p::Op::Fallocate { ino: x, .. }

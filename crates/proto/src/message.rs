@@ -416,6 +416,16 @@ pub enum Op {
         kind: LockKind,
         flock: bool,
     },
+    /// A write of pages the client's kernel cached: a shared writable mapping's dirty
+    /// pages, written back. The server runs it as `Write`; but a session being recalled
+    /// for the file sends these as part of its answer (a recall drops the pages, writing
+    /// dirty ones back), so they run at once instead of waiting for the other sessions'
+    /// write-back in turn, which a `write(2)` of that session does.
+    WriteBack {
+        ino: u64,
+        offset: u64,
+        data: Vec<u8>,
+    },
 }
 
 impl Op {
@@ -437,6 +447,7 @@ impl Op {
             Op::Release { .. } => "release",
             Op::Read { .. } => "read",
             Op::Write { .. } => "write",
+            Op::WriteBack { .. } => "write_back",
             Op::Append { .. } => "append",
             Op::Fallocate { .. } => "fallocate",
             Op::Fsync { .. } => "fsync",
@@ -510,6 +521,7 @@ impl Op {
             | Op::Release { ino, .. }
             | Op::Read { ino, .. }
             | Op::Write { ino, .. }
+            | Op::WriteBack { ino, .. }
             | Op::Append { ino, .. }
             | Op::Fallocate { ino, .. }
             | Op::Fsync { ino }

@@ -246,6 +246,12 @@ impl Caps {
         }
     }
 
+    /// True while `session` is asked to give up exclusive rights on `ino`: the writeback
+    /// it sends meanwhile must run before its answer is taken.
+    pub fn exclusive_recall_of(&self, session: SessionId, ino: u64) -> bool {
+        self.exclusive_recalls.values().any(|r| r.holder == session && r.inodes.contains(&ino))
+    }
+
     /// True while `session` is asked to give up what it has of `ino` (a recall it has not
     /// answered): what it sends about `ino` meanwhile is what its answer waits for.
     pub fn being_recalled(&self, session: SessionId, ino: u64) -> bool {
@@ -492,7 +498,7 @@ impl Caps {
         self.waits.values().filter(|w| w.response.is_some()).count()
     }
 
-    /// Sessions holding `ino` (for tests).
+    /// Sessions that may cache `ino`.
     pub fn holders_of(&self, ino: u64) -> Vec<SessionId> {
         self.holders.get(&ino).map(|h| h.keys().copied().collect()).unwrap_or_default()
     }

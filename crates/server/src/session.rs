@@ -459,6 +459,8 @@ impl Server {
         }
         self.heard(session, now_ms);
         self.confirm_resume(session);
+        let mut req = req;
+        let write_backs = take_write_backs(&mut req);
         if !self.replaying.is_empty() && !self.replaying.contains(&session) {
             // Grace after a restart: a restored session's replays come first (they are
             // changes other clients may already have seen acknowledged).
@@ -491,7 +493,9 @@ impl Server {
                 }
             }
         }
-        if self.park_if_exclusive(session, &req, &involved, now_ms) || self.park_for_flush(session, &req, now_ms) {
+        if self.park_if_exclusive(session, &req, &involved, now_ms)
+            || self.park_for_flush(session, &req, &write_backs, now_ms)
+        {
             return;
         }
         let read_only = !req.ops.iter().any(Op::is_mutation);
@@ -684,12 +688,13 @@ impl Server {
         true
     }
 
-    /// Parks a change of file data until every other session that holds the file open has
-    /// answered a flush recall (`caps::FlushRecall`: pages it mapped shared and dirtied
-    /// are written back before the change, not over it). A session's writes to a file it
-    /// is asked to give up are that write-back: they run at once. A request waits so
-    /// once (`flushed`).
-    fn park_for_flush(&mut self, session: SessionId, req: &p::Request, now_ms: u64) -> bool {
+    /// Parks a change of file data until every other session that holds the file open (or
+    /// may cache it) has answered a flush recall (`caps::FlushRecall`: pages it mapped
+    /// shared and dirtied are written back before the change, not over it). What a session
+    /// sends as part of answering a recall runs at once: the writeback of a file whose
+    /// exclusive rights are being recalled, and its kernel's write-back (`Op::WriteBack`)
+    /// of a file it is asked to give up. A request waits so once (`flushed`).
+    fn park_for_flush(&mut self, session: SessionId, req: &p::Request, write_backs: &[u64], now_ms: u64) -> bool {
         if self.flushed.remove(&(session, req.id)) {
             return false;
         }
@@ -700,11 +705,19 @@ impl Server {
                 Op::SetAttr { ino, set } if set.size_bytes.is_some() => *ino,
                 _ => continue,
             };
-            if self.caps.being_recalled(session, ino) {
+            // Part of an answer to a recall, so never kept waiting: the writeback of what
+            // the session held exclusively, and its kernel's write-back of cached pages.
+            if self.caps.exclusive_recall_of(session, ino)
+                || (write_backs.contains(&ino) && self.caps.being_recalled(session, ino))
+            {
                 continue;
             }
-            for (&id, s) in &self.sessions {
-                if id != session && s.open.contains_key(&ino) {
+            // Those holding it open, and those that may cache it: a client answers an open
+            // of what it caches itself and sends the `Open` behind, so its mapping may be
+            // dirty before the server knows the file is open there.
+            let openers = self.sessions.iter().filter(|(_, s)| s.open.contains_key(&ino)).map(|(id, _)| *id);
+            for id in openers.chain(self.caps.holders_of(ino)) {
+                if id != session {
                     let v = targets.entry(id).or_default();
                     if !v.contains(&ino) {
                         v.push(ino);
@@ -1454,7 +1467,7 @@ impl Server {
             Op::Read { ino, offset, len } => {
                 Ok(st.read(ino, offset, u64::from(len.min(p::MAX_IO_BYTES))).map(Reply::Data)?)
             }
-            Op::Write { ino, offset, data } => {
+            Op::Write { ino, offset, data } | Op::WriteBack { ino, offset, data } => {
                 if data.len() > p::MAX_IO_BYTES as usize {
                     return Err(Failure::Wire(errno(27, "write larger than the protocol allows")));
                 }
@@ -1589,6 +1602,19 @@ fn op_inode(op: &Op) -> Option<u64> {
 }
 
 /// Every inode an operation involves, for rights: what it names, but for these.
+/// Turns `req`'s write-backs into plain writes (what runs is the same) and returns the
+/// inodes they write (which decide whether the request waits: `park_for_flush`).
+fn take_write_backs(req: &mut p::Request) -> Vec<u64> {
+    let mut inos = Vec::new();
+    for op in &mut req.ops {
+        if let Op::WriteBack { ino, offset, data } = op {
+            inos.push(*ino);
+            *op = Op::Write { ino: *ino, offset: *offset, data: std::mem::take(data) };
+        }
+    }
+    inos
+}
+
 /// Destroys the files unlinked while open that nobody holds open any more.
 fn reclaim_orphans(store: &mut Store) {
     if let Err(e) = store.reclaim_orphans() {
