@@ -32,13 +32,19 @@ impl Drop for Caller {
 /// Whether the process this thread serves has a signal to take (or is gone). False on
 /// threads serving nobody.
 pub fn interrupted() -> bool {
-    let pid = CALLER.with(Cell::get);
-    if pid == 0 {
+    process_interrupted(CALLER.with(Cell::get))
+}
+
+/// Whether thread `tid` is gone or has a signal to take (which would interrupt a local
+/// wait, SIGKILL included). Thread 0 (unknown) and an unreadable status (hidepid) say no:
+/// the wait goes on.
+pub fn process_interrupted(tid: u32) -> bool {
+    if tid == 0 {
         return false;
     }
-    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+    match std::fs::read_to_string(format!("/proc/{tid}/status")) {
         Ok(status) => signal_pending(&status),
-        Err(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }
 }
 

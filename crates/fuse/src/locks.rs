@@ -109,30 +109,9 @@ fn classify_syscall(line: &str) -> LockCall {
 }
 
 /// True when thread `tid`, waiting for a lock, is gone or has a signal to take (which
-/// would interrupt a local F_SETLKW): SIGKILL included. An unreadable status (hidepid)
-/// says no, and the wait goes on.
+/// would interrupt a local F_SETLKW): `caller::process_interrupted`.
 fn waiter_interrupted(tid: u32) -> bool {
-    if tid == 0 {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{tid}/status")) {
-        Ok(s) => signal_pending(&s),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
-        Err(_) => false,
-    }
-}
-
-/// From a /proc/PID/status text: is a signal pending that the thread does not block?
-fn signal_pending(status: &str) -> bool {
-    let mask = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or(0)
-    };
-    let pending = mask("SigPnd:") | mask("ShdPnd:");
-    pending & !mask("SigBlk:") != 0
+    crate::caller::process_interrupted(tid)
 }
 
 /// Owners that may hold locks on the server. Close paths consult it so that a close
@@ -268,17 +247,6 @@ mod tests {
         assert!(!waiter_interrupted(tid));
         assert!(waiter_interrupted(u32::MAX), "no such thread");
         assert!(!waiter_interrupted(0), "unknown: keep waiting");
-    }
-
-    #[test]
-    fn pending_signals() {
-        let status = |pnd: &str, shd: &str, blk: &str| {
-            format!("Name:\tx\nSigQ:\t0/1\nSigPnd:\t{pnd}\nShdPnd:\t{shd}\nSigBlk:\t{blk}\nSigIgn:\t0\n")
-        };
-        assert!(!signal_pending(&status("0000000000000000", "0000000000000000", "0")));
-        assert!(signal_pending(&status("0000000000000100", "0000000000000000", "0")), "SIGKILL");
-        assert!(signal_pending(&status("0", "0000000000002000", "0")), "SIGALRM to the process");
-        assert!(!signal_pending(&status("0", "0000000000002000", "0000000000002000")), "blocked");
     }
 
     #[test]
