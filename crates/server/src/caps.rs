@@ -246,10 +246,10 @@ impl Caps {
         }
     }
 
-    /// True while `session` is asked to give up exclusive rights on `ino`: the writeback
-    /// it sends meanwhile must run before its answer is taken.
-    pub fn exclusive_recall_of(&self, session: SessionId, ino: u64) -> bool {
-        self.exclusive_recalls.values().any(|r| r.holder == session && r.inodes.contains(&ino))
+    /// True while `session` holds `ino` exclusively (also while that is being recalled:
+    /// the writeback it sends meanwhile must run before its answer is taken).
+    pub fn holds_exclusive(&self, session: SessionId, ino: u64) -> bool {
+        self.exclusive.get(&ino) == Some(&session)
     }
 
     /// True while `session` is asked to give up what it has of `ino` (a recall it has not

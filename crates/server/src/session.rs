@@ -690,10 +690,10 @@ impl Server {
 
     /// Parks a change of file data until every other session that holds the file open (or
     /// may cache it) has answered a flush recall (`caps::FlushRecall`: pages it mapped
-    /// shared and dirtied are written back before the change, not over it). What a session
-    /// sends as part of answering a recall runs at once: the writeback of a file whose
-    /// exclusive rights are being recalled, and its kernel's write-back (`Op::WriteBack`)
-    /// of a file it is asked to give up. A request waits so once (`flushed`).
+    /// shared and dirtied are written back before the change, not over it). The writeback of
+    /// a file the session holds exclusively runs at once, and so does its kernel's
+    /// write-back (`Op::WriteBack`) of a file it is asked to give up (part of its answer).
+    /// A request waits so once (`flushed`).
     fn park_for_flush(&mut self, session: SessionId, req: &p::Request, write_backs: &[u64], now_ms: u64) -> bool {
         if self.flushed.remove(&(session, req.id)) {
             return false;
@@ -705,9 +705,13 @@ impl Server {
                 Op::SetAttr { ino, set } if set.size_bytes.is_some() => *ino,
                 _ => continue,
             };
-            // Part of an answer to a recall, so never kept waiting: the writeback of what
-            // the session held exclusively, and its kernel's write-back of cached pages.
-            if self.caps.exclusive_recall_of(session, ino)
+            // Never kept waiting: the writeback of what the session holds exclusively (no
+            // other session can have dirtied the file's pages since it got the rights: its
+            // read would have recalled them; and held back, that writeback could fall
+            // behind the session's later changes, or its answer to a recall), and its
+            // kernel's write-back of cached pages while it is being recalled (part of its
+            // answer).
+            if self.caps.holds_exclusive(session, ino)
                 || (write_backs.contains(&ino) && self.caps.being_recalled(session, ino))
             {
                 continue;
