@@ -898,7 +898,7 @@ impl CrestFs {
         }
     }
 
-    fn open_locally(&self, ino: u64, fh: FileHandle) -> Option<bool> {
+    fn open_locally(&self, ino: u64, fh: FileHandle, writable: bool) -> Option<bool> {
         let permit = self.client.async_permit(0);
         let mut c = lock(&self.names);
         let a = c.attr(ino, Instant::now()).filter(|a| a.kind == p::FileType::Regular)?;
@@ -909,6 +909,12 @@ impl CrestFs {
             tracing::warn!("open of inode {ino}: {e}");
         }
         drop(c);
+        if writable {
+            // Not held for a batch: the server sends the flush recall that protects this
+            // descriptor's shared mapping (dirtied as soon as open returns) only to the
+            // sessions it knows hold the file open.
+            self.client.flush_writeback();
+        }
         Some(lock(&self.inodes).keep_cache_on_open(&a))
     }
 
@@ -1768,7 +1774,7 @@ impl Filesystem for CrestFs {
         // O_TRUNC never arrives here (no ATOMIC_O_TRUNC: the kernel truncates by setattr);
         // O_DIRECT needs nothing: the kernel sends such I/O straight through.
         let fh = self.fh();
-        if let Some(keep) = self.open_locally(ino.0, fh) {
+        if let Some(keep) = self.open_locally(ino.0, fh, flags.0 & libc::O_ACCMODE != libc::O_RDONLY) {
             return reply.opened(fh, open_reply_flags(flags.0, keep, self.atime));
         }
         match self.one("open", Op::Open { ino: ino.0, handle: fh.0 }).and_then(|r| want_attr("open", r)) {

@@ -688,8 +688,8 @@ impl Server {
         true
     }
 
-    /// Parks a change of file data until every other session that holds the file open (or
-    /// may cache it) has answered a flush recall (`caps::FlushRecall`: pages it mapped
+    /// Parks a change of file data until every other session that holds the file open has
+    /// answered a flush recall (`caps::FlushRecall`: pages it mapped
     /// shared and dirtied are written back before the change, not over it). The writeback of
     /// a file the session holds exclusively runs at once, and so does its kernel's
     /// write-back (`Op::WriteBack`) of a file it is asked to give up (part of its answer).
@@ -716,11 +716,8 @@ impl Server {
             {
                 continue;
             }
-            // Those holding it open, and those that may cache it: a client answers an open
-            // of what it caches itself and sends the `Open` behind, so its mapping may be
-            // dirty before the server knows the file is open there.
             let openers = self.sessions.iter().filter(|(_, s)| s.open.contains_key(&ino)).map(|(id, _)| *id);
-            for id in openers.chain(self.caps.holders_of(ino)) {
+            for id in openers {
                 if id != session {
                     let v = targets.entry(id).or_default();
                     if !v.contains(&ino) {
