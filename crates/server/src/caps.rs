@@ -498,7 +498,7 @@ impl Caps {
         self.waits.values().filter(|w| w.response.is_some()).count()
     }
 
-    /// Sessions that may cache `ino`.
+    /// Sessions that may cache `ino` (for tests).
     pub fn holders_of(&self, ino: u64) -> Vec<SessionId> {
         self.holders.get(&ino).map(|h| h.keys().copied().collect()).unwrap_or_default()
     }

@@ -689,11 +689,11 @@ impl Server {
     }
 
     /// Parks a change of file data until every other session that holds the file open has
-    /// answered a flush recall (`caps::FlushRecall`: pages it mapped
-    /// shared and dirtied are written back before the change, not over it). The writeback of
-    /// a file the session holds exclusively runs at once, and so does its kernel's
-    /// write-back (`Op::WriteBack`) of a file it is asked to give up (part of its answer).
-    /// A request waits so once (`flushed`).
+    /// answered a flush recall (`caps::FlushRecall`: pages it mapped shared and dirtied
+    /// are written back before the change, not over it). The writeback of a file the
+    /// session holds exclusively runs at once, and so does its kernel's write-back
+    /// (`Op::WriteBack`) of a file it is asked to give up (part of its answer). A request
+    /// waits so once (`flushed`).
     fn park_for_flush(&mut self, session: SessionId, req: &p::Request, write_backs: &[u64], now_ms: u64) -> bool {
         if self.flushed.remove(&(session, req.id)) {
             return false;
