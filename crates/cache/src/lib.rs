@@ -731,6 +731,7 @@ mod tests {
             mtime: p::Time::default(),
             ctime: p::Time::default(),
             crtime: p::Time::default(),
+            flags: 0,
         }
     }
 

@@ -66,9 +66,51 @@ fn signal_pending(status: &str) -> bool {
     pending & SIGKILL_BIT != 0 || pending & !held != 0
 }
 
+/// CAP_FSETID's bit in CapEff.
+const CAP_FSETID_BIT: u64 = 1 << 4;
+
+/// The kernel's `in_group_or_capable` for thread `tid` and group `gid`: its fsgid or one
+/// of its supplementary groups is `gid`, or it holds CAP_FSETID. The kernel leaves the
+/// rules that need this to a FUSE file system (setgid cleared by a write, a truncate or
+/// an ACL change of a caller outside the group). A thread whose status cannot be read
+/// (gone, hidepid) counts as in the group: setgid is then left alone, as the kernel
+/// alone would.
+pub fn in_group_or_capable(tid: u32, gid: u32) -> bool {
+    if tid == 0 {
+        return true;
+    }
+    match std::fs::read_to_string(format!("/proc/{tid}/status")) {
+        Ok(status) => status_in_group_or_capable(&status, gid),
+        Err(_) => true,
+    }
+}
+
+fn status_in_group_or_capable(status: &str, gid: u32) -> bool {
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).unwrap_or("");
+    let cap_eff = u64::from_str_radix(field("CapEff:").trim(), 16).unwrap_or(0);
+    // Gid: real, effective, saved, filesystem.
+    let fsgid = field("Gid:").split_whitespace().nth(3).and_then(|g| g.parse::<u32>().ok());
+    let groups = field("Groups:").split_whitespace().filter_map(|g| g.parse::<u32>().ok());
+    cap_eff & CAP_FSETID_BIT != 0 || fsgid == Some(gid) || groups.into_iter().any(|g| g == gid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_membership_and_cap_fsetid_from_status() {
+        let st = |gid: &str, groups: &str, cap: &str| {
+            format!("Name:\tx\nUid:\t1\t1\t1\t1\nGid:\t{gid}\nGroups:\t{groups}\nCapEff:\t{cap}\n")
+        };
+        let plain = "0000000000000000";
+        assert!(status_in_group_or_capable(&st("5\t5\t5\t7", "", plain), 7), "fsgid counts");
+        assert!(!status_in_group_or_capable(&st("7\t7\t7\t5", "", plain), 7), "only the fsgid counts");
+        assert!(status_in_group_or_capable(&st("5\t5\t5\t5", "3 7 9", plain), 7), "supplementary groups");
+        assert!(!status_in_group_or_capable(&st("5\t5\t5\t5", "3 9", plain), 7));
+        assert!(status_in_group_or_capable(&st("5\t5\t5\t5", "", "0000000000000010"), 7), "CAP_FSETID");
+        assert!(!status_in_group_or_capable(&st("5\t5\t5\t5", "", "0000000000000008"), 7));
+    }
 
     fn status(pnd: u64, shd: u64, blk: u64, ign: u64) -> String {
         format!("Name:\tx\nSigQ:\t0/1\nSigPnd:\t{pnd:016x}\nShdPnd:\t{shd:016x}\nSigBlk:\t{blk:016x}\nSigIgn:\t{ign:016x}\n")

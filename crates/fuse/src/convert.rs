@@ -45,9 +45,10 @@ pub fn kind_from_mode(mode: u32) -> Option<p::FileType> {
     }
 }
 
-/// Permission bits of a new node: what the caller asked for, less its umask.
-pub fn create_mode(mode: u32, umask: u32) -> u32 {
-    mode & !umask & 0o7777
+/// Permission bits a new node asks for (the umask or a default ACL applies later:
+/// `acl::inherit`).
+pub fn create_mode(mode: u32) -> u32 {
+    mode & 0o7777
 }
 
 /// The kernel's file type for a wire file type.
@@ -259,6 +260,7 @@ mod tests {
             mtime: p::Time { sec: -2, nsec: 700_000_000 },
             ctime: p::Time { sec: 0, nsec: 0 },
             crtime: p::Time { sec: 1_700_000_000, nsec: 999_999_999 },
+            flags: 0,
         }
     }
 
@@ -275,10 +277,10 @@ mod tests {
     }
 
     #[test]
-    fn umask_and_type_bits_are_stripped() {
-        assert_eq!(create_mode(libc::S_IFREG | 0o666, 0o022), 0o644);
-        assert_eq!(create_mode(libc::S_IFDIR | 0o7777, 0o077), 0o7700);
-        assert_eq!(create_mode(0o4755, 0), 0o4755);
+    fn type_bits_are_stripped() {
+        assert_eq!(create_mode(libc::S_IFREG | 0o666), 0o666);
+        assert_eq!(create_mode(libc::S_IFDIR | 0o7777), 0o7777);
+        assert_eq!(create_mode(0o4755), 0o4755);
     }
 
     #[test]

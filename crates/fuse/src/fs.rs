@@ -34,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crest_cache::{Cached, NameCache};
 use crest_net::{Client, Completion, Rights};
-use crest_proto::{self as p, Op, Reply};
+use crest_proto::{self as p, acl, Op, Reply};
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags, PollNotifier,
@@ -44,6 +44,8 @@ use fuser::{
 };
 
 use crate::caller::{self, Caller};
+
+mod privs;
 use crate::convert::{self, XattrAnswer};
 use crate::dir::{DirStream, Entry, READDIR_BATCH};
 use crate::error::Error;
@@ -474,8 +476,9 @@ fn name_of(name: &OsStr) -> Vec<u8> {
     name.as_bytes().to_vec()
 }
 
-fn cred(req: &Request) -> p::Cred {
-    p::Cred { uid: req.uid(), gid: req.gid() }
+/// Who creates, and the umask the server applies unless a default ACL rules instead.
+fn cred(req: &Request, umask: u32) -> p::Cred {
+    p::Cred { uid: req.uid(), gid: req.gid(), umask: umask & 0o777 }
 }
 
 fn unexpected(op: &'static str, r: &Reply) -> Error {
@@ -685,7 +688,7 @@ impl CrestFs {
     #[allow(clippy::too_many_arguments)]
     fn create_locally(
         &self,
-        req: &Request,
+        cred: p::Cred,
         parent: u64,
         name: &[u8],
         kind: p::FileType,
@@ -712,12 +715,21 @@ impl CrestFs {
         if dir.kind != p::FileType::Directory || (kind == p::FileType::Directory && dir.nlink >= LINK_MAX_MARGIN) {
             return None;
         }
-        let cred = cred(req);
-        let (gid, mode) = if dir.mode & 0o2000 != 0 {
-            (dir.gid, if kind == p::FileType::Directory { mode | 0o2000 } else { mode })
-        } else {
-            (cred.gid, mode)
+        // The parent's default ACL, when it has one, must be known here to create locally.
+        let default = match dir.flags & acl::HAS_DEFAULT {
+            0 => None,
+            _ => Some(c.held_xattrs(parent)?.get(acl::DEFAULT)?.clone()),
         };
+        let requested = mode & 0o7777;
+        let got =
+            acl::inherit(default.as_deref(), kind == p::FileType::Directory, target.is_some(), requested, cred.umask);
+        let (gid, mode) = if dir.mode & 0o2000 != 0 {
+            (dir.gid, if kind == p::FileType::Directory { got.mode | 0o2000 } else { got.mode })
+        } else {
+            (cred.gid, got.mode)
+        };
+        let flags =
+            u32::from(got.access.is_some()) * acl::HAS_ACCESS + u32::from(got.default.is_some()) * acl::HAS_DEFAULT;
         // The server reports every directory as one block (its entry count is its own).
         let size = if kind == p::FileType::Directory { DIR_SIZE_BYTES } else { target.map_or(0, |t| t.len() as u64) };
         let attr = p::Attr {
@@ -735,6 +747,7 @@ impl CrestFs {
             mtime: t,
             ctime: t,
             crtime: t,
+            flags,
         };
         let mut d = dir;
         d.mtime = t;
@@ -751,9 +764,18 @@ impl CrestFs {
                 target: target.to_vec(),
                 cred,
             },
-            None => {
-                Op::CreateAt { ino, generation: attr.generation, parent, name: name.to_vec(), kind, mode, rdev, cred }
-            }
+            // The server applies the parent's default ACL or the umask to the mode asked for,
+            // as `inherit` did here.
+            None => Op::CreateAt {
+                ino,
+                generation: attr.generation,
+                parent,
+                name: name.to_vec(),
+                kind,
+                mode: requested,
+                rdev,
+                cred,
+            },
         }];
         if let Some(fh) = open {
             ops.push(Op::Open { ino, handle: fh.0 });
@@ -765,6 +787,11 @@ impl CrestFs {
         }
         c.grant_exclusive(ino, now, now);
         c.created_without_xattrs(ino);
+        for (name, value) in [(acl::ACCESS, &got.access), (acl::DEFAULT, &got.default)] {
+            if let Some(v) = value {
+                c.set_held_xattr(ino, name, v);
+            }
+        }
         c.begin_writeback(ino);
         c.begin_writeback(parent);
         if let Err(e) = permit.submit(ops, t, self.completion("create", vec![ino, parent])) {
@@ -1141,7 +1168,8 @@ impl CrestFs {
     /// without waiting. Anything the server might refuse for its size is left to the
     /// synchronous path. `None`: do it the synchronous way.
     fn xattr_locally(&self, ino: u64, name: &[u8], value: Option<&[u8]>, flags: u32) -> Option<Result<(), Errno>> {
-        if name.is_empty() || name.contains(&0) || name.len() > XATTR_NAME_MAX {
+        // ACLs change the mode too (`acl::update_mode`): the server applies them.
+        if name.is_empty() || name.contains(&0) || name.len() > XATTR_NAME_MAX || acl::flag_of(name) != 0 {
             return None;
         }
         // Not held: the synchronous way (checked again under the lock below).
@@ -1335,22 +1363,22 @@ impl CrestFs {
 
     fn create_node(
         &self,
-        req: &Request,
+        cred: p::Cred,
         parent: INodeNo,
         name: &OsStr,
         kind: p::FileType,
         mode: u32,
         rdev: u64,
     ) -> Result<p::Attr, Error> {
-        if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, rdev, None, None) {
+        if let Some(a) = self.create_locally(cred, parent.0, name.as_bytes(), kind, mode, rdev, None, None) {
             return Ok(a);
         }
         if self.acquire(parent.0) {
-            if let Some(a) = self.create_locally(req, parent.0, name.as_bytes(), kind, mode, rdev, None, None) {
+            if let Some(a) = self.create_locally(cred, parent.0, name.as_bytes(), kind, mode, rdev, None, None) {
                 return Ok(a);
             }
         }
-        let op = Op::Create { parent: parent.0, name: name_of(name), kind, mode, rdev, cred: cred(req) };
+        let op = Op::Create { parent: parent.0, name: name_of(name), kind, mode, rdev, cred };
         let a = self.one("create", op).and_then(|r| want_attr("create", r))?;
         self.added(parent.0, name.as_bytes(), &a);
         Ok(a)
@@ -1360,7 +1388,9 @@ impl CrestFs {
     fn added(&self, parent: u64, name: &[u8], a: &p::Attr) {
         let now = Instant::now();
         let mut c = lock(&self.names);
-        c.created_without_xattrs(a.ino);
+        if a.flags == 0 {
+            c.created_without_xattrs(a.ino);
+        }
         c.added(parent, name, a, now);
         if a.kind == p::FileType::Directory {
             c.made_dir(a, now);
@@ -1473,6 +1503,11 @@ impl Filesystem for CrestFs {
             // generation, both the server's: valid on every mount and after a remount
             // (`lookup_for_handle`).
             InitFlags::FUSE_EXPORT_SUPPORT,
+            // The kernel enforces POSIX ACLs; the server keeps them with the mode. The
+            // umask comes apart from the mode (DONT_MASK), because a parent's default ACL
+            // replaces it (`acl::inherit`).
+            InitFlags::FUSE_POSIX_ACL,
+            InitFlags::FUSE_DONT_MASK,
         ];
         for f in wanted {
             if let Err(missing) = config.add_capabilities(f) {
@@ -1560,7 +1595,7 @@ impl Filesystem for CrestFs {
         reply: ReplyAttr,
     ) {
         let _caller = Caller::enter(req.pid());
-        let set = p::SetAttr {
+        let mut set = p::SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
             gid,
@@ -1569,6 +1604,7 @@ impl Filesystem for CrestFs {
             mtime: mtime.map(convert::set_time),
             ctime: ctime.map(convert::setattr_time),
         };
+        self.kill_sgid(req.pid(), ino.0, &mut set);
         let op = Op::SetAttr { ino: ino.0, set: set.clone() };
         let local = self.change_locally(
             "setattr",
@@ -1585,6 +1621,9 @@ impl Filesystem for CrestFs {
                     a.mtime = t;
                 }
                 if let Some(m) = set.mode {
+                    if a.flags & acl::HAS_ACCESS != 0 {
+                        return false; // the server rewrites the access ACL too
+                    }
                     a.mode = m & 0o7777;
                 }
                 if let Some(u) = set.uid {
@@ -1610,10 +1649,14 @@ impl Filesystem for CrestFs {
         if let Some(a) = local {
             return self.reply_attr(reply, Ok(a));
         }
+        let chmod = set.mode.is_some();
         let r = self.one("setattr", Op::SetAttr { ino: ino.0, set }).and_then(|r| want_attr("setattr", r));
         if let Ok(a) = &r {
             lock(&self.inodes).changed_here(a);
             self.attr_changed(a);
+            if chmod && a.flags & acl::HAS_ACCESS != 0 {
+                lock(&self.names).xattrs_changed(a.ino);
+            }
         }
         self.reply_attr(reply, r);
     }
@@ -1633,13 +1676,14 @@ impl Filesystem for CrestFs {
                 Error::Invalid { op: "mknod", why: format!("mode {mode:#o} is not a file, device, fifo or socket") };
             return reply.error(self.fail(&e));
         };
-        let r = self.create_node(req, parent, name, kind, convert::create_mode(mode, umask), u64::from(rdev));
+        let r = self.create_node(cred(req, umask), parent, name, kind, convert::create_mode(mode), u64::from(rdev));
         self.reply_entry(reply, parent.0, name.as_bytes(), r);
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let _caller = Caller::enter(req.pid());
-        let r = self.create_node(req, parent, name, p::FileType::Directory, convert::create_mode(mode, umask), 0);
+        let kind = p::FileType::Directory;
+        let r = self.create_node(cred(req, umask), parent, name, kind, convert::create_mode(mode), 0);
         self.reply_entry(reply, parent.0, name.as_bytes(), r);
     }
 
@@ -1678,7 +1722,8 @@ impl Filesystem for CrestFs {
         let target_bytes = target.as_os_str().as_bytes();
         if !target_bytes.is_empty() && target_bytes.len() < 4096 {
             let (name, kind) = (link_name.as_bytes(), p::FileType::Symlink);
-            if let Some(a) = self.create_locally(req, parent.0, name, kind, 0o777, 0, Some(target_bytes), None) {
+            if let Some(a) = self.create_locally(cred(req, 0), parent.0, name, kind, 0o777, 0, Some(target_bytes), None)
+            {
                 return self.reply_entry(reply, parent.0, name, Ok(a));
             }
         }
@@ -1686,7 +1731,7 @@ impl Filesystem for CrestFs {
             parent: parent.0,
             name: name_of(link_name),
             target: name_of(target.as_os_str()),
-            cred: cred(req),
+            cred: cred(req, 0),
         };
         let r = self.one("symlink", op).and_then(|r| want_attr("symlink", r));
         if let Ok(a) = &r {
@@ -2017,7 +2062,10 @@ impl Filesystem for CrestFs {
         reply: ReplyEmpty,
     ) {
         let _caller = Caller::enter(req.pid());
-        let flags = convert::xattr_flags(flags);
+        let mut flags = convert::xattr_flags(flags);
+        if name.as_bytes() == acl::ACCESS && self.caller_drops_sgid(req.pid(), ino.0) {
+            flags |= p::XATTR_ACL_KILL_SGID;
+        }
         match self.xattr_locally(ino.0, name.as_bytes(), Some(value), flags) {
             Some(Ok(())) => return reply.ok(),
             Some(Err(e)) => return reply.error(e),
@@ -2033,7 +2081,16 @@ impl Filesystem for CrestFs {
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _caller = Caller::enter(req.pid());
         // (Bound first: the cache guard must be gone before the reply.)
-        let held = lock(&self.names).held_xattrs(ino.0).map(|m| m.get(name.as_bytes()).cloned());
+        let held = {
+            let c = lock(&self.names);
+            c.held_xattrs(ino.0).map(|m| m.get(name.as_bytes()).cloned()).or_else(|| {
+                // The kernel asks for ACLs before its permission checks: an inode whose
+                // attributes this mount holds says whether it has one.
+                let flag = acl::flag_of(name.as_bytes());
+                let a = c.attr(ino.0, Instant::now()).filter(|_| flag != 0)?;
+                (a.flags & flag == 0).then_some(None)
+            })
+        };
         match held {
             Some(Some(v)) => return self.reply_xattr(reply, size, Ok(v)),
             Some(None) => return reply.error(Errno::from_i32(libc::ENODATA)),
@@ -2086,9 +2143,10 @@ impl Filesystem for CrestFs {
     ) {
         let _caller = Caller::enter(req.pid());
         let kind = p::FileType::Regular;
-        let mode = convert::create_mode(mode, umask);
+        let mode = convert::create_mode(mode);
+        let cred = cred(req, umask);
         let fh = self.fh();
-        let local = || self.create_locally(req, parent.0, name.as_bytes(), kind, mode, 0, None, Some(fh));
+        let local = || self.create_locally(cred, parent.0, name.as_bytes(), kind, mode, 0, None, Some(fh));
         if let Some(a) = local().or_else(|| if self.acquire(parent.0) { local() } else { None }) {
             lock(&self.inodes).keep_cache_on_open(&a);
             let attr = convert::file_attr(&a);
@@ -2104,7 +2162,7 @@ impl Filesystem for CrestFs {
         }
         // Two calls: Open names its inode, which exists only once Create has answered. The
         // kernel holds the directory locked in between, so nothing can unlink the new name.
-        let created = self.create_node(req, parent, name, kind, mode, 0).and_then(|a| {
+        let created = self.create_node(cred, parent, name, kind, mode, 0).and_then(|a| {
             let opened =
                 self.one("create", Op::Open { ino: a.ino, handle: fh.0 }).and_then(|r| want_attr("create", r))?;
             Ok((a, opened))

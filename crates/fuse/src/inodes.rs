@@ -101,6 +101,7 @@ mod tests {
             mtime: p::Time { sec: mtime, nsec: 0 },
             ctime: p::Time::default(),
             crtime: p::Time::default(),
+            flags: 0,
         }
     }
 

@@ -1829,7 +1829,7 @@ mod tests {
     }
 
     fn cred() -> p::Cred {
-        p::Cred { uid: 0, gid: 0 }
+        p::Cred { uid: 0, gid: 0, umask: 0 }
     }
 
     fn create_at(ino: u64, parent: u64, name: &str, kind: p::FileType) -> p::Op {

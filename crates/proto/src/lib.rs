@@ -10,6 +10,7 @@
 //! recalls later). Metadata replies carry neighbouring directory items so one round trip
 //! primes the client's cache.
 
+pub mod acl;
 pub mod codec;
 pub mod message;
 

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// First bytes of a client hello, so a stray connection is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
 /// Most operations in one compound request.
@@ -80,6 +80,9 @@ pub struct Attr {
     pub ctime: Time,
     /// Creation time.
     pub crtime: Time,
+    /// `acl::HAS_ACCESS`, `acl::HAS_DEFAULT`: which ACLs the inode has, so a client can
+    /// answer the kernel's ACL look-ups for inodes without one.
+    pub flags: u32,
 }
 
 /// Who is asking (used for ownership of new files; permissions are checked by the
@@ -90,6 +93,9 @@ pub struct Cred {
     pub uid: u32,
     /// Caller's gid.
     pub gid: u32,
+    /// Caller's umask: the server applies it to a new inode's mode unless the parent
+    /// directory has a default ACL, which masks the mode instead (`acl::inherit`).
+    pub umask: u32,
 }
 
 /// A time to set.
@@ -192,6 +198,10 @@ pub const RENAME_WHITEOUT: u32 = 4;
 pub const XATTR_CREATE: u32 = 1;
 /// See `XATTR_CREATE`.
 pub const XATTR_REPLACE: u32 = 2;
+/// crest's own: setting `system.posix_acl_access` also clears setgid, because the caller
+/// is neither in the file's group nor holds CAP_FSETID (the kernel's rule, which only the
+/// client can judge).
+pub const XATTR_ACL_KILL_SGID: u32 = 1 << 16;
 /// fallocate flags (Linux values).
 pub const FALLOC_FL_KEEP_SIZE: u32 = 1;
 /// See `FALLOC_FL_KEEP_SIZE`.

@@ -39,6 +39,18 @@ pub fn kind_out(k: s::FileKind) -> p::FileType {
     }
 }
 
+/// The wire's ACL flags from the store's inode flags.
+fn acl_flags_out(flags: u32) -> u32 {
+    let mut out = 0;
+    if flags & s::fs::inode::FLAG_ACL_ACCESS != 0 {
+        out |= p::acl::HAS_ACCESS;
+    }
+    if flags & s::fs::inode::FLAG_ACL_DEFAULT != 0 {
+        out |= p::acl::HAS_DEFAULT;
+    }
+    out
+}
+
 /// Wire attributes from an inode.
 pub fn attr_out(i: &s::Inode) -> p::Attr {
     p::Attr {
@@ -56,6 +68,7 @@ pub fn attr_out(i: &s::Inode) -> p::Attr {
         mtime: time_out(i.mtime),
         ctime: time_out(i.ctime),
         crtime: time_out(i.crtime),
+        flags: acl_flags_out(i.flags),
     }
 }
 

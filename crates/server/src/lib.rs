@@ -15,6 +15,7 @@
 //!   exclusive recall a lease long): a dead client never blocks others for longer, and a
 //!   fenced session's later requests are refused.
 
+mod acl;
 pub mod caps;
 pub mod convert;
 pub mod locks;

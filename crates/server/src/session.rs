@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use crest_proto::{self as p, Op, Reply};
 use crest_store::{self as s, Store};
 
+use crate::acl;
 use crate::caps::{Caps, Outgoing};
 use crate::convert::{attr_out, error_out, kind_in, time_in};
 use crate::locks::{self, LockTable};
@@ -270,7 +271,7 @@ impl std::fmt::Debug for Server {
     }
 }
 
-fn errno(errno: i32, message: impl Into<String>) -> p::OpError {
+pub(crate) fn errno(errno: i32, message: impl Into<String>) -> p::OpError {
     p::OpError { errno, message: message.into() }
 }
 
@@ -1397,7 +1398,11 @@ impl Server {
                     mtime: t(set.mtime),
                     ctime: set.ctime.map(time_in),
                 };
-                Ok(Reply::Attr(attr_out(&st.setattr(ino, &sa, now_s)?)))
+                let inode = st.setattr(ino, &sa, now_s)?;
+                if let Some(mode) = set.mode {
+                    acl::chmod(st, ino, mode, now_s)?;
+                }
+                Ok(Reply::Attr(attr_out(&inode)))
             }
             Op::ReadDir { ino, from_index, limit } => {
                 let limit = limit.clamp(1, READDIR_MAX_ITEMS) as usize;
@@ -1409,9 +1414,10 @@ impl Server {
             }
             Op::Create { parent, name, kind, mode, rdev, cred } => {
                 let kind = kind_in(kind);
-                let (gid, mode) = self.new_owner(parent, cred, kind, mode)?;
+                let got = acl::inherit(&mut self.store, parent, kind, mode, cred.umask)?;
+                let (gid, mode) = self.new_owner(parent, cred, kind, got.mode)?;
                 let inode = self.store.create(parent, &name, kind, mode, cred.uid, gid, rdev, now_s)?;
-                Ok(Reply::Entry(attr_out(&inode)))
+                Ok(Reply::Entry(attr_out(&acl::store_inherited(&mut self.store, inode, &got, now_s)?)))
             }
             Op::Symlink { parent, name, target, cred } => {
                 let (gid, _) = self.new_owner(parent, cred, s::FileKind::Symlink, 0)?;
@@ -1525,6 +1531,9 @@ impl Server {
                         return Err(Failure::Wire(errno(61, "no such xattr")));
                     }
                 }
+                if p::acl::flag_of(&name) != 0 {
+                    return acl::set(st, ino, &name, &value, flags, now_s).map(|()| Reply::Done);
+                }
                 Ok(st.setxattr(ino, &name, &value, now_s).map(|()| Reply::Done)?)
             }
             // Handled by `handle_request` (it sets the clock for what follows).
@@ -1540,10 +1549,11 @@ impl Server {
             }
             Op::CreateAt { ino, generation, parent, name, kind, mode, rdev, cred } => {
                 let kind = kind_in(kind);
-                let (gid, mode) = self.new_owner(parent, cred, kind, mode)?;
+                let got = acl::inherit(&mut self.store, parent, kind, mode, cred.umask)?;
+                let (gid, mode) = self.new_owner(parent, cred, kind, got.mode)?;
                 let at = Some(s::NewInode { ino, generation });
                 let inode = self.store.create_at(at, parent, &name, kind, mode, cred.uid, gid, rdev, now_s)?;
-                Ok(Reply::Entry(attr_out(&inode)))
+                Ok(Reply::Entry(attr_out(&acl::store_inherited(&mut self.store, inode, &got, now_s)?)))
             }
             Op::SymlinkAt { ino, generation, parent, name, target, cred } => {
                 let (gid, _) = self.new_owner(parent, cred, s::FileKind::Symlink, 0)?;
@@ -1651,7 +1661,7 @@ fn carried(op_inode: Option<u64>, reply: &Reply) -> Vec<u64> {
 }
 
 /// Why an operation failed: in the store, or refused here with an errno.
-enum Failure {
+pub(crate) enum Failure {
     Store(s::Error),
     Wire(p::OpError),
 }
@@ -1786,7 +1796,7 @@ mod tests {
             kind,
             mode: 0o755,
             rdev: 0,
-            cred: p::Cred { uid, gid },
+            cred: p::Cred { uid, gid, umask: 0 },
         };
         let r = srv.handle_request(
             sid,
@@ -2207,7 +2217,7 @@ mod tests {
             kind: p::FileType::Regular,
             mode: 0o600,
             rdev: 0,
-            cred: p::Cred { uid: 3, gid: 4 },
+            cred: p::Cred { uid: 3, gid: 4, umask: 0 },
         };
         srv.handle(a, p::Request { id: 2, ops: vec![create_at], time: Some(client_time) }, NOW);
         let out = srv.take_outgoing();

@@ -519,7 +519,7 @@ impl Sim {
     }
 
     fn pick_op(&mut self, c: usize) -> Op {
-        let cred = p::Cred { uid: 1000 + c as u32, gid: 100 };
+        let cred = p::Cred { uid: 1000 + c as u32, gid: 100, umask: 0 };
         let dir = self.known_of(p::FileType::Directory);
         let file = self.known_of(p::FileType::Regular);
         match self.rng.below(13) {

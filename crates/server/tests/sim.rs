@@ -900,7 +900,7 @@ impl Client {
             pool: (0, 0),
             known,
             recent: VecDeque::new(),
-            cred: p::Cred { uid: 1000 + idx as u32, gid: 100 + idx as u32 },
+            cred: p::Cred { uid: 1000 + idx as u32, gid: 100 + idx as u32, umask: 0 },
             partition_until: 0,
             leaving: false,
             last_heard: 0,
@@ -1014,6 +1014,7 @@ impl Client {
                     mtime: t,
                     ctime: t,
                     crtime: t,
+                    flags: 0,
                 };
                 let mut d = dir;
                 d.mtime = t;

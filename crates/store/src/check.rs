@@ -129,6 +129,8 @@ struct XattrRecord {
     ino: u64,
     hash: u64,
     name_len: usize,
+    /// The inode flag its name keeps (`inode::xattr_flag`).
+    flag: u32,
     /// Chunk id and value length of an out-of-line value.
     chunked: Option<(u64, usize)>,
 }
@@ -268,6 +270,7 @@ impl Checker<'_> {
                         ino: k.objectid,
                         hash: k.offset,
                         name_len: e.name.len(),
+                        flag: crate::fs::inode::xattr_flag(&e.name),
                         chunked: match e.value {
                             xattr::Value::Inline(_) => None,
                             xattr::Value::Chunked { len, id } => Some((id, len as usize)),
@@ -392,10 +395,12 @@ impl Checker<'_> {
     /// belongs to such a record, and no inode's names pass `XATTR_LIST_MAX`.
     fn xattrs(&mut self, inodes: &BTreeMap<u64, Inode>, records: &[XattrRecord], chunks: &[(u64, xattr::Chunk)]) {
         let mut list_bytes: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut flags: BTreeMap<u64, u32> = BTreeMap::new();
         // (ino, chunk id) → (owner hash, value length, chunks found)
         let mut owners: BTreeMap<(u64, u64), (u64, usize, usize)> = BTreeMap::new();
         for r in records {
             *list_bytes.entry(r.ino).or_default() += r.name_len + 1;
+            *flags.entry(r.ino).or_default() |= r.flag;
             let Some((id, len)) = r.chunked else { continue };
             if owners.insert((r.ino, id), (r.hash, len, 0)).is_some() {
                 self.problem(format!("inode {}: xattr chunk id {id} named by two xattrs", r.ino));
@@ -407,6 +412,12 @@ impl Checker<'_> {
             }
             if *bytes > XATTR_LIST_MAX {
                 self.problem(format!("inode {ino}: xattr names take {bytes} bytes (max {XATTR_LIST_MAX})"));
+            }
+        }
+        for (ino, inode) in inodes {
+            let stored = flags.get(ino).copied().unwrap_or(0);
+            if inode.flags != stored {
+                self.problem(format!("inode {ino}: ACL flags {:#x}, but its ACL xattrs say {stored:#x}", inode.flags));
             }
         }
         for (ino, c) in chunks {

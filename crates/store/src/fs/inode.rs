@@ -7,6 +7,21 @@ use crate::key::{kind, Key};
 pub const ROOT_INO: u64 = 1;
 /// Encoded size of an inode item.
 pub const INODE_BYTES: usize = 128;
+/// `Inode::flags`: an xattr `system.posix_acl_access` is stored (kept by `setxattr` and
+/// `removexattr`, so a reader of the inode knows without looking for the xattr).
+pub const FLAG_ACL_ACCESS: u32 = 1;
+/// `Inode::flags`: an xattr `system.posix_acl_default` is stored.
+pub const FLAG_ACL_DEFAULT: u32 = 2;
+const KNOWN_FLAGS: u32 = FLAG_ACL_ACCESS | FLAG_ACL_DEFAULT;
+
+/// The flag an xattr name keeps, if any.
+pub fn xattr_flag(name: &[u8]) -> u32 {
+    match name {
+        b"system.posix_acl_access" => FLAG_ACL_ACCESS,
+        b"system.posix_acl_default" => FLAG_ACL_DEFAULT,
+        _ => 0,
+    }
+}
 
 /// Seconds and nanoseconds since the epoch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -99,7 +114,7 @@ pub struct Inode {
     pub parent: u64,
     /// Directories: the index the next entry gets.
     pub next_index: u64,
-    /// Reserved flags, 0 for now.
+    /// `FLAG_*`: which ACL xattrs the inode has.
     pub flags: u32,
 }
 
@@ -194,7 +209,7 @@ impl Inode {
                 return Err(Error::bad_item(key, block, format!("timestamp nanoseconds {}", t.nsec)));
             }
         }
-        if inode.flags != 0 || b[9..12].iter().chain(&b[120..]).any(|&x| x != 0) {
+        if inode.flags & !KNOWN_FLAGS != 0 || b[9..12].iter().chain(&b[120..]).any(|&x| x != 0) {
             return Err(Error::bad_item(key, block, "reserved bytes are not zero"));
         }
         Ok(inode)

@@ -10,7 +10,7 @@
 
 use crate::error::{Error, Result};
 use crate::fs::dirent::{self, check_name, DirEntry};
-use crate::fs::inode::{FileKind, Inode, Timespec, ROOT_INO};
+use crate::fs::inode::{self, FileKind, Inode, Timespec, ROOT_INO};
 use crate::fs::xattr;
 use crate::key::{kind, Key, ORPHAN_OBJECTID};
 use crate::limits::{BLOCK_SIZE_U64, LINK_MAX, MAX_FILE_BYTES, MAX_INLINE_BYTES, MAX_ITEM_BYTES, XATTR_LIST_MAX};
@@ -1045,6 +1045,7 @@ impl Store {
         };
         entries.push(xattr::Entry { name: name.to_vec(), value: stored });
         self.fs.insert(&mut self.pager, key, xattr::encode(&entries))?;
+        inode.flags |= inode::xattr_flag(name);
         inode.ctime = now;
         self.put_inode(&inode)?;
         self.maybe_commit()
@@ -1089,6 +1090,7 @@ impl Store {
         } else {
             self.fs.insert(&mut self.pager, key, xattr::encode(&entries))?;
         }
+        inode.flags &= !inode::xattr_flag(name);
         inode.ctime = now;
         self.put_inode(&inode)?;
         self.maybe_commit()

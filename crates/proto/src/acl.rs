@@ -1,0 +1,362 @@
+//! POSIX ACLs as Linux passes them through xattrs (`system.posix_acl_access`,
+//! `system.posix_acl_default`), and the rules that tie them to a file's mode.
+//!
+//! The kernel enforces ACLs itself (FUSE_POSIX_ACL) but leaves their bookkeeping to the
+//! file system: an access ACL equivalent to the mode is stored as the mode alone, chmod
+//! rewrites the access ACL's owner, mask (or group) and other entries, and a new inode
+//! takes its parent's default ACL, masked by the mode asked for, instead of the umask.
+//! The server applies these rules when it runs an operation and a client applies the same
+//! ones to operations it answers itself under exclusive rights; both call this module, so
+//! the two never disagree about a mode.
+
+/// Xattr name of a file's access ACL.
+pub const ACCESS: &[u8] = b"system.posix_acl_access";
+/// Xattr name of a directory's default ACL (what new inodes inside inherit).
+pub const DEFAULT: &[u8] = b"system.posix_acl_default";
+
+/// `Attr::flags`: the inode has an access ACL.
+pub const HAS_ACCESS: u32 = 1;
+/// `Attr::flags`: the inode (a directory) has a default ACL.
+pub const HAS_DEFAULT: u32 = 2;
+
+/// Entry tags (linux/posix_acl.h).
+pub const USER_OBJ: u16 = 0x01;
+/// A named user.
+pub const USER: u16 = 0x02;
+/// The owning group.
+pub const GROUP_OBJ: u16 = 0x04;
+/// A named group.
+pub const GROUP: u16 = 0x08;
+/// The most a named user, a named group or the owning group is granted.
+pub const MASK: u16 = 0x10;
+/// Everyone else.
+pub const OTHER: u16 = 0x20;
+
+const VERSION: u32 = 2;
+const HEADER_BYTES: usize = 4;
+const ENTRY_BYTES: usize = 8;
+/// The kernel refuses ACLs larger than a page (`fuse_set_acl`), so no valid one has more.
+pub const MAX_ENTRIES: usize = (4096 - HEADER_BYTES) / ENTRY_BYTES;
+const UNDEFINED_ID: u32 = u32::MAX;
+
+/// Mode bits an ACL stands for (rwx of owner, group, other).
+const RWX_UGO: u32 = 0o777;
+
+/// Which flag bit an xattr name sets, if it is an ACL.
+pub fn flag_of(name: &[u8]) -> u32 {
+    match name {
+        ACCESS => HAS_ACCESS,
+        DEFAULT => HAS_DEFAULT,
+        _ => 0,
+    }
+}
+
+/// One entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// `USER_OBJ` … `OTHER`.
+    pub tag: u16,
+    /// rwx as 4, 2, 1.
+    pub perm: u16,
+    /// uid or gid for `USER` and `GROUP`; ignored otherwise.
+    pub id: u32,
+}
+
+/// Why a value is not a valid ACL (EINVAL).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid(pub &'static str);
+
+/// Parses and validates an xattr value the way `posix_acl_from_xattr` and
+/// `posix_acl_valid` do: version 2, whole entries, one owner, group and other entry,
+/// named entries in increasing id order without repeats, a mask when any are named.
+pub fn parse(value: &[u8]) -> Result<Vec<Entry>, Invalid> {
+    if value.len() < HEADER_BYTES || !(value.len() - HEADER_BYTES).is_multiple_of(ENTRY_BYTES) {
+        return Err(Invalid("ACL size is not a header and whole entries"));
+    }
+    let version = u32::from_le_bytes([value[0], value[1], value[2], value[3]]);
+    if version != VERSION {
+        return Err(Invalid("ACL version is not 2"));
+    }
+    let count = (value.len() - HEADER_BYTES) / ENTRY_BYTES;
+    if count > MAX_ENTRIES {
+        return Err(Invalid("ACL has more entries than a page holds"));
+    }
+    let entries: Vec<Entry> = value[HEADER_BYTES..]
+        .chunks_exact(ENTRY_BYTES)
+        .map(|e| Entry {
+            tag: u16::from_le_bytes([e[0], e[1]]),
+            perm: u16::from_le_bytes([e[2], e[3]]),
+            id: u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
+        })
+        .map(|e| match e.tag {
+            USER | GROUP => e,
+            _ => Entry { id: UNDEFINED_ID, ..e },
+        })
+        .collect();
+    validate(&entries)?;
+    Ok(entries)
+}
+
+fn validate(entries: &[Entry]) -> Result<(), Invalid> {
+    // posix_acl_valid: tags in order, named ids ascending within their tag.
+    let (mut user_obj, mut group_obj, mut other, mut mask, mut named) = (0, 0, 0, 0, 0);
+    let mut last: Option<(u16, u32)> = None;
+    for e in entries {
+        if e.perm & !7 != 0 {
+            return Err(Invalid("ACL permission beyond rwx"));
+        }
+        match e.tag {
+            USER_OBJ => user_obj += 1,
+            GROUP_OBJ => group_obj += 1,
+            OTHER => other += 1,
+            MASK => mask += 1,
+            USER | GROUP => named += 1,
+            _ => return Err(Invalid("unknown ACL tag")),
+        }
+        let key = (e.tag, if matches!(e.tag, USER | GROUP) { e.id } else { 0 });
+        if last.is_some_and(|l| l >= key) {
+            return Err(Invalid("ACL entries out of order or repeated"));
+        }
+        last = Some(key);
+    }
+    if user_obj != 1 || group_obj != 1 || other != 1 || mask > 1 || (named > 0 && mask == 0) {
+        return Err(Invalid("ACL lacks an owner, group, other or needed mask entry"));
+    }
+    Ok(())
+}
+
+/// The xattr value of `entries`.
+pub fn encode(entries: &[Entry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES + entries.len() * ENTRY_BYTES);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    for e in entries {
+        out.extend_from_slice(&e.tag.to_le_bytes());
+        out.extend_from_slice(&e.perm.to_le_bytes());
+        out.extend_from_slice(&e.id.to_le_bytes());
+    }
+    out
+}
+
+/// `posix_acl_equiv_mode`: the permission bits `entries` grant (the mask standing for the
+/// group class), and whether the mode alone can say the same (no named entry, no mask).
+pub fn equiv_mode(entries: &[Entry]) -> (u32, bool) {
+    let mut mode = 0;
+    let mut equivalent = true;
+    for e in entries {
+        let p = u32::from(e.perm & 7);
+        match e.tag {
+            USER_OBJ => mode |= p << 6,
+            GROUP_OBJ => mode |= p << 3,
+            OTHER => mode |= p,
+            MASK => {
+                mode = (mode & !0o070) | (p << 3);
+                equivalent = false;
+            }
+            _ => equivalent = false,
+        }
+    }
+    (mode, equivalent)
+}
+
+/// What setting an access ACL does (`posix_acl_update_mode`): the file's new mode, and
+/// the value to store (`None`: the ACL is equivalent to the mode, so none is kept).
+/// `kill_sgid`: the caller is neither in the file's group nor holds CAP_FSETID.
+pub fn update_mode(mode: u32, entries: &[Entry], kill_sgid: bool) -> (u32, Option<Vec<u8>>) {
+    let (bits, equivalent) = equiv_mode(entries);
+    let mut mode = (mode & !RWX_UGO) | bits;
+    if kill_sgid {
+        mode &= !0o2000;
+    }
+    (mode, (!equivalent).then(|| encode(entries)))
+}
+
+/// `__posix_acl_chmod`: the access ACL after a chmod to `mode`.
+pub fn chmod(entries: &[Entry], mode: u32) -> Vec<Entry> {
+    let has_mask = entries.iter().any(|e| e.tag == MASK);
+    entries
+        .iter()
+        .map(|e| {
+            let perm = match e.tag {
+                USER_OBJ => (mode >> 6) & 7,
+                OTHER => mode & 7,
+                MASK => (mode >> 3) & 7,
+                GROUP_OBJ if !has_mask => (mode >> 3) & 7,
+                _ => return *e,
+            };
+            Entry { perm: perm as u16, ..*e }
+        })
+        .collect()
+}
+
+/// What a new inode gets: its permission bits, its access ACL and (directories) its
+/// default ACL, as `posix_acl_create` decides. Without a default ACL in the parent, the
+/// umask applies; with one, the ACL masks the mode asked for and the umask does not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inherited {
+    /// Permission bits, setuid/setgid/sticky included (`0o7777`).
+    pub mode: u32,
+    /// Access ACL to store (`None` when equivalent to `mode`).
+    pub access: Option<Vec<u8>>,
+    /// Default ACL to store (directories inside a directory with one).
+    pub default: Option<Vec<u8>>,
+}
+
+/// `posix_acl_create` + `posix_acl_create_masq` for a new inode with requested `mode`
+/// (permission bits), the creator's `umask` and the parent's default ACL value if any.
+/// Symlinks never take an ACL. A parent default ACL that does not parse (only a damaged
+/// store holds one) is treated as absent.
+pub fn inherit(parent_default: Option<&[u8]>, is_dir: bool, is_symlink: bool, mode: u32, umask: u32) -> Inherited {
+    let mode = mode & 0o7777;
+    if is_symlink {
+        return Inherited { mode, access: None, default: None };
+    }
+    let parsed = parent_default.and_then(|v| parse(v).ok());
+    let Some(mut acl) = parsed else {
+        return Inherited { mode: mode & !(umask & 0o777), access: None, default: None };
+    };
+    let default = is_dir.then(|| encode(&acl));
+    let mut m = mode;
+    let mut equivalent = true;
+    for e in acl.iter_mut() {
+        match e.tag {
+            USER_OBJ => {
+                e.perm &= ((m >> 6) & 7) as u16;
+                m &= (u32::from(e.perm) << 6) | !0o700;
+            }
+            OTHER => {
+                e.perm &= (m & 7) as u16;
+                m &= u32::from(e.perm) | !0o007;
+            }
+            USER | GROUP | MASK => equivalent = false,
+            _ => {}
+        }
+    }
+    let class = if acl.iter().any(|e| e.tag == MASK) { MASK } else { GROUP_OBJ };
+    if let Some(e) = acl.iter_mut().find(|e| e.tag == class) {
+        e.perm &= ((m >> 3) & 7) as u16;
+        m &= (u32::from(e.perm) << 3) | !0o070;
+    }
+    Inherited { mode: m, access: (!equivalent).then(|| encode(&acl)), default }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(tag: u16, perm: u16, id: u32) -> Entry {
+        Entry { tag, perm, id }
+    }
+
+    fn minimal(u: u16, g: u16, o: u16) -> Vec<Entry> {
+        vec![e(USER_OBJ, u, 0), e(GROUP_OBJ, g, 0), e(OTHER, o, 0)]
+    }
+
+    fn named() -> Vec<Entry> {
+        vec![e(USER_OBJ, 7, 0), e(USER, 6, 1000), e(GROUP_OBJ, 5, 0), e(MASK, 7, 0), e(OTHER, 4, 0)]
+    }
+
+    fn canon(v: Vec<Entry>) -> Vec<Entry> {
+        v.into_iter().map(|x| if matches!(x.tag, USER | GROUP) { x } else { Entry { id: UNDEFINED_ID, ..x } }).collect()
+    }
+
+    #[test]
+    fn encode_then_parse_round_trips() {
+        for acl in [minimal(6, 4, 0), named()] {
+            assert_eq!(parse(&encode(&acl)), Ok(canon(acl)));
+        }
+    }
+
+    #[test]
+    fn invalid_acls_are_refused() {
+        let bad: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![2, 0, 0, 0, 1],
+            {
+                let mut v = encode(&minimal(7, 5, 5));
+                v[0] = 1;
+                v
+            },
+            encode(&[e(USER_OBJ, 7, 0), e(OTHER, 4, 0)]),
+            encode(&[e(USER_OBJ, 7, 0), e(USER, 6, 5), e(GROUP_OBJ, 5, 0), e(OTHER, 4, 0)]),
+            encode(&[
+                e(USER_OBJ, 7, 0),
+                e(USER, 6, 5),
+                e(USER, 6, 5),
+                e(GROUP_OBJ, 5, 0),
+                e(MASK, 7, 0),
+                e(OTHER, 0, 0),
+            ]),
+            encode(&[e(GROUP_OBJ, 5, 0), e(USER_OBJ, 7, 0), e(OTHER, 4, 0)]),
+            encode(&[e(USER_OBJ, 8, 0), e(GROUP_OBJ, 5, 0), e(OTHER, 4, 0)]),
+            encode(&[e(USER_OBJ, 7, 0), e(0x40, 5, 0), e(GROUP_OBJ, 5, 0), e(OTHER, 4, 0)]),
+        ];
+        for v in bad {
+            assert!(parse(&v).is_err(), "{v:?} accepted");
+        }
+    }
+
+    #[test]
+    fn a_minimal_acl_is_the_mode_alone() {
+        let (mode, stored) = update_mode(0o100_2644, &minimal(7, 5, 1), false);
+        assert_eq!((mode, stored), (0o100_2751, None));
+        let (mode, stored) = update_mode(0o2644, &minimal(7, 5, 1), true);
+        assert_eq!((mode, stored), (0o751, None), "setgid goes for a caller outside the group");
+    }
+
+    #[test]
+    fn the_mask_stands_for_the_group_class() {
+        let acl = named();
+        let (mode, stored) = update_mode(0o600, &acl, false);
+        assert_eq!(mode, 0o774);
+        assert_eq!(stored.as_deref().map(parse), Some(Ok(canon(acl))));
+    }
+
+    #[test]
+    fn chmod_rewrites_owner_mask_and_other() {
+        let after = chmod(&named(), 0o751);
+        assert_eq!(after[0].perm, 7);
+        assert_eq!(after[1].perm, 6, "named entries stay");
+        assert_eq!(after[2].perm, 5, "the group entry stays under a mask");
+        assert_eq!(after[3].perm, 5);
+        assert_eq!(after[4].perm, 1);
+        let plain = chmod(&minimal(7, 7, 7), 0o640);
+        assert_eq!(plain.iter().map(|e| e.perm).collect::<Vec<_>>(), vec![6, 4, 0]);
+    }
+
+    #[test]
+    fn without_a_default_acl_the_umask_applies() {
+        let i = inherit(None, false, false, 0o666, 0o022);
+        assert_eq!(i, Inherited { mode: 0o644, access: None, default: None });
+    }
+
+    #[test]
+    fn a_default_acl_masks_the_mode_instead_of_the_umask() {
+        let default = encode(&named());
+        let f = inherit(Some(&default), false, false, 0o666, 0o077);
+        assert_eq!(f.mode, 0o664, "owner rw, mask rw (from the mode), other r");
+        let access = f.access.as_deref().map(parse);
+        assert_eq!(
+            access,
+            Some(Ok(canon(vec![
+                e(USER_OBJ, 6, 0),
+                e(USER, 6, 1000),
+                e(GROUP_OBJ, 5, 0),
+                e(MASK, 6, 0),
+                e(OTHER, 4, 0)
+            ])))
+        );
+        assert_eq!(f.default, None, "files take no default ACL");
+        let d = inherit(Some(&default), true, false, 0o777, 0o077);
+        assert_eq!(d.mode, 0o774);
+        assert_eq!(d.default, Some(encode(&canon(named()))), "directories pass it on");
+        let l = inherit(Some(&default), false, true, 0o777, 0o077);
+        assert_eq!(l, Inherited { mode: 0o777, access: None, default: None }, "symlinks take none, nor the umask");
+    }
+
+    #[test]
+    fn a_minimal_default_acl_gives_no_access_acl() {
+        let default = encode(&minimal(7, 5, 0));
+        let f = inherit(Some(&default), false, false, 0o2666, 0o022);
+        assert_eq!(f, Inherited { mode: 0o2640, access: None, default: None });
+    }
+}
