@@ -356,3 +356,45 @@ fn fsck_and_reads_catch_damaged_chunks() {
     assert!(patch_item(&mut img, xattr::chunk_key(ino, id, chunks - 1), |_, v| v[8] ^= 4) > 0);
     fsck_finds(img, &["wrong number of bytes"]);
 }
+
+/// The inode's ACL flags follow the ACL xattrs through set, replace, remove and reopen,
+/// and fsck reports an inode whose flags disagree with its xattrs either way.
+#[test]
+fn acl_flags_follow_the_acl_xattrs() {
+    use crest_store::fs::inode::{FLAG_ACL_ACCESS, FLAG_ACL_DEFAULT};
+    const ACCESS: &[u8] = b"system.posix_acl_access";
+    const DEFAULT: &[u8] = b"system.posix_acl_default";
+    let disk = fresh(8);
+    let mut s = open(&disk);
+    let ino = file(&mut s, b"f");
+    let flags = |s: &mut Store| s.getattr(ino).expect("getattr").flags;
+    assert_eq!(flags(&mut s), 0);
+    s.setxattr(ino, b"user.x", b"1", t(3)).expect("setxattr");
+    assert_eq!(flags(&mut s), 0, "other xattrs set no flag");
+    s.setxattr(ino, ACCESS, &value(28, 1), t(3)).expect("setxattr");
+    s.setxattr(ino, DEFAULT, &value(44, 2), t(3)).expect("setxattr");
+    s.setxattr(ino, ACCESS, &value(36, 3), t(3)).expect("replace");
+    assert_eq!(flags(&mut s), FLAG_ACL_ACCESS | FLAG_ACL_DEFAULT);
+    let mut s = reopen(s, &disk);
+    assert_eq!(flags(&mut s), FLAG_ACL_ACCESS | FLAG_ACL_DEFAULT, "kept on disk");
+    s.removexattr(ino, ACCESS, t(4)).expect("removexattr");
+    assert_eq!(flags(&mut s), FLAG_ACL_DEFAULT);
+    s.removexattr(ino, b"user.x", t(4)).expect("removexattr");
+    assert_eq!(flags(&mut s), FLAG_ACL_DEFAULT);
+    s.commit().expect("commit");
+    drop(s);
+    assert_clean(&disk);
+
+    // A flag without its xattr, and an xattr without its flag.
+    let inode_key = Key::new(ino, crest_store::key::kind::INODE, 0);
+    for (flip, needle) in [(FLAG_ACL_ACCESS, "ACL flags 0x3"), (FLAG_ACL_DEFAULT, "ACL flags 0x0")] {
+        let mut img = disk.snapshot();
+        assert!(patch_item(&mut img, inode_key, |_, v| v[28] ^= flip as u8) > 0);
+        let report = fsck_bytes(img);
+        assert!(
+            report.problems.iter().any(|p| p.contains(needle) && p.contains("its ACL xattrs say 0x2")),
+            "{:#?}",
+            report.problems
+        );
+    }
+}
