@@ -152,6 +152,8 @@ pub struct CrestFs {
     kernel_epoch: Arc<KernelEpoch>,
     /// `-o nokernelnames` turns it off: the kernel caches no names under shared rights.
     shared_kernel_names: bool,
+    /// Whether the kernel enforces POSIX ACLs (FUSE_POSIX_ACL; `-o noacl` turns it off).
+    posix_acls: bool,
     /// When a read changes the file's access time.
     atime: Atime,
 }
@@ -553,6 +555,7 @@ impl CrestFs {
             page_io: Arc::default(),
             kernel_epoch: Arc::default(),
             shared_kernel_names: true,
+            posix_acls: true,
             atime: Atime::Relative,
         }
     }
@@ -560,6 +563,12 @@ impl CrestFs {
     /// When reads change access times (the mount's atime options); relatime by default.
     pub fn with_atime(mut self, mode: Atime) -> CrestFs {
         self.atime = mode;
+        self
+    }
+
+    /// Whether the kernel enforces POSIX ACLs (on by default).
+    pub fn with_posix_acls(mut self, on: bool) -> CrestFs {
+        self.posix_acls = on;
         self
     }
 
@@ -1503,13 +1512,12 @@ impl Filesystem for CrestFs {
             // generation, both the server's: valid on every mount and after a remount
             // (`lookup_for_handle`).
             InitFlags::FUSE_EXPORT_SUPPORT,
-            // The kernel enforces POSIX ACLs; the server keeps them with the mode. The
-            // umask comes apart from the mode (DONT_MASK), because a parent's default ACL
-            // replaces it (`acl::inherit`).
-            InitFlags::FUSE_POSIX_ACL,
-            InitFlags::FUSE_DONT_MASK,
         ];
-        for f in wanted {
+        // The kernel enforces POSIX ACLs; the server keeps them with the mode. The umask
+        // comes apart from the mode (DONT_MASK), because a parent's default ACL replaces
+        // it (`acl::inherit`). Without them the kernel applies the umask itself.
+        let acls = self.posix_acls.then_some(InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK);
+        for f in wanted.into_iter().chain(acls) {
             if let Err(missing) = config.add_capabilities(f) {
                 tracing::info!("kernel lacks FUSE capability {missing:?}");
             }

@@ -44,6 +44,7 @@ fn session(
     tracing::debug!(?config, "mounting {}", mountpoint.display());
     let fs = CrestFs::new(client, opts.attr_ttl)
         .with_shared_kernel_names(options::kernel_names(opts))
+        .with_posix_acls(options::posix_acls(opts))
         .with_atime(options::atime_mode(opts));
     let recalls = fs.recall_worker();
     let epoch = fs.kernel_epoch();

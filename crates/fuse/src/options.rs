@@ -114,6 +114,14 @@ pub fn kernel_names(opts: &MountOptions) -> bool {
     words.rfind(|o| *o == "kernelnames" || *o == "nokernelnames").is_none_or(|o| o == "kernelnames")
 }
 
+/// Whether the kernel enforces POSIX ACLs on this mount (`acl`, the default) or ignores
+/// them and refuses to set them (`noacl`, as ext4's option): the last of the two wins.
+/// The server keeps ACLs and applies default ACLs to new inodes either way.
+pub fn posix_acls(opts: &MountOptions) -> bool {
+    let mut words = opts.extra.iter().flat_map(|e| e.split(',')).map(str::trim);
+    words.rfind(|o| *o == "acl" || *o == "noacl").is_none_or(|o| o == "acl")
+}
+
 /// The fuser configuration for `opts`; `auto_unmount` is the default `-o` can override.
 pub fn fuser_config(opts: &MountOptions, auto_unmount: bool) -> Config {
     let mut read_only = opts.read_only;
@@ -150,6 +158,7 @@ pub fn fuser_config(opts: &MountOptions, auto_unmount: bool) -> Config {
             }
             "default_permissions" => continue,           // always on
             "kernelnames" | "nokernelnames" => continue, // crest's own: `kernel_names`
+            "acl" | "noacl" => continue,                 // negotiated at FUSE init: `posix_acls`
             // Access times are the daemon's (`atime_mode`); the kernel keeps none for FUSE.
             "strictatime" | "nostrictatime" | "relatime" | "norelatime" | "diratime" | "nodiratime" | "lazytime" => {
                 continue;
@@ -252,6 +261,15 @@ mod tests {
         assert_eq!(c.acl, SessionACL::Owner);
         assert_eq!(c.n_threads, Some(DEFAULT_THREADS));
         assert!(c.clone_fd);
+    }
+
+    #[test]
+    fn acls_are_on_unless_turned_off() {
+        assert!(posix_acls(&opts(&[])));
+        assert!(!posix_acls(&opts(&["noatime,noacl"])));
+        assert!(posix_acls(&opts(&["noacl", "acl"])));
+        let c = fuser_config(&opts(&["noacl"]), false);
+        assert!(c.mount_options.iter().all(|o| !format!("{o:?}").contains("acl")), "not passed to the kernel");
     }
 
     #[test]
