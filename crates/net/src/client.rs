@@ -1225,8 +1225,11 @@ async fn watch_lease(lease: Arc<Mutex<Lease>>, rights: RightsHook) {
 }
 
 /// The session was fenced: nothing pending or unacknowledged-durable will be applied.
-/// Callers and writeback completions are told (EIO), the replay log goes, and so does
+/// Changes and writeback completions are told (EIO), the replay log goes, and so does
 /// every right and every lock (the server dropped them when it fenced the session).
+/// Calls that change nothing stay pending, to go in the new session: the server answers
+/// nothing of a fenced session, so such a call was merely early (a process that woke
+/// the client from a stop sends one before the client hears of the fencing).
 fn fenced(
     addr: &str,
     pending: &mut BTreeMap<u64, Call>,
@@ -1234,9 +1237,15 @@ fn fenced(
     rights: &RightsHook,
     held: &mut HeldLocks,
 ) {
-    let lost = pending.len() + log.unstable.len() + log.replaying.len();
-    tracing::error!("{addr} fenced this client's session: {lost} change(s) it had not made durable are lost");
-    for (_, c) in std::mem::take(pending) {
+    let reads = |c: &Call| {
+        !c.reply.is_writeback() && c.ops.iter().all(|o| !o.is_mutation() && !matches!(o, p::Op::Reassert { .. }))
+    };
+    let (keep, lost): (BTreeMap<u64, Call>, BTreeMap<u64, Call>) =
+        std::mem::take(pending).into_iter().partition(|(_, c)| reads(c));
+    *pending = keep;
+    let lost_count = lost.len() + log.unstable.len() + log.replaying.len();
+    tracing::error!("{addr} fenced this client's session: {lost_count} change(s) it had not made durable are lost");
+    for (_, c) in lost {
         c.reply.send(Err(ClientError::Fenced { addr: addr.to_string() }));
     }
     *log = ReplayLog::default();

@@ -16,8 +16,8 @@
 //!   hello, request and recall answer (`Server::heard`); an idle client sends an empty
 //!   request (id 0) every `HEARTBEAT_MS`; a client that has heard nothing for
 //!   `CLIENT_LEASE_MS` drops every right and what it cached (checked every 250 ms, as
-//!   `crest-net`'s lease watcher does). A fenced session's requests are refused (ESTALE, then
-//!   `Notify::Fenced`), or its resume says `Welcome.fenced`: the client fails its
+//!   `crest-net`'s lease watcher does). A fenced session's requests are refused
+//!   (`Notify::Fenced`, no response), or its resume says `Welcome.fenced`: the client fails its
 //!   pending calls (EIO), drops cache, `X` and its inode numbers, and goes on with a new
 //!   session without resending anything.
 //! - *Clients* crash (the server sees a dropped connection, forgets the session's shared
