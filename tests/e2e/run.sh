@@ -265,6 +265,17 @@ posix_corners() {
 }
 check posix-corners posix_corners
 
+# Seeded rounds of ACL and mode changes (setfacl, chmod, chown, creation under default
+# ACLs and umasks, setgid kept and cleared, as root and as nobody) applied to ext4 under
+# /tmp and to the first mount: outcomes, modes, owners and ACLs must match, and the second
+# mount must see the same (tests/e2e/acl.py; CREST_E2E_ROUNDS, _SEED).
+acls() {
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  (cd "$root/tests/e2e" && CREST_E2E_ROUNDS=${CREST_E2E_ROUNDS:-20} python3 acl.py "$mnt" "$mnt2") >&2 || return 1
+  rm -rf "$mnt/acl"
+}
+check acls acls
+
 writeback_failure_reported_at_close() {
   # A small file system of its own: writes answered by the client (writeback) run out of
   # space on the server; close (if the failure is back by then) or the next fsync must

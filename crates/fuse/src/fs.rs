@@ -523,6 +523,42 @@ fn want_done(op: &'static str, r: Reply) -> Result<(), Error> {
     }
 }
 
+impl CrestFs {
+    /// Sets or removes an ACL (`op`) through the server, which may change the mode too:
+    /// the inode's attributes come back in the same round trip. What the server keeps of
+    /// the ACL (`kept`, from `acl::kept`) is known, so the xattrs this mount holds of an
+    /// inode it created stay complete, and creates under a default ACL set here stay
+    /// local. On a failure nothing of them is trusted.
+    fn acl_change(
+        &self,
+        what: &'static str,
+        ino: u64,
+        op: Op,
+        name: &[u8],
+        kept: Option<Vec<u8>>,
+    ) -> Result<(), Error> {
+        let r = self.many(what, vec![op, Op::GetAttr { ino }]).and_then(|mut r| {
+            want_done(what, nth(what, &mut r, 0)?)?;
+            want_attr(what, nth(what, &mut r, 1)?)
+        });
+        let mut c = lock(&self.names);
+        match &r {
+            Ok(a) => {
+                match &kept {
+                    Some(v) => _ = c.set_held_xattr(ino, name, v),
+                    None => _ = c.remove_held_xattr(ino, name),
+                }
+                c.attr_changed(a);
+            }
+            Err(_) => {
+                c.xattrs_changed(ino);
+                c.attr_stale(ino);
+            }
+        }
+        r.map(|_| ())
+    }
+}
+
 /// Takes result `i` of a compound call.
 fn nth(op: &'static str, results: &mut Results, i: usize) -> Result<Reply, Error> {
     match results.get_mut(i).map(|r| std::mem::replace(r, Ok(Reply::Done))) {
@@ -2080,10 +2116,14 @@ impl Filesystem for CrestFs {
             None => {}
         }
         let op = Op::SetXattr { ino: ino.0, name: name_of(name), value: value.to_vec(), flags };
+        if acl::flag_of(name.as_bytes()) != 0 {
+            let kept = acl::kept(name.as_bytes(), value).unwrap_or(None);
+            return self.reply_empty(reply, self.acl_change("setxattr", ino.0, op, name.as_bytes(), kept));
+        }
         lock(&self.names).xattrs_changed(ino.0);
-        let r = self.one("setxattr", op);
+        let r = self.one("setxattr", op).and_then(|r| want_done("setxattr", r));
         lock(&self.names).attr_stale(ino.0);
-        self.reply_empty(reply, r.and_then(|r| want_done("setxattr", r)));
+        self.reply_empty(reply, r);
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -2128,10 +2168,14 @@ impl Filesystem for CrestFs {
             Some(Err(e)) => return reply.error(e),
             None => {}
         }
+        let op = Op::RemoveXattr { ino: ino.0, name: name_of(name) };
+        if acl::flag_of(name.as_bytes()) != 0 {
+            return self.reply_empty(reply, self.acl_change("removexattr", ino.0, op, name.as_bytes(), None));
+        }
         lock(&self.names).xattrs_changed(ino.0);
-        let r = self.one("removexattr", Op::RemoveXattr { ino: ino.0, name: name_of(name) });
+        let r = self.one("removexattr", op).and_then(|r| want_done("removexattr", r));
         lock(&self.names).attr_stale(ino.0);
-        self.reply_empty(reply, r.and_then(|r| want_done("removexattr", r)));
+        self.reply_empty(reply, r);
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {

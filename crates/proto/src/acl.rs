@@ -170,6 +170,15 @@ pub fn update_mode(mode: u32, entries: &[Entry], kill_sgid: bool) -> (u32, Optio
     (mode, (!equivalent).then(|| encode(entries)))
 }
 
+/// What the server keeps of setting ACL xattr `name` to `value`: `None` when `name` is
+/// not an ACL or `value` is not a valid one (the server refuses it); `Some(None)` when
+/// nothing is stored (an access ACL equivalent to the mode); else the stored value.
+pub fn kept(name: &[u8], value: &[u8]) -> Option<Option<Vec<u8>>> {
+    let flag = flag_of(name);
+    let entries = parse(value).ok().filter(|_| flag != 0)?;
+    Some((flag == HAS_DEFAULT || !equiv_mode(&entries).1).then(|| encode(&entries)))
+}
+
 /// `__posix_acl_chmod`: the access ACL after a chmod to `mode`.
 pub fn chmod(entries: &[Entry], mode: u32) -> Vec<Entry> {
     let has_mask = entries.iter().any(|e| e.tag == MASK);
@@ -351,6 +360,18 @@ mod tests {
         assert_eq!(d.default, Some(encode(&canon(named()))), "directories pass it on");
         let l = inherit(Some(&default), false, true, 0o777, 0o077);
         assert_eq!(l, Inherited { mode: 0o777, access: None, default: None }, "symlinks take none, nor the umask");
+    }
+
+    #[test]
+    fn kept_says_what_the_server_stores() {
+        for acl in [minimal(6, 4, 0), named()] {
+            let v = encode(&acl);
+            assert_eq!(kept(ACCESS, &v), Some(update_mode(0o644, &canon(acl.clone()), false).1));
+            assert_eq!(kept(DEFAULT, &v), Some(Some(encode(&canon(acl)))), "a default ACL is kept as it is");
+        }
+        assert_eq!(kept(ACCESS, &encode(&minimal(6, 4, 0))), Some(None));
+        assert_eq!(kept(b"user.x", &encode(&named())), None);
+        assert_eq!(kept(ACCESS, b"junk"), None);
     }
 
     #[test]

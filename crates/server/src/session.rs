@@ -1563,7 +1563,11 @@ impl Server {
             }
             Op::GetXattr { ino, name } => Ok(st.getxattr(ino, &name).map(Reply::Data)?),
             Op::ListXattr { ino } => Ok(st.listxattr(ino).map(Reply::Names)?),
-            Op::RemoveXattr { ino, name } => Ok(st.removexattr(ino, &name, now_s).map(|()| Reply::Done)?),
+            Op::RemoveXattr { ino, name } => match st.removexattr(ino, &name, now_s) {
+                // Removing an ACL is setting none: done when there is none (as ext4 says).
+                Err(s::Error::NoXattr(_)) if p::acl::flag_of(&name) != 0 => Ok(Reply::Done),
+                r => Ok(r.map(|()| Reply::Done)?),
+            },
             Op::SetLock { ino, owner, start, end, kind, flock, pid } => {
                 if start > end {
                     return Err(Failure::Wire(errno(22, format!("lock range {start}..={end} on inode {ino}"))));
