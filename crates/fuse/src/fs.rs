@@ -773,8 +773,6 @@ impl CrestFs {
         } else {
             (cred.gid, got.mode)
         };
-        let flags =
-            u32::from(got.access.is_some()) * acl::HAS_ACCESS + u32::from(got.default.is_some()) * acl::HAS_DEFAULT;
         // The server reports every directory as one block (its entry count is its own).
         let size = if kind == p::FileType::Directory { DIR_SIZE_BYTES } else { target.map_or(0, |t| t.len() as u64) };
         let attr = p::Attr {
@@ -792,7 +790,7 @@ impl CrestFs {
             mtime: t,
             ctime: t,
             crtime: t,
-            flags,
+            flags: got.flags(),
         };
         let mut d = dir;
         d.mtime = t;

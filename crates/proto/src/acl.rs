@@ -210,6 +210,20 @@ pub struct Inherited {
     pub default: Option<Vec<u8>>,
 }
 
+impl Inherited {
+    /// The `Attr::flags` of an inode that got these ACLs.
+    pub fn flags(&self) -> u32 {
+        let mut f = 0;
+        if self.access.is_some() {
+            f |= HAS_ACCESS;
+        }
+        if self.default.is_some() {
+            f |= HAS_DEFAULT;
+        }
+        f
+    }
+}
+
 /// `posix_acl_create` + `posix_acl_create_masq` for a new inode with requested `mode`
 /// (permission bits), the creator's `umask` and the parent's default ACL value if any.
 /// Symlinks never take an ACL. A parent default ACL that does not parse (only a damaged

@@ -222,7 +222,6 @@ const TRACE_EVENTS: usize = 80;
 /// Inode numbers a client reserves at a time for its writeback creates.
 const INODE_BATCH: u32 = 16;
 /// What the server answers a fenced session's requests with.
-const ESTALE: i32 = 116;
 /// Mean time between reads by a client's other processes while its system call waits.
 const PEEK_US: u64 = 50_000;
 /// A client asks for a directory whole at most this often (the real client's
@@ -2187,12 +2186,9 @@ impl Sim {
         for o in self.server.take_outgoing() {
             match o {
                 Outgoing::Response { session, response } => {
-                    let refused = !response.results.is_empty()
-                        && response.results.iter().all(|r| matches!(r, Err(e) if e.errno == ESTALE));
+                    // (A fenced session's requests get no response: `Notify::Fenced`.)
                     if response.id == 0 {
                         // A heartbeat's answer.
-                    } else if refused && self.ck.fenced_sessions.contains(&session) {
-                        self.log(format!("server: refuses {session}/{} (fenced)", response.id));
                     } else {
                         self.ck.on_response(session, &response);
                     }
@@ -2546,14 +2542,6 @@ impl Sim {
 
     fn response(&mut self, c: usize, resp: p::Response) {
         let now = self.now;
-        if resp.results.iter().any(|r| matches!(r, Err(e) if e.errno == ESTALE)) {
-            // Refused: the session was fenced (`Notify::Fenced` follows).
-            if let Some(conn) = self.clients[c].conn {
-                self.fenced(c);
-                self.drop_conn(conn, "fenced");
-            }
-            return;
-        }
         let Some(pd) = self.clients[c].pending.remove(&resp.id) else {
             return; // a second answer to a resent request
         };

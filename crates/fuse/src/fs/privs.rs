@@ -29,18 +29,8 @@ impl CrestFs {
         if set.mode.is_some_and(|m| m & S_ISGID == 0) {
             return;
         }
-        let cached = lock(&self.names).attr(ino, Instant::now());
-        let attr = match cached {
-            Some(a) => a,
-            // Only a call that changes nothing is worth a round trip to find out.
-            None if set.mode.is_none() && set.size_bytes.is_none() => {
-                match self.one("getattr", Op::GetAttr { ino }).and_then(|r| want_attr("getattr", r)) {
-                    Ok(a) => a,
-                    Err(_) => return,
-                }
-            }
-            None => return,
-        };
+        // Only a call that changes nothing is worth a round trip to find out.
+        let Some(attr) = self.attr_for_privs(ino, set.mode.is_none() && set.size_bytes.is_none()) else { return };
         let mode = set.mode.unwrap_or(attr.mode);
         if attr.kind != p::FileType::Regular || mode & S_ISGID == 0 || caller::in_group_or_capable(pid, attr.gid) {
             return;
@@ -52,14 +42,16 @@ impl CrestFs {
     /// `posix_acl_update_mode`): the file has it and the caller is neither in the file's
     /// group nor holds CAP_FSETID.
     pub(super) fn caller_drops_sgid(&self, pid: u32, ino: u64) -> bool {
-        let cached = lock(&self.names).attr(ino, Instant::now());
-        let attr = match cached {
-            Some(a) => a,
-            None => match self.one("getattr", Op::GetAttr { ino }).and_then(|r| want_attr("getattr", r)) {
-                Ok(a) => a,
-                Err(_) => return false,
-            },
-        };
+        let Some(attr) = self.attr_for_privs(ino, true) else { return false };
         attr.mode & S_ISGID != 0 && !caller::in_group_or_capable(pid, attr.gid)
+    }
+
+    /// `ino`'s attributes as held here, else (when `fetch`) from the server; `None` when
+    /// unknown, and then the kernel's own rule stands.
+    fn attr_for_privs(&self, ino: u64, fetch: bool) -> Option<p::Attr> {
+        let cached = lock(&self.names).attr(ino, Instant::now());
+        cached.or_else(|| {
+            fetch.then(|| self.one("getattr", Op::GetAttr { ino }).and_then(|r| want_attr("getattr", r)).ok()).flatten()
+        })
     }
 }
