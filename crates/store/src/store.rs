@@ -122,6 +122,8 @@ pub struct Store {
     pub(crate) unit_depth: u32,
     /// A commit was asked for (fsync, size policy) inside a unit; done at its end.
     pub(crate) commit_wanted: bool,
+    /// The running operation's floor and the inodes being freed in steps.
+    pub(crate) space: crate::fs::space::Space,
 }
 
 impl Store {
@@ -198,6 +200,7 @@ impl Store {
             open_notes: Vec::new(),
             unit_depth: 0,
             commit_wanted: false,
+            space: Default::default(),
         };
         store.commit()?;
         // Both copies hold generation 1 so a fresh image has its fallback from the start.
@@ -349,6 +352,7 @@ impl Store {
                 open_notes: notes,
                 unit_depth: 0,
                 commit_wanted: false,
+                space: Default::default(),
             }),
             Err(e) => Err((e, pager.into_disk())),
         }
@@ -398,8 +402,13 @@ impl Store {
         self.pager.into_disk()
     }
 
-    /// Commits when the policy's interval has passed; the caller supplies the clock.
+    /// Commits when the policy's interval has passed, and frees some of the deleted files'
+    /// blocks not yet freed; the caller supplies the clock.
     pub fn tick(&mut self, now_ms: u64) -> Result<()> {
+        if self.unit_depth == 0 && self.pager.check_writable().is_ok() {
+            // A bounded amount a tick (~64 MiB of large extents), so other calls wait little.
+            self.reclaim_some(16)?;
+        }
         let last = *self.last_commit_ms.get_or_insert(now_ms);
         if now_ms.saturating_sub(last) >= self.policy.interval_ms {
             self.last_commit_ms = Some(now_ms);

@@ -232,14 +232,13 @@ impl Store {
     pub(crate) fn write_blocks(&mut self, ino: u64, first: u64, data: &[u8]) -> Result<(u64, u64)> {
         debug_assert_eq!(data.len() % BLOCK_SIZE, 0);
         let nblocks = (data.len() / BLOCK_SIZE) as u64;
-        let unmapped = self.unmap_blocks(ino, first, first + nblocks)?;
         // Goal: right after the extent that ends where this write starts, else spread by inode.
         let prev = if first > 0 {
             self.extents_overlapping(ino, (first - 1) * BLOCK_SIZE_U64, first * BLOCK_SIZE_U64)?.pop()
         } else {
             None
         };
-        let mut goal = match &prev {
+        let goal = match &prev {
             Some((off, Extent::Regular { disk_block, csums }))
                 if off / BLOCK_SIZE_U64 + csums.len() as u64 == first =>
             {
@@ -247,21 +246,45 @@ impl Store {
             }
             _ => self.data_goal(ino),
         };
+        let runs = self.take_runs(ino, goal, nblocks)?;
+        let unmapped = self.unmap_blocks(ino, first, first + nblocks)?;
         let mut done = 0u64;
-        while done < nblocks {
-            let want = (nblocks - done).min(MAX_EXTENT_BLOCKS);
-            let Some((start, got)) = self.pager.alloc_upto(goal, want) else {
-                return Err(Error::NoSpace(format!("no free block for inode {ino} data")));
-            };
+        for (start, got) in runs {
             let bytes = &data[(done as usize) * BLOCK_SIZE..((done + got) as usize) * BLOCK_SIZE];
             self.pager.write_blocks(start, bytes)?;
             let csums: Vec<u32> = bytes.chunks(BLOCK_SIZE).map(crate::checksum::crc32c).collect();
             self.refs_add(start, got)?;
             self.map_extent(ino, first + done, start, csums)?;
-            goal = start + got;
             done += got;
         }
         Ok((unmapped, nblocks))
+    }
+
+    /// Takes `nblocks` blocks from the allocator near `goal`, in runs an extent can map,
+    /// or none (ENOSPC) if they and the items mapping them would not leave the running
+    /// operation's floor free: a full, fragmented free space must fail the call before it
+    /// changes anything, not the commit after it.
+    fn take_runs(&mut self, ino: u64, mut goal: u64, nblocks: u64) -> Result<Vec<(u64, u64)>> {
+        let mut runs = Vec::new();
+        let mut done = 0;
+        while done < nblocks {
+            let want = (nblocks - done).min(MAX_EXTENT_BLOCKS);
+            match self.pager.alloc_upto(goal, want) {
+                Some((start, got)) => {
+                    runs.push((start, got));
+                    goal = start + got;
+                    done += got;
+                }
+                None => break,
+            }
+        }
+        if done == nblocks && self.data_fits(&runs) {
+            return Ok(runs);
+        }
+        for (start, len) in runs {
+            self.pager.alloc.mark_free(start, len);
+        }
+        Err(Error::NoSpace(format!("no room for {nblocks} blocks of inode {ino} data")))
     }
 
     /// Inserts an extent item, merging with the previous one when the disk blocks continue it.

@@ -5,4 +5,5 @@ pub mod dirent;
 pub mod extent;
 pub mod inode;
 pub mod ops;
+pub(crate) mod space;
 pub mod xattr;

@@ -136,15 +136,6 @@ pub enum OpResult {
     Done,
 }
 
-/// Blocks an operation leaves free beyond its own for the commit that follows it.
-const COMMIT_BLOCKS: u64 = 64;
-
-/// Blocks a non-deleting operation leaves free: room for commits, and a reserve (0.5 % of
-/// the image, 16 to 4,096 blocks) that lets a full file system still be emptied.
-fn kept_back(total_blocks: u64) -> u64 {
-    (total_blocks / 200).clamp(16, 4096) + COMMIT_BLOCKS
-}
-
 impl Store {
     // ---- reading ------------------------------------------------------------------------
 
@@ -332,7 +323,7 @@ impl Store {
 
     /// Usage figures.
     pub fn statfs(&self) -> StatFs {
-        let free = self.pager.alloc.free_blocks() + self.pager.pending_free_blocks();
+        let free = self.pager.alloc.free_blocks() + self.pager.pending_free_blocks() + self.space.doomed_blocks();
         StatFs {
             block_size: crate::limits::BLOCK_SIZE as u32,
             total_blocks: self.sb.total_blocks,
@@ -340,35 +331,11 @@ impl Store {
             // What a write may take: the blocks `reserve` keeps back for the commit that
             // follows and for deletions are not available (as ext4's reserved blocks), so
             // a fallocate of everything reported available succeeds.
-            avail_blocks: free.saturating_sub(kept_back(self.sb.total_blocks)),
+            avail_blocks: self.avail_blocks(free),
             files: self.meta.inode_count,
             files_free: free,
             name_max: crate::limits::NAME_MAX as u32,
         }
-    }
-
-    // ---- space --------------------------------------------------------------------------
-
-    /// Makes sure an operation needing `data_blocks` new blocks can complete and commit.
-    /// Deletions (`for_delete`) may use the last reserve so a full disk can be emptied.
-    fn reserve(&mut self, data_blocks: u64, for_delete: bool) -> Result<()> {
-        self.pager.check_writable()?;
-        let reserve = if for_delete { COMMIT_BLOCKS } else { kept_back(self.sb.total_blocks) };
-        let need = |s: &Store| data_blocks + s.pager.dirty_nodes() as u64 + reserve;
-        if self.pager.alloc.free_blocks() >= need(self) {
-            return Ok(());
-        }
-        // Freed blocks come back only after commits; two make everything pending reusable.
-        for _ in 0..2 {
-            if self.pager.pending_free_blocks() == 0 && !self.is_dirty() {
-                break;
-            }
-            self.commit()?;
-            if self.pager.alloc.free_blocks() >= need(self) {
-                return Ok(());
-            }
-        }
-        Err(Error::NoSpace(format!("{} blocks free, {} needed", self.pager.alloc.free_blocks(), need(self))))
     }
 
     // ---- namespace ----------------------------------------------------------------------
@@ -669,8 +636,17 @@ impl Store {
         Ok(Unlinked { inode, destroyed: true })
     }
 
-    /// Removes every item of an inode with no links.
+    /// Removes every item of an inode with no links and no handle; one with many extents
+    /// is freed in steps (fs/space.rs).
     fn destroy_inode(&mut self, inode: &Inode) -> Result<()> {
+        if self.doom_if_large(inode.ino, inode.blocks)? {
+            return self.put_inode(inode);
+        }
+        self.destroy_inode_now(inode)
+    }
+
+    /// Removes every item of an inode with no links, at once.
+    pub(crate) fn destroy_inode_now(&mut self, inode: &Inode) -> Result<()> {
         self.drop_data(inode)?;
         let lo = Key::new(inode.ino, 0, 0);
         let hi = Key::new(inode.ino, u8::MAX, u64::MAX);
@@ -986,7 +962,13 @@ impl Store {
                 self.truncate_data(&mut inode, end)?;
             }
             if alloc_end > offset && inode.size > MAX_INLINE_BYTES as u64 {
-                self.allocate_data(&mut inode, offset, alloc_end)?;
+                if let Err(e) = self.allocate_data(&mut inode, offset, alloc_end) {
+                    // What was allocated stays (as ext4 and xfs leave it), recorded in
+                    // the inode so that the file and its extents agree.
+                    inode.ctime = now;
+                    self.put_inode(&inode)?;
+                    return Err(e);
+                }
             }
         }
         inode.ctime = now;
@@ -1100,6 +1082,9 @@ impl Store {
 
     /// Notes that `ino` is open (an unlinked open file stays until `release`).
     pub fn open_handle(&mut self, ino: u64) -> Result<Inode> {
+        if self.space.is_doomed(ino) {
+            return Err(Error::NotFound(format!("inode {ino} (being freed)")));
+        }
         let inode = self.getattr(ino)?;
         *self.open_handles.entry(ino).or_insert(0) += 1;
         Ok(inode)
