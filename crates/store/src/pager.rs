@@ -122,6 +122,16 @@ impl Pager {
         }
     }
 
+    /// Makes `count` blocks from `block` read as zeros.
+    pub fn write_zero_blocks(&mut self, block: u64, count: u64) -> Result<()> {
+        self.check_writable()?;
+        let offset = block * BLOCK_SIZE_U64;
+        match self.disk.write_zeroes(offset, count * BLOCK_SIZE_U64) {
+            Ok(()) => Ok(()),
+            Err(e) => self.poison("write", offset, e),
+        }
+    }
+
     /// Writes a batch sorted by offset, then nothing else.
     pub fn write_batch(&mut self, mut writes: Vec<(u64, Vec<u8>)>) -> Result<()> {
         self.check_writable()?;

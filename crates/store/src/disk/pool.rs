@@ -71,6 +71,9 @@ impl Disk for PoolDisk {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+    fn write_zeroes(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.write_zeroes(offset, len)
+    }
     fn write_batch(&mut self, writes: &[(u64, &[u8])]) -> io::Result<()> {
         let size = self.inner.size_bytes();
         for (offset, buf) in writes {

@@ -637,6 +637,14 @@ impl Disk for UringDisk {
         self.inner.size_bytes()
     }
 
+    fn write_zeroes(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        // Queued writes to the range must not land after the zeroing.
+        let ring = self.ring_mut();
+        ring.drain()?;
+        ring.check_error()?;
+        self.inner.write_zeroes(offset, len)
+    }
+
     fn write_batch(&mut self, writes: &[(u64, &[u8])]) -> io::Result<()> {
         let size = self.inner.size_bytes();
         for (offset, buf) in writes {

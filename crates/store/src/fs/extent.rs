@@ -510,10 +510,10 @@ impl Store {
     }
 
     /// Makes sure blocks exist (zero-filled where there were holes) for `[offset, end)`.
+    /// Holes get whole zeroed blocks without moving data (`Disk::write_zeroes`): a
+    /// fallocate of gigabytes costs its extent items, not a write of every byte.
     pub(crate) fn allocate_data(&mut self, inode: &mut Inode, offset: u64, end: u64) -> Result<()> {
-        let size = inode.size;
         let mut pos = offset;
-        // Find holes and fill them with zeros, one run at a time.
         while pos < end {
             let exts = self.extents_overlapping(inode.ino, pos, end)?;
             let next_data = exts.iter().map(|(o, _)| *o).find(|o| *o + 1 > pos).unwrap_or(end).max(pos);
@@ -527,18 +527,45 @@ impl Store {
                 pos = covered_until;
                 continue;
             }
+            // No extent covers `pos`, and extents are block-aligned, so the blocks from
+            // the one holding `pos` to the one holding `hole_end - 1` are all unmapped.
             let hole_end = next_data.min(end);
-            if hole_end <= pos {
-                pos += 1;
-                continue;
-            }
-            let old_size = inode.size;
-            let zeros = vec![0u8; (hole_end - pos).min(8 << 20) as usize];
-            self.write_data(inode, pos, &zeros)?;
-            // Writing zeros past the old end must not count as data the caller wrote.
-            inode.size = old_size.max(size);
-            pos += zeros.len() as u64;
+            let first = pos / BLOCK_SIZE_U64;
+            let last = hole_end.div_ceil(BLOCK_SIZE_U64).min(first + ZERO_CHUNK_BLOCKS);
+            self.map_zero_blocks(inode, first, last - first)?;
+            pos = last * BLOCK_SIZE_U64;
         }
         Ok(())
     }
+
+    /// Maps `count` zeroed blocks at file block `first` (all unmapped).
+    fn map_zero_blocks(&mut self, inode: &mut Inode, first: u64, count: u64) -> Result<()> {
+        let goal = match first.checked_sub(1) {
+            Some(prev) => {
+                match self.extents_overlapping(inode.ino, prev * BLOCK_SIZE_U64, first * BLOCK_SIZE_U64)?.pop() {
+                    Some((off, Extent::Regular { disk_block, csums }))
+                        if off / BLOCK_SIZE_U64 + csums.len() as u64 == first =>
+                    {
+                        disk_block + csums.len() as u64
+                    }
+                    _ => self.data_goal(inode.ino),
+                }
+            }
+            None => self.data_goal(inode.ino),
+        };
+        let runs = self.take_runs(inode.ino, goal, count)?;
+        let zero_csum = crate::checksum::crc32c(&[0u8; BLOCK_SIZE]);
+        let mut done = 0;
+        for (start, got) in runs {
+            self.pager.write_zero_blocks(start, got)?;
+            self.refs_add(start, got)?;
+            self.map_extent(inode.ino, first + done, start, vec![zero_csum; got as usize])?;
+            done += got;
+        }
+        inode.blocks += count;
+        Ok(())
+    }
 }
+
+/// Blocks one step of `allocate_data` maps (32 MiB): bounds the runs held at once.
+const ZERO_CHUNK_BLOCKS: u64 = 8192;
