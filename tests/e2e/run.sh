@@ -276,22 +276,29 @@ acls() {
 }
 check acls acls
 
+# small_server IMAGE SIZE LOG: a server of its own on a fresh image; sets sport and spid.
+small_server() {
+  "$crest" mkfs --size "$2" "$1" >/dev/null || return 1
+  spid=
+  for _ in 1 2 3 4 5; do # a port of its own; another may be taken
+    sport=$((20000 + RANDOM % 20000))
+    "$crest" serve "$1" --listen "127.0.0.1:$sport" >>"$3" 2>&1 &
+    spid=$!
+    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$sport") 2>/dev/null && break; sleep 0.05; done
+    kill -0 "$spid" 2>/dev/null && return 0
+    spid=
+  done
+  cat "$3" >&2
+  return 1
+}
+
 writeback_failure_reported_at_close() {
   # A small file system of its own: writes answered by the client (writeback) run out of
   # space on the server; close (if the failure is back by then) or the next fsync must
   # say so, and nothing is damaged.
   local small=$work/small.img sm=$work/small-mnt sport spid= rc
   mkdir -p "$sm"
-  "$crest" mkfs --size 32M "$small" >/dev/null || return 1
-  for _ in 1 2 3 4 5; do # a port of its own; another may be taken
-    sport=$((20000 + RANDOM % 20000))
-    "$crest" serve "$small" --listen "127.0.0.1:$sport" >>"$work/small.log" 2>&1 &
-    spid=$!
-    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$sport") 2>/dev/null && break; sleep 0.05; done
-    kill -0 "$spid" 2>/dev/null && break
-    spid=
-  done
-  [ -n "$spid" ] || { cat "$work/small.log" >&2; return 1; }
+  small_server "$small" 32M "$work/small.log" || return 1
   "$crest" mount "127.0.0.1:$sport" "$sm" >/dev/null || { kill "$spid"; cat "$work/small.log" >&2; return 1; }
   python3 - "$sm" <<'PY'
 import errno, os, sys
@@ -549,6 +556,25 @@ statfs_agrees_with_fallocate() {
   return $rc
 }
 check statfs-agrees-with-fallocate statfs_agrees_with_fallocate
+
+creates_fail_at_once_when_full() {
+  # Near full, a create or write answered by the mount that the server would refuse must
+  # fail at the call: every name whose calls succeeded is there after a remount.
+  local img5=$work/img-nearfull m8=$work/mnt-nearfull sport spid rc=0
+  mkdir -p "$m8"
+  small_server "$img5" 64M "$work/serve-nearfull.log" || return 1
+  "$crest" mount "127.0.0.1:$sport" "$m8" >/dev/null || rc=1
+  [ $rc = 0 ] && { python3 "$root/tests/e2e/full.py" "$m8" fill >&2 || rc=1; }
+  "$crest" umount "$m8"
+  [ $rc = 0 ] && "$crest" mount "127.0.0.1:$sport" "$m8" >/dev/null && {
+    python3 "$root/tests/e2e/full.py" "$m8" check >&2 || rc=1
+    rm -rf "${m8:?}"/* && "$crest" umount "$m8"
+  }
+  kill "$spid"; wait "$spid" 2>/dev/null
+  "$crest" fsck "$img5" >/dev/null || { log "fsck after filling the image"; rc=1; }
+  return $rc
+}
+check creates-fail-at-once-when-full creates_fail_at_once_when_full
 
 stopped_holder_is_fenced() {
   # The first mount creates a directory (so it holds it exclusively) and a file in it,

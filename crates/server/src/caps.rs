@@ -383,6 +383,13 @@ impl Caps {
         Ok(())
     }
 
+    /// Every inode some session holds exclusively.
+    pub fn exclusive_inodes(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.exclusive.keys().copied().collect();
+        v.sort_unstable(); // recalls go out in a deterministic order
+        v
+    }
+
     /// The inode is gone (rmdir): nobody holds it any more.
     pub fn drop_exclusive(&mut self, ino: u64) {
         self.exclusive.remove(&ino);

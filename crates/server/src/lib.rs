@@ -20,6 +20,7 @@ pub mod caps;
 pub mod convert;
 pub mod locks;
 pub mod session;
+mod space;
 
 pub use caps::Outgoing;
 pub use session::{Applied, Server, SessionId, REPLY_CACHE_ENTRIES};

@@ -9,6 +9,7 @@ use crate::acl;
 use crate::caps::{Caps, Outgoing};
 use crate::convert::{attr_out, error_out, kind_in, time_in};
 use crate::locks::{self, LockTable};
+use crate::space::SpaceWatch;
 
 /// Responses each session remembers for retries.
 pub const REPLY_CACHE_ENTRIES: usize = 4096;
@@ -30,6 +31,9 @@ const ALLOCATOR: u64 = 0;
 
 /// A session number.
 pub type SessionId = u64;
+
+/// No session (ids start at 1): recalls the server makes on its own behalf.
+const NO_SESSION: SessionId = 0;
 
 #[derive(Debug, Default)]
 struct Session {
@@ -232,6 +236,8 @@ pub struct Server {
     applied: Option<Vec<Applied>>,
     /// Operations run since start, by kind (logged at shutdown: what a workload cost).
     served: BTreeMap<&'static str, u64>,
+    /// Whether the image is short of space (then no session holds exclusive rights).
+    space: SpaceWatch,
 }
 
 /// A request the server ran, or answered from its reply cache, in the order the effects
@@ -347,6 +353,7 @@ impl Server {
             locks: LockTable::default(),
             applied: None,
             served: BTreeMap::new(),
+            space: SpaceWatch::default(),
         }
     }
 
@@ -460,6 +467,7 @@ impl Server {
         }
         self.heard(session, now_ms);
         self.confirm_resume(session);
+        self.watch_space(now_ms);
         let mut req = req;
         let write_backs = take_write_backs(&mut req);
         if !self.replaying.is_empty() && !self.replaying.contains(&session) {
@@ -1027,7 +1035,14 @@ impl Server {
                     }
                     if creates {
                         if let Reply::Entry(a) = reply {
+                            // Its client takes these rights with the reply; short of
+                            // space, they are recalled as soon as given (space.rs).
                             self.caps.grant_exclusive(session, a.ino);
+                            if self.space.low() {
+                                let mut out = Vec::new();
+                                self.caps.recall_exclusive(NO_SESSION, &[a.ino], millis(now), &mut out);
+                                self.outbox.extend(out);
+                            }
                         }
                     }
                     if let (Some(dir), Reply::Lookup { leaf, .. }) = (acquires, &*reply) {
@@ -1235,7 +1250,19 @@ impl Server {
         }
         let r = self.store.tick(now_ms);
         self.note_commits();
+        self.watch_space(now_ms);
         r
+    }
+
+    /// Recalls every exclusive right when the image has just run short of space.
+    fn watch_space(&mut self, now_ms: u64) {
+        let clients = self.sessions.len().saturating_sub(self.disconnected.len());
+        if self.space.update(&self.store.statfs(), clients) {
+            let all = self.caps.exclusive_inodes();
+            let mut out = Vec::new();
+            self.caps.recall_exclusive(NO_SESSION, &all, now_ms, &mut out);
+            self.outbox.extend(out);
+        }
     }
 
     /// A session that changes something or takes a lock gets a durable record if it has
@@ -1370,6 +1397,9 @@ impl Server {
             }
             Op::GetAttr { ino } => Ok(Reply::Attr(attr_out(&st.getattr(ino)?))),
             Op::Acquire { ino } => {
+                if self.space.low() {
+                    return Err(Failure::Wire(errno(28, "space is short: changes go to the server one by one")));
+                }
                 let dir = st.getattr(ino)?;
                 if dir.kind != s::FileKind::Directory {
                     return Err(Failure::Wire(errno(20, format!("acquire of inode {ino}: not a directory"))));
@@ -2322,6 +2352,66 @@ mod tests {
             "gone with its last handle"
         );
         assert_eq!(answer(&mut srv, 11, vec![Op::Open { ino, handle: 9 }]).err().map(|e| e.errno), Some(2));
+    }
+
+    #[test]
+    fn short_of_space_no_session_answers_changes_itself() {
+        let (mut srv, a, b) = two_sessions();
+        srv.handle(b, req(1, vec![Op::Acquire { ino: 1 }]), NOW);
+        assert!(matches!(sole_result(&mut srv), Ok(Reply::Lookup { .. })));
+        assert_eq!(srv.caps.exclusive_elsewhere(a, 1), Some(b));
+        // a fills the image to within an eighth of its size (the limit for a small one).
+        srv.handle(a, create_in_root(1, "spc"), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }, ..] = &out[..] else {
+            panic!("a's create in b's directory recalls it: {out:?}")
+        };
+        assert_eq!(*session, b);
+        srv.recall_done(b, *recall_id, NOW);
+        let Ok(Reply::Entry(spc)) = sole_result(&mut srv) else { panic!() };
+        let st = srv.store.statfs();
+        let len = (st.avail_blocks - st.total_blocks / 8 + 16) * u64::from(st.block_size);
+        srv.handle(a, req(2, vec![Op::Fallocate { ino: spc.ino, offset: 0, len, flags: 0 }]), NOW);
+        assert!(sole_result(&mut srv).is_ok());
+        // b takes the root again; its next request finds space short: what it holds is
+        // recalled, and it cannot take a directory whole again.
+        srv.handle(b, create_in_root(2, "g"), NOW);
+        let out = srv.take_outgoing();
+        let recalled: Vec<u64> = out
+            .iter()
+            .filter_map(|o| match o {
+                Outgoing::Notify { session, notify: p::Notify::Recall { inodes, .. } } if *session == a => {
+                    Some(inodes.clone())
+                }
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert!(recalled.contains(&spc.ino), "a's exclusive rights on what it made are recalled: {out:?}");
+        let created = out.iter().find_map(|o| match o {
+            Outgoing::Response { response, .. } => Some(response.results[0].clone()),
+            _ => None,
+        });
+        let Some(Ok(Reply::Entry(g))) = created else { panic!("{out:?}") };
+        let recall_of_g = out.iter().any(|o| {
+            matches!(o, Outgoing::Notify { session, notify: p::Notify::Recall { inodes, .. } }
+                if *session == b && inodes == &vec![g.ino])
+        });
+        assert!(recall_of_g, "what a create grants is recalled at once: {out:?}");
+        for o in &out {
+            if let Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } = o {
+                srv.recall_done(*session, *recall_id, NOW);
+            }
+        }
+        assert!(srv.take_outgoing().is_empty());
+        assert_eq!(srv.caps.exclusive_inodes(), Vec::<u64>::new());
+        srv.handle(b, req(3, vec![Op::Acquire { ino: 1 }]), NOW);
+        let out = srv.take_outgoing();
+        let refused = out.iter().any(|o| {
+            matches!(o, Outgoing::Response { response, .. }
+                if matches!(&response.results[0], Err(e) if e.errno == 28))
+        });
+        assert!(refused, "{out:?}");
     }
 
     #[test]
