@@ -1,5 +1,5 @@
 //! The client's metadata cache, the step between the FUSE layer and the wire on the data
-//! path (FUSE → **cache** → proto → net → server → store). It decides which lookups a
+//! path (FUSE → **cache** → net → proto → serve → server → store). It decides which lookups a
 //! mount can answer without a round trip.
 //!
 //! What it holds: stretches of directories as the server sent them (`DirLeaf`: every

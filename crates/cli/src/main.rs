@@ -168,8 +168,7 @@ fn serve(image: &Path, listen: &str, commit_interval_ms: u64, disk_io: DiskIo) -
         .build()
         .context("starting the runtime")?;
     rt.block_on(async {
-        let serving =
-            crest_net::server::start(store, listen).await.with_context(|| format!("listening on {listen}"))?;
+        let serving = crest_serve::start(store, listen).await.with_context(|| format!("listening on {listen}"))?;
         eprintln!("crest: serving {} on {}", image.display(), serving.local_addr);
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;

@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use crest_proto::locks::{self, LockTable};
 use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
-use crest_server::locks::{self, LockTable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -1063,7 +1063,10 @@ impl HeldLocks {
     fn follow(&mut self, ops: &[p::Op], results: &Results) {
         for (op, r) in ops.iter().zip(results) {
             if let Some((ino, req)) = lock_request(op) {
-                self.table.follow(ino, &req, r.as_ref().map(|_| ()).map_err(|e| e.errno));
+                if let Err(e) = self.table.follow(ino, &req, r.as_ref().map(|_| ()).map_err(|e| e.errno)) {
+                    let owner = req.holder.owner;
+                    tracing::warn!(ino, owner, "local lock table out of step with the server: {e:?}");
+                }
             }
             match *op {
                 p::Op::Open { ino, handle } if r.is_ok() => {

@@ -1,6 +1,7 @@
-//! The async shell: everything that touches sockets and timers, on both sides of the
-//! wire (FUSE → client → proto → **net** → server → store). `client` is the client's one
-//! connection; `server` is the listener that feeds the server core.
+//! The client's async shell: everything on the client side that touches sockets and
+//! timers (FUSE → cache → **net** → proto → serve → server → store). `client` is the
+//! mount's one connection. It links no part of the server (the server's shell is
+//! `crest-serve`).
 //!
 //! Client connection: One TCP connection per mount carries
 //! every caller's requests, pipelined: each call gets a request id, goes out on the shared
@@ -16,7 +17,6 @@
 //! - the FUSE side never sees the socket: only `Client::call`.
 
 pub mod client;
-pub mod server;
 
 pub use client::{
     AsyncPermit, Client, ClientError, ClientOptions, Completion, Recall, Rights, MAX_ASYNC_BYTES, MAX_IN_FLIGHT,

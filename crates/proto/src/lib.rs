@@ -1,7 +1,8 @@
 //! crest's wire protocol, the step between the client and the server on the data path
-//! (FUSE → client → **proto** → net → server → store). It defines the messages, the frame
+//! (FUSE → net → **proto** → serve → server → store). It defines the messages, the frame
 //! codec and the handshake, and does no I/O: bytes come in, messages go out, and the
-//! async shell (`crest-net`) moves them over sockets.
+//! async shells (`crest-net` on the client, `crest-serve` on the server) move them over
+//! sockets.
 //!
 //! One connection per client mount carries every process's requests. A frame is a
 //! little-endian u32 length followed by that many bytes of a postcard-encoded message.
@@ -12,6 +13,7 @@
 
 pub mod acl;
 pub mod codec;
+pub mod locks;
 pub mod message;
 
 pub use codec::{decode_frame, encode_frame, FrameDecoder, ProtoError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};

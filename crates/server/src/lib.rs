@@ -1,7 +1,7 @@
 //! The server core: the step between the wire and the store on the data path
-//! (client → proto → net → **server** → store). It owns the `Store`, keeps one session
+//! (net → proto → serve → **server** → store). It owns the `Store`, keeps one session
 //! per client mount with a reply cache, and turns protocol operations into store calls.
-//! It does no I/O and reads no clock: the async shell (`crest-net`) hands it decoded
+//! It does no I/O and reads no clock: the async shell (`crest-serve`) hands it decoded
 //! messages and the time, and sends back what it returns.
 //!
 //! Invariants:
@@ -18,7 +18,7 @@
 mod acl;
 pub mod caps;
 pub mod convert;
-pub mod locks;
+pub use crest_proto::locks;
 pub mod session;
 mod space;
 

@@ -17,13 +17,15 @@
 //!
 //! Nothing here is durable: a server restart forgets every lock, and clients take theirs
 //! again in the grace period that follows (each keeps a `LockTable` of its own session's
-//! locks for that, in `crest-net`).
+//! locks for that, in `crest-net`). Shared by both ends, so it lives here: the client
+//! links no part of the server.
 
 use std::collections::HashMap;
 
-use crest_proto::{LockInfo, LockKind, LOCK_TO_EOF};
+use crate::{LockInfo, LockKind, LOCK_TO_EOF};
 
-use crate::SessionId;
+/// A session number (the server's `SessionId`; a client's own table uses 0).
+pub type SessionId = u64;
 
 /// Most locks kept on one inode (all holders together). A client that splits a file into
 /// more ranges than this gets ENOLCK rather than making every lock operation on the file
@@ -209,24 +211,17 @@ impl LockTable {
     /// answer to `req` on `ino` (`Err(errno)` for a refusal): a grant is applied as the
     /// server applied it, and a refused flock conversion (EAGAIN) dropped the old flock
     /// lock there too. Other refusals changed nothing. Applied in the order the server
-    /// answered, this keeps the copy equal to the server's locks of that session.
-    pub fn follow(&mut self, ino: u64, req: &Request, answer: Result<(), i32>) {
+    /// answered, this keeps the copy equal to the server's locks of that session. An
+    /// error says the copy disagreed with the server (it found no conflict among this
+    /// session's own locks): the caller reports it rather than guess.
+    pub fn follow(&mut self, ino: u64, req: &Request, answer: Result<(), i32>) -> Result<(), Refusal> {
         match answer {
-            Ok(()) => {
-                if let Err(e) = self.set(ino, req) {
-                    // The server found no conflict among this session's own locks, so the
-                    // copy disagrees with it: say so rather than guess.
-                    tracing::warn!(
-                        ino,
-                        owner = req.holder.owner,
-                        "local lock table out of step with the server: {e:?}"
-                    );
-                }
-            }
+            Ok(()) => self.set(ino, req),
             Err(EAGAIN) if req.flock && req.kind != LockKind::Unlock => {
                 self.drop_where(ino, |l| l.holder == req.holder && l.flock);
+                Ok(())
             }
-            Err(_) => {}
+            Err(_) => Ok(()),
         }
     }
 
@@ -526,7 +521,7 @@ mod tests {
                         Err(Refusal::Conflict(_)) => Err(EAGAIN),
                         Err(Refusal::TooMany) => Err(37),
                     };
-                    copy.follow(F, &r, answer);
+                    copy.follow(F, &r, answer).expect("the copy follows the server");
                 }
                 if let Err(Refusal::Conflict(c)) = got {
                     proptest::prop_assert!(c.start <= end && start <= c.end && (write || c.kind == Write));

@@ -1,5 +1,5 @@
-//! The server's async shell: a TCP listener whose connections feed the `Server` core, all
-//! on one thread.
+//! The server's async shell (client → proto → **serve** → server → store): a TCP
+//! listener whose connections feed the `Server` core, all on one thread.
 //!
 //! One thread ("crest-server") runs a single-threaded tokio runtime: the accept loop, each
 //! connection's reader and writer tasks, and the store task that owns the `Server` core
