@@ -19,14 +19,6 @@ echo "== fmt and clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "== dependencies point one way: the client side links no part of the server"
-for c in crest-fuse crest-net crest-cache; do
-  if cargo tree -p "$c" -e normal --prefix none --locked | grep -E '^(crest-server|crest-serve|crest-store|io-uring) '; then
-    echo "$c links the server side (above)" >&2
-    exit 1
-  fi
-done
-
 echo "== tests"
 cargo test --workspace --release --locked
 
