@@ -1,0 +1,204 @@
+//! Requests that wait: behind another session's exclusive rights (parked until its recall
+//! is answered), behind other openers' write-back (flush recalls), and the inodes a change
+//! removed while others cached them (pinned until their recall is answered).
+
+use super::*;
+
+impl Server {
+    /// The files whose last name `req` may remove (unlinks and renames over them).
+    pub(super) fn victims(&mut self, req: &p::Request) -> Vec<u64> {
+        let mut out = Vec::new();
+        for op in &req.ops {
+            // Files only: a directory's opens (opendir) are sent behind too, but an empty
+            // directory kept for another mount's open descriptor shows nothing but its
+            // attributes, and a removed directory must stay gone for lookups in it.
+            let (parent, name) = match op {
+                Op::Unlink { parent, name } => (*parent, name),
+                Op::Rename { new_parent, new_name, flags, .. } if flags & p::RENAME_EXCHANGE == 0 => {
+                    (*new_parent, new_name)
+                }
+                _ => continue,
+            };
+            match self.store.lookup(parent, name) {
+                Ok(i) if i.kind != s::FileKind::Directory && i.nlink == 1 => out.push(i.ino),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Holds open each of `victims` that a session other than `session` may cache. Such a
+    /// session may have opened it without asking (a client answers an open of what it
+    /// caches itself and sends the `Open` behind): the `Open` reaches the server before
+    /// that session's answer to the change's recall, so the file must outlive the recall,
+    /// not the change, for that descriptor to keep working (`release_pins`).
+    pub(super) fn pin(&mut self, session: SessionId, victims: &[u64]) -> Vec<u64> {
+        let mut pins = Vec::new();
+        for &ino in victims {
+            if self.caps.held_elsewhere(session, ino) && self.store.open_handle(ino).is_ok() {
+                pins.push(ino);
+            }
+        }
+        pins
+    }
+
+    /// Sessions holding one of `orphans` (files unlinked while open) open get a durable
+    /// record: a restarted server then waits for their clients to open them again before
+    /// it reclaims what nobody holds.
+    pub(super) fn record_openers(&mut self, orphans: &[u64]) {
+        if orphans.is_empty() {
+            return;
+        }
+        let mut openers: Vec<SessionId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.recorded && orphans.iter().any(|i| s.open.contains_key(i)))
+            .map(|(id, _)| *id)
+            .collect();
+        openers.sort_unstable();
+        for id in openers {
+            self.record_session(id, "a holder of an unlinked open file");
+        }
+    }
+
+    /// Lets go of the inodes held open for changes whose recalls are all answered (or
+    /// given up on).
+    pub(super) fn release_pins(&mut self) {
+        let done: Vec<u64> = self.pins.keys().copied().filter(|&id| !self.caps.wait_pending(id)).collect();
+        for id in done {
+            if let Some(inodes) = self.pins.remove(&id) {
+                self.unpin(inodes);
+            }
+        }
+    }
+
+    /// True for an inode kept only by pins: gone for everything but an open that was
+    /// already on its way (the one reason it is kept).
+    pub(super) fn only_pinned(&self, ino: u64) -> bool {
+        self.pins.values().any(|v| v.contains(&ino)) && !self.sessions.values().any(|s| s.open.contains_key(&ino))
+    }
+
+    pub(super) fn unpin(&mut self, inodes: Vec<u64>) {
+        for ino in inodes {
+            if let Err(e) = self.store.release_handle(ino) {
+                tracing::warn!(ino, "cannot release a removed inode: {e}");
+            }
+        }
+    }
+
+    /// Parks `req` if other sessions hold any of `inodes` exclusively (recalling them).
+    pub(super) fn park_if_exclusive(
+        &mut self,
+        session: SessionId,
+        req: &p::Request,
+        inodes: &[u64],
+        now_ms: u64,
+    ) -> bool {
+        // An acquire grants X again on what it names: if this session's own X on one is
+        // being recalled, it waits for the answer, else that answer (sent before the
+        // client saw the grant) would end here the rights the client then holds.
+        let acquires = req.ops.iter().any(|op| matches!(op, Op::Acquire { .. }));
+        let own = if acquires { self.caps.own_exclusive_recalls(session, inodes) } else { HashSet::new() };
+        if own.is_empty() && inodes.iter().all(|&i| self.caps.exclusive_elsewhere(session, i).is_none()) {
+            return false;
+        }
+        let mut out = Vec::new();
+        let mut waiting = self.caps.recall_exclusive(session, inodes, now_ms, &mut out);
+        waiting.extend(own);
+        self.outbox.extend(out);
+        if waiting.is_empty() {
+            return false;
+        }
+        tracing::debug!(session, id = req.id, "request waits for exclusive rights to be recalled");
+        self.parked.push_back(Parked { session, req: req.clone(), waiting });
+        true
+    }
+
+    /// Parks a change of file data until every other session that holds the file open has
+    /// answered a flush recall (`caps::FlushRecall`: pages it mapped shared and dirtied
+    /// are written back before the change, not over it). The writeback of a file the
+    /// session holds exclusively runs at once, and so does its kernel's write-back
+    /// (`Op::WriteBack`) of a file it is asked to give up (part of its answer). A request
+    /// waits so once (`flushed`).
+    pub(super) fn park_for_flush(
+        &mut self,
+        session: SessionId,
+        req: &p::Request,
+        write_backs: &[u64],
+        now_ms: u64,
+    ) -> bool {
+        if self.flushed.remove(&(session, req.id)) {
+            return false;
+        }
+        let mut targets: BTreeMap<SessionId, Vec<u64>> = BTreeMap::new();
+        for op in &req.ops {
+            let ino = match op {
+                Op::Write { ino, .. } | Op::Append { ino, .. } | Op::Fallocate { ino, .. } => *ino,
+                Op::SetAttr { ino, set } if set.size_bytes.is_some() => *ino,
+                _ => continue,
+            };
+            // Never kept waiting: the writeback of what the session holds exclusively (no
+            // other session can have dirtied the file's pages since it got the rights: its
+            // read would have recalled them; and held back, that writeback could fall
+            // behind the session's later changes, or its answer to a recall), and its
+            // kernel's write-back of cached pages while it is being recalled (part of its
+            // answer).
+            if self.caps.holds_exclusive(session, ino)
+                || (write_backs.contains(&ino) && self.caps.being_recalled(session, ino))
+            {
+                continue;
+            }
+            let openers = self.sessions.iter().filter(|(_, s)| s.open.contains_key(&ino)).map(|(id, _)| *id);
+            for id in openers {
+                if id != session {
+                    let v = targets.entry(id).or_default();
+                    if !v.contains(&ino) {
+                        v.push(ino);
+                    }
+                }
+            }
+        }
+        if targets.is_empty() {
+            return false;
+        }
+        let mut out = Vec::new();
+        let waiting = self.caps.recall_for_flush(targets, now_ms, &mut out);
+        self.outbox.extend(out);
+        tracing::debug!(session, id = req.id, "change of file data waits for other openers to write back");
+        self.flushed.insert((session, req.id));
+        self.parked.push_back(Parked { session, req: req.clone(), waiting });
+        true
+    }
+
+    /// Runs parked requests whose recalls are all answered, oldest first.
+    pub(super) fn run_parked(&mut self, now: p::Time) {
+        let mut ready = Vec::new();
+        let mut still = VecDeque::with_capacity(self.parked.len());
+        for p in std::mem::take(&mut self.parked) {
+            if p.waiting.iter().any(|&id| self.caps.recall_pending(id)) {
+                still.push_back(p);
+            } else {
+                ready.push(p);
+            }
+        }
+        self.parked = still;
+        for p in ready {
+            if self.sessions.contains_key(&p.session) {
+                self.handle(p.session, p.req, now);
+            }
+        }
+    }
+
+    /// Every inode a request names (and the victims of its unlinks and renames): what
+    /// must not be held exclusively by another session while it runs.
+    pub(super) fn involved(&mut self, req: &p::Request) -> Vec<u64> {
+        let mut v = Vec::new();
+        for op in &req.ops {
+            v.extend(op_inodes(op));
+            if matches!(op, Op::Unlink { .. } | Op::Rmdir { .. } | Op::Rename { .. } | Op::Acquire { .. }) {
+                v.extend(self.touches(op));
+            }
+        }
+        v
+    }
+}

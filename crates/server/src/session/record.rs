@@ -1,0 +1,104 @@
+//! The durable session record: what a restarted server knows of each client's session
+//! (docs/format.md's SESSION items), and the marker of a fenced one.
+
+use super::*;
+
+/// The most places a session record lists as holes (changes that waited while later ones
+/// ran). Only changes parked behind another session's exclusive rights leave one: a
+/// client's synchronous calls, a handful at a time.
+pub(super) const MAX_RECORD_HOLES: usize = 64;
+
+/// A session's durable record: the token, how far its changes have run and are durable
+/// (the highest `seq` that ran, and the places below it whose changes had not), and its
+/// name. Layout: version 2 (u8), secret (u64 LE), seq (u64 LE), hole count (u8), holes
+/// (u64 LE each), name length (u8), name. (Version 1 had no holes.)
+pub(super) fn encode_record(secret: u64, seq: u64, holes: &[u64], name: &str) -> Vec<u8> {
+    let name = &name.as_bytes()[..name.len().min(200)];
+    let holes = &holes[..holes.len().min(MAX_RECORD_HOLES)];
+    let mut out = Vec::with_capacity(19 + 8 * holes.len() + name.len());
+    out.push(2);
+    out.extend_from_slice(&secret.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.push(holes.len() as u8);
+    for h in holes {
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    out
+}
+
+/// The first byte of the record a fenced session leaves in place of its own (then its
+/// secret, u64 LE): so that a restarted server still tells its client, when it comes back,
+/// that the session was fenced — else the client, its session merely unknown, would send
+/// its unanswered work again in a new one (docs/protocol.md §4.4).
+pub(super) const FENCED_MARKER: u8 = 0xfe;
+
+pub(super) fn encode_fenced_marker(secret: u64) -> Vec<u8> {
+    let mut out = vec![FENCED_MARKER];
+    out.extend_from_slice(&secret.to_le_bytes());
+    out
+}
+
+pub(super) fn is_fenced_marker(b: &[u8]) -> bool {
+    b.len() == 9 && b[0] == FENCED_MARKER
+}
+
+/// A decoded session record.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Record {
+    pub(super) secret: u64,
+    pub(super) seq: u64,
+    pub(super) holes: Vec<u64>,
+    pub(super) name: String,
+}
+
+/// Decodes a session record; `None` for anything malformed (such a record is dropped).
+pub(super) fn decode_record(b: &[u8]) -> Option<Record> {
+    let (&version, rest) = b.split_first()?;
+    if !(version == 1 || version == 2) || rest.len() < 17 {
+        return None;
+    }
+    let secret = u64::from_le_bytes(rest[0..8].try_into().ok()?);
+    let seq = u64::from_le_bytes(rest[8..16].try_into().ok()?);
+    let mut rest = &rest[16..];
+    let mut holes = Vec::new();
+    if version == 2 {
+        let (&n, after) = rest.split_first()?;
+        if usize::from(n) > MAX_RECORD_HOLES || after.len() < 8 * usize::from(n) {
+            return None;
+        }
+        for i in 0..usize::from(n) {
+            holes.push(u64::from_le_bytes(after[8 * i..8 * i + 8].try_into().ok()?));
+        }
+        rest = &after[8 * usize::from(n)..];
+    }
+    let (&len, name) = rest.split_first()?;
+    if name.len() != usize::from(len) || holes.iter().any(|&h| h == 0 || h >= seq) {
+        return None;
+    }
+    Some(Record { secret, seq, holes, name: String::from_utf8_lossy(name).into_owned() })
+}
+
+impl Server {
+    /// A session that changes something or takes a lock gets a durable record if it has
+    /// none yet, so that after a restart it is restored and the grace period waits for its
+    /// client: to replay its acknowledged changes, to take its locks again. Committed at
+    /// once (once per session): a crash before the next periodic commit must not lose the
+    /// record while the client holds a lock or an acknowledged change.
+    pub(super) fn record_session(&mut self, session: SessionId, what: &str) {
+        let Some(s) = self.sessions.get_mut(&session) else { return };
+        if s.recorded {
+            return;
+        }
+        s.recorded = true;
+        // No unit is open here (a changing request calls this before its unit begins),
+        // so this commit never cuts a unit in two.
+        let record = encode_record(s.secret, s.top, &s.holes_below_top(), &s.client_name);
+        if let Err(e) = self.store.put_session_record(session, &record).and_then(|()| self.store.commit()) {
+            tracing::error!(session, "cannot record the session of {what}: {e}");
+        }
+        // What was applied before is durable now; what the caller applies next is not.
+        self.note_commits();
+    }
+}

@@ -1,0 +1,74 @@
+//! After a restart: welcoming sessions back, their replays and re-asserted rights, and
+//! the grace period that holds other work until they are back.
+
+use super::*;
+
+/// Destroys the files unlinked while open that nobody holds open any more.
+pub(super) fn reclaim_orphans(store: &mut Store) {
+    if let Err(e) = store.reclaim_orphans() {
+        tracing::error!("cannot reclaim unlinked files: {e}");
+    }
+}
+
+impl Server {
+    pub(super) fn welcome(
+        &self,
+        id: SessionId,
+        resumed: bool,
+        durable_seq: Option<u64>,
+        durable_holes: Vec<u64>,
+        fenced: bool,
+    ) -> p::ServerMessage {
+        let secret = self.sessions.get(&id).map_or(0, |s| s.secret);
+        p::ServerMessage::Welcome(p::Welcome {
+            version: p::PROTOCOL_VERSION,
+            session: p::SessionToken { id, secret },
+            resumed,
+            durable_seq,
+            durable_holes,
+            fsid: self.store.fsid(),
+            fenced,
+        })
+    }
+
+    /// `session`'s client has sent every request it replays after the restart.
+    pub fn replayed(&mut self, session: SessionId, now: p::Time) {
+        self.confirm_resume(session);
+        if self.replaying.remove(&session) && self.replaying.is_empty() {
+            tracing::info!("every restored session has replayed: grace over");
+            self.end_grace(now);
+        }
+    }
+
+    /// `Op::Reassert`: rights a restored session's client held before the restart, given
+    /// back while it replays — when nobody's new work runs yet (docs/protocol.md §4.5).
+    pub(super) fn reassert(&mut self, session: SessionId, ino: u64, exclusive: bool) -> Result<Reply, p::OpError> {
+        if !self.replaying.contains(&session) {
+            return Err(errno(22, format!("session {session} re-asserts rights on inode {ino} outside a replay")));
+        }
+        match self.caps.reassert(session, ino, exclusive) {
+            Ok(()) => Ok(Reply::Done),
+            Err(other) => Err(errno(16, format!("inode {ino} is held by session {other}; rights not given back"))),
+        }
+    }
+
+    /// A message from `session` after its hello: its client has the welcome.
+    pub(super) fn confirm_resume(&mut self, session: SessionId) {
+        if let Some(s) = self.sessions.get_mut(&session) {
+            if s.restart_unconfirmed {
+                s.restart_unconfirmed = false;
+                s.holes.clear();
+            }
+        }
+    }
+
+    pub(super) fn end_grace(&mut self, now: p::Time) {
+        self.replaying.clear();
+        // Every client that could still hold an unlinked file open has opened it again
+        // (`Op::Open` before `Replayed`) or was fenced: what nobody holds goes now.
+        reclaim_orphans(&mut self.store);
+        for (session, req) in std::mem::take(&mut self.grace_parked) {
+            self.handle(session, req, now);
+        }
+    }
+}

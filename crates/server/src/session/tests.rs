@@ -1,0 +1,1278 @@
+use super::*;
+use crest_store::{MemDisk, MkfsOptions};
+
+/// A new file system on a shared in-memory disk (to reopen after a simulated crash).
+fn fresh_disk() -> MemDisk {
+    let disk = MemDisk::new(16 << 20);
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+    disk
+}
+
+fn server() -> Server {
+    Server::new(Store::open(Box::new(fresh_disk())).expect("open"))
+}
+
+/// A server with two sessions, a and b.
+fn two_sessions() -> (Server, SessionId, SessionId) {
+    let mut srv = server();
+    let (a, _) = srv.handle_hello(&hello(None));
+    let (b, _) = srv.handle_hello(&hello(None));
+    (srv, a.expect("a"), b.expect("b"))
+}
+
+/// Request `id` carrying `ops` at the server's clock.
+fn req(id: u64, ops: Vec<Op>) -> p::Request {
+    p::Request { id, ops, time: None }
+}
+
+/// The first result of the one response the last step sent (and nothing else).
+fn sole_result(srv: &mut Server) -> Result<Reply, p::OpError> {
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+    response.results[0].clone()
+}
+
+/// Request `id`: create regular file `name` in the root.
+fn create_in_root(id: u64, name: &str) -> p::Request {
+    p::Request {
+        id,
+        ops: vec![Op::Create {
+            parent: 1,
+            name: name.as_bytes().to_vec(),
+            kind: p::FileType::Regular,
+            mode: 0o644,
+            rdev: 0,
+            cred: p::Cred::default(),
+        }],
+        time: None,
+    }
+}
+
+fn hello(resume: Option<p::SessionToken>) -> p::Hello {
+    p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "test".into(), resume }
+}
+
+const NOW: p::Time = p::Time { sec: 5, nsec: 0 };
+
+#[test]
+fn retried_create_applies_once() {
+    let mut srv = server();
+    let (sid, w) = srv.handle_hello(&hello(None));
+    let sid = sid.expect("session");
+    let token = match w {
+        p::ServerMessage::Welcome(w) => w.session,
+        other => panic!("{other:?}"),
+    };
+    let create = create_in_root(1, "f");
+    let first = srv.handle_request(sid, create.clone(), NOW);
+    assert!(first.results[0].is_ok());
+    // The connection drops; the client resumes and retries the same id.
+    let (sid2, w) = srv.handle_hello(&hello(Some(token)));
+    assert!(matches!(w, p::ServerMessage::Welcome(p::Welcome { resumed: true, .. })));
+    let again = srv.handle_request(sid2.expect("resumed"), create.clone(), NOW);
+    assert_eq!(again, first, "the retry is answered from the cache, not re-applied (EEXIST)");
+    // A new request id with the same op does run again (and fails: EEXIST).
+    let fresh = srv.handle_request(sid, p::Request { id: 2, ..create.clone() }, NOW);
+    assert_eq!(fresh.results[0].as_ref().err().map(|e| e.errno), Some(17));
+}
+
+#[test]
+fn xattrs_up_to_the_linux_limits_and_their_errors() {
+    let mut srv = server();
+    let (sid, _) = srv.handle_hello(&hello(None));
+    let sid = sid.expect("session");
+    let r = srv.handle_request(sid, create_in_root(1, "f"), NOW);
+    let Ok(Reply::Entry(a)) = &r.results[0] else { panic!("{r:?}") };
+    let ino = a.ino;
+    let set = |name: Vec<u8>, len: usize, flags| Op::SetXattr { ino, name, value: vec![9; len], flags };
+    let errno_of = |srv: &mut Server, id, op| {
+        srv.handle_request(sid, req(id, vec![op]), NOW).results[0].as_ref().err().map(|e| e.errno)
+    };
+    // Linux checks the name and the value's size before the flags: ERANGE, E2BIG.
+    assert_eq!(errno_of(&mut srv, 2, set(vec![b'a'; 256], 1, p::XATTR_REPLACE)), Some(34));
+    assert_eq!(errno_of(&mut srv, 3, set(Vec::new(), 1, 0)), Some(34));
+    assert_eq!(errno_of(&mut srv, 4, set(b"user.a".to_vec(), 65_537, p::XATTR_REPLACE)), Some(7));
+    assert_eq!(errno_of(&mut srv, 5, set(b"user.a".to_vec(), 65_536, p::XATTR_CREATE)), None);
+    let r = srv.handle_request(sid, req(6, vec![Op::GetXattr { ino, name: b"user.a".to_vec() }]), NOW);
+    assert_eq!(r.results[0], Ok(Reply::Data(vec![9; 65_536])), "a 64 KiB value travels whole");
+}
+
+#[test]
+fn wrong_version_and_bad_tokens() {
+    let mut srv = server();
+    let mut h = hello(None);
+    h.version = 42;
+    let (sid, msg) = srv.handle_hello(&h);
+    assert!(sid.is_none());
+    assert!(matches!(msg, p::ServerMessage::Refused { reason, .. } if reason.contains("42")));
+    let (_, msg) = srv.handle_hello(&hello(Some(p::SessionToken { id: 1, secret: 0 })));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, .. })));
+}
+
+#[test]
+fn setgid_directories_pass_on_their_group() {
+    let mut srv = server();
+    let (sid, _) = srv.handle_hello(&hello(None));
+    let sid = sid.expect("session");
+    let mk = |name: &str, kind, parent, uid, gid| Op::Create {
+        parent,
+        name: name.as_bytes().to_vec(),
+        kind,
+        mode: 0o755,
+        rdev: 0,
+        cred: p::Cred { uid, gid, umask: 0 },
+    };
+    let r = srv.handle_request(
+        sid,
+        p::Request { id: 1, ops: vec![mk("d", p::FileType::Directory, 1, 0, 50)], time: None },
+        NOW,
+    );
+    let Ok(Reply::Entry(d)) = &r.results[0] else { panic!("{r:?}") };
+    let set = p::SetAttr { mode: Some(0o2775), ..Default::default() };
+    srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::SetAttr { ino: d.ino, set }], time: None }, NOW);
+    let r = srv.handle_request(
+        sid,
+        p::Request {
+            id: 3,
+            ops: vec![mk("f", p::FileType::Regular, d.ino, 7, 7), mk("sub", p::FileType::Directory, d.ino, 7, 7)],
+            time: None,
+        },
+        NOW,
+    );
+    let Ok(Reply::Entry(f)) = &r.results[0] else { panic!("{r:?}") };
+    let Ok(Reply::Entry(sub)) = &r.results[1] else { panic!("{r:?}") };
+    assert_eq!((f.gid, f.mode & 0o2000), (50, 0));
+    assert_eq!((sub.gid, sub.mode & 0o2000), (50, 0o2000));
+}
+
+#[test]
+fn the_protocol_hash_is_the_stores_hash() {
+    // Clients judge leaf ranges with the protocol's hash; the store orders entries by
+    // its own. They must be the same function.
+    for name in [&b""[..], b"a", b"Makefile", &[0xff, 0x80, 0x01], &[b'x'; 255]] {
+        assert_eq!(p::name_hash(name), s::key::name_hash(name), "{name:?}");
+    }
+}
+
+#[test]
+fn session_records_round_trip_and_bad_ones_are_refused() {
+    let r = encode_record(42, 7, &[3, 5], "host-a");
+    let want = Record { secret: 42, seq: 7, holes: vec![3, 5], name: "host-a".into() };
+    assert_eq!(decode_record(&r), Some(want));
+    for cut in 0..r.len() {
+        assert_eq!(decode_record(&r[..cut]), None, "truncated at {cut}");
+    }
+    let mut bad = r.clone();
+    bad[0] = 3;
+    assert_eq!(decode_record(&bad), None, "unknown version");
+    let mut long = r.clone();
+    long.push(b'x');
+    assert_eq!(decode_record(&long), None, "name length disagrees");
+    assert_eq!(decode_record(&encode_record(42, 5, &[5], "h")), None, "a hole at or above its seq");
+    let mut many = encode_record(42, 7, &[], "h");
+    many[17] = (MAX_RECORD_HOLES + 1) as u8;
+    assert_eq!(decode_record(&many), None, "more holes than a record names");
+    // A version 1 record (no holes), as written before.
+    let mut v1 = vec![1];
+    v1.extend_from_slice(&42u64.to_le_bytes());
+    v1.extend_from_slice(&7u64.to_le_bytes());
+    v1.push(1);
+    v1.push(b'h');
+    assert_eq!(decode_record(&v1), Some(Record { secret: 42, seq: 7, holes: vec![], name: "h".into() }));
+    let holes: Vec<u64> = (1..=MAX_RECORD_HOLES as u64 + 5).collect();
+    let huge = encode_record(1, u64::MAX, &holes, &"n".repeat(1000));
+    assert!(huge.len() <= s::sessions::MAX_SESSION_RECORD_BYTES);
+}
+
+#[test]
+fn after_a_crash_a_resumed_session_learns_exactly_which_changes_survived() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (sid, w) = srv.handle_hello(&hello(None));
+    let sid = sid.expect("session");
+    let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+    let mk = create_in_root;
+    let r1 = srv.handle_request(sid, mk(1, "one"), NOW);
+    assert_eq!((r1.seq, r1.durable), (1, 0));
+    let read = srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    assert_eq!(read.seq, 0, "reads take no place in the order");
+    let r2 = srv.handle_request(sid, p::Request { id: 3, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    assert_eq!((r2.seq, r2.durable), (2, 2), "fsync makes everything so far durable");
+    let r3 = srv.handle_request(sid, mk(4, "two"), NOW);
+    assert_eq!((r3.seq, r3.durable), (3, 2));
+    // Power cut: nothing after the fsync is on disk.
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    let (sid2, msg) = srv.handle_hello(&hello(Some(w.session)));
+    assert_eq!(sid2, Some(sid));
+    let p::ServerMessage::Welcome(w2) = msg else { panic!("{msg:?}") };
+    assert!(w2.resumed);
+    assert_eq!(w2.durable_seq, Some(2), "changes up to seq 2 survived");
+    // Replaying the lost change applies it (once), with the next seq.
+    let again = srv.handle_request(sid, mk(4, "two"), NOW);
+    assert!(again.results[0].is_ok(), "{again:?}");
+    assert_eq!(again.seq, 3);
+    // A later reconnect (no restart) says nothing about durability.
+    let (_, msg) = srv.handle_hello(&hello(Some(w.session)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: true, durable_seq: None, .. })));
+    // A clean goodbye drops the record.
+    srv.end_session(sid);
+    let mut store = srv.into_store();
+    store.commit().expect("commit");
+    assert!(store.session_records().expect("records").is_empty());
+}
+
+#[test]
+fn a_file_unlinked_while_open_outlives_a_restart_for_a_client_that_opens_it_again() {
+    for reopens in [false, true] {
+        let disk = fresh_disk();
+        let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("open"));
+        let (a, wa) = srv.handle_hello(&hello(None));
+        let (b, wb) = srv.handle_hello(&hello(None));
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        let (p::ServerMessage::Welcome(wa), p::ServerMessage::Welcome(wb)) = (wa, wb) else { panic!() };
+        let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+            panic!("create")
+        };
+        // b opens x, changes nothing (so far it has no record); a unlinks x: b's open
+        // gives it a record; a's fsync makes it all durable.
+        assert!(run_answering_recalls(&mut srv, b, 1, vec![Op::Open { ino: x.ino, handle: 4 }]).is_ok());
+        let unlink = vec![Op::Unlink { parent: 1, name: b"x".to_vec() }, Op::Fsync { ino: 1 }];
+        assert!(run_answering_recalls(&mut srv, a, 2, unlink).is_ok());
+        drop(srv.into_store().abandon());
+        let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("reopen"));
+        let (b2, msg) = srv.handle_hello(&hello(Some(wb.session)));
+        assert_eq!(b2, Some(b), "b's session is restored: {msg:?}");
+        if reopens {
+            let r = srv.handle_request(b, req(2, vec![Op::Open { ino: x.ino, handle: 4 }]), NOW);
+            assert!(matches!(&r.results[0], Ok(Reply::Attr(o)) if o.nlink == 0), "{r:?}");
+        }
+        srv.replayed(b, NOW);
+        assert_eq!(srv.handle_hello(&hello(Some(wa.session))).0, Some(a));
+        srv.replayed(a, NOW);
+        let _ = srv.take_outgoing();
+        let r = srv.handle_request(b, req(3, vec![Op::Read { ino: x.ino, offset: 0, len: 10 }]), NOW);
+        assert_eq!(r.results[0].is_ok(), reopens, "the orphan lives exactly while b opened it again: {r:?}");
+    }
+}
+
+#[test]
+fn a_stall_of_the_server_itself_does_not_count_against_leases() {
+    for forgiven in [false, true] {
+        let (mut srv, a, _) = two_sessions();
+        srv.handle(a, req(1, vec![Op::GetAttr { ino: 1 }]), p::Time { sec: 1, nsec: 0 });
+        srv.tick(1_000).expect("tick");
+        // One operation held the server's thread for 14 s: a's heartbeats wait unread.
+        if forgiven {
+            srv.forgive_stall(15_000, 14_000);
+        }
+        srv.tick(15_000).expect("tick");
+        assert_eq!(srv.is_fenced(a), !forgiven, "forgiven: {forgiven}");
+    }
+}
+
+#[test]
+fn restored_sessions_whose_client_never_returns_are_fenced_and_forgotten() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (sid, _) = srv.handle_hello(&hello(None));
+    let req = p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None };
+    srv.handle_request(sid.expect("session"), req, NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    assert_eq!(srv.sessions.len(), 1);
+    srv.tick(1_000).expect("tick");
+    assert_eq!(srv.sessions.len(), 1, "within the grace period");
+    srv.tick(1_000 + crate::caps::GRACE_MS).expect("tick");
+    assert!(srv.sessions.is_empty() && srv.is_fenced(sid.expect("session")), "fenced when the grace ends");
+    let records = srv.store.session_records().expect("records");
+    assert!(records.len() == 1 && is_fenced_marker(&records[0].1), "a marker tells its client later");
+    srv.tick(1_000 + crate::caps::GRACE_MS + RESTORED_SESSION_GRACE_MS).expect("tick");
+    assert!(srv.store.session_records().expect("records").is_empty(), "then it goes too");
+}
+
+#[test]
+fn locks_hold_across_sessions_and_go_with_their_session() {
+    let (mut srv, a, b) = two_sessions();
+    let lock = |id, owner, kind| p::Request {
+        id,
+        ops: vec![Op::SetLock { ino: 1, owner, start: 0, end: p::LOCK_TO_EOF, kind, flock: false, pid: 42 }],
+        time: None,
+    };
+    let get = |id| p::Request {
+        id,
+        ops: vec![Op::GetLock { ino: 1, owner: 5, start: 10, end: 10, kind: p::LockKind::Read, flock: false }],
+        time: None,
+    };
+    let r = srv.handle_request(a, lock(1, 5, p::LockKind::Write), NOW);
+    assert_eq!((&r.results[0], r.seq), (&Ok(Reply::Done), 0), "a lock is no stored change");
+    let again = srv.handle_request(a, lock(1, 5, p::LockKind::Write), NOW);
+    assert_eq!(again.results[0], Ok(Reply::Done), "a retried lock is granted again");
+    let r = srv.handle_request(b, lock(1, 5, p::LockKind::Read), NOW);
+    assert_eq!(r.results[0].as_ref().err().map(|e| e.errno), Some(11), "the same owner id in another session");
+    let r = srv.handle_request(b, get(2), NOW);
+    let want = p::LockInfo { kind: p::LockKind::Write, start: 0, end: p::LOCK_TO_EOF, pid: 42 };
+    assert_eq!(r.results[0], Ok(Reply::Lock(Some(want))));
+    let bad = p::Request {
+        id: 3,
+        ops: vec![Op::SetLock { ino: 1, owner: 1, start: 9, end: 8, kind: p::LockKind::Read, flock: false, pid: 1 }],
+        time: None,
+    };
+    assert_eq!(srv.handle_request(b, bad, NOW).results[0].as_ref().err().map(|e| e.errno), Some(22));
+    let missing = p::Request {
+        id: 4,
+        ops: vec![Op::SetLock { ino: 999, owner: 1, start: 0, end: 0, kind: p::LockKind::Read, flock: false, pid: 1 }],
+        time: None,
+    };
+    assert!(srv.handle_request(b, missing, NOW).results[0].is_err(), "no such inode");
+    // a's connection drops: its locks stay while it may come back…
+    srv.heard(a, 10_000);
+    srv.disconnected(a, 10_000);
+    srv.tick(10_000 + crate::caps::DISCONNECTED_FENCE_MS - 1).expect("tick");
+    assert_eq!(srv.handle_request(b, get(5), NOW).results[0], Ok(Reply::Lock(Some(want))));
+    // …and go once it has been away too long (it is fenced).
+    srv.tick(10_000 + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
+    assert_eq!(srv.handle_request(b, get(6), NOW).results[0], Ok(Reply::Lock(None)));
+    // A clean end of b's session drops b's.
+    let r = srv.handle_request(b, lock(7, 1, p::LockKind::Write), NOW);
+    assert_eq!(r.results[0], Ok(Reply::Done));
+    srv.end_session(b);
+    assert!(srv.locks.is_empty());
+}
+
+#[test]
+fn a_change_to_what_another_session_read_waits_for_its_recall() {
+    let (mut srv, a, b) = two_sessions();
+    let lookup = |id| p::Request { id, ops: vec![Op::Lookup { parent: 1, name: b"x".to_vec() }], time: None };
+    srv.handle(b, lookup(1), NOW);
+    assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == b));
+    let create = create_in_root(1, "x");
+    srv.handle(a, create, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected one recall to b: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (b, &[1u64][..]), "b's copy of the root directory");
+    srv.recall_done(b, *recall_id, NOW);
+    let out = srv.take_outgoing();
+    assert!(
+        matches!(&out[..], [Outgoing::Response { session, response }] if *session == a && response.results[0].is_ok())
+    );
+    // A read by a changes nothing and recalls nobody.
+    srv.handle(a, lookup(2), NOW);
+    assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { .. }]));
+}
+
+/// Runs `ops` for `session` and answers every recall it sends at once; returns the
+/// first result of `session`'s response.
+fn run_answering_recalls(srv: &mut Server, session: SessionId, id: u64, ops: Vec<Op>) -> Result<Reply, p::OpError> {
+    srv.handle(session, req(id, ops), NOW);
+    loop {
+        let out = srv.take_outgoing();
+        let mut result = None;
+        for o in out {
+            match o {
+                Outgoing::Notify { session: t, notify: p::Notify::Recall { recall_id, .. } } => {
+                    srv.recall_done(t, recall_id, NOW)
+                }
+                Outgoing::Response { session: s, response } if s == session => {
+                    result = Some(response.results[0].clone())
+                }
+                _ => {}
+            }
+        }
+        if let Some(r) = result {
+            return r;
+        }
+    }
+}
+
+#[test]
+fn a_file_another_session_cached_outlives_its_unlink_until_that_session_answers() {
+    for opens in [false, true] {
+        let (mut srv, a, b) = two_sessions();
+        let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+            panic!("create")
+        };
+        let lookup = vec![Op::Lookup { parent: 1, name: b"x".to_vec() }];
+        assert!(run_answering_recalls(&mut srv, b, 1, lookup).is_ok());
+        // b caches x: it may open it without asking, and send the open behind.
+        srv.handle(a, req(2, vec![Op::Unlink { parent: 1, name: b"x".to_vec() }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+            panic!("expected a recall to b: {out:?}")
+        };
+        assert_eq!(*session, b);
+        let recall_id = *recall_id;
+        if opens {
+            srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9 }]), NOW);
+            let Ok(Reply::Attr(open)) = sole_result(&mut srv) else { panic!("b's open of the unlinked x") };
+            assert_eq!(open.nlink, 0);
+        }
+        srv.recall_done(b, recall_id, NOW);
+        assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == a));
+        srv.handle(b, req(3, vec![Op::GetAttr { ino: x.ino }]), NOW);
+        let after = sole_result(&mut srv);
+        assert_eq!(after.is_ok(), opens, "x lives on exactly while b holds it open: {after:?}");
+        if opens {
+            srv.handle(b, req(4, vec![Op::Release { ino: x.ino, handle: 9 }]), NOW);
+            assert!(sole_result(&mut srv).is_ok());
+            srv.handle(b, req(5, vec![Op::GetAttr { ino: x.ino }]), NOW);
+            assert_eq!(sole_result(&mut srv).err().map(|e| e.errno), Some(2), "the last close frees it");
+        }
+    }
+}
+
+#[test]
+fn a_write_waits_for_other_openers_to_write_back_first() {
+    let (mut srv, a, b) = two_sessions();
+    let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, b, 1, create_in_root(1, "x").ops) else {
+        panic!("create")
+    };
+    let ino = x.ino;
+    assert!(run_answering_recalls(&mut srv, b, 2, vec![Op::Write { ino, offset: 0, data: vec![b'0'; 64] }]).is_ok());
+    assert!(run_answering_recalls(&mut srv, a, 1, vec![Op::Open { ino, handle: 1 }]).is_ok());
+    // a holds x open (it may have dirtied a shared mapping): b's write waits.
+    srv.handle(b, req(3, vec![Op::Write { ino, offset: 10, data: b"BB".to_vec() }]), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected a flush recall to a: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (a, &[ino][..]));
+    let recall_id = *recall_id;
+    // a writes its dirty page back before answering: that runs at once, b's waits on.
+    srv.handle(a, req(2, vec![Op::Write { ino, offset: 0, data: b"AAAAAAAAAAAAAAAA".to_vec() }]), NOW);
+    let out = srv.take_outgoing();
+    assert!(out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == a)), "{out:?}");
+    assert!(!out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == b)), "{out:?}");
+    srv.recall_done(a, recall_id, NOW);
+    let out = srv.take_outgoing();
+    for o in out {
+        if let Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } = o {
+            srv.recall_done(session, recall_id, NOW);
+        }
+    }
+    srv.handle(b, req(4, vec![Op::Read { ino, offset: 0, len: 16 }]), NOW);
+    let out = srv.take_outgoing();
+    let data = out.iter().find_map(|o| match o {
+        Outgoing::Response { session, response } if *session == b && response.id == 4 => {
+            response.results[0].clone().ok()
+        }
+        _ => None,
+    });
+    assert_eq!(data, Some(Reply::Data(b"AAAAAAAAAABBAAAA".to_vec())), "b's write lands after a's write-back");
+}
+
+#[test]
+fn an_open_parked_behind_exclusive_rights_holds_the_file_before_the_holders_unlink() {
+    let (mut srv, a, b) = two_sessions();
+    let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+        panic!("create")
+    };
+    // a holds x exclusively (it made it): b's open waits for a's rights, yet it is
+    // already an open when a's unlink, sent before a answered, runs.
+    srv.handle(b, req(1, vec![Op::Open { ino: x.ino, handle: 3 }]), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+        panic!("expected a recall of a's rights: {out:?}")
+    };
+    assert_eq!(*session, a);
+    let recall_id = *recall_id;
+    srv.handle(a, req(2, vec![Op::Unlink { parent: 1, name: b"x".to_vec() }]), NOW);
+    assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == a));
+    srv.recall_done(a, recall_id, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+    assert_eq!(*session, b);
+    assert!(matches!(&response.results[0], Ok(Reply::Attr(o)) if o.nlink == 0), "{response:?}");
+}
+
+#[test]
+fn another_sessions_request_waits_until_exclusive_rights_are_flushed_and_returned() {
+    let (mut srv, a, b) = two_sessions();
+    // a makes a directory: it holds it exclusively from birth.
+    let mkdir = Op::Create {
+        parent: 1,
+        name: b"d".to_vec(),
+        kind: p::FileType::Directory,
+        mode: 0o755,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    srv.handle(a, req(1, vec![mkdir, Op::AllocInodes { count: 8 }]), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+    let (Ok(Reply::Entry(d)), Ok(Reply::Inodes { first, .. })) = (&response.results[0], &response.results[1]) else {
+        panic!("{response:?}")
+    };
+    let (d, first) = (d.ino, *first);
+    // b looks inside: its request waits and a is asked to give d up.
+    srv.handle(b, req(1, vec![Op::Lookup { parent: d, name: b"x".to_vec() }]), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected a recall to a: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
+    let recall_id = *recall_id;
+    // a's writeback, sent before its answer, arrives first and is applied at a's time.
+    let client_time = p::Time { sec: 1234, nsec: 5 };
+    let create_at = Op::CreateAt {
+        ino: first + 2,
+        generation: 9,
+        parent: d,
+        name: b"x".to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o600,
+        rdev: 0,
+        cred: p::Cred { uid: 3, gid: 4, umask: 0 },
+    };
+    srv.handle(a, p::Request { id: 2, ops: vec![create_at], time: Some(client_time) }, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+    let Ok(Reply::Entry(x)) = &response.results[0] else { panic!("{response:?}") };
+    assert_eq!((x.ino, x.generation, x.uid, x.gid, x.mtime), (first + 2, 9, 3, 4, client_time));
+    // a answers: b's lookup runs, but its reply would carry x, which a also holds
+    // (it created it): that is recalled too before b hears anything.
+    srv.recall_done(a, recall_id, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected a recall of x to a: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (a, &[first + 2][..]));
+    srv.recall_done(a, *recall_id, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+    assert_eq!(*session, b);
+    assert!(matches!(&response.results[0], Ok(Reply::Lookup { attr: Some(found), .. }) if found.ino == first + 2));
+    // A holder that does not answer delays b only until its time runs out.
+    let create = Op::Create {
+        parent: d,
+        name: b"y".to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o600,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    srv.handle(a, req(3, vec![create]), NOW);
+    // (b caches d now: a's create is answered once b dropped it.)
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(*session, b);
+    srv.recall_done(b, *recall_id, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+    let Ok(Reply::Entry(y)) = &response.results[0] else { panic!("{response:?}") };
+    let y = y.ino;
+    srv.handle(b, req(2, vec![Op::GetAttr { ino: y }]), NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
+    // b stays in touch; a stays silent for a whole lease: it is fenced.
+    let later = millis(NOW) + crate::caps::LEASE_MS;
+    srv.heard(b, later);
+    srv.tick(later - 1).expect("tick");
+    assert!(srv.take_outgoing().is_empty(), "a's lease has not lapsed yet");
+    srv.tick(later).expect("tick");
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+    // Nobody holds y exclusively now: b's next look at it does not wait.
+    srv.handle(b, req(3, vec![Op::GetAttr { ino: y }]), time_of_millis(later));
+    assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { .. }]));
+    // a's late writeback is refused, not applied, and a is told it was fenced.
+    let late_write = Op::SetAttr { ino: y, set: p::SetAttr { mode: Some(0o777), ..Default::default() } };
+    srv.handle(a, req(4, vec![late_write]), time_of_millis(later));
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Notify { notify: p::Notify::Fenced, .. }]), "{out:?}");
+    srv.handle(b, req(4, vec![Op::GetAttr { ino: y }]), time_of_millis(later));
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+    assert!(matches!(&response.results[0], Ok(Reply::Attr(attr)) if attr.mode == 0o600));
+    // Its client's resume starts a new session and says the old one was fenced.
+    let (_, msg) = srv.handle_hello(&hello(Some(p::SessionToken { id: a, secret: 0 })));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
+}
+
+#[test]
+fn open_and_release_are_idempotent_by_handle() {
+    // A retried Open or Release (its connection broke) runs again: handles, not
+    // counts, keep an unlinked file alive exactly until its last handle goes.
+    let mut srv = server();
+    let (a, _) = srv.handle_hello(&hello(None));
+    let a = a.expect("a");
+    let answer = |srv: &mut Server, id, ops| {
+        srv.handle(a, req(id, ops), NOW);
+        sole_result(srv)
+    };
+    srv.handle(a, create_in_root(1, "f"), NOW);
+    let Ok(Reply::Entry(f)) = sole_result(&mut srv) else { panic!("create f") };
+    let ino = f.ino;
+    for (id, handle) in [(2, 7), (3, 7), (4, 8)] {
+        assert!(matches!(answer(&mut srv, id, vec![Op::Open { ino, handle }]), Ok(Reply::Attr(_))));
+    }
+    assert!(answer(&mut srv, 5, vec![Op::Unlink { parent: 1, name: b"f".to_vec() }]).is_ok());
+    for id in [6, 7] {
+        assert!(answer(&mut srv, id, vec![Op::Release { ino, handle: 7 }]).is_ok());
+    }
+    assert!(
+        matches!(answer(&mut srv, 8, vec![Op::GetAttr { ino }]), Ok(Reply::Attr(x)) if x.nlink == 0),
+        "handle 8 keeps it"
+    );
+    assert!(answer(&mut srv, 9, vec![Op::Release { ino, handle: 8 }]).is_ok());
+    assert_eq!(
+        answer(&mut srv, 10, vec![Op::GetAttr { ino }]).err().map(|e| e.errno),
+        Some(2),
+        "gone with its last handle"
+    );
+    assert_eq!(answer(&mut srv, 11, vec![Op::Open { ino, handle: 9 }]).err().map(|e| e.errno), Some(2));
+}
+
+#[test]
+fn short_of_space_no_session_answers_changes_itself() {
+    let (mut srv, a, b) = two_sessions();
+    srv.handle(b, req(1, vec![Op::Acquire { ino: 1 }]), NOW);
+    assert!(matches!(sole_result(&mut srv), Ok(Reply::Lookup { .. })));
+    assert_eq!(srv.caps.exclusive_elsewhere(a, 1), Some(b));
+    // a fills the image to within an eighth of its size (the limit for a small one).
+    srv.handle(a, create_in_root(1, "spc"), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }, ..] = &out[..] else {
+        panic!("a's create in b's directory recalls it: {out:?}")
+    };
+    assert_eq!(*session, b);
+    srv.recall_done(b, *recall_id, NOW);
+    let Ok(Reply::Entry(spc)) = sole_result(&mut srv) else { panic!() };
+    let st = srv.store.statfs();
+    let len = (st.avail_blocks - st.total_blocks / 8 + 16) * u64::from(st.block_size);
+    srv.handle(a, req(2, vec![Op::Fallocate { ino: spc.ino, offset: 0, len, flags: 0 }]), NOW);
+    assert!(sole_result(&mut srv).is_ok());
+    // b takes the root again; its next request finds space short: what it holds is
+    // recalled, and it cannot take a directory whole again.
+    srv.handle(b, create_in_root(2, "g"), NOW);
+    let out = srv.take_outgoing();
+    let recalled: Vec<u64> = out
+        .iter()
+        .filter_map(|o| match o {
+            Outgoing::Notify { session, notify: p::Notify::Recall { inodes, .. } } if *session == a => {
+                Some(inodes.clone())
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert!(recalled.contains(&spc.ino), "a's exclusive rights on what it made are recalled: {out:?}");
+    let created = out.iter().find_map(|o| match o {
+        Outgoing::Response { response, .. } => Some(response.results[0].clone()),
+        _ => None,
+    });
+    let Some(Ok(Reply::Entry(g))) = created else { panic!("{out:?}") };
+    let recall_of_g = out.iter().any(|o| {
+        matches!(o, Outgoing::Notify { session, notify: p::Notify::Recall { inodes, .. } }
+            if *session == b && inodes == &vec![g.ino])
+    });
+    assert!(recall_of_g, "what a create grants is recalled at once: {out:?}");
+    for o in &out {
+        if let Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } = o {
+            srv.recall_done(*session, *recall_id, NOW);
+        }
+    }
+    assert!(srv.take_outgoing().is_empty());
+    assert_eq!(srv.caps.exclusive_inodes(), Vec::<u64>::new());
+    srv.handle(b, req(3, vec![Op::Acquire { ino: 1 }]), NOW);
+    let out = srv.take_outgoing();
+    let refused = out.iter().any(|o| {
+        matches!(o, Outgoing::Response { response, .. }
+            if matches!(&response.results[0], Err(e) if e.errno == 28))
+    });
+    assert!(refused, "{out:?}");
+}
+
+#[test]
+fn acquiring_a_directory_recalls_its_readers_and_makes_others_wait() {
+    let (mut srv, a, b) = two_sessions();
+    // b makes two files in the root and forgets its exclusive rights by a recall
+    // (a's look at them); a then reads the root, so both cache it.
+    srv.handle(b, create_in_root(1, "f"), NOW);
+    let Ok(Reply::Entry(f)) = sole_result(&mut srv) else { panic!() };
+    srv.handle(b, create_in_root(2, "g"), NOW);
+    let Ok(Reply::Entry(g)) = sole_result(&mut srv) else { panic!() };
+    srv.handle(a, req(1, vec![Op::Lookup { parent: 1, name: b"f".to_vec() }]), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. }] = &out[..] else { panic!("{out:?}") };
+    srv.recall_done(b, *recall_id, NOW);
+    assert!(matches!(sole_result(&mut srv), Ok(Reply::Lookup { attr: Some(_), .. })));
+    // A file is not a directory; a directory too large for one reply is refused.
+    srv.handle(a, req(2, vec![Op::Acquire { ino: f.ino }]), NOW);
+    assert_eq!(sole_result(&mut srv).err().map(|e| e.errno), Some(20));
+    // b's acquire of the root waits until a dropped what it read of it.
+    srv.handle(b, req(3, vec![Op::Acquire { ino: 1 }]), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected a recall to a: {out:?}")
+    };
+    assert_eq!(*session, a);
+    assert!(inodes.contains(&1) && inodes.contains(&f.ino), "{inodes:?}");
+    srv.recall_done(a, *recall_id, NOW);
+    let Ok(Reply::Lookup { attr: Some(root), leaf }) = sole_result(&mut srv) else { panic!() };
+    assert_eq!(root.ino, 1);
+    assert_eq!((leaf.hash_lo, leaf.hash_hi), (0, u64::MAX));
+    let mut names: Vec<_> = leaf.items.iter().map(|i| (i.name.clone(), i.attr.ino)).collect();
+    names.sort();
+    assert_eq!(names, vec![(b"f".to_vec(), f.ino), (b"g".to_vec(), g.ino)]);
+    for ino in [1, f.ino, g.ino] {
+        assert_eq!(srv.caps.exclusive_elsewhere(a, ino), Some(b), "inode {ino}");
+    }
+    // Now a's look into the root, or at g, waits for b to give them up.
+    srv.handle(a, req(4, vec![Op::GetAttr { ino: g.ino }]), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected a recall to b: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (b, &[g.ino][..]));
+    srv.recall_done(b, *recall_id, NOW);
+    assert!(matches!(sole_result(&mut srv), Ok(Reply::Attr(x)) if x.ino == g.ino));
+    // b takes the root back: a, which read g meanwhile, is asked to drop it first.
+    srv.handle(b, req(5, vec![Op::Acquire { ino: 1 }]), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected a recall to a: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (a, &[g.ino][..]));
+    srv.recall_done(a, *recall_id, NOW);
+    assert!(matches!(sole_result(&mut srv), Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 2));
+    assert_eq!(srv.caps.exclusive_elsewhere(a, g.ino), Some(b));
+}
+
+#[test]
+fn an_acquire_waits_for_the_recall_of_its_own_sessions_exclusive_rights() {
+    // (Found by the simulator, seed 14630225732569651823.) a holds f exclusively (it
+    // made it); b's look at f recalls it. Before a's answer, a acquires the root,
+    // which names f: run at once, it would grant f again, a's client (seeing the
+    // recall first, then the grant) would hold f, and a's answer to the recall would
+    // then end a's rights here: a would answer changes of f itself unseen by b.
+    let (mut srv, a, b) = two_sessions();
+    srv.handle(a, create_in_root(1, "f"), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+    let Ok(Reply::Entry(f)) = &response.results[0] else { panic!("{response:?}") };
+    srv.handle(b, req(1, vec![Op::GetAttr { ino: f.ino }]), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+        panic!("expected a recall to a: {out:?}")
+    };
+    assert_eq!(*session, a);
+    let recall_id = *recall_id;
+    srv.handle(a, req(2, vec![Op::Acquire { ino: 1 }]), NOW);
+    assert_eq!(srv.take_outgoing(), vec![], "the acquire waits for a's answer to the recall");
+    srv.recall_done(a, recall_id, NOW);
+    // b's look runs first (it came first), then a's acquire, which recalls what b
+    // read of f and answers once b has dropped it.
+    let out = srv.take_outgoing();
+    let b_answered = out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == b));
+    assert!(b_answered, "{out:?}");
+    let recall = out.iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if *session == b => Some(*recall_id),
+        _ => None,
+    });
+    let Some(recall) = recall else { panic!("expected a recall to b: {out:?}") };
+    srv.recall_done(b, recall, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+    assert_eq!(*session, a);
+    assert!(matches!(&response.results[0], Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 1));
+    assert_eq!(srv.caps.exclusive_elsewhere(b, f.ino), Some(a), "a holds f again, as its client does");
+}
+
+#[test]
+fn after_a_restart_no_one_sees_older_state_than_another_clients_lost_acknowledged_change() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let token = |m: p::ServerMessage| match m {
+        p::ServerMessage::Welcome(w) => w.session,
+        other => panic!("{other:?}"),
+    };
+    let (a, wa) = srv.handle_hello(&hello(None));
+    let (b, wb) = srv.handle_hello(&hello(None));
+    let (a, b, ta, tb) = (a.expect("a"), b.expect("b"), token(wa), token(wb));
+    let mk = create_in_root;
+    let lookup = |id, name: &str| p::Request {
+        id,
+        ops: vec![Op::Lookup { parent: 1, name: name.as_bytes().to_vec() }],
+        time: None,
+    };
+    srv.handle_request(a, mk(1, "w"), NOW);
+    srv.handle_request(b, mk(1, "y"), NOW);
+    srv.handle_request(b, p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    // a's create of x is acknowledged, then the server dies before committing it.
+    let lost = srv.handle_request(a, mk(2, "x"), NOW);
+    assert!(lost.results[0].is_ok() && lost.seq > lost.durable);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    srv.tick(millis(NOW)).expect("tick");
+    // b comes back first, has nothing to replay, and looks for x: it must wait.
+    srv.handle_hello(&hello(Some(tb)));
+    srv.replayed(b, NOW);
+    srv.handle(b, lookup(3, "x"), NOW);
+    assert!(srv.take_outgoing().is_empty(), "b's look waits while a has not replayed");
+    // a comes back and replays its acknowledged create, then says so.
+    let (_, msg) = srv.handle_hello(&hello(Some(ta)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { durable_seq: Some(1), .. })));
+    srv.handle(a, mk(2, "x"), NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == a), "a's replay runs: {out:?}");
+    srv.replayed(a, NOW);
+    // (The replayed create made x a's alone again: b's look recalls it first.)
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(*session, a);
+    srv.recall_done(a, *recall_id, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+    assert_eq!(*session, b);
+    assert!(matches!(&response.results[0], Ok(Reply::Lookup { attr: Some(_), .. })), "b sees a's x: {response:?}");
+}
+
+#[test]
+fn a_refused_oversized_change_still_takes_its_place_in_the_sessions_order() {
+    let mut srv = Server::new(Store::open(Box::new(fresh_disk())).expect("open"));
+    let (a, _) = srv.handle_hello(&hello(None));
+    let a = a.expect("a");
+    assert_eq!(srv.handle_request(a, create_in_root(1, "x"), NOW).seq, 1);
+    let unlink = Op::Unlink { parent: 1, name: b"nothing".to_vec() };
+    let big = p::Request { id: 2, ops: vec![unlink; p::MAX_OPS_PER_REQUEST + 1], time: None };
+    let r = srv.handle_request(a, big, NOW);
+    assert!(matches!(&r.results[..], [Err(e)] if e.errno == 7), "{r:?}");
+    assert_eq!(r.seq, 2, "the client counted it as its second change");
+    assert_eq!(srv.handle_request(a, create_in_root(3, "y"), NOW).seq, 3);
+}
+
+#[test]
+fn no_session_builds_on_another_sessions_change_that_a_crash_could_take_back() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, _) = srv.handle_hello(&hello(None));
+    let (b, _) = srv.handle_hello(&hello(None));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    let look = |id, name: &str| p::Request {
+        id,
+        ops: vec![Op::Lookup { parent: 1, name: name.as_bytes().to_vec() }],
+        time: None,
+    };
+    let found = |r: &p::Response| matches!(&r.results[0], Ok(Reply::Lookup { attr: Some(_), .. }));
+    // (Each session's first change commits its record first: get those out of the way.)
+    srv.handle_request(a, create_in_root(10, "a0"), NOW);
+    srv.handle_request(b, create_in_root(10, "b0"), NOW);
+    srv.handle_request(b, p::Request { id: 11, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    let settled = srv.settling_commits;
+    // a's own changes pile up without a commit, and b may look at them...
+    assert!(srv.handle_request(a, create_in_root(1, "x"), NOW).results[0].is_ok());
+    let r = srv.handle_request(a, create_in_root(2, "y"), NOW);
+    assert!(r.seq > r.durable, "not durable yet");
+    assert!(found(&srv.handle_request(b, look(1, "x"), NOW)));
+    assert_eq!(srv.settling_commits, settled, "a look changes nothing a replay could reorder");
+    // ...but b's change in the same directory is committed, with a's, before b is answered.
+    let r = srv.handle_request(b, create_in_root(2, "z"), NOW);
+    assert!(r.results[0].is_ok() && r.seq == r.durable, "{r:?}");
+    assert_eq!(srv.settling_commits, settled + 1);
+    // a's next change finds nothing of b's unsettled; w is a's alone, lost in the crash.
+    assert!(srv.handle_request(a, create_in_root(4, "w"), NOW).results[0].is_ok());
+    assert_eq!(srv.settling_commits, settled + 1);
+    let r = srv.handle_request(b, p::Request { id: 3, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    assert!(r.results[0].is_ok());
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    let (c, _) = srv.handle_hello(&hello(None));
+    let c = c.expect("c");
+    for (id, name) in [(1, "x"), (2, "y"), (3, "z")] {
+        assert!(found(&srv.handle_request(c, look(id, name), NOW)), "{name} was seen by another session: durable");
+    }
+    assert!(!found(&srv.handle_request(c, look(4, "w"), NOW)), "w was a's alone");
+}
+
+#[test]
+fn rights_held_before_a_restart_are_given_back_while_their_session_replays() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, wa) = srv.handle_hello(&hello(None));
+    let p::ServerMessage::Welcome(wa) = wa else { panic!("{wa:?}") };
+    let a = a.expect("a");
+    let made = srv.handle_request(a, create_in_root(1, "f"), NOW);
+    let Ok(Reply::Entry(f)) = &made.results[0] else { panic!("{made:?}") };
+    let f = f.ino;
+    srv.handle_request(a, p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    srv.tick(millis(NOW)).expect("tick");
+    assert_eq!(srv.caps.exclusive_elsewhere(0, f), None, "rights live in memory only");
+    // b is new: re-asserting is not for it, and its look at f waits for the grace.
+    let (b, _) = srv.handle_hello(&hello(None));
+    let b = b.expect("b");
+    let reassert = |id, ino, exclusive| p::Request { id, ops: vec![Op::Reassert { ino, exclusive }], time: None };
+    srv.handle(b, reassert(1, 1, false), NOW);
+    srv.handle(b, p::Request { id: 2, ops: vec![Op::GetAttr { ino: f }], time: None }, NOW);
+    assert!(srv.take_outgoing().is_empty(), "b's requests wait for a's replay");
+    // a resumes and takes back X on f and S on the root.
+    srv.handle_hello(&hello(Some(wa.session)));
+    let r = srv.handle_request(
+        a,
+        p::Request {
+            id: 10,
+            ops: vec![Op::Reassert { ino: f, exclusive: true }, Op::Reassert { ino: 1, exclusive: false }],
+            time: None,
+        },
+        NOW,
+    );
+    assert_eq!(r.results, vec![Ok(Reply::Done), Ok(Reply::Done)]);
+    assert_eq!(r.seq, 0, "no change: no place in the order");
+    assert_eq!(srv.caps.exclusive_elsewhere(b, f), Some(a));
+    srv.replayed(a, NOW);
+    // Grace over: b's re-assert is refused, and b's look at f recalls a first.
+    let out = srv.take_outgoing();
+    let refused = out.iter().any(|o| matches!(o, Outgoing::Response { session, response } if *session == b && response.id == 1 && matches!(&response.results[0], Err(e) if e.errno == 22)));
+    assert!(refused, "{out:?}");
+    let recall = out.iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }
+            if *session == a && inodes.contains(&f) =>
+        {
+            Some(*recall_id)
+        }
+        _ => None,
+    });
+    let recall = recall.unwrap_or_else(|| panic!("a is asked to give f up: {out:?}"));
+    assert!(!out.iter().any(|o| matches!(o, Outgoing::Response { response, .. } if response.id == 2)), "b waits for a");
+    srv.recall_done(a, recall, NOW);
+    let out = srv.take_outgoing();
+    assert!(
+        matches!(&out[..], [Outgoing::Response { session, response }] if *session == b && response.results[0].is_ok()),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_reassert_is_refused_when_another_session_holds_the_inode() {
+    let mut caps = crate::caps::Caps::default();
+    caps.grant(2, [7]);
+    assert_eq!(caps.reassert(1, 7, true), Err(2), "X conflicts with b's S");
+    assert_eq!(caps.reassert(1, 7, false), Ok(()), "S does not");
+    caps.grant_exclusive(2, 8);
+    assert_eq!(caps.reassert(1, 8, false), Err(2), "nothing is given back over b's X");
+    assert_eq!(caps.reassert(2, 8, true), Ok(()), "b's own again");
+}
+
+#[test]
+fn the_grace_period_ends_without_clients_that_never_come_back() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, _) = srv.handle_hello(&hello(None));
+    srv.handle_request(a.expect("a"), p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    srv.tick(0).expect("tick");
+    let (c, _) = srv.handle_hello(&hello(None));
+    let c = c.expect("c");
+    srv.handle(c, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    srv.tick(crate::caps::GRACE_MS - 1).expect("tick");
+    assert!(srv.take_outgoing().is_empty(), "held during the grace period");
+    srv.heard(c, crate::caps::GRACE_MS);
+    srv.tick(crate::caps::GRACE_MS).expect("tick");
+    assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == c));
+}
+
+/// Request `id`: a `kind` lock of `owner` on the whole of inode 1 (fcntl, or flock).
+fn lock_root(id: u64, owner: u64, kind: p::LockKind, flock: bool) -> p::Request {
+    p::Request {
+        id,
+        ops: vec![Op::SetLock { ino: 1, owner, start: 0, end: p::LOCK_TO_EOF, kind, flock, pid: 42 }],
+        time: None,
+    }
+}
+
+/// A server with session a holding an fcntl write lock and an flock lock on inode 1
+/// (and having changed nothing), restarted after a commit: a's token.
+fn restarted_with_a_lock_holder(disk: &MemDisk) -> (Server, SessionId, p::SessionToken) {
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, w) = srv.handle_hello(&hello(None));
+    let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+    let a = a.expect("a");
+    for (id, flock) in [(1, false), (2, true)] {
+        let r = srv.handle_request(a, lock_root(id, 7, p::LockKind::Write, flock), NOW);
+        assert_eq!(r.results[0], Ok(Reply::Done));
+    }
+    // The lock gave a its record (it changed nothing), committed at once.
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    assert!(srv.locks.is_empty(), "locks live in memory only");
+    srv.tick(millis(NOW)).expect("tick");
+    (srv, a, w.session)
+}
+
+#[test]
+fn a_lock_taken_again_in_the_grace_period_beats_a_new_sessions_conflicting_lock() {
+    let disk = fresh_disk();
+    let (mut srv, a, ta) = restarted_with_a_lock_holder(&disk);
+    // b is first back and wants both locks: new work, held for the grace period.
+    let (b, _) = srv.handle_hello(&hello(None));
+    let b = b.expect("b");
+    srv.handle(b, lock_root(1, 9, p::LockKind::Write, false), NOW);
+    srv.handle(b, lock_root(2, 9, p::LockKind::Read, true), NOW);
+    let test = Op::GetLock { ino: 1, owner: 9, start: 0, end: 0, kind: p::LockKind::Read, flock: false };
+    srv.handle(b, p::Request { id: 3, ops: vec![test], time: None }, NOW);
+    assert!(srv.take_outgoing().is_empty(), "b waits while a has not taken its locks again");
+    // a resumes (its record was restored) and takes its locks again: they run at once,
+    // as no change: no seq, nothing in the reply cache.
+    let (_, msg) = srv.handle_hello(&hello(Some(ta)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: true, durable_seq: Some(0), .. })));
+    let relock = p::Request {
+        id: 100,
+        ops: vec![
+            Op::SetLock {
+                ino: 1,
+                owner: 7,
+                start: 0,
+                end: p::LOCK_TO_EOF,
+                kind: p::LockKind::Write,
+                flock: false,
+                pid: 42,
+            },
+            Op::SetLock {
+                ino: 1,
+                owner: 7,
+                start: 0,
+                end: p::LOCK_TO_EOF,
+                kind: p::LockKind::Write,
+                flock: true,
+                pid: 42,
+            },
+        ],
+        time: None,
+    };
+    srv.handle(a, relock, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+    assert_eq!(*session, a);
+    assert_eq!(response.results, vec![Ok(Reply::Done), Ok(Reply::Done)]);
+    assert_eq!(response.seq, 0, "a lock is no stored change");
+    assert!(srv.sessions[&a].replies.is_empty(), "nor is it kept for a retry");
+    // a has replayed: b's requests run now, and meet a's locks.
+    srv.replayed(a, NOW);
+    let out = srv.take_outgoing();
+    let answers: Vec<(u64, &p::Response)> = out
+        .iter()
+        .map(|o| match o {
+            Outgoing::Response { session, response } => (*session, response),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(answers.iter().map(|(s, r)| (*s, r.id)).collect::<Vec<_>>(), vec![(b, 1), (b, 2), (b, 3)]);
+    for (_, r) in &answers[..2] {
+        assert_eq!(r.results[0].as_ref().err().map(|e| e.errno), Some(11), "{r:?}");
+    }
+    let want = p::LockInfo { kind: p::LockKind::Write, start: 0, end: p::LOCK_TO_EOF, pid: 42 };
+    assert_eq!(answers[2].1.results[0], Ok(Reply::Lock(Some(want))));
+    // Once a lets go, b gets them.
+    srv.handle(a, lock_root(101, 7, p::LockKind::Unlock, false), NOW);
+    srv.handle(a, lock_root(102, 7, p::LockKind::Unlock, true), NOW);
+    srv.handle(b, lock_root(4, 9, p::LockKind::Write, false), NOW);
+    srv.handle(b, lock_root(5, 9, p::LockKind::Read, true), NOW);
+    let out = srv.take_outgoing();
+    assert_eq!(out.len(), 4);
+    for o in &out {
+        assert!(matches!(o, Outgoing::Response { response, .. } if response.results[0].is_ok()), "{o:?}");
+    }
+}
+
+#[test]
+fn a_lock_not_taken_again_within_the_grace_period_is_lost() {
+    let disk = fresh_disk();
+    let (mut srv, a, ta) = restarted_with_a_lock_holder(&disk);
+    let (b, _) = srv.handle_hello(&hello(None));
+    let b = b.expect("b");
+    srv.handle(b, lock_root(1, 9, p::LockKind::Write, false), NOW);
+    srv.tick(millis(NOW) + crate::caps::GRACE_MS - 1).expect("tick");
+    assert!(srv.take_outgoing().is_empty(), "held during the grace period");
+    srv.heard(b, millis(NOW) + crate::caps::GRACE_MS);
+    srv.tick(millis(NOW) + crate::caps::GRACE_MS).expect("tick");
+    let out = srv.take_outgoing();
+    assert!(
+        matches!(&out[..], [Outgoing::Response { session, response }] if *session == b && response.results[0].is_ok()),
+        "a never came back: b gets the lock: {out:?}"
+    );
+    // a's client comes back late: it was fenced when the grace period ended, and is
+    // told so (its locks are lost, as a client's cut off past its lease).
+    let (_, msg) = srv.handle_hello(&hello(Some(ta)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })), "{msg:?}");
+    srv.handle(a, lock_root(100, 7, p::LockKind::Write, false), NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Notify { notify: p::Notify::Fenced, .. }]), "{out:?}");
+}
+
+#[test]
+fn a_fenced_session_is_not_restored_after_a_restart() {
+    // Its record's removal is committed with the fencing: a restart right after it
+    // (well inside the commit interval) does not bring it back.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, w) = srv.handle_hello(&hello(None));
+    let (a, p::ServerMessage::Welcome(w)) = (a.expect("a"), w) else { panic!("no welcome") };
+    let a_token = w.session;
+    srv.handle_request(a, lock_root(1, 7, p::LockKind::Write, false), NOW);
+    srv.heard(a, 1_000);
+    srv.disconnected(a, 1_000);
+    srv.tick(1_000 + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
+    assert!(srv.is_fenced(a));
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    assert!(srv.sessions.is_empty() && srv.replaying.is_empty(), "nothing to wait for");
+    // Its client, back after the restart, is told its session was fenced (it must not
+    // send its unanswered work again in a new session), and told once.
+    let (_, msg) = srv.handle_hello(&hello(Some(a_token)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })), "{msg:?}");
+    srv.store_mut().commit().expect("commit");
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    let (_, msg) = srv.handle_hello(&hello(Some(a_token)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: false, .. })), "{msg:?}");
+    assert!(srv.store.session_records().expect("records").len() <= 1, "only the new session's, if any");
+}
+
+#[test]
+fn a_restart_welcome_lost_with_its_connection_is_given_again() {
+    // Found by `tests/sim.rs` with server crashes: the client never saw the first
+    // welcome, took the second for a plain resume and sent a kept change again.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, w) = srv.handle_hello(&hello(None));
+    let (a, p::ServerMessage::Welcome(w)) = (a.expect("a"), w) else { panic!("no welcome") };
+    let chmod = Op::SetAttr { ino: 1, set: p::SetAttr { mode: Some(0o700), ..Default::default() } };
+    srv.handle(a, p::Request { id: 1, ops: vec![chmod], time: None }, NOW);
+    srv.store_mut().commit().expect("commit");
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    let durable = |m: p::ServerMessage| match m {
+        p::ServerMessage::Welcome(w) => (w.resumed, w.durable_seq),
+        other => panic!("{other:?}"),
+    };
+    let resume = hello(Some(w.session));
+    assert_eq!(durable(srv.handle_hello(&resume).1), (true, Some(1)));
+    assert_eq!(durable(srv.handle_hello(&resume).1), (true, Some(1)), "nothing heard since: told again");
+    srv.replayed(a, NOW);
+    assert_eq!(durable(srv.handle_hello(&resume).1), (true, None), "the client had it: a plain resume");
+}
+
+/// a holds d exclusively; b's lookup in d recalls it, but a's connection is gone, so
+/// the notice is lost (the shell has nowhere to send it). Found by `tests/sim.rs`.
+fn recall_lost_with_the_connection() -> (Server, SessionId, SessionId, p::SessionToken, u64) {
+    let mut srv = server();
+    let (a, w) = srv.handle_hello(&hello(None));
+    let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+    let (b, _) = srv.handle_hello(&hello(None));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    let mkdir = Op::Create {
+        parent: 1,
+        name: b"d".to_vec(),
+        kind: p::FileType::Directory,
+        mode: 0o755,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    srv.handle(a, p::Request { id: 1, ops: vec![mkdir], time: None }, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+    let Ok(Reply::Entry(d)) = &response.results[0] else { panic!("{response:?}") };
+    let d = d.ino;
+    srv.disconnected(a, millis(NOW));
+    let lookup = p::Request { id: 1, ops: vec![Op::Lookup { parent: d, name: b"x".to_vec() }], time: None };
+    srv.handle(b, lookup, NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
+    (srv, a, b, w.session, d)
+}
+
+#[test]
+fn a_recall_lost_with_the_connection_is_sent_again_when_the_session_resumes() {
+    let (mut srv, a, b, token, d) = recall_lost_with_the_connection();
+    // a comes back within the deadline: it must hear the recall again, or it keeps
+    // answering from d as its own while the server waits for nothing.
+    let (again, _) = srv.handle_hello(&hello(Some(token)));
+    assert_eq!(again, Some(a));
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected the recall again: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
+    srv.recall_done(a, *recall_id, NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+}
+
+#[test]
+fn an_exclusive_recall_is_sent_again_on_a_late_resume_and_its_holder_fenced_if_it_stays_away() {
+    let (mut srv, a, b, token, d) = recall_lost_with_the_connection();
+    // Past a shared recall's deadline b's lookup still waits: exclusive rights are not
+    // taken back unanswered (a may still write back what it answered itself)…
+    srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS).expect("tick");
+    assert!(srv.take_outgoing().is_empty());
+    // …and a, back before the fencing delay, hears the recall again.
+    srv.handle_hello(&hello(Some(token)));
+    srv.heard(a, millis(NOW) + crate::caps::RECALL_TIMEOUT_MS);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected the recall again: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
+    let recall_id = *recall_id;
+    // Its connection goes again before it answers, and it stays away: it is fenced,
+    // b's lookup runs, and a's resume is told (it drops everything, replays nothing).
+    let gone = millis(NOW) + crate::caps::RECALL_TIMEOUT_MS + 1;
+    srv.disconnected(a, gone);
+    srv.heard(b, gone + crate::caps::DISCONNECTED_FENCE_MS);
+    srv.tick(gone + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+    let (_, msg) = srv.handle_hello(&hello(Some(token)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
+    assert!(srv.take_outgoing().is_empty(), "nothing is recalled from a new session");
+    // Its late answer to the old recall changes nothing.
+    srv.recall_done(a, recall_id, NOW);
+    assert!(srv.take_outgoing().is_empty());
+}
+
+#[test]
+fn a_resent_change_whose_reply_waits_on_recalls_is_not_answered_before_they_are() {
+    // Found by tests/sim.rs: b caches the root; a's mkdir changes it and its reply
+    // waits for b's answer. a's connection breaks and a resends the mkdir: the reply
+    // cache must not answer it before b has dropped what it cached.
+    let (mut srv, a, b) = two_sessions();
+    srv.handle(b, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    srv.take_outgoing();
+    let mkdir = p::Request {
+        id: 1,
+        ops: vec![Op::Create {
+            parent: 1,
+            name: b"d".to_vec(),
+            kind: p::FileType::Directory,
+            mode: 0o755,
+            rdev: 0,
+            cred: p::Cred::default(),
+        }],
+        time: None,
+    };
+    srv.handle(a, mkdir.clone(), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(*session, b);
+    let recall_id = *recall_id;
+    srv.disconnected(a, millis(NOW));
+    srv.handle(a, mkdir, NOW);
+    assert!(srv.take_outgoing().is_empty(), "the resend waits with the original");
+    srv.recall_done(b, recall_id, NOW);
+    let out = srv.take_outgoing();
+    assert!(
+        matches!(&out[..], [Outgoing::Response { session, response }] if *session == a && response.id == 1),
+        "{out:?}"
+    );
+}
