@@ -9,6 +9,9 @@ pub const DEFAULT_THREADS: usize = 4;
 /// How long the kernel may trust attributes and entries it was given. One client for now;
 /// later, leases govern it.
 pub const DEFAULT_ATTR_TTL: Duration = Duration::from_secs(1);
+// A mount stops answering from what it cached before the server stops counting a
+// disconnected mount as a holder (and lets a change go ahead without its answer).
+const _: () = assert!(DEFAULT_ATTR_TTL.as_millis() < crest_proto::timing::DISCONNECTED_HOLDER_MS as u128);
 
 /// How to mount.
 #[derive(Clone, Debug, PartialEq, Eq)]

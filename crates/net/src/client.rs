@@ -49,12 +49,11 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 /// long before this (every 64 MiB written); beyond it the oldest are dropped, loudly.
 pub const MAX_UNSTABLE_BYTES: usize = 512 << 20;
 
-/// How often the connection says it is alive when it has sent nothing else (the server's
-/// `caps::HEARTBEAT_MS`).
-pub const HEARTBEAT: Duration = Duration::from_millis(1_000);
+/// How often the connection says it is alive when it has sent nothing else.
+pub const HEARTBEAT: Duration = Duration::from_millis(p::timing::HEARTBEAT_MS);
 /// Heard nothing from the server for this long: every right is dropped, with what was
-/// cached under it, before the server can fence the session (its `caps::CLIENT_LEASE_MS`).
-pub const CLIENT_LEASE: Duration = Duration::from_millis(2_500);
+/// cached under it, before the server can fence the session (`proto::timing`).
+pub const CLIENT_LEASE: Duration = Duration::from_millis(p::timing::CLIENT_LEASE_MS);
 /// Request id of heartbeats (empty requests; real ids start at 1).
 const HEARTBEAT_ID: u64 = 0;
 
