@@ -15,6 +15,7 @@ pub mod acl;
 pub mod codec;
 pub mod locks;
 pub mod message;
+pub mod owner;
 pub mod timing;
 
 pub use codec::{decode_frame, encode_frame, FrameDecoder, ProtoError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};

@@ -389,11 +389,7 @@ impl Model {
     /// Group and mode of a new inode (the server's set-group-ID rule).
     fn new_owner(&self, parent: u64, cred: p::Cred, kind: p::FileType, mode: u32) -> Result<(u32, u32), i32> {
         let d = self.inodes.get(&parent).ok_or(ENOENT)?;
-        if d.mode & 0o2000 != 0 {
-            let mode = if kind == p::FileType::Directory { mode | 0o2000 } else { mode };
-            return Ok((d.gid, mode));
-        }
-        Ok((cred.gid, mode))
+        Ok(p::owner::new_inode_group(d.mode, d.gid, cred.gid, kind == p::FileType::Directory, mode))
     }
 
     fn touch(&mut self, ino: u64, now: p::Time) {
@@ -991,11 +987,7 @@ impl Client {
                 }
                 let dir = c.attr(*parent, now)?.clone();
                 let is_dir = *kind == p::FileType::Directory;
-                let (gid, new_mode) = if dir.mode & 0o2000 != 0 {
-                    (dir.gid, if is_dir { mode | 0o2000 } else { *mode })
-                } else {
-                    (cred.gid, *mode)
-                };
+                let (gid, new_mode) = p::owner::new_inode_group(dir.mode, dir.gid, cred.gid, is_dir, *mode);
                 let ino = self.pool.0;
                 self.pool.0 += 1;
                 let attr = p::Attr {

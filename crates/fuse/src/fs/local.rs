@@ -153,11 +153,8 @@ impl CrestFs {
         let requested = mode & 0o7777;
         let got =
             acl::inherit(default.as_deref(), kind == p::FileType::Directory, target.is_some(), requested, cred.umask);
-        let (gid, mode) = if dir.mode & 0o2000 != 0 {
-            (dir.gid, if kind == p::FileType::Directory { got.mode | 0o2000 } else { got.mode })
-        } else {
-            (cred.gid, got.mode)
-        };
+        let (gid, mode) =
+            p::owner::new_inode_group(dir.mode, dir.gid, cred.gid, kind == p::FileType::Directory, got.mode);
         // The server reports every directory as one block (its entry count is its own).
         let size = if kind == p::FileType::Directory { DIR_SIZE_BYTES } else { target.map_or(0, |t| t.len() as u64) };
         let attr = p::Attr {

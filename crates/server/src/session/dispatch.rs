@@ -118,11 +118,7 @@ impl Server {
         mode: u32,
     ) -> Result<(u32, u32), s::Error> {
         let dir = self.store.getattr(parent)?;
-        if dir.mode & 0o2000 != 0 {
-            let mode = if kind == s::FileKind::Directory { mode | 0o2000 } else { mode };
-            return Ok((dir.gid, mode));
-        }
-        Ok((cred.gid, mode))
+        Ok(p::owner::new_inode_group(dir.mode, dir.gid, cred.gid, kind == s::FileKind::Directory, mode))
     }
 
     pub(super) fn apply(&mut self, session: SessionId, op: Op, now: p::Time) -> Result<Reply, p::OpError> {
