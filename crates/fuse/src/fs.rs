@@ -91,6 +91,8 @@ fn open_reply_flags(flags: i32, keep_cache: bool, atime: Atime) -> FopenFlags {
     }
     f
 }
+/// The writeback of an access time (`accessed`): its failure is not reported.
+const ATIME: &str = "atime";
 /// How long the kernel may cache entries and attributes this mount holds exclusively
 /// (nobody else can change them; a recall invalidates them in the kernel before it is
 /// answered). Everything else gets no kernel caching at all.
@@ -380,7 +382,7 @@ impl CrestFs {
         let set = p::SetAttr { atime: Some(p::SetTime::At(now)), ctime: Some(held.ctime), ..Default::default() };
         let op = Op::SetAttr { ino, set };
         let local = self.change_locally(
-            "atime",
+            ATIME,
             ino,
             0,
             |_| op.clone(),
@@ -392,7 +394,7 @@ impl CrestFs {
         if local.is_none() {
             // Held shared (or not at all): the server's answer recalls the other holders.
             lock(&self.names).attr_stale(ino);
-            self.send_behind("atime", ino, op);
+            self.send_behind(ATIME, ino, op);
         }
     }
 

@@ -709,11 +709,8 @@ fn fenced(
     rights: &RightsHook,
     held: &mut HeldLocks,
 ) {
-    let reads = |c: &Call| {
-        !c.reply.is_writeback() && c.ops.iter().all(|o| !o.is_mutation() && !matches!(o, p::Op::Reassert { .. }))
-    };
     let (keep, lost): (BTreeMap<u64, Call>, BTreeMap<u64, Call>) =
-        std::mem::take(pending).into_iter().partition(|(_, c)| reads(c));
+        std::mem::take(pending).into_iter().partition(|(_, c)| survives_fencing(c));
     *pending = keep;
     let lost_count = lost.len() + log.unstable.len() + log.replaying.len();
     tracing::error!("{addr} fenced this client's session: {lost_count} change(s) it had not made durable are lost");
@@ -729,6 +726,14 @@ fn fenced(
     if let Some(r) = rights.get() {
         r.reset();
     }
+}
+
+/// Whether a call still pending when the session is fenced goes again in the next one:
+/// one that changes nothing (reads, and the opens and releases a mount sends behind its
+/// answers, which the server applies once per handle) is sent again, whoever waits for it;
+/// a change is lost with the session, and so is a re-assert of its rights.
+fn survives_fencing(c: &Call) -> bool {
+    c.ops.iter().all(|o| !o.is_mutation() && !matches!(o, p::Op::Reassert { .. }))
 }
 
 /// Tells the rights hook what a response granted: exclusive rights on what it created,

@@ -82,7 +82,11 @@ impl CrestFs {
                 tracing::warn!(?inodes, "writeback {op} failed: {} (errno {})", e.message, e.errno);
                 let now = Instant::now();
                 for &ino in &inodes {
-                    c.defer_error(ino, e.clone());
+                    // An access time a read moved is no change of the caller's: its loss
+                    // (a fenced session) fails no later close or fsync.
+                    if op != ATIME {
+                        c.defer_error(ino, e.clone());
+                    }
                     c.recall_rights(ino, now);
                     c.recalled(ino);
                 }

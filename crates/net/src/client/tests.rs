@@ -211,3 +211,17 @@ fn merged_requests_stay_within_their_limits() {
     let big = p::Op::Write { ino: 1, offset: 0, data: vec![0; MAX_MERGED_BYTES] };
     assert!(m.offer(writeback(9, vec![big], 1, tx.clone())).is_some(), "a large write goes alone");
 }
+
+#[test]
+fn opens_and_reads_outlive_a_fenced_session_and_changes_do_not() {
+    let (tx, _rx) = std_mpsc::channel();
+    let open = p::Op::Open { ino: 5, handle: 9 };
+    let read = p::Op::Read { ino: 5, offset: 0, len: 10 };
+    assert!(survives_fencing(&writeback(1, vec![open.clone()], 1, tx.clone())), "an open sent behind its answer");
+    assert!(survives_fencing(&writeback(2, vec![p::Op::Release { ino: 5, handle: 9 }], 1, tx.clone())));
+    assert!(survives_fencing(&writeback(3, vec![read, open.clone()], 1, tx.clone())));
+    let touch = p::Op::SetAttr { ino: 5, set: p::SetAttr { atime: Some(p::SetTime::Now), ..Default::default() } };
+    assert!(!survives_fencing(&writeback(4, vec![open, touch], 1, tx.clone())), "a change goes with it");
+    assert!(survives_fencing(&writeback(6, vec![attr_op(5)], 1, tx.clone())));
+    assert!(!survives_fencing(&writeback(5, vec![p::Op::Reassert { ino: 5, exclusive: true }], 1, tx)));
+}
