@@ -980,7 +980,7 @@ async fn run(
                         // were dropped meanwhile (a lease that ran out while away), and
                         // the server could not recall them first. Nobody else can have
                         // built on what it touches (they were held), and an unanswered
-                        // call it overtakes had not returned (found by the simulator).
+                        // call it overtakes had not returned.
                         let unwritten = pending.values().filter(|c| c.pos.is_none() && !late.contains(&c.id));
                         let mut early: Vec<u64> = late
                             .iter()

@@ -565,9 +565,9 @@ mod tests {
 
     #[test]
     fn a_holder_that_has_not_answered_its_recall_is_waited_for_by_the_next_change_too() {
-        // Found by tests/sim.rs (seed 2). 2 holds 10; 1 changes it and 2's recall is on
-        // its way (slow, or lost with 2's connection). Then 3 changes 10: until 2 has
-        // answered, it may still answer from what it cached, so 3's reply waits for it.
+        // 2 holds 10; 1 changes it and 2's recall is on its way (slow, or lost with 2's
+        // connection). Then 3 changes 10: until 2 has answered, it may still answer from
+        // what it cached, so 3's reply waits for it.
         let mut c = Caps::default();
         c.grant(2, [10]);
         let out = c.changed(1, &[10], resp(1), 0);
@@ -606,10 +606,10 @@ mod tests {
 
     #[test]
     fn a_holder_that_read_again_after_its_exclusive_recall_was_sent_stays_a_holder() {
-        // Found by tests/sim.rs (seed 1454359249465460950). 1 made 10 and holds it
-        // exclusively; 2 needs it, so it is recalled from 1. Before 1 answers, 1 reads 10
-        // again: that reply follows the recall on 1's connection, so 1 caches what it
-        // carries. 1's answer must not end that: 3's next change of 10 recalls 1 again.
+        // 1 made 10 and holds it exclusively; 2 needs it, so it is recalled from 1. Before
+        // 1 answers, 1 reads 10 again: that reply follows the recall on 1's connection, so
+        // 1 caches what it carries. 1's answer must not end that: 3's next change of 10
+        // recalls 1 again.
         let mut c = Caps::default();
         c.grant(1, [10]);
         c.grant_exclusive(1, 10);

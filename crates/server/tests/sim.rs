@@ -89,69 +89,23 @@
 //!   change must come back with `seq` equal to its place. The crash falls just after a
 //!   commit, so no acknowledged change is lost (checked): crashes that lose applied
 //!   changes, and exactly-once replay, are `crash_sim.rs`'s, whose clients keep no caches.
-//!   It found four faults, fixed: a client re-asserted *shared* rights on copies a kept
-//!   change (its own, or another client's whose recall the crash swallowed) had made
-//!   stale — now a restored client keeps and re-asserts only `X`, drops every shared copy
-//!   when its connection breaks, and drops what a kept change touched; a restart welcome
-//!   lost with its connection was not given again (the client took the next one for a
-//!   plain resume and sent a kept change again: applied twice); a `Replayed` lost with its
-//!   connection was not said again, so the session's new work ran as replays inside the
-//!   grace period, ahead of another client's parked writeback.
 //!
-//!   With long outages it also found a session fenced and then forgotten by a restart
-//!   (its record was removed at the fencing): its client, not told, sent its unanswered
-//!   work again in a new session, and a writeback it had answered itself failed there
-//!   (seed 11636724451101490288). A fenced session now leaves a marker record, so that a
-//!   restarted server still answers its resume with `Welcome.fenced`. A client whose
-//!   lease ran out while away dropped `X` but still had writeback to send; restored, it
-//!   sent it after `Replayed`, behind another client's acquire that then missed it
-//!   (seed 18381328063599058529, long outages): writeback now goes before `Replayed`,
-//!   and an acquire, too, gives a session its record. A restored session whose client
-//!   was still away (partitioned) when the grace period ended was not fenced: its
-//!   writeback landed after others had moved on without it (seed 4371666790643603645);
-//!   now it is fenced then, and told so when it comes back. And a welcome
-//!   repeated after a lost one made the client re-assert afresh while its first re-assert
-//!   stayed pending (the simulator's own fault: superseded, as `crest-net` does).
-//!
-//! The checker itself was wrong once (seed 17451642033763219015, long outages): a
-//! completed local unlink laid on an older state removed what the name stood for *there*
-//! — a file the unlinking client never saw, replaced since by another client's rename not
-//! yet completed; a local answer is now laid on a state only where the names it removes or
-//! moves stand for what its client saw (`Local::lay_on`).
+//! A client's completed local answer is laid on a model state only where the names it
+//! removes or moves stand for what its client saw (`Local::lay_on`).
 //!
 //! Left out: crashes between commits under caching clients (see above); hard links,
 //! symlinks, xattrs, locks, fsync; several changing system calls in flight on one
 //! client. By default outages stay short (partitions ≤ 1 s, reconnects ≤ 0.3 s), so
 //! fencing is rare (crashed clients); `CREST_SIM_OUTAGES=long` makes them as long as
 //! real ones (partitions up to 12 s, half of them breaking the connection; reconnects up
-//! to 1 s), so live clients are fenced all the time. A client that checked its lease only
-//! on its 1 s heartbeat timer could drop its rights up to 3.5 s after its last word from
-//! the server, later than the server fences a disconnected session (3 s), and answer
-//! from `X` after others moved on: this simulator found that in `crest-net`, which now
-//! checks every 250 ms (2.75 s at most). `CREST_SIM_LEASE=exact` also checks before
-//! every local answer. With acquires it found the server running a session's acquire
-//! while the recall of that session's own `X` on an entry was unanswered: the client,
-//! seeing the recall and then the grant, held the entry again, while its answer to the
-//! recall ended the rights on the server (now the acquire waits for that answer).
+//! to 1 s), so live clients are fenced all the time. Clients check their lease every
+//! 250 ms, as `crest-net` does; `CREST_SIM_LEASE=exact` also checks it before every local
+//! answer.
 //!
-//! It also found two faults of the real client's rights bookkeeping, fixed there
-//! (`NameCache::grant_exclusive`, `recall_rights`) and modelled as fixed by default (4 of
-//! 600 random `CREST_SIM_OUTAGES=long` seeds failed before — 5039, 5132, 5261, 5519 when
-//! written; none of 1,200 with the fixes):
-//! - an acquire's reply held behind recalls could arrive after a recall of an inode it
-//!   grants that the client already held: that recall left no tombstone, so the late
-//!   grant made the client hold what the server no longer counted as its (a local change
-//!   unseen by others). Now every recall leaves a tombstone, and one refuses a grant only
-//!   if it came after the request was sent (`CREST_SIM_TOMBSTONES=forever` or `expire`
-//!   model the old rules: any tombstone, or one younger than `TOMBSTONE_LIFETIME`);
-//! - a grant of `X` pinned again what the client cached of the inode and had expired
-//!   (the server stopped counting it as a holder: a disconnection, a recall lost with its
-//!   connection), so an acquire whose listing was refused revived stale attributes or
-//!   listings of what it names. Now a grant drops expired copies
-//!   (`CREST_SIM_GRANT=pin` models the old rule).
-//!
-//! Under the old tombstone rule over half the acquires left the client without `X` on
-//! their directory (`Stats::acquired_without_x`); under the new one, none.
+//! The clients' rights follow `NameCache`'s rules: every recall leaves a tombstone, which
+//! refuses a grant only if the grant's request was sent after it, and a grant of `X` drops
+//! expired copies. `CREST_SIM_TOMBSTONES=forever|expire` and `CREST_SIM_GRANT=pin` model
+//! older rules. What this simulator has found, and the seeds: docs/testing.md.
 //!
 //! **Reproducing**: `cargo test --release -p crest-server --test sim` runs the fixed
 //! seeds. `CREST_SIM_SEEDS=N` runs N random seeds (each printed; add `-- --nocapture`

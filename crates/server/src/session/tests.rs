@@ -745,11 +745,10 @@ fn acquiring_a_directory_recalls_its_readers_and_makes_others_wait() {
 
 #[test]
 fn an_acquire_waits_for_the_recall_of_its_own_sessions_exclusive_rights() {
-    // (Found by the simulator, seed 14630225732569651823.) a holds f exclusively (it
-    // made it); b's look at f recalls it. Before a's answer, a acquires the root,
-    // which names f: run at once, it would grant f again, a's client (seeing the
-    // recall first, then the grant) would hold f, and a's answer to the recall would
-    // then end a's rights here: a would answer changes of f itself unseen by b.
+    // a holds f exclusively (it made it); b's look at f recalls it. Before a's answer, a
+    // acquires the root, which names f: run at once, it would grant f again, a's client
+    // (seeing the recall first, then the grant) would hold f, and a's answer to the recall
+    // would then end a's rights here: a would answer changes of f itself unseen by b.
     let (mut srv, a, b) = two_sessions();
     srv.handle(a, create_in_root(1, "f"), NOW);
     let out = srv.take_outgoing();
@@ -1139,8 +1138,8 @@ fn a_fenced_session_is_not_restored_after_a_restart() {
 
 #[test]
 fn a_restart_welcome_lost_with_its_connection_is_given_again() {
-    // Found by `tests/sim.rs` with server crashes: the client never saw the first
-    // welcome, took the second for a plain resume and sent a kept change again.
+    // The client never saw the first welcome, took the second for a plain resume and sent a
+    // kept change again.
     let disk = fresh_disk();
     let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
     let (a, w) = srv.handle_hello(&hello(None));
@@ -1162,7 +1161,7 @@ fn a_restart_welcome_lost_with_its_connection_is_given_again() {
 }
 
 /// a holds d exclusively; b's lookup in d recalls it, but a's connection is gone, so
-/// the notice is lost (the shell has nowhere to send it). Found by `tests/sim.rs`.
+/// the notice is lost (the shell has nowhere to send it).
 fn recall_lost_with_the_connection() -> (Server, SessionId, SessionId, p::SessionToken, u64) {
     let mut srv = server();
     let (a, w) = srv.handle_hello(&hello(None));
@@ -1241,9 +1240,9 @@ fn an_exclusive_recall_is_sent_again_on_a_late_resume_and_its_holder_fenced_if_i
 
 #[test]
 fn a_resent_change_whose_reply_waits_on_recalls_is_not_answered_before_they_are() {
-    // Found by tests/sim.rs: b caches the root; a's mkdir changes it and its reply
-    // waits for b's answer. a's connection breaks and a resends the mkdir: the reply
-    // cache must not answer it before b has dropped what it cached.
+    // b caches the root; a's mkdir changes it and its reply waits for b's answer. a's
+    // connection breaks and a resends the mkdir: the reply cache must not answer it before
+    // b has dropped what it cached.
     let (mut srv, a, b) = two_sessions();
     srv.handle(b, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
     srv.take_outgoing();
