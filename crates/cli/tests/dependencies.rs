@@ -12,7 +12,7 @@ use serde_json::Value;
 const RULES: &[(&str, &[&str])] = &[
     ("crest-fuse", &["crest-server", "crest-serve", "crest-store", "io-uring"]),
     ("crest-net", &["crest-server", "crest-serve", "crest-store", "io-uring", "fuser"]),
-    ("crest-cache", &["crest-server", "crest-serve", "crest-store", "io-uring", "fuser", "tokio"]),
+    ("crest-client", &["crest-server", "crest-serve", "crest-store", "io-uring", "fuser", "tokio"]),
     ("crest-proto", &["crest-server", "crest-serve", "crest-store", "io-uring", "fuser", "tokio"]),
     ("crest-server", &["tokio", "fuser", "crest-net", "crest-fuse"]),
     ("crest-store", &["tokio", "fuser", "crest-proto", "crest-net", "crest-fuse", "crest-server"]),

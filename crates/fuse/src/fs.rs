@@ -32,7 +32,7 @@ use std::sync::mpsc::{self, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use crest_cache::{Cached, NameCache};
+use crest_client::{Cached, NameCache};
 use crest_net::{Client, Completion, Rights};
 use crest_proto::{self as p, acl, Op, Reply};
 use fuser::{
@@ -142,7 +142,7 @@ pub struct CrestFs {
     inodes: Mutex<Inodes>,
     dirs: Mutex<HashMap<u64, DirStream>>,
     /// Names and attributes this mount may answer lookups from, and its writeback state
-    /// (see crest-cache).
+    /// (see crest-client).
     names: Arc<Mutex<NameCache>>,
     /// Signalled (with `names`) when a writeback request is answered.
     idle: Arc<Condvar>,

@@ -38,16 +38,15 @@ mod replay;
 #[cfg(test)]
 mod tests;
 
+pub use crest_client::replay::MAX_UNSTABLE_BYTES;
+use crest_client::replay::{plan_restart, ReplayLog, Results, Unstable};
 use held::HeldLocks;
 use merge::Merger;
-use replay::{plan_restart, reply_lost, same_outcome, write_call, ReplayLog, Unstable};
+use replay::{reply_lost, same_outcome, write_call};
 
 /// Requests in flight at once (the server's reply cache holds more, so every retry is
 /// still answered from it).
 pub const MAX_IN_FLIGHT: usize = 1024;
-/// Bytes of acknowledged, not yet durable requests kept for replay. The server commits
-/// long before this (every 64 MiB written); beyond it the oldest are dropped, loudly.
-pub const MAX_UNSTABLE_BYTES: usize = 512 << 20;
 
 /// How often the connection says it is alive when it has sent nothing else.
 pub const HEARTBEAT: Duration = Duration::from_millis(p::timing::HEARTBEAT_MS);
@@ -198,8 +197,6 @@ impl ClientError {
         }
     }
 }
-
-type Results = Vec<Result<p::Reply, p::OpError>>;
 
 /// A recall from the server (see `Client::take_recalls`).
 #[derive(Clone, Debug, PartialEq, Eq)]

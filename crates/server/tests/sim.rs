@@ -182,7 +182,7 @@ const PEEK_US: u64 = 50_000;
 /// `ACQUIRE_RETRY`).
 const ACQUIRE_RETRY_US: u64 = 1_000_000;
 /// How long the real client means to remember a recall against a grant racing with it
-/// (`crest_cache::TOMBSTONE_LIFETIME`): honoured only with `CREST_SIM_TOMBSTONES=expire`.
+/// (`crest_client::TOMBSTONE_LIFETIME`): honoured only with `CREST_SIM_TOMBSTONES=expire`.
 const TOMBSTONE_LIFETIME_US: u64 = 10_000_000;
 
 /// Which tombstones refuse a grant (`CREST_SIM_TOMBSTONES`). By default, as the real

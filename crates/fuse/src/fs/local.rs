@@ -131,7 +131,7 @@ impl CrestFs {
         target: Option<&[u8]>,
         open: Option<FileHandle>,
     ) -> Option<p::Attr> {
-        if name.is_empty() || name.len() > crest_cache::NAME_MAX || name == b"." || name == b".." {
+        if name.is_empty() || name.len() > crest_client::NAME_MAX || name == b"." || name == b".." {
             return None;
         }
         if !lock(&self.names).is_exclusive(parent) {
@@ -464,7 +464,7 @@ impl CrestFs {
     /// the inode gains a link and its ctime, the directory its mtime and ctime). `None`:
     /// do it the synchronous way.
     pub(super) fn link_locally(&self, ino: u64, parent: u64, name: &[u8]) -> Option<p::Attr> {
-        if name.is_empty() || name.len() > crest_cache::NAME_MAX || name == b"." || name == b".." {
+        if name.is_empty() || name.len() > crest_client::NAME_MAX || name == b"." || name == b".." {
             return None;
         }
         {

@@ -2,8 +2,8 @@
 //! contiguous writes of one inode joined, and a create cancelled with its removal when
 //! nothing could still tell (`cancel_pair`).
 
-use super::replay::op_bytes;
 use super::*;
+use crest_client::replay::op_bytes;
 
 /// Consecutive writeback submissions taken from the queue in one burst, merged into one
 /// compound request: the server applies it as one unit (one transaction, one session

@@ -1,16 +1,5 @@
 use super::*;
 
-#[test]
-fn after_a_restart_kept_changes_stay_and_unanswered_ones_go_last_in_their_order() {
-    let pending = [(20, 4), (21, 6), (22, 8), (23, 10), (25, 3)];
-    let plan = plan_restart(5, &[], &pending);
-    assert_eq!(plan.kept, vec![20, 25], "applied and kept: not sent again");
-    assert_eq!(plan.late, vec![21, 22, 23], "after the replays, in the order they were sent");
-    // Place 4 waited (parked) while 5 ran and was committed: not kept.
-    let plan = plan_restart(5, &[4], &pending);
-    assert_eq!((plan.kept, plan.late), (vec![25], vec![20, 21, 22, 23]));
-}
-
 fn writeback(id: u64, ops: Vec<p::Op>, sec: i64, log: std_mpsc::Sender<(u64, Results)>) -> Call {
     let done: Completion = Box::new(move |r| log.send((id, r.expect("answered"))).expect("send"));
     Call {

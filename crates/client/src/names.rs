@@ -1,6 +1,5 @@
-//! The client's metadata cache, the step between the FUSE layer and the wire on the data
-//! path (FUSE → **cache** → net → proto → serve → server → store). It decides which lookups a
-//! mount can answer without a round trip.
+//! The mount's name and attribute cache: it decides which lookups a mount can answer
+//! without a round trip, and holds the rights and tombstones that say when it may.
 //!
 //! What it holds: stretches of directories as the server sent them (`DirLeaf`: every
 //! entry whose name hash lies in a range), and the attributes that came with them. A

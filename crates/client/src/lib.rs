@@ -1,0 +1,18 @@
+//! crest's client core, sans-I/O: the state a mount keeps and the rules it applies,
+//! with no runtime, no FUSE and no socket (FUSE → **client** → net → proto → serve →
+//! server → store). The FUSE adapter (`crest-fuse`) and the connection driver
+//! (`crest-net`) call into it and do the I/O.
+//!
+//! So far it holds:
+//! - `names`: the name and attribute cache, with the rights and tombstones that say what
+//!   a mount may answer without a round trip;
+//! - `replay`: the acknowledged changes kept for replay after a server restart, and the
+//!   plan for the calls pending then.
+//!
+//! Still in the drivers (issue 13): the writeback queue, recall handling, leases and the
+//! held locks.
+
+pub mod names;
+pub mod replay;
+
+pub use names::*;
