@@ -7,11 +7,13 @@
 //! - `names`: the name and attribute cache, with the rights and tombstones that say what
 //!   a mount may answer without a round trip;
 //! - `replay`: the acknowledged changes kept for replay after a server restart, and the
-//!   plan for the calls pending then.
+//!   plan for the calls pending then;
+//! - `held`: the session's own locks and open handles, and the requests that take them
+//!   again after a restart.
 //!
-//! Still in the drivers (issue 13): the writeback queue, recall handling, leases and the
-//! held locks.
+//! Still in the drivers (issue 13): the writeback queue, recall handling and leases.
 
+pub mod held;
 pub mod names;
 pub mod replay;
 

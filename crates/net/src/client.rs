@@ -21,26 +21,24 @@
 //!   while the server's grace period holds everyone else's requests (docs/protocol.md
 //!   §4.5). A fenced session's locks are gone for good, and so is the copy.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use crest_proto::locks::{self, LockTable};
 use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-mod held;
 mod merge;
 mod replay;
 #[cfg(test)]
 mod tests;
 
+use crest_client::held::HeldLocks;
 pub use crest_client::replay::MAX_UNSTABLE_BYTES;
 use crest_client::replay::{plan_restart, ReplayLog, Results, Unstable};
-use held::HeldLocks;
 use merge::Merger;
 use replay::{reply_lost, same_outcome, write_call};
 
@@ -966,9 +964,13 @@ async fn run(
                     // restored session has said its replays are all sent. The locks it
                     // held go with the replays: nobody else can take them meanwhile.
                     if through.is_some() {
-                        held.reassert(&rights_held, &next_id, &mut out);
+                        for r in held.reassert(&rights_held, &next_id) {
+                            write_frame(&mut out, &ClientMessage::Request(r));
+                        }
                     } else if !w.fenced {
-                        held.resend(&mut out);
+                        for r in held.resend() {
+                            write_frame(&mut out, &ClientMessage::Request(r));
+                        }
                     }
                     if restored {
                         // Writeback was answered already, under exclusive rights: like a

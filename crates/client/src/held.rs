@@ -1,24 +1,31 @@
-//! The session's own locks, kept from the server's answers in wire order, to take them
-//! all again after a server restart.
+//! The session's own locks and open handles, kept from the server's answers in wire
+//! order, to take them all again (with the rights the cache holds) after a server restart.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crest_proto as p;
+use crest_proto::locks::{self, LockTable};
+
+use crate::replay::Results;
 
 /// The locks this session holds on the server, as the server's answers said: a copy of
 /// the server's lock table for this one session (owner ids are the session's own), kept
 /// in wire order on the connection thread, and the requests taking them — and the rights
 /// the cache holds — again after a restart that are not answered yet.
 #[derive(Default)]
-pub(super) struct HeldLocks {
-    pub(super) table: LockTable,
+pub struct HeldLocks {
+    /// This session's locks (it is session 0 in this copy).
+    pub table: LockTable,
     /// Open handles (inode, handle) the server answered and no release has followed:
     /// opened again after a restart, so that a file unlinked while open outlives it.
-    pub(super) opens: BTreeSet<(u64, u64)>,
+    pub opens: BTreeSet<(u64, u64)>,
     /// Requests re-asserting locks and rights after a restart, by id, until answered.
-    pub(super) reasserting: BTreeMap<u64, Vec<p::Op>>,
+    pub reasserting: BTreeMap<u64, Vec<p::Op>>,
 }
 
 /// The lock request in `op`, in the copy's terms (this session is session 0 there).
-pub(super) fn lock_request(op: &p::Op) -> Option<(u64, locks::Request)> {
+pub fn lock_request(op: &p::Op) -> Option<(u64, locks::Request)> {
     match *op {
         p::Op::SetLock { ino, owner, start, end, kind, flock, pid } => {
             let holder = locks::Holder { session: 0, owner };
@@ -30,7 +37,7 @@ pub(super) fn lock_request(op: &p::Op) -> Option<(u64, locks::Request)> {
 
 impl HeldLocks {
     /// Brings the copy up to date with the server's answers to `ops`.
-    pub(super) fn follow(&mut self, ops: &[p::Op], results: &Results) {
+    pub fn follow(&mut self, ops: &[p::Op], results: &Results) {
         for (op, r) in ops.iter().zip(results) {
             if let Some((ino, req)) = lock_request(op) {
                 if let Err(e) = self.table.follow(ino, &req, r.as_ref().map(|_| ()).map_err(|e| e.errno)) {
@@ -50,11 +57,11 @@ impl HeldLocks {
         }
     }
 
-    /// After a server restart (or after it forgot the session): frames for requests that
-    /// take every held lock again, and the `rights` the cache held (when the server
-    /// restored the session), with fresh ids. Re-asserts of an earlier restart still
+    /// After a server restart (or after it forgot the session): the requests that take
+    /// every held lock again, and the `rights` the cache held (when the server restored
+    /// the session), with fresh ids from `next_id`. Re-asserts of an earlier restart still
     /// unanswered are superseded: the copy holds what they would take.
-    pub(super) fn reassert(&mut self, rights: &[(u64, bool)], next_id: &AtomicU64, out: &mut Vec<u8>) {
+    pub fn reassert(&mut self, rights: &[(u64, bool)], next_id: &AtomicU64) -> Vec<p::Request> {
         self.reasserting.clear();
         let mut ops: Vec<p::Op> = self
             .table
@@ -82,22 +89,20 @@ impl HeldLocks {
             let id = next_id.fetch_add(1, Ordering::Relaxed);
             self.reasserting.insert(id, chunk.to_vec());
         }
-        self.resend(out);
+        self.resend()
     }
 
-    /// Frames for every re-assert not yet answered (after a plain reconnect: the server
-    /// may not have seen them; taking a held lock again is harmless).
-    pub(super) fn resend(&self, out: &mut Vec<u8>) {
-        for (&id, ops) in &self.reasserting {
-            write_frame(out, &ClientMessage::Request(p::Request { id, ops: ops.clone(), time: None }));
-        }
+    /// Every re-assert not yet answered (after a plain reconnect: the server may not have
+    /// seen them; taking a held lock again is harmless).
+    pub fn resend(&self) -> Vec<p::Request> {
+        self.reasserting.iter().map(|(&id, ops)| p::Request { id, ops: ops.clone(), time: None }).collect()
     }
 
     /// The answer to request `id`, if it was a re-assert: the inodes whose rights the
     /// server refused to give back. A lock the server refused is lost: another client got
     /// it while this one was away past the grace period. The process that took it still
     /// thinks it holds it; nothing can tell it, so this says so loudly and forgets the lock.
-    pub(super) fn answered(&mut self, id: u64, results: &Results) -> Vec<u64> {
+    pub fn answered(&mut self, id: u64, results: &Results) -> Vec<u64> {
         let Some(ops) = self.reasserting.remove(&id) else { return Vec::new() };
         let mut refused = Vec::new();
         for (op, r) in ops.iter().zip(results) {
@@ -136,7 +141,51 @@ impl HeldLocks {
     }
 
     /// The session is gone (fenced, or another file system): so is every lock.
-    pub(super) fn clear(&mut self) {
+    pub fn clear(&mut self) {
         *self = HeldLocks::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(ino: u64, start: u64, end: u64) -> p::Op {
+        p::Op::SetLock { ino, owner: 7, start, end, kind: p::LockKind::Write, flock: false, pid: 42 }
+    }
+
+    #[test]
+    fn what_the_server_granted_is_taken_again_and_a_refused_lock_is_forgotten() {
+        let mut h = HeldLocks::default();
+        let ok: Results = vec![Ok(p::Reply::Done), Ok(p::Reply::Done), Ok(p::Reply::Done)];
+        h.follow(&[lock(5, 0, 9), lock(6, 10, 19), p::Op::Open { ino: 5, handle: 3 }], &ok);
+        // A refused lock was never held; a released handle is not opened again.
+        let refused: Results = vec![Err(p::OpError { errno: 11, message: "held elsewhere".into() })];
+        h.follow(&[lock(8, 0, 1)], &refused);
+        h.follow(&[p::Op::Open { ino: 9, handle: 4 }, p::Op::Release { ino: 9, handle: 4 }], &ok);
+        let ids = AtomicU64::new(100);
+        let reqs = h.reassert(&[(1, true)], &ids);
+        let ops: Vec<p::Op> = reqs.iter().flat_map(|r| r.ops.clone()).collect();
+        assert_eq!(
+            ops,
+            vec![
+                lock(5, 0, 9),
+                lock(6, 10, 19),
+                p::Op::Reassert { ino: 1, exclusive: true },
+                p::Op::Open { ino: 5, handle: 3 }
+            ]
+        );
+        assert_eq!(h.resend(), reqs, "unanswered re-asserts go again after a reconnect");
+        // The server gives back all but the lock on 6 and the rights on 1.
+        let answer: Results = vec![
+            Ok(p::Reply::Done),
+            Err(p::OpError { errno: 11, message: "taken meanwhile".into() }),
+            Err(p::OpError { errno: 16, message: "held elsewhere".into() }),
+            Ok(p::Reply::Done),
+        ];
+        assert_eq!(h.answered(reqs[0].id, &answer), vec![1], "rights refused");
+        let held: Vec<u64> = h.table.entries().into_iter().map(|(ino, _)| ino).collect();
+        assert_eq!(held, vec![5], "the lock the server refused is forgotten");
+        assert!(h.resend().is_empty(), "answered");
     }
 }
