@@ -9,11 +9,13 @@
 //! - `replay`: the acknowledged changes kept for replay after a server restart, and the
 //!   plan for the calls pending then;
 //! - `held`: the session's own locks and open handles, and the requests that take them
-//!   again after a restart.
+//!   again after a restart;
+//! - `lease`: when the client stops trusting its rights without a word from the server.
 //!
-//! Still in the drivers (issue 13): the writeback queue, recall handling and leases.
+//! Still in the drivers (issue 13): the writeback queue and recall handling.
 
 pub mod held;
+pub mod lease;
 pub mod names;
 pub mod replay;
 

@@ -48,9 +48,8 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 
 /// How often the connection says it is alive when it has sent nothing else.
 pub const HEARTBEAT: Duration = Duration::from_millis(p::timing::HEARTBEAT_MS);
-/// Heard nothing from the server for this long: every right is dropped, with what was
-/// cached under it, before the server can fence the session (`proto::timing`).
-pub const CLIENT_LEASE: Duration = Duration::from_millis(p::timing::CLIENT_LEASE_MS);
+pub use crest_client::lease::CLIENT_LEASE;
+use crest_client::lease::{Lease, LEASE_CHECK};
 /// Request id of heartbeats (empty requests; real ids start at 1).
 const HEARTBEAT_ID: u64 = 0;
 
@@ -654,40 +653,17 @@ impl Drop for Client {
     }
 }
 
-/// When the server was last heard from, and whether the rights have been dropped for it.
-struct Lease {
-    last_heard: tokio::time::Instant,
-    expired: bool,
-}
-
-impl Lease {
-    fn heard(&mut self) {
-        self.last_heard = tokio::time::Instant::now();
-        self.expired = false;
-    }
-
-    /// Past `CLIENT_LEASE` without a word from the server: drop every right at once,
-    /// before the server may have fenced this session and let others change what it held.
-    fn check(&mut self, rights: &RightsHook) {
-        if !self.expired && self.last_heard.elapsed() >= CLIENT_LEASE {
-            self.expired = true;
+async fn watch_lease(lease: Arc<Mutex<Lease>>, rights: RightsHook) {
+    let mut tick = tokio::time::interval(LEASE_CHECK);
+    loop {
+        tick.tick().await;
+        let lapsed = lease.lock().unwrap_or_else(|e| e.into_inner()).check(std::time::Instant::now());
+        if lapsed {
             tracing::warn!("no word from the server for {CLIENT_LEASE:?}: dropping every cached right");
             if let Some(r) = rights.get() {
                 r.reset();
             }
         }
-    }
-}
-
-/// How often the lease is checked: a client drops its rights at most this long after
-/// `CLIENT_LEASE` (2.5 s + 0.25 s, inside the server's 3 s fencing delay).
-const LEASE_CHECK: Duration = Duration::from_millis(250);
-
-async fn watch_lease(lease: Arc<Mutex<Lease>>, rights: RightsHook) {
-    let mut tick = tokio::time::interval(LEASE_CHECK);
-    loop {
-        tick.tick().await;
-        lease.lock().unwrap_or_else(|e| e.into_inner()).check(&rights);
     }
 }
 
@@ -781,9 +757,9 @@ async fn run(
     let started = tokio::time::Instant::now();
     // The lease is watched by a task of its own, so that it lapses on time whatever this
     // loop is waiting for (a connect, a handshake, a backoff, a full socket).
-    let lease = Arc::new(Mutex::new(Lease { last_heard: started, expired: false }));
+    let lease = Arc::new(Mutex::new(Lease::new(started.into_std())));
     tokio::spawn(watch_lease(lease.clone(), rights.clone()));
-    let heard = || lease.lock().unwrap_or_else(|e| e.into_inner()).heard();
+    let heard = || lease.lock().unwrap_or_else(|e| e.into_inner()).heard(std::time::Instant::now());
     loop {
         if session.is_some() {
             if let Some(r) = rights.get() {
