@@ -101,8 +101,6 @@ pub const HELD_TTL: Duration = Duration::from_secs(5);
 pub const INODE_BATCH: u32 = 4096;
 /// How long `flush` and `fsync` wait for an inode's writeback to be answered.
 pub const WRITEBACK_WAIT: Duration = Duration::from_secs(120);
-/// The size the server reports for every directory.
-const DIR_SIZE_BYTES: u64 = 4096;
 /// Largest file data kept inline in a file's metadata by the server (no blocks counted).
 const INLINE_BYTES: u64 = 1024;
 /// The server's link limit: directories near it are created synchronously, so the

@@ -20,6 +20,8 @@ pub const MAX_ACQUIRE_BYTES: usize = 1 << 20;
 pub const MAX_IO_BYTES: u32 = 4 << 20;
 /// Most inode numbers one `Op::AllocInodes` hands out.
 pub const MAX_INODE_GRANT: u32 = 1 << 16;
+/// The size every directory's attributes report (its entry count is the server's own).
+pub const DIR_SIZE_BYTES: u64 = 4096;
 
 /// Seconds and nanoseconds since the epoch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -61,7 +61,7 @@ pub fn attr_out(i: &s::Inode) -> p::Attr {
         nlink: i.nlink,
         uid: i.uid,
         gid: i.gid,
-        size_bytes: if i.kind == s::FileKind::Directory { 4096 } else { i.size },
+        size_bytes: if i.kind == s::FileKind::Directory { p::DIR_SIZE_BYTES } else { i.size },
         blocks_4k: i.blocks,
         rdev: i.rdev,
         atime: time_out(i.atime),

@@ -160,7 +160,8 @@ impl CrestFs {
         let (gid, mode) =
             p::owner::new_inode_group(dir.mode, dir.gid, cred.gid, kind == p::FileType::Directory, got.mode);
         // The server reports every directory as one block (its entry count is its own).
-        let size = if kind == p::FileType::Directory { DIR_SIZE_BYTES } else { target.map_or(0, |t| t.len() as u64) };
+        let size =
+            if kind == p::FileType::Directory { p::DIR_SIZE_BYTES } else { target.map_or(0, |t| t.len() as u64) };
         let attr = p::Attr {
             ino,
             generation: crest_rng::next_u64(),
