@@ -10,10 +10,12 @@
 //!   plan for the calls pending then;
 //! - `held`: the session's own locks and open handles, and the requests that take them
 //!   again after a restart;
-//! - `lease`: when the client stops trusting its rights without a word from the server.
+//! - `lease`: when the client stops trusting its rights without a word from the server;
+//! - `batch`: what may join a batch of writeback calls (joined writes, cancelled pairs).
 //!
-//! Still in the drivers (issue 13): the writeback queue and recall handling.
+//! Still in the drivers (issue 13): the writeback queue itself and recall handling.
 
+pub mod batch;
 pub mod held;
 pub mod lease;
 pub mod names;

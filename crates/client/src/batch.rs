@@ -1,0 +1,187 @@
+//! Writeback batching rules: what may join a batch of writeback calls before it is sent.
+//! The connection driver's merger takes consecutive writeback calls into one request;
+//! these decide whether a write joins the one before it (`join_write`) and whether a
+//! create and its removal cancel (`cancel_pair`).
+
+use crest_proto as p;
+
+/// True when `op` names inode `ino` in any role (the inode it acts on, a directory it
+/// acts in, a new inode's number).
+pub fn mentions(op: &p::Op, ino: u64) -> bool {
+    use p::Op as O;
+    match op {
+        O::StatFs | O::At { .. } | O::AllocInodes { .. } => false,
+        O::Lookup { parent, .. }
+        | O::Create { parent, .. }
+        | O::Symlink { parent, .. }
+        | O::Unlink { parent, .. }
+        | O::Rmdir { parent, .. } => *parent == ino,
+        O::Rename { parent, new_parent, .. } => *parent == ino || *new_parent == ino,
+        O::Link { ino: i, parent, .. } | O::CreateAt { ino: i, parent, .. } | O::SymlinkAt { ino: i, parent, .. } => {
+            *i == ino || *parent == ino
+        }
+        O::GetAttr { ino: i }
+        | O::SetAttr { ino: i, .. }
+        | O::ReadDir { ino: i, .. }
+        | O::ReadLink { ino: i }
+        | O::Open { ino: i, .. }
+        | O::Release { ino: i, .. }
+        | O::Read { ino: i, .. }
+        | O::Write { ino: i, .. }
+        | O::WriteBack { ino: i, .. }
+        | O::Append { ino: i, .. }
+        | O::Fallocate { ino: i, .. }
+        | O::Fsync { ino: i }
+        | O::SetXattr { ino: i, .. }
+        | O::GetXattr { ino: i, .. }
+        | O::ListXattr { ino: i }
+        | O::RemoveXattr { ino: i, .. }
+        | O::SetLock { ino: i, .. }
+        | O::GetLock { ino: i, .. }
+        | O::Acquire { ino: i }
+        | O::Reassert { ino: i, .. } => *i == ino,
+    }
+}
+
+/// Joins `next` (at `next_time`), a lone write that continues the batch's last operation —
+/// a write of the same inode ending where `next`'s starts — into that operation: a run of small appends (a
+/// log written a few bytes per call, under exclusive rights) then costs the server one
+/// write per batch, not one per call. The joined write runs at `next`'s clock: its caller
+/// was told the times of the last write, and the earlier caller's times are overtaken by
+/// them on the server as they would be by `next`'s own write.
+pub fn join_write(
+    ops: &mut [p::Op],
+    base_time: &mut Option<p::Time>,
+    clock: &mut Option<p::Time>,
+    next: &[p::Op],
+    next_time: Option<p::Time>,
+) -> bool {
+    let [p::Op::Write { ino, offset, data }] = next else { return false };
+    let n = ops.len();
+    let Some(p::Op::Write { ino: last_ino, offset: last_offset, data: last_data }) = ops.last() else {
+        return false;
+    };
+    let continues = last_offset.checked_add(last_data.len() as u64) == Some(*offset);
+    if *last_ino != *ino || !continues || last_data.len() + data.len() > p::MAX_IO_BYTES as usize {
+        return false;
+    }
+    // Where the last write's clock is set, if it must change: the request's own (it is
+    // the only operation) or an `At` just before it. Elsewhere an `At` would have to be
+    // inserted, shifting the results of the part it lies in: not joined then.
+    if next_time != *clock {
+        let Some(time) = next_time else { return false };
+        if n == 1 {
+            *base_time = Some(time);
+        } else if let p::Op::At { time: t } = &mut ops[n - 2] {
+            *t = time;
+        } else {
+            return false;
+        }
+        *clock = Some(time);
+    }
+    if let Some(p::Op::Write { data: last_data, .. }) = ops.last_mut() {
+        last_data.extend_from_slice(data);
+    }
+    true
+}
+
+/// Cancels a create and its removal that are both still in one unsent batch (`ops`, at
+/// clock `time` until an `Op::At`), when the removal is its last operation: an inode
+/// made and removed again before the server heard of it never reaches the server.
+///
+/// Sound only when nothing left can tell: the create (`CreateAt`/`SymlinkAt`, numbered by
+/// this client, so nobody else can name the inode) is in the batch, hence so is every
+/// later operation on the inode (a call that waits ends a batch); no rename or link came
+/// after it (the name may have moved, the inode gained a name); every operation naming
+/// the inode is one that only changes it (write, setattr, xattrs, fallocate) or an open
+/// matched by its release (no descriptor is left through which a later call could reach
+/// it); and nothing uses it as a directory (every entry made in it was cancelled first).
+/// Then the create and those operations become `Op::At` of the clock in force there (so
+/// every result slot stays, answered `Done`, and every completion still runs), and the
+/// removal becomes a setattr of the directory's mtime to its clock — the one trace the
+/// pair leaves on the server (its ctime follows; the link counts are unchanged).
+/// Returns true when it cancelled.
+pub fn cancel_pair(ops: &mut [p::Op], time: Option<p::Time>) -> bool {
+    let Some(last) = ops.len().checked_sub(1) else { return false };
+    let (parent, name, rmdir) = match &ops[last] {
+        p::Op::Unlink { parent, name } => (*parent, name.clone(), false),
+        p::Op::Rmdir { parent, name } => (*parent, name.clone(), true),
+        _ => return false,
+    };
+    let mut created = None;
+    for (i, op) in ops[..last].iter().enumerate().rev() {
+        match op {
+            p::Op::CreateAt { ino, parent: d, name: n, kind, .. } if *d == parent && *n == name => {
+                if (*kind == p::FileType::Directory) != rmdir {
+                    return false;
+                }
+                created = Some((i, *ino));
+                break;
+            }
+            p::Op::SymlinkAt { ino, parent: d, name: n, .. } if *d == parent && *n == name => {
+                if rmdir {
+                    return false;
+                }
+                created = Some((i, *ino));
+                break;
+            }
+            p::Op::Rename { .. } | p::Op::Link { .. } | p::Op::Create { .. } | p::Op::Symlink { .. } => return false,
+            p::Op::Unlink { parent: d, name: n } | p::Op::Rmdir { parent: d, name: n }
+                if *d == parent && *n == name =>
+            {
+                return false;
+            }
+            _ => {}
+        }
+    }
+    let Some((at, ino)) = created else { return false };
+    let mut gone = vec![at];
+    let (mut opens, mut releases) = (0usize, 0usize);
+    for (i, op) in ops.iter().enumerate().take(last).skip(at + 1) {
+        match op {
+            p::Op::Write { ino: x, .. }
+            | p::Op::WriteBack { ino: x, .. }
+            | p::Op::Append { ino: x, .. }
+            | p::Op::SetAttr { ino: x, .. }
+            | p::Op::Fallocate { ino: x, .. }
+            | p::Op::SetXattr { ino: x, .. }
+            | p::Op::RemoveXattr { ino: x, .. }
+                if *x == ino =>
+            {
+                gone.push(i)
+            }
+            p::Op::Open { ino: x, .. } if *x == ino => {
+                opens += 1;
+                gone.push(i);
+            }
+            p::Op::Release { ino: x, .. } if *x == ino => {
+                releases += 1;
+                gone.push(i);
+            }
+            op if mentions(op, ino) => return false,
+            _ => {}
+        }
+    }
+    if opens != releases {
+        return false;
+    }
+    // The clock in force at each operation.
+    let mut clock = time;
+    let mut clocks = Vec::with_capacity(ops.len());
+    for op in ops.iter() {
+        if let p::Op::At { time } = op {
+            clock = Some(*time);
+        }
+        clocks.push(clock);
+    }
+    if gone.iter().chain([&last]).any(|&i| clocks[i].is_none()) {
+        return false;
+    }
+    for i in gone {
+        if let Some(time) = clocks[i] {
+            ops[i] = p::Op::At { time };
+        }
+    }
+    ops[last] = p::Op::SetAttr { ino: parent, set: p::SetAttr { mtime: Some(p::SetTime::Now), ..Default::default() } };
+    true
+}
