@@ -301,20 +301,15 @@ impl Sim {
             .chain(replays.filter(|u| u.sent.pos.is_some_and(|p| p > through || holes.contains(&p))))
             .collect();
         lost.sort_by_key(|u| u.answered);
-        let (mut kept, mut late) = (Vec::new(), Vec::new());
-        for (&id, sent) in &mut cl.pending {
-            match sent.pos {
-                Some(p) if p <= through && !holes.contains(&p) => kept.push(id),
-                // It ran, if at all, after every acknowledged change: new work after
-                // `Replayed`.
-                Some(p) => {
-                    late.push((p, id));
-                    sent.pos = None;
-                }
-                None => {}
+        // What ran, if at all, after every acknowledged change is new work after `Replayed`.
+        let placed: Vec<(u64, u64)> = cl.pending.iter().filter_map(|(&id, s)| s.pos.map(|p| (id, p))).collect();
+        let crest_client::replay::RestartPlan { kept, late } =
+            crest_client::replay::plan_restart(through, holes, &placed);
+        for id in &late {
+            if let Some(sent) = cl.pending.get_mut(id) {
+                sent.pos = None;
             }
         }
-        late.sort_unstable();
         for id in &kept {
             cl.pending.remove(id);
         }
@@ -345,14 +340,14 @@ impl Sim {
         // taking it with them), so the reference is run again without it, and it counts
         // as new when the server runs it again.
         let serial = self.serial.get(&sid).copied().unwrap_or(u64::MAX);
-        let reissued: BTreeSet<(u64, u64)> = late.iter().map(|&(_, id)| (serial, id)).collect();
+        let reissued: BTreeSet<(u64, u64)> = late.iter().map(|&id| (serial, id)).collect();
         if reissued.iter().any(|k| self.ref_results.contains_key(k)) {
             self.rebuild_reference(&reissued);
         }
-        for &(_, id) in &late {
+        for &id in &late {
             self.write(c, sid, id);
         }
-        let late: BTreeSet<u64> = late.into_iter().map(|l| l.1).collect();
+        let late: BTreeSet<u64> = late.into_iter().collect();
         let reads: Vec<u64> = self.clients[c]
             .pending
             .iter()

@@ -2625,7 +2625,7 @@ impl Sim {
     }
 
     /// Welcomed back by a server that restarted and restored the session (`durable_seq`,
-    /// `durable_holes`), as `crest-net` does it (`plan_restart`): an unanswered change
+    /// `durable_holes`), by the client core's `plan_restart`: an unanswered change
     /// placed at or below `durable_seq` and not a hole ran and was kept — not sent again
     /// (its system call fails with EIO, a writeback counts as done); every other
     /// unanswered request goes again as new work after `Replayed`, behind the rights the
@@ -2639,21 +2639,13 @@ impl Sim {
                 self.clients[c].answered_seq
             ));
         }
-        let kept: Vec<u64> = self.clients[c]
-            .pending
-            .iter()
-            .filter(|(_, pd)| pd.pos.is_some_and(|p| p <= durable && !holes.contains(&p)))
-            .map(|(&id, _)| id)
-            .collect();
-        let mut late: Vec<(u64, u64)> = Vec::new();
-        for (&id, pd) in &mut self.clients[c].pending {
-            if let Some(p) = pd.pos.take() {
-                if p > durable || holes.contains(&p) {
-                    late.push((p, id));
-                }
-            }
+        let placed: Vec<(u64, u64)> =
+            self.clients[c].pending.iter().filter_map(|(&id, pd)| pd.pos.map(|p| (id, p))).collect();
+        let crest_client::replay::RestartPlan { kept, late } =
+            crest_client::replay::plan_restart(durable, holes, &placed);
+        for pd in self.clients[c].pending.values_mut() {
+            pd.pos = None;
         }
-        late.sort_unstable();
         self.clients[c].positions = durable;
         // What it held under shared rights may be stale: the server applied (and kept)
         // changes whose recalls were still unanswered when it died, and it does not know.
@@ -2707,7 +2699,7 @@ impl Sim {
             let t0_lc = self.ck.tick();
             self.send_request(c, ops, None, Purpose::Reassert, t0_lc);
         }
-        let late_ids: BTreeSet<u64> = late.iter().map(|&(_, id)| id).collect();
+        let late_ids: BTreeSet<u64> = late.iter().copied().collect();
         let rest: Vec<u64> = self.clients[c]
             .pending
             .iter()
@@ -2717,7 +2709,7 @@ impl Sim {
         // Writeback (answered already) goes before `Replayed`, like a replay, then the rest
         // (as `crest-net`: it must run ahead of other clients' waiting work even when the
         // rights it was answered under were dropped meanwhile).
-        let order: Vec<u64> = late.into_iter().map(|(_, id)| id).chain(rest).collect();
+        let order: Vec<u64> = late.into_iter().chain(rest).collect();
         let pending = &self.clients[c].pending;
         let (early, after): (Vec<u64>, Vec<u64>) =
             order.into_iter().partition(|id| matches!(pending[id].purpose, Purpose::Writeback(_)));
