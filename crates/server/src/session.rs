@@ -731,9 +731,7 @@ impl Server {
                             // space, they are recalled as soon as given (space.rs).
                             self.caps.grant_exclusive(session, a.ino);
                             if self.space.low() {
-                                let mut out = Vec::new();
-                                self.caps.recall_exclusive(NO_SESSION, &[a.ino], millis(now), &mut out);
-                                self.outbox.extend(out);
+                                self.recall_for_space(&[a.ino], millis(now));
                             }
                         }
                     }
@@ -918,10 +916,15 @@ impl Server {
         let clients = self.sessions.len().saturating_sub(self.disconnected.len());
         if self.space.update(&self.store.statfs(), clients) {
             let all = self.caps.exclusive_inodes();
-            let mut out = Vec::new();
-            self.caps.recall_exclusive(NO_SESSION, &all, now_ms, &mut out);
-            self.outbox.extend(out);
+            self.recall_for_space(&all, now_ms);
         }
+    }
+
+    /// Recalls every session's exclusive rights on `inodes`, on the server's own behalf.
+    fn recall_for_space(&mut self, inodes: &[u64], now_ms: u64) {
+        let mut out = Vec::new();
+        self.caps.recall_exclusive(NO_SESSION, inodes, now_ms, &mut out);
+        self.outbox.extend(out);
     }
 
     /// Drops every lock of `session`, saying why in the log.

@@ -406,7 +406,7 @@ impl Store {
     /// blocks not yet freed; the caller supplies the clock.
     pub fn tick(&mut self, now_ms: u64) -> Result<()> {
         if self.unit_depth == 0 && self.pager.check_writable().is_ok() {
-            // A bounded amount a tick (~64 MiB of large extents), so other calls wait little.
+            // A bounded amount a tick (256 extents, at most 256 MiB), so other calls wait little.
             self.reclaim_some(16)?;
         }
         let last = *self.last_commit_ms.get_or_insert(now_ms);

@@ -232,20 +232,7 @@ impl Store {
     pub(crate) fn write_blocks(&mut self, ino: u64, first: u64, data: &[u8]) -> Result<(u64, u64)> {
         debug_assert_eq!(data.len() % BLOCK_SIZE, 0);
         let nblocks = (data.len() / BLOCK_SIZE) as u64;
-        // Goal: right after the extent that ends where this write starts, else spread by inode.
-        let prev = if first > 0 {
-            self.extents_overlapping(ino, (first - 1) * BLOCK_SIZE_U64, first * BLOCK_SIZE_U64)?.pop()
-        } else {
-            None
-        };
-        let goal = match &prev {
-            Some((off, Extent::Regular { disk_block, csums }))
-                if off / BLOCK_SIZE_U64 + csums.len() as u64 == first =>
-            {
-                disk_block + csums.len() as u64
-            }
-            _ => self.data_goal(ino),
-        };
+        let goal = self.goal_at(ino, first)?;
         let runs = self.take_runs(ino, goal, nblocks)?;
         let unmapped = self.unmap_blocks(ino, first, first + nblocks)?;
         let mut done = 0u64;
@@ -258,6 +245,23 @@ impl Store {
             done += got;
         }
         Ok((unmapped, nblocks))
+    }
+
+    /// Where blocks for file block `first` of `ino` should go: right after the extent that
+    /// ends where they start, else spread by inode.
+    fn goal_at(&mut self, ino: u64, first: u64) -> Result<u64> {
+        let prev = match first.checked_sub(1) {
+            Some(p) => self.extents_overlapping(ino, p * BLOCK_SIZE_U64, first * BLOCK_SIZE_U64)?.pop(),
+            None => None,
+        };
+        Ok(match prev {
+            Some((off, Extent::Regular { disk_block, csums }))
+                if off / BLOCK_SIZE_U64 + csums.len() as u64 == first =>
+            {
+                disk_block + csums.len() as u64
+            }
+            _ => self.data_goal(ino),
+        })
     }
 
     /// Takes `nblocks` blocks from the allocator near `goal`, in runs an extent can map,
@@ -540,19 +544,7 @@ impl Store {
 
     /// Maps `count` zeroed blocks at file block `first` (all unmapped).
     fn map_zero_blocks(&mut self, inode: &mut Inode, first: u64, count: u64) -> Result<()> {
-        let goal = match first.checked_sub(1) {
-            Some(prev) => {
-                match self.extents_overlapping(inode.ino, prev * BLOCK_SIZE_U64, first * BLOCK_SIZE_U64)?.pop() {
-                    Some((off, Extent::Regular { disk_block, csums }))
-                        if off / BLOCK_SIZE_U64 + csums.len() as u64 == first =>
-                    {
-                        disk_block + csums.len() as u64
-                    }
-                    _ => self.data_goal(inode.ino),
-                }
-            }
-            None => self.data_goal(inode.ino),
-        };
+        let goal = self.goal_at(inode.ino, first)?;
         let runs = self.take_runs(inode.ino, goal, count)?;
         let zero_csum = crate::checksum::crc32c(&[0u8; BLOCK_SIZE]);
         let mut done = 0;

@@ -340,7 +340,7 @@ impl Store {
 
     // ---- namespace ----------------------------------------------------------------------
 
-    fn put_inode(&mut self, inode: &Inode) -> Result<()> {
+    pub(crate) fn put_inode(&mut self, inode: &Inode) -> Result<()> {
         self.fs.insert(&mut self.pager, Inode::key(inode.ino), inode.encode())?;
         Ok(())
     }

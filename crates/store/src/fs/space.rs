@@ -203,7 +203,6 @@ impl Store {
         let freed = self.unmap_blocks(ino, first, end)?;
         inode.blocks = inode.blocks.saturating_sub(freed);
         self.space.doomed_blocks = self.space.doomed_blocks.saturating_sub(freed);
-        self.fs.insert(&mut self.pager, crate::fs::inode::Inode::key(ino), inode.encode())?;
-        Ok(())
+        self.put_inode(&inode)
     }
 }
