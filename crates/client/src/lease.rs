@@ -34,6 +34,12 @@ impl Lease {
         self.expired = false;
     }
 
+    /// When `check` next has something to say (none: the rights are dropped already and
+    /// nothing was heard since).
+    pub fn deadline(&self) -> Option<Instant> {
+        (!self.expired).then(|| self.last_heard + CLIENT_LEASE)
+    }
+
     /// True once, when the lease has run out by `now`: the caller drops every right.
     pub fn check(&mut self, now: Instant) -> bool {
         if self.expired || now.saturating_duration_since(self.last_heard) < CLIENT_LEASE {

@@ -3,7 +3,10 @@
 //! server → store). The FUSE adapter (`crest-fuse`) and the connection driver
 //! (`crest-net`) call into it and do the I/O.
 //!
-//! So far it holds:
+//! It holds:
+//! - `conn`: the client's side of a session (`Connection`): calls and their answers,
+//!   writeback batching, fencing, the lease, the handshake and what goes again after a
+//!   reconnect or a server restart. The driver (`crest-net`) moves its bytes and timers;
 //! - `names`: the name and attribute cache, with the rights and tombstones that say what
 //!   a mount may answer without a round trip;
 //! - `replay`: the acknowledged changes kept for replay after a server restart, and the
@@ -13,9 +16,11 @@
 //! - `lease`: when the client stops trusting its rights without a word from the server;
 //! - `batch`: what may join a batch of writeback calls (joined writes, cancelled pairs).
 //!
-//! Still in the drivers (issue 13): the writeback queue itself and recall handling.
+//! Still in the FUSE adapter: deciding what a kernel call may answer locally and what it
+//! submits as writeback, and recall handling (dropping kernel caches before answering).
 
 pub mod batch;
+pub mod conn;
 pub mod held;
 pub mod lease;
 pub mod names;

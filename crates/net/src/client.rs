@@ -1,100 +1,33 @@
-//! The connection task and the blocking call API.
-//!
-//! Invariants:
-//! - one connection carries every caller's requests; a request stays `pending` until its
-//!   response arrives and is resent, with the same id, after a reconnect (a resumed
-//!   session answers an already-applied one from its reply cache: exactly once);
-//! - a change the server acknowledged but has not yet made durable stays in the
-//!   `unstable` log, keyed by the server's apply order (`Response::seq`), until a
-//!   response says it is durable. Each change has a place among the session's changes
-//!   from when it first goes on the wire (`write_call`), and the server numbers changes
-//!   as they arrive, so its place is its `seq`. If the server restarts, its welcome names
-//!   the last durable `seq` and the places below it that had not run: unanswered changes
-//!   placed at or below it otherwise were kept (not sent again); the lost acknowledged
-//!   ones are replayed in the order they ran (their answers' order) before anything new,
-//!   and the other unanswered ones follow as new work; so acknowledged work survives a
-//!   server crash and none runs twice (`plan_restart`; tests/roundtrip.rs kills a server
-//!   without a commit; server/tests/crash_sim.rs crashes it anywhere);
-//! - the locks the session holds on the server are kept in a copy of the server's lock
-//!   table for this session (`HeldLocks`), updated from each lock answer in wire order;
-//!   after a restart they are taken again, behind the replays and before `Replayed`,
-//!   while the server's grace period holds everyone else's requests (docs/protocol.md
-//!   §4.5). A fenced session's locks are gone for good, and so is the copy.
+//! The connection driver and the blocking call API: a thread running a tokio runtime
+//! moves bytes, calls and timers between the socket, the callers and the sans-I/O
+//! `crest_client::conn::Connection`, which decides everything else (what is sent, in
+//! which order, what goes again after a reconnect or a server restart, who is told
+//! what). Callers block on `Client::call`; writeback submissions (`AsyncPermit`) are
+//! held here briefly and handed over in bursts, to wake the connection thread once per
+//! burst rather than once per submission.
 
-use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc as std_mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::sync::{mpsc as std_mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
+use crest_client::conn::{Call, Connection, Event, RightsHook, State, HANDSHAKE_WAIT};
+use crest_proto as p;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-mod merge;
-mod replay;
-#[cfg(test)]
-mod tests;
-
-use crest_client::held::HeldLocks;
-pub use crest_client::replay::MAX_UNSTABLE_BYTES;
-use crest_client::replay::{plan_restart, ReplayLog, Results, Unstable};
-use merge::Merger;
-use replay::{reply_lost, same_outcome, write_call};
+pub use crest_client::conn::{ClientError, Recall, Rights, HEARTBEAT};
+pub use crest_client::lease::CLIENT_LEASE;
+pub use crest_client::replay::{Results, MAX_UNSTABLE_BYTES};
 
 /// Requests in flight at once (the server's reply cache holds more, so every retry is
 /// still answered from it).
 pub const MAX_IN_FLIGHT: usize = 1024;
 
-/// How often the connection says it is alive when it has sent nothing else.
-pub const HEARTBEAT: Duration = Duration::from_millis(p::timing::HEARTBEAT_MS);
-pub use crest_client::lease::CLIENT_LEASE;
-use crest_client::lease::{Lease, LEASE_CHECK};
-/// Request id of heartbeats (empty requests; real ids start at 1).
-const HEARTBEAT_ID: u64 = 0;
-
 /// Bytes of writeback requests (`Client::submit`) in flight at once; a submitter waits
 /// beyond this, which bounds what a client holds unacknowledged.
 pub const MAX_ASYNC_BYTES: usize = 64 << 20;
-
-/// Rights the server grants and recalls, told to the cache that relies on them. Called on
-/// the connection thread **in the order the messages arrived**, before the response is
-/// handed to its caller or the recall to `take_recalls`: so a grant and a later recall
-/// of the same inode can never be applied the wrong way round. Must not block.
-pub trait Rights: Send + Sync {
-    /// A successful create (`Create`, `Symlink`, `CreateAt`, `SymlinkAt`) made `ino`, or
-    /// an `Acquire` named it: the server counts this session as its exclusive holder — as
-    /// of a moment after `sent` (the request was made then): a recall of `ino` told since
-    /// `sent` may have ended it already.
-    fn granted_exclusive(&self, ino: u64, sent: std::time::Instant);
-    /// The server recalls whatever this session holds of `inodes`.
-    fn recalled(&self, inodes: &[u64]);
-    /// The server restarted (or forgot this session): it remembers no rights of it.
-    fn reset(&self);
-    /// The inodes this session holds rights on, with whether exclusively: after a server
-    /// restart that restored the session they are re-asserted (`Op::Reassert`); one the
-    /// server refuses is dropped through `recalled`.
-    fn held(&self) -> Vec<(u64, bool)> {
-        Vec::new()
-    }
-    /// The connection broke: stop answering from what is held under shared rights (a
-    /// recall may be lost with it; a server that restarts meanwhile knows of no shared
-    /// holder). Exclusive rights stay until the lease is over.
-    fn disconnected(&self) {}
-    /// A restarted server restored the session: keep only exclusive rights (shared copies
-    /// may be stale — the server may have applied and kept changes whose recalls were
-    /// unanswered when it died) and name them, to be re-asserted (`Op::Reassert`).
-    fn restored(&self) -> Vec<(u64, bool)> {
-        self.held()
-    }
-    /// A change the server applied and kept but never answered (it restarted first):
-    /// whatever is held about what it touched is stale.
-    fn reply_lost(&self, _ops: &[p::Op]) {}
-}
-
-/// The `Rights` hook of a client, installed once (`Client::set_rights`); until then
-/// nothing is told.
-type RightsHook = Arc<OnceLock<Arc<dyn Rights>>>;
 
 /// How the client behaves.
 #[derive(Clone, Debug)]
@@ -117,176 +50,38 @@ impl Default for ClientOptions {
     }
 }
 
-/// Why a call failed as a whole (per-operation errors are in the results).
-#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ClientError {
-    /// No response within the operation timeout (server away too long).
-    #[error("no answer from {addr} within {secs} s")]
-    Timeout {
-        /// Server address.
-        addr: String,
-        /// Timeout.
-        secs: u64,
-    },
-    /// The server refused the handshake.
-    #[error("server {addr} refused the connection: {reason}")]
-    Refused {
-        /// Server address.
-        addr: String,
-        /// Its reason.
-        reason: String,
-    },
-    /// Something answers at the address but it is not a crest server (its answer to the
-    /// first handshake was no crest frame, or none came).
-    #[error("{addr} is not a crest server: {detail}")]
-    NotCrest {
-        /// Server address.
-        addr: String,
-        /// What it did instead.
-        detail: String,
-    },
-    /// Could not connect at all.
-    #[error("cannot connect to {addr}: {detail}")]
-    Connect {
-        /// Server address.
-        addr: String,
-        /// The last error.
-        detail: String,
-    },
-    /// The client was shut down.
-    #[error("client is shut down")]
-    Closed,
-    /// The caller gave up waiting (its process has a signal to take: Ctrl-C, kill). The
-    /// request may still run, as a call interrupted on an NFS `intr` mount may.
-    #[error("interrupted while waiting for {addr}")]
-    Interrupted {
-        /// Server address.
-        addr: String,
-    },
-    /// The server fenced this client's session (it was silent or away past its lease):
-    /// the request was not applied, and will not be.
-    #[error("{addr} fenced this client's session (its lease lapsed); the change was not applied")]
-    Fenced {
-        /// Server address.
-        addr: String,
-    },
-    /// The server applied the change, made it durable and restarted before its answer
-    /// went out: the change stands, its result is lost.
-    #[error("{addr} restarted after applying the change, before answering; its result is lost")]
-    ReplyLost {
-        /// Server address.
-        addr: String,
-    },
-}
-
-impl ClientError {
-    /// The errno a system call should see.
-    pub fn errno(&self) -> i32 {
-        match self {
-            ClientError::Timeout { .. } => 110, // ETIMEDOUT
-            ClientError::Refused { .. }
-            | ClientError::NotCrest { .. }
-            | ClientError::Connect { .. }
-            | ClientError::Closed => 107, // ENOTCONN
-            ClientError::Fenced { .. } | ClientError::ReplyLost { .. } => 5, // EIO
-            ClientError::Interrupted { .. } => 4, // EINTR
-        }
-    }
-}
-
-/// A recall from the server (see `Client::take_recalls`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Recall {
-    /// Answer with `Client::recall_done(recall_id)`.
-    pub recall_id: u64,
-    /// Inodes whose cached state must go.
-    pub inodes: Vec<u64>,
-}
-
 /// What callers hand the connection task.
 enum Outbound {
-    Call(Call),
+    Call(Call<Reply>),
     RecallDone(u64),
     /// Say goodbye, then signal (the client is being dropped).
     Goodbye(std_mpsc::SyncSender<()>),
-}
-
-struct Call {
-    id: u64,
-    ops: Vec<p::Op>,
-    time: Option<p::Time>,
-    reply: Answer,
-    /// When the call was made: no later than it was first sent. A recall that reached
-    /// this client after it may have ended rights its reply grants (`Rights`).
-    made: std::time::Instant,
-    /// For a change: its place among the session's changes on the wire (see
-    /// `write_call`), from when it was first written.
-    pos: Option<u64>,
 }
 
 /// What a writeback submission runs when its response arrives (on the connection thread:
 /// it must not block).
 pub type Completion = Box<dyn FnOnce(Result<Results, ClientError>) + Send>;
 
-/// Where a response goes: to a waiting caller, to a writeback completion, or — for
-/// writeback submissions merged into one compound request — to each part's own answer.
-enum Answer {
+/// Where a response goes: to a waiting caller, or to a writeback completion (which gives
+/// its room in the writeback budget back).
+enum Reply {
     Wait(std_mpsc::SyncSender<Result<Results, ClientError>>),
     Then(Completion, AsyncBudget, usize),
-    Batch(Vec<Part>),
 }
 
-/// One submission inside a merged request: its results are `len` of them, after `skip`
-/// results of the `Op::At` that set its clock.
-struct Part {
-    answer: Answer,
-    skip: usize,
-    len: usize,
-}
-
-impl Answer {
+impl Reply {
     fn send(self, r: Result<Results, ClientError>) {
         match self {
-            Answer::Wait(tx) => {
+            Reply::Wait(tx) => {
                 let _ = tx.try_send(r);
             }
-            Answer::Then(done, budget, bytes) => {
+            Reply::Then(done, budget, bytes) => {
                 done(r);
                 budget.release(bytes);
             }
-            Answer::Batch(parts) => {
-                let mut at = 0;
-                for part in parts {
-                    let mine = match &r {
-                        Ok(results) => {
-                            let from = (at + part.skip).min(results.len());
-                            let to = (at + part.skip + part.len).min(results.len());
-                            Ok(results[from..to].to_vec())
-                        }
-                        Err(e) => Err(e.clone()),
-                    };
-                    at += part.skip + part.len;
-                    part.answer.send(mine);
-                }
-            }
         }
     }
-
-    fn is_writeback(&self) -> bool {
-        matches!(self, Answer::Then(..))
-    }
-
-    /// Writeback, alone or merged: its callers were answered before it was sent.
-    fn answered_already(&self) -> bool {
-        matches!(self, Answer::Then(..) | Answer::Batch(..))
-    }
 }
-
-/// Most operations, and bytes of them, merged into one compound writeback request (well
-/// inside `MAX_OPS_PER_REQUEST` and the frame limit).
-const MAX_MERGED_OPS: usize = 512;
-const MAX_MERGED_BYTES: usize = 2 << 20;
 
 /// Writeback submissions held on the client before they go to the connection task: up
 /// to this many, or this many bytes, or `HELD_FOR`, whichever comes first.
@@ -319,7 +114,9 @@ fn release_held(held: &mut Held, tx: &mpsc::UnboundedSender<Outbound>) {
     for o in held.calls.drain(..) {
         if let Err(e) = tx.send(o) {
             if let Outbound::Call(c) = e.0 {
-                c.reply.send(Err(ClientError::Closed));
+                for (reply, r) in c.answer(Err(ClientError::Closed)) {
+                    reply.send(r);
+                }
             }
         }
     }
@@ -338,7 +135,7 @@ impl Outbox {
     }
 
     /// Holds a writeback submission (sends the batch when it is big enough).
-    fn hold(&self, c: Call, bytes: usize) {
+    fn hold(&self, c: Call<Reply>, bytes: usize) {
         let mut h = self.held();
         h.calls.push(Outbound::Call(c));
         h.bytes += bytes;
@@ -409,12 +206,12 @@ impl AsyncPermit<'_> {
         self.used = true;
         let id = self.client.next_id.fetch_add(1, Ordering::Relaxed);
         let budget = self.client.budget.clone();
-        let reply = Answer::Then(done, budget, self.bytes);
-        let call = Call { id, ops, time: Some(time), reply, made: std::time::Instant::now(), pos: None };
+        let reply = Reply::Then(done, budget, self.bytes);
         if self.client.out.tx.is_closed() {
-            call.reply.send(Err(ClientError::Closed));
+            reply.send(Err(ClientError::Closed));
             return Err(ClientError::Closed);
         }
+        let call = Call::writeback(id, ops, time, Instant::now(), reply);
         self.client.out.hold(call, self.bytes);
         Ok(())
     }
@@ -469,12 +266,10 @@ impl Client {
         let (recall_tx, recall_rx) = std_mpsc::channel();
         let recalls_taken = Arc::new(AtomicBool::new(false));
         let sink = RecallSink { tx: recall_tx, taken: recalls_taken.clone() };
-        let task_addr = addr.to_string();
-        let task_opts = opts.clone();
         let rights: RightsHook = Arc::default();
-        let task_rights = rights.clone();
         let next_id = Arc::new(AtomicU64::new(1));
-        let task_ids = next_id.clone();
+        let core = Connection::new(addr, &opts.client_name, next_id.clone(), rights.clone(), Instant::now());
+        let driver = Driver { core, addr: addr.to_string(), opts: opts.clone(), ready: ready_tx, recalls: sink };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -486,7 +281,7 @@ impl Client {
             .spawn(move || {
                 rt.block_on(async move {
                     tokio::spawn(release_held_periodically(task_held, weak_tx));
-                    run(task_addr, task_opts, rx, ready_tx, sink, task_rights, task_ids).await
+                    run(driver, rx).await
                 })
             })
             .map_err(|e| ClientError::Connect { addr: addr.into(), detail: e.to_string() })?;
@@ -586,7 +381,7 @@ impl Client {
     fn call_inner(&self, ops: Vec<p::Op>) -> Result<Results, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = std_mpsc::sync_channel(1);
-        let call = Call { id, ops, time: None, reply: Answer::Wait(reply), made: std::time::Instant::now(), pos: None };
+        let call = Call::wait(id, ops, Instant::now(), Reply::Wait(reply));
         if !self.out.send(Outbound::Call(call)) {
             return Err(ClientError::Closed);
         }
@@ -628,12 +423,6 @@ impl Client {
     }
 }
 
-impl Call {
-    fn request(&self) -> p::Request {
-        p::Request { id: self.id, ops: self.ops.clone(), time: self.time }
-    }
-}
-
 /// Where recalls go: to whoever took them, else answered at once by the connection.
 struct RecallSink {
     tx: std_mpsc::Sender<Recall>,
@@ -653,140 +442,158 @@ impl Drop for Client {
     }
 }
 
-async fn watch_lease(lease: Arc<Mutex<Lease>>, rights: RightsHook) {
-    let mut tick = tokio::time::interval(LEASE_CHECK);
-    loop {
-        tick.tick().await;
-        let lapsed = lease.lock().unwrap_or_else(|e| e.into_inner()).check(std::time::Instant::now());
-        if lapsed {
-            tracing::warn!("no word from the server for {CLIENT_LEASE:?}: dropping every cached right");
-            if let Some(r) = rights.get() {
-                r.reset();
-            }
-        }
-    }
+/// The connection thread's side of the connection: the core, and where its events go.
+struct Driver {
+    core: Connection<Reply>,
+    addr: String,
+    opts: ClientOptions,
+    ready: std_mpsc::SyncSender<Result<[u8; 16], ClientError>>,
+    recalls: RecallSink,
 }
 
-/// The session was fenced: nothing pending or unacknowledged-durable will be applied.
-/// Changes and writeback completions are told (EIO), the replay log goes, and so does
-/// every right and every lock (the server dropped them when it fenced the session).
-/// Calls that change nothing stay pending, to go in the new session: the server answers
-/// nothing of a fenced session, so such a call was merely early (a process that woke
-/// the client from a stop sends one before the client hears of the fencing).
-fn fenced(
-    addr: &str,
-    pending: &mut BTreeMap<u64, Call>,
-    log: &mut ReplayLog,
-    rights: &RightsHook,
-    held: &mut HeldLocks,
-) {
-    let (keep, lost): (BTreeMap<u64, Call>, BTreeMap<u64, Call>) =
-        std::mem::take(pending).into_iter().partition(|(_, c)| survives_fencing(c));
-    *pending = keep;
-    let lost_count = lost.len() + log.unstable.len() + log.replaying.len();
-    tracing::error!("{addr} fenced this client's session: {lost_count} change(s) it had not made durable are lost");
-    for (_, c) in lost {
-        c.reply.send(Err(ClientError::Fenced { addr: addr.to_string() }));
-    }
-    *log = ReplayLog::default();
-    let locks = held.table.len();
-    if locks > 0 {
-        tracing::error!("{addr} fenced this client's session: its {locks} lock(s) are lost");
-    }
-    held.clear();
-    if let Some(r) = rights.get() {
-        r.reset();
-    }
-}
-
-/// Whether a call still pending when the session is fenced goes again in the next one:
-/// one that changes nothing (reads, and the opens and releases a mount sends behind its
-/// answers, which the server applies once per handle) is sent again, whoever waits for it;
-/// a change is lost with the session, and so is a re-assert of its rights.
-fn survives_fencing(c: &Call) -> bool {
-    c.ops.iter().all(|o| !o.is_mutation() && !matches!(o, p::Op::Reassert { .. }))
-}
-
-/// Tells the rights hook what a response granted: exclusive rights on what it created,
-/// and on a directory it acquired and everything in it.
-fn grant_rights(rights: &RightsHook, ops: &[p::Op], results: &Results, sent: std::time::Instant) {
-    let Some(r) = rights.get() else { return };
-    for (op, res) in ops.iter().zip(results) {
-        match (op, res) {
-            (op, Ok(p::Reply::Entry(a))) if op.creates() => r.granted_exclusive(a.ino, sent),
-            (p::Op::Acquire { ino }, Ok(p::Reply::Lookup { leaf, .. })) => {
-                r.granted_exclusive(*ino, sent);
-                for item in &leaf.items {
-                    r.granted_exclusive(item.attr.ino, sent);
+impl Driver {
+    /// Tells callers what the core has for them. A recall nobody takes is answered at
+    /// once (a client that caches nothing).
+    fn deliver(&mut self) {
+        while let Some(e) = self.core.poll_event() {
+            match e {
+                Event::Answer(reply, r) => reply.send(r),
+                Event::Recall(r) => {
+                    let id = r.recall_id;
+                    if !self.recalls.deliver(r) {
+                        self.core.recall_done(id);
+                    }
+                }
+                Event::Ready(r) => {
+                    let _ = self.ready.try_send(r);
                 }
             }
-            _ => {}
         }
     }
-}
 
-fn write_frame(buf: &mut Vec<u8>, msg: &ClientMessage) {
-    if let Err(e) = p::encode_frame(msg, buf) {
-        tracing::error!("cannot encode a request: {e}");
+    /// Runs `fut` while keeping the core's timers (the lease, heartbeats): whatever the
+    /// thread waits for — a connect, a backoff, a full socket — the lease lapses on time.
+    async fn with_timers<F: Future>(&mut self, fut: F) -> F::Output {
+        tokio::pin!(fut);
+        loop {
+            let deadline = tokio::time::Instant::from_std(self.core.poll_timeout());
+            tokio::select! {
+                r = &mut fut => return r,
+                _ = tokio::time::sleep_until(deadline) => self.core.handle_timeout(Instant::now()),
+            }
+        }
+    }
+
+    /// Writes what the core has to send; false if the connection failed.
+    async fn transmit<W: AsyncWriteExt + Unpin>(&mut self, wr: &mut W) -> bool {
+        loop {
+            let out = self.core.poll_transmit();
+            if out.is_empty() {
+                return true;
+            }
+            let written = self
+                .with_timers(async {
+                    wr.write_all(&out).await?;
+                    wr.flush().await
+                })
+                .await;
+            if let Err(e) = written {
+                self.core.connection_lost(&e.to_string());
+                return false;
+            }
+        }
+    }
+
+    /// Keeps taking calls while away, so callers queue instead of failing, for `backoff`.
+    /// False when the client is gone.
+    async fn wait_away(&mut self, calls: &mut mpsc::UnboundedReceiver<Outbound>, backoff: Duration) -> bool {
+        let sleep = tokio::time::sleep(backoff);
+        tokio::pin!(sleep);
+        loop {
+            let deadline = tokio::time::Instant::from_std(self.core.poll_timeout());
+            tokio::select! {
+                _ = &mut sleep => return true,
+                _ = tokio::time::sleep_until(deadline) => self.core.handle_timeout(Instant::now()),
+                c = calls.recv() => match c {
+                    Some(Outbound::Call(c)) => self.core.submit(c, Instant::now()),
+                    // The new connection's session will not wait for it.
+                    Some(Outbound::RecallDone(_)) => {}
+                    Some(Outbound::Goodbye(_)) | None => {
+                        self.core.goodbye();
+                        return false;
+                    }
+                },
+            }
+            self.deliver();
+        }
+    }
+
+    /// Reads the answer to the hello (each read within `HANDSHAKE_WAIT`).
+    async fn handshake(&mut self, rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut [u8]) {
+        let mut give_up = tokio::time::Instant::now() + HANDSHAKE_WAIT;
+        while self.core.state() == State::Handshaking {
+            let deadline = tokio::time::Instant::from_std(self.core.poll_timeout());
+            tokio::select! {
+                r = rd.read(buf) => {
+                    match r {
+                        Ok(n) => self.core.handle_bytes(Instant::now(), &buf[..n]),
+                        Err(e) => self.core.connection_lost(&e.to_string()),
+                    }
+                    give_up = tokio::time::Instant::now() + HANDSHAKE_WAIT;
+                }
+                _ = tokio::time::sleep_until(give_up) => self.core.handshake_timeout(),
+                _ = tokio::time::sleep_until(deadline) => self.core.handle_timeout(Instant::now()),
+            }
+        }
+    }
+
+    /// Hands a burst of queued calls to the core, so one write carries it and consecutive
+    /// writeback merges. False when the client says goodbye (`done` is told once sent).
+    async fn burst<W: AsyncWriteExt + Unpin>(
+        &mut self,
+        first: Outbound,
+        calls: &mut mpsc::UnboundedReceiver<Outbound>,
+        wr: &mut W,
+    ) -> bool {
+        let mut next = Some(first);
+        while let Some(o) = next.take().or_else(|| calls.try_recv().ok()) {
+            match o {
+                Outbound::Call(c) => self.core.submit(c, Instant::now()),
+                Outbound::RecallDone(id) => self.core.recall_done(id),
+                Outbound::Goodbye(done) => {
+                    self.core.goodbye();
+                    self.transmit(wr).await;
+                    let _ = done.try_send(());
+                    return false;
+                }
+            }
+        }
+        self.core.end_burst();
+        true
     }
 }
 
 /// The connection loop: connect, handshake, resend what is pending, then move requests
 /// and responses until the connection breaks; repeat.
-async fn run(
-    addr: String,
-    opts: ClientOptions,
-    mut calls: mpsc::UnboundedReceiver<Outbound>,
-    ready: std_mpsc::SyncSender<Result<[u8; 16], ClientError>>,
-    recalls: RecallSink,
-    rights: RightsHook,
-    next_id: Arc<AtomicU64>,
-) {
-    let mut pending: BTreeMap<u64, Call> = BTreeMap::new();
-    let mut log = ReplayLog::default();
-    let mut held = HeldLocks::default();
-    // When the last fencing was learnt: writeback answered before it (still on its way
-    // here: held on the client or queued) belongs to the fenced session and is failed, not
-    // sent on the new one.
-    let mut fenced_at: Option<std::time::Instant> = None;
-    // How many changes of this session have gone on the wire (see `write_call`).
-    let mut positions: u64 = 0;
-    let mut session: Option<p::SessionToken> = None;
-    let mut fsid: Option<[u8; 16]> = None;
+async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
     let mut backoff = Duration::from_millis(20);
-    let started = tokio::time::Instant::now();
-    // The lease is watched by a task of its own, so that it lapses on time whatever this
-    // loop is waiting for (a connect, a handshake, a backoff, a full socket).
-    let lease = Arc::new(Mutex::new(Lease::new(started.into_std())));
-    tokio::spawn(watch_lease(lease.clone(), rights.clone()));
-    let heard = || lease.lock().unwrap_or_else(|e| e.into_inner()).heard(std::time::Instant::now());
+    let started = Instant::now();
+    let mut buf = vec![0u8; 256 * 1024];
     loop {
-        if session.is_some() {
-            if let Some(r) = rights.get() {
-                r.disconnected();
-            }
-        }
-        let stream = match TcpStream::connect(&addr).await {
+        d.core.connecting(Instant::now());
+        let addr = d.addr.clone();
+        let stream = match d.with_timers(TcpStream::connect(&addr)).await {
             Ok(s) => s,
             Err(e) => {
-                if fsid.is_none() && started.elapsed() > opts.connect_timeout {
-                    let _ = ready.try_send(Err(ClientError::Connect { addr: addr.clone(), detail: e.to_string() }));
+                if !d.core.has_connected() && started.elapsed() > d.opts.connect_timeout {
+                    d.core.fail(ClientError::Connect { addr: addr.clone(), detail: e.to_string() });
+                    d.deliver();
                     return;
                 }
                 tracing::debug!("connect to {addr}: {e}; retrying in {backoff:?}");
-                // Keep accepting calls while away so callers queue instead of failing.
-                let sleep = tokio::time::sleep(backoff);
-                tokio::pin!(sleep);
-                loop {
-                    tokio::select! {
-                        _ = &mut sleep => break,
-                        c = calls.recv() => match c {
-                            Some(Outbound::Call(c)) => { pending.insert(c.id, c); }
-                            // The new connection's session will not wait for it.
-                            Some(Outbound::RecallDone(_)) => {}
-                            Some(Outbound::Goodbye(_)) | None => return,
-                        },
-                    }
+                if !d.wait_away(&mut calls, backoff).await {
+                    d.deliver();
+                    return;
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
@@ -795,426 +602,47 @@ async fn run(
         let _ = stream.set_nodelay(true);
         let (mut rd, wr) = stream.into_split();
         let mut wr = BufWriter::with_capacity(256 * 1024, wr);
-        let mut out = Vec::new();
-        let hello = p::Hello {
-            magic: p::HELLO_MAGIC,
-            version: p::PROTOCOL_VERSION,
-            client_name: opts.client_name.clone(),
-            resume: session,
-        };
-        write_frame(&mut out, &ClientMessage::Hello(hello));
-        if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
-            continue;
+        d.core.connected(Instant::now());
+        if d.transmit(&mut wr).await {
+            d.handshake(&mut rd, &mut buf).await;
         }
-        out.clear();
-        let mut decoder = FrameDecoder::new();
-        let mut buf = vec![0u8; 256 * 1024];
-        // Handshake. `why` says what went wrong, for a first connection that fails it.
-        let mut why = String::new();
-        let mut received = 0usize;
-        let welcome = loop {
-            match decoder.poll_message::<ServerMessage>() {
-                Ok(Some(m)) => break Some(m),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!("bad handshake from {addr}: {e}");
-                    why = format!("its answer to the handshake is not a crest frame ({e})");
-                    break None;
-                }
-            }
-            match tokio::time::timeout(Duration::from_secs(10), rd.read(&mut buf)).await {
-                Ok(Ok(n)) if n > 0 => {
-                    received += n;
-                    decoder.handle_bytes(&buf[..n]);
-                }
-                Ok(Ok(_)) => {
-                    why = format!("it closed the connection after {received} bytes, without a crest welcome");
-                    break None;
-                }
-                Ok(Err(e)) => {
-                    why = format!("reading its answer to the handshake: {e}");
-                    break None;
-                }
-                Err(_) => {
-                    why = format!("no crest welcome within 10 s ({received} bytes received)");
-                    break None;
-                }
-            }
-        };
-        // Calls written again in their places during the handshake (not resent below).
-        let mut rewritten = std::collections::HashSet::new();
-        match welcome {
-            Some(ServerMessage::Welcome(w)) => {
-                heard();
-                if w.fenced {
-                    fenced(&addr, &mut pending, &mut log, &rights, &mut held);
-                    fenced_at = Some(std::time::Instant::now());
-                }
-                if fsid.is_some_and(|f| f != w.fsid) {
-                    tracing::error!("{addr} now serves another file system; failing pending calls");
-                    held.clear();
-                    for (_, c) in std::mem::take(&mut pending) {
-                        c.reply.send(Err(ClientError::Refused {
-                            addr: addr.clone(),
-                            reason: "the server's file system changed".into(),
-                        }));
-                    }
-                }
-                if session.is_some() {
-                    tracing::info!(resumed = w.resumed, pending = pending.len(), "reconnected to {addr}");
-                    // After a restart, replay what did not survive it, oldest first. A
-                    // server that forgot the session entirely knows nothing durable of it.
-                    let through = match (w.resumed, w.durable_seq, w.fenced) {
-                        (_, _, true) => None, // nothing of the old session may land now
-                        (true, None, _) => None,
-                        (true, Some(d), _) => Some(d),
-                        (false, _, _) => Some(0),
-                    };
-                    // A restart that restored the session: the rights held are taken
-                    // again while it replays, before anyone's new work runs (§4.5).
-                    // A server that forgot the session gives nothing back.
-                    let restored = w.resumed && w.durable_seq.is_some() && !w.fenced;
-                    let mut rights_held = Vec::new();
-                    // After a restart: unanswered changes that may never have run, in order.
-                    let mut late: Vec<u64> = Vec::new();
-                    if let Some(through) = through {
-                        if let Some(r) = rights.get() {
-                            if restored {
-                                rights_held = r.restored();
-                            } else {
-                                r.reset();
-                            }
-                        }
-                        // Every acknowledged change the server lost goes again, in the order
-                        // they ran (their answers' order), before anything new. An unanswered
-                        // one whose place the server kept was applied and is durable: not
-                        // sent again (it would run twice). Any other unanswered one ran, if at
-                        // all, after them: it goes as new work, after `Replayed` (run earlier,
-                        // it could take what another client's replay needs).
-                        let lost = log.take_lost(through, &w.durable_holes);
-                        let placed: Vec<(u64, u64)> =
-                            pending.values().filter_map(|c| c.pos.map(|p| (c.id, p))).collect();
-                        let plan = plan_restart(through, &w.durable_holes, &placed);
-                        for id in plan.kept {
-                            if let Some(c) = pending.remove(&id) {
-                                tracing::warn!(id, "{addr} restarted after applying a change, before answering it");
-                                if let Some(r) = rights.get() {
-                                    r.reply_lost(&c.ops);
-                                }
-                                reply_lost(c, &addr);
-                            }
-                        }
-                        for &id in &plan.late {
-                            if let Some(c) = pending.get_mut(&id) {
-                                c.pos = None;
-                            }
-                        }
-                        late = plan.late;
-                        if !lost.is_empty() {
-                            tracing::warn!("{addr} restarted: sending again {} change(s) it lost", lost.len());
-                        }
-                        positions = through;
-                        for mut e in lost {
-                            positions += 1;
-                            e.pos = positions;
-                            write_frame(&mut out, &ClientMessage::Request(e.request()));
-                            log.replaying.push(e);
-                        }
-                    } else if !w.fenced {
-                        // The same session: what may not have arrived goes again, changes
-                        // in their places (a repeat is answered from the reply cache).
-                        let mut again: Vec<(u64, p::Request)> =
-                            log.replaying.iter().map(|e| (e.pos, e.request())).collect();
-                        for c in pending.values() {
-                            if let Some(p) = c.pos {
-                                again.push((p, c.request()));
-                                rewritten.insert(c.id);
-                            }
-                        }
-                        again.sort_by_key(|(p, _)| *p);
-                        for (_, req) in again {
-                            write_frame(&mut out, &ClientMessage::Request(req));
-                        }
-                    }
-                    // After a restart the server holds everyone's new work until every
-                    // restored session has said its replays are all sent. The locks it
-                    // held go with the replays: nobody else can take them meanwhile.
-                    if through.is_some() {
-                        for r in held.reassert(&rights_held, &next_id) {
-                            write_frame(&mut out, &ClientMessage::Request(r));
-                        }
-                    } else if !w.fenced {
-                        for r in held.resend() {
-                            write_frame(&mut out, &ClientMessage::Request(r));
-                        }
-                    }
-                    if restored {
-                        // Writeback was answered already, under exclusive rights: like a
-                        // replay it goes before `Replayed`, so that it runs ahead of the
-                        // new work other clients have waiting — also when those rights
-                        // were dropped meanwhile (a lease that ran out while away), and
-                        // the server could not recall them first. Nobody else can have
-                        // built on what it touches (they were held), and an unanswered
-                        // call it overtakes had not returned.
-                        let unwritten = pending.values().filter(|c| c.pos.is_none() && !late.contains(&c.id));
-                        let mut early: Vec<u64> = late
-                            .iter()
-                            .copied()
-                            .filter(|id| pending.get(id).is_some_and(|c| c.reply.answered_already()))
-                            .collect();
-                        early.extend(unwritten.filter(|c| c.reply.answered_already()).map(|c| c.id));
-                        for id in early {
-                            if let Some(c) = pending.get_mut(&id) {
-                                write_call(c, &mut positions, &mut out);
-                                rewritten.insert(id);
-                            }
-                        }
-                        late.retain(|id| !rewritten.contains(id));
-                    }
-                    // Said again after every reconnect of a resumed session: the first
-                    // `Replayed` may have been lost with the connection even when its
-                    // replays and re-asserts were answered, and new work sent before it
-                    // would be taken for replays and run inside the grace period. The
-                    // server ignores it from a session not replaying.
-                    if w.resumed && !w.fenced {
-                        write_frame(&mut out, &ClientMessage::Replayed);
-                    }
-                    for id in late {
-                        if let Some(c) = pending.get_mut(&id) {
-                            write_call(c, &mut positions, &mut out);
-                            rewritten.insert(id);
-                        }
-                    }
-                }
-                if w.fenced || session.is_none() {
-                    positions = 0;
-                }
-                session = Some(w.session);
-                if fsid.is_none() {
-                    fsid = Some(w.fsid);
-                    let _ = ready.try_send(Ok(w.fsid));
-                }
-                backoff = Duration::from_millis(20);
-            }
-            Some(ServerMessage::Refused { reason, .. }) => {
-                let err = ClientError::Refused { addr: addr.clone(), reason };
-                tracing::error!("{err}");
-                let _ = ready.try_send(Err(err.clone()));
-                for (_, c) in std::mem::take(&mut pending) {
-                    c.reply.send(Err(err.clone()));
-                }
-                return;
-            }
-            other => {
-                // The very first handshake failing means whatever answers at `addr` does
-                // not speak crest (an sshd, a web server): say so at once rather than
-                // retrying until the connect timeout. Once connected, a failed handshake
-                // is a server restarting, and is retried.
-                if fsid.is_none() {
-                    if other.is_some() {
-                        why = "its first message is not a welcome".into();
-                    }
-                    let err = ClientError::NotCrest { addr: addr.clone(), detail: why };
-                    tracing::error!("{err}");
-                    let _ = ready.try_send(Err(err.clone()));
-                    for (_, c) in std::mem::take(&mut pending) {
-                        c.reply.send(Err(err.clone()));
-                    }
+        d.deliver();
+        match d.core.state() {
+            State::Closed => return,
+            State::Open => backoff = Duration::from_millis(20),
+            State::Away | State::Handshaking => {
+                if !d.wait_away(&mut calls, backoff).await {
+                    d.deliver();
                     return;
                 }
-                tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
             }
         }
-        // Then everything else still waiting, in id order, with the same ids.
-        for c in pending.values_mut() {
-            if !rewritten.contains(&c.id) {
-                write_call(c, &mut positions, &mut out);
+        while d.core.state() == State::Open {
+            if !d.transmit(&mut wr).await {
+                break;
             }
-        }
-        if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
-            continue;
-        }
-        out.clear();
-        let mut beat = tokio::time::interval(HEARTBEAT);
-        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_sent = tokio::time::Instant::now();
-        loop {
+            let deadline = tokio::time::Instant::from_std(d.core.poll_timeout());
             tokio::select! {
-                _ = beat.tick() => {
-                    if last_sent.elapsed() >= HEARTBEAT {
-                        // An empty request: the server renews the lease and answers.
-                        write_frame(&mut out, &ClientMessage::Request(p::Request { id: HEARTBEAT_ID, ops: Vec::new(), time: None }));
-                        let ok = wr.write_all(&out).await.is_ok() && wr.flush().await.is_ok();
-                        out.clear();
-                        last_sent = tokio::time::Instant::now();
-                        if !ok {
-                            break;
-                        }
-                    }
-                }
+                _ = tokio::time::sleep_until(deadline) => d.core.handle_timeout(Instant::now()),
                 c = calls.recv() => {
-                    last_sent = tokio::time::Instant::now();
                     let Some(c) = c else {
-                        write_frame(&mut out, &ClientMessage::Goodbye);
-                        let _ = wr.write_all(&out).await;
-                        let _ = wr.flush().await;
+                        d.core.goodbye();
+                        d.transmit(&mut wr).await;
                         return;
                     };
-                    // Take whatever else is queued so one flush carries the burst, merging
-                    // consecutive writeback submissions into compound requests.
-                    let mut next = Some(c);
-                    let mut merger = Merger::new();
-                    let send = |mut c: Call, out: &mut Vec<u8>, pending: &mut BTreeMap<u64, Call>, positions: &mut u64| {
-                        write_call(&mut c, positions, out);
-                        pending.insert(c.id, c);
-                    };
-                    while let Some(c) = next.take().or_else(|| calls.try_recv().ok()) {
-                        let c = match c {
-                            Outbound::Call(c) if c.reply.is_writeback() && fenced_at.is_some_and(|f| c.made < f) => {
-                                c.reply.send(Err(ClientError::Fenced { addr: addr.clone() }));
-                                continue;
-                            }
-                            Outbound::Call(c) => match merger.offer(c) {
-                                None => continue,
-                                Some(c) => {
-                                    if let Some(m) = merger.flush() {
-                                        send(m, &mut out, &mut pending, &mut positions);
-                                    }
-                                    match merger.offer(c) {
-                                        None => continue,
-                                        Some(c) => Outbound::Call(c),
-                                    }
-                                }
-                            },
-                            other => {
-                                if let Some(m) = merger.flush() {
-                                    send(m, &mut out, &mut pending, &mut positions);
-                                }
-                                other
-                            }
-                        };
-                        match c {
-                            Outbound::Call(c) => send(c, &mut out, &mut pending, &mut positions),
-                            Outbound::RecallDone(recall_id) => {
-                                write_frame(&mut out, &ClientMessage::RecallDone { recall_id });
-                            }
-                            Outbound::Goodbye(done) => {
-                                write_frame(&mut out, &ClientMessage::Goodbye);
-                                let _ = wr.write_all(&out).await;
-                                let _ = wr.flush().await;
-                                let _ = done.try_send(());
-                                return;
-                            }
-                        }
-                    }
-                    if let Some(m) = merger.flush() {
-                        send(m, &mut out, &mut pending, &mut positions);
-                    }
-                    let ok = wr.write_all(&out).await.is_ok() && wr.flush().await.is_ok();
-                    out.clear();
-                    if !ok {
-                        break;
+                    if !d.burst(c, &mut calls, &mut wr).await {
+                        return;
                     }
                 }
-                r = rd.read(&mut buf) => {
-                    match r {
-                        Ok(n) if n > 0 => {
-                            decoder.handle_bytes(&buf[..n]);
-                            heard();
-                        }
-                        _ => {
-                            tracing::warn!("connection to {addr} lost; {} requests pending", pending.len());
-                            break;
-                        }
-                    }
-                    let mut broken = false;
-                    loop {
-                        match decoder.poll_message::<ServerMessage>() {
-                            Ok(Some(ServerMessage::Response(resp))) => {
-                                if let Some(c) = pending.remove(&resp.id) {
-                                    grant_rights(&rights, &c.ops, &resp.results, c.made);
-                                    held.follow(&c.ops, &resp.results);
-                                    if c.pos.is_some_and(|p| resp.seq != 0 && resp.seq != p) {
-                                        tracing::error!(id = c.id, pos = ?c.pos, seq = resp.seq, "a change came back with another place than it was sent in");
-                                    }
-                                    let entry = Unstable {
-                                        id: c.id,
-                                        ops: c.ops,
-                                        time: c.time,
-                                        results: resp.results.clone(),
-                                        pos: resp.seq,
-                                        answered: 0,
-                                    };
-                                    log.acknowledged(resp.seq, entry);
-                                    c.reply.send(Ok(resp.results));
-                                } else if let Some(e) = log.replayed(resp.id) {
-                                    if !same_outcome(&e.results, &resp.results) {
-                                        tracing::error!(
-                                            id = resp.id,
-                                            "a replayed change came out differently: first {:?}, now {:?}",
-                                            e.results,
-                                            resp.results
-                                        );
-                                    }
-                                    log.acknowledged(resp.seq, Unstable { results: resp.results, pos: resp.seq, ..e });
-                                } else {
-                                    let refused = held.answered(resp.id, &resp.results);
-                                    if !refused.is_empty() {
-                                        // As a recall nobody waits on: dropped here and in
-                                        // the kernel (recall id 0 is never answered).
-                                        if let Some(r) = rights.get() {
-                                            r.recalled(&refused);
-                                        }
-                                        recalls.deliver(Recall { recall_id: 0, inodes: refused });
-                                    }
-                                }
-                                log.durable(resp.durable);
-                            }
-                            Ok(Some(ServerMessage::Notify(p::Notify::Recall { recall_id, inodes }))) => {
-                                if let Some(r) = rights.get() {
-                                    r.recalled(&inodes);
-                                }
-                                if !recalls.deliver(Recall { recall_id, inodes }) {
-                                    write_frame(&mut out, &ClientMessage::RecallDone { recall_id });
-                                }
-                            }
-                            Ok(Some(ServerMessage::Notify(p::Notify::Fenced))) => {
-                                fenced(&addr, &mut pending, &mut log, &rights, &mut held);
-                    fenced_at = Some(std::time::Instant::now());
-                                // A new session, not a resume of the fenced one.
-                                session = None;
-                                broken = true;
-                                break;
-                            }
-                            Ok(Some(ServerMessage::Notify(n))) => tracing::info!("server notice: {n:?}"),
-                            Ok(Some(other)) => {
-                                tracing::warn!("unexpected message from {addr}: {other:?}");
-                                broken = true;
-                                break;
-                            }
-                            Ok(None) => break,
-                            Err(e) => {
-                                tracing::error!("bad frame from {addr}: {e}");
-                                broken = true;
-                                break;
-                            }
-                        }
-                    }
-                    if broken {
-                        break;
-                    }
-                    // Recalls answered here go out at once.
-                    if !out.is_empty() {
-                        let ok = wr.write_all(&out).await.is_ok() && wr.flush().await.is_ok();
-                        out.clear();
-                        if !ok {
-                            break;
-                        }
-                    }
-                }
+                r = rd.read(&mut buf) => match r {
+                    Ok(n) => d.core.handle_bytes(Instant::now(), &buf[..n]),
+                    Err(e) => d.core.connection_lost(&e.to_string()),
+                },
             }
+            d.deliver();
         }
+        d.deliver();
     }
 }

@@ -118,6 +118,9 @@ impl Session {
 /// The server core.
 pub struct Server {
     store: Store,
+    /// Where session secrets come from: the process's randomness, or a seed a
+    /// simulation passes in (`seed_randomness`).
+    rng: crest_rng::Stream,
     sessions: HashMap<SessionId, Session>,
     next_session: SessionId,
     /// Store generation when sessions' `durable` was last brought up to date.
@@ -220,6 +223,13 @@ pub(crate) fn errno(errno: i32, message: impl Into<String>) -> p::OpError {
 }
 
 impl Server {
+    /// Draws the server's randomness (session secrets, and the store's inode
+    /// generations) from `seed` from now on: for simulations that must replay exactly.
+    pub fn seed_randomness(&mut self, seed: u64) {
+        self.rng = crest_rng::Stream::from_seed_u64(seed);
+        self.store.seed_randomness(seed ^ 0x5707e);
+    }
+
     /// A server over an opened store. Sessions whose records the store holds (a restart)
     /// are restored, waiting for their clients to resume them and replay what was lost.
     pub fn new(mut store: Store) -> Server {
@@ -267,6 +277,7 @@ impl Server {
         }
         Server {
             store,
+            rng: crest_rng::Stream::from_process(),
             sessions,
             next_session,
             seen_generation,
@@ -359,7 +370,7 @@ impl Server {
         }
         let id = self.next_session;
         self.next_session += 1;
-        let secret = crest_rng::next_u64();
+        let secret = self.rng.next_u64();
         self.sessions.insert(id, Session { secret, client_name: hello.client_name.clone(), ..Default::default() });
         tracing::info!(session = id, client = %hello.client_name, fenced_before = fenced, "session started");
         (Some(id), self.welcome(id, false, None, Vec::new(), fenced))

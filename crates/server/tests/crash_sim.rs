@@ -7,16 +7,14 @@
 //! seeded `crest_rng::Stream`. Now and then the server **crashes**: its store is dropped
 //! without a commit (`Store::abandon`, as `kill -9` or a power cut leaves it), reopened,
 //! and a new `Server` restores the sessions it finds records of — at any moment, also
-//! while changes it applied wait for their answers. Each client does what `crest-net`'s
-//! does: responses already sent reach it; then it says hello with its token; of its
-//! changes (each has a place among its session's changes, which is its `seq`: the server
-//! numbers a change as it arrives, even one parked behind another client's rights) those
-//! at or below the welcome's `durable_seq` but for its `durable_holes` were kept — one
-//! unanswered is not sent again, its answer is lost; the lost acknowledged ones are
-//! replayed in the order their answers came (the order they ran: the server answers a
-//! session's changes in that order); then `Replayed`; then, as new work, every other
-//! unanswered change (it ran, if at all, after them) and reads.
-//! Clients answer recalls after a random delay and stay alive (client crashes, network
+//! while changes it applied wait for their answers. Each client is the real client core
+//! (`crest_client::conn::Connection`, as `crest-net` drives it) with this simulator as
+//! its driver: its frames go to the server core in uneven pieces, the server's come back;
+//! after a crash the responses already sent reach it, then it resumes its session and
+//! decides itself what is kept, what is replayed (before `Replayed`) and what goes again
+//! as new work. The simulator only reads what it writes: requests before `Replayed` count
+//! as replays, and a change after it that the reference ran was lost and is new again.
+//! Clients answer recalls when they take them in and stay alive (client crashes, network
 //! faults and leases are `sim.rs`'s).
 //!
 //! **The oracle** is a second server that never crashes: every request the crashing
@@ -53,8 +51,12 @@
 //! prints its seed and the last events.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crest_proto::{self as p, Op, Reply};
+use crest_client::conn::{Call, ClientError, Connection, Event, RightsHook};
+use crest_proto::{self as p, ClientMessage, FrameDecoder, Op, Reply, ServerMessage};
 use crest_rng::Stream;
 use crest_server::{Outgoing, Server, SessionId};
 use crest_store::{check, MemDisk, MkfsOptions, Store, ROOT_INO};
@@ -78,45 +80,32 @@ const EPOCH_S: u64 = 1_000;
 /// Events of the trace printed with a failure.
 const TRACE_EVENTS: usize = 60;
 
-/// A request a client sent and has no answer to yet.
+/// A request as a client sent it (resends and replays are the same).
 #[derive(Clone, Debug)]
 struct Sent {
     ops: Vec<Op>,
     time: p::Time,
-    /// A change's place among its session's changes sent (`crest-net`'s `write_call`).
-    pos: Option<u64>,
 }
 
-/// An acknowledged change not yet durable, kept for replay (`crest-net`'s unstable log).
-#[derive(Clone, Debug)]
-struct Unstable {
-    id: u64,
-    sent: Sent,
-    /// When its answer came, counted (answers come in the order the changes ran).
-    answered: u64,
-}
-
-#[derive(Debug, Default)]
+/// A client: the real client core (`crest_client::conn::Connection`) with the simulator
+/// as its driver, moving its bytes to and from the server core.
 struct Client {
-    token: Option<p::SessionToken>,
+    conn: Connection<u64>,
+    /// Its session on the crashing server, once welcomed.
+    sid: Option<SessionId>,
     next_id: u64,
-    pending: BTreeMap<u64, Sent>,
-    /// Changes sent in this session.
-    positions: u64,
-    /// By `seq`.
-    unstable: BTreeMap<u64, Unstable>,
-    /// Acknowledged changes sent again after a restart, not yet answered again, by id.
-    replaying: BTreeMap<u64, Unstable>,
-    /// Answers taken in, counted.
-    answers: u64,
-    /// Messages from the server not yet taken in (responses, recall ids).
-    inbox: VecDeque<Inbound>,
+    /// Messages from the server not yet taken in (responses, recalls).
+    inbox: VecDeque<ServerMessage>,
 }
 
-#[derive(Debug)]
-enum Inbound {
-    Response(p::Response),
-    Recall(u64),
+/// How the simulator reads what a client writes after a welcome.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Welcomed {
+    /// Not after a welcome, or the session is new: everything is sent as it comes.
+    Plain,
+    /// After a restart that restored the session: requests before `Replayed` are
+    /// replays; a change sent after it that the reference ran was lost and goes as new.
+    Restored,
 }
 
 /// Attributes as compared: not the generation (the store draws it), not atime or crtime.
@@ -146,6 +135,17 @@ fn outcomes(results: &[Result<Reply, p::OpError>]) -> Vec<String> {
     results.iter().map(outcome).collect()
 }
 
+/// Every message in `bytes` (what a client wrote).
+fn decode(bytes: &[u8]) -> Result<Vec<ClientMessage>, String> {
+    let mut d = FrameDecoder::new();
+    d.handle_bytes(bytes);
+    let mut v = Vec::new();
+    while let Some(m) = d.poll_message::<ClientMessage>().map_err(|e| format!("a client wrote a bad frame: {e}"))? {
+        v.push(m);
+    }
+    Ok(v)
+}
+
 fn hello(resume: Option<p::SessionToken>) -> p::Hello {
     p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "crash-sim".into(), resume }
 }
@@ -162,6 +162,8 @@ struct Sim {
     seed: u64,
     rng: Stream,
     now_us: u64,
+    /// The clients' clock at `EPOCH_S` (their cores take `Instant`s).
+    t0: Instant,
     disk: MemDisk,
     server: Server,
     reference: Server,
@@ -196,13 +198,24 @@ impl Sim {
         let mut rng = Stream::from_seed_u64(seed);
         let n = 2 + rng.below(3) as usize;
         let disk = MemDisk::new(64 << 20);
-        let server = fresh_server(&disk);
-        let reference = fresh_server(&MemDisk::new(64 << 20));
-        let clients = (0..n).map(|_| Client { next_id: 1, ..Client::default() }).collect();
+        let mut server = fresh_server(&disk);
+        server.seed_randomness(rng.next_u64());
+        let mut reference = fresh_server(&MemDisk::new(64 << 20));
+        reference.seed_randomness(rng.next_u64());
+        let t0 = Instant::now();
+        let clients = (0..n)
+            .map(|c| {
+                // (Ids of its own, for re-asserts, which this simulator never needs.)
+                let ids = Arc::new(AtomicU64::new(1 << 40));
+                let conn = Connection::new("crash-sim", &format!("crash-sim-{c}"), ids, RightsHook::default(), t0);
+                Client { conn, sid: None, next_id: 1, inbox: VecDeque::new() }
+            })
+            .collect();
         Sim {
             seed,
             rng,
             now_us: EPOCH_S * 1_000_000,
+            t0,
             disk,
             server,
             reference,
@@ -244,22 +257,35 @@ impl Sim {
         self.now_us / 1_000
     }
 
-    /// Says hello for client `c` (resuming its session if it has one) and does what
-    /// `crest-net`'s client does on a welcome.
+    fn instant(&self) -> Instant {
+        self.t0 + Duration::from_micros(self.now_us - EPOCH_S * 1_000_000)
+    }
+
+    /// Client `c`'s core connects: its hello goes to the server, and the welcome back.
     fn connect(&mut self, c: usize) {
-        let (sid, msg) = self.server.handle_hello(&hello(self.clients[c].token));
-        let p::ServerMessage::Welcome(w) = msg else {
+        let now = self.instant();
+        self.clients[c].conn.connecting(now);
+        self.clients[c].conn.connected(now);
+        let out = self.clients[c].conn.poll_transmit();
+        let h = match decode(&out).map(|mut m| (m.len(), m.pop())) {
+            Ok((1, Some(ClientMessage::Hello(h)))) => h,
+            other => return self.fail(format!("client {c}: connected and wrote {other:?}, not one hello")),
+        };
+        let (sid, msg) = self.server.handle_hello(&h);
+        let p::ServerMessage::Welcome(w) = &msg else {
             return self.fail(format!("client {c}: refused: {msg:?}"));
         };
         let Some(sid) = sid else { return self.fail(format!("client {c}: welcomed without a session")) };
         if w.fenced {
             return self.fail(format!("client {c}: fenced ({w:?})"));
         }
-        let old = self.clients[c].token.replace(w.session);
-        if old.is_none_or(|t| t.id != sid) {
+        let old = self.clients[c].sid.replace(sid);
+        let mut how = Welcomed::Plain;
+        if old != Some(sid) || !w.resumed {
             // A new session: the first, or after a restart that found no record of the
-            // old one (it had changed nothing: a first change commits the record).
-            if old.is_some() && !self.clients[c].unstable.is_empty() {
+            // old one (it had changed nothing: a first change commits the record; the
+            // new server may give its number to another session).
+            if old.is_some() && self.clients[c].conn.unstable() > 0 {
                 return self.fail(format!("client {c}: its session was forgotten with acknowledged changes"));
             }
             let (rs, _) = self.reference.handle_hello(&hello(None));
@@ -269,110 +295,95 @@ impl Sim {
             self.serial.insert(sid, serial);
             self.owner.insert(sid, c);
             self.log(format!("client {c}: session {sid}"));
-            self.clients[c].positions = 0;
-            let ids: Vec<u64> = self.clients[c].pending.keys().copied().collect();
-            for id in ids {
-                if let Some(s) = self.clients[c].pending.get_mut(&id) {
-                    s.pos = None;
-                }
-                self.write(c, sid, id);
+        } else {
+            self.log(format!("client {c}: back (resumed {}, durable {:?})", w.resumed, w.durable_seq));
+            if w.durable_seq.is_none() {
+                return self.fail(format!("client {c}: resumed without a restart, which this simulator never does"));
             }
-            return self.pump();
+            how = Welcomed::Restored;
         }
-        let through = match (w.resumed, w.durable_seq) {
-            (true, None) => None,
-            (true, Some(d)) => Some(d),
-            (false, _) => Some(0),
-        };
-        self.log(format!("client {c}: back (resumed {}, durable {:?})", w.resumed, w.durable_seq));
-        let now = self.now();
-        let Some(through) = through else {
-            return self.fail(format!("client {c}: resumed without a restart, which this simulator never does"));
-        };
-        // Every change the server lost — acknowledged (replays) or not — goes again in
-        // the order the server first applied them; one unanswered whose place it kept was
-        // applied and is durable: its answer is lost, and it is not sent again.
-        let cl = &mut self.clients[c];
-        cl.unstable.retain(|&seq, _| seq > through);
-        let holes = &w.durable_holes;
-        let replays = std::mem::take(&mut cl.replaying).into_values();
-        let mut lost: Vec<Unstable> = std::mem::take(&mut cl.unstable)
-            .into_values()
-            .chain(replays.filter(|u| u.sent.pos.is_some_and(|p| p > through || holes.contains(&p))))
-            .collect();
-        lost.sort_by_key(|u| u.answered);
-        // What ran, if at all, after every acknowledged change is new work after `Replayed`.
-        let placed: Vec<(u64, u64)> = cl.pending.iter().filter_map(|(&id, s)| s.pos.map(|p| (id, p))).collect();
-        let crest_client::replay::RestartPlan { kept, late } =
-            crest_client::replay::plan_restart(through, holes, &placed);
-        for id in &late {
-            if let Some(sent) = cl.pending.get_mut(id) {
-                sent.pos = None;
-            }
-        }
-        for id in &kept {
-            cl.pending.remove(id);
-        }
-        cl.positions = through;
-        let mut again = Vec::new();
-        for mut u in lost {
-            cl.positions += 1;
-            u.sent.pos = Some(cl.positions);
-            again.push((u.id, u.sent.clone()));
-            cl.replaying.insert(u.id, u);
-        }
-        self.replies_lost += kept.len() as u64;
-        for id in kept {
-            self.log(format!("client {c}: {id} was applied and kept before the crash; its answer is lost"));
-        }
-        for (id, sent) in again {
-            self.replays += 1;
-            self.log(format!("client {c}: replays {id}"));
-            self.server.handle(sid, p::Request { id, ops: sent.ops, time: Some(sent.time) }, now);
-        }
-        if w.resumed {
-            self.server.replayed(sid, now);
-        }
-        // A change sent again as new work may have run before the crash, and been lost
-        // with it: then the reference ran it where the crashed server first did. Nothing
-        // kept built on it (the server commits before another session's change does, and
-        // the same session's later changes would have been acknowledged and replayed,
-        // taking it with them), so the reference is run again without it, and it counts
-        // as new when the server runs it again.
-        let serial = self.serial.get(&sid).copied().unwrap_or(u64::MAX);
-        let reissued: BTreeSet<(u64, u64)> = late.iter().map(|&id| (serial, id)).collect();
-        if reissued.iter().any(|k| self.ref_results.contains_key(k)) {
-            self.rebuild_reference(&reissued);
-        }
-        for &id in &late {
-            self.write(c, sid, id);
-        }
-        let late: BTreeSet<u64> = late.into_iter().collect();
-        let reads: Vec<u64> = self.clients[c]
-            .pending
-            .iter()
-            .filter(|(id, s)| s.pos.is_none() && !late.contains(id))
-            .map(|(&id, _)| id)
-            .collect();
-        for id in reads {
-            self.write(c, sid, id);
-        }
-        self.pump();
+        self.feed(c, msg, how);
     }
 
-    /// Sends client `c`'s pending request `id` (a change takes the next place).
-    fn write(&mut self, c: usize, sid: SessionId, id: u64) {
+    /// Client `c`'s core takes in `msg` (in uneven pieces, as a socket delivers them);
+    /// what it then writes goes to the server.
+    fn feed(&mut self, c: usize, msg: ServerMessage, how: Welcomed) {
+        let mut bytes = Vec::new();
+        if let Err(e) = p::encode_frame(&msg, &mut bytes) {
+            return self.fail(format!("encoding {msg:?}: {e}"));
+        }
+        let now = self.instant();
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let n = (1 + self.rng.below(rest.len() as u64) as usize).min(rest.len());
+            self.clients[c].conn.handle_bytes(now, &rest[..n]);
+            rest = &rest[n..];
+        }
+        while let Some(e) = self.clients[c].conn.poll_event() {
+            match e {
+                Event::Answer(id, Err(ClientError::ReplyLost { .. })) => {
+                    self.replies_lost += 1;
+                    self.log(format!("client {c}: {id} was applied and kept before the crash; its answer is lost"));
+                }
+                Event::Answer(id, Err(e)) => self.fail(format!("client {c}: request {id} failed: {e}")),
+                Event::Answer(..) | Event::Ready(_) => {}
+                Event::Recall(r) => self.clients[c].conn.recall_done(r.recall_id),
+            }
+        }
+        self.flush(c, how);
+    }
+
+    /// What client `c`'s core wrote goes to the server, in order; then `pump`.
+    fn flush(&mut self, c: usize, how: Welcomed) {
+        let Some(sid) = self.clients[c].sid else { return };
+        let out = self.clients[c].conn.poll_transmit();
+        let msgs = match decode(&out) {
+            Ok(m) => m,
+            Err(e) => return self.fail(format!("client {c}: {e}")),
+        };
         let now = self.now();
         let serial = self.serial.get(&sid).copied().unwrap_or(u64::MAX);
-        let cl = &mut self.clients[c];
-        let Some(sent) = cl.pending.get_mut(&id) else { return };
-        if sent.pos.is_none() && sent.ops.iter().any(Op::is_mutation) {
-            cl.positions += 1;
-            sent.pos = Some(cl.positions);
+        let mut replaying = how == Welcomed::Restored;
+        for (i, m) in msgs.iter().enumerate() {
+            match m {
+                ClientMessage::Request(req) => {
+                    let Some(time) = req.time else {
+                        return self.fail(format!("client {c}: request {} sent without its clock", req.id));
+                    };
+                    if replaying {
+                        self.replays += 1;
+                        self.log(format!("client {c}: replays {}", req.id));
+                    }
+                    self.requests.insert((serial, req.id), Sent { ops: req.ops.clone(), time });
+                    self.server.handle(sid, req.clone(), now);
+                }
+                ClientMessage::Replayed => {
+                    replaying = false;
+                    self.server.replayed(sid, now);
+                    // A change sent again as new work may have run before the crash, and
+                    // been lost with it: then the reference ran it where the crashed
+                    // server first did. Nothing kept built on it (the server commits
+                    // before another session's change does, and the same session's later
+                    // changes would have been acknowledged and replayed, taking it with
+                    // them), so the reference is run again without it, and it counts as
+                    // new when the server runs it again.
+                    let reissued: BTreeSet<(u64, u64)> = msgs[i..]
+                        .iter()
+                        .filter_map(|m| match m {
+                            ClientMessage::Request(r) => Some((serial, r.id)),
+                            _ => None,
+                        })
+                        .filter(|k| self.ref_results.contains_key(k))
+                        .collect();
+                    if !reissued.is_empty() {
+                        self.rebuild_reference(&reissued);
+                    }
+                }
+                ClientMessage::RecallDone { recall_id } => self.server.recall_done(sid, *recall_id, now),
+                other => return self.fail(format!("client {c}: wrote {other:?} on an open connection")),
+            }
         }
-        let sent = sent.clone();
-        self.requests.insert((serial, id), sent.clone());
-        self.server.handle(sid, p::Request { id, ops: sent.ops, time: Some(sent.time) }, now);
+        self.pump();
     }
 
     /// Takes what the crashing server did: runs newly applied requests on the reference,
@@ -400,9 +411,9 @@ impl Sim {
         }
         for o in self.server.take_outgoing() {
             let (session, msg) = match o {
-                Outgoing::Response { session, response } => (session, Inbound::Response(response)),
-                Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } => {
-                    (session, Inbound::Recall(recall_id))
+                Outgoing::Response { session, response } => (session, ServerMessage::Response(response)),
+                Outgoing::Notify { session, notify: notify @ p::Notify::Recall { .. } } => {
+                    (session, ServerMessage::Notify(notify))
                 }
                 Outgoing::Notify { session, notify } => {
                     self.fail(format!("session {session} told {notify:?}"));
@@ -449,50 +460,43 @@ impl Sim {
     /// Client `c` takes in one message.
     fn receive(&mut self, c: usize) {
         let Some(msg) = self.clients[c].inbox.pop_front() else { return };
-        let Some(sid) = self.clients[c].token.map(|t| t.id) else { return };
-        match msg {
-            Inbound::Recall(id) => {
-                let now = self.now();
-                self.server.recall_done(sid, id, now);
-                self.pump();
+        let Some(sid) = self.clients[c].sid else { return };
+        if let ServerMessage::Response(r) = &msg {
+            if self.clients[c].conn.awaits(r.id) {
+                self.check_response(c, sid, r);
             }
-            Inbound::Response(r) => {
-                let key = (self.serial.get(&sid).copied().unwrap_or(u64::MAX), r.id);
-                let cl = &mut self.clients[c];
-                let Some(sent) = cl.pending.remove(&r.id).or_else(|| cl.replaying.remove(&r.id).map(|u| u.sent)) else {
-                    return;
-                };
-                let got = outcomes(&r.results);
-                match self.ref_results.get(&key) {
-                    Some(want) if *want != got => {
-                        let ops = format!("{:?}", sent.ops);
-                        self.fail(format!(
-                            "client {c} request {} {ops}: answered {got:?}, the reference answered {want:?}",
-                            r.id
-                        ));
-                    }
-                    None => self.fail(format!("client {c} request {} answered but never applied", r.id)),
-                    _ => {}
-                }
-                self.log(format!("client {c}: answer to {} (seq {}, durable {}): {got:?}", r.id, r.seq, r.durable));
-                for (op, res) in sent.ops.iter().zip(&r.results) {
-                    if let (Op::Create { kind, .. }, Ok(Reply::Entry(a))) = (op, res) {
-                        self.known.push((a.ino, *kind));
-                    }
-                }
-                if r.seq > 0 && sent.pos != Some(r.seq) {
-                    self.fail(format!(
-                        "client {c}: change {} sent in place {:?} came back as seq {}",
-                        r.id, sent.pos, r.seq
-                    ));
-                }
-                let cl = &mut self.clients[c];
-                if r.seq > 0 {
-                    cl.answers += 1;
-                    cl.unstable.insert(r.seq, Unstable { id: r.id, sent, answered: cl.answers });
-                }
-                cl.unstable.retain(|&s, _| s > r.durable);
+        }
+        self.feed(c, msg, Welcomed::Plain);
+    }
+
+    /// A response, before client `c`'s core takes it in: it equals the reference's, and a
+    /// change comes back with its place.
+    fn check_response(&mut self, c: usize, sid: SessionId, r: &p::Response) {
+        let key = (self.serial.get(&sid).copied().unwrap_or(u64::MAX), r.id);
+        let Some(sent) = self.requests.get(&key).cloned() else {
+            return self.fail(format!("client {c} request {} answered but never sent", r.id));
+        };
+        let got = outcomes(&r.results);
+        match self.ref_results.get(&key) {
+            Some(want) if *want != got => {
+                let ops = format!("{:?}", sent.ops);
+                self.fail(format!(
+                    "client {c} request {} {ops}: answered {got:?}, the reference answered {want:?}",
+                    r.id
+                ));
             }
+            None => self.fail(format!("client {c} request {} answered but never applied", r.id)),
+            _ => {}
+        }
+        self.log(format!("client {c}: answer to {} (seq {}, durable {}): {got:?}", r.id, r.seq, r.durable));
+        for (op, res) in sent.ops.iter().zip(&r.results) {
+            if let (Op::Create { kind, .. }, Ok(Reply::Entry(a))) = (op, res) {
+                self.known.push((a.ino, *kind));
+            }
+        }
+        let place = self.clients[c].conn.place(r.id);
+        if r.seq > 0 && place != Some(r.seq) {
+            self.fail(format!("client {c}: change {} sent in place {place:?} came back as seq {}", r.id, r.seq));
         }
     }
 
@@ -546,17 +550,21 @@ impl Sim {
         }
     }
 
-    /// Client `c` sends a new request.
+    /// Client `c` sends a new request (stamped with its clock, which resends and
+    /// replays keep, so that the reference applies it at the same time).
     fn send(&mut self, c: usize) {
-        let Some(sid) = self.clients[c].token.map(|t| t.id) else { return self.connect(c) };
+        if self.clients[c].sid.is_none() {
+            return self.connect(c);
+        }
         let op = self.pick_op(c);
-        let sent = Sent { ops: vec![op], time: self.now(), pos: None };
         let id = self.clients[c].next_id;
         self.clients[c].next_id += 1;
-        self.log(format!("client {c}: sends {id} {:?}", sent.ops));
-        self.clients[c].pending.insert(id, sent);
-        self.write(c, sid, id);
-        self.pump();
+        self.log(format!("client {c}: sends {id} {op:?}"));
+        let now = self.instant();
+        let call = Call::wait(id, vec![op], now, id).with_time(self.now());
+        self.clients[c].conn.submit(call, now);
+        self.clients[c].conn.end_burst();
+        self.flush(c, Welcomed::Plain);
     }
 
     /// The server dies without committing and comes back on the same disk; every
@@ -573,18 +581,20 @@ impl Sim {
         let old = std::mem::replace(&mut self.server, Server::new(store));
         drop(old.into_store().abandon());
         self.server.record_applied();
+        self.server.seed_randomness(self.rng.next_u64());
         let now_ms = self.now_ms();
         if let Err(e) = self.server.tick(now_ms) {
             self.fail(format!("tick after the restart: {e}"));
         }
         for c in 0..self.clients.len() {
             while !self.clients[c].inbox.is_empty() {
-                if matches!(self.clients[c].inbox.front(), Some(Inbound::Recall(_))) {
+                if matches!(self.clients[c].inbox.front(), Some(ServerMessage::Notify(_))) {
                     self.clients[c].inbox.pop_front(); // the old server's recall
                 } else {
                     self.receive(c);
                 }
             }
+            self.clients[c].conn.connection_lost("the server crashed");
         }
         let mut order: Vec<usize> = (0..self.clients.len()).collect();
         for i in (1..order.len()).rev() {
@@ -592,7 +602,7 @@ impl Sim {
             order.swap(i, j);
         }
         for c in order {
-            if self.clients[c].token.is_some() {
+            if self.clients[c].sid.is_some() {
                 self.connect(c);
             }
         }
@@ -603,6 +613,7 @@ impl Sim {
         self.log(format!("reference run again without {dropped:?}"));
         self.rebuilds += 1;
         self.reference = fresh_server(&MemDisk::new(64 << 20));
+        self.reference.seed_randomness(self.rng.next_u64());
         for serial in 0..self.ref_session.len() as u64 {
             let (rs, _) = self.reference.handle_hello(&hello(None));
             let Some(rs) = rs else { return self.fail("the reference refused a session".into()) };
@@ -624,14 +635,14 @@ impl Sim {
     fn step(&mut self, depth: u64) {
         self.now_us += 1 + self.rng.below(2_000);
         for c in 0..self.clients.len() {
-            if let Some(t) = self.clients[c].token {
+            if let Some(sid) = self.clients[c].sid {
                 let now_ms = self.now_ms();
-                self.server.heard(t.id, now_ms);
+                self.server.heard(sid, now_ms);
             }
         }
         let c = self.rng.below(self.clients.len() as u64) as usize;
         match self.rng.below(10) {
-            0..=3 if self.clients[c].pending.len() < depth as usize => self.send(c),
+            0..=3 if self.clients[c].conn.waiting() < depth as usize => self.send(c),
             0..=7 => self.receive(c),
             8 => {
                 let now_ms = self.now_ms();
@@ -658,9 +669,7 @@ impl Sim {
         }
         // Heal: everything answered.
         for _ in 0..100_000 {
-            if self.failure.is_some()
-                || self.clients.iter().all(|c| c.pending.is_empty() && c.replaying.is_empty() && c.inbox.is_empty())
-            {
+            if self.failure.is_some() || self.clients.iter().all(|c| c.conn.waiting() == 0 && c.inbox.is_empty()) {
                 break;
             }
             self.now_us += 1_000;
@@ -673,7 +682,7 @@ impl Sim {
             }
             self.pump();
         }
-        if self.failure.is_none() && self.clients.iter().any(|c| !c.pending.is_empty() || !c.replaying.is_empty()) {
+        if self.failure.is_none() && self.clients.iter().any(|c| c.conn.waiting() > 0) {
             self.fail("requests still unanswered at the end".into());
         }
         if self.failure.is_none() {

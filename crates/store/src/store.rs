@@ -124,6 +124,9 @@ pub struct Store {
     pub(crate) commit_wanted: bool,
     /// The running operation's floor and the inodes being freed in steps.
     pub(crate) space: crate::fs::space::Space,
+    /// Where inode generations come from: the process's randomness, or a seed a
+    /// simulation passes in (`seed_randomness`), so that a run replays exactly.
+    pub(crate) rng: crest_rng::Stream,
 }
 
 impl Store {
@@ -201,6 +204,7 @@ impl Store {
             unit_depth: 0,
             commit_wanted: false,
             space: Default::default(),
+            rng: crest_rng::Stream::from_process(),
         };
         store.commit()?;
         // Both copies hold generation 1 so a fresh image has its fallback from the start.
@@ -353,6 +357,7 @@ impl Store {
                 unit_depth: 0,
                 commit_wanted: false,
                 space: Default::default(),
+                rng: crest_rng::Stream::from_process(),
             }),
             Err(e) => Err((e, pager.into_disk())),
         }
@@ -531,6 +536,14 @@ pub(crate) fn walk_nodes(
         }
     }
     Ok(())
+}
+
+impl Store {
+    /// Draws the store's randomness (inode generations) from `seed` from now on: for
+    /// simulations that must replay exactly.
+    pub fn seed_randomness(&mut self, seed: u64) {
+        self.rng = crest_rng::Stream::from_seed_u64(seed);
+    }
 }
 
 impl std::fmt::Debug for Store {

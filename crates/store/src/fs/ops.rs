@@ -455,7 +455,7 @@ impl Store {
             None => {
                 let ino = self.meta.next_ino;
                 self.meta.next_ino += 1;
-                (ino, crest_rng::next_u64())
+                (ino, self.rng.next_u64())
             }
         };
         self.meta.inode_count += 1;

@@ -1,29 +1,34 @@
 //! Writeback batching: consecutive writeback calls merged into one request (`Merger`), by
-//! the rules of `crest_client::batch`.
+//! the rules of `crate::batch`.
 
 use super::*;
-use crest_client::batch::{cancel_pair, join_write};
-use crest_client::replay::op_bytes;
+use crate::batch::{cancel_pair, join_write};
+use crate::replay::op_bytes;
+
+/// Most operations, and bytes of them, merged into one compound writeback request (well
+/// inside `MAX_OPS_PER_REQUEST` and the frame limit).
+pub(super) const MAX_MERGED_OPS: usize = 512;
+pub(super) const MAX_MERGED_BYTES: usize = 2 << 20;
 
 /// Consecutive writeback submissions taken from the queue in one burst, merged into one
 /// compound request: the server applies it as one unit (one transaction, one session
 /// record), and each part keeps the clock its caller was answered at (`Op::At`).
 /// Only consecutive ones: merging across a waiting call would reorder them. A create
 /// whose removal joins the same batch is cancelled with it (`cancel_pair`).
-pub(super) struct Merger {
-    pub(super) base: Option<Call>,
-    pub(super) parts: Vec<Part>,
+pub(super) struct Merger<R> {
+    pub(super) base: Option<Call<R>>,
+    pub(super) parts: Vec<Part<R>>,
     pub(super) clock: Option<p::Time>,
     pub(super) bytes: usize,
 }
 
-impl Merger {
-    pub(super) fn new() -> Merger {
+impl<R> Merger<R> {
+    pub(super) fn new() -> Merger<R> {
         Merger { base: None, parts: Vec::new(), clock: None, bytes: 0 }
     }
 
     /// Takes `c` into the batch, or hands it back when it cannot join (then `flush`).
-    pub(super) fn offer(&mut self, c: Call) -> Option<Call> {
+    pub(super) fn offer(&mut self, c: Call<R>) -> Option<Call<R>> {
         let bytes = op_bytes(&c.ops);
         if !c.reply.is_writeback() || bytes > MAX_MERGED_BYTES / 2 {
             return Some(c);
@@ -64,7 +69,7 @@ impl Merger {
     }
 
     /// The merged request, if any.
-    pub(super) fn flush(&mut self) -> Option<Call> {
+    pub(super) fn flush(&mut self) -> Option<Call<R>> {
         let mut base = self.base.take()?;
         if !self.parts.is_empty() {
             base.reply = Answer::Batch(std::mem::take(&mut self.parts));

@@ -1,0 +1,444 @@
+use super::merge::{MAX_MERGED_BYTES, MAX_MERGED_OPS};
+use super::*;
+
+/// A writeback submission whose answer names its id.
+fn writeback(id: u64, ops: Vec<p::Op>, sec: i64) -> Call<u64> {
+    Call::writeback(id, ops, p::Time { sec, nsec: 0 }, Instant::now(), id)
+}
+
+/// Answers `call` with `results`; each part's (id, results).
+fn answer(call: Call<u64>, results: Results) -> Vec<(u64, Results)> {
+    let mut events = VecDeque::new();
+    call.reply.send(Ok(results), &mut events);
+    events
+        .into_iter()
+        .map(|e| match e {
+            Event::Answer(id, r) => (id, r.expect("answered")),
+            _ => panic!("only answers"),
+        })
+        .collect()
+}
+
+fn attr_op(ino: u64) -> p::Op {
+    p::Op::GetAttr { ino }
+}
+
+#[test]
+fn consecutive_writeback_merges_with_clocks_and_splits_its_results() {
+    let mut m = Merger::new();
+    assert!(m.offer(writeback(1, vec![attr_op(10)], 5)).is_none());
+    assert!(m.offer(writeback(2, vec![attr_op(20), attr_op(21)], 5)).is_none());
+    assert!(m.offer(writeback(3, vec![attr_op(30)], 6)).is_none());
+    // A caller that waits is never merged (it would overtake or be overtaken).
+    let waiting = Call::wait(4, vec![attr_op(40)], Instant::now(), 4);
+    assert!(m.offer(waiting).is_some());
+    let merged = m.flush().expect("one merged request");
+    assert!(m.flush().is_none());
+    assert_eq!(merged.id, 1, "it goes out under the first submission's id");
+    assert_eq!(merged.time, Some(p::Time { sec: 5, nsec: 0 }));
+    assert_eq!(
+        merged.ops,
+        vec![attr_op(10), attr_op(20), attr_op(21), p::Op::At { time: p::Time { sec: 6, nsec: 0 } }, attr_op(30)],
+        "the third submission's clock differs: an At sets it"
+    );
+    let results: Results = (0..5).map(|i| Ok(p::Reply::Names(vec![vec![i]]))).collect();
+    let got = answer(merged, results);
+    let names = |r: &Results| -> Vec<u8> {
+        r.iter().map(|x| if let Ok(p::Reply::Names(n)) = x { n[0][0] } else { 99 }).collect()
+    };
+    assert_eq!(got.len(), 3);
+    assert_eq!((got[0].0, names(&got[0].1)), (1, vec![0]));
+    assert_eq!((got[1].0, names(&got[1].1)), (2, vec![1, 2]));
+    assert_eq!((got[2].0, names(&got[2].1)), (3, vec![4]), "the At's own result is skipped");
+}
+
+fn cred() -> p::Cred {
+    p::Cred { uid: 0, gid: 0, umask: 0 }
+}
+
+fn create_at(ino: u64, parent: u64, name: &str, kind: p::FileType) -> p::Op {
+    let name = name.as_bytes().to_vec();
+    p::Op::CreateAt { ino, generation: 1, parent, name, kind, mode: 0o755, rdev: 0, cred: cred() }
+}
+
+fn unlink(parent: u64, name: &str) -> p::Op {
+    p::Op::Unlink { parent, name: name.as_bytes().to_vec() }
+}
+
+fn rmdir(parent: u64, name: &str) -> p::Op {
+    p::Op::Rmdir { parent, name: name.as_bytes().to_vec() }
+}
+
+fn at(sec: i64) -> p::Op {
+    p::Op::At { time: p::Time { sec, nsec: 0 } }
+}
+
+fn touch_dir(ino: u64) -> p::Op {
+    p::Op::SetAttr { ino, set: p::SetAttr { mtime: Some(p::SetTime::Now), ..Default::default() } }
+}
+
+/// Offers each submission (ops, clock) to one merger; the merged request's ops.
+fn merged(subs: Vec<(Vec<p::Op>, i64)>) -> (Vec<p::Op>, Vec<(u64, Results)>, usize) {
+    let mut m = Merger::new();
+    let n = subs.len();
+    for (i, (ops, sec)) in subs.into_iter().enumerate() {
+        assert!(m.offer(writeback(i as u64 + 1, ops, sec)).is_none());
+    }
+    let call = m.flush().expect("a batch");
+    let ops = call.ops.clone();
+    let results: Results = ops.iter().map(|_| Ok(p::Reply::Done)).collect();
+    (ops, answer(call, results), n)
+}
+
+#[test]
+fn a_mkdir_and_its_rmdir_in_one_batch_never_reach_the_server() {
+    let (ops, got, n) = merged(vec![
+        (vec![create_at(100, 1, "d", p::FileType::Directory)], 5),
+        (vec![create_at(101, 100, "f", p::FileType::Regular), p::Op::Open { ino: 101, handle: 1 }], 5),
+        (vec![p::Op::Write { ino: 101, offset: 0, data: vec![1; 10] }], 6),
+        (vec![p::Op::Release { ino: 101, handle: 1 }], 6),
+        (vec![unlink(100, "f")], 7),
+        (vec![rmdir(1, "d")], 8),
+    ]);
+    assert_eq!(
+        ops,
+        vec![at(5), at(5), at(5), at(6), at(6), at(6), at(7), at(7), at(8), touch_dir(1)],
+        "all that is left is the parent's new mtime, at the rmdir's clock"
+    );
+    assert_eq!(got.len(), n, "every completion still runs");
+    assert_eq!(got.iter().map(|(_, r)| r.len()).collect::<Vec<_>>(), vec![1, 2, 1, 1, 1, 1]);
+}
+
+#[test]
+fn contiguous_writes_of_one_inode_join_and_run_at_the_last_clock() {
+    let write = |ino, offset, data: &[u8]| p::Op::Write { ino, offset, data: data.to_vec() };
+    // Appends of uneven sizes, then one that leaves a gap, one to another inode, and
+    // one continuing after a different op: only the first run joins.
+    let (ops, got, n) = merged(vec![
+        (vec![write(7, 0, b"ab")], 5),
+        (vec![write(7, 2, b"cde")], 5),
+        (vec![write(7, 5, b"f")], 6),
+        (vec![write(7, 6, b"ghij")], 7),
+        (vec![write(7, 20, b"gap")], 7),
+        (vec![write(8, 23, b"other")], 7),
+        (vec![touch_dir(1)], 7),
+        (vec![write(8, 28, b"after")], 7),
+    ]);
+    assert_eq!(
+        ops,
+        vec![
+            write(7, 0, b"abcdefghij"),
+            write(7, 20, b"gap"),
+            write(8, 23, b"other"),
+            touch_dir(1),
+            write(8, 28, b"after")
+        ],
+        "one write (the request's clock, alone before it: see below), then the rest at 7"
+    );
+    assert_eq!(got.len(), n, "every completion still runs");
+    assert_eq!(got.iter().map(|(_, r)| r.len()).collect::<Vec<_>>(), vec![1, 0, 0, 0, 1, 1, 1, 1]);
+    // A write alone in the batch takes the later clock as the request's own.
+    let mut m = Merger::new();
+    assert!(m.offer(writeback(1, vec![write(7, 0, b"a")], 5)).is_none());
+    assert!(m.offer(writeback(2, vec![write(7, 1, b"b")], 9)).is_none());
+    let call = m.flush().expect("a batch");
+    assert_eq!((call.ops, call.time), (vec![write(7, 0, b"ab")], Some(p::Time { sec: 9, nsec: 0 })));
+}
+
+#[test]
+fn a_pair_is_kept_when_anything_could_still_tell() {
+    // An open with no release: a descriptor may still reach the unlinked file.
+    let (ops, ..) = merged(vec![
+        (vec![create_at(100, 1, "f", p::FileType::Regular), p::Op::Open { ino: 100, handle: 1 }], 5),
+        (vec![unlink(1, "f")], 5),
+    ]);
+    assert!(ops.contains(&unlink(1, "f")));
+    // A rename in between: the name may not be the created inode's any more.
+    let rename = p::Op::Rename { parent: 1, name: b"g".to_vec(), new_parent: 1, new_name: b"f".to_vec(), flags: 0 };
+    let (ops, ..) = merged(vec![
+        (vec![create_at(100, 1, "f", p::FileType::Regular)], 5),
+        (vec![rename], 5),
+        (vec![unlink(1, "f")], 5),
+    ]);
+    assert!(ops.contains(&unlink(1, "f")));
+    // Something made inside the directory is still there (and a read of the inode).
+    let (ops, ..) = merged(vec![
+        (vec![create_at(100, 1, "d", p::FileType::Directory)], 5),
+        (vec![create_at(101, 100, "x", p::FileType::Regular)], 5),
+        (vec![rmdir(1, "d")], 5),
+    ]);
+    assert!(ops.contains(&rmdir(1, "d")) && ops.contains(&create_at(100, 1, "d", p::FileType::Directory)));
+    // The create already went out (not in this batch): the removal is sent as it is.
+    let (ops, ..) = merged(vec![(vec![p::Op::GetAttr { ino: 7 }], 5), (vec![unlink(1, "f")], 5)]);
+    assert_eq!(ops, vec![p::Op::GetAttr { ino: 7 }, unlink(1, "f")]);
+    // A kind mismatch is the server's to refuse.
+    let (ops, ..) = merged(vec![(vec![create_at(100, 1, "f", p::FileType::Regular)], 5), (vec![rmdir(1, "f")], 5)]);
+    assert!(ops.contains(&rmdir(1, "f")));
+}
+
+#[test]
+fn merged_requests_stay_within_their_limits() {
+    let mut m = Merger::new();
+    let mut handed_back = 0;
+    for i in 0..2 * MAX_MERGED_OPS as u64 {
+        if m.offer(writeback(i + 1, vec![attr_op(i)], 1)).is_some() {
+            handed_back += 1;
+            break;
+        }
+    }
+    assert_eq!(handed_back, 1, "the batch is full at {MAX_MERGED_OPS} operations");
+    assert_eq!(m.flush().expect("batch").ops.len(), MAX_MERGED_OPS);
+    let big = p::Op::Write { ino: 1, offset: 0, data: vec![0; MAX_MERGED_BYTES] };
+    assert!(m.offer(writeback(9, vec![big], 1)).is_some(), "a large write goes alone");
+}
+
+#[test]
+fn opens_and_reads_outlive_a_fenced_session_and_changes_do_not() {
+    let open = p::Op::Open { ino: 5, handle: 9 };
+    let read = p::Op::Read { ino: 5, offset: 0, len: 10 };
+    assert!(survives_fencing(&writeback(1, vec![open.clone()], 1)), "an open sent behind its answer");
+    assert!(survives_fencing(&writeback(2, vec![p::Op::Release { ino: 5, handle: 9 }], 1)));
+    assert!(survives_fencing(&writeback(3, vec![read, open.clone()], 1)));
+    let touch = p::Op::SetAttr { ino: 5, set: p::SetAttr { atime: Some(p::SetTime::Now), ..Default::default() } };
+    assert!(!survives_fencing(&writeback(4, vec![open, touch], 1)), "a change goes with it");
+    assert!(survives_fencing(&writeback(6, vec![attr_op(5)], 1)));
+    assert!(!survives_fencing(&writeback(5, vec![p::Op::Reassert { ino: 5, exclusive: true }], 1)));
+}
+
+/// A connection driven by hand: what it writes is decoded, what the "server" says is
+/// encoded and fed to it, on a clock the test moves.
+struct Harness {
+    c: Connection<u64>,
+    t0: Instant,
+    now: Instant,
+    answers: Vec<(u64, Result<Results, ClientError>)>,
+    recalls: Vec<Recall>,
+}
+
+const FSID: [u8; 16] = [7; 16];
+
+fn welcome(resumed: bool, durable_seq: Option<u64>, fenced: bool) -> ServerMessage {
+    ServerMessage::Welcome(p::Welcome {
+        version: p::PROTOCOL_VERSION,
+        session: p::SessionToken { id: 1, secret: 2 },
+        resumed,
+        durable_seq,
+        durable_holes: Vec::new(),
+        fsid: FSID,
+        fenced,
+    })
+}
+
+fn response(id: u64, n: usize, seq: u64, durable: u64) -> ServerMessage {
+    ServerMessage::Response(p::Response { id, results: vec![Ok(p::Reply::Done); n], seq, durable })
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let t0 = Instant::now();
+        let c = Connection::new("test", "t", Arc::new(AtomicU64::new(1000)), RightsHook::default(), t0);
+        Harness { c, t0, now: t0, answers: Vec::new(), recalls: Vec::new() }
+    }
+
+    fn at(&mut self, ms: u64) -> Instant {
+        self.now = self.t0 + Duration::from_millis(ms);
+        self.now
+    }
+
+    /// Connects and takes the welcome `w`; what the client wrote after its hello.
+    fn connect(&mut self, w: ServerMessage) -> Vec<ClientMessage> {
+        self.c.connecting(self.now);
+        self.c.connected(self.now);
+        let hello = self.sent();
+        assert!(matches!(hello.first(), Some(ClientMessage::Hello(_))), "the hello goes first: {hello:?}");
+        self.hear(w);
+        self.sent()
+    }
+
+    fn hear(&mut self, m: ServerMessage) {
+        let mut bytes = Vec::new();
+        p::encode_frame(&m, &mut bytes).expect("encode");
+        // In uneven pieces, as a socket delivers them.
+        for piece in bytes.chunks(7) {
+            self.c.handle_bytes(self.now, piece);
+        }
+        self.drain();
+    }
+
+    fn drain(&mut self) {
+        while let Some(e) = self.c.poll_event() {
+            match e {
+                Event::Answer(id, r) => self.answers.push((id, r)),
+                Event::Recall(r) => self.recalls.push(r),
+                Event::Ready(r) => assert_eq!(r, Ok(FSID)),
+            }
+        }
+    }
+
+    fn sent(&mut self) -> Vec<ClientMessage> {
+        let mut d = FrameDecoder::new();
+        d.handle_bytes(&self.c.poll_transmit());
+        let mut v = Vec::new();
+        while let Some(m) = d.poll_message::<ClientMessage>().expect("a frame the client wrote") {
+            v.push(m);
+        }
+        v
+    }
+
+    /// The request ids (and places: none here) the client wrote, with `Replayed` as 0.
+    fn ids(msgs: &[ClientMessage]) -> Vec<u64> {
+        msgs.iter()
+            .filter_map(|m| match m {
+                ClientMessage::Request(r) => Some(r.id),
+                ClientMessage::Replayed => Some(0),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn call(&mut self, id: u64, ops: Vec<p::Op>) {
+        self.c.submit(Call::wait(id, ops, self.now, id), self.now);
+        self.c.end_burst();
+    }
+}
+
+fn change(ino: u64) -> p::Op {
+    touch_dir(ino)
+}
+
+/// Five changes placed 1..=5, the first two answered (the second durable through 1), a
+/// read waiting, the connection broken; then a restarted server that kept `through`.
+fn restart_after(through: u64) -> (Harness, Vec<u64>) {
+    let mut h = Harness::new();
+    assert_eq!(Harness::ids(&h.connect(welcome(false, None, false))), Vec::<u64>::new());
+    for id in 1..=5 {
+        h.call(id, vec![change(id)]);
+    }
+    assert_eq!(Harness::ids(&h.sent()), vec![1, 2, 3, 4, 5]);
+    h.hear(response(1, 1, 1, 0));
+    h.hear(response(2, 1, 2, 1));
+    assert_eq!(h.answers.len(), 2);
+    h.call(6, vec![attr_op(6)]);
+    h.c.connection_lost("test");
+    assert_eq!(h.c.state(), State::Away);
+    let again = h.connect(welcome(true, Some(through), false));
+    let ids = Harness::ids(&again);
+    (h, ids)
+}
+
+#[test]
+fn after_a_restart_lost_changes_replay_first_and_kept_ones_are_not_sent_again() {
+    // Kept through 3: change 2 is durable, 3 ran and was kept (its caller hears its
+    // result is lost; not sent again), 4 and 5 go after `Replayed` as new work, then the
+    // read.
+    let (h, ids) = restart_after(3);
+    assert_eq!(ids, vec![0, 4, 5, 6], "Replayed, then the rest in order");
+    let lost: Vec<_> = h.answers.iter().filter(|(id, _)| *id == 3).collect();
+    assert!(
+        matches!(lost.as_slice(), [(3, Err(ClientError::ReplyLost { .. }))]),
+        "the kept, unanswered change's caller hears its result is lost: {lost:?}"
+    );
+    assert_eq!((h.c.pending[&4].pos, h.c.pending[&5].pos, h.c.pending[&6].pos), (Some(4), Some(5), None));
+    // Kept through 1: change 2 was acknowledged and lost: replayed in place 2 before
+    // `Replayed`; the unanswered ones follow in their order, in the places after it.
+    let (h, ids) = restart_after(1);
+    assert_eq!(ids, vec![2, 0, 3, 4, 5, 6]);
+    assert_eq!(h.answers.len(), 2, "nobody else is answered yet");
+    assert_eq!((h.c.pending[&3].pos, h.c.pending[&5].pos), (Some(3), Some(5)));
+    assert_eq!(h.c.log.replaying.len(), 1);
+}
+
+#[test]
+fn a_plain_reconnect_resends_changes_in_their_places_with_the_same_ids() {
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    h.call(1, vec![change(1)]);
+    h.call(2, vec![attr_op(2)]);
+    h.call(3, vec![change(3)]);
+    h.sent();
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, None, false));
+    assert_eq!(Harness::ids(&again), vec![1, 3, 0, 2], "changes by place, Replayed, then the read: {again:?}");
+    assert_eq!((h.c.pending[&1].pos, h.c.pending[&3].pos), (Some(1), Some(2)));
+}
+
+#[test]
+fn fencing_fails_changes_and_writeback_but_reads_go_again_in_the_new_session() {
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    h.call(1, vec![change(1)]);
+    h.call(2, vec![attr_op(2)]);
+    h.c.submit(writeback(3, vec![change(3)], 5), h.now);
+    h.c.end_burst();
+    h.sent();
+    h.at(5);
+    h.hear(ServerMessage::Notify(p::Notify::Fenced));
+    assert_eq!(h.c.state(), State::Away);
+    let mut failed: Vec<u64> =
+        h.answers.iter().filter(|(_, r)| matches!(r, Err(ClientError::Fenced { .. }))).map(|(id, _)| *id).collect();
+    failed.sort_unstable();
+    assert_eq!(failed, vec![1, 3]);
+    // Writeback made before the fencing was learnt and handed over only now fails too.
+    let before = h.t0 + Duration::from_millis(1);
+    h.at(10);
+    h.c.submit(Call::writeback(4, vec![change(4)], p::Time { sec: 1, nsec: 0 }, before, 4), h.now);
+    h.drain();
+    assert!(matches!(h.answers.last(), Some((4, Err(ClientError::Fenced { .. })))));
+    let again = h.connect(welcome(false, None, false));
+    assert_eq!(Harness::ids(&again), vec![2], "a new session: only the read goes, no Replayed");
+}
+
+#[test]
+fn heartbeats_go_when_nothing_else_does_and_the_lease_drops_rights_once() {
+    struct Count(std::sync::Mutex<u32>);
+    impl Rights for Count {
+        fn granted_exclusive(&self, _: u64, _: Instant) {}
+        fn recalled(&self, _: &[u64]) {}
+        fn reset(&self) {
+            *self.0.lock().expect("lock") += 1;
+        }
+    }
+    let mut h = Harness::new();
+    let count = Arc::new(Count(std::sync::Mutex::new(0)));
+    assert!(h.c.rights.set(count.clone()).is_ok());
+    h.connect(welcome(false, None, false));
+    let due = h.c.poll_timeout();
+    assert_eq!(due, h.t0 + HEARTBEAT, "nothing sent since the hello: a heartbeat is due then");
+    let t = h.at(HEARTBEAT.as_millis() as u64 - 1);
+    h.c.handle_timeout(t);
+    assert!(h.sent().is_empty(), "not before");
+    let t = h.at(HEARTBEAT.as_millis() as u64);
+    h.c.handle_timeout(t);
+    assert!(matches!(h.sent().as_slice(), [ClientMessage::Request(r)] if r.id == HEARTBEAT_ID && r.ops.is_empty()));
+    // Silence from the server: the lease runs out once, at its deadline.
+    let lease_ms = crate::lease::CLIENT_LEASE.as_millis() as u64;
+    assert_eq!(h.c.poll_timeout().min(h.t0 + crate::lease::CLIENT_LEASE), h.t0 + HEARTBEAT * 2);
+    let t = h.at(lease_ms - 1);
+    h.c.handle_timeout(t);
+    assert_eq!(*count.0.lock().expect("lock"), 0);
+    let t = h.at(lease_ms);
+    h.c.handle_timeout(t);
+    let t = h.at(lease_ms + 500);
+    h.c.handle_timeout(t);
+    assert_eq!(*count.0.lock().expect("lock"), 1, "dropped once, when the lease ran out");
+}
+
+#[test]
+fn a_first_answer_that_is_not_crest_fails_everything_at_once() {
+    let mut h = Harness::new();
+    h.c.submit(Call::wait(1, vec![attr_op(1)], h.now, 1), h.now);
+    h.c.connecting(h.now);
+    h.c.connected(h.now);
+    h.c.handle_bytes(h.now, b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n");
+    assert_eq!(h.c.state(), State::Closed);
+    let mut ready = None;
+    while let Some(e) = h.c.poll_event() {
+        match e {
+            Event::Ready(r) => ready = Some(r),
+            Event::Answer(id, r) => h.answers.push((id, r)),
+            Event::Recall(_) => {}
+        }
+    }
+    assert!(matches!(ready, Some(Err(ClientError::NotCrest { .. }))), "{ready:?}");
+    assert!(matches!(h.answers.as_slice(), [(1, Err(ClientError::NotCrest { .. }))]));
+}

@@ -1,0 +1,207 @@
+//! The answer to a hello: a welcome (resuming the session, after a plain reconnect or a
+//! server restart, or starting a new one), or a refusal. After a restart the lost
+//! acknowledged changes are replayed, the held locks and rights taken again, and the
+//! unanswered calls placed by `plan_restart` (docs/protocol.md §4.5).
+
+use std::collections::HashSet;
+
+use super::*;
+use crate::replay::plan_restart;
+
+impl<R> Connection<R> {
+    /// The first message of a handshake.
+    pub(super) fn handshake(&mut self, m: ServerMessage) {
+        match m {
+            ServerMessage::Welcome(w) => self.welcome(w),
+            ServerMessage::Refused { reason, .. } => {
+                self.fail(ClientError::Refused { addr: self.addr.clone(), reason });
+            }
+            _ => self.handshake_failed("its first message is not a welcome".into()),
+        }
+    }
+
+    fn welcome(&mut self, w: p::Welcome) {
+        if w.fenced {
+            self.fenced();
+        }
+        if self.fsid.is_some_and(|f| f != w.fsid) {
+            tracing::error!("{} now serves another file system; failing pending calls", self.addr);
+            self.held.clear();
+            let err =
+                ClientError::Refused { addr: self.addr.clone(), reason: "the server's file system changed".into() };
+            for (_, c) in std::mem::take(&mut self.pending) {
+                c.reply.send(Err(err.clone()), &mut self.events);
+            }
+        }
+        // Calls written again in their places during the handshake (not resent below).
+        let mut rewritten = HashSet::new();
+        if self.session.is_some() {
+            tracing::info!(resumed = w.resumed, pending = self.pending.len(), "reconnected to {}", self.addr);
+            rewritten = self.resume(&w);
+        }
+        if w.fenced || self.session.is_none() {
+            self.positions = 0;
+        }
+        self.session = Some(w.session);
+        if self.fsid.is_none() {
+            self.fsid = Some(w.fsid);
+            self.events.push_back(Event::Ready(Ok(w.fsid)));
+        }
+        self.state = State::Open;
+        // Then everything else still waiting, in id order, with the same ids.
+        let ids: Vec<u64> = self.pending.keys().copied().filter(|id| !rewritten.contains(id)).collect();
+        for id in ids {
+            self.write_call(id);
+        }
+    }
+
+    /// A resumed (or forgotten) session: what goes again, in which order. Returns the
+    /// calls already written.
+    fn resume(&mut self, w: &p::Welcome) -> HashSet<u64> {
+        let mut rewritten = HashSet::new();
+        // After a restart, replay what did not survive it, oldest first. A server that
+        // forgot the session entirely knows nothing durable of it.
+        let through = match (w.resumed, w.durable_seq, w.fenced) {
+            (_, _, true) => None, // nothing of the old session may land now
+            (true, None, _) => None,
+            (true, Some(d), _) => Some(d),
+            (false, _, _) => Some(0),
+        };
+        // A restart that restored the session: the rights held are taken again while it
+        // replays, before anyone's new work runs (§4.5). A server that forgot the session
+        // gives nothing back.
+        let restored = w.resumed && w.durable_seq.is_some() && !w.fenced;
+        let mut late: Vec<u64> = Vec::new();
+        if let Some(through) = through {
+            let rights_held = match self.rights() {
+                Some(r) if restored => r.restored(),
+                Some(r) => {
+                    r.reset();
+                    Vec::new()
+                }
+                None => Vec::new(),
+            };
+            late = self.replay_lost(through, &w.durable_holes);
+            // After a restart the server holds everyone's new work until every restored
+            // session has said its replays are all sent. The locks it held go with the
+            // replays: nobody else can take them meanwhile.
+            for r in self.held.reassert(&rights_held, &self.ids) {
+                self.write(&ClientMessage::Request(r));
+            }
+        } else if !w.fenced {
+            // The same session: what may not have arrived goes again, changes in their
+            // places (a repeat is answered from the reply cache).
+            let mut again: Vec<(u64, p::Request)> = self.log.replaying.iter().map(|e| (e.pos, e.request())).collect();
+            for c in self.pending.values() {
+                if let Some(p) = c.pos {
+                    again.push((p, c.request()));
+                    rewritten.insert(c.id);
+                }
+            }
+            again.sort_by_key(|(p, _)| *p);
+            for (_, req) in again {
+                self.write(&ClientMessage::Request(req));
+            }
+            for r in self.held.resend() {
+                self.write(&ClientMessage::Request(r));
+            }
+        }
+        if restored {
+            // Writeback was answered already, under exclusive rights: like a replay it
+            // goes before `Replayed`, so that it runs ahead of the new work other clients
+            // have waiting — also when those rights were dropped meanwhile (a lease that
+            // ran out while away), and the server could not recall them first. Nobody else
+            // can have built on what it touches (they were held), and an unanswered call
+            // it overtakes had not returned.
+            let unwritten = self.pending.values().filter(|c| c.pos.is_none() && !late.contains(&c.id));
+            let mut early: Vec<u64> = late
+                .iter()
+                .copied()
+                .filter(|id| self.pending.get(id).is_some_and(|c| c.reply.answered_already()))
+                .collect();
+            early.extend(unwritten.filter(|c| c.reply.answered_already()).map(|c| c.id));
+            for id in early {
+                self.write_call(id);
+                rewritten.insert(id);
+            }
+            late.retain(|id| !rewritten.contains(id));
+        }
+        // Said again after every reconnect of a resumed session: the first `Replayed` may
+        // have been lost with the connection even when its replays and re-asserts were
+        // answered, and new work sent before it would be taken for replays and run inside
+        // the grace period. The server ignores it from a session not replaying.
+        if w.resumed && !w.fenced {
+            self.write(&ClientMessage::Replayed);
+        }
+        for id in late {
+            self.write_call(id);
+            rewritten.insert(id);
+        }
+        rewritten
+    }
+
+    /// After a restart that kept changes through `through` (except `holes`): every
+    /// acknowledged change the server lost goes again, in the order they ran (their
+    /// answers' order), before anything new. An unanswered one whose place the server
+    /// kept was applied and is durable: not sent again (it would run twice). Any other
+    /// unanswered one ran, if at all, after them: returned, to go as new work after
+    /// `Replayed` (run earlier, it could take what another client's replay needs).
+    fn replay_lost(&mut self, through: u64, holes: &[u64]) -> Vec<u64> {
+        let lost = self.log.take_lost(through, holes);
+        let placed: Vec<(u64, u64)> = self.pending.values().filter_map(|c| c.pos.map(|p| (c.id, p))).collect();
+        let plan = plan_restart(through, holes, &placed);
+        for id in plan.kept {
+            if let Some(c) = self.pending.remove(&id) {
+                tracing::warn!(id, "{} restarted after applying a change, before answering it", self.addr);
+                if let Some(r) = self.rights() {
+                    r.reply_lost(&c.ops);
+                }
+                self.reply_lost(c);
+            }
+        }
+        for &id in &plan.late {
+            if let Some(c) = self.pending.get_mut(&id) {
+                c.pos = None;
+            }
+        }
+        if !lost.is_empty() {
+            tracing::warn!("{} restarted: sending again {} change(s) it lost", self.addr, lost.len());
+        }
+        self.positions = through;
+        for mut e in lost {
+            self.positions += 1;
+            e.pos = self.positions;
+            self.write(&ClientMessage::Request(e.request()));
+            self.log.replaying.push(e);
+        }
+        plan.late
+    }
+
+    /// Answers a change the server applied and kept but never answered: writeback
+    /// (already answered to its caller) as done, and an fsync too (it was kept: its commit
+    /// happened); any other waiting caller with `ReplyLost` (its result is gone).
+    fn reply_lost(&mut self, c: Call<R>) {
+        let all_fsync = c.ops.iter().all(|o| matches!(o, p::Op::Fsync { .. } | p::Op::At { .. }));
+        let r = match c.reply {
+            Answer::Wait(_) if !all_fsync => Err(ClientError::ReplyLost { addr: self.addr.clone() }),
+            _ => Ok(vec![Ok(p::Reply::Done); c.ops.len()]),
+        };
+        c.reply.send(r, &mut self.events);
+    }
+}
+
+/// True when a replayed request did what it did the first time: the same operations
+/// succeeded or failed with the same errno, naming the same inodes. (Times and inode
+/// generations are the server's to choose again.)
+pub(super) fn same_outcome(first: &Results, again: &Results) -> bool {
+    let ino = |r: &p::Reply| match r {
+        p::Reply::Attr(a) | p::Reply::Entry(a) => Some(a.ino),
+        _ => None,
+    };
+    first.len() == again.len()
+        && first.iter().zip(again).all(|(a, b)| match (a, b) {
+            (Ok(a), Ok(b)) => ino(a) == ino(b),
+            (Err(a), Err(b)) => a.errno == b.errno,
+            _ => false,
+        })
+}
