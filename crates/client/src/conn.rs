@@ -372,7 +372,8 @@ impl<R> Connection<R> {
     /// A connection is up: the hello goes first (resuming the session if there is one).
     pub fn connected(&mut self, now: Instant) {
         self.now = now;
-        self.lease.heard(now);
+        // (Not a word from the server: a connection that opens to a server that says
+        // nothing must not renew the lease.)
         self.state = State::Handshaking;
         self.decoder = FrameDecoder::new();
         self.received = 0;
@@ -521,7 +522,7 @@ impl<R> Connection<R> {
                 }
                 Err(e) => {
                     tracing::error!("bad frame from {}: {e}", self.addr);
-                    self.state = State::Away;
+                    self.lost();
                 }
             }
         }
@@ -541,9 +542,18 @@ impl<R> Connection<R> {
             State::Handshaking => self.handshake_failed(format!("the connection failed during the handshake: {why}")),
             State::Open => {
                 tracing::warn!("connection to {} lost ({why}); {} requests pending", self.addr, self.pending.len());
-                self.state = State::Away;
+                self.lost();
             }
             State::Away | State::Closed => {}
+        }
+    }
+
+    /// The open connection is gone: what is held under shared rights stops being
+    /// answered from at once (a recall may be lost with it), not at the next attempt.
+    fn lost(&mut self) {
+        self.state = State::Away;
+        if let Some(r) = self.rights() {
+            r.disconnected();
         }
     }
 
@@ -577,7 +587,7 @@ impl<R> Connection<R> {
             ServerMessage::Notify(n) => tracing::info!("server notice: {n:?}"),
             other => {
                 tracing::warn!("unexpected message from {}: {other:?}", self.addr);
-                self.state = State::Away;
+                self.lost();
             }
         }
     }

@@ -1,25 +1,27 @@
 //! Deterministic simulation of coherence across clients (docs/protocol.md §2, §4).
 //!
 //! **What runs**: the real server core (`crest_server::Server` over a `Store` on a
-//! `MemDisk`), driven by 2–5 simulated clients, each with one connection. Everything
+//! `MemDisk`), driven by 2–5 simulated clients, each with one connection run by the real
+//! client core (`crest_client::conn::Connection`: what goes on the wire and when, resends,
+//! replays and re-asserts after a restart, fencing, heartbeats and the lease), whose
+//! `Rights` hook the simulator applies to a model of the client's cache. Everything
 //! happens in virtual time on one thread; every choice (which client acts, what it does,
 //! how long each message takes) comes from one `crest_rng::Stream` seeded with the seed,
 //! so a seed replays exactly.
 //!
 //! - *Network*: per connection, FIFO in each direction with random delays; connections
 //!   interleave as the RNG decides. A lost message is a dropped connection: every message
-//!   in flight on it is lost, the server is told (`disconnected`), and the client
+//!   in flight on it is lost, the server is told (`disconnected`), and the client's core
 //!   reconnects (`Hello` with `resume`) and resends every unanswered request with its old
-//!   id, as `crest-net` does; recall answers lost with the connection are not resent.
+//!   id; recall answers lost with the connection are not resent.
 //!   Partitions hold a client's messages (both ways) for up to a second.
-//! - *Leases* (§4.4), as the net layer and `crest-net` do them: the server hears every
-//!   hello, request and recall answer (`Server::heard`); an idle client sends an empty
-//!   request (id 0) every `HEARTBEAT_MS`; a client that has heard nothing for
-//!   `CLIENT_LEASE_MS` drops every right and what it cached (checked every 250 ms, as
-//!   `crest-net`'s lease watcher does). A fenced session's requests are refused
-//!   (`Notify::Fenced`, no response), or its resume says `Welcome.fenced`: the client fails its
-//!   pending calls (EIO), drops cache, `X` and its inode numbers, and goes on with a new
-//!   session without resending anything.
+//! - *Leases* (§4.4): the server hears every hello, request and recall answer
+//!   (`Server::heard`); the client core, woken every 250 ms, sends an empty request (id 0)
+//!   when it has sent nothing for `HEARTBEAT_MS` and drops every right when it has heard
+//!   nothing for `CLIENT_LEASE_MS`. A fenced session's requests are refused
+//!   (`Notify::Fenced`, no response), or its resume says `Welcome.fenced`: the core fails
+//!   its pending changes (EIO) and keeps the calls that change nothing for the new session;
+//!   the client drops cache, `X` and its inode numbers.
 //! - *Clients* crash (the server sees a dropped connection, forgets the session's shared
 //!   rights after `DISCONNECTED_HOLDER_MS` and fences it after `DISCONNECTED_FENCE_MS`)
 //!   or unmount cleanly (`Goodbye` → `end_session`), and come back as new sessions.
@@ -79,13 +81,13 @@
 //!   `coherence_across_clients` until its first one): the server dies just after a commit
 //!   and starts again on its image; every connection breaks, every message in flight is
 //!   lost, and the new server restores the sessions it has records of and waits for them
-//!   (§4.5's grace period). Each client does as `crest-net`: places its changes as they
-//!   go on the wire; on a restart welcome, an unanswered change placed at or below
-//!   `durable_seq` (not a hole) was kept — its system call fails with EIO, which the
-//!   checker counts as *completed* (the change stands and its caller has returned), a
-//!   writeback is done — and the others go again: writeback before `Replayed` (like a
-//!   replay), the rest after it, behind `Op::Reassert` of the `X` rights it holds; a
-//!   session not restored starts afresh without rights. Every
+//!   (§4.5's grace period). Each client's core places its changes as they go on the
+//!   wire; on a restart welcome, an unanswered change placed at or below `durable_seq`
+//!   (not a hole) was kept — its system call fails with EIO, which the checker counts as
+//!   *completed* (the change stands and its caller has returned), a writeback is done —
+//!   and the others go again: writeback before `Replayed` (like a replay), the rest after
+//!   it, behind `Op::Reassert` of the `X` rights the cache kept; a session not restored
+//!   starts afresh without rights. Every
 //!   change must come back with `seq` equal to its place. The crash falls just after a
 //!   commit, so no acknowledged change is lost (checked): crashes that lose applied
 //!   changes, and exactly-once replay, are `crash_sim.rs`'s, whose clients keep no caches.
@@ -95,12 +97,13 @@
 //!
 //! Left out: crashes between commits under caching clients (see above); hard links,
 //! symlinks, xattrs, locks, fsync; several changing system calls in flight on one
-//! client. By default outages stay short (partitions ≤ 1 s, reconnects ≤ 0.3 s), so
-//! fencing is rare (crashed clients); `CREST_SIM_OUTAGES=long` makes them as long as
-//! real ones (partitions up to 12 s, half of them breaking the connection; reconnects up
-//! to 1 s), so live clients are fenced all the time. Clients check their lease every
-//! 250 ms, as `crest-net` does; `CREST_SIM_LEASE=exact` also checks it before every local
-//! answer.
+//! client; writeback merged into one request (each submission goes alone here; the core's
+//! unit tests cover merging). By default outages stay short (partitions ≤ 1 s,
+//! reconnects ≤ 0.3 s), so fencing is rare (crashed clients); `CREST_SIM_OUTAGES=long`
+//! makes them as long as real ones (partitions up to 12 s, half of them breaking the
+//! connection; reconnects up to 1 s), so live clients are fenced all the time. Client
+//! cores are woken every 250 ms; `CREST_SIM_LEASE=exact` also wakes one before every
+//! local answer (as `crest-net` wakes it at the lease's deadline).
 //!
 //! The clients' rights follow `NameCache`'s rules: every recall leaves a tombstone, which
 //! refuses a grant only if the grant's request was sent after it, and a grant of `X` drops
@@ -117,13 +120,17 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crest_client::conn::{Call, ClientError, Connection, Event, Rights, RightsHook, State};
 
 use crest_proto::{self as p, ClientMessage, Op, Reply, ServerMessage};
 use crest_rng::Stream;
-use crest_server::caps::{CLIENT_LEASE_MS, HEARTBEAT_MS, RECALL_TIMEOUT_MS};
+use crest_server::caps::RECALL_TIMEOUT_MS;
 
-/// How often a client checks its lease (and whether to send a heartbeat): as
-/// `crest-net`'s lease watcher, every 250 ms.
+/// How often a client's core is woken (its lease, and whether a heartbeat is due).
 const LEASE_CHECK_US: u64 = 250_000;
 use crest_server::{Outgoing, Server, SessionId};
 use crest_store::{check, MemDisk, MkfsOptions, Store, ROOT_INO};
@@ -769,9 +776,9 @@ enum Purpose {
     /// The system call in progress first asks for `then`'s directory `dir` whole (sent
     /// with the cache at `epoch`); `then` follows when the answer comes.
     Acquire { dir: u64, then: Op, epoch: u64 },
-    /// After a server restart that restored the session: the rights it held, asked back
-    /// (`Op::Reassert`, as `crest-net`'s `HeldLocks::reassert`); a refused one is dropped
-    /// as a recall nobody answers.
+    /// A request the client core made itself: after a server restart that restored the
+    /// session, the rights the cache kept, asked back (`Op::Reassert`, by `HeldLocks`); a
+    /// refused one is dropped as a recall nobody answers.
     Reassert,
 }
 
@@ -781,20 +788,67 @@ struct Pending {
     purpose: Purpose,
     /// When the call started (virtual µs; what cached replies expire from).
     t0_us: u64,
-    /// A change's place among its session's changes, given when it first goes on the
-    /// wire (`crest-net`'s `write_call`): the server answers it with this `seq`.
-    pos: Option<u64>,
 }
 
+/// What the client core told the cache through its `Rights` hook, in order; the
+/// simulator applies it to the client's cache model after each thing the core takes in.
 #[derive(Debug)]
+enum Told {
+    Recalled(Vec<u64>),
+    Reset,
+    Disconnected,
+    ReplyLost(Vec<Op>),
+}
+
+/// A client's `Rights` hook: records what the core says; `restored` answers with the
+/// rights the simulator worked out before it handed the core the welcome.
+#[derive(Default)]
+struct Hook {
+    told: Mutex<Vec<Told>>,
+    held: Mutex<Vec<(u64, bool)>>,
+}
+
+impl Hook {
+    fn tell(&self, t: Told) {
+        self.told.lock().unwrap_or_else(|e| e.into_inner()).push(t);
+    }
+}
+
+impl Rights for Hook {
+    // (Grants are taken from the answers, in the same wire order: `Sim::answered`.)
+    fn granted_exclusive(&self, _ino: u64, _sent: Instant) {}
+    fn recalled(&self, inodes: &[u64]) {
+        self.tell(Told::Recalled(inodes.to_vec()));
+    }
+    fn reset(&self) {
+        self.tell(Told::Reset);
+    }
+    fn disconnected(&self) {
+        self.tell(Told::Disconnected);
+    }
+    fn restored(&self) -> Vec<(u64, bool)> {
+        std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+    fn reply_lost(&self, ops: &[Op]) {
+        self.tell(Told::ReplyLost(ops.to_vec()));
+    }
+}
+
 struct Client {
     idx: usize,
     /// Bumped at each crash: a new client process.
     incarnation: u32,
     alive: bool,
-    token: Option<p::SessionToken>,
+    /// The real client core: it decides what goes on the wire, when, and again.
+    core: Connection<u64>,
+    hook: Arc<Hook>,
+    /// Its session, once welcomed.
+    session: Option<SessionId>,
+    /// The session its core's pending calls were made in, when that one was fenced: they
+    /// go on in the next.
+    prior: Option<SessionId>,
+    /// Its connection on the simulated network.
     conn: Option<u64>,
-    welcomed: bool,
     next_id: u64,
     pending: BTreeMap<u64, Pending>,
     /// The request of the system call in progress.
@@ -811,37 +865,40 @@ struct Client {
     partition_until: u64,
     /// Said goodbye; comes back as a new session.
     leaving: bool,
-    /// When it last heard from the server, and last sent to it (virtual µs).
-    last_heard: u64,
-    last_sent: u64,
-    /// Its lease ran out (no word from the server for `CLIENT_LEASE_MS`): it dropped
-    /// every right; a word from the server starts a new lease.
-    lease_expired: bool,
     /// When it last asked for each directory whole (virtual µs): at most once per
     /// `ACQUIRE_RETRY_US`, as the real client.
     acquire_tried: BTreeMap<u64, u64>,
-    /// Changes of its session put on the wire (the last place given).
-    positions: u64,
     /// The highest `seq` answered in its session: a server restart must keep it.
     answered_seq: u64,
     /// Which life of the server last welcomed it (`Sim::server_life`).
     server_life: u64,
-    /// Its session was restored after a server restart (it says `Replayed` again after a
-    /// reconnect).
-    restored_in_session: bool,
+}
+
+/// The client core of client `idx`, on the simulation's clock from `now`.
+fn new_core(idx: usize, now: Instant) -> (Connection<u64>, Arc<Hook>) {
+    let hook = Arc::new(Hook::default());
+    let rights = RightsHook::default();
+    let dynhook: Arc<dyn Rights> = hook.clone();
+    let _ = rights.set(dynhook);
+    // (Its own ids, for re-asserts, far from the ones the simulator gives its calls.)
+    let ids = Arc::new(AtomicU64::new(1 << 40));
+    (Connection::new("sim", &format!("sim-{idx}"), ids, rights, now), hook)
 }
 
 impl Client {
-    fn new(idx: usize, incarnation: u32) -> Client {
+    fn new(idx: usize, incarnation: u32, now: Instant) -> Client {
         let mut known = BTreeMap::new();
         known.insert(ROOT_INO, p::FileType::Directory);
+        let (core, hook) = new_core(idx, now);
         Client {
             idx,
             incarnation,
             alive: true,
-            token: None,
+            core,
+            hook,
+            session: None,
+            prior: None,
             conn: None,
-            welcomed: false,
             next_id: 1,
             pending: BTreeMap::new(),
             busy: None,
@@ -852,14 +909,9 @@ impl Client {
             cred: p::Cred { uid: 1000 + idx as u32, gid: 100 + idx as u32, umask: 0 },
             partition_until: 0,
             leaving: false,
-            last_heard: 0,
-            last_sent: 0,
-            lease_expired: false,
             acquire_tried: BTreeMap::new(),
-            positions: 0,
             answered_seq: 0,
             server_life: 0,
-            restored_in_session: false,
         }
     }
 
@@ -884,7 +936,7 @@ impl Client {
     }
 
     fn sid(&self) -> Option<SessionId> {
-        self.token.map(|t| t.id)
+        self.session
     }
 
     fn learn(&mut self, a: &p::Attr) {
@@ -1808,8 +1860,8 @@ enum Ev {
     Restart {
         client: usize,
     },
-    /// A client's heartbeat timer (`HEARTBEAT_MS`): checks its lease and, idle, sends an
-    /// empty request (id 0), as `crest-net`'s client does.
+    /// A client's timer (every `LEASE_CHECK_US`): its core checks its lease and, idle for
+    /// `HEARTBEAT_MS`, sends an empty request (id 0).
     Beat {
         client: usize,
         incarnation: u32,
@@ -1893,6 +1945,8 @@ struct Sim {
     server_life: u64,
     /// The highest session number any server life has handed out.
     max_session: SessionId,
+    /// The clients' clock at `EPOCH_S` (their cores take `Instant`s).
+    t0: Instant,
 }
 
 impl Sim {
@@ -1906,6 +1960,9 @@ impl Sim {
         let root = crest_server::convert::attr_out(&store.getattr(ROOT_INO).expect("root"));
         let mut server = Server::new(store);
         server.record_applied();
+        // (Session secrets travel in the client cores' hellos: drawn from the seed.)
+        server.seed_randomness(seed ^ 0x5e55_1015);
+        let t0 = Instant::now();
         let pick = |rng: &mut Stream, v: &[f64]| v[rng.below(v.len() as u64) as usize];
         let faults = Faults {
             loss: pick(&mut rng, &[0.0, 0.001, 0.005, 0.02]),
@@ -1965,7 +2022,8 @@ impl Sim {
             conns: BTreeMap::new(),
             next_conn: 1,
             server_conn: BTreeMap::new(),
-            clients: (0..n).map(|i| Client::new(i, 0)).collect(),
+            clients: (0..n).map(|i| Client::new(i, 0, t0)).collect(),
+            t0,
             ck,
             faults,
             trace: VecDeque::new(),
@@ -2036,7 +2094,6 @@ impl Sim {
         let lat = self.latency();
         let Some(cn) = self.conns.get(&conn) else { return };
         let until = self.clients[cn.client].partition_until;
-        self.clients[cn.client].last_sent = self.now;
         let t = (self.now + lat).max(until + lat).max(cn.last_up);
         self.conns.get_mut(&conn).expect("conn").last_up = t;
         let d = t - self.now;
@@ -2053,22 +2110,111 @@ impl Sim {
         self.at(d, Ev::ToClient { conn, msg });
     }
 
+    fn instant(&self) -> Instant {
+        self.t0 + Duration::from_micros(self.now - EPOCH_S * 1_000_000)
+    }
+
+    /// Client `c`'s core connects on a new connection: its hello goes up.
     fn connect(&mut self, c: usize) {
         let id = self.next_conn;
         self.next_conn += 1;
         self.conns.insert(id, Conn { client: c, alive: true, session: None, last_up: 0, last_down: 0 });
-        let now = self.now;
+        let now = self.instant();
         let cl = &mut self.clients[c];
-        cl.conn = Some(id);
-        cl.welcomed = false;
-        if cl.token.is_none() && cl.last_heard == 0 {
-            cl.last_heard = now; // a new client's lease starts with it
+        if cl.core.state() == State::Closed && cl.session.is_none() {
+            // Its first handshake broke off (the core takes that for "not a crest
+            // server"): as a mount started again.
+            (cl.core, cl.hook) = new_core(c, now);
         }
-        let resume = cl.token;
-        let hello =
-            p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: format!("sim-{c}"), resume };
-        self.log(format!("client {c}: connects (conn {id}, resume {:?})", resume.map(|t| t.id)));
-        self.send_up(id, ClientMessage::Hello(hello));
+        cl.conn = Some(id);
+        cl.core.connecting(now);
+        cl.core.connected(now);
+        self.log(format!("client {c}: connects (conn {id}, session {:?})", self.clients[c].session));
+        self.sync(c);
+    }
+
+    /// After client `c`'s core took something in: what it told the cache is applied, its
+    /// events are handled, and what it wrote goes up.
+    fn sync(&mut self, c: usize) {
+        loop {
+            let told = std::mem::take(&mut *self.clients[c].hook.told.lock().unwrap_or_else(|e| e.into_inner()));
+            for t in told {
+                self.apply_told(c, t);
+            }
+            let Some(e) = self.clients[c].core.poll_event() else { break };
+            match e {
+                Event::Answer(id, r) => self.answered(c, id, r),
+                Event::Recall(r) if r.recall_id == 0 => {
+                    // Re-asserted rights the restarted server refused (another session
+                    // holds what conflicts): dropped as a recall nobody answers.
+                    self.ck.stats.reassert_refused += r.inodes.len() as u64;
+                    self.log(format!("client {c}: rights on {:?} not given back", r.inodes));
+                }
+                Event::Recall(r) => self.clients[c].core.recall_done(r.recall_id),
+                Event::Ready(_) => {}
+            }
+        }
+        self.transmit(c);
+    }
+
+    /// What client `c`'s core told its cache (`Rights`), applied to the cache model.
+    fn apply_told(&mut self, c: usize, t: Told) {
+        let now = self.now;
+        let cache = &mut self.clients[c].cache;
+        match t {
+            Told::Recalled(inodes) => {
+                for ino in inodes {
+                    cache.recall(ino, now);
+                }
+            }
+            Told::Reset => {
+                cache.drop_every_right();
+                self.log(format!("client {c}: drops every right (lease over, fenced, or session forgotten)"));
+            }
+            // What it holds under shared rights it stops answering from: a recall may be
+            // lost with the connection, and a server that restarted meanwhile may not know
+            // of them at all (as `NameCache::disconnected`). What it holds exclusively
+            // nobody else can change until its lease is over.
+            Told::Disconnected => cache.keep_exclusive_only(),
+            Told::ReplyLost(ops) => {
+                // A change kept by a restarted server but never answered: nothing it
+                // touched is sure (dropped as a recall, as `NameCache::reply_lost`).
+                self.ck.stats.replies_lost += 1;
+                let mut touched: Vec<u64> = ops.iter().flat_map(Op::named_inodes).collect();
+                for op in &ops {
+                    touched.extend(op.named_entries().into_iter().filter_map(|(d, n)| cache.named(d, n)));
+                }
+                for ino in touched {
+                    cache.recall(ino, now);
+                }
+            }
+        }
+    }
+
+    /// What client `c`'s core wrote goes up its connection (none: it is lost). A request
+    /// the simulator did not make is the core's own re-assert after a server restart.
+    fn transmit(&mut self, c: usize) {
+        let out = self.clients[c].core.poll_transmit();
+        let Some(conn) = self.clients[c].conn.filter(|_| !out.is_empty()) else { return };
+        let mut d = p::FrameDecoder::new();
+        d.handle_bytes(&out);
+        loop {
+            let msg = match d.poll_message::<ClientMessage>() {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => return self.ck.fail(format!("client {c} wrote a bad frame: {e}")),
+            };
+            if let (ClientMessage::Request(r), Some(sid)) = (&msg, self.clients[c].session) {
+                if r.id != 0 && !self.ck.reqs.contains_key(&(sid, r.id)) {
+                    let t0_lc = self.ck.tick();
+                    let info =
+                        ReqInfo { client: c, ops: r.ops.clone(), time: r.time, purpose: Purpose::Reassert, t0_lc };
+                    self.ck.reqs.insert((sid, r.id), info);
+                    self.ck.stats.to_server += 1;
+                }
+            }
+            self.send_up(conn, msg);
+        }
     }
 
     /// The connection breaks: everything in flight on it is lost.
@@ -2090,14 +2236,10 @@ impl Sim {
         let cl = &mut self.clients[c];
         if cl.conn == Some(conn) {
             cl.conn = None;
-            cl.welcomed = false;
-            // What it holds under shared rights it stops answering from: a recall may be
-            // lost with the connection, and a server that restarted meanwhile may not know
-            // of them at all (as `NameCache::disconnected`). What it holds exclusively
-            // nobody else can change until its lease is over.
-            cl.cache.keep_exclusive_only();
             if cl.alive && !cl.leaving {
+                cl.core.connection_lost(why);
                 let inc = cl.incarnation;
+                self.sync(c);
                 let d = 1 + self.rng.below(self.faults.max_reconnect_us);
                 self.at(d, Ev::Reconnect { client: c, incarnation: inc });
             }
@@ -2236,7 +2378,7 @@ impl Sim {
             }
             Ev::Restart { client } => {
                 let inc = self.clients[client].incarnation + 1;
-                self.clients[client] = Client::new(client, inc);
+                self.clients[client] = Client::new(client, inc, self.instant());
                 self.log(format!("client {client}: starts again (incarnation {inc})"));
                 self.connect(client);
                 let d = self.think();
@@ -2259,7 +2401,7 @@ impl Sim {
                 if !c.alive || c.incarnation != incarnation || self.draining {
                     return;
                 }
-                if c.busy.is_some() && c.token.is_some() {
+                if c.busy.is_some() && c.session.is_some() {
                     self.peek(client);
                 }
                 let d = PEEK_US / 2 + self.rng.below(PEEK_US);
@@ -2289,68 +2431,41 @@ impl Sim {
         self.ck.tick();
     }
 
-    /// A client's lease timer (every 250 ms, as `crest-net`'s watcher): it drops every
-    /// right once it has heard nothing for `CLIENT_LEASE_MS` (so up to 250 ms late, as
-    /// there), and says it is alive when it has sent nothing for `HEARTBEAT_MS`.
+    /// A client's timer (every 250 ms): its core
+    /// drops every right once it has heard nothing for `CLIENT_LEASE_MS` (so up to 250 ms
+    /// late here), and says it is alive when it has sent nothing for `HEARTBEAT_MS`.
     fn beat(&mut self, c: usize) {
-        self.check_lease(c);
-        let now = self.now;
-        let cl = &self.clients[c];
-        if let (true, Some(conn)) = (cl.welcomed, cl.conn) {
-            if now >= cl.last_sent + HEARTBEAT_MS * 1000 {
-                self.send_up(conn, ClientMessage::Request(p::Request { id: 0, ops: Vec::new(), time: None }));
-            }
-        }
+        let now = self.instant();
+        self.clients[c].core.handle_timeout(now);
+        self.sync(c);
     }
 
     /// With `CREST_SIM_LEASE=exact`: the client also checks its lease before it answers
-    /// anything itself (not only on its heartbeat timer, as `crest-net` does today).
+    /// anything itself (as `crest-net`, which wakes the core at the lease's deadline).
     fn check_lease_now(&mut self, c: usize) {
         if self.exact_lease {
-            self.check_lease(c);
+            self.beat(c);
         }
     }
 
-    /// Past `CLIENT_LEASE_MS` without a word from the server: drop every right.
-    fn check_lease(&mut self, c: usize) {
-        let now = self.now;
-        let cl = &mut self.clients[c];
-        if !cl.lease_expired && now >= cl.last_heard + CLIENT_LEASE_MS * 1000 {
-            cl.lease_expired = true;
-            cl.cache.drop_every_right();
-            self.log(format!("client {c}: no word from the server for {CLIENT_LEASE_MS} ms; drops every right"));
-        }
-    }
-
-    /// The client learns its session was fenced (a refusal, `Notify::Fenced`, or a
-    /// resume answered with `Welcome.fenced`): as `crest-net`, it fails every pending
-    /// call (EIO; writeback completions become deferred errors: lost changes), drops
-    /// every right and what it cached, forgets its numbers for writeback creates, and
-    /// goes on with a new session without replaying anything.
+    /// The client learns its session was fenced (`Notify::Fenced`, or a resume answered
+    /// with `Welcome.fenced`), before its core does: what it answered itself and never
+    /// wrote back is lost, its cache and its numbers for writeback creates go. Its core
+    /// fails the pending changes (EIO; writeback completions become deferred errors) and
+    /// keeps the calls that change nothing for the new session.
     fn fenced(&mut self, c: usize) {
         let old = self.clients[c].sid();
-        self.log(format!("client {c}: session {old:?} was fenced; pending calls fail, rights dropped"));
+        self.log(format!("client {c}: session {old:?} was fenced; pending changes fail, rights dropped"));
         if let Some(s) = old {
             // (The checker marked them lost when the server fenced the session.)
             self.ck.locals.retain(|_, l| !(l.session == s && l.applied_k.is_none()));
         }
         let cl = &mut self.clients[c];
-        let pending = std::mem::take(&mut cl.pending);
         cl.cache = Cache { epoch: cl.cache.epoch + 1, ..Cache::default() };
         cl.pool = (0, 0);
-        cl.token = None;
-        cl.positions = 0;
+        cl.prior = old.or(cl.prior);
+        cl.session = None;
         cl.answered_seq = 0;
-        cl.restored_in_session = false;
-        if let Some(id) = cl.busy.take() {
-            // The system call returns EIO. Had the server applied it, that change is not
-            // a completed one: the caller was told it failed.
-            let inc = cl.incarnation;
-            let ops = pending.get(&id).map(|p| ops_brief(&p.req.ops)).unwrap_or_default();
-            self.log(format!("client {c}: [{ops}] returns EIO (fenced)"));
-            let d = self.think();
-            self.at(d, Ev::Wake { client: c, incarnation: inc });
-        }
         self.ck.stats.fenced += 1;
     }
 
@@ -2421,111 +2536,172 @@ impl Sim {
             self.drop_conn(conn, "message to the client lost");
             return;
         }
-        let cl = &mut self.clients[c];
-        cl.last_heard = self.now;
-        cl.lease_expired = false;
-        match msg {
+        match &msg {
             ServerMessage::Welcome(w) => {
-                if w.fenced {
-                    self.fenced(c);
-                }
-                let restarted = self.clients[c].server_life != self.server_life;
-                let old = self.clients[c].sid();
-                let cl = &mut self.clients[c];
-                cl.token = Some(w.session);
-                cl.welcomed = true;
-                cl.server_life = self.server_life;
-                let sid = w.session.id;
-                if let (Some(old), false) = (old, w.resumed) {
-                    if !restarted {
-                        return self.ck.fail(format!("client {c}: session not resumed: {w:?}"));
-                    }
-                    self.not_restored(c, old, sid);
-                }
-                if let (true, Some(durable)) = (w.resumed, w.durable_seq) {
-                    self.log(format!("client {c}: welcome back after a restart (session {sid}, durable {durable})"));
-                    return self.restored(c, conn, durable, &w.durable_holes);
-                }
-                let mut again: Vec<u64> = self.clients[c].pending.keys().copied().collect();
-                self.log(format!("client {c}: welcome (session {sid}); resends {again:?}"));
-                if w.resumed && self.clients[c].restored_in_session {
-                    // The session was restored after a restart: its `Replayed` may have
-                    // been lost with the connection (the server ignores a second one), and
-                    // nothing new may go before it — the server would take it for a replay
-                    // and run it in the grace period (as `crest-net`: re-asserts, then
-                    // `Replayed`, then the rest).
-                    let pending = &self.clients[c].pending;
-                    let (first, rest): (Vec<u64>, Vec<u64>) =
-                        again.iter().partition(|id| matches!(pending[id].purpose, Purpose::Reassert));
-                    for id in first {
-                        self.write_request(c, conn, id);
-                    }
-                    self.send_up(conn, ClientMessage::Replayed);
-                    again = rest;
-                }
-                for id in again {
-                    self.write_request(c, conn, id);
+                if !self.before_welcome(c, w) {
+                    return;
                 }
             }
-            ServerMessage::Refused { reason, .. } => self.ck.fail(format!("client {c} refused: {reason}")),
+            ServerMessage::Refused { reason, .. } => return self.ck.fail(format!("client {c} refused: {reason}")),
             ServerMessage::Notify(p::Notify::Recall { recall_id, inodes }) => {
                 self.log(format!("client {c}: recall {recall_id} of {inodes:?}"));
-                let now = self.now;
-                for ino in &inodes {
-                    self.clients[c].cache.recall(*ino, now);
-                }
-                self.send_up(conn, ClientMessage::RecallDone { recall_id });
             }
-            ServerMessage::Notify(p::Notify::Fenced) => {
-                // A new session, not a resume of the fenced one.
-                self.fenced(c);
-                self.drop_conn(conn, "fenced");
-            }
-            ServerMessage::Notify(n) => self.ck.fail(format!("unexpected notice {n:?}")),
-            ServerMessage::Response(resp) => self.response(c, resp),
+            ServerMessage::Notify(p::Notify::Fenced) => self.fenced(c),
+            ServerMessage::Notify(n) => return self.ck.fail(format!("unexpected notice {n:?}")),
+            ServerMessage::Response(resp) => self.before_response(c, resp),
+        }
+        let mut frame = Vec::new();
+        if let Err(e) = p::encode_frame(&msg, &mut frame) {
+            return self.ck.fail(format!("encoding {msg:?}: {e}"));
+        }
+        let now = self.instant();
+        self.clients[c].core.handle_bytes(now, &frame);
+        if let ServerMessage::Welcome(w) = &msg {
+            self.after_welcome(c, w);
+        }
+        self.sync(c);
+        if matches!(msg, ServerMessage::Notify(p::Notify::Fenced)) {
+            // A new session, not a resume of the fenced one.
+            self.drop_conn(conn, "fenced");
         }
     }
 
-    fn response(&mut self, c: usize, resp: p::Response) {
-        let now = self.now;
-        let Some(pd) = self.clients[c].pending.remove(&resp.id) else {
-            return; // a second answer to a resent request
-        };
-        let sid = self.clients[c].sid().expect("session");
-        if let Some(pos) = pd.pos {
-            if resp.seq != pos {
+    /// A welcome, before client `c`'s core takes it: the simulator's checks and
+    /// bookkeeping (false: failed). After a restart that restored the session the cache
+    /// keeps only what it holds exclusively, and that is what the core re-asserts.
+    fn before_welcome(&mut self, c: usize, w: &p::Welcome) -> bool {
+        if w.fenced {
+            self.fenced(c);
+        }
+        let restarted = self.clients[c].server_life != self.server_life;
+        let (old, new) = (self.clients[c].sid(), w.session.id);
+        if let (Some(old), false) = (old, w.resumed) {
+            if !restarted {
+                self.ck.fail(format!("client {c}: session not resumed: {w:?}"));
+                return false;
+            }
+            // A restarted server without a record of the session (it had changed nothing
+            // the server kept): a new session, every right dropped (by the core), and
+            // everything unanswered goes again as new work.
+            if self.clients[c].answered_seq > 0 {
                 self.ck.fail(format!(
-                    "client {c}: change {} placed {pos} answered with seq {} ({:?})",
-                    resp.id, resp.seq, pd.req.ops
+                    "client {c}: session {old} forgotten by the restarted server with changes answered (seq {})",
+                    self.clients[c].answered_seq
+                ));
+                return false;
+            }
+            self.log(format!("client {c}: session {old} not restored: new session {new}"));
+            let cl = &mut self.clients[c];
+            cl.pool = (0, 0);
+            cl.answered_seq = 0;
+            for l in self.ck.locals.values_mut().filter(|l| l.session == old && l.applied_k.is_none()) {
+                l.session = new;
+            }
+        }
+        if let (true, Some(durable)) = (w.resumed, w.durable_seq) {
+            self.log(format!("client {c}: welcome back after a restart (session {new}, durable {durable})"));
+            if self.clients[c].answered_seq > durable {
+                self.ck.fail(format!(
+                    "client {c}: the restarted server kept its session through seq {durable}, but seq {} was answered",
+                    self.clients[c].answered_seq
+                ));
+                return false;
+            }
+            // What it held under shared rights may be stale: the server applied (and kept)
+            // changes whose recalls were still unanswered when it died. Only what it holds
+            // exclusively is sure, and asked back (as `NameCache::restored`).
+            let now = self.now;
+            let cl = &mut self.clients[c];
+            cl.cache.keep_exclusive_only();
+            let rights = cl.held_rights(now);
+            self.ck.stats.reasserted += rights.len() as u64;
+            if !rights.is_empty() {
+                self.log(format!("client {c}: re-asserts {rights:?}"));
+            }
+            *self.clients[c].hook.held.lock().unwrap_or_else(|e| e.into_inner()) = rights;
+        } else {
+            self.log(format!("client {c}: welcome (session {new})"));
+        }
+        true
+    }
+
+    /// After client `c`'s core took a welcome, before what it wrote goes up: calls it
+    /// still holds from an older session now belong to the new one.
+    fn after_welcome(&mut self, c: usize, w: &p::Welcome) {
+        let new = w.session.id;
+        let cl = &mut self.clients[c];
+        let from = cl.session.or(cl.prior.take());
+        cl.session = Some(new);
+        cl.server_life = self.server_life;
+        if let Some(from) = from.filter(|&f| f != new) {
+            let ids: Vec<u64> = cl.pending.keys().copied().collect();
+            for id in ids {
+                if let Some(info) = self.ck.reqs.get(&(from, id)).cloned() {
+                    self.ck.reqs.insert((new, id), info);
+                }
+            }
+        }
+    }
+
+    /// A response, before client `c`'s core takes it: a change comes back with the place
+    /// the core sent it in.
+    fn before_response(&mut self, c: usize, resp: &p::Response) {
+        let core = &self.clients[c].core;
+        if !core.awaits(resp.id) {
+            return; // a second answer to a resent request
+        }
+        if let Some(pos) = core.place(resp.id) {
+            if resp.seq != pos {
+                let ops = self.clients[c].pending.get(&resp.id).map(|pd| pd.req.ops.clone());
+                self.ck.fail(format!(
+                    "client {c}: change {} placed {pos} answered with seq {} ({ops:?})",
+                    resp.id, resp.seq
                 ));
             }
             let cl = &mut self.clients[c];
             cl.answered_seq = cl.answered_seq.max(resp.seq);
         }
-        match pd.purpose {
-            Purpose::Reassert => {
-                for (op, r) in pd.req.ops.iter().zip(&resp.results) {
-                    if let (Op::Reassert { ino, .. }, Err(e)) = (op, r) {
-                        // Refused (another session holds what conflicts): dropped as a
-                        // recall nobody answers.
-                        self.ck.stats.reassert_refused += 1;
-                        self.log(format!("client {c}: rights on {ino} not given back (errno {})", e.errno));
-                        self.clients[c].cache.recall(*ino, now);
+    }
+
+    /// Client `c`'s core hands over the answer to call `id`.
+    fn answered(&mut self, c: usize, id: u64, r: Result<Vec<Result<Reply, p::OpError>>, ClientError>) {
+        let now = self.now;
+        let Some(pd) = self.clients[c].pending.remove(&id) else { return };
+        let results = match r {
+            Ok(results) => results,
+            Err(ClientError::ReplyLost { .. }) => {
+                // Kept by a restarted server, its answer lost: the change stands; the
+                // caller is told EIO (the change counts as completed: it returned).
+                let sid = self.clients[c].sid().expect("restored");
+                match pd.purpose {
+                    Purpose::Syscall => {
+                        self.ck.completed((sid, id));
+                        self.log(format!("client {c}: [{}] was kept; its answer is lost: EIO", ops_brief(&pd.req.ops)));
                     }
+                    _ => self.ck.fail(format!("client {c}: request {id} ({:?}) kept without its answer", pd.purpose)),
                 }
+                return self.returned(c, id);
             }
+            Err(ClientError::Fenced { .. }) => {
+                // The system call returns EIO. Had the server applied it, that change is
+                // not a completed one: the caller was told it failed.
+                self.log(format!("client {c}: [{}] returns EIO (fenced)", ops_brief(&pd.req.ops)));
+                return self.returned(c, id);
+            }
+            Err(e) => return self.ck.fail(format!("client {c}: request {id} failed: {e}")),
+        };
+        let sid = self.clients[c].sid().expect("session");
+        match pd.purpose {
+            Purpose::Reassert => self.ck.fail(format!("client {c}: the core handed over a re-assert's answer")),
             Purpose::Syscall => {
-                self.ck.completed((sid, resp.id));
-                self.log(format!("client {c}: [{}] returns {:?}", ops_brief(&pd.req.ops), brief(&resp.results)));
+                self.ck.completed((sid, id));
+                self.log(format!("client {c}: [{}] returns {:?}", ops_brief(&pd.req.ops), brief(&results)));
                 let cl = &mut self.clients[c];
-                cl.absorb(&pd.req.ops, &resp.results, pd.t0_us, now);
-                cl.busy = None;
-                let inc = cl.incarnation;
-                let d = self.think();
-                self.at(d, Ev::Wake { client: c, incarnation: inc });
+                cl.absorb(&pd.req.ops, &results, pd.t0_us, now);
+                self.returned(c, id);
             }
             Purpose::Acquire { dir, then, epoch } => {
-                let took = match resp.results.first() {
+                let took = match results.first() {
                     Some(Ok(Reply::Lookup { attr: Some(a), leaf })) => {
                         self.clients[c].absorb_acquired(dir, a, leaf, epoch, pd.t0_us, now)
                     }
@@ -2535,26 +2711,22 @@ impl Sim {
                 self.ck.stats.acquired_without_x += u64::from(took && !self.clients[c].cache.x.contains(&dir));
                 self.log(format!(
                     "client {c}: acquire {dir} returns {:?}{}",
-                    brief(&resp.results),
+                    brief(&results),
                     if took { "; holds it whole" } else { "" }
                 ));
                 // The system call goes on: answered here if the directory was taken in
                 // and it now can be (as `Fs::unlink`, `create_node`), else sent.
                 self.check_lease_now(c);
                 if took && self.try_local(c, &then) {
-                    let cl = &mut self.clients[c];
-                    cl.busy = None;
-                    let inc = cl.incarnation;
-                    let d = self.think();
-                    self.at(d, Ev::Wake { client: c, incarnation: inc });
+                    self.returned(c, id);
                 } else {
                     let t0_lc = self.ck.tick();
                     self.send_syscall(c, then, t0_lc);
                 }
             }
             Purpose::Writeback(n) => {
-                self.log(format!("client {c}: writeback {n} answered {:?}", brief(&resp.results)));
-                if let Some(Err(e)) = resp.results.first() {
+                self.log(format!("client {c}: writeback {n} answered {:?}", brief(&results)));
+                if let Some(Err(e)) = results.first() {
                     // Its caller was told it worked: the promise is broken.
                     self.ck.fail(format!("client {c}: writeback {n} {:?} failed on the server: {e:?}", pd.req.ops));
                 }
@@ -2562,32 +2734,39 @@ impl Sim {
         }
     }
 
+    /// Client `c`'s system call waiting on request `id` returns; it thinks, then goes on.
+    fn returned(&mut self, c: usize, id: u64) {
+        let cl = &mut self.clients[c];
+        if cl.busy == Some(id) {
+            cl.busy = None;
+            let inc = cl.incarnation;
+            let d = self.think();
+            self.at(d, Ev::Wake { client: c, incarnation: inc });
+        }
+    }
+
+    /// Hands a request to client `c`'s core (a writeback when it carries the client's
+    /// clock), which puts it on the wire now or when it is connected.
     fn send_request(&mut self, c: usize, ops: Vec<Op>, time: Option<p::Time>, purpose: Purpose, t0_lc: u64) -> u64 {
+        let now = self.instant();
         let cl = &mut self.clients[c];
         let id = cl.next_id;
         cl.next_id += 1;
         let req = p::Request { id, ops, time };
-        cl.pending.insert(id, Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now, pos: None });
+        cl.pending.insert(id, Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now });
         let sid = cl.sid().expect("a client sends only once welcomed");
         self.ck.reqs.insert((sid, id), ReqInfo { client: c, ops: req.ops.clone(), time, purpose, t0_lc });
         self.ck.stats.to_server += 1;
-        if let (true, Some(conn)) = (cl.welcomed, cl.conn) {
-            self.write_request(c, conn, id);
-        }
+        let call = match time {
+            Some(t) => Call::writeback(id, req.ops, t, now, id),
+            None => Call::wait(id, req.ops, now, id),
+        };
+        cl.core.submit(call, now);
+        cl.core.end_burst();
+        // (Its answer, if any came at once, is handed over at the next `sync`: the caller
+        // marks the call busy first.)
+        self.transmit(c);
         id
-    }
-
-    /// Puts pending request `id` on the wire, giving a change its place among the
-    /// session's changes the first time (as `crest-net`'s `write_call`).
-    fn write_request(&mut self, c: usize, conn: u64, id: u64) {
-        let cl = &mut self.clients[c];
-        let Some(pd) = cl.pending.get_mut(&id) else { return };
-        if pd.pos.is_none() && pd.req.ops.iter().any(Op::is_mutation) {
-            cl.positions += 1;
-            pd.pos = Some(cl.positions);
-        }
-        let req = pd.req.clone();
-        self.send_up(conn, ClientMessage::Request(req));
     }
 
     /// The server dies just after a commit (so that everything it applied is durable:
@@ -2609,6 +2788,7 @@ impl Sim {
         let old = std::mem::replace(&mut self.server, Server::new(store));
         drop(old.into_store().abandon());
         self.server.record_applied();
+        self.server.seed_randomness(self.seed ^ 0x5e55_1015 ^ (self.server_life << 32));
         // (So that a session number names one session in the checker's books.)
         self.server.number_sessions_from(self.max_session + 1);
         // (The new server knows no connection: none is reported to it as dropped.)
@@ -2624,144 +2804,13 @@ impl Sim {
         self.flush_server(ptime(ms * 1000));
     }
 
-    /// Welcomed back by a server that restarted and restored the session (`durable_seq`,
-    /// `durable_holes`), by the client core's `plan_restart`: an unanswered change
-    /// placed at or below `durable_seq` and not a hole ran and was kept — not sent again
-    /// (its system call fails with EIO, a writeback counts as done); every other
-    /// unanswered request goes again as new work after `Replayed`, behind the rights the
-    /// client held (`Op::Reassert`). Every crash here falls just after a commit, so no
-    /// acknowledged change can be missing (nothing to replay).
-    fn restored(&mut self, c: usize, conn: u64, durable: u64, holes: &[u64]) {
-        let sid = self.clients[c].sid().expect("welcomed");
-        if self.clients[c].answered_seq > durable {
-            return self.ck.fail(format!(
-                "client {c}: the restarted server kept its session through seq {durable}, but seq {} was answered",
-                self.clients[c].answered_seq
-            ));
-        }
-        let placed: Vec<(u64, u64)> =
-            self.clients[c].pending.iter().filter_map(|(&id, pd)| pd.pos.map(|p| (id, p))).collect();
-        let crest_client::replay::RestartPlan { kept, late } =
-            crest_client::replay::plan_restart(durable, holes, &placed);
-        for pd in self.clients[c].pending.values_mut() {
-            pd.pos = None;
-        }
-        self.clients[c].positions = durable;
-        // What it held under shared rights may be stale: the server applied (and kept)
-        // changes whose recalls were still unanswered when it died, and it does not know.
-        // Only what it holds exclusively is sure (nobody else could change it) and asked
-        // back (as `NameCache::restored`).
-        let now = self.now;
-        self.clients[c].cache.keep_exclusive_only();
-        for id in kept {
-            let Some(pd) = self.clients[c].pending.remove(&id) else { continue };
-            self.ck.stats.replies_lost += 1;
-            // Nor is anything the kept change touched: its answer would have told how it
-            // came out (dropped as a recall, as `NameCache::reply_lost`).
-            let cache = &mut self.clients[c].cache;
-            let mut touched: Vec<u64> = pd.req.ops.iter().flat_map(Op::named_inodes).collect();
-            for op in &pd.req.ops {
-                touched.extend(op.named_entries().into_iter().filter_map(|(d, n)| cache.named(d, n)));
-            }
-            for ino in touched {
-                cache.recall(ino, now);
-            }
-            match pd.purpose {
-                Purpose::Syscall => {
-                    // The change stands; its result is lost: the caller is told EIO (the
-                    // change counts as completed: it returned).
-                    self.ck.completed((sid, id));
-                    self.log(format!("client {c}: [{}] was kept; its answer is lost: EIO", ops_brief(&pd.req.ops)));
-                    let cl = &mut self.clients[c];
-                    if cl.busy == Some(id) {
-                        cl.busy = None;
-                        let inc = cl.incarnation;
-                        let d = self.think();
-                        self.at(d, Ev::Wake { client: c, incarnation: inc });
-                    }
-                }
-                Purpose::Writeback(n) => self.log(format!("client {c}: writeback {n} was kept: done")),
-                Purpose::Acquire { .. } | Purpose::Reassert => {
-                    self.ck.fail(format!("client {c}: request {id} placed among changes"))
-                }
-            }
-        }
-        self.clients[c].restored_in_session = true;
-        // Re-asserts of an earlier welcome still unanswered are superseded (as
-        // `HeldLocks::reassert`): this welcome repeats a restart one lost with its
-        // connection, and what is held now is asked for afresh.
-        self.clients[c].pending.retain(|_, pd| !matches!(pd.purpose, Purpose::Reassert));
-        let rights = self.clients[c].held_rights(now);
-        if !rights.is_empty() {
-            self.ck.stats.reasserted += rights.len() as u64;
-            self.log(format!("client {c}: re-asserts {rights:?}"));
-            let ops = rights.iter().map(|&(ino, exclusive)| Op::Reassert { ino, exclusive }).collect();
-            let t0_lc = self.ck.tick();
-            self.send_request(c, ops, None, Purpose::Reassert, t0_lc);
-        }
-        let late_ids: BTreeSet<u64> = late.iter().copied().collect();
-        let rest: Vec<u64> = self.clients[c]
-            .pending
-            .iter()
-            .filter(|(id, pd)| !late_ids.contains(id) && !matches!(pd.purpose, Purpose::Reassert))
-            .map(|(&id, _)| id)
-            .collect();
-        // Writeback (answered already) goes before `Replayed`, like a replay, then the rest
-        // (as `crest-net`: it must run ahead of other clients' waiting work even when the
-        // rights it was answered under were dropped meanwhile).
-        let order: Vec<u64> = late.into_iter().chain(rest).collect();
-        let pending = &self.clients[c].pending;
-        let (early, after): (Vec<u64>, Vec<u64>) =
-            order.into_iter().partition(|id| matches!(pending[id].purpose, Purpose::Writeback(_)));
-        self.log(format!("client {c}: sends writeback {early:?}, Replayed, then {after:?}"));
-        for &id in &early {
-            self.write_request(c, conn, id);
-        }
-        self.send_up(conn, ClientMessage::Replayed);
-        for id in after {
-            self.write_request(c, conn, id);
-        }
-    }
-
-    /// Welcomed by a server that restarted without a record of the session (it had
-    /// changed nothing the server kept): as `crest-net`, a new session; what it held is
-    /// gone with the old one (it drops every right), and everything unanswered goes
-    /// again as new work.
-    fn not_restored(&mut self, c: usize, old: SessionId, new: SessionId) {
-        if self.clients[c].answered_seq > 0 {
-            return self.ck.fail(format!(
-                "client {c}: session {old} forgotten by the restarted server with changes answered (seq {})",
-                self.clients[c].answered_seq
-            ));
-        }
-        self.log(format!("client {c}: session {old} not restored: new session {new}, every right dropped"));
-        let cl = &mut self.clients[c];
-        cl.cache.drop_every_right();
-        cl.pool = (0, 0);
-        cl.positions = 0;
-        cl.answered_seq = 0;
-        cl.restored_in_session = false;
-        let ids: Vec<u64> = cl.pending.keys().copied().collect();
-        for pd in cl.pending.values_mut() {
-            pd.pos = None;
-        }
-        for id in ids {
-            if let Some(info) = self.ck.reqs.get(&(old, id)).cloned() {
-                self.ck.reqs.insert((new, id), info);
-            }
-        }
-        for l in self.ck.locals.values_mut().filter(|l| l.session == old && l.applied_k.is_none()) {
-            l.session = new;
-        }
-    }
-
     /// A client's next system call.
     fn syscall(&mut self, c: usize) {
         if self.draining {
             return;
         }
         // Before its first welcome a client knows no session to send on.
-        if self.clients[c].token.is_none() {
+        if self.clients[c].session.is_none() {
             let inc = self.clients[c].incarnation;
             self.at(1_000, Ev::Wake { client: c, incarnation: inc });
             return;
@@ -2914,14 +2963,15 @@ impl Sim {
             return;
         }
         let cl = &self.clients[c];
-        let (idle, conn) = (cl.pending.is_empty() && cl.welcomed, cl.conn);
-        if let (true, Some(conn)) = (idle, conn) {
+        let idle = cl.pending.is_empty() && cl.core.waiting() == 0 && cl.core.state() == State::Open;
+        if let (true, Some(_)) = (idle, cl.conn) {
             if !self.chance(f.goodbye) {
                 return;
             }
             self.ck.stats.goodbyes += 1;
             self.log(format!("client {c}: unmounts"));
-            self.send_up(conn, ClientMessage::Goodbye);
+            self.clients[c].core.goodbye();
+            self.transmit(c);
             let cl = &mut self.clients[c];
             cl.leaving = true;
             cl.conn = None;

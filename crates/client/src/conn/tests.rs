@@ -442,3 +442,29 @@ fn a_first_answer_that_is_not_crest_fails_everything_at_once() {
     assert!(matches!(ready, Some(Err(ClientError::NotCrest { .. }))), "{ready:?}");
     assert!(matches!(h.answers.as_slice(), [(1, Err(ClientError::NotCrest { .. }))]));
 }
+
+#[test]
+fn a_connection_that_opens_but_says_nothing_does_not_renew_the_lease() {
+    struct Count(std::sync::Mutex<u32>);
+    impl Rights for Count {
+        fn granted_exclusive(&self, _: u64, _: Instant) {}
+        fn recalled(&self, _: &[u64]) {}
+        fn reset(&self) {
+            *self.0.lock().expect("lock") += 1;
+        }
+    }
+    let mut h = Harness::new();
+    let count = Arc::new(Count(std::sync::Mutex::new(0)));
+    assert!(h.c.rights.set(count.clone()).is_ok());
+    h.connect(welcome(false, None, false));
+    let lease_ms = crate::lease::CLIENT_LEASE.as_millis() as u64;
+    // The connection breaks; a new one opens (the server is hung, or a proxy answers)
+    // just before the lease would run out, and nothing comes on it.
+    let t = h.at(lease_ms - 10);
+    h.c.connection_lost("test");
+    h.c.connecting(t);
+    h.c.connected(t);
+    let t = h.at(lease_ms);
+    h.c.handle_timeout(t);
+    assert_eq!(*count.0.lock().expect("lock"), 1, "the rights go when the lease runs out");
+}
