@@ -2,9 +2,9 @@
 //!
 //! **What runs**: the real server core (`crest_server::Server` over a `Store` on a
 //! `MemDisk`) with 2–4 clients that pipeline up to four requests each — creates, mkdirs,
-//! unlinks, rmdirs, renames, writes, chmods, fsyncs and reads over a few names in a few
-//! directories, so that they collide — on virtual time, every choice drawn from one
-//! seeded `crest_rng::Stream`. Now and then the server **crashes**: its store is dropped
+//! unlinks, rmdirs, renames, hard links, writes, appends, chmods, fsyncs and reads over a
+//! few names in a few directories, so that they collide — on virtual time, every choice
+//! drawn from one seeded `crest_rng::Stream`. Now and then the server **crashes**: its store is dropped
 //! without a commit (`Store::abandon`, as `kill -9` or a power cut leaves it), reopened,
 //! and a new `Server` restores the sessions it finds records of — at any moment, also
 //! while changes it applied wait for their answers. Each client is the real client core
@@ -521,7 +521,9 @@ impl Sim {
         let cred = p::Cred { uid: 1000 + c as u32, gid: 100, umask: 0 };
         let dir = self.known_of(p::FileType::Directory);
         let file = self.known_of(p::FileType::Regular);
-        match self.rng.below(13) {
+        match self.rng.below(15) {
+            13 => Op::Link { ino: file, parent: dir, name: self.name() },
+            14 => Op::Append { ino: file, data: format!("+c{c}@{}", self.now_us).into_bytes() },
             0 | 1 => {
                 Op::Create { parent: dir, name: self.name(), kind: p::FileType::Regular, mode: 0o644, rdev: 0, cred }
             }

@@ -47,9 +47,10 @@
 //!   rmdir's victim known empty), sending `Unlink`/`Rmdir` as writeback.
 //!   While its system call waits on the server, its other processes read what it holds
 //!   (`Ev::Peek`: answered from the cache or not at all).
-//!   Operations: lookup, getattr, read, readdir, create, mkdir, write, setattr (mode,
-//!   size), unlink, rmdir, rename, over ~8 names in a few directories, so that clients
-//!   collide all the time (half the removals name what the client knows is there).
+//!   Operations: lookup, getattr, read, readdir, create, mkdir, write, O_APPEND write
+//!   (`Op::Append`), setattr (mode, size), unlink, rmdir, rename, hard link, over ~8
+//!   names in a few directories, so that clients collide all the time (half the
+//!   removals name what the client knows is there).
 //!
 //! **What is checked**:
 //! - every reply equals what a reference model of the file system gives when replayed in
@@ -95,8 +96,8 @@
 //! A client's completed local answer is laid on a model state only where the names it
 //! removes or moves stand for what its client saw (`Local::lay_on`).
 //!
-//! Left out: crashes between commits under caching clients (see above); hard links,
-//! symlinks, xattrs, locks, fsync; several changing system calls in flight on one
+//! Left out: crashes between commits under caching clients (see above); symlinks,
+//! xattrs, locks, fsync, open/release (unlink while open); several changing system calls in flight on one
 //! client; writeback merged into one request (each submission goes alone here; the core's
 //! unit tests cover merging). By default outages stay short (partitions ≤ 1 s,
 //! reconnects ≤ 0.3 s), so fencing is rare (crashed clients); `CREST_SIM_OUTAGES=long`
@@ -286,6 +287,7 @@ struct Model {
     next_ino: u64,
 }
 
+const EPERM: i32 = 1;
 const ENOENT: i32 = 2;
 const EEXIST: i32 = 17;
 const ENOTDIR: i32 = 20;
@@ -558,6 +560,23 @@ impl Model {
                 i.ctime = now;
                 Ok(Out::Attr(self.attr(*ino).expect("exists")))
             }
+            Op::Append { ino, data } => {
+                let end = self.inodes.get(ino).ok_or(ENOENT)?.data.len() as u64;
+                self.apply(&Op::Write { ino: *ino, offset: end, data: data.clone() }, now)
+            }
+            Op::Link { ino, parent, name } => {
+                if self.inodes.get(ino).ok_or(ENOENT)?.kind == p::FileType::Directory {
+                    return Err(EPERM);
+                }
+                if self.dir(*parent)?.contains_key(name) {
+                    return Err(EEXIST);
+                }
+                self.dirs.get_mut(parent).expect("checked").insert(name.clone(), *ino);
+                self.nlink_add(*ino, 1);
+                self.inodes.get_mut(ino).expect("checked").ctime = now;
+                self.touch(*parent, now);
+                Ok(Out::Entry(self.attr(*ino).expect("exists")))
+            }
             Op::AllocInodes { count } => {
                 let count = (*count).clamp(1, p::MAX_INODE_GRANT);
                 let first = self.next_ino;
@@ -738,13 +757,15 @@ impl Cache {
                 self.x_at.remove(&ino);
             }
             None => {
-                // What it holds exclusively is not it if it is named elsewhere (`x_at`).
-                // A directory acquired whole may be named where this client does not
-                // know: it could be the victim. (The real client keeps its listing, and
-                // relies on the kernel, which knows what it removed is dead, to ask
-                // nothing of it again; this client may still name it: it lets it go.)
+                // What it holds exclusively is not it if it is named elsewhere (`x_at`)
+                // and has no other name (a hard link: as `NameCache::removed`, any
+                // multiply-linked inode might be it). A directory acquired whole may be
+                // named where this client does not know: it could be the victim. (The
+                // real client keeps its listing, and relies on the kernel, which knows
+                // what it removed is dead, to ask nothing of it again; this client may
+                // still name it: it lets it go.)
                 let x = self.placed_x();
-                self.attrs.retain(|i, _| x.contains(i));
+                self.attrs.retain(|i, (a, _)| x.contains(i) && a.nlink <= 1);
                 self.data.retain(|i, _| x.contains(i));
                 self.dirs.retain(|i, _| x.contains(i));
             }
@@ -1238,6 +1259,26 @@ impl Client {
                         d[*offset as usize..end].copy_from_slice(data);
                     }
                 }
+                (Op::Append { ino, data }, Reply::Attr(a)) => {
+                    c.update_attr(a);
+                    // Where it landed is the server's end of the file: what is held is
+                    // kept only if it ended just there.
+                    let at = a.size_bytes.saturating_sub(data.len() as u64) as usize;
+                    match c.data.get_mut(ino) {
+                        Some((d, _)) if d.len() == at => d.extend_from_slice(data),
+                        Some(_) => {
+                            c.data.remove(ino);
+                        }
+                        None => {}
+                    }
+                }
+                (Op::Link { parent, name, .. }, Reply::Entry(a)) => {
+                    c.attrs.remove(parent);
+                    c.update_attr(a);
+                    if let Some(r) = c.range_mut(*parent, name) {
+                        r.names.insert(name.clone(), a.ino);
+                    }
+                }
                 (Op::SetAttr { ino, set }, Reply::Attr(a)) => {
                     c.update_attr(a);
                     if let (Some(size), Some((d, _))) = (set.size_bytes, c.data.get_mut(ino)) {
@@ -1268,13 +1309,14 @@ impl Client {
                         None => {
                             // Unknown inode moved in: the stretch that should list it
                             // cannot be kept, and whatever it is, its ctime changed (it
-                            // may be a directory acquired whole, held with no name).
+                            // may be a directory acquired whole, held with no name, or
+                            // an inode held exclusively under another of its names).
                             let h = p::name_hash(new_name);
                             if let Some(v) = c.dirs.get_mut(new_parent) {
                                 v.retain(|r| h < r.lo || h > r.hi);
                             }
                             let x = c.placed_x();
-                            c.attrs.retain(|i, _| x.contains(i));
+                            c.attrs.retain(|i, (a, _)| x.contains(i) && a.nlink <= 1);
                         }
                     }
                 }
@@ -3020,6 +3062,12 @@ impl Sim {
                 Op::Create { parent: dir(r), name: name(r), kind, mode, rdev: 0, cred }
             }
             58..=71 => match file(r) {
+                // A quarter of them O_APPEND: the server chooses where it lands.
+                Some(ino) if r.below(4) == 0 => {
+                    let mut data = vec![0u8; r.below(300) as usize];
+                    r.fill_bytes(&mut data);
+                    Op::Append { ino, data }
+                }
                 Some(ino) => {
                     let len = 1 + r.below(300) as usize;
                     let mut data = vec![0u8; len];
@@ -3064,6 +3112,11 @@ impl Sim {
                     Op::Unlink { parent, name }
                 }
             }
+            // A third of them hard links (now and then of a directory: EPERM).
+            _ if r.below(3) == 0 => {
+                let ino = if r.below(8) == 0 { dir(r) } else { file(r).unwrap_or(ROOT_INO) };
+                Op::Link { ino, parent: dir(r), name: name(r) }
+            }
             _ => Op::Rename { parent: dir(r), name: name(r), new_parent: dir(r), new_name: name(r), flags: 0 },
         }
     }
@@ -3074,7 +3127,8 @@ impl Sim {
         let store = self.server.store_mut();
         let mut problems = Vec::new();
         let mut stack = vec![ROOT_INO];
-        let mut seen = 0;
+        // (By inode: a file with hard links is reached once per name.)
+        let mut seen = BTreeSet::new();
         while let Some(d) = stack.pop() {
             let entries = store.readdir(d, 0, usize::MAX).map_err(|e| format!("readdir {d}: {e}"))?;
             let names: BTreeMap<Vec<u8>, u64> = entries.iter().map(|(e, _)| (e.name.clone(), e.ino)).collect();
@@ -3082,7 +3136,7 @@ impl Sim {
                 problems.push(format!("directory {d}: store {names:?}, model {:?}", model.dirs.get(&d)));
             }
             for (e, inode) in entries {
-                seen += 1;
+                seen.insert(e.ino);
                 let a = crest_server::convert::attr_out(&inode);
                 let v = self.ck.attr_v(&a);
                 if Some(&v) != model.attr(e.ino).as_ref() {
@@ -3099,8 +3153,8 @@ impl Sim {
                 }
             }
         }
-        if seen + 1 != model.inodes.len() {
-            problems.push(format!("store reaches {} inodes, the model has {}", seen + 1, model.inodes.len()));
+        if seen.len() + 1 != model.inodes.len() {
+            problems.push(format!("store reaches {} inodes, the model has {}", seen.len() + 1, model.inodes.len()));
         }
         store.commit().map_err(|e| format!("commit: {e}"))?;
         let report = check::fsck(Box::new(self.disk.clone())).map_err(|e| format!("fsck: {e}"))?;
@@ -3142,6 +3196,8 @@ fn ops_brief(ops: &[Op]) -> String {
                 format!("create-at {ino} {parent}/{} {kind:?} {mode:o}", name(n))
             }
             Op::Write { ino, offset, data } => format!("write {ino} {offset}+{}", data.len()),
+            Op::Append { ino, data } => format!("append {ino} +{}", data.len()),
+            Op::Link { ino, parent, name: n } => format!("link {ino} as {parent}/{}", name(n)),
             Op::SetAttr { ino, set } => format!("setattr {ino} mode {:?} size {:?}", set.mode, set.size_bytes),
             Op::Unlink { parent, name: n } => format!("unlink {parent}/{}", name(n)),
             Op::Rmdir { parent, name: n } => format!("rmdir {parent}/{}", name(n)),
