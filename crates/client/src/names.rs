@@ -326,9 +326,13 @@ impl NameCache {
         if self.ttl.is_zero() {
             return;
         }
-        if self.tombstones.remove(&ino).is_some_and(|at| at >= sent) {
+        // The tombstone stays while it refuses: the same reply may grant the inode twice
+        // (a hard link named twice in an acquired directory), and every grant sent before
+        // the recall is as stale as the first.
+        if self.tombstones.get(&ino).is_some_and(|&at| at >= sent) {
             return;
         }
+        self.tombstones.remove(&ino);
         if !self.exclusive.contains(&ino) {
             if self.attrs.get(&ino).is_some_and(|a| a.expires <= now) {
                 self.attrs.remove(&ino);
@@ -840,8 +844,12 @@ mod tests {
         c.recall_rights(30, now);
         c.grant_exclusive(30, now, sent);
         assert!(!c.is_exclusive(30));
+        // A second grant by the same reply (a hard-linked inode named twice in an acquired
+        // directory) or by another sent before the recall is just as stale.
         c.grant_exclusive(30, now, sent);
-        assert!(c.is_exclusive(30), "the tombstone is used once");
+        assert!(!c.is_exclusive(30), "every grant from before the recall is refused");
+        c.grant_exclusive(30, now, now + Duration::from_millis(1));
+        assert!(c.is_exclusive(30), "one sent after it is granted");
         // Held already, recalled, then granted again by a reply to a request sent before
         // the recall: the recall wins. One sent after the recall is granted.
         c.recall_rights(30, now);

@@ -48,7 +48,8 @@
 //!   While its system call waits on the server, its other processes read what it holds
 //!   (`Ev::Peek`: answered from the cache or not at all).
 //!   Operations: lookup, getattr, read, readdir, create, mkdir, write, O_APPEND write
-//!   (`Op::Append`), setattr (mode, size), unlink, rmdir, rename, hard link, over ~8
+//!   (`Op::Append`), setattr (mode, size), unlink, rmdir, rename, hard link, xattrs
+//!   (set with either flag, get, list, remove; values inline and chunked), over ~8
 //!   names in a few directories, so that clients collide all the time (half the
 //!   removals name what the client knows is there).
 //!
@@ -97,7 +98,7 @@
 //! removes or moves stand for what its client saw (`Local::lay_on`).
 //!
 //! Left out: crashes between commits under caching clients (see above); symlinks,
-//! xattrs, locks, fsync, open/release (unlink while open); several changing system calls in flight on one
+//! locks, fsync, open/release (unlink while open); several changing system calls in flight on one
 //! client; writeback merged into one request (each submission goes alone here; the core's
 //! unit tests cover merging). By default outages stay short (partitions ≤ 1 s,
 //! reconnects ≤ 0.3 s), so fencing is rare (crashed clients); `CREST_SIM_OUTAGES=long`
@@ -261,6 +262,8 @@ enum Out {
     },
     /// An `Acquire`: the directory's attributes and every entry.
     Acquired(AttrV, BTreeMap<Vec<u8>, AttrV>),
+    /// A `ListXattr` (in any order).
+    Names(BTreeSet<Vec<u8>>),
 }
 
 type Res = Result<Out, i32>;
@@ -277,6 +280,7 @@ struct MInode {
     ctime: p::Time,
     /// Directories: the parent (for "into its own subtree").
     parent: u64,
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 /// The file system as it should be: replayed in the order the server applied requests.
@@ -294,6 +298,7 @@ const ENOTDIR: i32 = 20;
 const EISDIR: i32 = 21;
 const EINVAL: i32 = 22;
 const ENOTEMPTY: i32 = 39;
+const ENODATA: i32 = 61;
 
 impl Model {
     fn attr(&self, ino: u64) -> Option<AttrV> {
@@ -336,6 +341,14 @@ impl Model {
             Op::Acquire { ino } => {
                 self.listing(*ino).map(|l| Out::Acquired(self.attr(*ino).expect("a directory listed"), l))
             }
+            Op::GetXattr { ino, name } => match self.inodes.get(ino) {
+                None => Err(ENOENT),
+                Some(i) => i.xattrs.get(name).cloned().map(Out::Data).ok_or(ENODATA),
+            },
+            Op::ListXattr { ino } => match self.inodes.get(ino) {
+                None => Err(ENOENT),
+                Some(i) => Ok(Out::Names(i.xattrs.keys().cloned().collect())),
+            },
             Op::Read { ino, offset, len } => match self.inodes.get(ino) {
                 None => Err(ENOENT),
                 Some(i) if i.kind == p::FileType::Directory => Err(EISDIR),
@@ -432,6 +445,7 @@ impl Model {
             mtime: now,
             ctime: now,
             parent,
+            xattrs: BTreeMap::new(),
         };
         self.inodes.insert(ino, node);
         if dir {
@@ -577,6 +591,25 @@ impl Model {
                 self.touch(*parent, now);
                 Ok(Out::Entry(self.attr(*ino).expect("exists")))
             }
+            Op::SetXattr { ino, name, value, flags } => {
+                let i = self.inodes.get_mut(ino).ok_or(ENOENT)?;
+                let exists = i.xattrs.contains_key(name);
+                if flags & p::XATTR_CREATE != 0 && exists {
+                    return Err(EEXIST);
+                }
+                if flags & p::XATTR_REPLACE != 0 && !exists {
+                    return Err(ENODATA);
+                }
+                i.xattrs.insert(name.clone(), value.clone());
+                i.ctime = now;
+                Ok(Out::Done)
+            }
+            Op::RemoveXattr { ino, name } => {
+                let i = self.inodes.get_mut(ino).ok_or(ENOENT)?;
+                i.xattrs.remove(name).ok_or(ENODATA)?;
+                i.ctime = now;
+                Ok(Out::Done)
+            }
             Op::AllocInodes { count } => {
                 let count = (*count).clamp(1, p::MAX_INODE_GRANT);
                 let first = self.next_ino;
@@ -676,7 +709,9 @@ impl Cache {
     /// came first wins (its tombstone refuses the grant). True when granted.
     /// (`sent`: when the request whose reply grants it was first sent.)
     fn grant_x(&mut self, ino: u64, now: u64, sent: u64) -> bool {
-        if let Some(at) = self.tombstones.remove(&ino) {
+        // As `NameCache::grant_exclusive`: the tombstone stays while it refuses (one reply
+        // may grant an inode twice: a hard link named twice in an acquired directory).
+        if let Some(&at) = self.tombstones.get(&ino) {
             let refuses = match tombstone_rule() {
                 TombstoneRule::Forever => true,
                 TombstoneRule::Expire => now < at + TOMBSTONE_LIFETIME_US,
@@ -685,6 +720,7 @@ impl Cache {
             if refuses {
                 return false;
             }
+            self.tombstones.remove(&ino);
         }
         if fresh_grants() && !self.x.contains(&ino) {
             // What expired of it may be stale (the server stops counting this client as
@@ -1209,6 +1245,14 @@ impl Client {
             }
         }
         let read_only = !ops.iter().any(Op::is_mutation);
+        // A rename goes behind lookups of both names (`send_syscall`): when they named the
+        // same inode (two hard links), it changed nothing.
+        let same_inode = match results {
+            [Ok(Reply::Lookup { attr: Some(a), .. }), Ok(Reply::Lookup { attr: Some(b), .. }), ..] => {
+                matches!(ops.get(2), Some(Op::Rename { .. })) && a.ino == b.ino
+            }
+            _ => false,
+        };
         for (op, r) in ops.iter().zip(results) {
             let Ok(r) = r else { continue };
             let c = &mut self.cache;
@@ -1272,6 +1316,10 @@ impl Client {
                         None => {}
                     }
                 }
+                // (Its ctime moved; the reply does not say to what.)
+                (Op::SetXattr { ino, .. } | Op::RemoveXattr { ino, .. }, Reply::Done) => {
+                    c.attrs.remove(ino);
+                }
                 (Op::Link { parent, name, .. }, Reply::Entry(a)) => {
                     c.attrs.remove(parent);
                     c.update_attr(a);
@@ -1290,6 +1338,9 @@ impl Client {
                     let moved = c.named(*parent, name);
                     if moved.is_some() && moved == c.named(*new_parent, new_name) {
                         continue; // the same inode: nothing changed
+                    }
+                    if same_inode {
+                        continue; // two links of one inode: rename(2) changed nothing
                     }
                     c.removed(*new_parent, new_name);
                     if let Some(r) = c.range_mut(*parent, name) {
@@ -1527,6 +1578,7 @@ impl Checker {
             Ok(Reply::Data(d)) => Out::Data(d.clone()),
             Ok(Reply::Done) => Out::Done,
             Ok(Reply::Inodes { first, count }) => Out::Inodes { first: *first, count: *count },
+            Ok(Reply::Names(n)) => Out::Names(n.iter().cloned().collect()),
             Ok(other) => panic!("the simulator asks nothing answered with {other:?}"),
         })
     }
@@ -2044,6 +2096,7 @@ impl Sim {
                 mtime: root.mtime,
                 ctime: root.ctime,
                 parent: ROOT_INO,
+                xattrs: BTreeMap::new(),
             },
         );
         let mut dirs = BTreeMap::new();
@@ -2968,6 +3021,15 @@ impl Sim {
                 ops.push(Op::GetAttr { ino: *parent });
             }
         }
+        if let Op::Rename { parent, name, new_parent, new_name, .. } = &op {
+            // As the kernel, which looks both names up before a rename (and does nothing
+            // when they are links of one inode): the answers tell the cache which it was.
+            ops = vec![
+                Op::Lookup { parent: *parent, name: name.clone() },
+                Op::Lookup { parent: *new_parent, name: new_name.clone() },
+                op.clone(),
+            ];
+        }
         self.log(format!("client {c}: calls [{}]", ops_brief(&ops)));
         let id = self.send_request(c, ops, None, Purpose::Syscall, t0_lc);
         self.clients[c].busy = Some(id);
@@ -3045,6 +3107,23 @@ impl Sim {
         let file = |r: &mut Stream| (!files.is_empty()).then(|| files[r.below(files.len() as u64) as usize]);
         match w {
             0..=19 => Op::Lookup { parent: dir(r), name: name(r) },
+            // Now and then an xattr of anything it knows: values across the inline limit
+            // (1784 bytes of name + value) and the chunk size, set with either flag.
+            20..=29 if r.below(3) == 0 => {
+                let ino = all[r.below(all.len() as u64) as usize];
+                let name = format!("user.{}", NAMES[r.below(3) as usize]).into_bytes();
+                match r.below(5) {
+                    0 | 1 => {
+                        let mut value = vec![0u8; [0, 17, 1_700, 1_790, 3_000][r.below(5) as usize]];
+                        r.fill_bytes(&mut value);
+                        let flags = [0, 0, p::XATTR_CREATE, p::XATTR_REPLACE][r.below(4) as usize];
+                        Op::SetXattr { ino, name, value, flags }
+                    }
+                    2 => Op::GetXattr { ino, name },
+                    3 => Op::ListXattr { ino },
+                    _ => Op::RemoveXattr { ino, name },
+                }
+            }
             20..=29 => Op::GetAttr { ino: all[r.below(all.len() as u64) as usize] },
             30..=37 => match file(r) {
                 Some(ino) => Op::Read { ino, offset: 0, len: 8192 },
@@ -3142,6 +3221,14 @@ impl Sim {
                 if Some(&v) != model.attr(e.ino).as_ref() {
                     problems.push(format!("inode {}: store {v:?}, model {:?}", e.ino, model.attr(e.ino)));
                 }
+                let mut xattrs = BTreeMap::new();
+                for name in store.listxattr(e.ino).map_err(|e| format!("listxattr: {e}"))? {
+                    let value = store.getxattr(e.ino, &name).map_err(|e| format!("getxattr: {e}"))?;
+                    xattrs.insert(name, value);
+                }
+                if Some(&xattrs) != model.inodes.get(&e.ino).map(|i| &i.xattrs) {
+                    problems.push(format!("inode {}: xattrs differ", e.ino));
+                }
                 match inode.kind {
                     crest_store::FileKind::Directory => stack.push(e.ino),
                     _ => {
@@ -3206,6 +3293,12 @@ fn ops_brief(ops: &[Op]) -> String {
             }
             Op::AllocInodes { count } => format!("alloc {count}"),
             Op::Acquire { ino } => format!("acquire {ino}"),
+            Op::SetXattr { ino, name: n, value, flags } => {
+                format!("setxattr {ino} {} {}B flags {flags}", name(n), value.len())
+            }
+            Op::GetXattr { ino, name: n } => format!("getxattr {ino} {}", name(n)),
+            Op::ListXattr { ino } => format!("listxattr {ino}"),
+            Op::RemoveXattr { ino, name: n } => format!("removexattr {ino} {}", name(n)),
             other => format!("{other:?}"),
         })
         .collect();
