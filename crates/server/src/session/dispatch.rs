@@ -141,6 +141,41 @@ impl Server {
             }
         }
         let now_s = time_in(now);
+        // One family of operations each (reads, names, data, the rest).
+        match &op {
+            Op::Lookup { .. }
+            | Op::GetAttr { .. }
+            | Op::Acquire { .. }
+            | Op::ReadDir { .. }
+            | Op::ReadLink { .. }
+            | Op::Read { .. }
+            | Op::StatFs
+            | Op::GetXattr { .. }
+            | Op::ListXattr { .. }
+            | Op::GetLock { .. } => self.apply_read(session, op),
+            Op::Create { .. }
+            | Op::Symlink { .. }
+            | Op::Link { .. }
+            | Op::Unlink { .. }
+            | Op::Rmdir { .. }
+            | Op::Rename { .. }
+            | Op::CreateAt { .. }
+            | Op::SymlinkAt { .. }
+            | Op::AllocInodes { .. } => self.apply_names(op, now_s),
+            Op::SetAttr { .. }
+            | Op::Open { .. }
+            | Op::Release { .. }
+            | Op::Write { .. }
+            | Op::Append { .. }
+            | Op::Fallocate { .. }
+            | Op::Fsync { .. }
+            | Op::WriteBack { .. } => self.apply_data(session, op, now_s),
+            _ => self.apply_other(session, op, now_s),
+        }
+    }
+
+    /// Operations that read.
+    fn apply_read(&mut self, session: SessionId, op: Op) -> Result<Reply, Failure> {
         let st = &mut self.store;
         match op {
             // A client decoding a file handle asks for an inode by number ("." of it) or
@@ -184,28 +219,6 @@ impl Server {
                 let leaf = p::DirLeaf { hash_lo: 0, hash_hi: u64::MAX, items };
                 Ok(Reply::Lookup { attr: Some(attr_out(&dir)), leaf })
             }
-            Op::SetAttr { ino, set } => {
-                let t = |x: Option<p::SetTime>| {
-                    x.map(|x| match x {
-                        p::SetTime::Now => now_s,
-                        p::SetTime::At(t) => time_in(t),
-                    })
-                };
-                let sa = s::SetAttr {
-                    mode: set.mode,
-                    uid: set.uid,
-                    gid: set.gid,
-                    size: set.size_bytes,
-                    atime: t(set.atime),
-                    mtime: t(set.mtime),
-                    ctime: set.ctime.map(time_in),
-                };
-                let inode = st.setattr(ino, &sa, now_s)?;
-                if let Some(mode) = set.mode {
-                    acl::chmod(st, ino, mode, now_s)?;
-                }
-                Ok(Reply::Attr(attr_out(&inode)))
-            }
             Op::ReadDir { ino, from_index, limit } => {
                 let limit = limit.clamp(1, READDIR_MAX_ITEMS) as usize;
                 let next_index = self.store.getattr(ino)?.next_index;
@@ -214,6 +227,39 @@ impl Server {
                 items.truncate(limit);
                 Ok(Reply::Dir { items, end, next_index })
             }
+            Op::ReadLink { ino } => Ok(st.readlink(ino).map(Reply::Data)?),
+            Op::Read { ino, offset, len } => {
+                Ok(st.read(ino, offset, u64::from(len.min(p::MAX_IO_BYTES))).map(Reply::Data)?)
+            }
+            Op::StatFs => {
+                let f = st.statfs();
+                Ok(Reply::StatFs(p::StatFs {
+                    block_size: f.block_size,
+                    total_blocks: f.total_blocks,
+                    free_blocks: f.free_blocks,
+                    avail_blocks: f.avail_blocks,
+                    files: f.files,
+                    files_free: f.files_free,
+                    name_max: f.name_max,
+                }))
+            }
+            Op::GetXattr { ino, name } => Ok(st.getxattr(ino, &name).map(Reply::Data)?),
+            Op::ListXattr { ino } => Ok(st.listxattr(ino).map(Reply::Names)?),
+            Op::GetLock { ino, owner, start, end, kind, flock } => {
+                if start > end {
+                    return Err(Failure::Wire(errno(22, format!("lock range {start}..={end} on inode {ino}"))));
+                }
+                st.getattr(ino)?;
+                Ok(Reply::Lock(self.locks.test(ino, locks::Holder { session, owner }, start, end, kind, flock)))
+            }
+            other => Err(Failure::Wire(errno(22, format!("{other:?} reached the wrong handler")))),
+        }
+    }
+
+    /// Operations on names: create, link, remove, rename.
+    fn apply_names(&mut self, op: Op, now_s: s::Timespec) -> Result<Reply, Failure> {
+        let st = &mut self.store;
+        match op {
             Op::Create { parent, name, kind, mode, rdev, cred } => {
                 let kind = kind_in(kind);
                 let got = acl::inherit(&mut self.store, parent, kind, mode, cred.umask)?;
@@ -250,7 +296,55 @@ impl Server {
                 }
                 Ok(Reply::Done)
             }
-            Op::ReadLink { ino } => Ok(st.readlink(ino).map(Reply::Data)?),
+            Op::AllocInodes { count } => {
+                let count = count.clamp(1, p::MAX_INODE_GRANT);
+                let first = st.reserve_inode_numbers(u64::from(count))?;
+                Ok(Reply::Inodes { first, count })
+            }
+            Op::CreateAt { ino, generation, parent, name, kind, mode, rdev, cred } => {
+                let kind = kind_in(kind);
+                let got = acl::inherit(&mut self.store, parent, kind, mode, cred.umask)?;
+                let (gid, mode) = self.new_owner(parent, cred, kind, got.mode)?;
+                let at = Some(s::NewInode { ino, generation });
+                let inode = self.store.create_at(at, parent, &name, kind, mode, cred.uid, gid, rdev, now_s)?;
+                Ok(Reply::Entry(attr_out(&acl::store_inherited(&mut self.store, inode, &got, now_s)?)))
+            }
+            Op::SymlinkAt { ino, generation, parent, name, target, cred } => {
+                let (gid, _) = self.new_owner(parent, cred, s::FileKind::Symlink, 0)?;
+                let at = Some(s::NewInode { ino, generation });
+                let inode = self.store.symlink_at(at, parent, &name, &target, cred.uid, gid, now_s)?;
+                Ok(Reply::Entry(attr_out(&inode)))
+            }
+            other => Err(Failure::Wire(errno(22, format!("{other:?} reached the wrong handler")))),
+        }
+    }
+
+    /// Operations on a file's data and attributes, and its open handles.
+    fn apply_data(&mut self, session: SessionId, op: Op, now_s: s::Timespec) -> Result<Reply, Failure> {
+        let st = &mut self.store;
+        match op {
+            Op::SetAttr { ino, set } => {
+                let t = |x: Option<p::SetTime>| {
+                    x.map(|x| match x {
+                        p::SetTime::Now => now_s,
+                        p::SetTime::At(t) => time_in(t),
+                    })
+                };
+                let sa = s::SetAttr {
+                    mode: set.mode,
+                    uid: set.uid,
+                    gid: set.gid,
+                    size: set.size_bytes,
+                    atime: t(set.atime),
+                    mtime: t(set.mtime),
+                    ctime: set.ctime.map(time_in),
+                };
+                let inode = st.setattr(ino, &sa, now_s)?;
+                if let Some(mode) = set.mode {
+                    acl::chmod(st, ino, mode, now_s)?;
+                }
+                Ok(Reply::Attr(attr_out(&inode)))
+            }
             Op::Open { ino, handle } => {
                 let inode = self.open_handle(session, ino, handle)?;
                 if inode.nlink == 0 {
@@ -272,9 +366,6 @@ impl Server {
                     return Ok(Reply::Done); // already released (a retry), or never opened
                 }
                 Ok(self.store.release_handle(ino).map(|()| Reply::Done)?)
-            }
-            Op::Read { ino, offset, len } => {
-                Ok(st.read(ino, offset, u64::from(len.min(p::MAX_IO_BYTES))).map(Reply::Data)?)
             }
             Op::Write { ino, offset, data } | Op::WriteBack { ino, offset, data } => {
                 if data.len() > p::MAX_IO_BYTES as usize {
@@ -305,18 +396,14 @@ impl Server {
                 Ok(st.fallocate(ino, offset, len, mode, now_s).map(|i| Reply::Attr(attr_out(&i)))?)
             }
             Op::Fsync { ino } => Ok(st.fsync(ino).map(|()| Reply::Done)?),
-            Op::StatFs => {
-                let f = st.statfs();
-                Ok(Reply::StatFs(p::StatFs {
-                    block_size: f.block_size,
-                    total_blocks: f.total_blocks,
-                    free_blocks: f.free_blocks,
-                    avail_blocks: f.avail_blocks,
-                    files: f.files,
-                    files_free: f.files_free,
-                    name_max: f.name_max,
-                }))
-            }
+            other => Err(Failure::Wire(errno(22, format!("{other:?} reached the wrong handler")))),
+        }
+    }
+
+    /// Xattrs, locks, and what the request handling answers itself.
+    fn apply_other(&mut self, session: SessionId, op: Op, now_s: s::Timespec) -> Result<Reply, Failure> {
+        let st = &mut self.store;
+        match op {
             Op::SetXattr { ino, name, value, flags } => {
                 // Linux refuses a bad name or an oversized value before looking at flags.
                 s::fs::xattr::check(&name, value.len())?;
@@ -344,27 +431,6 @@ impl Server {
             Op::Reassert { ino, .. } => {
                 Err(Failure::Wire(errno(22, format!("re-assert of inode {ino} inside a changing request"))))
             }
-            Op::AllocInodes { count } => {
-                let count = count.clamp(1, p::MAX_INODE_GRANT);
-                let first = st.reserve_inode_numbers(u64::from(count))?;
-                Ok(Reply::Inodes { first, count })
-            }
-            Op::CreateAt { ino, generation, parent, name, kind, mode, rdev, cred } => {
-                let kind = kind_in(kind);
-                let got = acl::inherit(&mut self.store, parent, kind, mode, cred.umask)?;
-                let (gid, mode) = self.new_owner(parent, cred, kind, got.mode)?;
-                let at = Some(s::NewInode { ino, generation });
-                let inode = self.store.create_at(at, parent, &name, kind, mode, cred.uid, gid, rdev, now_s)?;
-                Ok(Reply::Entry(attr_out(&acl::store_inherited(&mut self.store, inode, &got, now_s)?)))
-            }
-            Op::SymlinkAt { ino, generation, parent, name, target, cred } => {
-                let (gid, _) = self.new_owner(parent, cred, s::FileKind::Symlink, 0)?;
-                let at = Some(s::NewInode { ino, generation });
-                let inode = self.store.symlink_at(at, parent, &name, &target, cred.uid, gid, now_s)?;
-                Ok(Reply::Entry(attr_out(&inode)))
-            }
-            Op::GetXattr { ino, name } => Ok(st.getxattr(ino, &name).map(Reply::Data)?),
-            Op::ListXattr { ino } => Ok(st.listxattr(ino).map(Reply::Names)?),
             Op::RemoveXattr { ino, name } => match st.removexattr(ino, &name, now_s) {
                 // Removing an ACL is setting none: done when there is none (as ext4 says).
                 Err(s::Error::NoXattr(_)) if p::acl::flag_of(&name) != 0 => Ok(Reply::Done),
@@ -398,13 +464,7 @@ impl Server {
                     ))),
                 }
             }
-            Op::GetLock { ino, owner, start, end, kind, flock } => {
-                if start > end {
-                    return Err(Failure::Wire(errno(22, format!("lock range {start}..={end} on inode {ino}"))));
-                }
-                st.getattr(ino)?;
-                Ok(Reply::Lock(self.locks.test(ino, locks::Holder { session, owner }, start, end, kind, flock)))
-            }
+            other => Err(Failure::Wire(errno(22, format!("{other:?} reached the wrong handler")))),
         }
     }
 }
