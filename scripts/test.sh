@@ -23,12 +23,12 @@ echo "== tests"
 cargo test --workspace --release --locked
 
 echo "== coherence simulator: random seeds (each printed; a failure names its seed)"
-CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-server --test sim
-CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-server --test sim
-CREST_SIM_SERVER_CRASHES=only CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-server --test sim
-CREST_SIM_SERVER_CRASHES=only CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-server --test sim
+CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
+CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
+CREST_SIM_SERVER_CRASHES=only CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
+CREST_SIM_SERVER_CRASHES=only CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
 echo "== server-crash simulator: random seeds"
-CREST_CRASH_SEEDS=${CREST_CRASH_SEEDS:-300} cargo test --release --locked -p crest-server --test crash_sim
+CREST_CRASH_SEEDS=${CREST_CRASH_SEEDS:-300} cargo test --release --locked -p crest-sim --test crash
 
 echo "== benches (smoke)"
 cargo test --workspace --release --locked --benches

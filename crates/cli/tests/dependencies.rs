@@ -16,6 +16,8 @@ const RULES: &[(&str, &[&str])] = &[
     ("crest-proto", &["crest-server", "crest-serve", "crest-store", "io-uring", "fuser", "tokio"]),
     ("crest-server", &["tokio", "fuser", "crest-net", "crest-fuse"]),
     ("crest-store", &["tokio", "fuser", "crest-proto", "crest-net", "crest-fuse", "crest-server"]),
+    // The simulators run the cores, never the shells around them.
+    ("crest-sim", &["tokio", "fuser", "crest-net", "crest-fuse", "crest-serve"]),
 ];
 
 /// The resolved graph: package id → (name, ids of its normal dependencies).

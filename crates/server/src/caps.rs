@@ -59,7 +59,7 @@ struct FlushRecall {
 ///
 /// Maps whose iteration order decides the order of what is sent are `BTreeMap`s: the
 /// core is a step function, and the same inputs must give the same outputs in the same
-/// order (the simulator, `tests/sim.rs`, replays a seed exactly).
+/// order (the simulator, `crest-sim`, replays a seed exactly).
 #[derive(Debug, Default)]
 pub struct Caps {
     /// Inode → the sessions that may cache it, each with the latest recall of it the

@@ -1,0 +1,580 @@
+//! The checker: what each answer may be, given what was applied and completed.
+
+use super::*;
+
+/// What a request that ran should have answered.
+#[derive(Clone, Debug)]
+pub(crate) struct Expect {
+    pub(crate) results: Vec<Res>,
+    /// The request's place in its session's order of changes (0: changes nothing).
+    pub(crate) seq: u64,
+    /// Directory listings at the time, for checking lookup leaves.
+    pub(crate) listings: Vec<Option<BTreeMap<Vec<u8>, AttrV>>>,
+    /// With every completed local answer laid on top (when some was not yet applied):
+    /// what a coherent server would have answered. (Which client's answers were missing.)
+    pub(crate) coherent: Option<(Vec<Res>, Vec<usize>)>,
+}
+
+/// A change a client answered itself (writeback).
+#[derive(Clone, Debug)]
+pub(crate) struct Local {
+    pub(crate) client: usize,
+    pub(crate) session: SessionId,
+    pub(crate) op: Op,
+    pub(crate) time: p::Time,
+    pub(crate) answer: Res,
+    pub(crate) done_lc: u64,
+    /// The model state (`Checker::k`) that first includes it.
+    pub(crate) applied_k: Option<u64>,
+    /// Its session was fenced before the server applied it: it never will be (the client
+    /// reports it failed later, as a deferred EIO). Nobody else need see it; its own
+    /// client may, from what it still holds, until it learns of the fencing.
+    pub(crate) lost: bool,
+    /// What the names it removes or moves stood for when its client answered it.
+    pub(crate) named: Vec<(u64, Vec<u8>, u64)>,
+}
+
+impl Local {
+    /// Lays the answer on an older state `m`, unless a name it removes or moves stands for
+    /// another inode there: an uncompleted change (a rename onto that name, say) came in
+    /// between, and the answer was about what that change put there, not about `m`'s.
+    pub(crate) fn lay_on(&self, m: &mut Model) {
+        let same = self.named.iter().all(|(d, n, ino)| m.dirs.get(d).and_then(|e| e.get(n)).is_none_or(|i| i == ino));
+        if same {
+            let _ = m.apply(&self.op, self.time);
+        }
+    }
+}
+
+/// A request the server received.
+#[derive(Clone, Debug)]
+pub(crate) struct ReqInfo {
+    pub(crate) client: usize,
+    pub(crate) ops: Vec<Op>,
+    pub(crate) time: Option<p::Time>,
+    pub(crate) purpose: Purpose,
+    pub(crate) t0_lc: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Checker {
+    pub(crate) model: Option<Model>,
+    /// Changing requests applied so far: the model is state `k`.
+    pub(crate) k: u64,
+    /// States from just before the oldest change not yet completed (what an answer may
+    /// show).
+    pub(crate) snaps: BTreeMap<u64, Rc<Model>>,
+    /// Changes applied whose system calls have not returned (their state `k`).
+    pub(crate) uncompleted: BTreeSet<u64>,
+    /// States made by applying a writeback (completed when its client answered; laid on
+    /// earlier states as an overlay instead).
+    pub(crate) local_ks: BTreeSet<u64>,
+    /// Sessions whose client died: their changes complete when the server lets their
+    /// response go (nobody is left to receive it).
+    pub(crate) dead_sessions: BTreeSet<SessionId>,
+    /// Sessions the server fenced.
+    pub(crate) fenced_sessions: BTreeSet<SessionId>,
+    /// Logical clock over system call starts and completions.
+    pub(crate) lc: u64,
+    pub(crate) reqs: BTreeMap<(SessionId, u64), ReqInfo>,
+    /// Changing requests applied: their state `k`.
+    pub(crate) applied: BTreeMap<(SessionId, u64), u64>,
+    pub(crate) expect: BTreeMap<(SessionId, u64), VecDeque<Expect>>,
+    /// What each changing request's one run gave (the reply cache answers retries).
+    pub(crate) first_run: BTreeMap<(SessionId, u64), Expect>,
+    /// Changing requests each session has had applied.
+    pub(crate) seqs: BTreeMap<SessionId, u64>,
+    /// The highest `seq` each session was answered with.
+    pub(crate) top_seq: BTreeMap<SessionId, u64>,
+    pub(crate) locals: BTreeMap<u64, Local>,
+    pub(crate) next_local: u64,
+    /// Generation of every inode seen (the model does not pick them).
+    pub(crate) generations: BTreeMap<u64, u64>,
+    pub(crate) failure: Option<String>,
+    pub(crate) stats: Stats,
+}
+
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Stats {
+    pub(crate) syscalls: u64,
+    pub(crate) from_cache: u64,
+    pub(crate) local: u64,
+    pub(crate) to_server: u64,
+    pub(crate) applied: u64,
+    pub(crate) reply_cache_hits: u64,
+    pub(crate) recalls: u64,
+    pub(crate) drops: u64,
+    pub(crate) partitions: u64,
+    pub(crate) crashes: u64,
+    pub(crate) goodbyes: u64,
+    /// Reads answered from a client's cache while its system call waited.
+    pub(crate) peeks: u64,
+    /// Acquires sent, those whose listing the client took in, and of those, the ones
+    /// that left it without `X` on the directory (a tombstone refused it).
+    pub(crate) acquires: u64,
+    pub(crate) acquired: u64,
+    pub(crate) acquired_without_x: u64,
+    /// Unlinks and rmdirs a client answered itself.
+    pub(crate) local_removes: u64,
+    /// Sessions the server fenced, and clients that learnt theirs was.
+    pub(crate) server_fenced: u64,
+    pub(crate) fenced: u64,
+    pub(crate) checked: u64,
+    /// Server crashes; changes applied and kept whose answers they lost (system calls
+    /// failed with EIO, writebacks done); rights asked back after them, and refused.
+    pub(crate) server_crashes: u64,
+    pub(crate) replies_lost: u64,
+    pub(crate) reasserted: u64,
+    pub(crate) reassert_refused: u64,
+    /// Of the run's events (`Sim::trace_hash`).
+    pub(crate) trace_hash: u64,
+}
+
+impl Stats {
+    /// Adds another run's counts.
+    pub(crate) fn add(&mut self, s: &Stats) {
+        self.syscalls += s.syscalls;
+        self.from_cache += s.from_cache;
+        self.local += s.local;
+        self.to_server += s.to_server;
+        self.applied += s.applied;
+        self.reply_cache_hits += s.reply_cache_hits;
+        self.recalls += s.recalls;
+        self.drops += s.drops;
+        self.partitions += s.partitions;
+        self.crashes += s.crashes;
+        self.goodbyes += s.goodbyes;
+        self.server_fenced += s.server_fenced;
+        self.peeks += s.peeks;
+        self.acquires += s.acquires;
+        self.acquired += s.acquired;
+        self.acquired_without_x += s.acquired_without_x;
+        self.local_removes += s.local_removes;
+        self.fenced += s.fenced;
+        self.checked += s.checked;
+        self.server_crashes += s.server_crashes;
+        self.replies_lost += s.replies_lost;
+        self.reasserted += s.reasserted;
+        self.reassert_refused += s.reassert_refused;
+    }
+}
+
+impl Checker {
+    pub(crate) fn model(&self) -> &Model {
+        self.model.as_ref().expect("model")
+    }
+
+    pub(crate) fn fail(&mut self, msg: String) {
+        if self.failure.is_none() {
+            self.failure = Some(msg);
+        }
+    }
+
+    pub(crate) fn tick(&mut self) -> u64 {
+        self.lc += 1;
+        self.lc
+    }
+
+    pub(crate) fn attr_v(&mut self, a: &p::Attr) -> AttrV {
+        let g = *self.generations.entry(a.ino).or_insert(a.generation);
+        if g != a.generation {
+            self.fail(format!("inode {} changed generation: {g:#x} then {:#x}", a.ino, a.generation));
+        }
+        AttrV {
+            ino: a.ino,
+            kind: a.kind,
+            mode: a.mode,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            size: a.size_bytes,
+            mtime: a.mtime,
+            ctime: a.ctime,
+        }
+    }
+
+    /// What `op` answered, as compared (an `Acquire`'s lookup reply is a listing).
+    pub(crate) fn res_of(&mut self, op: &Op, r: &Result<Reply, p::OpError>) -> Res {
+        match (op, r) {
+            (Op::Acquire { .. }, Ok(Reply::Lookup { attr: Some(a), leaf })) => {
+                let dir = self.attr_v(a);
+                let mut l = BTreeMap::new();
+                for i in &leaf.items {
+                    let v = self.attr_v(&i.attr);
+                    if l.insert(i.name.clone(), v).is_some() {
+                        self.fail(format!("acquire of {} lists {:?} twice", a.ino, i.name));
+                    }
+                }
+                if (leaf.hash_lo, leaf.hash_hi) != (0, u64::MAX) {
+                    self.fail(format!("acquire of {} answered with a stretch, not the whole: {leaf:?}", a.ino));
+                }
+                Ok(Out::Acquired(dir, l))
+            }
+            _ => self.res(r),
+        }
+    }
+
+    pub(crate) fn res(&mut self, r: &Result<Reply, p::OpError>) -> Res {
+        Ok(match r {
+            Err(e) => return Err(e.errno),
+            Ok(Reply::Attr(a)) => Out::Attr(self.attr_v(a)),
+            Ok(Reply::Entry(a)) => Out::Entry(self.attr_v(a)),
+            Ok(Reply::Lookup { attr, .. }) => Out::Lookup(attr.as_ref().map(|a| self.attr_v(a))),
+            Ok(Reply::Dir { items, .. }) => {
+                Out::Dir(items.iter().map(|i| (i.name.clone(), self.attr_v(&i.attr))).collect())
+            }
+            Ok(Reply::Data(d)) => Out::Data(d.clone()),
+            Ok(Reply::Done) => Out::Done,
+            Ok(Reply::Inodes { first, count }) => Out::Inodes { first: *first, count: *count },
+            Ok(Reply::Names(n)) => Out::Names(n.iter().cloned().collect()),
+            Ok(other) => panic!("the simulator asks nothing answered with {other:?}"),
+        })
+    }
+
+    /// Local answers completed before `before_lc` that state `k` does not include (as
+    /// `viewer` may see them: lost ones only for their own client).
+    pub(crate) fn overlay(&self, k: u64, before_lc: u64, viewer: Option<usize>) -> Vec<&Local> {
+        self.locals
+            .values()
+            .filter(|l| l.done_lc < before_lc && l.applied_k.is_none_or(|a| a > k))
+            .filter(|l| !l.lost || viewer == Some(l.client))
+            .collect()
+    }
+
+    /// The server fenced `session`: its writebacks not applied yet never will be. A
+    /// fenced client's local answers are lost changes its client reports later (the real
+    /// client fails them with EIO: deferred errors on the next close or fsync), so other
+    /// clients are not required to see them from here on.
+    pub(crate) fn fenced(&mut self, session: SessionId) {
+        for l in self.locals.values_mut().filter(|l| l.session == session && l.applied_k.is_none()) {
+            l.lost = true;
+        }
+    }
+
+    /// The server ran (or answered from its reply cache) a request.
+    pub(crate) fn on_applied(&mut self, a: crest_server::Applied, server_now: p::Time) -> Option<String> {
+        let key = (a.session, a.id);
+        let Some(info) = self.reqs.get(&key).cloned() else {
+            self.fail(format!("the server ran request {key:?}, which nobody sent"));
+            return None;
+        };
+        if matches!(info.purpose, Purpose::Reassert) {
+            // (Changes only who holds what; the client checks what it was given back.)
+            return Some(format!("server: runs {key:?} (re-assert)"));
+        }
+        if a.from_cache {
+            self.stats.reply_cache_hits += 1;
+            if !self.applied.contains_key(&key) {
+                self.fail(format!("request {key:?} answered from the reply cache but it never ran"));
+                return None;
+            }
+            let first = self.first_run.get(&key).cloned();
+            if let Some(e) = first {
+                self.expect.entry(key).or_default().push_back(e);
+            }
+            return Some(format!("server: answers {key:?} from its reply cache"));
+        }
+        self.stats.applied += 1;
+        let mutates = info.ops.iter().any(Op::is_mutation);
+        let now = info.time.unwrap_or(server_now);
+        // (An acquire is a read of the system call's: its answer must be as coherent.)
+        let syscall = matches!(info.purpose, Purpose::Syscall | Purpose::Acquire { .. });
+        // Completed local answers (of anyone) the server has not applied yet: a coherent
+        // answer to a system call started after them shows them.
+        let coherent = if syscall {
+            let ov: Vec<Local> = self.overlay(self.k, info.t0_lc, None).into_iter().cloned().collect();
+            (!ov.is_empty()).then(|| {
+                let mut m = self.model().clone();
+                for l in &ov {
+                    l.lay_on(&mut m);
+                }
+                let r: Vec<Res> = info.ops.iter().map(|op| m.apply(op, now)).collect();
+                (r, ov.iter().map(|l| l.client).collect())
+            })
+        } else {
+            None
+        };
+        let listings: Vec<_> = info
+            .ops
+            .iter()
+            .map(|op| match op {
+                Op::Lookup { parent, .. } => self.model().listing(*parent).ok(),
+                _ => None,
+            })
+            .collect();
+        let model = self.model.as_mut().expect("model");
+        let results: Vec<Res> = info.ops.iter().map(|op| model.apply(op, now)).collect();
+        let what = format!("server: runs {}/{} [{}] → {}", key.0, key.1, ops_brief(&info.ops), res_brief(&results));
+        if mutates {
+            if self.applied.contains_key(&key) {
+                self.fail(format!("request {key:?} applied twice: {:?}", info.ops));
+            }
+            self.k += 1;
+            let snap = Rc::new(self.model().clone());
+            self.snaps.insert(self.k, snap);
+            self.applied.insert(key, self.k);
+            let k = self.k;
+            match info.purpose {
+                Purpose::Syscall => {
+                    self.uncompleted.insert(k);
+                }
+                Purpose::Acquire { .. } | Purpose::Reassert => self.fail(format!("{key:?} ran as a change")),
+                // It completed when its client answered.
+                Purpose::Writeback(n) => {
+                    if let Some(l) = self.locals.get_mut(&n) {
+                        l.applied_k = Some(k);
+                        self.local_ks.insert(k);
+                    }
+                }
+            }
+            self.prune();
+        }
+        let seq = if mutates {
+            let n = self.seqs.entry(a.session).or_default();
+            *n += 1;
+            *n
+        } else {
+            0
+        };
+        let e = Expect { results, seq, listings, coherent };
+        if mutates {
+            self.first_run.insert(key, e.clone());
+        }
+        self.expect.entry(key).or_default().push_back(e);
+        Some(what)
+    }
+
+    /// A response left the server (delivered or not): is it what the model said?
+    pub(crate) fn on_response(&mut self, session: SessionId, resp: &p::Response) {
+        let key = (session, resp.id);
+        if matches!(self.reqs.get(&key), Some(ReqInfo { purpose: Purpose::Reassert, .. })) {
+            return;
+        }
+        let ops = self.reqs.get(&key).map(|i| i.ops.clone()).unwrap_or_default();
+        let got: Vec<Res> = resp.results.iter().zip(&ops).map(|(r, op)| self.res_of(op, r)).collect();
+        // Runs of a request answer in the order they ran, except a read that waits on
+        // recalls (an acquire): a resend's run can be answered before the first run is.
+        // Whichever run this is, it must be one.
+        let queue = self.expect.entry(key).or_default();
+        let at = queue.iter().position(|e| e.results == got).unwrap_or(0);
+        let Some(e) = queue.remove(at) else {
+            self.fail(format!("response to {key:?} from no run of it: {resp:?}"));
+            return;
+        };
+        self.stats.checked += 1;
+        // (Its client checks `seq` against the change's place: a change takes its place as
+        // it arrives, parked or not, so it need not count the changes applied before it.)
+        let top = self.top_seq.entry(session).or_default();
+        *top = (*top).max(resp.seq);
+        let top = (*top).max(self.seqs.get(&session).copied().unwrap_or(0));
+        if resp.durable > top || (resp.seq == 0) != (e.seq == 0) {
+            self.fail(format!(
+                "response to {key:?} says seq {} durable {}; expected seq {} (highest so far {top})",
+                resp.seq, resp.durable, e.seq
+            ));
+        }
+        if got != e.results {
+            let ops = self.reqs.get(&key).map(|i| i.ops.clone());
+            let client = self.reqs.get(&key).map(|i| i.client);
+            self.fail(format!(
+                "reply to client {client:?}'s request {key:?} {ops:?} differs from the model:\n  server: {got:?}\n  model:  {:?}",
+                e.results
+            ));
+            return;
+        }
+        if let Some((coherent, clients)) = &e.coherent {
+            if &got != coherent {
+                let ops = self.reqs.get(&key).map(|i| i.ops.clone());
+                self.fail(format!(
+                    "coherence: reply to {key:?} {ops:?} misses a completed local answer of client(s) {clients:?}:\n  server: {got:?}\n  coherent: {coherent:?}"
+                ));
+                return;
+            }
+        }
+        for ((r, listing), op) in resp.results.iter().zip(&e.listings).zip(self.reqs[&key].ops.clone()) {
+            let (Ok(Reply::Lookup { leaf, .. }), Some(listing)) = (r, listing) else { continue };
+            let mut seen = BTreeSet::new();
+            for i in &leaf.items {
+                let v = self.attr_v(&i.attr);
+                if listing.get(&i.name) != Some(&v) || !leaf.covers(p::name_hash(&i.name)) {
+                    self.fail(format!(
+                        "lookup leaf of {op:?} lists {:?} as {v:?}; the model: {:?}",
+                        i.name,
+                        listing.get(&i.name)
+                    ));
+                }
+                seen.insert(i.name.clone());
+            }
+            for name in listing.keys() {
+                if leaf.covers(p::name_hash(name)) && !seen.contains(name) {
+                    self.fail(format!("lookup leaf of {op:?} covers {name:?} but does not list it: {leaf:?}"));
+                }
+            }
+        }
+        if let Some(ReqInfo { purpose: Purpose::Writeback(n), .. }) = self.reqs.get(&key) {
+            if let Some(l) = self.locals.get(n) {
+                if got[0] != l.answer {
+                    self.fail(format!(
+                        "writeback {key:?} {:?} came out differently from the client's answer:\n  server: {:?}\n  client: {:?}",
+                        l.op, got[0], l.answer
+                    ));
+                }
+            }
+        }
+    }
+
+    /// A system call's response reached its client: the change is complete.
+    pub(crate) fn completed(&mut self, key: (SessionId, u64)) -> u64 {
+        if let Some(&k) = self.applied.get(&key) {
+            self.uncompleted.remove(&k);
+            self.prune();
+        }
+        self.tick()
+    }
+
+    /// Keeps the states an answer may still show: from just before the oldest change
+    /// not completed (all of them when every change is).
+    pub(crate) fn prune(&mut self) {
+        let w = self.uncompleted.first().map_or(self.k, |k| k - 1);
+        self.snaps = self.snaps.split_off(&w);
+        self.local_ks = self.local_ks.split_off(&(w + 1));
+        self.locals.retain(|_, l| l.applied_k.is_none_or(|k| k > w));
+    }
+
+    /// State `k` with the local answers completed before `before_lc` that it lacks.
+    pub(crate) fn state(&self, k: u64, before_lc: u64, viewer: Option<usize>) -> std::borrow::Cow<'_, Model> {
+        let ov = self.overlay(k, before_lc, viewer);
+        if ov.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.snaps[&k]);
+        }
+        let mut m = (*self.snaps[&k]).clone();
+        for l in ov {
+            l.lay_on(&mut m);
+        }
+        std::borrow::Cow::Owned(m)
+    }
+
+    /// May a client show `val` for `item` now? Only a value at least as new as the last
+    /// completed change of the item (local answers laid on), and no newer than the
+    /// server's.
+    pub(crate) fn item_ok(&self, item: &Item, val: &Val, before_lc: u64, viewer: Option<usize>) -> bool {
+        let ks: Vec<u64> = self.snaps.keys().rev().copied().collect();
+        for (i, &k) in ks.iter().enumerate() {
+            if &self.state(k, before_lc, viewer).val(item) == val {
+                return true;
+            }
+            let Some(&older) = ks.get(i + 1) else { break };
+            // Going back past change `k` is allowed only if it is not completed (or is
+            // a writeback, which the overlay keeps) or did not touch the item.
+            let completed = !self.uncompleted.contains(&k) && !self.local_ks.contains(&k);
+            if completed && self.snaps[&older].val(item) != self.snaps[&k].val(item) {
+                break;
+            }
+        }
+        false
+    }
+
+    /// A client answered a read from its cache: every item it showed must be allowed.
+    pub(crate) fn check_cached(&mut self, client: usize, op: &Op, reply: &Reply) {
+        self.stats.checked += 1;
+        let before = self.lc + 1;
+        for (item, val) in self.items(op, reply) {
+            if !self.item_ok(&item, &val, before, Some(client)) {
+                // Where the item changes, oldest first (states not listed repeat the one
+                // above them).
+                let mut cands: Vec<String> = Vec::new();
+                let mut last = None;
+                for &k in self.snaps.keys() {
+                    let v = self.state(k, before, Some(client)).val(&item);
+                    if last.as_ref() != Some(&v) {
+                        let done = if self.uncompleted.contains(&k) { "not completed" } else { "completed" };
+                        cands.push(format!("  state {k} ({done}): {v:?}"));
+                        last = Some(v);
+                    }
+                }
+                self.fail(format!(
+                    "coherence: client {client} answered [{}] from its cache: {item:?} = {val:?}\nbut it may show only a value no older than the last completed change:\n{}",
+                    ops_brief(std::slice::from_ref(op)),
+                    cands.join("\n")
+                ));
+                return;
+            }
+        }
+    }
+
+    /// What an answer from the cache says, item by item.
+    pub(crate) fn items(&mut self, op: &Op, reply: &Reply) -> Vec<(Item, Val)> {
+        let mut v = Vec::new();
+        match (op, reply) {
+            (Op::Lookup { parent, name }, Reply::Lookup { attr, .. }) => {
+                v.push((Item::Entry(*parent, name.clone()), Val::Entry(Ok(attr.as_ref().map(|a| a.ino)))));
+                if let Some(a) = attr {
+                    v.push((Item::Attr(a.ino), Val::Attr(Some(self.attr_v(a)))));
+                }
+            }
+            (Op::GetAttr { ino }, Reply::Attr(a)) => v.push((Item::Attr(*ino), Val::Attr(Some(self.attr_v(a))))),
+            (Op::Read { ino, .. }, Reply::Data(d)) => v.push((Item::Data(*ino), Val::Data(Some(d.clone())))),
+            (Op::ReadDir { ino, .. }, Reply::Dir { items, .. }) => {
+                let names = items.iter().map(|i| (i.name.clone(), i.attr.ino)).collect();
+                v.push((Item::Listing(*ino), Val::Listing(Ok(names))));
+                for i in items {
+                    v.push((Item::Attr(i.attr.ino), Val::Attr(Some(self.attr_v(&i.attr)))));
+                }
+            }
+            _ => panic!("no cached answer {reply:?} to {op:?}"),
+        }
+        v
+    }
+
+    /// A client answered a change itself (under `X`): applied to some state it may show,
+    /// the change must give the same answer.
+    pub(crate) fn check_local(&mut self, client: usize, op: &Op, now: p::Time, reply: &Reply) {
+        self.stats.checked += 1;
+        let got = self.res(&Ok(reply.clone()));
+        let before = self.lc + 1;
+        let results: Vec<(u64, Res)> =
+            self.snaps.keys().map(|&k| (k, self.state(k, before, Some(client)).into_owned().apply(op, now))).collect();
+        if !results.iter().any(|(_, r)| r == &got) {
+            let cands: Vec<String> =
+                results.iter().map(|(k, r)| format!("  state {k}: {}", res_brief(std::slice::from_ref(r)))).collect();
+            self.fail(format!(
+                "coherence: client {client} answered [{}] itself with {}\nbut no state it may show gives that:\n{}",
+                ops_brief(std::slice::from_ref(op)),
+                res_brief(&[got]),
+                cands.join("\n")
+            ));
+        }
+    }
+}
+
+/// One thing a client can observe.
+#[derive(Clone, Debug)]
+pub(crate) enum Item {
+    /// What a name in a directory names.
+    Entry(u64, Vec<u8>),
+    /// Every name of a directory.
+    Listing(u64),
+    Attr(u64),
+    Data(u64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Val {
+    Entry(Result<Option<u64>, i32>),
+    Listing(Result<BTreeMap<Vec<u8>, u64>, i32>),
+    Attr(Option<AttrV>),
+    Data(Option<Vec<u8>>),
+}
+
+impl Model {
+    pub(crate) fn val(&self, item: &Item) -> Val {
+        match item {
+            Item::Entry(d, name) => Val::Entry(self.dir(*d).map(|e| e.get(name).copied())),
+            Item::Listing(d) => Val::Listing(self.dir(*d).cloned()),
+            Item::Attr(i) => Val::Attr(self.attr(*i)),
+            Item::Data(i) => {
+                Val::Data(self.inodes.get(i).filter(|n| n.kind == p::FileType::Regular).map(|n| n.data.clone()))
+            }
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! The reference model of the file system: every answer is checked against it, replayed
+//! in the order the server applied the requests.
+
+use super::*;
+
+/// Attributes as compared: everything but block counts and access/creation times (the
+/// store keeps those on its own rules, which this simulator does not exercise).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AttrV {
+    pub(crate) ino: u64,
+    pub(crate) kind: p::FileType,
+    pub(crate) mode: u32,
+    pub(crate) nlink: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) size: u64,
+    pub(crate) mtime: p::Time,
+    pub(crate) ctime: p::Time,
+}
+
+/// A result as compared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Out {
+    Attr(AttrV),
+    Entry(AttrV),
+    Lookup(Option<AttrV>),
+    Dir(BTreeMap<Vec<u8>, AttrV>),
+    Data(Vec<u8>),
+    Done,
+    Inodes {
+        first: u64,
+        count: u32,
+    },
+    /// An `Acquire`: the directory's attributes and every entry.
+    Acquired(AttrV, BTreeMap<Vec<u8>, AttrV>),
+    /// A `ListXattr` (in any order).
+    Names(BTreeSet<Vec<u8>>),
+}
+
+pub(crate) type Res = Result<Out, i32>;
+
+#[derive(Clone, Debug)]
+pub(crate) struct MInode {
+    pub(crate) kind: p::FileType,
+    pub(crate) mode: u32,
+    pub(crate) nlink: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) data: Vec<u8>,
+    pub(crate) mtime: p::Time,
+    pub(crate) ctime: p::Time,
+    /// Directories: the parent (for "into its own subtree").
+    pub(crate) parent: u64,
+    pub(crate) xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// The file system as it should be: replayed in the order the server applied requests.
+#[derive(Clone, Debug)]
+pub(crate) struct Model {
+    pub(crate) inodes: BTreeMap<u64, MInode>,
+    pub(crate) dirs: BTreeMap<u64, BTreeMap<Vec<u8>, u64>>,
+    pub(crate) next_ino: u64,
+}
+
+pub(crate) const EPERM: i32 = 1;
+pub(crate) const ENOENT: i32 = 2;
+pub(crate) const EEXIST: i32 = 17;
+pub(crate) const ENOTDIR: i32 = 20;
+pub(crate) const EISDIR: i32 = 21;
+pub(crate) const EINVAL: i32 = 22;
+pub(crate) const ENOTEMPTY: i32 = 39;
+pub(crate) const ENODATA: i32 = 61;
+
+impl Model {
+    pub(crate) fn attr(&self, ino: u64) -> Option<AttrV> {
+        let i = self.inodes.get(&ino)?;
+        Some(AttrV {
+            ino,
+            kind: i.kind,
+            mode: i.mode,
+            nlink: i.nlink,
+            uid: i.uid,
+            gid: i.gid,
+            size: if i.kind == p::FileType::Directory { 4096 } else { i.data.len() as u64 },
+            mtime: i.mtime,
+            ctime: i.ctime,
+        })
+    }
+
+    pub(crate) fn dir(&self, d: u64) -> Result<&BTreeMap<Vec<u8>, u64>, i32> {
+        match self.inodes.get(&d) {
+            None => Err(ENOENT),
+            Some(i) if i.kind != p::FileType::Directory => Err(ENOTDIR),
+            Some(_) => Ok(&self.dirs[&d]),
+        }
+    }
+
+    pub(crate) fn listing(&self, d: u64) -> Result<BTreeMap<Vec<u8>, AttrV>, i32> {
+        let entries = self.dir(d)?;
+        Ok(entries.iter().map(|(n, i)| (n.clone(), self.attr(*i).expect("entry names an inode"))).collect())
+    }
+
+    /// A read-only operation's result (None for a changing one).
+    pub(crate) fn eval(&self, op: &Op) -> Option<Res> {
+        Some(match op {
+            Op::Lookup { parent, name } => {
+                self.dir(*parent).map(|d| Out::Lookup(d.get(name).map(|i| self.attr(*i).expect("entry"))))
+            }
+            Op::GetAttr { ino } => self.attr(*ino).map(Out::Attr).ok_or(ENOENT),
+            Op::ReadDir { ino, .. } => self.listing(*ino).map(Out::Dir),
+            // (No directory here comes near `MAX_ACQUIRE_ENTRIES`: E2BIG is never due.)
+            Op::Acquire { ino } => {
+                self.listing(*ino).map(|l| Out::Acquired(self.attr(*ino).expect("a directory listed"), l))
+            }
+            Op::GetXattr { ino, name } => match self.inodes.get(ino) {
+                None => Err(ENOENT),
+                Some(i) => i.xattrs.get(name).cloned().map(Out::Data).ok_or(ENODATA),
+            },
+            Op::ListXattr { ino } => match self.inodes.get(ino) {
+                None => Err(ENOENT),
+                Some(i) => Ok(Out::Names(i.xattrs.keys().cloned().collect())),
+            },
+            Op::Read { ino, offset, len } => match self.inodes.get(ino) {
+                None => Err(ENOENT),
+                Some(i) if i.kind == p::FileType::Directory => Err(EISDIR),
+                Some(i) => {
+                    let start = (*offset as usize).min(i.data.len());
+                    let end = (start + *len as usize).min(i.data.len());
+                    Ok(Out::Data(i.data[start..end].to_vec()))
+                }
+            },
+            _ => return None,
+        })
+    }
+
+    /// Group and mode of a new inode (the server's set-group-ID rule).
+    pub(crate) fn new_owner(
+        &self,
+        parent: u64,
+        cred: p::Cred,
+        kind: p::FileType,
+        mode: u32,
+    ) -> Result<(u32, u32), i32> {
+        let d = self.inodes.get(&parent).ok_or(ENOENT)?;
+        Ok(p::owner::new_inode_group(d.mode, d.gid, cred.gid, kind == p::FileType::Directory, mode))
+    }
+
+    pub(crate) fn touch(&mut self, ino: u64, now: p::Time) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.mtime = now;
+            i.ctime = now;
+        }
+    }
+
+    pub(crate) fn nlink_add(&mut self, ino: u64, delta: i32) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.nlink = i.nlink.wrapping_add_signed(delta);
+        }
+    }
+
+    /// Drops one link of a victim (already out of its directory).
+    pub(crate) fn drop_link(&mut self, ino: u64, now: p::Time) {
+        let Some(i) = self.inodes.get_mut(&ino) else { return };
+        i.ctime = now;
+        i.nlink = if i.kind == p::FileType::Directory { 0 } else { i.nlink.saturating_sub(1) };
+        if i.nlink == 0 {
+            self.inodes.remove(&ino);
+            self.dirs.remove(&ino);
+        }
+    }
+
+    pub(crate) fn is_ancestor(&self, a: u64, mut d: u64) -> bool {
+        loop {
+            if d == a {
+                return true;
+            }
+            if d == ROOT_INO {
+                return false;
+            }
+            d = self.inodes[&d].parent;
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn create(
+        &mut self,
+        at: Option<u64>,
+        parent: u64,
+        name: &[u8],
+        kind: p::FileType,
+        mode: u32,
+        cred: p::Cred,
+        now: p::Time,
+    ) -> Res {
+        let (gid, mode) = self.new_owner(parent, cred, kind, mode)?;
+        if self.dir(parent)?.contains_key(name) {
+            return Err(EEXIST);
+        }
+        let ino = match at {
+            Some(ino) => {
+                if ino <= ROOT_INO || ino >= self.next_ino {
+                    return Err(EINVAL);
+                }
+                if self.inodes.contains_key(&ino) {
+                    return Err(EEXIST);
+                }
+                ino
+            }
+            None => {
+                self.next_ino += 1;
+                self.next_ino - 1
+            }
+        };
+        let dir = kind == p::FileType::Directory;
+        let node = MInode {
+            kind,
+            mode: mode & 0o7777,
+            nlink: if dir { 2 } else { 1 },
+            uid: cred.uid,
+            gid,
+            data: Vec::new(),
+            mtime: now,
+            ctime: now,
+            parent,
+            xattrs: BTreeMap::new(),
+        };
+        self.inodes.insert(ino, node);
+        if dir {
+            self.dirs.insert(ino, BTreeMap::new());
+            self.nlink_add(parent, 1);
+        }
+        self.dirs.get_mut(&parent).expect("checked").insert(name.to_vec(), ino);
+        self.touch(parent, now);
+        Ok(Out::Entry(self.attr(ino).expect("just made")))
+    }
+
+    pub(crate) fn rename(&mut self, parent: u64, name: &[u8], new_parent: u64, new_name: &[u8], now: p::Time) -> Res {
+        self.dir(parent)?;
+        self.dir(new_parent)?;
+        let src = *self.dirs[&parent].get(name).ok_or(ENOENT)?;
+        let dst = self.dirs[&new_parent].get(new_name).copied();
+        if dst == Some(src) {
+            return Ok(Out::Done);
+        }
+        let is_dir = |m: &Model, i: u64| m.inodes[&i].kind == p::FileType::Directory;
+        let src_dir = is_dir(self, src);
+        let across = parent != new_parent;
+        if src_dir && across && self.is_ancestor(src, new_parent) {
+            return Err(EINVAL);
+        }
+        if let Some(d) = dst {
+            if src_dir {
+                if !is_dir(self, d) {
+                    return Err(ENOTDIR);
+                }
+                if !self.dirs[&d].is_empty() {
+                    return Err(ENOTEMPTY);
+                }
+            } else if is_dir(self, d) {
+                return Err(EISDIR);
+            }
+        }
+        self.dirs.get_mut(&parent).expect("dir").remove(name);
+        self.touch(parent, now);
+        if src_dir && across {
+            self.nlink_add(parent, -1);
+        }
+        self.dirs.get_mut(&new_parent).expect("dir").insert(new_name.to_vec(), src);
+        if let Some(d) = dst {
+            if is_dir(self, d) {
+                self.nlink_add(new_parent, -1);
+            }
+            self.drop_link(d, now);
+        }
+        if src_dir && across {
+            self.nlink_add(new_parent, 1);
+            self.inodes.get_mut(&src).expect("src").parent = new_parent;
+        }
+        self.touch(new_parent, now);
+        self.inodes.get_mut(&src).expect("src").ctime = now;
+        Ok(Out::Done)
+    }
+
+    /// Applies one operation at `now` (the server's clock, or the writeback's).
+    pub(crate) fn apply(&mut self, op: &Op, now: p::Time) -> Res {
+        if let Some(r) = self.eval(op) {
+            return r;
+        }
+        match op {
+            Op::Create { parent, name, kind, mode, cred, .. } => {
+                self.create(None, *parent, name, *kind, *mode, *cred, now)
+            }
+            Op::CreateAt { ino, parent, name, kind, mode, cred, .. } => {
+                self.create(Some(*ino), *parent, name, *kind, *mode, *cred, now)
+            }
+            Op::Unlink { parent, name } => {
+                let victim = *self.dir(*parent)?.get(name).ok_or(ENOENT)?;
+                if self.inodes[&victim].kind == p::FileType::Directory {
+                    return Err(EISDIR);
+                }
+                self.dirs.get_mut(parent).expect("dir").remove(name);
+                self.touch(*parent, now);
+                self.drop_link(victim, now);
+                Ok(Out::Done)
+            }
+            Op::Rmdir { parent, name } => {
+                let victim = *self.dir(*parent)?.get(name).ok_or(ENOENT)?;
+                if self.inodes[&victim].kind != p::FileType::Directory {
+                    return Err(ENOTDIR);
+                }
+                if !self.dirs[&victim].is_empty() {
+                    return Err(ENOTEMPTY);
+                }
+                self.dirs.get_mut(parent).expect("dir").remove(name);
+                self.nlink_add(*parent, -1);
+                self.touch(*parent, now);
+                self.drop_link(victim, now);
+                Ok(Out::Done)
+            }
+            Op::Rename { parent, name, new_parent, new_name, flags: 0 } => {
+                self.rename(*parent, name, *new_parent, new_name, now)
+            }
+            Op::Write { ino, offset, data } => {
+                let i = self.inodes.get_mut(ino).ok_or(ENOENT)?;
+                if i.kind == p::FileType::Directory {
+                    return Err(EISDIR);
+                }
+                if !data.is_empty() {
+                    let end = *offset as usize + data.len();
+                    if i.data.len() < end {
+                        i.data.resize(end, 0);
+                    }
+                    i.data[*offset as usize..end].copy_from_slice(data);
+                    i.mtime = now;
+                    i.ctime = now;
+                }
+                Ok(Out::Attr(self.attr(*ino).expect("exists")))
+            }
+            Op::SetAttr { ino, set } => {
+                let i = self.inodes.get_mut(ino).ok_or(ENOENT)?;
+                if let Some(size) = set.size_bytes {
+                    if i.kind == p::FileType::Directory {
+                        return Err(EISDIR);
+                    }
+                    i.data.resize(size as usize, 0);
+                    i.mtime = now;
+                }
+                if let Some(m) = set.mode {
+                    i.mode = m & 0o7777;
+                }
+                i.ctime = now;
+                Ok(Out::Attr(self.attr(*ino).expect("exists")))
+            }
+            Op::Append { ino, data } => {
+                let end = self.inodes.get(ino).ok_or(ENOENT)?.data.len() as u64;
+                self.apply(&Op::Write { ino: *ino, offset: end, data: data.clone() }, now)
+            }
+            Op::Link { ino, parent, name } => {
+                if self.inodes.get(ino).ok_or(ENOENT)?.kind == p::FileType::Directory {
+                    return Err(EPERM);
+                }
+                if self.dir(*parent)?.contains_key(name) {
+                    return Err(EEXIST);
+                }
+                self.dirs.get_mut(parent).expect("checked").insert(name.clone(), *ino);
+                self.nlink_add(*ino, 1);
+                self.inodes.get_mut(ino).expect("checked").ctime = now;
+                self.touch(*parent, now);
+                Ok(Out::Entry(self.attr(*ino).expect("exists")))
+            }
+            Op::SetXattr { ino, name, value, flags } => {
+                let i = self.inodes.get_mut(ino).ok_or(ENOENT)?;
+                let exists = i.xattrs.contains_key(name);
+                if flags & p::XATTR_CREATE != 0 && exists {
+                    return Err(EEXIST);
+                }
+                if flags & p::XATTR_REPLACE != 0 && !exists {
+                    return Err(ENODATA);
+                }
+                i.xattrs.insert(name.clone(), value.clone());
+                i.ctime = now;
+                Ok(Out::Done)
+            }
+            Op::RemoveXattr { ino, name } => {
+                let i = self.inodes.get_mut(ino).ok_or(ENOENT)?;
+                i.xattrs.remove(name).ok_or(ENODATA)?;
+                i.ctime = now;
+                Ok(Out::Done)
+            }
+            Op::AllocInodes { count } => {
+                let count = (*count).clamp(1, p::MAX_INODE_GRANT);
+                let first = self.next_ino;
+                self.next_ino += u64::from(count);
+                Ok(Out::Inodes { first, count })
+            }
+            other => panic!("the simulator sends no {other:?}"),
+        }
+    }
+}
