@@ -1,7 +1,8 @@
 //! The client's side of its lease (docs/protocol.md §4.4): a client that has heard nothing
 //! from the server for `CLIENT_LEASE_MS` drops every right it holds, before the server can
-//! have fenced it and let other clients change what it held. Time is passed in; the
-//! connection driver calls `heard` on every message and `check` every `LEASE_CHECK`.
+//! have fenced it and let other clients change what it held. Time is passed in: the
+//! connection core (`conn`) calls `heard` on every byte it takes in and `check` whenever
+//! it is woken, which its driver does at `deadline` at the latest.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,8 @@ use crest_proto::timing::{CLIENT_LEASE_MS, DISCONNECTED_FENCE_MS};
 /// How long the client trusts its rights without a word from the server.
 pub const CLIENT_LEASE: Duration = Duration::from_millis(CLIENT_LEASE_MS);
 
-/// How often the lease is checked: rights go at most this long after `CLIENT_LEASE`
+/// How late a driver may wake the core past the lease's deadline (crest-net wakes it on
+/// time; the simulator every 250 ms): rights go at most this long after `CLIENT_LEASE`
 /// (2.5 s + 0.25 s), still inside the server's fencing delay.
 pub const LEASE_CHECK: Duration = Duration::from_millis(250);
 const _: () = assert!(CLIENT_LEASE_MS + LEASE_CHECK.as_millis() as u64 <= DISCONNECTED_FENCE_MS);
