@@ -755,27 +755,12 @@ pub fn run_seed(seed: u64) -> Result<String, String> {
     Sim::new(seed).run()
 }
 
-fn env_u64(name: &str) -> Result<Option<u64>, String> {
-    match std::env::var(name) {
-        Ok(v) => v.parse().map(Some).map_err(|_| format!("{name}={v}: not a number")),
-        Err(_) => Ok(None),
-    }
-}
-
 /// Runs the seeds the environment asks for (`CREST_CRASH_SEED` alone, `CREST_CRASH_SEEDS`
 /// random ones, else the fixed and regression seeds) and says what they did; the first
 /// failure's report.
 pub fn run_seeds() -> Result<String, String> {
-    let seeds: Vec<u64> = if let Some(s) = env_u64("CREST_CRASH_SEED")? {
-        vec![s]
-    } else if let Some(n) = env_u64("CREST_CRASH_SEEDS")? {
-        let mut buf = [0u8; 8];
-        crest_rng::os_random_bytes(&mut buf).map_err(|e| format!("no entropy for random seeds: {e}"))?;
-        let mut r = Stream::from_seed_u64(u64::from_le_bytes(buf));
-        (0..n).map(|_| r.next_u64()).collect()
-    } else {
-        (1..=FIXED_SEEDS).chain(REGRESSION_SEEDS).collect()
-    };
+    let fixed = (1..=FIXED_SEEDS).chain(REGRESSION_SEEDS);
+    let seeds = crate::seeds("CREST_CRASH_SEED", "CREST_CRASH_SEEDS", fixed)?;
     let (mut crashes, mut replays, mut lost_replies, mut rebuilds) = (0, 0, 0, 0);
     for seed in seeds {
         if std::env::var_os("CREST_CRASH_SEEDS").is_some() {

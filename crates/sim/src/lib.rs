@@ -11,3 +11,26 @@
 
 pub mod coherence;
 pub mod crash;
+
+/// A number from the environment (none when the variable is unset).
+pub(crate) fn env_u64(name: &str) -> Result<Option<u64>, String> {
+    match std::env::var(name) {
+        Ok(v) => v.parse().map(Some).map_err(|_| format!("{name}={v}: not a number")),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The seeds a run takes: `$one` alone if set, else `$many` random ones (drawn from the
+/// OS, so each run tries new ones; each is printed as it runs), else `fixed`.
+pub(crate) fn seeds(one: &str, many: &str, fixed: impl Iterator<Item = u64>) -> Result<Vec<u64>, String> {
+    Ok(if let Some(s) = env_u64(one)? {
+        vec![s]
+    } else if let Some(n) = env_u64(many)? {
+        let mut buf = [0u8; 8];
+        crest_rng::os_random_bytes(&mut buf).map_err(|e| format!("no entropy for random seeds: {e}"))?;
+        let mut r = crest_rng::Stream::from_seed_u64(u64::from_le_bytes(buf));
+        (0..n).map(|_| r.next_u64()).collect()
+    } else {
+        fixed.collect()
+    })
+}

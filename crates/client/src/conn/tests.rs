@@ -388,16 +388,19 @@ fn fencing_fails_changes_and_writeback_but_reads_go_again_in_the_new_session() {
     assert_eq!(Harness::ids(&again), vec![2], "a new session: only the read goes, no Replayed");
 }
 
+/// A `Rights` hook that counts how often every right was dropped.
+struct Count(std::sync::Mutex<u32>);
+
+impl Rights for Count {
+    fn granted_exclusive(&self, _: u64, _: Instant) {}
+    fn recalled(&self, _: &[u64]) {}
+    fn reset(&self) {
+        *self.0.lock().expect("lock") += 1;
+    }
+}
+
 #[test]
 fn heartbeats_go_when_nothing_else_does_and_the_lease_drops_rights_once() {
-    struct Count(std::sync::Mutex<u32>);
-    impl Rights for Count {
-        fn granted_exclusive(&self, _: u64, _: Instant) {}
-        fn recalled(&self, _: &[u64]) {}
-        fn reset(&self) {
-            *self.0.lock().expect("lock") += 1;
-        }
-    }
     let mut h = Harness::new();
     let count = Arc::new(Count(std::sync::Mutex::new(0)));
     assert!(h.c.rights.set(count.clone()).is_ok());
@@ -445,14 +448,6 @@ fn a_first_answer_that_is_not_crest_fails_everything_at_once() {
 
 #[test]
 fn a_connection_that_opens_but_says_nothing_does_not_renew_the_lease() {
-    struct Count(std::sync::Mutex<u32>);
-    impl Rights for Count {
-        fn granted_exclusive(&self, _: u64, _: Instant) {}
-        fn recalled(&self, _: &[u64]) {}
-        fn reset(&self) {
-            *self.0.lock().expect("lock") += 1;
-        }
-    }
     let mut h = Harness::new();
     let count = Arc::new(Count(std::sync::Mutex::new(0)));
     assert!(h.c.rights.set(count.clone()).is_ok());

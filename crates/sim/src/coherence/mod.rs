@@ -336,13 +336,6 @@ pub fn trace_hash(seed: u64, steps: usize, server_crashes: bool) -> Result<u64, 
     Sim::new(seed, steps, server_crashes).run().map(|s| s.trace_hash)
 }
 
-pub(crate) fn env_u64(name: &str) -> Result<Option<u64>, String> {
-    match std::env::var(name) {
-        Ok(v) => v.parse().map(Some).map_err(|_| format!("{name}={v}: not a number")),
-        Err(_) => Ok(None),
-    }
-}
-
 /// The seeds a run takes: `CREST_SIM_SEED` alone, or `CREST_SIM_SEEDS` random ones
 /// (each printed), or the fixed ones and the regression seeds of the mode.
 fn seeds(server_crashes: bool) -> Result<Vec<u64>, String> {
@@ -351,22 +344,13 @@ fn seeds(server_crashes: bool) -> Result<Vec<u64>, String> {
     } else {
         (FIXED_SEEDS, &REGRESSION_SEEDS[..])
     };
-    Ok(if let Some(s) = env_u64("CREST_SIM_SEED")? {
-        vec![s]
-    } else if let Some(n) = env_u64("CREST_SIM_SEEDS")? {
-        let mut buf = [0u8; 8];
-        crest_rng::os_random_bytes(&mut buf).map_err(|e| format!("no entropy for random seeds: {e}"))?;
-        let mut r = Stream::from_seed_u64(u64::from_le_bytes(buf));
-        (0..n).map(|_| r.next_u64()).collect()
-    } else {
-        (1..=fixed).chain(regression.iter().copied()).collect()
-    })
+    crate::seeds("CREST_SIM_SEED", "CREST_SIM_SEEDS", (1..=fixed).chain(regression.iter().copied()))
 }
 
 /// Runs the seeds the environment asks for (see `seeds`; `CREST_SIM_STEPS` system calls
 /// each) and prints the totals; the first failure's report.
 pub fn run_seeds(server_crashes: bool) -> Result<(), String> {
-    let steps = env_u64("CREST_SIM_STEPS")?.map_or(DEFAULT_STEPS, |s| s as usize);
+    let steps = crate::env_u64("CREST_SIM_STEPS")?.map_or(DEFAULT_STEPS, |s| s as usize);
     let mut total = Stats::default();
     for seed in seeds(server_crashes)? {
         if std::env::var_os("CREST_SIM_SEEDS").is_some() {

@@ -197,7 +197,7 @@ impl Sim {
             steps: 0,
             max_steps,
             draining: false,
-            trace_events: env_u64("CREST_SIM_TRACE").ok().flatten().map_or(TRACE_EVENTS, |n| n as usize),
+            trace_events: crate::env_u64("CREST_SIM_TRACE").ok().flatten().map_or(TRACE_EVENTS, |n| n as usize),
             locality,
             acquire_pct,
             trace_hash: 0xcbf2_9ce4_8422_2325,
