@@ -469,8 +469,13 @@ impl<R> Connection<R> {
             }
         }
         if self.state == State::Open && now.saturating_duration_since(self.last_sent) >= HEARTBEAT {
-            // An empty request: the server renews the lease and answers.
-            self.write(&ClientMessage::Request(p::Request { id: HEARTBEAT_ID, ops: Vec::new(), time: None }));
+            // An empty request: the server renews the lease and answers. It counts as sent
+            // now, so the next one is due a heartbeat later even while the driver's write
+            // is stuck (a server that stopped reading); one waiting is enough.
+            if self.out.is_empty() {
+                self.write(&ClientMessage::Request(p::Request { id: HEARTBEAT_ID, ops: Vec::new(), time: None }));
+            }
+            self.last_sent = now;
         }
     }
 
@@ -507,7 +512,11 @@ impl<R> Connection<R> {
             }
             return self.connection_lost("the server closed it");
         }
-        self.lease.heard(now);
+        // Only a crest server's words renew the lease: the welcome (`welcome.rs`) and what
+        // follows it, not a refusal or a stranger answering on the port.
+        if self.state == State::Open {
+            self.lease.heard(now);
+        }
         self.received += bytes.len();
         self.decoder.handle_bytes(bytes);
         while matches!(self.state, State::Handshaking | State::Open) {

@@ -563,6 +563,7 @@ impl Driver {
                 Outbound::Goodbye(done) => {
                     self.core.goodbye();
                     self.transmit(wr).await;
+                    self.deliver();
                     let _ = done.try_send(());
                     return false;
                 }
@@ -630,6 +631,7 @@ async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
                     let Some(c) = c else {
                         d.core.goodbye();
                         d.transmit(&mut wr).await;
+                        d.deliver();
                         return;
                     };
                     if !d.burst(c, &mut calls, &mut wr).await {

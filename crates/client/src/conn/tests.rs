@@ -463,3 +463,46 @@ fn a_connection_that_opens_but_says_nothing_does_not_renew_the_lease() {
     h.c.handle_timeout(t);
     assert_eq!(*count.0.lock().expect("lock"), 1, "the rights go when the lease runs out");
 }
+
+#[test]
+fn a_heartbeat_due_while_a_write_is_stuck_is_queued_once_and_not_again_at_once() {
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    // The driver took the bytes and its write blocks (the server stopped reading): the
+    // core is woken at its deadline, again and again, without a `poll_transmit`.
+    let t = h.at(HEARTBEAT.as_millis() as u64);
+    h.c.handle_timeout(t);
+    assert!(h.c.poll_timeout() > t, "the next wake-up is later, not at once (a busy loop)");
+    for ms in [1, 2, 500, 1_500, 2_200] {
+        let t = h.at(HEARTBEAT.as_millis() as u64 + ms);
+        h.c.handle_timeout(t);
+    }
+    let beats = h.sent().into_iter().filter(|m| matches!(m, ClientMessage::Request(r) if r.id == HEARTBEAT_ID));
+    assert_eq!(beats.count(), 1, "one heartbeat waits behind the stuck write, not one per wake-up");
+}
+
+#[test]
+fn a_refusal_or_a_stranger_on_reconnect_does_not_renew_the_lease() {
+    let mut h = Harness::new();
+    let count = Arc::new(Count(std::sync::Mutex::new(0)));
+    assert!(h.c.rights.set(count.clone()).is_ok());
+    h.connect(welcome(false, None, false));
+    let lease_ms = crate::lease::CLIENT_LEASE.as_millis() as u64;
+    h.c.connection_lost("test");
+    // Something answers on the port just before the lease runs out, but not a welcome.
+    let t = h.at(lease_ms - 10);
+    h.c.connecting(t);
+    h.c.connected(t);
+    h.c.handle_bytes(t, b"HTTP/1.1 400 Bad Request\r\n\r\n");
+    assert_eq!(h.c.state(), State::Away, "retried later: this client has connected before");
+    let t = h.at(lease_ms - 5);
+    h.c.connecting(t);
+    h.c.connected(t);
+    let mut refused = Vec::new();
+    let msg = ServerMessage::Refused { reason: "busy".into(), version: p::PROTOCOL_VERSION };
+    p::encode_frame(&msg, &mut refused).expect("encode");
+    h.c.handle_bytes(t, &refused);
+    let t = h.at(lease_ms);
+    h.c.handle_timeout(t);
+    assert_eq!(*count.0.lock().expect("lock"), 1, "the rights go when the lease runs out");
+}

@@ -21,6 +21,7 @@ impl<R> Connection<R> {
     }
 
     fn welcome(&mut self, w: p::Welcome) {
+        self.lease.heard(self.now);
         if w.fenced {
             self.fenced();
         }
