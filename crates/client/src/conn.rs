@@ -399,6 +399,11 @@ impl<R> Connection<R> {
             c.reply.send(Err(err.clone()), &mut self.events);
         }
         self.state = State::Closed;
+        // Nothing wakes a closed connection again (its lease is never checked): what the
+        // mount held under it goes now.
+        if let Some(r) = self.rights() {
+            r.reset();
+        }
     }
 
     /// A call to send: written now if the connection is open (writeback may wait in the

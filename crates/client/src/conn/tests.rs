@@ -482,7 +482,7 @@ fn a_heartbeat_due_while_a_write_is_stuck_is_queued_once_and_not_again_at_once()
 }
 
 #[test]
-fn a_refusal_or_a_stranger_on_reconnect_does_not_renew_the_lease() {
+fn a_stranger_answering_a_reconnect_does_not_renew_the_lease() {
     let mut h = Harness::new();
     let count = Arc::new(Count(std::sync::Mutex::new(0)));
     assert!(h.c.rights.set(count.clone()).is_ok());
@@ -495,14 +495,29 @@ fn a_refusal_or_a_stranger_on_reconnect_does_not_renew_the_lease() {
     h.c.connected(t);
     h.c.handle_bytes(t, b"HTTP/1.1 400 Bad Request\r\n\r\n");
     assert_eq!(h.c.state(), State::Away, "retried later: this client has connected before");
-    let t = h.at(lease_ms - 5);
-    h.c.connecting(t);
-    h.c.connected(t);
-    let mut refused = Vec::new();
-    let msg = ServerMessage::Refused { reason: "busy".into(), version: p::PROTOCOL_VERSION };
-    p::encode_frame(&msg, &mut refused).expect("encode");
-    h.c.handle_bytes(t, &refused);
     let t = h.at(lease_ms);
     h.c.handle_timeout(t);
     assert_eq!(*count.0.lock().expect("lock"), 1, "the rights go when the lease runs out");
+}
+
+#[test]
+fn a_refused_reconnect_ends_the_session_and_drops_every_right_at_once() {
+    let mut h = Harness::new();
+    let count = Arc::new(Count(std::sync::Mutex::new(0)));
+    assert!(h.c.rights.set(count.clone()).is_ok());
+    h.connect(welcome(false, None, false));
+    h.call(1, vec![attr_op(1)]);
+    h.c.connection_lost("test");
+    let t = h.at(100);
+    h.c.connecting(t);
+    h.c.connected(t);
+    let mut refused = Vec::new();
+    let msg = ServerMessage::Refused { reason: "version".into(), version: p::PROTOCOL_VERSION + 1 };
+    p::encode_frame(&msg, &mut refused).expect("encode");
+    h.c.handle_bytes(t, &refused);
+    h.drain();
+    assert_eq!(h.c.state(), State::Closed, "nothing more will be sent: the driver stops");
+    assert!(matches!(h.answers.as_slice(), [(1, Err(ClientError::Refused { .. }))]));
+    // Nobody wakes a closed core again: what the mount held must not outlive it.
+    assert_eq!(*count.0.lock().expect("lock"), 1, "every right dropped with the session");
 }
