@@ -296,11 +296,6 @@ impl<R> Connection<R> {
         self.fsid.is_some()
     }
 
-    /// Calls waiting for an answer.
-    pub fn pending(&self) -> usize {
-        self.pending.len()
-    }
-
     /// Whether request `id` still waits for an answer (pending, or a replay in flight).
     pub fn awaits(&self, id: u64) -> bool {
         self.pending.contains_key(&id) || self.log.replaying.iter().any(|e| e.id == id)

@@ -504,10 +504,11 @@ impl Driver {
         }
     }
 
-    /// Keeps taking calls while away, so callers queue instead of failing, for `backoff`.
-    /// False when the client is gone.
-    async fn wait_away(&mut self, calls: &mut mpsc::UnboundedReceiver<Outbound>, backoff: Duration) -> bool {
-        let sleep = tokio::time::sleep(backoff);
+    /// Keeps taking calls while away, so callers queue instead of failing, for `backoff`,
+    /// which then doubles (up to a second). False when the client is gone.
+    async fn wait_away(&mut self, calls: &mut mpsc::UnboundedReceiver<Outbound>, backoff: &mut Duration) -> bool {
+        let sleep = tokio::time::sleep(*backoff);
+        *backoff = (*backoff * 2).min(Duration::from_secs(1));
         tokio::pin!(sleep);
         loop {
             let deadline = tokio::time::Instant::from_std(self.core.poll_timeout());
@@ -592,11 +593,10 @@ async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
                     return;
                 }
                 tracing::debug!("connect to {addr}: {e}; retrying in {backoff:?}");
-                if !d.wait_away(&mut calls, backoff).await {
+                if !d.wait_away(&mut calls, &mut backoff).await {
                     d.deliver();
                     return;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
             }
         };
@@ -612,11 +612,10 @@ async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
             State::Closed => return,
             State::Open => backoff = Duration::from_millis(20),
             State::Away | State::Handshaking => {
-                if !d.wait_away(&mut calls, backoff).await {
+                if !d.wait_away(&mut calls, &mut backoff).await {
                     d.deliver();
                     return;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
             }
         }

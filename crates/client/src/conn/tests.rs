@@ -213,6 +213,8 @@ struct Harness {
     now: Instant,
     answers: Vec<(u64, Result<Results, ClientError>)>,
     recalls: Vec<Recall>,
+    /// Size of the pieces the next frame arrives in (each frame a different one).
+    piece: usize,
 }
 
 const FSID: [u8; 16] = [7; 16];
@@ -237,7 +239,7 @@ impl Harness {
     fn new() -> Harness {
         let t0 = Instant::now();
         let c = Connection::new("test", "t", Arc::new(AtomicU64::new(1000)), RightsHook::default(), t0);
-        Harness { c, t0, now: t0, answers: Vec::new(), recalls: Vec::new() }
+        Harness { c, t0, now: t0, answers: Vec::new(), recalls: Vec::new(), piece: 1 }
     }
 
     fn at(&mut self, ms: u64) -> Instant {
@@ -258,8 +260,10 @@ impl Harness {
     fn hear(&mut self, m: ServerMessage) {
         let mut bytes = Vec::new();
         p::encode_frame(&m, &mut bytes).expect("encode");
-        // In uneven pieces, as a socket delivers them.
-        for piece in bytes.chunks(7) {
+        // In pieces of 1 to 13 bytes, another size each frame, as a socket delivers them:
+        // a frame's header and body straddle reads.
+        self.piece = self.piece % 13 + 1;
+        for piece in bytes.chunks(self.piece) {
             self.c.handle_bytes(self.now, piece);
         }
         self.drain();

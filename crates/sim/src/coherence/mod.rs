@@ -133,7 +133,7 @@ pub(crate) use crest_rng::Stream;
 pub(crate) use crest_server::caps::RECALL_TIMEOUT_MS;
 
 /// How often a client's core is woken (its lease, and whether a heartbeat is due).
-pub(crate) const LEASE_CHECK_US: u64 = 250_000;
+pub(crate) const LEASE_CHECK_US: u64 = crest_client::lease::LEASE_CHECK.as_micros() as u64;
 pub(crate) use crest_server::{Outgoing, Server, SessionId};
 pub(crate) use crest_store::{check, MemDisk, MkfsOptions, Store, ROOT_INO};
 
