@@ -62,29 +62,29 @@ pub trait Rights: Send + Sync {
     /// an `Acquire` named it: the server counts this session as its exclusive holder — as
     /// of a moment after `sent` (the request was made then): a recall of `ino` told since
     /// `sent` may have ended it already.
-    fn granted_exclusive(&self, ino: u64, sent: Instant);
+    fn granted_exclusive(&self, ino: u64, sent: Instant, now: Instant);
     /// The server recalls whatever this session holds of `inodes`.
-    fn recalled(&self, inodes: &[u64]);
+    fn recalled(&self, inodes: &[u64], now: Instant);
     /// The server restarted (or forgot this session): it remembers no rights of it.
-    fn reset(&self);
+    fn reset(&self, now: Instant);
     /// The inodes this session holds rights on, with whether exclusively.
-    fn held(&self) -> Vec<(u64, bool)> {
+    fn held(&self, _now: Instant) -> Vec<(u64, bool)> {
         Vec::new()
     }
     /// The connection broke: stop answering from what is held under shared rights (a
     /// recall may be lost with it; a server that restarts meanwhile knows of no shared
     /// holder). Exclusive rights stay until the lease is over.
-    fn disconnected(&self) {}
+    fn disconnected(&self, _now: Instant) {}
     /// A restarted server restored the session: keep only exclusive rights (shared copies
     /// may be stale — the server may have applied and kept changes whose recalls were
     /// unanswered when it died) and name them, to be re-asserted (`Op::Reassert`); one the
     /// server refuses is dropped through `recalled`.
-    fn restored(&self) -> Vec<(u64, bool)> {
-        self.held()
+    fn restored(&self, now: Instant) -> Vec<(u64, bool)> {
+        self.held(now)
     }
     /// A change the server applied and kept but never answered (it restarted first):
     /// whatever is held about what it touched is stale.
-    fn reply_lost(&self, _ops: &[p::Op]) {}
+    fn reply_lost(&self, _ops: &[p::Op], _now: Instant) {}
 }
 
 /// The `Rights` hook of a connection, installed once; until then nothing is told.
@@ -357,7 +357,7 @@ impl<R> Connection<R> {
         self.flush_merger();
         if self.session.is_some() {
             if let Some(r) = self.rights() {
-                r.disconnected();
+                r.disconnected(self.now);
             }
         }
         self.state = State::Away;
@@ -397,7 +397,7 @@ impl<R> Connection<R> {
         // Nothing wakes a closed connection again (its lease is never checked): what the
         // mount held under it goes now.
         if let Some(r) = self.rights() {
-            r.reset();
+            r.reset(self.now);
         }
     }
 
@@ -465,7 +465,7 @@ impl<R> Connection<R> {
         if self.lease.check(now) {
             tracing::warn!("no word from the server for {:?}: dropping every cached right", crate::lease::CLIENT_LEASE);
             if let Some(r) = self.rights() {
-                r.reset();
+                r.reset(self.now);
             }
         }
         if self.state == State::Open && now.saturating_duration_since(self.last_sent) >= HEARTBEAT {
@@ -562,7 +562,7 @@ impl<R> Connection<R> {
     fn lost(&mut self) {
         self.state = State::Away;
         if let Some(r) = self.rights() {
-            r.disconnected();
+            r.disconnected(self.now);
         }
     }
 
@@ -583,7 +583,7 @@ impl<R> Connection<R> {
             ServerMessage::Response(resp) => self.handle_response(resp),
             ServerMessage::Notify(p::Notify::Recall { recall_id, inodes }) => {
                 if let Some(r) = self.rights() {
-                    r.recalled(&inodes);
+                    r.recalled(&inodes, self.now);
                 }
                 self.events.push_back(Event::Recall(Recall { recall_id, inodes }));
             }
@@ -634,7 +634,7 @@ impl<R> Connection<R> {
                 // As a recall nobody waits on: dropped here and in the kernel (recall id
                 // 0 is never answered).
                 if let Some(r) = self.rights() {
-                    r.recalled(&refused);
+                    r.recalled(&refused, self.now);
                 }
                 self.events.push_back(Event::Recall(Recall { recall_id: 0, inodes: refused }));
             }
@@ -648,11 +648,11 @@ impl<R> Connection<R> {
         let Some(r) = self.rights() else { return };
         for (op, res) in ops.iter().zip(results) {
             match (op, res) {
-                (op, Ok(p::Reply::Entry(a))) if op.creates() => r.granted_exclusive(a.ino, sent),
+                (op, Ok(p::Reply::Entry(a))) if op.creates() => r.granted_exclusive(a.ino, sent, self.now),
                 (p::Op::Acquire { ino }, Ok(p::Reply::Lookup { leaf, .. })) => {
-                    r.granted_exclusive(*ino, sent);
+                    r.granted_exclusive(*ino, sent, self.now);
                     for item in &leaf.items {
-                        r.granted_exclusive(item.attr.ino, sent);
+                        r.granted_exclusive(item.attr.ino, sent, self.now);
                     }
                 }
                 _ => {}
@@ -687,7 +687,7 @@ impl<R> Connection<R> {
         }
         self.held.clear();
         if let Some(r) = self.rights() {
-            r.reset();
+            r.reset(self.now);
         }
     }
 }

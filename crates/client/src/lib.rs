@@ -14,16 +14,22 @@
 //! - `held`: the session's own locks and open handles, and the requests that take them
 //!   again after a restart;
 //! - `lease`: when the client stops trusting its rights without a word from the server;
-//! - `batch`: what may join a batch of writeback calls (joined writes, cancelled pairs).
+//! - `batch`: what may join a batch of writeback calls (joined writes, cancelled pairs);
+//! - `local`: what a kernel call may answer without a round trip, the cache change it
+//!   makes and the writeback it sends behind the answer, and how that writeback settles;
+//! - `rights`: the `Rights` hook that keeps the cache in step with the session.
 //!
-//! Still in the FUSE adapter: deciding what a kernel call may answer locally and what it
-//! submits as writeback, and recall handling (dropping kernel caches before answering).
+//! The FUSE adapter keeps only what needs the kernel: translating its calls, and telling
+//! it what to forget before a recall is answered (which entries and attributes the cache
+//! decides: `NameCache::take_kernel_invalidations`).
 
 pub mod batch;
 pub mod conn;
 pub mod held;
 pub mod lease;
+pub mod local;
 pub mod names;
 pub mod replay;
+pub mod rights;
 
 pub use names::*;

@@ -259,6 +259,35 @@ impl NameCache {
         self.attrs.insert(attr.ino, Attr { attr: attr.clone(), expires: now + self.ttl });
     }
 
+    /// As `added`, for a change the server answered: the reply to a request first sent at
+    /// `sent`. The server may have held the reply back until other mounts dropped what
+    /// they held, and a recall of the inode that came here meanwhile ended this mount's
+    /// claim to what the reply carries (the server no longer counts it as a holder): the
+    /// name is recorded, the attributes are not.
+    pub fn added_by_reply(&mut self, dir: u64, name: &[u8], attr: &p::Attr, sent: Instant, now: Instant) {
+        self.added(dir, name, attr, now);
+        if self.tombstones.get(&attr.ino).is_some_and(|&at| at >= sent) {
+            self.attrs.remove(&attr.ino);
+        }
+    }
+
+    /// This mount created `attr` (named `name` in `dir`) by a request first sent at
+    /// `sent`, and the server answered: what `added_by_reply` records, and, unless a
+    /// recall of the new inode came first (then nothing of it is held), that it has no
+    /// extended attributes but its ACLs and, a directory, that it is empty.
+    pub fn created_by_reply(&mut self, dir: u64, name: &[u8], attr: &p::Attr, sent: Instant, now: Instant) {
+        self.added_by_reply(dir, name, attr, sent, now);
+        if self.tombstones.get(&attr.ino).is_some_and(|&at| at >= sent) {
+            return;
+        }
+        if attr.flags == 0 {
+            self.created_without_xattrs(attr.ino);
+        }
+        if attr.kind == p::FileType::Directory {
+            self.made_dir(attr, now);
+        }
+    }
+
     /// `name` in `dir` was removed through this mount (unlink, rmdir, rename source or
     /// replaced target). The inode it named loses its attributes (link count, ctime).
     pub fn removed(&mut self, dir: u64, name: &[u8]) {
@@ -446,6 +475,16 @@ impl NameCache {
         ino
     }
 
+    /// The names held of `dir` that may still be answered from (valid stretches, or any
+    /// while `dir` is held exclusively), with the inodes they name.
+    pub fn names_held(&self, dir: u64, now: Instant) -> Vec<(Vec<u8>, u64)> {
+        let pinned = self.exclusive.contains(&dir);
+        let ranges = self.dirs.get(&dir).into_iter().flatten().filter(|r| pinned || now < r.expires);
+        let mut held: Vec<(Vec<u8>, u64)> = ranges.flat_map(|r| r.names.iter().map(|(n, &i)| (n.clone(), i))).collect();
+        held.sort();
+        held
+    }
+
     /// True when directory `dir` is known to have no entries: every hash range of it is
     /// held and lists nothing (a directory this mount made and emptied, say).
     pub fn known_empty(&self, dir: u64) -> bool {
@@ -462,10 +501,9 @@ impl NameCache {
 
     /// The server no longer knows of any exclusive rights of this mount (it restarted):
     /// hold none, and drop what only they kept valid.
-    pub fn reset_rights(&mut self) {
+    pub fn reset_rights(&mut self, now: Instant) {
         // The kernel was let cache these attributes for long (exclusive ones, shared ones
         // as long as held); nobody will recall them now.
-        let now = Instant::now();
         let held = self.held_rights(now).into_iter().map(|(ino, _)| ino);
         self.kernel_attr_inval.extend(held);
         self.exclusive.clear();
@@ -749,6 +787,40 @@ mod tests {
     const TTL: Duration = Duration::from_secs(1);
 
     #[test]
+    fn a_reply_held_back_behind_a_recall_does_not_cache_what_the_recall_took() {
+        // A rename's reply names the moved inode; the server held the reply until another
+        // mount's change was recalled here, so the attributes it carries are older than
+        // that change, and the server no longer counts this mount as their holder.
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let epoch = c.epoch();
+        c.absorb_listing(97, &[item("b", 8)], epoch, now);
+        let sent = now;
+        c.recall_rights(90, now + Duration::from_millis(30));
+        c.recalled(90);
+        c.removed(97, b"g");
+        c.added_by_reply(97, b"g", &attr(90, p::FileType::Regular), sent, now + Duration::from_millis(150));
+        let later = now + Duration::from_millis(200);
+        assert_eq!(c.attr(90, later), None, "the recall's answer came first: nothing of 90 is held");
+        assert_eq!(c.lookup(97, b"g", later), None, "the name is not absent: it is asked of the server");
+        // A directory made here whose recall overtook the reply is not held empty: another
+        // mount may have filled (or removed) it since.
+        c.recall_rights(268, later);
+        c.recalled(268);
+        let dir = attr(268, p::FileType::Directory);
+        c.created_by_reply(1, b"d", &dir, sent, later + Duration::from_millis(5));
+        assert_eq!(c.lookup(268, b"f", later), None);
+        assert!(!c.known_empty(268) && c.held_xattrs(268).is_none());
+        // A reply with no recall in between is taken in whole.
+        let sent = later;
+        c.added_by_reply(97, b"h", &attr(91, p::FileType::Regular), sent, later);
+        assert!(matches!(c.lookup(97, b"h", later), Some(Cached::Found(a)) if a.ino == 91));
+        let dir = attr(269, p::FileType::Directory);
+        c.created_by_reply(1, b"e", &dir, later, later);
+        assert_eq!(c.lookup(269, b"f", later), Some(Cached::Absent), "made here, empty");
+    }
+
+    #[test]
     fn a_held_leaf_answers_found_and_absent_and_expires() {
         let now = Instant::now();
         let mut c = NameCache::new(TTL);
@@ -909,7 +981,7 @@ mod tests {
         assert_eq!(inval, vec![(40, b"a".to_vec()), (40, b"gone".to_vec())]);
         c.grant_exclusive(42, now, now);
         assert!(c.kernel_entry(42, b"x", 0));
-        c.reset_rights();
+        c.reset_rights(now);
         assert_eq!(c.take_kernel_invalidations(), vec![(42, b"x".to_vec())], "a server restart gives all up");
         assert_eq!(c.exclusive_count(), 0);
     }
@@ -925,7 +997,7 @@ mod tests {
         assert_eq!(c.held_rights(now), vec![(1, false), (50, true), (51, false), (52, false)]);
         assert_eq!(c.held_rights(now + TTL), vec![(50, true)], "shared rights end with what they cached");
         assert!(c.take_kernel_attr_invalidations().is_empty());
-        c.reset_rights();
+        c.reset_rights(now);
         let mut inval = c.take_kernel_attr_invalidations();
         inval.sort();
         assert_eq!(inval, vec![1, 50, 51, 52], "nobody will recall them now: the kernel forgets them");

@@ -32,8 +32,10 @@ use std::sync::mpsc::{self, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use crest_client::local::{Clock, NewNode, Writeback, ATIME};
+use crest_client::rights::CacheRights;
 use crest_client::{Cached, NameCache};
-use crest_net::{Client, Completion, Rights};
+use crest_net::{Client, Completion};
 use crest_proto::{self as p, acl, Op, Reply};
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
@@ -56,7 +58,6 @@ use crate::inodes::Inodes;
 use crate::locks::{self, LockCall, Owners};
 use crate::options::Atime;
 use answer::{nth, unexpected, want_attr, want_data, want_done};
-use recall::CacheRights;
 pub use recall::KernelEpoch;
 
 /// Largest read or write the kernel is offered (it caps this at its `max_pages_limit`).
@@ -91,8 +92,6 @@ fn open_reply_flags(flags: i32, keep_cache: bool, atime: Atime) -> FopenFlags {
     }
     f
 }
-/// The writeback of an access time (`accessed`): its failure is not reported.
-const ATIME: &str = "atime";
 /// How long the kernel may cache entries and attributes this mount holds exclusively
 /// (nobody else can change them; a recall invalidates them in the kernel before it is
 /// answered). Everything else gets no kernel caching at all.
@@ -101,30 +100,8 @@ pub const HELD_TTL: Duration = Duration::from_secs(5);
 pub const INODE_BATCH: u32 = 4096;
 /// How long `flush` and `fsync` wait for an inode's writeback to be answered.
 pub const WRITEBACK_WAIT: Duration = Duration::from_secs(120);
-/// Largest file data kept inline in a file's metadata by the server (no blocks counted).
-const INLINE_BYTES: u64 = 1024;
-/// The server's link limit: directories near it are created synchronously, so the
-/// server's EMLINK reaches the caller.
-const LINK_MAX_MARGIN: u32 = 64_000;
 /// How often one directory may be asked for whole (`Op::Acquire`) by this mount.
 const ACQUIRE_RETRY: Duration = Duration::from_secs(1);
-/// Longest extended attribute name the server accepts (`crest_store::limits`).
-const XATTR_NAME_MAX: usize = 255;
-/// Largest extended attribute value the server accepts (`crest_store::limits`, Linux's).
-const XATTR_SIZE_MAX: usize = 65_536;
-/// Most bytes of one inode's names, a NUL each, the server accepts (`crest_store::limits`).
-const XATTR_LIST_MAX: usize = 65_536;
-/// Xattrs whose name + value take at most this are stored inline in their store item
-/// (`crest_store::limits::XATTR_INLINE_MAX`); larger ones take a fixed-size record there.
-const XATTR_INLINE_MAX: usize = 1784;
-/// Largest store item holding the records of extended attributes whose names share a
-/// hash (`crest_store::limits::MAX_ITEM_BYTES`): writeback keeps each inside it.
-const XATTR_ITEM_BYTES: usize = 1800;
-/// Most bytes of names and values this mount keeps of one inode's xattrs to answer
-/// their changes itself: beyond it they go to the server (and are forgotten here).
-const HELD_XATTR_BYTES: usize = 1 << 20;
-/// Largest file end a writeback write may produce (the server refuses larger: EFBIG).
-const MAX_WRITEBACK_END: u64 = 1 << 60;
 
 type Results = Vec<Result<Reply, p::OpError>>;
 
@@ -206,21 +183,6 @@ impl Drop for PageIoGuard<'_> {
 fn now_time() -> p::Time {
     let d = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     p::Time { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
-}
-
-/// 4 KiB blocks the server will count for a file of `size` bytes written densely (the
-/// server's own count replaces it when the write is answered).
-/// A time as something ordered (seconds, then nanoseconds).
-fn time_key(t: p::Time) -> (i64, u32) {
-    (t.sec, t.nsec)
-}
-
-fn estimated_blocks(size: u64) -> u64 {
-    if size <= INLINE_BYTES {
-        0
-    } else {
-        size.div_ceil(4096)
-    }
 }
 
 /// How long a recall's answer waits for the kernel to drop the recalled inodes' pages.
@@ -366,33 +328,29 @@ impl CrestFs {
         if self.atime == Atime::Never {
             return;
         }
-        let now = now_time();
-        let Some(held) = lock(&self.names).attr(ino, Instant::now()) else { return };
-        // relatime: the last access is not after the last change, or is a day old.
-        let not_after = |t: p::Time| (held.atime.sec, held.atime.nsec) <= (t.sec, t.nsec);
-        let due = self.atime == Atime::Strict
-            || not_after(held.mtime)
-            || not_after(held.ctime)
-            || now.sec.saturating_sub(held.atime.sec) >= 24 * 3600;
-        if !due {
+        let strict = self.atime == Atime::Strict;
+        let clock = Clock { at: Instant::now(), time: now_time() };
+        if !lock(&self.names).atime_due(ino, strict, clock) {
             return;
         }
-        let set = p::SetAttr { atime: Some(p::SetTime::At(now)), ctime: Some(held.ctime), ..Default::default() };
-        let op = Op::SetAttr { ino, set };
-        let local = self.change_locally(
-            ATIME,
-            ino,
-            0,
-            |_| op.clone(),
-            |a, _| {
-                a.atime = now;
-                true
-            },
-        );
-        if local.is_none() {
+        let permit = self.client.async_permit(0);
+        let mut c = lock(&self.names);
+        match c.accessed_here(ino, strict, clock) {
+            None => {}
+            Some(Ok(wb)) => {
+                let a = c.attr(ino, clock.at);
+                self.send_writeback(permit, wb, clock.time);
+                drop(c);
+                if let Some(a) = a {
+                    lock(&self.inodes).changed_here(&a);
+                }
+            }
             // Held shared (or not at all): the server's answer recalls the other holders.
-            lock(&self.names).attr_stale(ino);
-            self.send_behind(ATIME, ino, op);
+            Some(Err(op)) => {
+                drop(c);
+                drop(permit);
+                self.send_behind(ATIME, ino, op);
+            }
         }
     }
 
@@ -431,22 +389,16 @@ impl CrestFs {
             }
         }
         let op = Op::Create { parent: parent.0, name: name_of(name), kind, mode, rdev, cred };
+        let sent = Instant::now();
         let a = self.one("create", op).and_then(|r| want_attr("create", r))?;
-        self.added(parent.0, name.as_bytes(), &a);
+        self.created(parent.0, name.as_bytes(), &a, sent);
         Ok(a)
     }
 
-    /// Records a name this mount just made.
-    fn added(&self, parent: u64, name: &[u8], a: &p::Attr) {
-        let now = Instant::now();
-        let mut c = lock(&self.names);
-        if a.flags == 0 {
-            c.created_without_xattrs(a.ino);
-        }
-        c.added(parent, name, a, now);
-        if a.kind == p::FileType::Directory {
-            c.made_dir(a, now);
-        }
+    /// Records an inode this mount just made, named `name` in `parent`, by a request
+    /// sent at `sent`.
+    fn created(&self, parent: u64, name: &[u8], a: &p::Attr, sent: Instant) {
+        lock(&self.names).created_by_reply(parent, name, a, sent, Instant::now());
     }
 
     /// Records fresh attributes from a reply.
@@ -656,47 +608,7 @@ impl Filesystem for CrestFs {
             ctime: ctime.map(convert::setattr_time),
         };
         self.kill_sgid(req.pid(), ino.0, &mut set);
-        let op = Op::SetAttr { ino: ino.0, set: set.clone() };
-        let local = self.change_locally(
-            "setattr",
-            ino.0,
-            0,
-            |_| op.clone(),
-            |a, t| {
-                if let Some(size) = set.size_bytes {
-                    if a.kind != p::FileType::Regular || size > MAX_WRITEBACK_END {
-                        return false;
-                    }
-                    a.size_bytes = size;
-                    a.blocks_4k = a.blocks_4k.min(estimated_blocks(size));
-                    a.mtime = t;
-                }
-                if let Some(m) = set.mode {
-                    if a.flags & acl::HAS_ACCESS != 0 {
-                        return false; // the server rewrites the access ACL too
-                    }
-                    a.mode = m & 0o7777;
-                }
-                if let Some(u) = set.uid {
-                    a.uid = u;
-                }
-                if let Some(g) = set.gid {
-                    a.gid = g;
-                }
-                let when = |x: p::SetTime| match x {
-                    p::SetTime::Now => t,
-                    p::SetTime::At(at) => at,
-                };
-                if let Some(x) = set.atime {
-                    a.atime = when(x);
-                }
-                if let Some(x) = set.mtime {
-                    a.mtime = when(x);
-                }
-                a.ctime = set.ctime.unwrap_or(t);
-                true
-            },
-        );
+        let local = self.change_locally(ino.0, 0, |c, clock| c.setattr_here(ino.0, &set, clock));
         if let Some(a) = local {
             return self.reply_attr(reply, Ok(a));
         }
@@ -784,9 +696,10 @@ impl Filesystem for CrestFs {
             target: name_of(target.as_os_str()),
             cred: cred(req, 0),
         };
+        let sent = Instant::now();
         let r = self.one("symlink", op).and_then(|r| want_attr("symlink", r));
         if let Ok(a) = &r {
-            self.added(parent.0, link_name.as_bytes(), a);
+            self.created(parent.0, link_name.as_bytes(), a, sent);
         }
         self.reply_entry(reply, parent.0, link_name.as_bytes(), r);
     }
@@ -828,6 +741,7 @@ impl Filesystem for CrestFs {
             // The old name now names the other inode, or a whiteout.
             ops.push(Op::Lookup { parent: parent.0, name: name_of(name) });
         }
+        let sent = Instant::now();
         let r = self.many("rename", ops).and_then(|mut res| {
             want_done("rename", nth("rename", &mut res, 0)?)?;
             let mut c = lock(&self.names);
@@ -844,7 +758,7 @@ impl Filesystem for CrestFs {
             for (i, dir, n) in [(1, newparent.0, newname), (2, parent.0, name)] {
                 if let Ok(a) = nth("rename", &mut res, i).and_then(|r| want_attr("rename", r)) {
                     t.learn(dir, &a);
-                    c.added(dir, n.as_bytes(), &a, Instant::now());
+                    c.added_by_reply(dir, n.as_bytes(), &a, sent, Instant::now());
                 }
             }
             Ok(())
@@ -858,9 +772,12 @@ impl Filesystem for CrestFs {
             return self.reply_entry(reply, newparent.0, newname.as_bytes(), Ok(a));
         }
         let op = Op::Link { ino: ino.0, parent: newparent.0, name: name_of(newname) };
+        let sent = Instant::now();
         let r = self.one("link", op).and_then(|r| want_attr("link", r));
         if let Ok(a) = &r {
-            self.added(newparent.0, newname.as_bytes(), a);
+            // (A new name of an inode that may have extended attributes: what is held of
+            // them stays as it was.)
+            lock(&self.names).added_by_reply(newparent.0, newname.as_bytes(), a, sent, Instant::now());
         }
         self.reply_entry(reply, newparent.0, newname.as_bytes(), r);
     }
@@ -931,26 +848,10 @@ impl Filesystem for CrestFs {
         // client's append may have outdated; the server appends at the real end, or, under
         // exclusive rights, this mount at the end it holds.
         let append = flags.0 & libc::O_APPEND != 0;
-        if !data.is_empty() {
-            let at = |a: &p::Attr| if append { a.size_bytes } else { offset };
-            let op = |a: &p::Attr| Op::Write { ino: ino.0, offset: at(a), data: data.to_vec() };
-            let local = self.change_locally("write", ino.0, data.len(), op, |a, t| {
-                let Some(end) = at(a).checked_add(u64::from(len)).filter(|&e| e <= MAX_WRITEBACK_END) else {
-                    return false;
-                };
-                if a.kind != p::FileType::Regular {
-                    return false;
-                }
-                a.size_bytes = a.size_bytes.max(end);
-                a.blocks_4k = a.blocks_4k.max(estimated_blocks(a.size_bytes));
-                a.mtime = t;
-                a.ctime = t;
-                true
-            });
-            if local.is_some() {
-                drop(io);
-                return reply.written(len);
-            }
+        if self.change_locally(ino.0, data.len(), |c, clock| c.write_here(ino.0, offset, data, append, clock)).is_some()
+        {
+            drop(io);
+            return reply.written(len);
         }
         let op = if append {
             Op::Append { ino: ino.0, data: data.to_vec() }
@@ -1388,60 +1289,6 @@ impl Filesystem for CrestFs {
                 }
             }
             Err(e) => reply.error(self.fail(&e)),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn xattr_limits_are_the_stores() {
-        // Writeback answers xattr changes only inside what the server accepts; these must
-        // follow the store's limits (not a dependency of this crate outside tests).
-        assert_eq!(XATTR_NAME_MAX, crest_store::limits::XATTR_NAME_MAX);
-        assert_eq!(XATTR_SIZE_MAX, crest_store::limits::XATTR_SIZE_MAX);
-        assert_eq!(XATTR_LIST_MAX, crest_store::limits::XATTR_LIST_MAX);
-        assert_eq!(XATTR_INLINE_MAX, crest_store::limits::XATTR_INLINE_MAX);
-        assert_eq!(XATTR_ITEM_BYTES, crest_store::limits::MAX_ITEM_BYTES);
-        for name_len in [1, 10, 254, 255] {
-            for value_len in [0, 1, 1000, 1529, 1530, 1773, 1774, 1775, 1783, 1784, 1785, 65_535, 65_536] {
-                assert_eq!(
-                    CrestFs::xattr_record_bytes(name_len, value_len),
-                    crest_store::fs::xattr::record_bytes(name_len, value_len),
-                    "name {name_len} value {value_len}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn xattr_fits_agrees_with_the_store() {
-        // Whatever the writeback rule accepts, the store takes: random inodes of small and
-        // big xattrs (a few names in a small pool, so lists fill), each change tried on both.
-        let mut rng = crest_rng::Stream::from_seed_u64(0x7a77);
-        for round in 0..20 {
-            let disk = crest_store::MemDisk::new(64 << 20);
-            let opts = crest_store::MkfsOptions { now: crest_store::Timespec::new(1, 0), fsid: None };
-            crest_store::Store::mkfs(Box::new(disk.clone()), &opts).expect("mkfs");
-            let mut st = crest_store::Store::open(Box::new(disk)).expect("open");
-            let now = crest_store::Timespec::new(2, 0);
-            let ino = st.create(1, b"f", crest_store::FileKind::Regular, 0o644, 0, 0, 0, now).expect("create").ino;
-            let mut held = std::collections::BTreeMap::new();
-            for _ in 0..300 {
-                let mut name = format!("user.{}-", rng.below(400)).into_bytes();
-                name.resize(name.len() + rng.below(if round % 2 == 0 { 250 } else { 8 }) as usize, b'n');
-                name.truncate(XATTR_NAME_MAX);
-                let len = [rng.below(40), 1700 + rng.below(200), rng.below(70_000)][rng.below(3) as usize] as usize;
-                let fits = CrestFs::xattr_fits(&held, &name, len);
-                let stored = st.setxattr(ino, &name, &vec![7; len], now);
-                // Exact both ways: refused only for what the store refuses too.
-                assert_eq!(fits, stored.is_ok(), "name of {} bytes, value of {len}: {stored:?}", name.len());
-                if stored.is_ok() {
-                    held.insert(name, vec![7; len]);
-                }
-            }
         }
     }
 }

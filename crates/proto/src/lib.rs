@@ -13,6 +13,7 @@
 
 pub mod acl;
 pub mod codec;
+pub mod errno;
 pub mod locks;
 pub mod message;
 pub mod owner;

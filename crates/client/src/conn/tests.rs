@@ -396,9 +396,9 @@ fn fencing_fails_changes_and_writeback_but_reads_go_again_in_the_new_session() {
 struct Count(std::sync::Mutex<u32>);
 
 impl Rights for Count {
-    fn granted_exclusive(&self, _: u64, _: Instant) {}
-    fn recalled(&self, _: &[u64]) {}
-    fn reset(&self) {
+    fn granted_exclusive(&self, _: u64, _: Instant, _: Instant) {}
+    fn recalled(&self, _: &[u64], _: Instant) {}
+    fn reset(&self, _: Instant) {
         *self.0.lock().expect("lock") += 1;
     }
 }

@@ -75,9 +75,9 @@ impl<R> Connection<R> {
         let mut late: Vec<u64> = Vec::new();
         if let Some(through) = through {
             let rights_held = match self.rights() {
-                Some(r) if restored => r.restored(),
+                Some(r) if restored => r.restored(self.now),
                 Some(r) => {
-                    r.reset();
+                    r.reset(self.now);
                     Vec::new()
                 }
                 None => Vec::new(),
@@ -155,7 +155,7 @@ impl<R> Connection<R> {
             if let Some(c) = self.pending.remove(&id) {
                 tracing::warn!(id, "{} restarted after applying a change, before answering it", self.addr);
                 if let Some(r) = self.rights() {
-                    r.reply_lost(&c.ops);
+                    r.reply_lost(&c.ops, self.now);
                 }
                 self.reply_lost(c);
             }

@@ -1,7 +1,6 @@
 //! What a recall does to the kernel: names and attributes the kernel cached are dropped
 //! (all names at once by `KernelEpoch` where the kernel has FUSE_NOTIFY_INC_EPOCH), and
 //! pages are dropped — dirty ones written back first — before the recall is answered.
-//! `CacheRights` tells the mount's cache what the connection granted and recalled.
 
 use super::*;
 
@@ -58,48 +57,6 @@ impl KernelEpoch {
                 false
             }
         }
-    }
-}
-
-/// Tells the cache about rights, on the connection thread in wire order.
-pub(super) struct CacheRights {
-    pub(super) names: Arc<Mutex<NameCache>>,
-}
-
-impl Rights for CacheRights {
-    fn granted_exclusive(&self, ino: u64, sent: Instant) {
-        lock(&self.names).grant_exclusive(ino, Instant::now(), sent);
-    }
-
-    fn recalled(&self, inodes: &[u64]) {
-        let now = Instant::now();
-        let mut c = lock(&self.names);
-        for &ino in inodes {
-            c.recall_rights(ino, now);
-            c.recalled(ino);
-        }
-    }
-
-    fn reset(&self) {
-        lock(&self.names).reset_rights();
-    }
-
-    fn held(&self) -> Vec<(u64, bool)> {
-        lock(&self.names).held_rights(Instant::now())
-    }
-
-    fn disconnected(&self) {
-        lock(&self.names).drop_shared();
-    }
-
-    fn restored(&self) -> Vec<(u64, bool)> {
-        let mut c = lock(&self.names);
-        c.drop_shared();
-        c.held_rights(Instant::now())
-    }
-
-    fn reply_lost(&self, ops: &[p::Op]) {
-        lock(&self.names).reply_lost(ops, Instant::now());
     }
 }
 
