@@ -294,16 +294,18 @@ impl Checker {
         } else {
             None
         };
-        let listings: Vec<_> = info
-            .ops
-            .iter()
-            .map(|op| match op {
-                Op::Lookup { parent, .. } => self.model().listing(*parent).ok(),
-                _ => None,
-            })
-            .collect();
+        // (A lookup's leaf is the directory as the operations before it in the request
+        // left it.)
         let model = self.model.as_mut().expect("model");
-        let results: Vec<Res> = info.ops.iter().map(|op| model.apply(op, now)).collect();
+        let mut listings = Vec::new();
+        let mut results: Vec<Res> = Vec::new();
+        for op in &info.ops {
+            listings.push(match op {
+                Op::Lookup { parent, .. } => model.listing(*parent).ok(),
+                _ => None,
+            });
+            results.push(model.apply(op, now));
+        }
         let what = format!("server: runs {}/{} [{}] → {}", key.0, key.1, ops_brief(&info.ops), res_brief(&results));
         if mutates {
             if self.applied.contains_key(&key) {
@@ -320,7 +322,7 @@ impl Checker {
                 }
                 Purpose::Acquire { .. } | Purpose::Reassert => self.fail(format!("{key:?} ran as a change")),
                 // It completed when its client answered.
-                Purpose::Writeback(n) => {
+                Purpose::Writeback { n, .. } => {
                     if let Some(l) = self.locals.get_mut(&n) {
                         l.applied_k = Some(k);
                         self.local_ks.insert(k);
@@ -411,7 +413,7 @@ impl Checker {
                 }
             }
         }
-        if let Some(ReqInfo { purpose: Purpose::Writeback(n), .. }) = self.reqs.get(&key) {
+        if let Some(ReqInfo { purpose: Purpose::Writeback { n, .. }, .. }) = self.reqs.get(&key) {
             if let Some(l) = self.locals.get(n) {
                 if got[0] != l.answer {
                     self.fail(format!(

@@ -2,9 +2,12 @@
 //!
 //! **What runs**: the real server core (`crest_server::Server` over a `Store` on a
 //! `MemDisk`), driven by 2–5 simulated clients, each with one connection run by the real
-//! client core (`crest_client::conn::Connection`: what goes on the wire and when, resends,
-//! replays and re-asserts after a restart, fencing, heartbeats and the lease), whose
-//! `Rights` hook the simulator applies to a model of the client's cache. Everything
+//! client core: `crest_client::conn::Connection` (what goes on the wire and when, resends,
+//! replays and re-asserts after a restart, fencing, heartbeats and the lease), its cache
+//! `NameCache` kept in step by the real `CacheRights` hook, and the rules of what a mount
+//! answers itself (`crest_client::local`). What is modelled is the kernel and the FUSE
+//! adapter around them: which calls reach the cache and what each reply teaches it (as
+//! `crest-fuse`'s handlers do), and the kernel's page cache. Everything
 //! happens in virtual time on one thread; every choice (which client acts, what it does,
 //! how long each message takes) comes from one `crest_rng::Stream` seeded with the seed,
 //! so a seed replays exactly.
@@ -25,26 +28,24 @@
 //! - *Clients* crash (the server sees a dropped connection, forgets the session's shared
 //!   rights after `DISCONNECTED_HOLDER_MS` and fences it after `DISCONNECTED_FENCE_MS`)
 //!   or unmount cleanly (`Goodbye` → `end_session`), and come back as new sessions.
-//! - *Client model*: each client runs one system call at a time and caches exactly what
-//!   the rules allow: what read replies carried (directory stretches of lookups, complete
-//!   listings, attributes, file data), for `TTL_US` after the call started, dropped at
-//!   once on `Recall` (then answered with `RecallDone`). An inode it created it holds
-//!   exclusively (`X`, unless a recall of it came first): it answers creates in such a
-//!   directory, writes and setattrs of such an inode itself, and sends the writeback
-//!   (`CreateAt` with numbers from `AllocInodes`, `Write`, `SetAttr`, with its clock in
-//!   `Request.time`) at once, so it precedes any later `RecallDone` on the connection.
-//!   *Acquire* (§4.1, as `Fs::acquire`): before an unlink, rmdir or create in a directory
-//!   it does not hold whole (and cannot answer itself), a client asks for it
+//! - *Clients*: each runs one system call at a time. Lookups and getattrs are answered
+//!   from its `NameCache` when it holds them (what read replies carried, for `TTL_US`,
+//!   dropped at once on `Recall`, then answered with `RecallDone`; what it holds
+//!   exclusively, `X`, until recalled); reads from the page-cache model (what a read
+//!   brought, for `TTL_US`; what it wrote under `X`, while `X` is held); listings always
+//!   go to the server. Changes it may answer itself by `crest_client::local`'s rules
+//!   (create and mkdir with numbers from `AllocInodes`, write, O_APPEND write, setattr,
+//!   unlink, rmdir, rename, link, xattr set and remove, each under `X`) are answered
+//!   there and sent as writeback with its clock in `Request.time`, at once, so they
+//!   precede any later `RecallDone` on the connection; the answer is settled when the
+//!   writeback is (`writeback_answered`). As the kernel, it looks a name up before it
+//!   removes or renames it (and renames nothing when both names are links of one inode).
+//!   *Acquire* (§4.1, as the adapter's `acquire`): before an unlink, rmdir or create in a
+//!   directory it does not hold whole (and cannot answer itself), a client asks for it
 //!   (`Op::Acquire`; in a per-seed share of the cases, at most once a second per
-//!   directory), then goes on with the change. The reply's grants — `X` on the directory
-//!   and on every inode it names — are applied in wire order with recalls (a tombstone of
-//!   a recall that came first refuses one, whatever its age, as the real cache does);
-//!   the listing and the directory's attributes are taken in only if no recall came
-//!   while it waited (`absorb_acquired`'s epoch), and then stay pinned while `X` is held.
-//!   It then answers lookups, readdirs and getattrs there from its cache, creates in it,
-//!   and *unlinks and rmdirs* (as `remove_locally`: `X` on the directory and the victim,
-//!   the name and the victim's attributes held, the directory's attributes held, an
-//!   rmdir's victim known empty), sending `Unlink`/`Rmdir` as writeback.
+//!   directory), then goes on with the change. The core tells the cache the reply's
+//!   grants in wire order with recalls; the listing is taken in unless a recall or a
+//!   change came while it waited (`absorb_acquired`'s epoch).
 //!   While its system call waits on the server, its other processes read what it holds
 //!   (`Ev::Peek`: answered from the cache or not at all).
 //!   Operations: lookup, getattr, read, readdir, create, mkdir, write, O_APPEND write
@@ -98,7 +99,9 @@
 //! removes or moves stand for what its client saw (`Local::lay_on`).
 //!
 //! Left out: crashes between commits under caching clients (see above); symlinks,
-//! locks, fsync, open/release (unlink while open); several changing system calls in flight on one
+//! locks, fsync, open/release (unlink while open: a process's file stays reachable only
+//! by its names here); xattr reads and the errors the client answers itself from the
+//! xattrs it holds (sent to the server instead); several changing system calls in flight on one
 //! client; writeback merged into one request (each submission goes alone here; the core's
 //! unit tests cover merging). By default outages stay short (partitions ≤ 1 s,
 //! reconnects ≤ 0.3 s), so fencing is rare (crashed clients); `CREST_SIM_OUTAGES=long`
@@ -107,10 +110,8 @@
 //! cores are woken every 250 ms; `CREST_SIM_LEASE=exact` also wakes one before every
 //! local answer (as `crest-net` wakes it at the lease's deadline).
 //!
-//! The clients' rights follow `NameCache`'s rules: every recall leaves a tombstone, which
-//! refuses a grant only if the grant's request was sent after it, and a grant of `X` drops
-//! expired copies. `CREST_SIM_TOMBSTONES=forever|expire` and `CREST_SIM_GRANT=pin` model
-//! older rules. What this simulator has found, and the seeds: docs/testing.md.
+//! Mutating the client's rules means mutating `crest-client` itself: the simulator has
+//! no copy of them. What this simulator has found, and the seeds: docs/testing.md.
 //!
 //! **Reproducing**: `cargo test --release -p crest-sim --test coherence` runs the fixed
 //! seeds. `CREST_SIM_SEEDS=N` runs N random seeds (each printed), `CREST_SIM_STEPS` sets
@@ -127,6 +128,9 @@ pub(crate) use std::sync::{Arc, Mutex};
 pub(crate) use std::time::{Duration, Instant};
 
 pub(crate) use crest_client::conn::{Call, ClientError, Connection, Event, Rights, RightsHook, State};
+pub(crate) use crest_client::local::{Clock, NewNode, Writeback};
+pub(crate) use crest_client::rights::CacheRights;
+pub(crate) use crest_client::{Cached, Epoch, NameCache};
 
 pub(crate) use crest_proto::{self as p, ClientMessage, Op, Reply, ServerMessage};
 pub(crate) use crest_rng::Stream;
@@ -190,42 +194,6 @@ pub(crate) const PEEK_US: u64 = 50_000;
 /// A client asks for a directory whole at most this often (the real client's
 /// `ACQUIRE_RETRY`).
 pub(crate) const ACQUIRE_RETRY_US: u64 = 1_000_000;
-/// How long the real client means to remember a recall against a grant racing with it
-/// (`crest_client::TOMBSTONE_LIFETIME`): honoured only with `CREST_SIM_TOMBSTONES=expire`.
-pub(crate) const TOMBSTONE_LIFETIME_US: u64 = 10_000_000;
-
-/// Which tombstones refuse a grant (`CREST_SIM_TOMBSTONES`). By default, as the real
-/// client (`NameCache::grant_exclusive`): every recall leaves one, even of an inode held
-/// (an acquire's grant of what is held already can come after a recall that ended it),
-/// and only one of a recall that came after the request was sent refuses (one that came
-/// before was answered before the request reached the server, so the grant is newer).
-/// The client's old rules: `forever`, a recall of an inode not held leaves one and any
-/// refuses, whatever its age; `expire`, only one younger than `TOMBSTONE_LIFETIME_US`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TombstoneRule {
-    Forever,
-    Expire,
-    SinceSend,
-}
-
-/// A grant of `X` drops what the client cached of the inode and has expired, as the
-/// real client does, instead of pinning it again (`attr`, `lookup` and `known_empty` take
-/// anything held under `X` as current, however old): `CREST_SIM_GRANT=pin` models that
-/// old rule.
-pub(crate) fn fresh_grants() -> bool {
-    static FRESH: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FRESH.get_or_init(|| std::env::var("CREST_SIM_GRANT").as_deref() != Ok("pin"))
-}
-
-pub(crate) fn tombstone_rule() -> TombstoneRule {
-    static RULE: std::sync::OnceLock<TombstoneRule> = std::sync::OnceLock::new();
-    *RULE.get_or_init(|| match std::env::var("CREST_SIM_TOMBSTONES").as_deref() {
-        Ok("expire") => TombstoneRule::Expire,
-        Ok("forever") => TombstoneRule::Forever,
-        _ => TombstoneRule::SinceSend,
-    })
-}
-
 pub(crate) fn ptime(us: u64) -> p::Time {
     p::Time { sec: (us / 1_000_000) as i64, nsec: ((us % 1_000_000) * 1_000) as u32 }
 }

@@ -324,37 +324,24 @@ impl Sim {
         self.transmit(c);
     }
 
-    /// What client `c`'s core told its cache (`Rights`), applied to the cache model.
+    /// What client `c`'s core told its cache (`Rights`; the cache has taken it in): the
+    /// page-cache model follows, and it is counted and logged.
     pub(crate) fn apply_told(&mut self, c: usize, t: Told) {
-        let now = self.now;
-        let cache = &mut self.clients[c].cache;
+        self.clients[c].told(&t);
         match t {
-            Told::Recalled(inodes) => {
-                for ino in inodes {
-                    cache.recall(ino, now);
-                }
-            }
+            Told::Recalled(_) | Told::Disconnected => {}
             Told::Reset => {
-                cache.drop_every_right();
-                self.log(format!("client {c}: drops every right (lease over, fenced, or session forgotten)"));
+                self.log(format!("client {c}: drops every right (lease over, fenced, or session forgotten)"))
             }
-            // What it holds under shared rights it stops answering from: a recall may be
-            // lost with the connection, and a server that restarted meanwhile may not know
-            // of them at all (as `NameCache::disconnected`). What it holds exclusively
-            // nobody else can change until its lease is over.
-            Told::Disconnected => cache.keep_exclusive_only(),
-            Told::ReplyLost(ops) => {
-                // A change kept by a restarted server but never answered: nothing it
-                // touched is sure (dropped as a recall, as `NameCache::reply_lost`).
-                self.ck.stats.replies_lost += 1;
-                let mut touched: Vec<u64> = ops.iter().flat_map(Op::named_inodes).collect();
-                for op in &ops {
-                    touched.extend(op.named_entries().into_iter().filter_map(|(d, n)| cache.named(d, n)));
-                }
-                for ino in touched {
-                    cache.recall(ino, now);
+            Told::Restored(rights) => {
+                self.ck.stats.reasserted += rights.len() as u64;
+                if !rights.is_empty() {
+                    self.log(format!("client {c}: re-asserts {rights:?}"));
                 }
             }
+            // A change kept by a restarted server but never answered: nothing it touched
+            // is sure (dropped as a recall, by `NameCache::reply_lost`).
+            Told::ReplyLost(_) => self.ck.stats.replies_lost += 1,
         }
     }
 
@@ -585,8 +572,8 @@ impl Sim {
             return;
         }
         self.check_lease_now(c);
-        let now = self.now;
-        let Some(reply) = self.clients[c].answer_from_cache(&op, now) else { return };
+        let (now, at) = (self.now, self.instant());
+        let Some(reply) = self.clients[c].answer_from_cache(&op, at, now) else { return };
         self.ck.tick();
         self.ck.stats.peeks += 1;
         self.log(format!(
@@ -628,7 +615,6 @@ impl Sim {
             self.ck.locals.retain(|_, l| !(l.session == s && l.applied_k.is_none()));
         }
         let cl = &mut self.clients[c];
-        cl.cache = Cache { epoch: cl.cache.epoch + 1, ..Cache::default() };
         cl.pool = (0, 0);
         cl.prior = old.or(cl.prior);
         cl.session = None;
@@ -776,16 +762,7 @@ impl Sim {
             }
             // What it held under shared rights may be stale: the server applied (and kept)
             // changes whose recalls were still unanswered when it died. Only what it holds
-            // exclusively is sure, and asked back (as `NameCache::restored`).
-            let now = self.now;
-            let cl = &mut self.clients[c];
-            cl.cache.keep_exclusive_only();
-            let rights = cl.held_rights(now);
-            self.ck.stats.reasserted += rights.len() as u64;
-            if !rights.is_empty() {
-                self.log(format!("client {c}: re-asserts {rights:?}"));
-            }
-            *self.clients[c].hook.held.lock().unwrap_or_else(|e| e.into_inner()) = rights;
+            // exclusively is sure, and asked back (`CacheRights::restored`, in the core).
         } else {
             self.log(format!("client {c}: welcome (session {new})"));
         }
@@ -832,7 +809,6 @@ impl Sim {
 
     /// Client `c`'s core hands over the answer to call `id`.
     pub(crate) fn answered(&mut self, c: usize, id: u64, r: Result<Vec<Result<Reply, p::OpError>>, ClientError>) {
-        let now = self.now;
         let Some(pd) = self.clients[c].pending.remove(&id) else { return };
         let results = match r {
             Ok(results) => results,
@@ -849,7 +825,13 @@ impl Sim {
                 }
                 return self.returned(c, id);
             }
-            Err(ClientError::Fenced { .. }) => {
+            Err(e @ ClientError::Fenced { .. }) => {
+                if let Purpose::Writeback { what, touched, .. } = &pd.purpose {
+                    // Kept for the next fsync of what it touched, which reports it.
+                    let failure = p::OpError { errno: e.errno(), message: e.to_string() };
+                    let at = self.instant();
+                    self.clients[c].names().writeback_answered(what, touched, Err(failure), at);
+                }
                 // The system call returns EIO. Had the server applied it, that change is
                 // not a completed one: the caller was told it failed.
                 self.log(format!("client {c}: [{}] returns EIO (fenced)", ops_brief(&pd.req.ops)));
@@ -863,19 +845,27 @@ impl Sim {
             Purpose::Syscall => {
                 self.ck.completed((sid, id));
                 self.log(format!("client {c}: [{}] returns {:?}", ops_brief(&pd.req.ops), brief(&results)));
-                let cl = &mut self.clients[c];
-                cl.absorb(&pd.req.ops, &results, pd.t0_us, now);
+                let at = self.instant();
+                let sent = self.t0 + Duration::from_micros(pd.t0_us - EPOCH_S * 1_000_000);
+                self.clients[c].absorb(&pd.req.ops, &results, (pd.t0_us, pd.epoch, sent), at);
                 self.returned(c, id);
             }
             Purpose::Acquire { dir, then, epoch } => {
+                // As the adapter's `acquire`: the grants came through the core (in wire
+                // order with recalls); the listing is taken in unless a recall or a change
+                // came in between.
+                let at = self.instant();
+                let cl = &mut self.clients[c];
                 let took = match results.first() {
                     Some(Ok(Reply::Lookup { attr: Some(a), leaf })) => {
-                        self.clients[c].absorb_acquired(dir, a, leaf, epoch, pd.t0_us, now)
+                        cl.learn(a);
+                        leaf.items.iter().for_each(|i| _ = cl.known.insert(i.attr.ino, i.attr.kind));
+                        cl.names().absorb_acquired(a, leaf, epoch, at)
                     }
                     _ => false,
                 };
                 self.ck.stats.acquired += u64::from(took);
-                self.ck.stats.acquired_without_x += u64::from(took && !self.clients[c].cache.x.contains(&dir));
+                self.ck.stats.acquired_without_x += u64::from(took && !self.clients[c].names().is_exclusive(dir));
                 self.log(format!(
                     "client {c}: acquire {dir} returns {:?}{}",
                     brief(&results),
@@ -891,8 +881,10 @@ impl Sim {
                     self.send_syscall(c, then, t0_lc);
                 }
             }
-            Purpose::Writeback(n) => {
+            Purpose::Writeback { n, what, touched } => {
                 self.log(format!("client {c}: writeback {n} answered {:?}", brief(&results)));
+                let at = self.instant();
+                self.clients[c].names().writeback_answered(what, &touched, Ok(&results), at);
                 if let Some(Err(e)) = results.first() {
                     // Its caller was told it worked: the promise is broken.
                     self.ck.fail(format!("client {c}: writeback {n} {:?} failed on the server: {e:?}", pd.req.ops));
@@ -927,7 +919,8 @@ impl Sim {
         let id = cl.next_id;
         cl.next_id += 1;
         let req = p::Request { id, ops, time };
-        cl.pending.insert(id, Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now });
+        let epoch = cl.names().epoch();
+        cl.pending.insert(id, Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now, epoch });
         let sid = cl.sid().expect("a client sends only once welcomed");
         self.ck.reqs.insert((sid, id), ReqInfo { client: c, ops: req.ops.clone(), time, purpose, t0_lc });
         self.ck.stats.to_server += 1;
@@ -997,9 +990,9 @@ impl Sim {
         }
         let op = self.pick_op(c);
         self.check_lease_now(c);
-        let now = self.now;
+        let (now, at) = (self.now, self.instant());
         let t0_lc = self.ck.tick();
-        if let Some(reply) = self.clients[c].answer_from_cache(&op, now) {
+        if let Some(reply) = self.clients[c].answer_from_cache(&op, at, now) {
             self.ck.stats.from_cache += 1;
             self.log(format!(
                 "client {c}: [{}] from its cache → {:?}",
@@ -1025,7 +1018,7 @@ impl Sim {
             self.ck.stats.acquires += 1;
             let cl = &mut self.clients[c];
             cl.acquire_tried.insert(dir, now);
-            let purpose = Purpose::Acquire { dir, then: op.clone(), epoch: cl.cache.epoch };
+            let purpose = Purpose::Acquire { dir, then: op.clone(), epoch: cl.names().epoch() };
             self.log(format!("client {c}: acquires {dir} before [{}]", ops_brief(std::slice::from_ref(&op))));
             let id = self.send_request(c, vec![Op::Acquire { ino: dir }], None, purpose, t0_lc);
             self.clients[c].busy = Some(id);
@@ -1043,7 +1036,7 @@ impl Sim {
             return None;
         };
         let cl = &self.clients[c];
-        if cl.cache.holds_whole(*parent)
+        if cl.names().holds_whole(*parent)
             || cl.acquire_tried.get(parent).is_some_and(|&t| self.now < t + ACQUIRE_RETRY_US)
         {
             return None;
@@ -1055,12 +1048,14 @@ impl Sim {
     /// A client answers a change itself if it holds what that takes (`answer_locally`):
     /// checks the answer, records it as a completed change and sends its writeback.
     pub(crate) fn try_local(&mut self, c: usize, op: &Op) -> bool {
-        let now = self.now;
+        let (now, at) = (self.now, self.instant());
         let mut rng = self.rng.split();
-        let cache = &self.clients[c].cache;
+        let cl = &self.clients[c];
         let named: Vec<(u64, Vec<u8>, u64)> =
-            op.named_entries().into_iter().filter_map(|(d, n)| Some((d, n.to_vec(), cache.named(d, n)?))).collect();
-        let Some((wb, reply)) = self.clients[c].answer_locally(op, now, &mut rng) else { return false };
+            op.named_entries().into_iter().filter_map(|(d, n)| Some((d, n.to_vec(), cl.named(d, n, at)?))).collect();
+        let Some((writeback, reply)) = self.clients[c].answer_locally(op, at, now, &mut rng) else { return false };
+        // (The simulator answers no create with an open: one operation each.)
+        let wb = writeback.ops[0].clone();
         self.ck.stats.local += 1;
         if matches!(op, Op::Unlink { .. } | Op::Rmdir { .. }) {
             self.ck.stats.local_removes += 1;
@@ -1077,7 +1072,8 @@ impl Sim {
         let n = self.ck.next_local;
         self.ck.next_local += 1;
         let t = ptime(now);
-        self.send_request(c, vec![wb.clone()], Some(t), Purpose::Writeback(n), done_lc);
+        let purpose = Purpose::Writeback { n, what: writeback.what, touched: writeback.touched };
+        self.send_request(c, writeback.ops, Some(t), purpose, done_lc);
         let session = self.clients[c].sid().expect("session");
         self.ck.locals.insert(
             n,
@@ -1091,7 +1087,7 @@ impl Sim {
         let mut ops = vec![op.clone()];
         if let Op::Create { parent, .. } = &op {
             let cl = &self.clients[c];
-            if cl.cache.x.contains(parent) {
+            if cl.names().is_exclusive(*parent) {
                 // Creating in a directory it holds: refill the numbers for writeback
                 // creates, and learn the directory's new attributes.
                 if cl.pool.0 >= cl.pool.1 {
@@ -1100,13 +1096,19 @@ impl Sim {
                 ops.push(Op::GetAttr { ino: *parent });
             }
         }
+        if let Op::Unlink { parent, name } | Op::Rmdir { parent, name } = &op {
+            // As the kernel, which looks the name up before it removes it.
+            ops = vec![Op::Lookup { parent: *parent, name: name.clone() }, op.clone()];
+        }
         if let Op::Rename { parent, name, new_parent, new_name, .. } = &op {
             // As the kernel, which looks both names up before a rename (and does nothing
             // when they are links of one inode): the answers tell the cache which it was.
+            // The moved name is looked up again behind it (as the adapter's `rename`).
             ops = vec![
                 Op::Lookup { parent: *parent, name: name.clone() },
                 Op::Lookup { parent: *new_parent, name: new_name.clone() },
                 op.clone(),
+                Op::Lookup { parent: *new_parent, name: new_name.clone() },
             ];
         }
         self.log(format!("client {c}: calls [{}]", ops_brief(&ops)));
@@ -1164,6 +1166,7 @@ impl Sim {
     }
 
     pub(crate) fn pick_op(&mut self, c: usize) -> Op {
+        let at = self.instant();
         let cl = &self.clients[c];
         // From its working set (as often as this seed says), else from everything it has
         // heard of.
@@ -1250,14 +1253,11 @@ impl Sim {
                 let parent = dir(r);
                 let want = if rmdir { p::FileType::Directory } else { p::FileType::Regular };
                 let there: Vec<Vec<u8>> = cl
-                    .cache
-                    .dirs
-                    .get(&parent)
+                    .names()
+                    .names_held(parent, at)
                     .into_iter()
-                    .flatten()
-                    .flat_map(|rg| rg.names.iter())
                     .filter(|(_, i)| cl.known.get(i) == Some(&want))
-                    .map(|(n, _)| n.clone())
+                    .map(|(n, _)| n)
                     .collect();
                 let name = if !there.is_empty() && r.below(2) == 0 {
                     there[r.below(there.len() as u64) as usize].clone()
