@@ -288,6 +288,18 @@ impl NameCache {
         }
     }
 
+    /// A name of `victim` (as the request that removed it looked it up first) went
+    /// through the server: as `removed`, and the victim's attributes go even when the
+    /// name was not held here. A file unlinked while open is still reached through its
+    /// descriptors, and must not show its old link count.
+    pub fn unlinked(&mut self, dir: u64, name: &[u8], victim: Option<u64>) {
+        self.removed(dir, name);
+        if let Some(ino) = victim {
+            self.attrs.remove(&ino);
+            self.drop_dir(ino);
+        }
+    }
+
     /// `name` in `dir` was removed through this mount (unlink, rmdir, rename source or
     /// replaced target). The inode it named loses its attributes (link count, ctime).
     pub fn removed(&mut self, dir: u64, name: &[u8]) {
@@ -785,6 +797,25 @@ mod tests {
     }
 
     const TTL: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_file_unlinked_through_a_directory_not_held_keeps_no_attributes() {
+        // The mount holds the file exclusively (it created it; a process keeps it open)
+        // but not the directory that names it: the unlink goes to the server, and its
+        // answer must not leave the file's old link count to be answered (fstat on the
+        // open descriptor shows 0).
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        c.grant_exclusive(244, now, now);
+        c.set_attr(&attr(244, p::FileType::Regular), now);
+        c.unlinked(91, b"c", Some(244));
+        assert_eq!(c.attr(244, now), None);
+        // Another file, held and not the victim, keeps its attributes.
+        c.grant_exclusive(245, now, now);
+        c.set_attr(&attr(245, p::FileType::Regular), now);
+        c.unlinked(91, b"d", Some(246));
+        assert!(c.attr(245, now).is_some());
+    }
 
     #[test]
     fn a_reply_held_back_behind_a_recall_does_not_cache_what_the_recall_took() {

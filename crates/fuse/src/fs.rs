@@ -401,6 +401,21 @@ impl CrestFs {
         lock(&self.names).created_by_reply(parent, name, a, sent, Instant::now());
     }
 
+    /// Removes a name through the server (`op`: an unlink or an rmdir), looking it up in
+    /// the same request: what it named loses its attributes here even when the name was
+    /// not held (`NameCache::unlinked`; a descriptor may still reach it).
+    fn remove_on_server(&self, what: &'static str, parent: u64, name: &OsStr, op: Op) -> Result<(), Error> {
+        let lookup = Op::Lookup { parent, name: name_of(name) };
+        let mut r = self.many(what, vec![lookup, op])?;
+        let victim = match nth(what, &mut r, 0) {
+            Ok(Reply::Lookup { attr, .. }) => attr.map(|a| a.ino),
+            _ => None,
+        };
+        want_done(what, nth(what, &mut r, 1)?)?;
+        lock(&self.names).unlinked(parent, name.as_bytes(), victim);
+        Ok(())
+    }
+
     /// Records fresh attributes from a reply.
     fn attr_changed(&self, a: &p::Attr) {
         lock(&self.names).attr_changed(a);
@@ -657,11 +672,7 @@ impl Filesystem for CrestFs {
         {
             return reply.ok();
         }
-        let r = self.one("unlink", Op::Unlink { parent: parent.0, name: name_of(name) });
-        let r = r.and_then(|r| want_done("unlink", r));
-        if r.is_ok() {
-            lock(&self.names).removed(parent.0, name.as_bytes());
-        }
+        let r = self.remove_on_server("unlink", parent.0, name, Op::Unlink { parent: parent.0, name: name_of(name) });
         self.reply_empty(reply, r);
     }
 
@@ -672,11 +683,7 @@ impl Filesystem for CrestFs {
         {
             return reply.ok();
         }
-        let r = self.one("rmdir", Op::Rmdir { parent: parent.0, name: name_of(name) });
-        let r = r.and_then(|r| want_done("rmdir", r));
-        if r.is_ok() {
-            lock(&self.names).removed(parent.0, name.as_bytes());
-        }
+        let r = self.remove_on_server("rmdir", parent.0, name, Op::Rmdir { parent: parent.0, name: name_of(name) });
         self.reply_empty(reply, r);
     }
 
@@ -727,7 +734,10 @@ impl Filesystem for CrestFs {
         }
         // Look the moved names up in the same request: a directory that moved needs its
         // new parent for "..".
+        // What the new name named before (a replaced file a descriptor may still reach)
+        // is looked up first.
         let mut ops = vec![
+            Op::Lookup { parent: newparent.0, name: name_of(newname) },
             Op::Rename {
                 parent: parent.0,
                 name: name_of(name),
@@ -743,7 +753,11 @@ impl Filesystem for CrestFs {
         }
         let sent = Instant::now();
         let r = self.many("rename", ops).and_then(|mut res| {
-            want_done("rename", nth("rename", &mut res, 0)?)?;
+            let replaced = match nth("rename", &mut res, 0) {
+                Ok(Reply::Lookup { attr: Some(a), .. }) if wire_flags & p::RENAME_EXCHANGE == 0 => Some(a.ino),
+                _ => None,
+            };
+            want_done("rename", nth("rename", &mut res, 1)?)?;
             let mut c = lock(&self.names);
             // The kernel moved (or swapped) its entries, long timeouts included.
             if wire_flags & p::RENAME_EXCHANGE != 0 {
@@ -753,9 +767,9 @@ impl Filesystem for CrestFs {
                 c.kernel_entry_moved(parent.0, name.as_bytes(), newparent.0, newname.as_bytes());
             }
             c.removed(parent.0, name.as_bytes());
-            c.removed(newparent.0, newname.as_bytes());
+            c.unlinked(newparent.0, newname.as_bytes(), replaced);
             let mut t = lock(&self.inodes);
-            for (i, dir, n) in [(1, newparent.0, newname), (2, parent.0, name)] {
+            for (i, dir, n) in [(2, newparent.0, newname), (3, parent.0, name)] {
                 if let Ok(a) = nth("rename", &mut res, i).and_then(|r| want_attr("rename", r)) {
                     t.learn(dir, &a);
                     c.added_by_reply(dir, n.as_bytes(), &a, sent, Instant::now());

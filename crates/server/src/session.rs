@@ -24,7 +24,7 @@ mod tests;
 pub(crate) use dispatch::Failure;
 use dispatch::{carried, op_inode, op_inodes, take_write_backs};
 use record::{decode_record, encode_fenced_marker, encode_record, is_fenced_marker, Record, MAX_RECORD_HOLES};
-use restart::reclaim_orphans;
+use restart::{hold_orphans, reclaim_orphans};
 
 /// Responses each session remembers for retries.
 pub const REPLY_CACHE_ENTRIES: usize = 4096;
@@ -154,6 +154,10 @@ pub struct Server {
     pins: BTreeMap<u64, Vec<u64>>,
     /// Unlinked files the last request opened (their openers need a record).
     opened_orphans: Vec<u64>,
+    /// After a restart, until the grace period ends: every orphan the image kept, held
+    /// open by the server itself (a store handle each), so that a release by one
+    /// session cannot destroy a file another restored session is yet to open again.
+    grace_orphans: Vec<u64>,
     /// Requests parked for a flush recall (`park_for_flush`), by session and id: run
     /// when it is answered, whoever holds the file open by then.
     flushed: HashSet<(SessionId, u64)>,
@@ -270,8 +274,10 @@ impl Server {
         }
         let seen_generation = store.generation();
         let replaying: HashSet<SessionId> = sessions.keys().copied().collect();
+        let mut grace_orphans = Vec::new();
         if !replaying.is_empty() {
             tracing::info!(sessions = replaying.len(), "restarted: new work waits for their clients to replay (grace)");
+            grace_orphans = hold_orphans(&mut store);
         } else {
             reclaim_orphans(&mut store);
         }
@@ -292,6 +298,7 @@ impl Server {
             parked: VecDeque::new(),
             pins: BTreeMap::new(),
             opened_orphans: Vec::new(),
+            grace_orphans,
             flushed: HashSet::new(),
             last_heard: HashMap::new(),
             fenced_markers: fenced.iter().map(|&id| (id, None)).collect(),
@@ -416,24 +423,22 @@ impl Server {
             }
         }
         let involved = self.involved(&req);
-        if !involved.is_empty() {
-            // An open takes effect as it arrives, even when its answer must wait for
-            // another session's exclusive rights: its client may have answered the open
-            // itself and sent it before answering a recall, and the holder's unlink that
-            // runs first must find the file open (only the attributes in the answer need
-            // the holder's writeback).
-            for op in &req.ops {
-                if let Op::Open { ino, handle } = *op {
-                    if self.caps.exclusive_elsewhere(session, ino).is_some() {
-                        // A failure is reported when the open runs.
-                        let _ = self.open_handle(session, ino, handle);
-                    }
-                }
-            }
-        }
         if self.park_if_exclusive(session, &req, &involved, now_ms)
             || self.park_for_flush(session, &req, &write_backs, now_ms)
         {
+            // An open takes effect as it arrives, even when its answer must wait (for
+            // another session's exclusive rights, or its flush): its client may have
+            // answered the open itself and sent it before answering a recall, and the
+            // holder's unlink that runs first must find the file open (only the
+            // attributes in the answer need the holder's writeback). After a restart the
+            // same holds for a restored session's re-opens: its `Replayed` may end the
+            // grace, which reclaims what nobody holds open, while they wait.
+            for op in &req.ops {
+                if let Op::Open { ino, handle } = *op {
+                    // A failure is reported when the open runs.
+                    let _ = self.open_handle(session, ino, handle);
+                }
+            }
             return;
         }
         let read_only = !req.ops.iter().any(Op::is_mutation);
@@ -550,6 +555,19 @@ impl Server {
     /// lost is otherwise hidden inside `tick`.)
     pub fn is_fenced(&self, session: SessionId) -> bool {
         self.fenced.contains(&session)
+    }
+
+    /// True when `session` holds `handle` of `ino` open (an `Open` of a parked request
+    /// takes effect as it arrives).
+    pub fn holds_open(&self, session: SessionId, ino: u64, handle: u64) -> bool {
+        self.sessions.get(&session).is_some_and(|s| s.open.get(&ino).is_some_and(|h| h.contains(&handle)))
+    }
+
+    /// True while `ino`, a file whose last name a change removed, is kept for the opens
+    /// of sessions that may have opened it without asking (until they have answered the
+    /// change's recall): gone for everything but an `Open`.
+    pub fn is_pinned(&self, ino: u64) -> bool {
+        self.pins.values().any(|v| v.contains(&ino))
     }
 
     /// `session` said something at `now_ms`: its lease runs from here.

@@ -577,7 +577,7 @@ impl Sim {
         self.log("SERVER CRASH".into());
         // (What the old store never committed is only in its memory: the disk holds the
         // last commit, which is what the new one opens.)
-        let store = match Store::open(Box::new(self.disk.clone())) {
+        let store = match Store::open_keeping_orphans(Box::new(self.disk.clone())) {
             Ok(s) => s,
             Err(e) => return self.fail(format!("the image does not open after the crash: {e}")),
         };

@@ -353,6 +353,21 @@ fn after_a_restart_lost_changes_replay_first_and_kept_ones_are_not_sent_again() 
 }
 
 #[test]
+fn an_open_unanswered_at_a_restart_goes_again_before_replayed() {
+    // The server ran the open before it died (the file was then unlinked by another
+    // mount): the open may be all that keeps the file. Sent after `Replayed`, it would
+    // wait for the grace period to end, which reclaims what nobody has opened again.
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    h.call(1, vec![attr_op(1)]);
+    h.call(2, vec![p::Op::Open { ino: 7, handle: 3 }]);
+    h.sent();
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, Some(0), false));
+    assert_eq!(Harness::ids(&again), vec![2, 0, 1], "the open, Replayed, then the read: {again:?}");
+}
+
+#[test]
 fn a_plain_reconnect_resends_changes_in_their_places_with_the_same_ids() {
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));

@@ -114,13 +114,19 @@ impl<R> Connection<R> {
             // ran out while away), and the server could not recall them first. Nobody else
             // can have built on what it touches (they were held), and an unanswered call
             // it overtakes had not returned.
+            //
+            // So does an open not answered yet: the server may have run it before it died,
+            // and it may be all that keeps a file another mount unlinked since; after
+            // `Replayed` it would wait for the grace period to end, which reclaims what
+            // nobody has opened again (as the answered opens `HeldLocks` re-opens).
+            let opens = |c: &Call<R>| c.ops.iter().any(|o| matches!(o, p::Op::Open { .. }));
             let unwritten = self.pending.values().filter(|c| c.pos.is_none() && !late.contains(&c.id));
             let mut early: Vec<u64> = late
                 .iter()
                 .copied()
                 .filter(|id| self.pending.get(id).is_some_and(|c| c.reply.answered_already()))
                 .collect();
-            early.extend(unwritten.filter(|c| c.reply.answered_already()).map(|c| c.id));
+            early.extend(unwritten.filter(|c| c.reply.answered_already() || opens(c)).map(|c| c.id));
             for id in early {
                 self.write_call(id);
                 rewritten.insert(id);

@@ -10,6 +10,19 @@ pub(super) fn reclaim_orphans(store: &mut Store) {
     }
 }
 
+/// Holds every orphan open (a store handle each) for the grace period: see
+/// `Server::grace_orphans`.
+pub(super) fn hold_orphans(store: &mut Store) -> Vec<u64> {
+    let orphans = match store.orphans() {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!("cannot list unlinked files: {e}");
+            return Vec::new();
+        }
+    };
+    orphans.into_iter().filter(|&ino| store.open_handle(ino).is_ok()).collect()
+}
+
 impl Server {
     pub(super) fn welcome(
         &self,
@@ -66,6 +79,11 @@ impl Server {
         self.replaying.clear();
         // Every client that could still hold an unlinked file open has opened it again
         // (`Op::Open` before `Replayed`) or was fenced: what nobody holds goes now.
+        for ino in std::mem::take(&mut self.grace_orphans) {
+            if let Err(e) = self.store.release_handle(ino) {
+                tracing::warn!(ino, "cannot release an unlinked file after the grace period: {e}");
+            }
+        }
         reclaim_orphans(&mut self.store);
         for (session, req) in std::mem::take(&mut self.grace_parked) {
             self.handle(session, req, now);

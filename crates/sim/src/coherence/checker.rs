@@ -41,7 +41,7 @@ impl Local {
     pub(crate) fn lay_on(&self, m: &mut Model) {
         let same = self.named.iter().all(|(d, n, ino)| m.dirs.get(d).and_then(|e| e.get(n)).is_none_or(|i| i == ino));
         if same {
-            let _ = m.apply(&self.op, self.time);
+            let _ = m.apply(self.session, &self.op, self.time);
         }
     }
 }
@@ -288,7 +288,7 @@ impl Checker {
                 for l in &ov {
                     l.lay_on(&mut m);
                 }
-                let r: Vec<Res> = info.ops.iter().map(|op| m.apply(op, now)).collect();
+                let r: Vec<Res> = info.ops.iter().map(|op| m.apply(key.0, op, now)).collect();
                 (r, ov.iter().map(|l| l.client).collect())
             })
         } else {
@@ -304,7 +304,7 @@ impl Checker {
                 Op::Lookup { parent, .. } => model.listing(*parent).ok(),
                 _ => None,
             });
-            results.push(model.apply(op, now));
+            results.push(model.apply(key.0, op, now));
         }
         let what = format!("server: runs {}/{} [{}] → {}", key.0, key.1, ops_brief(&info.ops), res_brief(&results));
         if mutates {
@@ -320,7 +320,9 @@ impl Checker {
                 Purpose::Syscall => {
                     self.uncompleted.insert(k);
                 }
-                Purpose::Acquire { .. } | Purpose::Reassert => self.fail(format!("{key:?} ran as a change")),
+                Purpose::Acquire { .. } | Purpose::Reassert | Purpose::Behind => {
+                    self.fail(format!("{key:?} ran as a change"))
+                }
                 // It completed when its client answered.
                 Purpose::Writeback { n, .. } => {
                     if let Some(l) = self.locals.get_mut(&n) {
@@ -530,12 +532,15 @@ impl Checker {
 
     /// A client answered a change itself (under `X`): applied to some state it may show,
     /// the change must give the same answer.
-    pub(crate) fn check_local(&mut self, client: usize, op: &Op, now: p::Time, reply: &Reply) {
+    pub(crate) fn check_local(&mut self, (client, session): (usize, SessionId), op: &Op, now: p::Time, reply: &Reply) {
         self.stats.checked += 1;
         let got = self.res(&Ok(reply.clone()));
         let before = self.lc + 1;
-        let results: Vec<(u64, Res)> =
-            self.snaps.keys().map(|&k| (k, self.state(k, before, Some(client)).into_owned().apply(op, now))).collect();
+        let results: Vec<(u64, Res)> = self
+            .snaps
+            .keys()
+            .map(|&k| (k, self.state(k, before, Some(client)).into_owned().apply(session, op, now)))
+            .collect();
         if !results.iter().any(|(_, r)| r == &got) {
             let cands: Vec<String> =
                 results.iter().map(|(k, r)| format!("  state {k}: {}", res_brief(std::slice::from_ref(r)))).collect();

@@ -17,6 +17,9 @@ pub(crate) enum Purpose {
     /// The system call in progress first asks for `then`'s directory `dir` whole (sent
     /// with the cache at `epoch`); `then` follows when the answer comes.
     Acquire { dir: u64, then: Op, epoch: Epoch },
+    /// Sent behind without waiting, its answer awaited by nobody (a release, as the
+    /// adapter's `send_behind`).
+    Behind,
     /// A request the client core made itself: after a server restart that restored the
     /// session, the rights the cache kept, asked back (`Op::Reassert`, by `HeldLocks`); a
     /// refused one is dropped as a recall nobody answers.
@@ -31,6 +34,9 @@ pub(crate) struct Pending {
     pub(crate) t0_us: u64,
     /// The cache's epoch when the call started (what its replies are absorbed against).
     pub(crate) epoch: Epoch,
+    /// The session it was made in (calls that change nothing go on in the next one
+    /// when that one is fenced).
+    pub(crate) session: SessionId,
 }
 
 /// What the client core told the cache through its `Rights` hook, in order, for the
@@ -120,6 +126,13 @@ pub(crate) struct Client {
     pub(crate) pages: BTreeMap<u64, Pages>,
     /// Inode numbers reserved for writeback creates: next, end.
     pub(crate) pool: (u64, u64),
+    /// Files its processes hold open (handle → inode): reachable by those processes
+    /// whatever happens to their names.
+    pub(crate) opens: BTreeMap<u64, u64>,
+    /// The next file handle.
+    pub(crate) next_handle: u64,
+    /// Files it saw with no name left (open, unlinked): gone for it with their last handle.
+    pub(crate) unlinked: BTreeSet<u64>,
     /// Inodes it has heard of (what it can name; possibly gone).
     pub(crate) known: BTreeMap<u64, p::FileType>,
     /// Its working set: what it created or looked up lately (most of its calls go there,
@@ -170,6 +183,9 @@ impl Client {
             busy: None,
             pages: BTreeMap::new(),
             pool: (0, 0),
+            opens: BTreeMap::new(),
+            next_handle: 1,
+            unlinked: BTreeSet::new(),
             known,
             recent: VecDeque::new(),
             cred: p::Cred { uid: 1000 + idx as u32, gid: 100 + idx as u32, umask: 0 },
@@ -191,6 +207,15 @@ impl Client {
     }
 
     pub(crate) fn learn(&mut self, a: &p::Attr) {
+        if a.nlink == 0 && a.kind == p::FileType::Regular {
+            // Open but unlinked: reachable only through its handles (`released`), and not
+            // at all by a client that holds none.
+            if !self.opens.values().any(|&i| i == a.ino) {
+                self.forget(a.ino);
+                return;
+            }
+            self.unlinked.insert(a.ino);
+        }
         self.known.insert(a.ino, a.kind);
         self.recent.retain(|(i, _)| *i != a.ino);
         self.recent.push_back((a.ino, a.kind));
@@ -203,11 +228,30 @@ impl Client {
     /// left, no process can reach it again (the simulated processes hold no file open),
     /// so it is no longer used.
     pub(crate) fn name_gone(&mut self, victim: &p::Attr) {
-        if victim.nlink <= 1 || victim.kind == p::FileType::Directory {
+        if victim.nlink <= 1 && self.opens.values().any(|&i| i == victim.ino) {
+            self.unlinked.insert(victim.ino);
+        } else if victim.nlink <= 1 || victim.kind == p::FileType::Directory {
             self.known.remove(&victim.ino);
             self.recent.retain(|(i, _)| *i != victim.ino);
             self.pages.remove(&victim.ino);
         }
+    }
+
+    /// Its process closed `handle`: an unlinked file whose last handle this was is out of
+    /// every process's reach (the kernel forgets it).
+    pub(crate) fn released(&mut self, handle: u64) {
+        let Some(ino) = self.opens.remove(&handle) else { return };
+        if self.unlinked.contains(&ino) && !self.opens.values().any(|&i| i == ino) {
+            self.forget(ino);
+        }
+    }
+
+    /// No process of it can reach `ino` any more.
+    fn forget(&mut self, ino: u64) {
+        self.unlinked.remove(&ino);
+        self.known.remove(&ino);
+        self.recent.retain(|(i, _)| *i != ino);
+        self.pages.remove(&ino);
     }
 
     /// The pages of `ino` the kernel may read from now.
@@ -249,7 +293,13 @@ impl Client {
                 Cached::Found(a) => Some(Reply::Lookup { attr: Some(a), leaf: empty_leaf() }),
             },
             Op::GetAttr { ino } => self.names().attr(*ino, at).map(Reply::Attr),
+            // (A process reads through a descriptor: one it holds, or one the client would
+            // open without asking, its attributes held. Else the open asks the server,
+            // and so does the read here.)
             Op::Read { ino, offset, len } => {
+                if !self.opens.values().any(|i| i == ino) && self.names().attr(*ino, at).is_none() {
+                    return None;
+                }
                 let d = self.pages(*ino, now)?;
                 let start = (*offset as usize).min(d.len());
                 let end = (start + *len as usize).min(d.len());
@@ -344,6 +394,13 @@ impl Client {
                 (wb, Reply::Done)
             }
             Op::RemoveXattr { ino, name } => (self.names().xattr_here(*ino, name, None, 0, clock)?.ok()?, Reply::Done),
+            // (As the adapter's `open`: the `Open` follows the answer, ahead of the file's
+            // reads and writes.)
+            Op::Open { ino, handle } => {
+                let (a, wb) = self.names().open_here(*ino, *handle, at)?;
+                self.opens.insert(*handle, *ino);
+                (wb, Reply::Attr(a))
+            }
             _ => return None,
         };
         Some((wb, reply))
@@ -439,6 +496,10 @@ impl Client {
                     self.pages.insert(*ino, Pages { data: d.clone(), expires });
                 }
                 (Op::Create { parent, name, .. }, Reply::Entry(a)) => c.created_by_reply(*parent, name, a, sent, at),
+                (Op::Open { ino, handle }, Reply::Attr(a)) => {
+                    c.attr_changed(a);
+                    self.opens.insert(*handle, *ino);
+                }
                 (Op::AllocInodes { .. }, Reply::Inodes { first, count }) => {
                     self.pool = (*first, first + u64::from(*count));
                 }
@@ -451,16 +512,17 @@ impl Client {
                     c.attr_stale(*ino);
                 }
                 (Op::Link { parent, name, .. }, Reply::Entry(a)) => c.added_by_reply(*parent, name, a, sent, at),
+                // (The adapter looks the name up in the same request: `remove_on_server`.)
                 (Op::Unlink { parent, name } | Op::Rmdir { parent, name }, Reply::Done) => {
                     drop_pages_of(&mut self.pages, &c, *parent, name, at);
-                    c.removed(*parent, name);
+                    c.unlinked(*parent, name, victim.as_ref().map(|v| v.ino));
                 }
                 // (The kernel calls no rename of two links of one inode: `send_syscall`.)
                 (Op::Rename { parent, name, new_parent, new_name, .. }, Reply::Done) if !same_inode => {
                     drop_pages_of(&mut self.pages, &c, *new_parent, new_name, at);
                     c.kernel_entry_moved(*parent, name, *new_parent, new_name);
                     c.removed(*parent, name);
-                    c.removed(*new_parent, new_name);
+                    c.unlinked(*new_parent, new_name, victim.as_ref().map(|v| v.ino));
                     renamed = Some((*new_parent, new_name.clone()));
                 }
                 // The moved name, looked up in the rename's request (as the adapter does).

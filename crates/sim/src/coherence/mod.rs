@@ -50,9 +50,17 @@
 //!   (`Ev::Peek`: answered from the cache or not at all).
 //!   Operations: lookup, getattr, read, readdir, create, mkdir, write, O_APPEND write
 //!   (`Op::Append`), setattr (mode, size), unlink, rmdir, rename, hard link, xattrs
-//!   (set with either flag, get, list, remove; values inline and chunked), over ~8
-//!   names in a few directories, so that clients collide all the time (half the
-//!   removals name what the client knows is there).
+//!   (set with either flag, get, list, remove; values inline and chunked), open and
+//!   close (a few handles per client, answered locally when the attributes are held;
+//!   the release goes behind), over ~8 names in a few directories, so that clients
+//!   collide all the time (half the removals name what the client knows is there).
+//!   What a client holds open it keeps using whatever happens to its names: a file
+//!   unlinked or renamed over while open lives on (nlink 0) until its last handle goes,
+//!   on the client whose process holds it or when its session ends (goodbye, fencing).
+//!   The model follows the server's pins (`Server::is_pinned`: a file removed while
+//!   another session may have opened it without asking stays openable until that
+//!   session answers the recall) and its opens that take effect as a parked request
+//!   arrives (`Server::holds_open`).
 //!
 //! **What is checked**:
 //! - every reply equals what a reference model of the file system gives when replayed in
@@ -99,8 +107,7 @@
 //! removes or moves stand for what its client saw (`Local::lay_on`).
 //!
 //! Left out: crashes between commits under caching clients (see above); symlinks,
-//! locks, fsync, open/release (unlink while open: a process's file stays reachable only
-//! by its names here); xattr reads and the errors the client answers itself from the
+//! locks, fsync, directories held open; xattr reads and the errors the client answers itself from the
 //! xattrs it holds (sent to the server instead); several changing system calls in flight on one
 //! client; writeback merged into one request (each submission goes alone here; the core's
 //! unit tests cover merging). By default outages stay short (partitions ≤ 1 s,
@@ -233,6 +240,8 @@ pub(crate) fn ops_brief(ops: &[Op]) -> String {
             }
             Op::AllocInodes { count } => format!("alloc {count}"),
             Op::Acquire { ino } => format!("acquire {ino}"),
+            Op::Open { ino, handle } => format!("open {ino} #{handle}"),
+            Op::Release { ino, handle } => format!("release {ino} #{handle}"),
             Op::SetXattr { ino, name: n, value, flags } => {
                 format!("setxattr {ino} {} {}B flags {flags}", name(n), value.len())
             }

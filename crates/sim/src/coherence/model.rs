@@ -52,6 +52,9 @@ pub(crate) struct MInode {
     /// Directories: the parent (for "into its own subtree").
     pub(crate) parent: u64,
     pub(crate) xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Open handles, by session: a file whose last name goes stays (an orphan, nlink 0)
+    /// until the last is released.
+    pub(crate) opens: BTreeSet<(SessionId, u64)>,
 }
 
 /// The file system as it should be: replayed in the order the server applied requests.
@@ -60,6 +63,11 @@ pub(crate) struct Model {
     pub(crate) inodes: BTreeMap<u64, MInode>,
     pub(crate) dirs: BTreeMap<u64, BTreeMap<Vec<u8>, u64>>,
     pub(crate) next_ino: u64,
+    /// Files that lost their last name while another session may have opened them
+    /// without asking (the server keeps such a file until that session has answered the
+    /// change's recall: `Server::pinned`, which `sync_pins` follows): gone for everything
+    /// but an `Open`, which brings them back as orphans.
+    pub(crate) pinned: BTreeMap<u64, MInode>,
 }
 
 pub(crate) const EPERM: i32 = 1;
@@ -163,10 +171,48 @@ impl Model {
         let Some(i) = self.inodes.get_mut(&ino) else { return };
         i.ctime = now;
         i.nlink = if i.kind == p::FileType::Directory { 0 } else { i.nlink.saturating_sub(1) };
-        if i.nlink == 0 {
-            self.inodes.remove(&ino);
+        if i.nlink == 0 && i.opens.is_empty() {
             self.dirs.remove(&ino);
+            if let Some(gone) = self.inodes.remove(&ino) {
+                if gone.kind == p::FileType::Regular {
+                    self.pinned.insert(ino, gone);
+                }
+            }
         }
+    }
+
+    /// What the server still keeps of the files that lost their last name unopened
+    /// (`pinned` says whether it pins one).
+    pub(crate) fn sync_pins(&mut self, pinned: impl Fn(u64) -> bool) {
+        self.pinned.retain(|&ino, _| pinned(ino));
+    }
+
+    /// An `Open` of a request the server parked took effect as it arrived (its answer
+    /// comes when the request runs).
+    pub(crate) fn opened_early(&mut self, s: SessionId, ino: u64, handle: u64) {
+        if let Some(i) = self.pinned.remove(&ino) {
+            self.inodes.insert(ino, i);
+        }
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.opens.insert((s, handle));
+        }
+    }
+
+    /// Session `s` ended (goodbye, or fenced): its handles are released.
+    pub(crate) fn end_session(&mut self, s: SessionId) {
+        let held: Vec<(u64, u64)> = self
+            .inodes
+            .iter()
+            .flat_map(|(&ino, i)| i.opens.iter().filter(|(o, _)| *o == s).map(move |(_, h)| (ino, *h)))
+            .collect();
+        for (ino, handle) in held {
+            let _ = self.apply(s, &Op::Release { ino, handle }, p::Time::default());
+        }
+    }
+
+    /// Inodes some name reaches (the root included): orphans are not among them.
+    pub(crate) fn named_inodes(&self) -> usize {
+        self.inodes.values().filter(|i| i.nlink > 0).count()
     }
 
     pub(crate) fn is_ancestor(&self, a: u64, mut d: u64) -> bool {
@@ -223,6 +269,7 @@ impl Model {
             ctime: now,
             parent,
             xattrs: BTreeMap::new(),
+            opens: BTreeSet::new(),
         };
         self.inodes.insert(ino, node);
         if dir {
@@ -281,12 +328,32 @@ impl Model {
         Ok(Out::Done)
     }
 
-    /// Applies one operation at `now` (the server's clock, or the writeback's).
-    pub(crate) fn apply(&mut self, op: &Op, now: p::Time) -> Res {
+    /// Applies one operation of session `session` at `now` (the server's clock, or the
+    /// writeback's).
+    pub(crate) fn apply(&mut self, session: SessionId, op: &Op, now: p::Time) -> Res {
         if let Some(r) = self.eval(op) {
             return r;
         }
         match op {
+            Op::Open { ino, handle } => {
+                if let Some(i) = self.pinned.remove(ino) {
+                    self.inodes.insert(*ino, i);
+                }
+                let i = self.inodes.get_mut(ino).ok_or(ENOENT)?;
+                i.opens.insert((session, *handle));
+                Ok(Out::Attr(self.attr(*ino).expect("exists")))
+            }
+            Op::Release { ino, handle } => {
+                if let Some(i) = self.inodes.get_mut(ino) {
+                    if i.opens.remove(&(session, *handle)) && i.opens.is_empty() && i.nlink == 0 {
+                        // (Still kept while the server pins it: `sync_pins`.)
+                        if let Some(gone) = self.inodes.remove(ino) {
+                            self.pinned.insert(*ino, gone);
+                        }
+                    }
+                }
+                Ok(Out::Done)
+            }
             Op::Create { parent, name, kind, mode, cred, .. } => {
                 self.create(None, *parent, name, *kind, *mode, *cred, now)
             }
@@ -353,11 +420,16 @@ impl Model {
             }
             Op::Append { ino, data } => {
                 let end = self.inodes.get(ino).ok_or(ENOENT)?.data.len() as u64;
-                self.apply(&Op::Write { ino: *ino, offset: end, data: data.clone() }, now)
+                self.apply(session, &Op::Write { ino: *ino, offset: end, data: data.clone() }, now)
             }
             Op::Link { ino, parent, name } => {
-                if self.inodes.get(ino).ok_or(ENOENT)?.kind == p::FileType::Directory {
+                let i = self.inodes.get(ino).ok_or(ENOENT)?;
+                if i.kind == p::FileType::Directory {
                     return Err(EPERM);
+                }
+                // (An orphan, open but unlinked, takes no new name.)
+                if i.nlink == 0 {
+                    return Err(ENOENT);
                 }
                 if self.dir(*parent)?.contains_key(name) {
                     return Err(EEXIST);

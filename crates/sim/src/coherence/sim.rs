@@ -168,11 +168,12 @@ impl Sim {
                 ctime: root.ctime,
                 parent: ROOT_INO,
                 xattrs: BTreeMap::new(),
+                opens: BTreeSet::new(),
             },
         );
         let mut dirs = BTreeMap::new();
         dirs.insert(ROOT_INO, BTreeMap::new());
-        let model = Model { inodes, dirs, next_ino: ROOT_INO + 1 };
+        let model = Model { inodes, dirs, next_ino: ROOT_INO + 1, pinned: BTreeMap::new() };
         let mut ck = Checker::default();
         ck.snaps.insert(0, Rc::new(model.clone()));
         ck.model = Some(model);
@@ -411,11 +412,14 @@ impl Sim {
             .chain(self.ck.dead_sessions.iter().copied())
             .filter(|s| !self.ck.fenced_sessions.contains(s) && self.server.is_fenced(*s))
             .collect();
-        for s in fenced {
+        for &s in &fenced {
             self.log(format!("server: session {s} fenced"));
             self.ck.fenced_sessions.insert(s);
             self.ck.fenced(s);
             self.ck.stats.server_fenced += 1;
+            // Its handles went with it, before what ran after the fencing (another
+            // session's change released from parking by it, say).
+            self.ck.model.as_mut().expect("model").end_session(s);
         }
         for a in self.server.take_applied() {
             if a.id == 0 {
@@ -425,6 +429,14 @@ impl Sim {
                 self.log(s);
             }
         }
+        // (Again for what the fenced session itself ran before its fencing.) Files kept
+        // for opens on their way go when the server lets them.
+        let model = self.ck.model.as_mut().expect("model");
+        for s in fenced {
+            model.end_session(s);
+        }
+        let server = &self.server;
+        model.sync_pins(|ino| server.is_pinned(ino));
         for o in self.server.take_outgoing() {
             match o {
                 Outgoing::Response { session, response } => {
@@ -616,6 +628,8 @@ impl Sim {
         }
         let cl = &mut self.clients[c];
         cl.pool = (0, 0);
+        // (Its handles went with the session: the server released them.)
+        cl.opens.clear();
         cl.prior = old.or(cl.prior);
         cl.session = None;
         cl.answered_seq = 0;
@@ -652,8 +666,25 @@ impl Sim {
                 if req.id != 0 {
                     self.log(format!("server: gets {sid}/{} [{}]", req.id, ops_brief(&req.ops)));
                 }
+                let opens: Vec<(u64, u64)> = req
+                    .ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::Open { ino, handle } => Some((*ino, *handle)),
+                        _ => None,
+                    })
+                    .collect();
+                let key = (sid, req.id);
                 self.server.handle(sid, req, now);
                 self.flush_server(now);
+                // A parked request's opens took effect as it arrived (`Server::handle`).
+                if !opens.is_empty() && self.ck.expect.get(&key).is_none_or(|q| q.is_empty()) {
+                    for (ino, handle) in opens {
+                        if self.server.holds_open(sid, ino, handle) {
+                            self.ck.model.as_mut().expect("model").opened_early(sid, ino, handle);
+                        }
+                    }
+                }
             }
             ClientMessage::RecallDone { recall_id } => {
                 let sid = session.expect("hello first");
@@ -671,6 +702,7 @@ impl Sim {
                 let sid = session.expect("hello first");
                 self.log(format!("server: goodbye from session {sid}"));
                 self.server.end_session(sid);
+                self.ck.model.as_mut().expect("model").end_session(sid);
                 self.server_conn.remove(&sid);
                 self.conns.get_mut(&conn).expect("conn").alive = false;
                 self.flush_server(now);
@@ -744,6 +776,9 @@ impl Sim {
                 return false;
             }
             self.log(format!("client {c}: session {old} not restored: new session {new}"));
+            // (Its handles went with it.)
+            self.ck.model.as_mut().expect("model").end_session(old);
+            self.clients[c].opens.clear();
             let cl = &mut self.clients[c];
             cl.pool = (0, 0);
             cl.answered_seq = 0;
@@ -842,6 +877,9 @@ impl Sim {
         let sid = self.clients[c].sid().expect("session");
         match pd.purpose {
             Purpose::Reassert => self.ck.fail(format!("client {c}: the core handed over a re-assert's answer")),
+            Purpose::Behind => {
+                self.log(format!("client {c}: [{}] answered {:?}", ops_brief(&pd.req.ops), brief(&results)))
+            }
             Purpose::Syscall => {
                 self.ck.completed((sid, id));
                 self.log(format!("client {c}: [{}] returns {:?}", ops_brief(&pd.req.ops), brief(&results)));
@@ -885,9 +923,20 @@ impl Sim {
                 self.log(format!("client {c}: writeback {n} answered {:?}", brief(&results)));
                 let at = self.instant();
                 self.clients[c].names().writeback_answered(what, &touched, Ok(&results), at);
-                if let Some(Err(e)) = results.first() {
+                match results.first() {
+                    // An open answered here whose session was fenced before it reached
+                    // the server went on in the next session (it changes nothing): the
+                    // file may be gone by then, as its handle is with the fenced session.
+                    // Its descriptor reports the failure (a deferred error), as a lost
+                    // change's does.
+                    Some(Err(e)) if self.ck.fenced_sessions.contains(&pd.session) => {
+                        self.log(format!("client {c}: writeback {n} lost with its fenced session: {e:?}"));
+                    }
                     // Its caller was told it worked: the promise is broken.
-                    self.ck.fail(format!("client {c}: writeback {n} {:?} failed on the server: {e:?}", pd.req.ops));
+                    Some(Err(e)) => {
+                        self.ck.fail(format!("client {c}: writeback {n} {:?} failed on the server: {e:?}", pd.req.ops))
+                    }
+                    _ => {}
                 }
             }
         }
@@ -920,7 +969,8 @@ impl Sim {
         cl.next_id += 1;
         let req = p::Request { id, ops, time };
         let epoch = cl.names().epoch();
-        cl.pending.insert(id, Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now, epoch });
+        let session = cl.sid().expect("a client sends only once welcomed");
+        cl.pending.insert(id, Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now, epoch, session });
         let sid = cl.sid().expect("a client sends only once welcomed");
         self.ck.reqs.insert((sid, id), ReqInfo { client: c, ops: req.ops.clone(), time, purpose, t0_lc });
         self.ck.stats.to_server += 1;
@@ -948,7 +998,7 @@ impl Sim {
             return self.ck.fail(format!("commit before the crash: {e}"));
         }
         self.log(format!("SERVER CRASH (life {} begins)", self.server_life));
-        let store = match Store::open(Box::new(self.disk.clone())) {
+        let store = match Store::open_keeping_orphans(Box::new(self.disk.clone())) {
             Ok(s) => s,
             Err(e) => return self.ck.fail(format!("the image does not open after the crash: {e}")),
         };
@@ -1001,6 +1051,16 @@ impl Sim {
             ));
             self.ck.check_cached(c, &op, &reply);
             self.ck.tick();
+            let d = self.think();
+            let inc = self.clients[c].incarnation;
+            self.at(d, Ev::Wake { client: c, incarnation: inc });
+            return;
+        }
+        if let Op::Release { handle, .. } = op {
+            // close(2): the release goes behind, nobody waits for it.
+            self.clients[c].released(handle);
+            self.log(format!("client {c}: [{}] sent behind", ops_brief(std::slice::from_ref(&op))));
+            self.send_request(c, vec![op], Some(ptime(now)), Purpose::Behind, t0_lc);
             let d = self.think();
             let inc = self.clients[c].incarnation;
             self.at(d, Ev::Wake { client: c, incarnation: inc });
@@ -1066,7 +1126,8 @@ impl Sim {
             brief(&[Ok(reply.clone())]),
             ops_brief(std::slice::from_ref(&wb))
         ));
-        self.ck.check_local(c, &wb, ptime(now), &reply);
+        let session = self.clients[c].sid().expect("session");
+        self.ck.check_local((c, session), &wb, ptime(now), &reply);
         let answer = self.ck.res(&Ok(reply));
         let done_lc = self.ck.tick();
         let n = self.ck.next_local;
@@ -1074,11 +1135,13 @@ impl Sim {
         let t = ptime(now);
         let purpose = Purpose::Writeback { n, what: writeback.what, touched: writeback.touched };
         self.send_request(c, writeback.ops, Some(t), purpose, done_lc);
-        let session = self.clients[c].sid().expect("session");
-        self.ck.locals.insert(
-            n,
-            Local { client: c, session, op: wb, time: t, answer, done_lc, applied_k: None, lost: false, named },
-        );
+        // (An open changes no state anybody observes: nothing to lay over the model. Its
+        // `Open` must still succeed on the server: `answered`.)
+        if wb.is_mutation() {
+            let local =
+                Local { client: c, session, op: wb, time: t, answer, done_lc, applied_k: None, lost: false, named };
+            self.ck.locals.insert(n, local);
+        }
         true
     }
 
@@ -1170,11 +1233,15 @@ impl Sim {
         let cl = &self.clients[c];
         // From its working set (as often as this seed says), else from everything it has
         // heard of.
-        let pool: Vec<(u64, p::FileType)> = if self.rng.below(100) < self.locality && !cl.recent.is_empty() {
+        let mut pool: Vec<(u64, p::FileType)> = if self.rng.below(100) < self.locality && !cl.recent.is_empty() {
             cl.recent.iter().copied().collect()
         } else {
             cl.known.iter().map(|(i, k)| (*i, *k)).collect()
         };
+        // What its processes hold open they keep using, named or not.
+        let opened: BTreeSet<u64> = cl.opens.values().copied().collect();
+        pool.retain(|(i, _)| !opened.contains(i));
+        pool.extend(opened.iter().map(|&i| (i, p::FileType::Regular)));
         let of = |kind| pool.iter().filter(|(_, k)| *k == kind).map(|(i, _)| *i).collect::<Vec<u64>>();
         let (mut dirs, files) = (of(p::FileType::Directory), of(p::FileType::Regular));
         if dirs.is_empty() {
@@ -1187,8 +1254,23 @@ impl Sim {
         let name = |r: &mut Stream| NAMES[r.below(NAMES.len() as u64) as usize].as_bytes().to_vec();
         let w = r.below(100);
         let file = |r: &mut Stream| (!files.is_empty()).then(|| files[r.below(files.len() as u64) as usize]);
+        let handles: Vec<(u64, u64)> = cl.opens.iter().map(|(h, i)| (*h, *i)).collect();
+        let next_handle = cl.next_handle;
         match w {
-            0..=19 => Op::Lookup { parent: dir(r), name: name(r) },
+            // Opens and closes (a process keeps a few files open while others unlink or
+            // rename over them).
+            0..=5 if r.below(2) == 0 && !handles.is_empty() => {
+                let (handle, ino) = handles[r.below(handles.len() as u64) as usize];
+                Op::Release { ino, handle }
+            }
+            0..=5 => match file(r) {
+                Some(ino) if handles.len() < 4 => {
+                    self.clients[c].next_handle += 1;
+                    Op::Open { ino, handle: next_handle }
+                }
+                _ => Op::Lookup { parent: dir(r), name: name(r) },
+            },
+            6..=19 => Op::Lookup { parent: dir(r), name: name(r) },
             // Now and then an xattr of anything it knows: values across the inline limit
             // (1784 bytes of name + value) and the chunk size, set with either flag.
             20..=29 if r.below(3) == 0 => {
@@ -1319,8 +1401,8 @@ impl Sim {
                 }
             }
         }
-        if seen.len() + 1 != model.inodes.len() {
-            problems.push(format!("store reaches {} inodes, the model has {}", seen.len() + 1, model.inodes.len()));
+        if seen.len() + 1 != model.named_inodes() {
+            problems.push(format!("store reaches {} inodes, the model names {}", seen.len() + 1, model.named_inodes()));
         }
         store.commit().map_err(|e| format!("commit: {e}"))?;
         let report = check::fsck(Box::new(self.disk.clone())).map_err(|e| format!("fsck: {e}"))?;

@@ -1116,12 +1116,17 @@ impl Store {
         self.commit_or_defer()
     }
 
-    /// Destroys inodes left on the orphan list (open files unlinked before a crash).
-    pub fn reclaim_orphans(&mut self) -> Result<usize> {
+    /// The inodes on the orphan list (unlinked while open; after a crash, until
+    /// `reclaim_orphans`).
+    pub fn orphans(&mut self) -> Result<Vec<u64>> {
         let lo = Key::new(ORPHAN_OBJECTID, kind::ORPHAN, 0);
         let hi = Key::new(ORPHAN_OBJECTID, kind::ORPHAN, u64::MAX);
-        let orphans: Vec<u64> =
-            self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k.offset).collect();
+        Ok(self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k.offset).collect())
+    }
+
+    /// Destroys inodes left on the orphan list (open files unlinked before a crash).
+    pub fn reclaim_orphans(&mut self) -> Result<usize> {
+        let orphans = self.orphans()?;
         let mut n = 0;
         for ino in orphans {
             if self.open_handles.contains_key(&ino) {
