@@ -57,12 +57,21 @@ impl HeldLocks {
         }
     }
 
-    /// After a server restart (or after it forgot the session): the requests that take
-    /// every held lock again, and the `rights` the cache held (when the server restored
-    /// the session), with fresh ids from `next_id`. Re-asserts of an earlier restart still
-    /// unanswered are superseded: the copy holds what they would take.
-    pub fn reassert(&mut self, rights: &[(u64, bool)], next_id: &AtomicU64) -> Vec<p::Request> {
+    /// After a server restart: the requests that open every held handle again, with
+    /// fresh ids from `next_id`. They go first, before the replays: a replayed change of
+    /// a file unlinked while open must find it open, and the server holds such files
+    /// only for the grace period. Re-asserts of an earlier restart still unanswered are
+    /// superseded: the copy holds what they would take.
+    pub fn reopen(&mut self, next_id: &AtomicU64) -> Vec<p::Request> {
         self.reasserting.clear();
+        let ops: Vec<p::Op> = self.opens.iter().map(|&(ino, handle)| p::Op::Open { ino, handle }).collect();
+        self.register(ops, next_id)
+    }
+
+    /// After a server restart (or after it forgot the session), behind the replays: the
+    /// requests that take every held lock again, and the `rights` the cache held (when
+    /// the server restored the session), with fresh ids from `next_id`.
+    pub fn reassert(&mut self, rights: &[(u64, bool)], next_id: &AtomicU64) -> Vec<p::Request> {
         let mut ops: Vec<p::Op> = self
             .table
             .entries()
@@ -84,12 +93,18 @@ impl HeldLocks {
             tracing::warn!("the server restarted: re-asserting rights on {} inode(s) this mount held", rights.len());
         }
         ops.extend(rights.iter().map(|&(ino, exclusive)| p::Op::Reassert { ino, exclusive }));
-        ops.extend(self.opens.iter().map(|&(ino, handle)| p::Op::Open { ino, handle }));
+        self.register(ops, next_id)
+    }
+
+    /// Keeps `ops` as re-assert requests until answered, in requests of the largest size.
+    fn register(&mut self, ops: Vec<p::Op>, next_id: &AtomicU64) -> Vec<p::Request> {
+        let mut out = Vec::new();
         for chunk in ops.chunks(p::MAX_OPS_PER_REQUEST) {
             let id = next_id.fetch_add(1, Ordering::Relaxed);
             self.reasserting.insert(id, chunk.to_vec());
+            out.push(p::Request { id, ops: chunk.to_vec(), time: None });
         }
-        self.resend()
+        out
     }
 
     /// Every re-assert not yet answered (after a plain reconnect: the server may not have
@@ -164,26 +179,26 @@ mod tests {
         h.follow(&[lock(8, 0, 1)], &refused);
         h.follow(&[p::Op::Open { ino: 9, handle: 4 }, p::Op::Release { ino: 9, handle: 4 }], &ok);
         let ids = AtomicU64::new(100);
-        let reqs = h.reassert(&[(1, true)], &ids);
-        let ops: Vec<p::Op> = reqs.iter().flat_map(|r| r.ops.clone()).collect();
+        let mut reqs = h.reopen(&ids);
+        reqs.extend(h.reassert(&[(1, true)], &ids));
+        let ops: Vec<Vec<p::Op>> = reqs.iter().map(|r| r.ops.clone()).collect();
         assert_eq!(
             ops,
             vec![
-                lock(5, 0, 9),
-                lock(6, 10, 19),
-                p::Op::Reassert { ino: 1, exclusive: true },
-                p::Op::Open { ino: 5, handle: 3 }
-            ]
+                vec![p::Op::Open { ino: 5, handle: 3 }],
+                vec![lock(5, 0, 9), lock(6, 10, 19), p::Op::Reassert { ino: 1, exclusive: true }],
+            ],
+            "the handles first (before the replays), then the locks and the rights"
         );
         assert_eq!(h.resend(), reqs, "unanswered re-asserts go again after a reconnect");
         // The server gives back all but the lock on 6 and the rights on 1.
+        assert!(h.answered(reqs[0].id, &vec![Ok(p::Reply::Done)]).is_empty());
         let answer: Results = vec![
             Ok(p::Reply::Done),
             Err(p::OpError { errno: 11, message: "taken meanwhile".into() }),
             Err(p::OpError { errno: 16, message: "held elsewhere".into() }),
-            Ok(p::Reply::Done),
         ];
-        assert_eq!(h.answered(reqs[0].id, &answer), vec![1], "rights refused");
+        assert_eq!(h.answered(reqs[1].id, &answer), vec![1], "rights refused");
         let held: Vec<u64> = h.table.entries().into_iter().map(|(ino, _)| ino).collect();
         assert_eq!(held, vec![5], "the lock the server refused is forgotten");
         assert!(h.resend().is_empty(), "answered");

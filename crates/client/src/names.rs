@@ -293,8 +293,10 @@ impl NameCache {
     /// name was not held here. A file unlinked while open is still reached through its
     /// descriptors, and must not show its old link count.
     pub fn unlinked(&mut self, dir: u64, name: &[u8], victim: Option<u64>) {
-        self.removed(dir, name);
-        if let Some(ino) = victim {
+        let Some(victim) = victim else { return self.removed(dir, name) };
+        self.epoch += 1;
+        self.attrs.remove(&dir);
+        for ino in self.take_name(dir, name).into_iter().chain([victim]) {
             self.attrs.remove(&ino);
             self.drop_dir(ino);
         }
@@ -310,9 +312,15 @@ impl NameCache {
                 self.attrs.remove(&ino);
                 self.drop_dir(ino);
             }
-            // Unknown inode: any multiply-linked one might be it.
-            None => self.attrs.retain(|_, a| a.attr.nlink <= 1 && a.attr.kind != p::FileType::Directory),
+            None => self.forget_attrs_of_unknown_victim(),
         }
+    }
+
+    /// A name whose inode this mount does not know lost it: any inode might have been
+    /// the victim, and lost a link (a file unlinked while open is still reached through
+    /// its descriptors, so even one with a single link must not show it).
+    fn forget_attrs_of_unknown_victim(&mut self) {
+        self.attrs.clear();
     }
 
     /// The server says `attr` is current (a reply to getattr, setattr, write, open…).
@@ -548,10 +556,21 @@ impl NameCache {
     /// answered at once).
     pub fn reply_lost(&mut self, ops: &[p::Op], now: Instant) {
         let mut touched: Vec<u64> = ops.iter().flat_map(p::Op::named_inodes).collect();
+        let mut unknown = false;
         for op in ops {
             for (dir, name) in op.named_entries() {
-                touched.extend(self.stretch(dir, name).and_then(|r| r.names.get(name).copied()));
+                match self.stretch(dir, name) {
+                    Some(r) => touched.extend(r.names.get(name).copied()),
+                    None => unknown |= op.is_mutation(),
+                }
             }
+        }
+        if unknown {
+            // A name this mount does not hold was changed: whatever it named may have
+            // lost a link, or been removed (a directory held whole, its listing with
+            // it). Rare (a restart between a change and its answer): nothing is trusted.
+            self.reset_rights(now);
+            return;
         }
         for ino in touched {
             self.kernel_epoch_due |= self.kernel_shared_dirs.contains(&ino);
@@ -797,6 +816,27 @@ mod tests {
     }
 
     const TTL: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_lost_answer_to_a_removal_of_a_name_not_held_forgets_everything() {
+        // A server restart kept an unlink it never answered, of a name this mount did not
+        // hold: the file it named (held exclusively here, open in a process) has lost a
+        // link, whichever it was.
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        c.grant_exclusive(7, now, now);
+        c.set_attr(&attr(7, p::FileType::Regular), now);
+        c.reply_lost(&[p::Op::Unlink { parent: 6, name: b"e".to_vec() }], now);
+        assert_eq!(c.attr(7, now), None);
+        // A directory held whole may have been what an rmdir removed.
+        let mut c = NameCache::new(TTL);
+        c.grant_exclusive(36, now, now);
+        c.made_dir(&attr(36, p::FileType::Directory), now);
+        assert_eq!(c.lookup(36, b"c", now), Some(Cached::Absent));
+        c.reply_lost(&[p::Op::Rmdir { parent: 190, name: b"f".to_vec() }], now);
+        assert_eq!(c.lookup(36, b"c", now), None);
+        assert!(!c.is_exclusive(36));
+    }
 
     #[test]
     fn a_file_unlinked_through_a_directory_not_held_keeps_no_attributes() {

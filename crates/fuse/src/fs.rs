@@ -766,7 +766,12 @@ impl Filesystem for CrestFs {
             } else {
                 c.kernel_entry_moved(parent.0, name.as_bytes(), newparent.0, newname.as_bytes());
             }
-            c.removed(parent.0, name.as_bytes());
+            // The moved inode, now at the new name: its ctime changed.
+            let moved = match res.get(2) {
+                Some(Ok(Reply::Lookup { attr: Some(a), .. })) if wire_flags & p::RENAME_EXCHANGE == 0 => Some(a.ino),
+                _ => None,
+            };
+            c.unlinked(parent.0, name.as_bytes(), moved);
             c.unlinked(newparent.0, newname.as_bytes(), replaced);
             let mut t = lock(&self.inodes);
             for (i, dir, n) in [(2, newparent.0, newname), (3, parent.0, name)] {

@@ -74,6 +74,14 @@ impl<R> Connection<R> {
         let restored = w.resumed && w.durable_seq.is_some() && !w.fenced;
         let mut late: Vec<u64> = Vec::new();
         if let Some(through) = through {
+            // The handles first: a replayed change of a file unlinked while open must
+            // find it open.
+            for r in self.held.reopen(&self.ids) {
+                self.write(&ClientMessage::Request(r));
+            }
+            // (The changes kept without their answers before the rights: what they
+            // touched is not held any more, and not asked back.)
+            late = self.replay_lost(through, &w.durable_holes);
             let rights_held = match self.rights() {
                 Some(r) if restored => r.restored(self.now),
                 Some(r) => {
@@ -82,7 +90,6 @@ impl<R> Connection<R> {
                 }
                 None => Vec::new(),
             };
-            late = self.replay_lost(through, &w.durable_holes);
             // After a restart the server holds everyone's new work until every restored
             // session has said its replays are all sent. The locks it held go with the
             // replays: nobody else can take them meanwhile.

@@ -135,7 +135,8 @@ impl Server {
     }
 
     pub(super) fn apply_inner(&mut self, session: SessionId, op: Op, now: p::Time) -> Result<Reply, Failure> {
-        if !self.pins.is_empty() && !matches!(op, Op::Open { .. } | Op::Release { .. }) {
+        let kept = !self.pins.is_empty() || !self.grace_orphans.is_empty();
+        if kept && !matches!(op, Op::Open { .. } | Op::Release { .. }) {
             if let Some(ino) = op_inodes(&op).into_iter().find(|&i| self.only_pinned(i)) {
                 return Err(Failure::Wire(errno(2, format!("inode {ino} was removed"))));
             }

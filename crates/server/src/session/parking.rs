@@ -72,10 +72,12 @@ impl Server {
         }
     }
 
-    /// True for an inode kept only by pins: gone for everything but an open that was
-    /// already on its way (the one reason it is kept).
+    /// True for an inode kept only by pins (or, after a restart, held for the grace
+    /// period): gone for everything but an open that was already on its way (the one
+    /// reason it is kept), or a restored session's re-open.
     pub(super) fn only_pinned(&self, ino: u64) -> bool {
-        self.pins.values().any(|v| v.contains(&ino)) && !self.sessions.values().any(|s| s.open.contains_key(&ino))
+        let kept = self.pins.values().any(|v| v.contains(&ino)) || self.grace_orphans.contains(&ino);
+        kept && !self.sessions.values().any(|s| s.open.contains_key(&ino))
     }
 
     pub(super) fn unpin(&mut self, inodes: Vec<u64>) {

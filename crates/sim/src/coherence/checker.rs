@@ -64,6 +64,9 @@ pub(crate) struct Checker {
     /// States from just before the oldest change not yet completed (what an answer may
     /// show).
     pub(crate) snaps: BTreeMap<u64, Rc<Model>>,
+    /// For each state, the model just before its change was applied (what changed in
+    /// between was no request's: `Model::side`).
+    pub(crate) pre: BTreeMap<u64, Rc<Model>>,
     /// Changes applied whose system calls have not returned (their state `k`).
     pub(crate) uncompleted: BTreeSet<u64>,
     /// States made by applying a writeback (completed when its client answered; laid on
@@ -294,6 +297,14 @@ impl Checker {
         } else {
             None
         };
+        if mutates {
+            let last = self.snaps.last_key_value().map(|(_, m)| m.clone());
+            let pre = match last {
+                Some(m) if m.side == self.model().side => m,
+                _ => Rc::new(self.model().clone()),
+            };
+            self.pre.insert(self.k + 1, pre);
+        }
         // (A lookup's leaf is the directory as the operations before it in the request
         // left it.)
         let model = self.model.as_mut().expect("model");
@@ -441,6 +452,7 @@ impl Checker {
     pub(crate) fn prune(&mut self) {
         let w = self.uncompleted.first().map_or(self.k, |k| k - 1);
         self.snaps = self.snaps.split_off(&w);
+        self.pre = self.pre.split_off(&w);
         self.local_ks = self.local_ks.split_off(&(w + 1));
         self.locals.retain(|_, l| l.applied_k.is_none_or(|k| k > w));
     }
@@ -471,7 +483,8 @@ impl Checker {
             // Going back past change `k` is allowed only if it is not completed (or is
             // a writeback, which the overlay keeps) or did not touch the item.
             let completed = !self.uncompleted.contains(&k) && !self.local_ks.contains(&k);
-            if completed && self.snaps[&older].val(item) != self.snaps[&k].val(item) {
+            let before = self.pre.get(&k).unwrap_or(&self.snaps[&older]);
+            if completed && before.val(item) != self.snaps[&k].val(item) {
                 break;
             }
         }
@@ -578,10 +591,17 @@ impl Model {
         match item {
             Item::Entry(d, name) => Val::Entry(self.dir(*d).map(|e| e.get(name).copied())),
             Item::Listing(d) => Val::Listing(self.dir(*d).cloned()),
-            Item::Attr(i) => Val::Attr(self.attr(*i)),
-            Item::Data(i) => {
-                Val::Data(self.inodes.get(i).filter(|n| n.kind == p::FileType::Regular).map(|n| n.data.clone()))
-            }
+            // (A file kept only by pins is gone to every request but an `Open`, which
+            // brings it back as it was: as an item it is the orphan it may become, so
+            // that the `Open`, which changes nothing else, does not look like a change.)
+            Item::Attr(i) => Val::Attr(self.attr(*i).or_else(|| self.pinned_attr(*i))),
+            Item::Data(i) => Val::Data(
+                self.inodes
+                    .get(i)
+                    .or_else(|| self.pinned.get(i))
+                    .filter(|n| n.kind == p::FileType::Regular)
+                    .map(|n| n.data.clone()),
+            ),
         }
     }
 }

@@ -521,7 +521,11 @@ impl Client {
                 (Op::Rename { parent, name, new_parent, new_name, .. }, Reply::Done) if !same_inode => {
                     drop_pages_of(&mut self.pages, &c, *new_parent, new_name, at);
                     c.kernel_entry_moved(*parent, name, *new_parent, new_name);
-                    c.removed(*parent, name);
+                    let moved = match results.get(3) {
+                        Some(Ok(Reply::Lookup { attr: Some(a), .. })) => Some(a.ino),
+                        _ => None,
+                    };
+                    c.unlinked(*parent, name, moved);
                     c.unlinked(*new_parent, new_name, victim.as_ref().map(|v| v.ino));
                     renamed = Some((*new_parent, new_name.clone()));
                 }

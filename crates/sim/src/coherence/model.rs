@@ -57,6 +57,23 @@ pub(crate) struct MInode {
     pub(crate) opens: BTreeSet<(SessionId, u64)>,
 }
 
+impl MInode {
+    /// Its attributes as compared.
+    pub(crate) fn attr_v(&self, ino: u64) -> AttrV {
+        AttrV {
+            ino,
+            kind: self.kind,
+            mode: self.mode,
+            nlink: self.nlink,
+            uid: self.uid,
+            gid: self.gid,
+            size: if self.kind == p::FileType::Directory { 4096 } else { self.data.len() as u64 },
+            mtime: self.mtime,
+            ctime: self.ctime,
+        }
+    }
+}
+
 /// The file system as it should be: replayed in the order the server applied requests.
 #[derive(Clone, Debug)]
 pub(crate) struct Model {
@@ -68,6 +85,9 @@ pub(crate) struct Model {
     /// change's recall: `Server::pinned`, which `sync_pins` follows): gone for everything
     /// but an `Open`, which brings them back as orphans.
     pub(crate) pinned: BTreeMap<u64, MInode>,
+    /// Counts changes made by no changing request (opens, releases, sessions ending,
+    /// pins let go): the checker does not take them for a change of the next request's.
+    pub(crate) side: u64,
 }
 
 pub(crate) const EPERM: i32 = 1;
@@ -81,18 +101,7 @@ pub(crate) const ENODATA: i32 = 61;
 
 impl Model {
     pub(crate) fn attr(&self, ino: u64) -> Option<AttrV> {
-        let i = self.inodes.get(&ino)?;
-        Some(AttrV {
-            ino,
-            kind: i.kind,
-            mode: i.mode,
-            nlink: i.nlink,
-            uid: i.uid,
-            gid: i.gid,
-            size: if i.kind == p::FileType::Directory { 4096 } else { i.data.len() as u64 },
-            mtime: i.mtime,
-            ctime: i.ctime,
-        })
+        self.inodes.get(&ino).map(|i| i.attr_v(ino))
     }
 
     pub(crate) fn dir(&self, d: u64) -> Result<&BTreeMap<Vec<u8>, u64>, i32> {
@@ -181,15 +190,23 @@ impl Model {
         }
     }
 
+    /// The attributes of a file kept only by pins (see `Model::val`).
+    pub(crate) fn pinned_attr(&self, ino: u64) -> Option<AttrV> {
+        self.pinned.get(&ino).map(|i| i.attr_v(ino))
+    }
+
     /// What the server still keeps of the files that lost their last name unopened
     /// (`pinned` says whether it pins one).
     pub(crate) fn sync_pins(&mut self, pinned: impl Fn(u64) -> bool) {
+        let before = self.pinned.len();
         self.pinned.retain(|&ino, _| pinned(ino));
+        self.side += (before - self.pinned.len()) as u64;
     }
 
     /// An `Open` of a request the server parked took effect as it arrived (its answer
     /// comes when the request runs).
     pub(crate) fn opened_early(&mut self, s: SessionId, ino: u64, handle: u64) {
+        self.side += 1;
         if let Some(i) = self.pinned.remove(&ino) {
             self.inodes.insert(ino, i);
         }
@@ -336,6 +353,7 @@ impl Model {
         }
         match op {
             Op::Open { ino, handle } => {
+                self.side += 1;
                 if let Some(i) = self.pinned.remove(ino) {
                     self.inodes.insert(*ino, i);
                 }
@@ -344,6 +362,7 @@ impl Model {
                 Ok(Out::Attr(self.attr(*ino).expect("exists")))
             }
             Op::Release { ino, handle } => {
+                self.side += 1;
                 if let Some(i) = self.inodes.get_mut(ino) {
                     if i.opens.remove(&(session, *handle)) && i.opens.is_empty() && i.nlink == 0 {
                         // (Still kept while the server pins it: `sync_pins`.)

@@ -173,7 +173,7 @@ impl Sim {
         );
         let mut dirs = BTreeMap::new();
         dirs.insert(ROOT_INO, BTreeMap::new());
-        let model = Model { inodes, dirs, next_ino: ROOT_INO + 1, pinned: BTreeMap::new() };
+        let model = Model { inodes, dirs, next_ino: ROOT_INO + 1, pinned: BTreeMap::new(), side: 0 };
         let mut ck = Checker::default();
         ck.snaps.insert(0, Rc::new(model.clone()));
         ck.model = Some(model);
@@ -1220,6 +1220,10 @@ impl Sim {
             self.log(format!("client {c}: unmounts"));
             self.clients[c].core.goodbye();
             self.transmit(c);
+            // (Its goodbye may be lost with the connection: then the server fences the
+            // session in time, and what it held goes then.)
+            let gone: Vec<SessionId> = self.clients[c].sid().into_iter().collect();
+            self.ck.dead_sessions.extend(gone);
             let cl = &mut self.clients[c];
             cl.leaving = true;
             cl.conn = None;
