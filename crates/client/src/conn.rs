@@ -246,6 +246,10 @@ pub struct Connection<R> {
     fenced_at: Option<Instant>,
     /// How many changes of this session have gone on the wire (see `write_call`).
     positions: u64,
+    /// After a restart that restored the session: the last place before its `Replayed`.
+    /// Changes placed after it are new work, and go after `Replayed` on every reconnect:
+    /// the server may still be in its grace period, running what comes before as replays.
+    replayed_at: Option<u64>,
     session: Option<p::SessionToken>,
     fsid: Option<[u8; 16]>,
     /// Request ids, shared with the callers that make calls; the core takes its own from
@@ -274,6 +278,7 @@ impl<R> Connection<R> {
             held: HeldLocks::default(),
             fenced_at: None,
             positions: 0,
+            replayed_at: None,
             session: None,
             fsid: None,
             ids,
@@ -405,6 +410,11 @@ impl<R> Connection<R> {
     /// batch until `end_burst`), else kept until it is.
     pub fn submit(&mut self, c: Call<R>, now: Instant) {
         self.now = now;
+        for op in &c.ops {
+            if let p::Op::Release { ino, handle } = *op {
+                self.held.releasing(ino, handle);
+            }
+        }
         if c.reply.is_writeback() && self.fenced_at.is_some_and(|f| c.made < f) {
             c.reply.send(Err(ClientError::Fenced { addr: self.addr.clone() }), &mut self.events);
             return;

@@ -107,6 +107,18 @@ impl HeldLocks {
         out
     }
 
+    /// A release of `handle` of `ino` is on its way: the handle is not held, and an
+    /// unanswered re-open of it must not go again after it (the server would hold the
+    /// file open for ever).
+    pub fn releasing(&mut self, ino: u64, handle: u64) {
+        self.opens.remove(&(ino, handle));
+        let reopen = p::Op::Open { ino, handle };
+        self.reasserting.retain(|_, ops| {
+            ops.retain(|op| *op != reopen);
+            !ops.is_empty()
+        });
+    }
+
     /// Every re-assert not yet answered (after a plain reconnect: the server may not have
     /// seen them; taking a held lock again is harmless).
     pub fn resend(&self) -> Vec<p::Request> {
@@ -202,5 +214,22 @@ mod tests {
         let held: Vec<u64> = h.table.entries().into_iter().map(|(ino, _)| ino).collect();
         assert_eq!(held, vec![5], "the lock the server refused is forgotten");
         assert!(h.resend().is_empty(), "answered");
+    }
+
+    #[test]
+    fn a_handle_released_while_its_reopen_is_unanswered_is_not_opened_again() {
+        let mut h = HeldLocks::default();
+        let ok: Results = vec![Ok(p::Reply::Done), Ok(p::Reply::Done)];
+        h.follow(&[p::Op::Open { ino: 5, handle: 3 }, p::Op::Open { ino: 6, handle: 4 }], &ok);
+        let ids = AtomicU64::new(100);
+        let reqs = h.reopen(&ids);
+        assert_eq!(reqs.len(), 1);
+        // The process closes 5 before the server answered the re-open (it waits, parked).
+        h.releasing(5, 3);
+        let again: Vec<p::Op> = h.resend().into_iter().flat_map(|r| r.ops).collect();
+        assert_eq!(again, vec![p::Op::Open { ino: 6, handle: 4 }], "after a reconnect, only 6 is opened again");
+        h.releasing(6, 4);
+        assert!(h.resend().is_empty());
+        assert!(h.opens.is_empty());
     }
 }

@@ -115,6 +115,10 @@ pub struct NameCache {
     /// Directories acquired whole (`absorb_acquired`) and held since: their entries were
     /// granted with them.
     acquired: HashSet<u64>,
+    /// When shared state was last dropped without a recall (`drop_shared`): a reply to a
+    /// request sent before may be one the server's reply cache kept from before, when
+    /// it may no longer count this mount as a holder of what it names.
+    shared_dropped: Option<Instant>,
 }
 
 fn cacheable(name: &[u8]) -> bool {
@@ -141,6 +145,7 @@ impl NameCache {
             kernel_epoch_due: false,
             xattrs: HashMap::new(),
             acquired: HashSet::new(),
+            shared_dropped: None,
         }
     }
 
@@ -266,7 +271,7 @@ impl NameCache {
     /// name is recorded, the attributes are not.
     pub fn added_by_reply(&mut self, dir: u64, name: &[u8], attr: &p::Attr, sent: Instant, now: Instant) {
         self.added(dir, name, attr, now);
-        if self.tombstones.get(&attr.ino).is_some_and(|&at| at >= sent) {
+        if self.recalled_since(attr.ino, sent) {
             self.attrs.remove(&attr.ino);
         }
     }
@@ -277,7 +282,7 @@ impl NameCache {
     /// extended attributes but its ACLs and, a directory, that it is empty.
     pub fn created_by_reply(&mut self, dir: u64, name: &[u8], attr: &p::Attr, sent: Instant, now: Instant) {
         self.added_by_reply(dir, name, attr, sent, now);
-        if self.tombstones.get(&attr.ino).is_some_and(|&at| at >= sent) {
+        if self.recalled_since(attr.ino, sent) {
             return;
         }
         if attr.flags == 0 {
@@ -300,6 +305,14 @@ impl NameCache {
             self.attrs.remove(&ino);
             self.drop_dir(ino);
         }
+    }
+
+    /// Whether what a reply to a request sent at `sent` says of `ino` may be stale: a
+    /// recall of it came since, or shared state was dropped since (the connection broke:
+    /// the server may have stopped counting this mount as a holder, and answer a resend
+    /// from its reply cache with what it found before).
+    fn recalled_since(&self, ino: u64, sent: Instant) -> bool {
+        self.tombstones.get(&ino).is_some_and(|&at| at >= sent) || self.shared_dropped.is_some_and(|at| at >= sent)
     }
 
     /// `name` in `dir` was removed through this mount (unlink, rmdir, rename source or
@@ -543,7 +556,8 @@ impl NameCache {
     /// recalls were unanswered when it died). Exclusive state is sure: nobody else can
     /// change it until the lease is over. The kernel forgets the attributes it was let
     /// cache under the dropped rights.
-    pub fn drop_shared(&mut self) {
+    pub fn drop_shared(&mut self, now: Instant) {
+        self.shared_dropped = Some(now);
         let shared = self.attrs.keys().copied().filter(|i| !self.exclusive.contains(i));
         self.kernel_attr_inval.extend(shared);
         self.clear();
@@ -818,6 +832,23 @@ mod tests {
     const TTL: Duration = Duration::from_secs(1);
 
     #[test]
+    fn a_reply_to_a_request_sent_before_a_disconnect_caches_no_attributes() {
+        // The connection broke after a rename went out; the server, missing this mount
+        // for a while, stopped counting it as a holder and let another mount chmod the
+        // file; the resent rename is answered from the reply cache, attributes of before.
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let sent = now;
+        c.drop_shared(now + Duration::from_millis(5));
+        let later = now + Duration::from_millis(50);
+        c.added_by_reply(1, b"e", &attr(4, p::FileType::Directory), sent, later);
+        assert_eq!(c.attr(4, later), None);
+        // One sent after the reconnect is taken in.
+        c.added_by_reply(1, b"f", &attr(5, p::FileType::Regular), later, later);
+        assert!(c.attr(5, later).is_some());
+    }
+
+    #[test]
     fn a_lost_answer_to_a_removal_of_a_name_not_held_forgets_everything() {
         // A server restart kept an unlink it never answered, of a name this mount did not
         // hold: the file it named (held exclusively here, open in a process) has lost a
@@ -937,7 +968,7 @@ mod tests {
         let e = c.epoch();
         c.absorb_leaf(1, &leaf_around(&[("a", 10)]), e, now);
         made_exclusive_dir_with_f(&mut c, now);
-        c.drop_shared();
+        c.drop_shared(now);
         assert_eq!(c.lookup(1, b"a", now), None, "shared: the server is asked again");
         assert_eq!(c.attr(10, now), None);
         assert_eq!(c.lookup(20, b"f", now), Some(Cached::Found(attr(21, p::FileType::Regular))), "exclusive: kept");
@@ -959,7 +990,7 @@ mod tests {
         assert!(c.take_kernel_epoch(&[1]), "its directory's recall drops them all");
         assert!(!c.take_kernel_epoch(&[1]), "once");
         c.kernel_shared_entry(1, b"a", now);
-        c.drop_shared();
+        c.drop_shared(now);
         assert!(c.take_kernel_epoch(&[]), "shared state dropped without a recall");
     }
 

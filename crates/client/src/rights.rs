@@ -45,13 +45,13 @@ impl Rights for CacheRights {
         self.cache().held_rights(now)
     }
 
-    fn disconnected(&self, _now: Instant) {
-        self.cache().drop_shared();
+    fn disconnected(&self, now: Instant) {
+        self.cache().drop_shared(now);
     }
 
     fn restored(&self, now: Instant) -> Vec<(u64, bool)> {
         let mut c = self.cache();
-        c.drop_shared();
+        c.drop_shared(now);
         c.held_rights(now)
     }
 

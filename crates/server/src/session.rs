@@ -3,7 +3,7 @@
 //! (one operation against the store), `parking` (requests waiting on other sessions'
 //! rights), `record` (the durable session record) and `restart` (the grace period).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use crest_proto::{self as p, Op, Reply};
 use crest_store::{self as s, Store};
@@ -16,6 +16,7 @@ use crate::space::SpaceWatch;
 
 mod dispatch;
 mod parking;
+use parking::Pin;
 mod record;
 mod restart;
 #[cfg(test)]
@@ -150,10 +151,14 @@ pub struct Server {
     /// Requests waiting for other sessions to give up exclusive rights, oldest first.
     parked: VecDeque<Parked>,
     /// Inodes a change removed the last name of while other sessions cached them, held
-    /// open (a store handle each) until the change's recall is answered, by recall id.
-    pins: BTreeMap<u64, Vec<u64>>,
+    /// open (a store handle each) by recall id, until every session the recall went to
+    /// has answered it or is gone (`Pin`).
+    pins: BTreeMap<u64, Pin>,
     /// Unlinked files the last request opened (their openers need a record).
     opened_orphans: Vec<u64>,
+    /// Opens of parked requests that took effect as they arrived: not run again when
+    /// the request runs (a release may have come in between).
+    opened_on_arrival: HashSet<(SessionId, u64, u64)>,
     /// After a restart, until the grace period ends: every orphan the image kept, held
     /// open by the server itself (a store handle each), so that a release by one
     /// session cannot destroy a file another restored session is yet to open again.
@@ -166,7 +171,8 @@ pub struct Server {
     /// Sessions fenced for silence: their requests are refused, a resume starts afresh.
     fenced: HashSet<SessionId>,
     /// Fenced sessions whose durable marker (`FENCED_MARKER`) is still in the store: dropped
-    /// once the client has been told, or `RESTORED_SESSION_GRACE_MS` after the first tick.
+    /// `RESTORED_SESSION_GRACE_MS` after the first tick (telling the client is not enough:
+    /// the welcome may be lost).
     fenced_markers: HashMap<SessionId, Option<u64>>,
     /// After a restart: sessions restored from their records whose clients have not yet
     /// replayed; while any remain (and the grace period lasts), other work waits.
@@ -298,6 +304,7 @@ impl Server {
             parked: VecDeque::new(),
             pins: BTreeMap::new(),
             opened_orphans: Vec::new(),
+            opened_on_arrival: HashSet::new(),
             grace_orphans,
             flushed: HashSet::new(),
             last_heard: HashMap::new(),
@@ -354,14 +361,10 @@ impl Server {
         }
         let mut fenced = false;
         if let Some(t) = hello.resume {
+            // (A fenced session's marker stays until it expires, not only until its client
+            // is told: the welcome saying so can be lost with the connection, and a crash
+            // after the marker went would leave the client thinking it merely forgotten.)
             fenced = self.fenced.contains(&t.id);
-            if fenced && self.fenced_markers.remove(&t.id).is_some() {
-                // (Durable with the next commit; told again after a crash before it, the
-                // client, on its new session by then, does not ask.)
-                if let Err(e) = self.store.delete_session_record(t.id) {
-                    tracing::warn!(session = t.id, "cannot drop a fenced session's marker: {e}");
-                }
-            }
             if let Some(s) = self.sessions.get_mut(&t.id).filter(|s| s.secret == t.secret) {
                 self.disconnected.remove(&t.id);
                 let restarted = s.awaiting_resume.take().is_some() || s.restart_unconfirmed;
@@ -436,7 +439,9 @@ impl Server {
             for op in &req.ops {
                 if let Op::Open { ino, handle } = *op {
                     // A failure is reported when the open runs.
-                    let _ = self.open_handle(session, ino, handle);
+                    if self.open_handle(session, ino, handle).is_ok() {
+                        self.opened_on_arrival.insert((session, ino, handle));
+                    }
                 }
             }
             return;
@@ -489,7 +494,19 @@ impl Server {
                 _ => None,
             });
             match recall {
-                Some(id) => self.pins.entry(id).or_default().extend(pins),
+                Some(id) => {
+                    let owed = out.iter().filter_map(|o| match o {
+                        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }
+                            if *recall_id == id =>
+                        {
+                            Some(*session)
+                        }
+                        _ => None,
+                    });
+                    let pin = self.pins.entry(id).or_default();
+                    pin.owed.extend(owed);
+                    pin.inodes.extend(pins);
+                }
                 None => self.unpin(pins),
             }
         }
@@ -547,6 +564,9 @@ impl Server {
         }
         let out = self.caps.recall_done(session, recall_id);
         self.outbox.extend(out);
+        if let Some(pin) = self.pins.get_mut(&recall_id) {
+            pin.owed.remove(&session);
+        }
         self.release_pins();
         self.run_parked(now);
     }
@@ -557,6 +577,11 @@ impl Server {
         self.fenced.contains(&session)
     }
 
+    /// True while the server knows `session` (started, or restored after a restart).
+    pub fn has_session(&self, session: SessionId) -> bool {
+        self.sessions.contains_key(&session)
+    }
+
     /// True when `session` holds `handle` of `ino` open (an `Open` of a parked request
     /// takes effect as it arrives).
     pub fn holds_open(&self, session: SessionId, ino: u64, handle: u64) -> bool {
@@ -565,9 +590,10 @@ impl Server {
 
     /// True while `ino`, a file whose last name a change removed, is kept for the opens
     /// of sessions that may have opened it without asking (until they have answered the
-    /// change's recall): gone for everything but an `Open`.
+    /// change's recall), or an orphan held for the grace period after a restart: gone
+    /// for everything but an `Open` unless a session holds it open.
     pub fn is_pinned(&self, ino: u64) -> bool {
-        self.pins.values().any(|v| v.contains(&ino))
+        self.pins.values().any(|p| p.inodes.contains(&ino)) || self.grace_orphans.contains(&ino)
     }
 
     /// `session` said something at `now_ms`: its lease runs from here.
@@ -651,6 +677,12 @@ impl Server {
         self.outbox.extend(out);
         self.parked.retain(|p| p.session != id);
         self.flushed.retain(|(s, _)| *s != id);
+        self.opened_on_arrival.retain(|(s, _, _)| *s != id);
+        // Its opens sent behind will never come: nothing is kept for them.
+        for pin in self.pins.values_mut() {
+            pin.owed.remove(&id);
+        }
+        self.release_pins();
         if let Some(s) = self.sessions.remove(&id) {
             tracing::info!(session = id, client = %s.client_name, "session ended");
             if let Err(e) = self.store.delete_session_record(id) {

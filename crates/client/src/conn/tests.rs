@@ -368,6 +368,25 @@ fn an_open_unanswered_at_a_restart_goes_again_before_replayed() {
 }
 
 #[test]
+fn new_work_after_a_restart_stays_behind_replayed_when_the_connection_breaks_again() {
+    // Kept through 3: 4 and 5 went after `Replayed` as new work. The connection breaks
+    // before anything is answered; on the plain reconnect that follows the server may
+    // still be in its grace period: 4 and 5 must not reach it before `Replayed`, or it
+    // runs them as replays, ahead of the other sessions' re-asserts.
+    let (mut h, ids) = restart_after(3);
+    assert_eq!(ids, vec![0, 4, 5, 6]);
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, None, false));
+    assert_eq!(Harness::ids(&again), vec![0, 4, 5, 6], "Replayed, then the new work: {again:?}");
+    // Lost acknowledged changes still go before it.
+    let (mut h, ids) = restart_after(1);
+    assert_eq!(ids, vec![2, 0, 3, 4, 5, 6]);
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, None, false));
+    assert_eq!(Harness::ids(&again), vec![2, 0, 3, 4, 5, 6], "{again:?}");
+}
+
+#[test]
 fn a_plain_reconnect_resends_changes_in_their_places_with_the_same_ids() {
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));

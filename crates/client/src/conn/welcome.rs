@@ -42,6 +42,7 @@ impl<R> Connection<R> {
         }
         if w.fenced || self.session.is_none() {
             self.positions = 0;
+            self.replayed_at = None;
         }
         self.session = Some(w.session);
         if self.fsid.is_none() {
@@ -99,13 +100,22 @@ impl<R> Connection<R> {
         } else if !w.fenced {
             // The same session: what may not have arrived goes again, changes in their
             // places (a repeat is answered from the reply cache).
+            // New work placed after a restart's `Replayed` goes after it again.
+            let before = |p: u64| self.replayed_at.is_none_or(|r| p <= r);
             let mut again: Vec<(u64, p::Request)> = self.log.replaying.iter().map(|e| (e.pos, e.request())).collect();
+            let mut after: Vec<(u64, u64)> = Vec::new();
             for c in self.pending.values() {
-                if let Some(p) = c.pos {
-                    again.push((p, c.request()));
-                    rewritten.insert(c.id);
+                match c.pos {
+                    Some(p) if before(p) => {
+                        again.push((p, c.request()));
+                        rewritten.insert(c.id);
+                    }
+                    Some(p) => after.push((p, c.id)),
+                    None => {}
                 }
             }
+            after.sort_unstable();
+            late.extend(after.into_iter().map(|(_, id)| id));
             again.sort_by_key(|(p, _)| *p);
             for (_, req) in again {
                 self.write(&ClientMessage::Request(req));
@@ -145,6 +155,9 @@ impl<R> Connection<R> {
         // answered, and new work sent before it would be taken for replays and run inside
         // the grace period. The server ignores it from a session not replaying.
         if w.resumed && !w.fenced {
+            if restored {
+                self.replayed_at = Some(self.positions);
+            }
             self.write(&ClientMessage::Replayed);
         }
         for id in late {

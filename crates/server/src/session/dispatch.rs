@@ -347,6 +347,11 @@ impl Server {
                 Ok(Reply::Attr(attr_out(&inode)))
             }
             Op::Open { ino, handle } => {
+                if self.opened_on_arrival.remove(&(session, ino, handle)) {
+                    // It took effect as it arrived (`handle`): a release since then must
+                    // not be undone. The answer is the file as it is now.
+                    return Ok(Reply::Attr(attr_out(&self.store.getattr(ino)?)));
+                }
                 let inode = self.open_handle(session, ino, handle)?;
                 if inode.nlink == 0 {
                     // Recorded once the request is done (a record commits: not inside a unit).

@@ -4,6 +4,17 @@
 
 use super::*;
 
+/// Files a change removed the last name of while other sessions cached them: held open
+/// for the opens those sessions may have answered themselves and sent behind, until each
+/// has answered the change's recall (its `Open` is ahead of that answer on its
+/// connection), late or not, or is gone (fenced, ended: its opens will never run). Not
+/// the recall timeout: the change stops waiting then, the file does not.
+#[derive(Debug, Default)]
+pub(super) struct Pin {
+    pub(super) inodes: Vec<u64>,
+    pub(super) owed: BTreeSet<SessionId>,
+}
+
 impl Server {
     /// The files whose last name `req` may remove (unlinks and renames over them).
     pub(super) fn victims(&mut self, req: &p::Request) -> Vec<u64> {
@@ -64,10 +75,10 @@ impl Server {
     /// Lets go of the inodes held open for changes whose recalls are all answered (or
     /// given up on).
     pub(super) fn release_pins(&mut self) {
-        let done: Vec<u64> = self.pins.keys().copied().filter(|&id| !self.caps.wait_pending(id)).collect();
+        let done: Vec<u64> = self.pins.iter().filter(|(_, p)| p.owed.is_empty()).map(|(id, _)| *id).collect();
         for id in done {
-            if let Some(inodes) = self.pins.remove(&id) {
-                self.unpin(inodes);
+            if let Some(pin) = self.pins.remove(&id) {
+                self.unpin(pin.inodes);
             }
         }
     }
@@ -76,8 +87,7 @@ impl Server {
     /// period): gone for everything but an open that was already on its way (the one
     /// reason it is kept), or a restored session's re-open.
     pub(super) fn only_pinned(&self, ino: u64) -> bool {
-        let kept = self.pins.values().any(|v| v.contains(&ino)) || self.grace_orphans.contains(&ino);
-        kept && !self.sessions.values().any(|s| s.open.contains_key(&ino))
+        self.is_pinned(ino) && !self.sessions.values().any(|s| s.open.contains_key(&ino))
     }
 
     pub(super) fn unpin(&mut self, inodes: Vec<u64>) {

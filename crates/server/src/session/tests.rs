@@ -461,6 +461,45 @@ fn a_file_another_session_cached_outlives_its_unlink_until_that_session_answers(
 }
 
 #[test]
+fn a_pin_outlives_the_recall_timeout_until_the_holder_answers_or_is_fenced() {
+    // b caches x and answered an open of it itself; the Open is stuck in a partition.
+    // a's unlink does not wait past the recall timeout, but the file must: b's Open,
+    // ahead of its late answer on the same connection, has to find it.
+    for fenced in [false, true] {
+        let (mut srv, a, b) = two_sessions();
+        let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+            panic!("create")
+        };
+        let lookup = vec![Op::Lookup { parent: 1, name: b"x".to_vec() }];
+        assert!(run_answering_recalls(&mut srv, b, 1, lookup).is_ok());
+        srv.handle(a, req(2, vec![Op::Unlink { parent: 1, name: b"x".to_vec() }]), NOW);
+        let out = srv.take_outgoing();
+        let [Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. }] = &out[..] else {
+            panic!("expected a recall to b: {out:?}")
+        };
+        let recall_id = *recall_id;
+        // The recall times out: a's unlink returns.
+        srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS + 1).expect("tick");
+        assert!(srv.take_outgoing().iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == a)));
+        if fenced {
+            // b stays silent past its lease: fenced, its Open will never come.
+            srv.tick(millis(NOW) + p::timing::LEASE_MS * 2).expect("tick");
+            assert!(srv.is_fenced(b));
+            assert!(!srv.is_pinned(x.ino), "nobody can open it any more");
+            continue;
+        }
+        assert!(srv.is_pinned(x.ino));
+        srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9 }]), NOW);
+        let Ok(Reply::Attr(open)) = sole_result(&mut srv) else { panic!("b's late open of the unlinked x") };
+        assert_eq!(open.nlink, 0);
+        srv.recall_done(b, recall_id, NOW);
+        assert!(!srv.is_pinned(x.ino));
+        srv.handle(b, req(3, vec![Op::Read { ino: x.ino, offset: 0, len: 1 }]), NOW);
+        assert!(sole_result(&mut srv).is_ok(), "b's descriptor works");
+    }
+}
+
+#[test]
 fn a_write_waits_for_other_openers_to_write_back_first() {
     let (mut srv, a, b) = two_sessions();
     let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, b, 1, create_in_root(1, "x").ops) else {
@@ -1162,15 +1201,23 @@ fn a_fenced_session_is_not_restored_after_a_restart() {
     let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
     assert!(srv.sessions.is_empty() && srv.replaying.is_empty(), "nothing to wait for");
     // Its client, back after the restart, is told its session was fenced (it must not
-    // send its unanswered work again in a new session), and told once.
+    // send its unanswered work again in a new session); told again after another restart
+    // (that welcome may have been lost with its connection), until the marker expires.
     let (_, msg) = srv.handle_hello(&hello(Some(a_token)));
     assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })), "{msg:?}");
+    srv.store_mut().commit().expect("commit");
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    let (_, msg) = srv.handle_hello(&hello(Some(a_token)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })), "{msg:?}");
+    srv.tick(1).expect("tick");
+    srv.tick(2 + RESTORED_SESSION_GRACE_MS).expect("tick");
     srv.store_mut().commit().expect("commit");
     drop(srv.into_store().abandon());
     let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
     let (_, msg) = srv.handle_hello(&hello(Some(a_token)));
     assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: false, .. })), "{msg:?}");
-    assert!(srv.store.session_records().expect("records").len() <= 1, "only the new session's, if any");
+    assert!(srv.store.session_records().expect("records").len() <= 2, "only the new sessions', if any");
 }
 
 #[test]

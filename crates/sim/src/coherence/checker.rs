@@ -262,7 +262,13 @@ impl Checker {
             return None;
         };
         if matches!(info.purpose, Purpose::Reassert) {
-            // (Changes only who holds what; the client checks what it was given back.)
+            // (Changes only who holds what, and which handles are open: a handle opened
+            // again after a restart, in the restored session or a new one, holds its file
+            // as any open does; the client checks what it was given back.)
+            let model = self.model.as_mut().expect("model");
+            for op in info.ops.iter().filter(|op| matches!(op, Op::Open { .. })) {
+                let _ = model.apply(key.0, op, server_now);
+            }
             return Some(format!("server: runs {key:?} (re-assert)"));
         }
         if a.from_cache {

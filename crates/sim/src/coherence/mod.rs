@@ -117,6 +117,8 @@
 //! cores are woken every 250 ms; `CREST_SIM_LEASE=exact` also wakes one before every
 //! local answer (as `crest-net` wakes it at the lease's deadline).
 //!
+//! `CREST_SIM_OPENS=off` leaves open/close out of the workload (see docs/testing.md).
+//!
 //! Mutating the client's rules means mutating `crest-client` itself: the simulator has
 //! no copy of them. What this simulator has found, and the seeds: docs/testing.md.
 //!
@@ -201,6 +203,13 @@ pub(crate) const PEEK_US: u64 = 50_000;
 /// A client asks for a directory whole at most this often (the real client's
 /// `ACQUIRE_RETRY`).
 pub(crate) const ACQUIRE_RETRY_US: u64 = 1_000_000;
+/// Whether clients open and close files (`CREST_SIM_OPENS=off` leaves them out: the
+/// workload as it was before this part of it; see docs/testing.md).
+pub(crate) fn opens_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CREST_SIM_OPENS").as_deref() != Ok("off"))
+}
+
 pub(crate) fn ptime(us: u64) -> p::Time {
     p::Time { sec: (us / 1_000_000) as i64, nsec: ((us % 1_000_000) * 1_000) as u32 }
 }

@@ -215,6 +215,11 @@ impl Model {
         }
     }
 
+    /// The sessions holding handles.
+    pub(crate) fn openers(&self) -> BTreeSet<SessionId> {
+        self.inodes.values().flat_map(|i| i.opens.iter().map(|(s, _)| *s)).collect()
+    }
+
     /// Session `s` ended (goodbye, or fenced): its handles are released.
     pub(crate) fn end_session(&mut self, s: SessionId) {
         let held: Vec<(u64, u64)> = self
