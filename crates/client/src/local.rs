@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use crest_proto::{self as p, acl, Op, Reply};
 
-use crate::names::{Cached, NameCache, NAME_MAX};
+use crate::names::{cacheable, Cached, NameCache};
 
 /// Largest file data kept inline in a file's metadata by the server (no blocks counted).
 pub const INLINE_BYTES: u64 = 1024;
@@ -106,11 +106,6 @@ pub fn estimated_blocks(size: u64) -> u64 {
     }
 }
 
-/// A name a writeback create may make (anything else goes to the server for its error).
-pub fn creatable(name: &[u8]) -> bool {
-    !name.is_empty() && name.len() <= NAME_MAX && name != b"." && name != b".."
-}
-
 fn time_key(t: p::Time) -> (i64, u32) {
     (t.sec, t.nsec)
 }
@@ -148,7 +143,7 @@ impl NameCache {
     /// Whether a create of `name` in `parent` might be answered here (checked again by
     /// `create_here`): worth reserving an inode number and queue room for.
     pub fn may_create_here(&self, parent: u64, name: &[u8]) -> bool {
-        creatable(name) && self.is_exclusive(parent)
+        cacheable(name) && self.is_exclusive(parent)
     }
 
     /// Answers a create here when the mount holds `parent` exclusively and knows the name
@@ -158,7 +153,7 @@ impl NameCache {
     pub fn create_here(&mut self, n: &NewNode, clock: Clock) -> Option<(p::Attr, Writeback)> {
         let (now, t) = (clock.at, clock.time);
         let is_dir = n.kind == p::FileType::Directory;
-        if !creatable(n.name)
+        if !cacheable(n.name)
             || !self.is_exclusive(n.parent)
             || self.lookup(n.parent, n.name, now) != Some(Cached::Absent)
         {
@@ -373,7 +368,7 @@ impl NameCache {
     /// the inode gains a link and its ctime, the directory its mtime and ctime).
     pub fn link_here(&mut self, ino: u64, parent: u64, name: &[u8], clock: Clock) -> Option<(p::Attr, Writeback)> {
         let (now, t) = (clock.at, clock.time);
-        if !creatable(name) || !self.is_exclusive(parent) || !self.is_exclusive(ino) {
+        if !cacheable(name) || !self.is_exclusive(parent) || !self.is_exclusive(ino) {
             return None;
         }
         if self.lookup(parent, name, now) != Some(Cached::Absent) {
@@ -564,10 +559,10 @@ impl NameCache {
 
     /// A read reached the mount: the access-time change due (`atime_due`), or `None`.
     /// The change time stays (an access changes no state), so the operation names it.
-    /// `Ok`: answered here under exclusive rights; `Err`: the operation to send to the
-    /// server (held shared: its answer recalls the other holders), the held attributes
-    /// dropped.
-    pub fn accessed_here(&mut self, ino: u64, strict: bool, clock: Clock) -> Option<Result<Writeback, Op>> {
+    /// `Ok`: answered here under exclusive rights (the new attributes, the writeback);
+    /// `Err`: the operation to send to the server (held shared: its answer recalls the
+    /// other holders), the held attributes dropped.
+    pub fn accessed_here(&mut self, ino: u64, strict: bool, clock: Clock) -> Option<Result<(p::Attr, Writeback), Op>> {
         let now = clock.time;
         if !self.atime_due(ino, strict, clock) {
             return None;
@@ -587,7 +582,7 @@ impl NameCache {
             },
         );
         match local {
-            Some((_, wb)) => Some(Ok(wb)),
+            Some(answered) => Some(Ok(answered)),
             None => {
                 self.attr_stale(ino);
                 Some(Err(op))

@@ -121,7 +121,9 @@ pub struct NameCache {
     shared_dropped: Option<Instant>,
 }
 
-fn cacheable(name: &[u8]) -> bool {
+/// A name the cache keeps (and a writeback create may make): anything else goes to the
+/// server, for its error.
+pub(crate) fn cacheable(name: &[u8]) -> bool {
     !name.is_empty() && name.len() <= NAME_MAX && name != b"." && name != b".."
 }
 
@@ -271,7 +273,7 @@ impl NameCache {
     /// name is recorded, the attributes are not.
     pub fn added_by_reply(&mut self, dir: u64, name: &[u8], attr: &p::Attr, sent: Instant, now: Instant) {
         self.added(dir, name, attr, now);
-        if self.recalled_since(attr.ino, sent) {
+        if self.stale_since(attr.ino, sent) {
             self.attrs.remove(&attr.ino);
         }
     }
@@ -281,8 +283,9 @@ impl NameCache {
     /// recall of the new inode came first (then nothing of it is held), that it has no
     /// extended attributes but its ACLs and, a directory, that it is empty.
     pub fn created_by_reply(&mut self, dir: u64, name: &[u8], attr: &p::Attr, sent: Instant, now: Instant) {
-        self.added_by_reply(dir, name, attr, sent, now);
-        if self.recalled_since(attr.ino, sent) {
+        self.added(dir, name, attr, now);
+        if self.stale_since(attr.ino, sent) {
+            self.attrs.remove(&attr.ino);
             return;
         }
         if attr.flags == 0 {
@@ -311,7 +314,7 @@ impl NameCache {
     /// recall of it came since, or shared state was dropped since (the connection broke:
     /// the server may have stopped counting this mount as a holder, and answer a resend
     /// from its reply cache with what it found before).
-    fn recalled_since(&self, ino: u64, sent: Instant) -> bool {
+    fn stale_since(&self, ino: u64, sent: Instant) -> bool {
         self.tombstones.get(&ino).is_some_and(|&at| at >= sent) || self.shared_dropped.is_some_and(|at| at >= sent)
     }
 
@@ -325,15 +328,11 @@ impl NameCache {
                 self.attrs.remove(&ino);
                 self.drop_dir(ino);
             }
-            None => self.forget_attrs_of_unknown_victim(),
+            // Unknown inode: any might have been the victim and lost a link (a file
+            // unlinked while open is still reached through its descriptors, so even one
+            // with a single link must not show it).
+            None => self.attrs.clear(),
         }
-    }
-
-    /// A name whose inode this mount does not know lost it: any inode might have been
-    /// the victim, and lost a link (a file unlinked while open is still reached through
-    /// its descriptors, so even one with a single link must not show it).
-    fn forget_attrs_of_unknown_victim(&mut self) {
-        self.attrs.clear();
     }
 
     /// The server says `attr` is current (a reply to getattr, setattr, write, open…).

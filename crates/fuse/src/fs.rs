@@ -329,7 +329,7 @@ impl CrestFs {
             return;
         }
         let strict = self.atime == Atime::Strict;
-        let clock = Clock { at: Instant::now(), time: now_time() };
+        let clock = Self::clock();
         if !lock(&self.names).atime_due(ino, strict, clock) {
             return;
         }
@@ -337,13 +337,10 @@ impl CrestFs {
         let mut c = lock(&self.names);
         match c.accessed_here(ino, strict, clock) {
             None => {}
-            Some(Ok(wb)) => {
-                let a = c.attr(ino, clock.at);
+            Some(Ok((a, wb))) => {
                 self.send_writeback(permit, wb, clock.time);
                 drop(c);
-                if let Some(a) = a {
-                    lock(&self.inodes).changed_here(&a);
-                }
+                lock(&self.inodes).changed_here(&a);
             }
             // Held shared (or not at all): the server's answer recalls the other holders.
             Some(Err(op)) => {
@@ -732,10 +729,9 @@ impl Filesystem for CrestFs {
         if self.rename_locally(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), wire_flags) {
             return reply.ok();
         }
-        // Look the moved names up in the same request: a directory that moved needs its
-        // new parent for "..".
-        // What the new name named before (a replaced file a descriptor may still reach)
-        // is looked up first.
+        // Look the names up in the same request: first what the new name named before (a
+        // replaced file a descriptor may still reach), then after the rename the moved
+        // names (a directory that moved needs its new parent for "..").
         let mut ops = vec![
             Op::Lookup { parent: newparent.0, name: name_of(newname) },
             Op::Rename {

@@ -144,11 +144,6 @@ impl Caps {
         self.holders.get(&ino).is_some_and(|h| h.keys().any(|&s| s != session))
     }
 
-    /// True while the response of the change that sent recall `recall_id` waits for it.
-    pub fn wait_pending(&self, recall_id: u64) -> bool {
-        self.waits.contains_key(&recall_id)
-    }
-
     /// `session` answered recall `recall_id`.
     pub fn recall_done(&mut self, session: SessionId, recall_id: u64) -> Vec<Outgoing> {
         if self.exclusive_recalls.get(&recall_id).is_some_and(|r| r.holder == session) {

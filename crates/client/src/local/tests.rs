@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::NAME_MAX;
 
 const TTL: Duration = Duration::from_secs(5);
 
@@ -262,7 +263,7 @@ fn access_times_follow_relatime_and_go_to_the_server_when_shared() {
     let mut c = acquired(&dir, &[], now);
     c.create_here(&node(2, b"f", p::FileType::Regular, 0o644, 50), clock(now, 200)).expect("held");
     // atime == mtime: due once, then not until something changes or a day passes.
-    let wb = c.accessed_here(50, false, clock(now, 210)).expect("due").expect("held here");
+    let (_, wb) = c.accessed_here(50, false, clock(now, 210)).expect("due").expect("held here");
     assert_eq!(wb.what, ATIME);
     assert_eq!(c.attr(50, now).map(|a| (a.atime, a.ctime)), Some((time(210), time(200))));
     assert!(c.accessed_here(50, false, clock(now, 220)).is_none());

@@ -75,7 +75,7 @@ impl CrestFs {
     }
 
     /// The clock a local answer is made on.
-    fn clock() -> Clock {
+    pub(super) fn clock() -> Clock {
         Clock { at: Instant::now(), time: now_time() }
     }
 

@@ -79,11 +79,8 @@ impl Server {
         self.replaying.clear();
         // Every client that could still hold an unlinked file open has opened it again
         // (`Op::Open` before `Replayed`) or was fenced: what nobody holds goes now.
-        for ino in std::mem::take(&mut self.grace_orphans) {
-            if let Err(e) = self.store.release_handle(ino) {
-                tracing::warn!(ino, "cannot release an unlinked file after the grace period: {e}");
-            }
-        }
+        let held = std::mem::take(&mut self.grace_orphans);
+        self.unpin(held);
         reclaim_orphans(&mut self.store);
         for (session, req) in std::mem::take(&mut self.grace_parked) {
             self.handle(session, req, now);
