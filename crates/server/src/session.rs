@@ -412,6 +412,7 @@ impl Server {
         if !self.replaying.is_empty() && !self.replaying.contains(&session) {
             // Grace after a restart: a restored session's replays come first (they are
             // changes other clients may already have seen acknowledged).
+            self.open_on_arrival(session, &req);
             self.grace_parked.push_back((session, req));
             return;
         }
@@ -429,21 +430,7 @@ impl Server {
         if self.park_if_exclusive(session, &req, &involved, now_ms)
             || self.park_for_flush(session, &req, &write_backs, now_ms)
         {
-            // An open takes effect as it arrives, even when its answer must wait (for
-            // another session's exclusive rights, or its flush): its client may have
-            // answered the open itself and sent it before answering a recall, and the
-            // holder's unlink that runs first must find the file open (only the
-            // attributes in the answer need the holder's writeback). After a restart the
-            // same holds for a restored session's re-opens: its `Replayed` may end the
-            // grace, which reclaims what nobody holds open, while they wait.
-            for op in &req.ops {
-                if let Op::Open { ino, handle } = *op {
-                    // A failure is reported when the open runs.
-                    if self.open_handle(session, ino, handle).is_ok() {
-                        self.opened_on_arrival.insert((session, ino, handle));
-                    }
-                }
-            }
+            self.open_on_arrival(session, &req);
             return;
         }
         let read_only = !req.ops.iter().any(Op::is_mutation);
@@ -511,6 +498,24 @@ impl Server {
             }
         }
         self.outbox.extend(out);
+    }
+
+    /// The opens of a request whose answer must wait take effect as it arrives: for
+    /// another session's exclusive rights or its flush, its client may have answered the
+    /// open itself and sent it before answering a recall, and the holder's unlink that
+    /// runs first must find the file open (only the attributes in the answer need the
+    /// holder's writeback); for the grace period after a restart, the `Replayed` that
+    /// ends it reclaims what nobody holds open while they wait (a restored session's
+    /// re-opens, and new opens of files the server held for the grace).
+    fn open_on_arrival(&mut self, session: SessionId, req: &p::Request) {
+        for op in &req.ops {
+            if let Op::Open { ino, handle } = *op {
+                // A failure is reported when the open runs.
+                if self.open_handle(session, ino, handle).is_ok() {
+                    self.opened_on_arrival.insert((session, ino, handle));
+                }
+            }
+        }
     }
 
     /// Opens `handle` of `ino` for `session` unless it is open already (a retry, or an

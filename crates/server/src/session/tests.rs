@@ -294,6 +294,50 @@ fn a_release_during_the_grace_period_leaves_an_orphan_another_restored_session_h
 }
 
 #[test]
+fn an_open_that_waits_for_the_grace_period_holds_the_orphan_it_opens() {
+    // a holds x open; c unlinks it; the server restarts. b, restored, opens x as new
+    // work while a has not replayed yet: the open waits for the grace period, and a's
+    // `Replayed` ends it, which reclaims what nobody holds open. b's open must count.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("open"));
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        let (id, w) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(w) = w else { panic!("welcome") };
+        sessions.push((id.expect("session"), w.session));
+    }
+    let [(a, ta), (b, tb), (c, tc)] = sessions[..] else { panic!("three sessions") };
+    let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, c, 1, create_in_root(1, "x").ops) else {
+        panic!("create")
+    };
+    assert!(run_answering_recalls(&mut srv, a, 1, vec![Op::Open { ino: x.ino, handle: 1 }]).is_ok());
+    assert!(run_answering_recalls(&mut srv, b, 1, create_in_root(1, "y").ops).is_ok());
+    let unlink = vec![Op::Unlink { parent: 1, name: b"x".to_vec() }, Op::Fsync { ino: 1 }];
+    assert!(run_answering_recalls(&mut srv, c, 2, unlink).is_ok());
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("reopen"));
+    assert_eq!(srv.handle_hello(&hello(Some(tb))).0, Some(b));
+    srv.replayed(b, NOW);
+    assert_eq!(srv.handle_hello(&hello(Some(tc))).0, Some(c));
+    srv.replayed(c, NOW);
+    assert_eq!(srv.handle_hello(&hello(Some(ta))).0, Some(a));
+    let _ = srv.take_outgoing();
+    // b's open waits: a has not replayed.
+    srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 7 }]), NOW);
+    assert!(srv.take_outgoing().is_empty(), "new work waits for the grace period");
+    // a closed its file while the server was down: it does not open it again.
+    srv.replayed(a, NOW);
+    let answer = srv.take_outgoing().into_iter().find_map(|o| match o {
+        Outgoing::Response { response, .. } if response.id == 2 => Some(response),
+        _ => None,
+    });
+    let answer = answer.expect("answered once the grace is over");
+    assert!(matches!(&answer.results[0], Ok(Reply::Attr(o)) if o.nlink == 0), "{answer:?}");
+    let r = srv.handle_request(b, req(3, vec![Op::Read { ino: x.ino, offset: 0, len: 10 }]), NOW);
+    assert!(r.results[0].is_ok(), "{r:?}");
+}
+
+#[test]
 fn a_stall_of_the_server_itself_does_not_count_against_leases() {
     for forgiven in [false, true] {
         let (mut srv, a, _) = two_sessions();
