@@ -75,6 +75,14 @@ pub struct Caps {
     recalling: HashMap<u64, u64>,
     exclusive_recalls: BTreeMap<u64, ExclusiveRecall>,
     flush_recalls: BTreeMap<u64, FlushRecall>,
+    /// Inode → sessions that held it and did not answer its recall in time, with that
+    /// recall's id. Their cache has expired, so no change waits for them; but an `Open`
+    /// one answered itself before may still be on its way, ahead of its late answer. So
+    /// a later change of the inode tells them too (without waiting), and a pin of the
+    /// file waits for that answer (`session::parking::Pin`). Gone once the session
+    /// answers a later recall (its connection is in order, and a client drops what it
+    /// shares when a connection breaks) or loses every right.
+    lapsed: HashMap<u64, BTreeMap<SessionId, u64>>,
 }
 
 /// Something the server sends.
@@ -122,17 +130,37 @@ impl Caps {
             }
         }
         targets.retain(|_, v| !v.is_empty());
-        if targets.is_empty() {
+        let mut told: BTreeMap<SessionId, Vec<u64>> = BTreeMap::new();
+        for &ino in inodes {
+            for &t in self.lapsed.get(&ino).into_iter().flat_map(BTreeMap::keys) {
+                let v = told.entry(t).or_default();
+                if t != session && !v.contains(&ino) && !targets.get(&t).is_some_and(|h| h.contains(&ino)) {
+                    v.push(ino);
+                }
+            }
+        }
+        told.retain(|_, v| !v.is_empty());
+        if targets.is_empty() && told.is_empty() {
             return vec![Outgoing::Response { session, response }];
         }
         self.next_recall += 1;
         let recall_id = self.next_recall;
-        let mut out = Vec::with_capacity(targets.len());
+        let mut out = Vec::with_capacity(targets.len() + told.len());
         for (&t, inodes) in &targets {
             for ino in inodes {
                 self.holders.entry(*ino).or_default().insert(t, Some(recall_id));
             }
-            out.push(Outgoing::Notify { session: t, notify: p::Notify::Recall { recall_id, inodes: inodes.clone() } });
+        }
+        let mut notices = targets.clone();
+        for (t, inodes) in told {
+            notices.entry(t).or_default().extend(inodes);
+        }
+        for (t, inodes) in notices {
+            out.push(Outgoing::Notify { session: t, notify: p::Notify::Recall { recall_id, inodes } });
+        }
+        if targets.is_empty() {
+            out.push(Outgoing::Response { session, response });
+            return out;
         }
         let deadline_ms = now_ms + RECALL_TIMEOUT_MS;
         self.waits.insert(recall_id, Wait { session, response: Some(response), outstanding: targets, deadline_ms });
@@ -144,8 +172,20 @@ impl Caps {
         self.holders.get(&ino).is_some_and(|h| h.keys().any(|&s| s != session))
     }
 
+    /// True while some session other than `session` held `ino` and has not answered
+    /// since a recall of it timed out (`lapsed`): it may have opened it without asking.
+    pub fn lapsed_elsewhere(&self, session: SessionId, ino: u64) -> bool {
+        self.lapsed.get(&ino).is_some_and(|l| l.keys().any(|&s| s != session))
+    }
+
     /// `session` answered recall `recall_id`.
     pub fn recall_done(&mut self, session: SessionId, recall_id: u64) -> Vec<Outgoing> {
+        self.lapsed.retain(|_, l| {
+            if l.get(&session).is_some_and(|&r| r < recall_id) {
+                l.remove(&session);
+            }
+            !l.is_empty()
+        });
         if self.exclusive_recalls.get(&recall_id).is_some_and(|r| r.holder == session) {
             self.finish_exclusive_recall(recall_id);
             return Vec::new();
@@ -262,6 +302,9 @@ impl Caps {
                 // What they cached before the change has expired on their side by now.
                 for (t, inodes) in &w.outstanding {
                     self.unhold(*t, inodes, id);
+                    for &ino in inodes {
+                        self.lapsed.entry(ino).or_default().insert(*t, id);
+                    }
                 }
                 out.extend(release(w));
             }
@@ -291,6 +334,10 @@ impl Caps {
         self.holders.retain(|_, h| {
             h.remove(&session);
             !h.is_empty()
+        });
+        self.lapsed.retain(|_, l| {
+            l.remove(&session);
+            !l.is_empty()
         });
         let mine: Vec<u64> =
             self.exclusive_recalls.iter().filter(|(_, r)| r.holder == session).map(|(id, _)| *id).collect();
@@ -579,14 +626,20 @@ mod tests {
         assert_eq!(c.recall_done(2, second), vec![Outgoing::Response { session: 3, response: resp(2) }]);
         assert!(c.holders_of(10).is_empty());
         // A holder that stays silent past its recall's deadline has let its cache expire:
-        // later changes stop waiting for it.
+        // later changes stop waiting for it, but still tell it (an open it answered
+        // itself may be on its way: pins wait for its answer), until it answers.
         c.grant(2, [10]);
         c.changed(1, &[10], resp(3), 100);
         assert_eq!(c.expire(100 + RECALL_TIMEOUT_MS), vec![Outgoing::Response { session: 1, response: resp(3) }]);
-        assert_eq!(
-            c.changed(3, &[10], resp(4), 200 + RECALL_TIMEOUT_MS),
-            vec![Outgoing::Response { session: 3, response: resp(4) }]
-        );
+        let out = c.changed(3, &[10], resp(4), 200 + RECALL_TIMEOUT_MS);
+        let [Outgoing::Notify { session: 2, notify: p::Notify::Recall { recall_id: told, .. } }, Outgoing::Response { session: 3, .. }] =
+            out[..]
+        else {
+            panic!("{out:?}")
+        };
+        assert!(c.lapsed_elsewhere(3, 10));
+        assert_eq!(c.recall_done(2, told), vec![], "nothing waited for it");
+        assert!(!c.lapsed_elsewhere(3, 10), "its answer ends it");
         // A holder that fetched again after its recall was sent holds the new state: its
         // answer to the old recall does not end that.
         c.grant(2, [10]);

@@ -46,7 +46,8 @@ impl Server {
     pub(super) fn pin(&mut self, session: SessionId, victims: &[u64]) -> Vec<u64> {
         let mut pins = Vec::new();
         for &ino in victims {
-            if self.caps.held_elsewhere(session, ino) && self.store.open_handle(ino).is_ok() {
+            let elsewhere = self.caps.held_elsewhere(session, ino) || self.caps.lapsed_elsewhere(session, ino);
+            if elsewhere && self.store.open_handle(ino).is_ok() {
                 pins.push(ino);
             }
         }
@@ -130,7 +131,11 @@ impl Server {
     /// answered a flush recall (`caps::FlushRecall`: pages it mapped shared and dirtied
     /// are written back before the change, not over it). The writeback of a file the
     /// session holds exclusively runs at once, and so does its kernel's write-back
-    /// (`Op::WriteBack`) of a file it is asked to give up (part of its answer). A request
+    /// (`Op::WriteBack`) of a file it is asked to give up (part of its answer), and any
+    /// writeback of changes its client answered itself (`Request::time`): answered under
+    /// exclusive rights, when no other session could have dirtied the pages, and already
+    /// returned to its caller, whose next requests must find it done — it may arrive
+    /// after the rights are gone (a restart that gave them back to nobody). A request
     /// waits so once (`flushed`).
     pub(super) fn park_for_flush(
         &mut self,
@@ -139,7 +144,7 @@ impl Server {
         write_backs: &[u64],
         now_ms: u64,
     ) -> bool {
-        if self.flushed.remove(&(session, req.id)) {
+        if self.flushed.remove(&(session, req.id)) || req.time.is_some() {
             return false;
         }
         let mut targets: BTreeMap<SessionId, Vec<u64>> = BTreeMap::new();

@@ -544,6 +544,64 @@ fn a_pin_outlives_the_recall_timeout_until_the_holder_answers_or_is_fenced() {
 }
 
 #[test]
+fn a_holder_whose_recall_timed_out_is_still_waited_for_by_a_later_unlinks_pin() {
+    // b caches x and answered an open of it itself; the Open is stuck in a partition with
+    // b's answers. a's chmod of x stops waiting for b at the recall timeout; then a
+    // unlinks x. b's Open, ahead of its late answers, has to find the file.
+    let (mut srv, a, b) = two_sessions();
+    let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+        panic!("create")
+    };
+    // (b holds x, not the directory: the unlink has nothing else to recall from it.)
+    assert!(run_answering_recalls(&mut srv, b, 1, vec![Op::GetAttr { ino: x.ino }]).is_ok());
+    let chmod = Op::SetAttr { ino: x.ino, set: p::SetAttr { mode: Some(0o600), ..Default::default() } };
+    srv.handle(a, req(2, vec![chmod]), NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == b), "{out:?}");
+    srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS + 1).expect("tick");
+    assert!(srv.take_outgoing().iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == a)));
+    srv.handle(a, req(3, vec![Op::Unlink { parent: 1, name: b"x".to_vec() }]), NOW);
+    let out = srv.take_outgoing();
+    assert!(
+        out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == a)),
+        "the unlink does not wait for b again: {out:?}"
+    );
+    let recall_id = out.iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if *session == b => Some(*recall_id),
+        _ => None,
+    });
+    assert!(srv.is_pinned(x.ino), "b may have opened x without asking");
+    srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9 }]), NOW);
+    let Ok(Reply::Attr(open)) = sole_result(&mut srv) else { panic!("b's late open of the unlinked x") };
+    assert_eq!(open.nlink, 0);
+    srv.recall_done(b, recall_id.expect("b is told of the unlink, to answer behind its opens"), NOW);
+    assert!(!srv.is_pinned(x.ino));
+    srv.handle(b, req(3, vec![Op::Read { ino: x.ino, offset: 0, len: 1 }]), NOW);
+    assert!(sole_result(&mut srv).is_ok(), "b's descriptor works");
+}
+
+#[test]
+fn a_writeback_of_a_write_answered_under_exclusive_rights_does_not_wait_for_other_openers() {
+    // a answered a write itself while it held x exclusively, then lost the rights (a
+    // restart gave them to nobody: b opened x again first). Its writeback must run before
+    // a's later requests, which its processes made after that write returned: parked for
+    // b's flush, a's next read would run ahead of it and miss it.
+    let (mut srv, a, b) = two_sessions();
+    let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+        panic!("create")
+    };
+    assert!(run_answering_recalls(&mut srv, b, 1, vec![Op::Open { ino: x.ino, handle: 1 }]).is_ok());
+    let write = Op::Write { ino: x.ino, offset: 0, data: b"written".to_vec() };
+    srv.handle(a, p::Request { id: 2, ops: vec![write], time: Some(NOW) }, NOW);
+    srv.handle(a, req(3, vec![Op::Read { ino: x.ino, offset: 0, len: 64 }]), NOW);
+    let out = srv.take_outgoing();
+    let read = out.iter().find_map(|o| match o {
+        Outgoing::Response { response, .. } if response.id == 3 => Some(response.results[0].clone()),
+        _ => None,
+    });
+    assert!(matches!(&read, Some(Ok(Reply::Data(d))) if d == b"written"), "{out:?}");
+}
+#[test]
 fn a_write_waits_for_other_openers_to_write_back_first() {
     let (mut srv, a, b) = two_sessions();
     let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, b, 1, create_in_root(1, "x").ops) else {
