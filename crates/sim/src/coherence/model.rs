@@ -85,6 +85,10 @@ pub(crate) struct Model {
     /// change's recall: `Server::pinned`, which `sync_pins` follows): gone for everything
     /// but an `Open`, which brings them back as orphans.
     pub(crate) pinned: BTreeMap<u64, MInode>,
+    /// Opens of requests the server parked that took effect as they arrived
+    /// (`opened_early`): when the request runs, they are not opened again (a release may
+    /// have come in between), and answer with the file as it is.
+    pub(crate) early: BTreeSet<(SessionId, u64, u64)>,
     /// Counts changes made by no changing request (opens, releases, sessions ending,
     /// pins let go): the checker does not take them for a change of the next request's.
     pub(crate) side: u64,
@@ -207,6 +211,7 @@ impl Model {
     /// comes when the request runs).
     pub(crate) fn opened_early(&mut self, s: SessionId, ino: u64, handle: u64) {
         self.side += 1;
+        self.early.insert((s, ino, handle));
         if let Some(i) = self.pinned.remove(&ino) {
             self.inodes.insert(ino, i);
         }
@@ -222,6 +227,7 @@ impl Model {
 
     /// Session `s` ended (goodbye, or fenced): its handles are released.
     pub(crate) fn end_session(&mut self, s: SessionId) {
+        self.early.retain(|(o, _, _)| *o != s);
         let held: Vec<(u64, u64)> = self
             .inodes
             .iter()
@@ -359,6 +365,9 @@ impl Model {
         match op {
             Op::Open { ino, handle } => {
                 self.side += 1;
+                if self.early.remove(&(session, *ino, *handle)) {
+                    return self.attr(*ino).map(Out::Attr).ok_or(ENOENT);
+                }
                 if let Some(i) = self.pinned.remove(ino) {
                     self.inodes.insert(*ino, i);
                 }

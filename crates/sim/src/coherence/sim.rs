@@ -173,7 +173,8 @@ impl Sim {
         );
         let mut dirs = BTreeMap::new();
         dirs.insert(ROOT_INO, BTreeMap::new());
-        let model = Model { inodes, dirs, next_ino: ROOT_INO + 1, pinned: BTreeMap::new(), side: 0 };
+        let model =
+            Model { inodes, dirs, next_ino: ROOT_INO + 1, pinned: BTreeMap::new(), early: BTreeSet::new(), side: 0 };
         let mut ck = Checker::default();
         ck.snaps.insert(0, Rc::new(model.clone()));
         ck.model = Some(model);
@@ -1011,6 +1012,8 @@ impl Sim {
         // A session the restarted server did not restore (it had no record) lost its
         // handles with the old server's memory.
         let model = self.ck.model.as_mut().expect("model");
+        // (The new server remembers no open that took effect on arrival.)
+        model.early.clear();
         for s in model.openers() {
             if !self.server.has_session(s) {
                 model.end_session(s);
