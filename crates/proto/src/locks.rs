@@ -104,15 +104,17 @@ impl Held {
 }
 
 /// Every lock, by inode.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LockTable {
     files: HashMap<u64, Vec<Held>>,
 }
 
 impl LockTable {
-    /// The first lock of another holder that would conflict with `holder` taking `kind`
-    /// on `start..=end` of `ino` (F_GETLK); `None` when the request would be granted (and
-    /// always for `Unlock`).
+    /// The lock of another holder that would conflict with `holder` taking `kind` on
+    /// `start..=end` of `ino` (F_GETLK) — of several, the one that starts first (then ends
+    /// first, then by holder), so that the answer does not depend on the order the locks
+    /// were taken in, which a server restart changes; `None` when the request would be
+    /// granted (and always for `Unlock`).
     pub fn test(
         &self,
         ino: u64,
@@ -127,7 +129,12 @@ impl LockTable {
             LockKind::Write => true,
             LockKind::Unlock => return None,
         };
-        self.files.get(&ino)?.iter().find(|l| l.blocks(holder, start, end, write, flock)).map(Held::info)
+        self.files
+            .get(&ino)?
+            .iter()
+            .filter(|l| l.blocks(holder, start, end, write, flock))
+            .min_by_key(|l| (l.start, l.end, l.holder.session, l.holder.owner))
+            .map(Held::info)
     }
 
     /// Takes, converts or drops a lock on `ino`. Callers check `start <= end`.

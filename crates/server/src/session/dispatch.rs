@@ -137,7 +137,13 @@ impl Server {
     pub(super) fn apply_inner(&mut self, session: SessionId, op: Op, now: p::Time) -> Result<Reply, Failure> {
         let kept = !self.pins.is_empty() || !self.grace_orphans.is_empty();
         if kept && !matches!(op, Op::Open { .. } | Op::Release { .. }) {
-            if let Some(ino) = op_inodes(&op).into_iter().find(|&i| self.only_pinned(i)) {
+            // (Locks too, but for an unlock, which asks nothing of the file.)
+            let locked = match op {
+                Op::SetLock { ino, kind, .. } if kind != p::LockKind::Unlock => Some(ino),
+                Op::GetLock { ino, .. } => Some(ino),
+                _ => None,
+            };
+            if let Some(ino) = op_inodes(&op).into_iter().chain(locked).find(|&i| self.only_pinned(i)) {
                 return Err(Failure::Wire(errno(2, format!("inode {ino} was removed"))));
             }
         }

@@ -230,6 +230,7 @@ impl Checker {
             Ok(Reply::Done) => Out::Done,
             Ok(Reply::Inodes { first, count }) => Out::Inodes { first: *first, count: *count },
             Ok(Reply::Names(n)) => Out::Names(n.iter().cloned().collect()),
+            Ok(Reply::Lock(l)) => Out::Lock(*l),
             Ok(other) => panic!("the simulator asks nothing answered with {other:?}"),
         })
     }

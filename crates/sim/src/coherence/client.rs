@@ -131,6 +131,9 @@ pub(crate) struct Client {
     pub(crate) opens: BTreeMap<u64, u64>,
     /// The next file handle.
     pub(crate) next_handle: u64,
+    /// Locks its processes may hold (inode, owner, flock): each unlocks before it closes
+    /// the file's last descriptor here (as a close's FLUSH and RELEASE do).
+    pub(crate) locked: BTreeSet<(u64, u64, bool)>,
     /// Files it saw with no name left (open, unlinked): gone for it with their last handle.
     pub(crate) unlinked: BTreeSet<u64>,
     /// Inodes it has heard of (what it can name; possibly gone).
@@ -185,6 +188,7 @@ impl Client {
             pool: (0, 0),
             opens: BTreeMap::new(),
             next_handle: 1,
+            locked: BTreeSet::new(),
             unlinked: BTreeSet::new(),
             known,
             recent: VecDeque::new(),

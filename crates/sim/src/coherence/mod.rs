@@ -257,6 +257,12 @@ pub(crate) fn ops_brief(ops: &[Op]) -> String {
             Op::GetXattr { ino, name: n } => format!("getxattr {ino} {}", name(n)),
             Op::ListXattr { ino } => format!("listxattr {ino}"),
             Op::RemoveXattr { ino, name: n } => format!("removexattr {ino} {}", name(n)),
+            Op::SetLock { ino, owner, start, end, kind, flock, .. } => {
+                format!("setlock {ino} owner {owner} {start}..={end} {kind:?}{}", if *flock { " flock" } else { "" })
+            }
+            Op::GetLock { ino, owner, start, end, kind, flock } => {
+                format!("getlock {ino} owner {owner} {start}..={end} {kind:?}{}", if *flock { " flock" } else { "" })
+            }
             other => format!("{other:?}"),
         })
         .collect();

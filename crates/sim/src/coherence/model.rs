@@ -35,6 +35,8 @@ pub(crate) enum Out {
     Acquired(AttrV, BTreeMap<Vec<u8>, AttrV>),
     /// A `ListXattr` (in any order).
     Names(BTreeSet<Vec<u8>>),
+    /// A `GetLock`: the conflicting lock, if any.
+    Lock(Option<p::LockInfo>),
 }
 
 pub(crate) type Res = Result<Out, i32>;
@@ -89,6 +91,9 @@ pub(crate) struct Model {
     /// (`opened_early`): when the request runs, they are not opened again (a release may
     /// have come in between), and answer with the file as it is.
     pub(crate) early: BTreeSet<(SessionId, u64, u64)>,
+    /// Every session's fcntl and flock locks, as the server must hold them: kept across
+    /// server restarts (restored sessions take theirs again), gone with their session.
+    pub(crate) locks: crest_proto::locks::LockTable,
     /// Counts changes made by no changing request (opens, releases, sessions ending,
     /// pins let go): the checker does not take them for a change of the next request's.
     pub(crate) side: u64,
@@ -102,6 +107,8 @@ pub(crate) const EISDIR: i32 = 21;
 pub(crate) const EINVAL: i32 = 22;
 pub(crate) const ENOTEMPTY: i32 = 39;
 pub(crate) const ENODATA: i32 = 61;
+pub(crate) const EAGAIN: i32 = 11;
+pub(crate) const ENOLCK: i32 = 37;
 
 impl Model {
     pub(crate) fn attr(&self, ino: u64) -> Option<AttrV> {
@@ -228,6 +235,9 @@ impl Model {
     /// Session `s` ended (goodbye, or fenced): its handles are released.
     pub(crate) fn end_session(&mut self, s: SessionId) {
         self.early.retain(|(o, _, _)| *o != s);
+        if self.locks.release_session(s) > 0 {
+            self.side += 1;
+        }
         let held: Vec<(u64, u64)> = self
             .inodes
             .iter()
@@ -359,6 +369,13 @@ impl Model {
     /// Applies one operation of session `session` at `now` (the server's clock, or the
     /// writeback's).
     pub(crate) fn apply(&mut self, session: SessionId, op: &Op, now: p::Time) -> Res {
+        if let Op::GetLock { ino, owner, start, end, kind, flock } = op {
+            if !self.inodes.contains_key(ino) {
+                return Err(ENOENT);
+            }
+            let holder = crest_proto::locks::Holder { session, owner: *owner };
+            return Ok(Out::Lock(self.locks.test(*ino, holder, *start, *end, *kind, *flock)));
+        }
         if let Some(r) = self.eval(op) {
             return r;
         }
@@ -374,6 +391,26 @@ impl Model {
                 let i = self.inodes.get_mut(ino).ok_or(ENOENT)?;
                 i.opens.insert((session, *handle));
                 Ok(Out::Attr(self.attr(*ino).expect("exists")))
+            }
+            Op::SetLock { ino, owner, start, end, kind, flock, pid } => {
+                self.side += 1;
+                if *kind != p::LockKind::Unlock && !self.inodes.contains_key(ino) {
+                    return Err(ENOENT);
+                }
+                let holder = crest_proto::locks::Holder { session, owner: *owner };
+                let req = crest_proto::locks::Request {
+                    holder,
+                    start: *start,
+                    end: *end,
+                    kind: *kind,
+                    flock: *flock,
+                    pid: *pid,
+                };
+                match self.locks.set(*ino, &req) {
+                    Ok(()) => Ok(Out::Done),
+                    Err(crest_proto::locks::Refusal::Conflict(_)) => Err(EAGAIN),
+                    Err(crest_proto::locks::Refusal::TooMany) => Err(ENOLCK),
+                }
             }
             Op::Release { ino, handle } => {
                 self.side += 1;

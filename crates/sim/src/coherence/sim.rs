@@ -173,8 +173,15 @@ impl Sim {
         );
         let mut dirs = BTreeMap::new();
         dirs.insert(ROOT_INO, BTreeMap::new());
-        let model =
-            Model { inodes, dirs, next_ino: ROOT_INO + 1, pinned: BTreeMap::new(), early: BTreeSet::new(), side: 0 };
+        let model = Model {
+            inodes,
+            dirs,
+            next_ino: ROOT_INO + 1,
+            pinned: BTreeMap::new(),
+            early: BTreeSet::new(),
+            locks: Default::default(),
+            side: 0,
+        };
         let mut ck = Checker::default();
         ck.snaps.insert(0, Rc::new(model.clone()));
         ck.model = Some(model);
@@ -629,8 +636,9 @@ impl Sim {
         }
         let cl = &mut self.clients[c];
         cl.pool = (0, 0);
-        // (Its handles went with the session: the server released them.)
+        // (Its handles and locks went with the session: the server released them.)
         cl.opens.clear();
+        cl.locked.clear();
         cl.prior = old.or(cl.prior);
         cl.session = None;
         cl.answered_seq = 0;
@@ -780,6 +788,7 @@ impl Sim {
             // (Its handles went with it.)
             self.ck.model.as_mut().expect("model").end_session(old);
             self.clients[c].opens.clear();
+            self.clients[c].locked.clear();
             let cl = &mut self.clients[c];
             cl.pool = (0, 0);
             cl.answered_seq = 0;
@@ -1282,7 +1291,16 @@ impl Sim {
             0..=5 if !opens_on() => Op::Lookup { parent: dir(r), name: name(r) },
             0..=5 if r.below(2) == 0 && !handles.is_empty() => {
                 let (handle, ino) = handles[r.below(handles.len() as u64) as usize];
-                Op::Release { ino, handle }
+                let last = handles.iter().filter(|(_, i)| *i == ino).count() == 1;
+                match cl.locked.range((ino, 0, false)..=(ino, u64::MAX, true)).next().copied() {
+                    // Its processes drop their locks on the file before the last close.
+                    Some(held @ (ino, owner, flock)) if last => {
+                        self.clients[c].locked.remove(&held);
+                        let pid = 100 * c as u32 + owner as u32;
+                        Op::SetLock { ino, owner, start: 0, end: p::LOCK_TO_EOF, kind: p::LockKind::Unlock, flock, pid }
+                    }
+                    _ => Op::Release { ino, handle },
+                }
             }
             0..=5 => match file(r) {
                 Some(ino) if handles.len() < 4 => {
@@ -1291,7 +1309,33 @@ impl Sim {
                 }
                 _ => Op::Lookup { parent: dir(r), name: name(r) },
             },
-            6..=19 => Op::Lookup { parent: dir(r), name: name(r) },
+            // fcntl and flock locks of a few owners (processes) on the files it holds
+            // open (a lock needs a descriptor), over overlapping ranges: tries (F_SETLK),
+            // and tests (F_GETLK).
+            6..=9 => match (!handles.is_empty()).then(|| handles[r.below(handles.len() as u64) as usize].1) {
+                Some(ino) => {
+                    let owner = 1 + r.below(3);
+                    let flock = r.below(4) == 0;
+                    let (start, end) = if flock {
+                        (0, p::LOCK_TO_EOF)
+                    } else {
+                        let start = r.below(4) * 100 + r.below(50);
+                        (start, if r.below(4) == 0 { p::LOCK_TO_EOF } else { start + r.below(200) })
+                    };
+                    let kind = [p::LockKind::Read, p::LockKind::Write, p::LockKind::Write, p::LockKind::Unlock]
+                        [r.below(4) as usize];
+                    if r.below(4) == 0 && kind != p::LockKind::Unlock {
+                        Op::GetLock { ino, owner, start, end, kind, flock }
+                    } else {
+                        if kind != p::LockKind::Unlock {
+                            self.clients[c].locked.insert((ino, owner, flock));
+                        }
+                        Op::SetLock { ino, owner, start, end, kind, flock, pid: 100 * c as u32 + owner as u32 }
+                    }
+                }
+                None => Op::Lookup { parent: dir(r), name: name(r) },
+            },
+            10..=19 => Op::Lookup { parent: dir(r), name: name(r) },
             // Now and then an xattr of anything it knows: values across the inline limit
             // (1784 bytes of name + value) and the chunk size, set with either flag.
             20..=29 if r.below(3) == 0 => {
