@@ -1,7 +1,10 @@
-//! Sessions and their reply caches, the order and durability of each session's changes,
-//! leases and fencing, and the step that takes a request through the rest: `dispatch`
-//! (one operation against the store), `parking` (requests waiting on other sessions'
-//! rights), `record` (the durable session record) and `restart` (the grace period).
+//! Sessions and the step that takes a request through the server: `handle` (waiting,
+//! pins, the order a session's changes take and their responses go out in) and
+//! `handle_request` (one request's operations and the rights their replies grant). Its
+//! rooms: `replies` (the reply cache), `durability` (store units and commits), `lease`
+//! (leases and fencing), `dispatch` (one operation against the store), `parking`
+//! (requests waiting on other sessions' rights), `record` (the durable session record)
+//! and `restart` (the grace period).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
@@ -15,35 +18,31 @@ use crate::locks::{self, LockTable};
 use crate::space::SpaceWatch;
 
 mod dispatch;
+mod durability;
+mod lease;
 mod parking;
 use parking::Pin;
 mod record;
+mod replies;
 mod restart;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use dispatch::Failure;
 use dispatch::{carried, op_inode, op_inodes, take_write_backs};
+use durability::settle_inodes;
+pub use durability::COMMIT_AFTER_WRITTEN_BYTES;
+pub use lease::RESTORED_SESSION_GRACE_MS;
 use record::{decode_record, encode_fenced_marker, encode_record, is_fenced_marker, Record, MAX_RECORD_HOLES};
+use replies::Replies;
+pub use replies::REPLY_CACHE_ENTRIES;
 use restart::{hold_orphans, reclaim_orphans};
 
-/// Responses each session remembers for retries.
-pub const REPLY_CACHE_ENTRIES: usize = 4096;
 /// Most distinct name hashes (about: entries) around the looked-up name a lookup reply
 /// carries from its directory leaf.
 pub const LOOKUP_NEIGHBOURS: usize = 64;
 /// Most items one readdir reply carries.
 pub const READDIR_MAX_ITEMS: u32 = 1024;
-
-/// Bytes of file data written since the last commit that make the server commit: bounds
-/// both what a crash can lose and what clients keep for replay.
-pub const COMMIT_AFTER_WRITTEN_BYTES: u64 = 64 << 20;
-/// How long a session restored from its record after a restart waits for its client to
-/// come back before its record is dropped.
-pub const RESTORED_SESSION_GRACE_MS: u64 = 15 * 60 * 1000;
-/// Stands for the inode-number counter among inodes changed (no inode has number 0):
-/// creates and `AllocInodes` change it.
-const ALLOCATOR: u64 = 0;
 
 /// A session number.
 pub type SessionId = u64;
@@ -55,8 +54,8 @@ const NO_SESSION: SessionId = 0;
 struct Session {
     secret: u64,
     client_name: String,
-    replies: HashMap<u64, p::Response>,
-    order: VecDeque<u64>,
+    /// Its responses to changes, kept for retries.
+    replies: Replies,
     /// Handles this session holds open, by inode (released when the session ends).
     open: HashMap<u64, HashSet<u64>>,
     /// Changing requests numbered so far (the last one's `seq`): a change takes its `seq`
@@ -94,6 +93,15 @@ struct Session {
 }
 
 impl Session {
+    /// Reserves the place (`seq`) of change `id` as it arrives, unless it has one already
+    /// or was answered (a resend).
+    fn reserve_place(&mut self, id: u64) {
+        if !self.replies.contains(id) && !self.reserved.contains_key(&id) {
+            self.applied += 1;
+            self.reserved.insert(id, self.applied);
+        }
+    }
+
     /// The `seq` of change `id`, running now: the place it took when it arrived (a
     /// request run without going through `Server::handle` takes the next one).
     fn take_place(&mut self, id: u64) -> u64 {
@@ -420,10 +428,7 @@ impl Server {
         // not: its client counts them as it sends them (§4.5).
         if req.ops.iter().any(Op::is_mutation) {
             if let Some(s) = self.sessions.get_mut(&session) {
-                if !s.replies.contains_key(&req.id) && !s.reserved.contains_key(&req.id) {
-                    s.applied += 1;
-                    s.reserved.insert(req.id, s.applied);
-                }
+                s.reserve_place(req.id);
             }
         }
         let involved = self.involved(&req);
@@ -435,7 +440,7 @@ impl Server {
         }
         let read_only = !req.ops.iter().any(Op::is_mutation);
         let retry = read_only.then(|| req.clone());
-        let (id, from_cache) = (req.id, self.sessions.get(&session).is_some_and(|s| s.replies.contains_key(&req.id)));
+        let (id, from_cache) = (req.id, self.sessions.get(&session).is_some_and(|s| s.replies.contains(req.id)));
         if from_cache && self.caps.holds_response(session, id) {
             // A resend (its connection broke) of a change whose reply still waits for
             // other holders to drop what they cached: answering it from the reply cache
@@ -476,26 +481,7 @@ impl Server {
         let changed = std::mem::take(&mut self.changed);
         let out = self.caps.changed(session, &changed, response, now_ms);
         if !pins.is_empty() {
-            let recall = out.iter().find_map(|o| match o {
-                Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. } => Some(*recall_id),
-                _ => None,
-            });
-            match recall {
-                Some(id) => {
-                    let owed = out.iter().filter_map(|o| match o {
-                        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }
-                            if *recall_id == id =>
-                        {
-                            Some(*session)
-                        }
-                        _ => None,
-                    });
-                    let pin = self.pins.entry(id).or_default();
-                    pin.owed.extend(owed);
-                    pin.inodes.extend(pins);
-                }
-                None => self.unpin(pins),
-            }
+            self.hold_pins(pins, &out);
         }
         self.outbox.extend(out);
     }
@@ -532,32 +518,6 @@ impl Server {
             }
         }
         r
-    }
-
-    /// The server itself stood still for `gap_ms` until `now_ms` (one long operation: a
-    /// fallocate of gigabytes writes its zeros on the store's thread). What clients sent
-    /// meanwhile waits unread, so the stall must not count against their leases or recall
-    /// deadlines: every such clock moves on by it. The driver, which sees the wall clock,
-    /// says so before the next `tick`.
-    pub fn forgive_stall(&mut self, now_ms: u64, gap_ms: u64) {
-        tracing::warn!(stall_ms = gap_ms, "the server stood still; leases and recall deadlines move on by as much");
-        for at in self.last_heard.values_mut().chain(self.disconnected.values_mut()) {
-            *at = at.saturating_add(gap_ms).min(now_ms);
-        }
-        if let Some(until) = &mut self.grace_until {
-            *until = until.saturating_add(gap_ms);
-        }
-        self.caps.postpone_deadlines(gap_ms);
-    }
-
-    /// `session`'s connection is gone (it may come back and resume). After
-    /// `DISCONNECTED_HOLDER_MS` it no longer holds anything: changes stop waiting for it.
-    pub fn disconnected(&mut self, session: SessionId, now_ms: u64) {
-        // A fenced or ended session's connection closing leaves nothing to track.
-        if !self.sessions.contains_key(&session) {
-            return;
-        }
-        self.disconnected.insert(session, now_ms);
     }
 
     /// `session` dropped what recall `recall_id` named (and, for exclusive rights, sent
@@ -599,36 +559,6 @@ impl Server {
     /// for everything but an `Open` unless a session holds it open.
     pub fn is_pinned(&self, ino: u64) -> bool {
         self.pins.values().any(|p| p.inodes.contains(&ino)) || self.grace_orphans.contains(&ino)
-    }
-
-    /// `session` said something at `now_ms`: its lease runs from here.
-    pub fn heard(&mut self, session: SessionId, now_ms: u64) {
-        self.last_heard.insert(session, now_ms);
-    }
-
-    /// Takes everything back from a session that went silent past its lease (or whose
-    /// connection stayed gone): rights, locks, open files, waiting requests. Its later
-    /// requests are refused, so nothing it answered itself can land after others moved on.
-    fn fence(&mut self, id: SessionId, why: &str) {
-        tracing::warn!(session = id, "session fenced: {why}");
-        let secret = self.sessions.get(&id).map(|s| s.secret);
-        self.end_session(id);
-        self.fenced.insert(id);
-        if let Some(secret) = secret {
-            match self.store.put_session_record(id, &encode_fenced_marker(secret)) {
-                Ok(()) => {
-                    self.fenced_markers.insert(id, None);
-                }
-                Err(e) => tracing::error!(session = id, "cannot record the fencing: {e}"),
-            }
-        }
-        // The record's replacement by the marker is made durable at once: after a restart
-        // within the commit interval the fenced session would otherwise be restored, and
-        // its client would take back locks and replay changes that others have moved past.
-        if let Err(e) = self.store.commit() {
-            tracing::error!(session = id, "cannot commit the end of a fenced session: {e}");
-        }
-        self.note_commits();
     }
 
     /// Everything queued to send, in order.
@@ -711,18 +641,15 @@ impl Server {
         self.changed.clear();
         self.carried.clear();
         // Writeback: the client already answered with its clock; apply at that time.
-        let mut now = req.time.unwrap_or(now);
+        let now = req.time.unwrap_or(now);
         if let Some(s) = self.sessions.get(&session) {
-            if let Some(r) = s.replies.get(&req.id) {
+            if let Some(r) = s.replies.get(req.id) {
                 tracing::debug!(session, id = req.id, "answered from the reply cache");
                 return p::Response { durable: s.durable, ..r.clone() };
             }
         }
         let mutates = req.ops.iter().any(Op::is_mutation);
-        let mut involved: Vec<u64> = req.ops.iter().flat_map(op_inodes).collect();
-        if req.ops.iter().any(|op| matches!(op, Op::Create { .. } | Op::Symlink { .. } | Op::AllocInodes { .. })) {
-            involved.push(ALLOCATOR);
-        }
+        let mut involved = settle_inodes(&req.ops);
         let mut seq = 0;
         let results = if req.ops.len() > p::MAX_OPS_PER_REQUEST {
             // Refused whole, but still the session's next change in order: its client
@@ -734,8 +661,6 @@ impl Server {
             }
             vec![Err(errno(7, format!("{} operations in one request (max {})", req.ops.len(), p::MAX_OPS_PER_REQUEST)))]
         } else {
-            // A changing request is one unit with its session record: after a crash it is
-            // wholly durable (and the record says so) or wholly gone.
             let fsyncs: Vec<bool> = req.ops.iter().map(|op| matches!(op, Op::Fsync { .. })).collect();
             if req.ops.iter().any(|op| matches!(op, Op::Acquire { .. })) {
                 // An acquire grants exclusive rights, under which the client answers changes
@@ -744,101 +669,11 @@ impl Server {
                 self.record_session(session, "an exclusive holder");
             }
             if mutates {
-                // A session's first change: its record goes to disk first, alone, so a
-                // restart restores the session and the grace period waits for its client
-                // to replay this change (were the record lost with it, nobody would wait).
-                self.record_session(session, "a changing session");
-                self.store.begin_unit();
-                if let Some(s) = self.sessions.get_mut(&session) {
-                    seq = s.take_place(req.id);
-                    s.recorded = true;
-                    let record = encode_record(s.secret, s.top, &s.holes_below_top(), &s.client_name);
-                    if let Err(e) = self.store.put_session_record(session, &record) {
-                        tracing::error!(session, "cannot record the session: {e}");
-                    }
-                }
+                seq = self.begin_change(session, req.id);
             }
-            let mut results = Vec::with_capacity(req.ops.len());
-            for op in req.ops {
-                if let Op::At { time } = op {
-                    now = time;
-                    results.push(Ok(Reply::Done));
-                    continue;
-                }
-                *self.served.entry(op.name()).or_default() += 1;
-                if let Op::Reassert { ino, exclusive } = op {
-                    results.push(self.reassert(session, ino, exclusive));
-                    continue;
-                }
-                let acquires = if let Op::Acquire { ino } = op { Some(ino) } else { None };
-                // (An acquire touches what its reply carries: the directory and every
-                // entry — taken from the reply rather than listed again.)
-                let touched = if acquires.is_some() { Vec::new() } else { self.touches(&op) };
-                // (What it would change decides its answer even when it fails: an rmdir's
-                // ENOTEMPTY depends on the victim's entries.)
-                involved.extend(&touched);
-                let inode_of_op = op_inode(&op);
-                let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
-                let mut r = self.apply(session, op, now);
-                if let Ok(reply) = &mut r {
-                    if mutates {
-                        // This reply is not checked after the fact (it cannot be rerun):
-                        // it lends no stretch of a directory holding another session's
-                        // exclusive inodes, whose attributes may be ahead on that client.
-                        if let Reply::Lookup { leaf, .. } = reply {
-                            if leaf.items.iter().any(|i| self.caps.exclusive_elsewhere(session, i.attr.ino).is_some()) {
-                                *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
-                            }
-                        }
-                    }
-                    if creates {
-                        if let Reply::Entry(a) = reply {
-                            // Its client takes these rights with the reply; short of
-                            // space, they are recalled as soon as given (space.rs).
-                            self.caps.grant_exclusive(session, a.ino);
-                            if self.space.low() {
-                                self.recall_for_space(&[a.ino], millis(now));
-                            }
-                        }
-                    }
-                    if let (Some(dir), Reply::Lookup { leaf, .. }) = (acquires, &*reply) {
-                        self.caps.grant_exclusive(session, dir);
-                        for i in &leaf.items {
-                            self.caps.grant_exclusive(session, i.attr.ino);
-                        }
-                    }
-                    if rmdir {
-                        if let Some(&victim) = touched.get(1) {
-                            self.caps.drop_exclusive(victim);
-                        }
-                    }
-                    let c = carried(inode_of_op, reply);
-                    self.carried.extend(&c);
-                    self.changed.extend(touched);
-                    if acquires.is_some() {
-                        self.changed.extend(&c);
-                    }
-                    self.caps.grant(session, c);
-                }
-                results.push(r);
-            }
+            let mut results = self.run_ops(session, req.ops, now, mutates, &mut involved);
             if mutates {
-                // A change that waited (parked) while later ones ran and were committed:
-                // its place is below what this session's answers call durable, so it is
-                // made durable before it is answered too.
-                let late = self.sessions.get(&session).is_some_and(|s| seq != 0 && seq <= s.durable);
-                if let Err(e) = self.store.end_unit() {
-                    // The commit an fsync asked for failed: the fsync fails.
-                    tracing::error!(session, "commit failed: {e}");
-                    for (r, _) in results.iter_mut().zip(&fsyncs).filter(|(_, f)| **f) {
-                        *r = Err(error_out(&e));
-                    }
-                }
-                if late || self.written_since_commit >= COMMIT_AFTER_WRITTEN_BYTES {
-                    if let Err(e) = self.store.commit() {
-                        tracing::error!(session, late, written = self.written_since_commit, "commit failed: {e}");
-                    }
-                }
+                self.end_change(session, seq, &mut results, &fsyncs);
             }
             results
         };
@@ -849,122 +684,113 @@ impl Server {
         let resp = p::Response { id: req.id, results, seq, durable };
         if mutates {
             if let Some(s) = self.sessions.get_mut(&session) {
-                s.replies.insert(resp.id, resp.clone());
-                s.order.push_back(resp.id);
-                while s.order.len() > REPLY_CACHE_ENTRIES {
-                    if let Some(old) = s.order.pop_front() {
-                        s.replies.remove(&old);
-                    }
-                }
+                s.replies.insert(resp.clone());
             }
         }
         resp
+    }
+
+    /// Runs `ops` for `session` in order from time `now` (an `Op::At` moves it for those
+    /// after), recording the rights each reply grants; `involved` gains what each would
+    /// change.
+    fn run_ops(
+        &mut self,
+        session: SessionId,
+        ops: Vec<Op>,
+        mut now: p::Time,
+        mutates: bool,
+        involved: &mut Vec<u64>,
+    ) -> Vec<Result<Reply, p::OpError>> {
+        let mut results = Vec::with_capacity(ops.len());
+        for op in ops {
+            if let Op::At { time } = op {
+                now = time;
+                results.push(Ok(Reply::Done));
+                continue;
+            }
+            *self.served.entry(op.name()).or_default() += 1;
+            if let Op::Reassert { ino, exclusive } = op {
+                results.push(self.reassert(session, ino, exclusive));
+                continue;
+            }
+            results.push(self.run_op(session, op, now, mutates, involved));
+        }
+        results
+    }
+
+    /// Runs one operation of a request (`mutates`: one that changes something) and
+    /// records the rights its reply grants: what it carries, exclusive rights to what a
+    /// create made or an acquire named; leaves what it changed in `self.changed`.
+    fn run_op(
+        &mut self,
+        session: SessionId,
+        op: Op,
+        now: p::Time,
+        mutates: bool,
+        involved: &mut Vec<u64>,
+    ) -> Result<Reply, p::OpError> {
+        let acquires = if let Op::Acquire { ino } = op { Some(ino) } else { None };
+        // (An acquire touches what its reply carries: the directory and every
+        // entry — taken from the reply rather than listed again.)
+        let touched = if acquires.is_some() { Vec::new() } else { self.touches(&op) };
+        // (What it would change decides its answer even when it fails: an rmdir's
+        // ENOTEMPTY depends on the victim's entries.)
+        involved.extend(&touched);
+        let inode_of_op = op_inode(&op);
+        let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
+        let mut r = self.apply(session, op, now);
+        if let Ok(reply) = &mut r {
+            if mutates {
+                // This reply is not checked after the fact (it cannot be rerun):
+                // it lends no stretch of a directory holding another session's
+                // exclusive inodes, whose attributes may be ahead on that client.
+                if let Reply::Lookup { leaf, .. } = reply {
+                    if leaf.items.iter().any(|i| self.caps.exclusive_elsewhere(session, i.attr.ino).is_some()) {
+                        *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
+                    }
+                }
+            }
+            if creates {
+                if let Reply::Entry(a) = reply {
+                    // Its client takes these rights with the reply; short of
+                    // space, they are recalled as soon as given (space.rs).
+                    self.caps.grant_exclusive(session, a.ino);
+                    if self.space.low() {
+                        self.recall_for_space(&[a.ino], millis(now));
+                    }
+                }
+            }
+            if let (Some(dir), Reply::Lookup { leaf, .. }) = (acquires, &*reply) {
+                self.caps.grant_exclusive(session, dir);
+                for i in &leaf.items {
+                    self.caps.grant_exclusive(session, i.attr.ino);
+                }
+            }
+            if rmdir {
+                if let Some(&victim) = touched.get(1) {
+                    self.caps.drop_exclusive(victim);
+                }
+            }
+            let c = carried(inode_of_op, reply);
+            self.carried.extend(&c);
+            self.changed.extend(touched);
+            if acquires.is_some() {
+                self.changed.extend(&c);
+            }
+            self.caps.grant(session, c);
+        }
+        r
     }
 
     /// Lets the store commit on its schedule, releases change replies whose recalls went
     /// unanswered too long, and drops restored sessions whose clients
     /// did not come back within `RESTORED_SESSION_GRACE_MS`.
     pub fn tick(&mut self, now_ms: u64) -> Result<(), s::Error> {
-        if self.replaying.is_empty() {
-            if !self.grace_parked.is_empty() {
-                self.end_grace(time_of_millis(now_ms));
-            }
-        } else {
-            let until = *self.grace_until.get_or_insert(now_ms + crate::caps::GRACE_MS);
-            if now_ms >= until {
-                tracing::warn!(
-                    sessions = ?self.replaying,
-                    "grace period over; clients of these sessions did not come back to replay"
-                );
-                // Those still away are fenced, as a session silent past its lease is: what
-                // they answered themselves and had not shipped (or had acknowledged and not
-                // replayed) must not land after others have moved on without it. Their
-                // clients are told when they come back (the fenced marker).
-                let mut away: Vec<SessionId> = self
-                    .replaying
-                    .iter()
-                    .copied()
-                    .filter(|id| {
-                        self.disconnected.contains_key(id)
-                            || self.sessions.get(id).is_some_and(|s| s.awaiting_resume.is_some())
-                    })
-                    .collect();
-                away.sort_unstable();
-                for id in away {
-                    self.fence(id, "did not come back within the grace period after a restart");
-                }
-                self.end_grace(time_of_millis(now_ms));
-            }
-        }
-        let mut stale_markers: Vec<SessionId> = Vec::new();
-        for (id, deadline) in &mut self.fenced_markers {
-            if now_ms >= *deadline.get_or_insert(now_ms + RESTORED_SESSION_GRACE_MS) {
-                stale_markers.push(*id);
-            }
-        }
-        stale_markers.sort_unstable();
-        for id in stale_markers {
-            self.fenced_markers.remove(&id);
-            if let Err(e) = self.store.delete_session_record(id) {
-                tracing::warn!(session = id, "cannot drop a fenced session's marker: {e}");
-            }
-        }
-        let mut expired = Vec::new();
-        for (id, s) in &mut self.sessions {
-            if let Some(deadline) = &mut s.awaiting_resume {
-                let at = *deadline.get_or_insert(now_ms + RESTORED_SESSION_GRACE_MS);
-                if now_ms >= at {
-                    expired.push(*id);
-                }
-            }
-        }
-        // Sessions are kept in a hash map: sort, so that what this sends comes out in
-        // the same order every time (a simulator seed must replay exactly).
-        expired.sort_unstable();
-        for id in expired {
-            tracing::warn!(session = id, "client did not come back after the restart; its session is dropped");
-            self.end_session(id);
-        }
-        // Leases: silent past LEASE_MS, or disconnected past DISCONNECTED_FENCE_MS, or
-        // holding exclusive rights a recall asked for a whole lease ago: fenced. (Sessions
-        // restored after a restart are not counted until their client comes back.)
-        let mut fence: Vec<(SessionId, &str)> = Vec::new();
-        for (&id, &at) in &self.last_heard {
-            if let Some(&gone) = self.disconnected.get(&id) {
-                if now_ms >= gone + crate::caps::DISCONNECTED_FENCE_MS {
-                    fence.push((id, "disconnected past the fencing delay"));
-                    continue;
-                }
-            }
-            if now_ms >= at + crate::caps::LEASE_MS {
-                fence.push((id, "silent past its lease"));
-            }
-        }
-        for id in self.caps.late_exclusive_holders(now_ms) {
-            fence.push((id, "did not return exclusive rights within a lease"));
-        }
-        fence.sort_unstable();
-        fence.dedup_by_key(|f| f.0);
-        for (id, why) in fence {
-            if self.sessions.contains_key(&id) {
-                self.fence(id, why);
-            } else {
-                self.last_heard.remove(&id);
-            }
-        }
-        let mut gone: Vec<SessionId> = self
-            .disconnected
-            .iter()
-            .filter(|(_, &at)| now_ms >= at + crate::caps::DISCONNECTED_HOLDER_MS)
-            .map(|(s, _)| *s)
-            .collect();
-        gone.sort_unstable();
-        for s in gone {
-            // Its shared rights lapse (its cache has expired by now); its locks and
-            // exclusive rights wait for the fencing delay, in case it comes back.
-            let out = self.caps.forget_shared(s);
-            self.outbox.extend(out);
-        }
+        self.tick_grace(now_ms);
+        self.drop_stale_fenced_markers(now_ms);
+        self.drop_unresumed(now_ms);
+        self.fence_lapsed(now_ms);
+        self.lapse_disconnected(now_ms);
         let late = self.caps.expire(now_ms);
         self.outbox.extend(late);
         self.release_pins();
@@ -998,41 +824,6 @@ impl Server {
         let n = self.locks.release_session(session);
         if n > 0 {
             tracing::info!(session, "{why}: {n} locks released");
-        }
-    }
-
-    /// After `session`'s request that involved `inodes` ran: if it changed something and
-    /// one of them holds another session's change not yet durable, commits before it is
-    /// answered; then counts what the request left not durable as `session`'s.
-    fn settle(&mut self, session: SessionId, mutates: bool, inodes: &[u64]) {
-        let builds_on_other = mutates && inodes.iter().any(|i| self.unsettled.get(i).is_some_and(|&s| s != session));
-        if builds_on_other {
-            self.settling_commits += 1;
-            if let Err(e) = self.store.commit() {
-                tracing::error!(
-                    session,
-                    "commit before answering a request that builds on another session's change failed: {e}"
-                );
-            }
-        }
-        self.note_commits();
-        if mutates && self.store.is_dirty() {
-            for &ino in inodes {
-                self.unsettled.insert(ino, session);
-            }
-        }
-    }
-
-    /// After a commit, every change applied so far is durable.
-    fn note_commits(&mut self) {
-        let generation = self.store.generation();
-        if generation != self.seen_generation {
-            self.seen_generation = generation;
-            self.unsettled.clear();
-            self.written_since_commit = 0;
-            for s in self.sessions.values_mut() {
-                s.durable = s.top;
-            }
         }
     }
 }

@@ -54,6 +54,30 @@ impl Server {
         pins
     }
 
+    /// Keeps `pins`, the files a change removed while other sessions cached them, until
+    /// every session the change's recall (in `out`, what the change sends) went to has
+    /// answered it (`release_pins`); with no recall they are let go at once.
+    pub(super) fn hold_pins(&mut self, pins: Vec<u64>, out: &[Outgoing]) {
+        let recall = out.iter().find_map(|o| match o {
+            Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. } => Some(*recall_id),
+            _ => None,
+        });
+        match recall {
+            Some(id) => {
+                let owed = out.iter().filter_map(|o| match o {
+                    Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if *recall_id == id => {
+                        Some(*session)
+                    }
+                    _ => None,
+                });
+                let pin = self.pins.entry(id).or_default();
+                pin.owed.extend(owed);
+                pin.inodes.extend(pins);
+            }
+            None => self.unpin(pins),
+        }
+    }
+
     /// Sessions holding one of `orphans` (files unlinked while open) open get a durable
     /// record: a restarted server then waits for their clients to open them again before
     /// it reclaims what nobody holds.

@@ -86,4 +86,41 @@ impl Server {
             self.handle(session, req, now);
         }
     }
+
+    /// Ends the grace period when no restored session is left to replay (one that ended
+    /// leaves that to the next tick), or when it runs out (its end is set by the first
+    /// tick after a restart), fencing those still away.
+    pub(super) fn tick_grace(&mut self, now_ms: u64) {
+        if self.replaying.is_empty() {
+            if !self.grace_parked.is_empty() {
+                self.end_grace(time_of_millis(now_ms));
+            }
+        } else {
+            let until = *self.grace_until.get_or_insert(now_ms + crate::caps::GRACE_MS);
+            if now_ms >= until {
+                tracing::warn!(
+                    sessions = ?self.replaying,
+                    "grace period over; clients of these sessions did not come back to replay"
+                );
+                // Those still away are fenced, as a session silent past its lease is: what
+                // they answered themselves and had not shipped (or had acknowledged and not
+                // replayed) must not land after others have moved on without it. Their
+                // clients are told when they come back (the fenced marker).
+                let mut away: Vec<SessionId> = self
+                    .replaying
+                    .iter()
+                    .copied()
+                    .filter(|id| {
+                        self.disconnected.contains_key(id)
+                            || self.sessions.get(id).is_some_and(|s| s.awaiting_resume.is_some())
+                    })
+                    .collect();
+                away.sort_unstable();
+                for id in away {
+                    self.fence(id, "did not come back within the grace period after a restart");
+                }
+                self.end_grace(time_of_millis(now_ms));
+            }
+        }
+    }
 }

@@ -1,0 +1,109 @@
+//! When changes become durable: a changing request is one store unit with its
+//! session's record; the server commits when a request builds on another session's change
+//! not yet durable (`Server::unsettled`), when a late change's place is below what its
+//! session already calls durable, and after `COMMIT_AFTER_WRITTEN_BYTES` of file data;
+//! after each commit every session's `durable` catches up with what it ran.
+
+use super::*;
+
+/// Bytes of file data written since the last commit that make the server commit: bounds
+/// both what a crash can lose and what clients keep for replay.
+pub const COMMIT_AFTER_WRITTEN_BYTES: u64 = 64 << 20;
+/// Stands for the inode-number counter among inodes changed (no inode has number 0):
+/// creates and `AllocInodes` change it.
+const ALLOCATOR: u64 = 0;
+
+/// The inodes a request involves for `Server::unsettled`: every one it names, and the
+/// inode-number counter (`ALLOCATOR`) when it allocates.
+pub(super) fn settle_inodes(ops: &[Op]) -> Vec<u64> {
+    let mut involved: Vec<u64> = ops.iter().flat_map(op_inodes).collect();
+    if ops.iter().any(|op| matches!(op, Op::Create { .. } | Op::Symlink { .. } | Op::AllocInodes { .. })) {
+        involved.push(ALLOCATOR);
+    }
+    involved
+}
+
+impl Server {
+    /// Opens the store unit of `session`'s change `id` and returns its `seq` (0 for a
+    /// session not known). A changing request is one unit with its session record: after
+    /// a crash it is wholly durable (and the record says so) or wholly gone.
+    pub(super) fn begin_change(&mut self, session: SessionId, id: u64) -> u64 {
+        // A session's first change: its record goes to disk first, alone, so a
+        // restart restores the session and the grace period waits for its client
+        // to replay this change (were the record lost with it, nobody would wait).
+        self.record_session(session, "a changing session");
+        self.store.begin_unit();
+        let mut seq = 0;
+        if let Some(s) = self.sessions.get_mut(&session) {
+            seq = s.take_place(id);
+            s.recorded = true;
+            let record = encode_record(s.secret, s.top, &s.holes_below_top(), &s.client_name);
+            if let Err(e) = self.store.put_session_record(session, &record) {
+                tracing::error!(session, "cannot record the session: {e}");
+            }
+        }
+        seq
+    }
+
+    /// Closes the unit of `session`'s change `seq` whose ops gave `results` (`fsyncs`
+    /// marks the fsyncs among them), committing if it came late or enough data waits.
+    pub(super) fn end_change(
+        &mut self,
+        session: SessionId,
+        seq: u64,
+        results: &mut [Result<Reply, p::OpError>],
+        fsyncs: &[bool],
+    ) {
+        // A change that waited (parked) while later ones ran and were committed:
+        // its place is below what this session's answers call durable, so it is
+        // made durable before it is answered too.
+        let late = self.sessions.get(&session).is_some_and(|s| seq != 0 && seq <= s.durable);
+        if let Err(e) = self.store.end_unit() {
+            // The commit an fsync asked for failed: the fsync fails.
+            tracing::error!(session, "commit failed: {e}");
+            for (r, _) in results.iter_mut().zip(fsyncs).filter(|(_, f)| **f) {
+                *r = Err(error_out(&e));
+            }
+        }
+        if late || self.written_since_commit >= COMMIT_AFTER_WRITTEN_BYTES {
+            if let Err(e) = self.store.commit() {
+                tracing::error!(session, late, written = self.written_since_commit, "commit failed: {e}");
+            }
+        }
+    }
+
+    /// After `session`'s request that involved `inodes` ran: if it changed something and
+    /// one of them holds another session's change not yet durable, commits before it is
+    /// answered; then counts what the request left not durable as `session`'s.
+    pub(super) fn settle(&mut self, session: SessionId, mutates: bool, inodes: &[u64]) {
+        let builds_on_other = mutates && inodes.iter().any(|i| self.unsettled.get(i).is_some_and(|&s| s != session));
+        if builds_on_other {
+            self.settling_commits += 1;
+            if let Err(e) = self.store.commit() {
+                tracing::error!(
+                    session,
+                    "commit before answering a request that builds on another session's change failed: {e}"
+                );
+            }
+        }
+        self.note_commits();
+        if mutates && self.store.is_dirty() {
+            for &ino in inodes {
+                self.unsettled.insert(ino, session);
+            }
+        }
+    }
+
+    /// After a commit, every change applied so far is durable.
+    pub(super) fn note_commits(&mut self) {
+        let generation = self.store.generation();
+        if generation != self.seen_generation {
+            self.seen_generation = generation;
+            self.unsettled.clear();
+            self.written_since_commit = 0;
+            for s in self.sessions.values_mut() {
+                s.durable = s.top;
+            }
+        }
+    }
+}

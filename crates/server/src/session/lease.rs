@@ -1,0 +1,157 @@
+//! Leases and fencing: when a session is heard from, when its connection goes, and what
+//! `tick` takes from sessions that fell silent (past `caps::LEASE_MS`), stayed
+//! disconnected (past `caps::DISCONNECTED_FENCE_MS`), sat on an exclusive recall a lease
+//! long, or were restored after a restart and never resumed. A fenced session loses its
+//! rights, locks, open files and waiting requests, and its later requests are refused.
+
+use super::*;
+
+/// How long a session restored from its record after a restart waits for its client to
+/// come back before its record is dropped.
+pub const RESTORED_SESSION_GRACE_MS: u64 = 15 * 60 * 1000;
+
+impl Server {
+    /// `session` said something at `now_ms`: its lease runs from here.
+    pub fn heard(&mut self, session: SessionId, now_ms: u64) {
+        self.last_heard.insert(session, now_ms);
+    }
+
+    /// `session`'s connection is gone (it may come back and resume). After
+    /// `DISCONNECTED_HOLDER_MS` it no longer holds anything: changes stop waiting for it.
+    pub fn disconnected(&mut self, session: SessionId, now_ms: u64) {
+        // A fenced or ended session's connection closing leaves nothing to track.
+        if !self.sessions.contains_key(&session) {
+            return;
+        }
+        self.disconnected.insert(session, now_ms);
+    }
+
+    /// The server itself stood still for `gap_ms` until `now_ms` (one long operation: a
+    /// fallocate of gigabytes writes its zeros on the store's thread). What clients sent
+    /// meanwhile waits unread, so the stall must not count against their leases or recall
+    /// deadlines: every such clock moves on by it. The driver, which sees the wall clock,
+    /// says so before the next `tick`.
+    pub fn forgive_stall(&mut self, now_ms: u64, gap_ms: u64) {
+        tracing::warn!(stall_ms = gap_ms, "the server stood still; leases and recall deadlines move on by as much");
+        for at in self.last_heard.values_mut().chain(self.disconnected.values_mut()) {
+            *at = at.saturating_add(gap_ms).min(now_ms);
+        }
+        if let Some(until) = &mut self.grace_until {
+            *until = until.saturating_add(gap_ms);
+        }
+        self.caps.postpone_deadlines(gap_ms);
+    }
+
+    /// Takes everything back from a session that went silent past its lease (or whose
+    /// connection stayed gone): rights, locks, open files, waiting requests. Its later
+    /// requests are refused, so nothing it answered itself can land after others moved on.
+    pub(super) fn fence(&mut self, id: SessionId, why: &str) {
+        tracing::warn!(session = id, "session fenced: {why}");
+        let secret = self.sessions.get(&id).map(|s| s.secret);
+        self.end_session(id);
+        self.fenced.insert(id);
+        if let Some(secret) = secret {
+            match self.store.put_session_record(id, &encode_fenced_marker(secret)) {
+                Ok(()) => {
+                    self.fenced_markers.insert(id, None);
+                }
+                Err(e) => tracing::error!(session = id, "cannot record the fencing: {e}"),
+            }
+        }
+        // The record's replacement by the marker is made durable at once: after a restart
+        // within the commit interval the fenced session would otherwise be restored, and
+        // its client would take back locks and replay changes that others have moved past.
+        if let Err(e) = self.store.commit() {
+            tracing::error!(session = id, "cannot commit the end of a fenced session: {e}");
+        }
+        self.note_commits();
+    }
+
+    /// Drops the durable markers of fenced sessions `RESTORED_SESSION_GRACE_MS` after the
+    /// first tick that saw them.
+    pub(super) fn drop_stale_fenced_markers(&mut self, now_ms: u64) {
+        let mut stale_markers: Vec<SessionId> = Vec::new();
+        for (id, deadline) in &mut self.fenced_markers {
+            if now_ms >= *deadline.get_or_insert(now_ms + RESTORED_SESSION_GRACE_MS) {
+                stale_markers.push(*id);
+            }
+        }
+        stale_markers.sort_unstable();
+        for id in stale_markers {
+            self.fenced_markers.remove(&id);
+            if let Err(e) = self.store.delete_session_record(id) {
+                tracing::warn!(session = id, "cannot drop a fenced session's marker: {e}");
+            }
+        }
+    }
+
+    /// Ends the restored sessions whose clients did not come back within
+    /// `RESTORED_SESSION_GRACE_MS` of the first tick after the restart.
+    pub(super) fn drop_unresumed(&mut self, now_ms: u64) {
+        let mut expired = Vec::new();
+        for (id, s) in &mut self.sessions {
+            if let Some(deadline) = &mut s.awaiting_resume {
+                let at = *deadline.get_or_insert(now_ms + RESTORED_SESSION_GRACE_MS);
+                if now_ms >= at {
+                    expired.push(*id);
+                }
+            }
+        }
+        // Sessions are kept in a hash map: sort, so that what this sends comes out in
+        // the same order every time (a simulator seed must replay exactly).
+        expired.sort_unstable();
+        for id in expired {
+            tracing::warn!(session = id, "client did not come back after the restart; its session is dropped");
+            self.end_session(id);
+        }
+    }
+
+    /// Fences the sessions whose lease lapsed.
+    pub(super) fn fence_lapsed(&mut self, now_ms: u64) {
+        // Leases: silent past LEASE_MS, or disconnected past DISCONNECTED_FENCE_MS, or
+        // holding exclusive rights a recall asked for a whole lease ago: fenced. (Sessions
+        // restored after a restart are not counted until their client comes back.)
+        let mut fence: Vec<(SessionId, &str)> = Vec::new();
+        for (&id, &at) in &self.last_heard {
+            if let Some(&gone) = self.disconnected.get(&id) {
+                if now_ms >= gone + crate::caps::DISCONNECTED_FENCE_MS {
+                    fence.push((id, "disconnected past the fencing delay"));
+                    continue;
+                }
+            }
+            if now_ms >= at + crate::caps::LEASE_MS {
+                fence.push((id, "silent past its lease"));
+            }
+        }
+        for id in self.caps.late_exclusive_holders(now_ms) {
+            fence.push((id, "did not return exclusive rights within a lease"));
+        }
+        fence.sort_unstable();
+        fence.dedup_by_key(|f| f.0);
+        for (id, why) in fence {
+            if self.sessions.contains_key(&id) {
+                self.fence(id, why);
+            } else {
+                self.last_heard.remove(&id);
+            }
+        }
+    }
+
+    /// Sessions disconnected past `caps::DISCONNECTED_HOLDER_MS` no longer hold shared
+    /// rights: changes stop waiting for them.
+    pub(super) fn lapse_disconnected(&mut self, now_ms: u64) {
+        let mut gone: Vec<SessionId> = self
+            .disconnected
+            .iter()
+            .filter(|(_, &at)| now_ms >= at + crate::caps::DISCONNECTED_HOLDER_MS)
+            .map(|(s, _)| *s)
+            .collect();
+        gone.sort_unstable();
+        for s in gone {
+            // Its shared rights lapse (its cache has expired by now); its locks and
+            // exclusive rights wait for the fencing delay, in case it comes back.
+            let out = self.caps.forget_shared(s);
+            self.outbox.extend(out);
+        }
+    }
+}
