@@ -623,8 +623,12 @@ impl Server {
             if let Err(e) = self.store.delete_session_record(id) {
                 tracing::warn!(session = id, "cannot drop the session record: {e}");
             }
-            for (ino, handles) in s.open {
-                for _ in handles {
+            // (In inode order: the order orphans go decides the store's layout, which a
+            // simulator's seed must reproduce.)
+            let mut open: Vec<(u64, usize)> = s.open.into_iter().map(|(ino, h)| (ino, h.len())).collect();
+            open.sort_unstable();
+            for (ino, handles) in open {
+                for _ in 0..handles {
                     if let Err(e) = self.store.release_handle(ino) {
                         tracing::warn!(ino, "release at session end: {e}");
                     }

@@ -192,6 +192,8 @@ struct Sim {
     rebuilds: u64,
     trace: VecDeque<String>,
     failure: Option<String>,
+    /// Every event goes to stderr as it happens (`CREST_CRASH_TRACE`).
+    print_trace: bool,
 }
 
 impl Sim {
@@ -234,10 +236,14 @@ impl Sim {
             rebuilds: 0,
             trace: VecDeque::new(),
             failure: None,
+            print_trace: std::env::var_os("CREST_CRASH_TRACE").is_some(),
         }
     }
 
     fn log(&mut self, s: String) {
+        if self.print_trace {
+            eprintln!("{s}");
+        }
         if self.trace.len() == TRACE_EVENTS {
             self.trace.pop_front();
         }
@@ -391,6 +397,9 @@ impl Sim {
     /// and queues the crashing server's messages for their clients.
     fn pump(&mut self) {
         for a in self.server.take_applied() {
+            if self.print_trace {
+                eprintln!("server: applied {a:?}");
+            }
             if a.from_cache {
                 continue;
             }
@@ -411,6 +420,9 @@ impl Sim {
             self.history.push(key);
         }
         for o in self.server.take_outgoing() {
+            if self.print_trace {
+                eprintln!("server: out {o:?}");
+            }
             let (session, msg) = match o {
                 Outgoing::Response { session, response } => (session, ServerMessage::Response(response)),
                 Outgoing::Notify { session, notify: notify @ p::Notify::Recall { .. } } => {
