@@ -1059,6 +1059,14 @@ impl Sim {
             return;
         }
         let op = self.pick_op(c);
+        // (Which locks its processes may hold: they drop them before the last close.)
+        if let Op::SetLock { ino, owner, kind, flock, start, end, .. } = op {
+            if kind != p::LockKind::Unlock {
+                self.clients[c].locked.insert((ino, owner, flock));
+            } else if (start, end) == (0, p::LOCK_TO_EOF) {
+                self.clients[c].locked.remove(&(ino, owner, flock));
+            }
+        }
         self.check_lease_now(c);
         let (now, at) = (self.now, self.instant());
         let t0_lc = self.ck.tick();
@@ -1294,8 +1302,7 @@ impl Sim {
                 let last = handles.iter().filter(|(_, i)| *i == ino).count() == 1;
                 match cl.locked.range((ino, 0, false)..=(ino, u64::MAX, true)).next().copied() {
                     // Its processes drop their locks on the file before the last close.
-                    Some(held @ (ino, owner, flock)) if last => {
-                        self.clients[c].locked.remove(&held);
+                    Some((ino, owner, flock)) if last => {
                         let pid = 100 * c as u32 + owner as u32;
                         Op::SetLock { ino, owner, start: 0, end: p::LOCK_TO_EOF, kind: p::LockKind::Unlock, flock, pid }
                     }
@@ -1327,9 +1334,6 @@ impl Sim {
                     if r.below(4) == 0 && kind != p::LockKind::Unlock {
                         Op::GetLock { ino, owner, start, end, kind, flock }
                     } else {
-                        if kind != p::LockKind::Unlock {
-                            self.clients[c].locked.insert((ino, owner, flock));
-                        }
                         Op::SetLock { ino, owner, start, end, kind, flock, pid: 100 * c as u32 + owner as u32 }
                     }
                 }
