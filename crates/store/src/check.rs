@@ -7,22 +7,23 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::alloc::Allocator;
-use crate::btree::Tree;
 use crate::disk::Disk;
+use crate::engine::alloc::Allocator;
+use crate::engine::btree::Tree;
+use crate::engine::key::Key;
+use crate::engine::node::{BlockPtr, Body, ChildPtr};
+use crate::engine::pager::Pager;
+use crate::engine::superblock::{Superblock, SUPERBLOCK_BYTES};
 use crate::error::{Error, Result};
 use crate::fs::dirent::{decode_entries, decode_index, DirEntry};
 use crate::fs::extent::Extent;
 use crate::fs::inode::{FileKind, Inode, ROOT_INO};
+use crate::fs::keys::{kind, ORPHAN_OBJECTID};
 use crate::fs::xattr;
-use crate::key::{kind, Key, ORPHAN_OBJECTID};
 use crate::limits::{
     BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_INLINE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS, XATTR_LIST_MAX,
 };
-use crate::node::{BlockPtr, Body, ChildPtr};
-use crate::pager::Pager;
 use crate::store::{FS_TREE_ID, REFCOUNT_TREE_ID, ROOT_TREE_ID};
-use crate::superblock::{Superblock, SUPERBLOCK_BYTES};
 
 /// What fsck found.
 #[derive(Clone, Debug, Default)]
@@ -532,7 +533,7 @@ impl Checker<'_> {
             return;
         }
         for (i, c) in csums.iter().enumerate() {
-            let found = crate::checksum::crc32c(&buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
+            let found = crate::engine::checksum::crc32c(&buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
             if found != *c {
                 self.problem(format!(
                     "inode {ino}: data checksum mismatch at file offset {} (disk block {}): expected {c:#010x}, found {found:#010x}",

@@ -2,7 +2,7 @@
 //! (which block, which inode) and knowing its POSIX errno class. Only the FUSE edge turns
 //! an error into an errno; everything inside passes `Error` along.
 
-use crate::key::Key;
+use crate::engine::key::Key;
 
 /// Result alias for the store.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

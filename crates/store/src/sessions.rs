@@ -13,8 +13,9 @@
 //! Tests: `tests/basic.rs` (records survive commit and reopen, vanish without a commit,
 //! and a unit defers an fsync's commit to its end).
 
+use crate::engine::key::Key;
 use crate::error::{Error, Result};
-use crate::key::{kind, Key};
+use crate::fs::keys::kind;
 use crate::store::Store;
 
 /// Largest session record.

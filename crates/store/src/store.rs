@@ -14,17 +14,18 @@
 
 use std::collections::HashMap;
 
-use crate::alloc::Allocator;
-use crate::btree::Tree;
-use crate::checksum::CSUM_CRC32C;
 use crate::disk::Disk;
+use crate::engine::alloc::Allocator;
+use crate::engine::btree::Tree;
+use crate::engine::checksum::CSUM_CRC32C;
+use crate::engine::key::Key;
+use crate::engine::node::{BlockPtr, Body, ChildPtr};
+use crate::engine::pager::Pager;
+use crate::engine::superblock::{Superblock, SUPERBLOCK_BYTES};
 use crate::error::{Error, Result};
 use crate::fs::inode::{le_u64, FileKind, Inode, Timespec, ROOT_INO};
-use crate::key::{kind, Key};
+use crate::fs::keys::kind;
 use crate::limits::{BLOCKS_PER_GROUP, BLOCK_SIZE_U64, MIN_IMAGE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS};
-use crate::node::{BlockPtr, Body, ChildPtr};
-use crate::pager::Pager;
-use crate::superblock::{Superblock, SUPERBLOCK_BYTES};
 
 /// Inode numbers stay below this (the orphan list's objectid and its neighbours above).
 pub const MAX_INO: u64 = u64::MAX - 256;
@@ -518,7 +519,7 @@ fn rebuild_allocation(pager: &mut Pager, trees: &[Tree], refcount: &Tree, notes:
 pub(crate) fn walk_nodes(
     pager: &mut Pager,
     tree: &Tree,
-    visit: &mut dyn FnMut(&BlockPtr, &crate::node::Node) -> Result<()>,
+    visit: &mut dyn FnMut(&BlockPtr, &crate::engine::node::Node) -> Result<()>,
 ) -> Result<()> {
     let ChildPtr::Disk { block, generation } = tree.root else {
         return Err(Error::Invalid("walking a tree with uncommitted changes".into()));

@@ -175,7 +175,7 @@ fn patch_node(img: &mut [u8], block: u64, f: impl FnOnce(&mut [u8])) {
     reseal(b);
 }
 
-/// Superblock field offsets (docs/format.md; private in `superblock.rs`).
+/// Superblock field offsets (docs/format.md; private in `engine/superblock.rs`).
 const SB_VERSION: usize = 40;
 const SB_FSID: usize = 52;
 const SB_USED_BLOCKS: usize = 84;

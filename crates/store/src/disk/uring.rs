@@ -40,7 +40,7 @@
 //! `flush`; no buffer the kernel may still read is freed or changed (a slot's buffers are
 //! touched only while the slot is free; dropping the disk waits for every queued write,
 //! and if the ring cannot be waited on the buffers are leaked rather than freed). The
-//! tests in `disk.rs` check the first two against every backend (with entries capped at
+//! tests in `disk/mod.rs` check the first two against every backend (with entries capped at
 //! 6000 bytes so that larger writes take the short-write path); `/dev/full` supplies real
 //! write errors (ENOSPC) that surface from `flush`.
 //!

@@ -3,9 +3,10 @@
 //! a per-directory counter (readdir in creation order with offsets that stay valid while
 //! entries come and go).
 
+use crate::engine::key::Key;
 use crate::error::{Error, Result};
 use crate::fs::inode::{le_u64, FileKind};
-use crate::key::{kind, name_hash, Key};
+use crate::fs::keys::{kind, name_hash};
 use crate::limits::NAME_MAX;
 
 /// One directory entry.

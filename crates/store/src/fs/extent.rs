@@ -11,9 +11,10 @@
 //!   block; `inode.blocks` is the sum of their lengths;
 //! - every block an extent names is covered by a refcount item counting the references.
 
+use crate::engine::key::Key;
 use crate::error::{Error, Result};
 use crate::fs::inode::{le_u32, le_u64, Inode};
-use crate::key::{kind, Key};
+use crate::fs::keys::kind;
 use crate::limits::{BLOCK_SIZE, BLOCK_SIZE_U64, MAX_EXTENT_BLOCKS, MAX_INLINE_BYTES};
 use crate::store::Store;
 
@@ -172,7 +173,7 @@ impl Store {
                     self.pager.read_blocks(disk_block + first, &mut buf)?;
                     for i in 0..nblocks {
                         let chunk = &buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-                        let found = crate::checksum::crc32c(chunk);
+                        let found = crate::engine::checksum::crc32c(chunk);
                         let expected = csums[first as usize + i];
                         if found != expected {
                             let block = disk_block + first + i as u64;
@@ -239,7 +240,7 @@ impl Store {
         for (start, got) in runs {
             let bytes = &data[(done as usize) * BLOCK_SIZE..((done + got) as usize) * BLOCK_SIZE];
             self.pager.write_blocks(start, bytes)?;
-            let csums: Vec<u32> = bytes.chunks(BLOCK_SIZE).map(crate::checksum::crc32c).collect();
+            let csums: Vec<u32> = bytes.chunks(BLOCK_SIZE).map(crate::engine::checksum::crc32c).collect();
             self.refs_add(start, got)?;
             self.map_extent(ino, first + done, start, csums)?;
             done += got;
@@ -546,7 +547,7 @@ impl Store {
     fn map_zero_blocks(&mut self, inode: &mut Inode, first: u64, count: u64) -> Result<()> {
         let goal = self.goal_at(inode.ino, first)?;
         let runs = self.take_runs(inode.ino, goal, count)?;
-        let zero_csum = crate::checksum::crc32c(&[0u8; BLOCK_SIZE]);
+        let zero_csum = crate::engine::checksum::crc32c(&[0u8; BLOCK_SIZE]);
         let mut done = 0;
         for (start, got) in runs {
             self.pager.write_zero_blocks(start, got)?;

@@ -1,7 +1,8 @@
 //! The INODE item: an inode's attributes, 128 bytes, little-endian.
 
+use crate::engine::key::Key;
 use crate::error::{Error, Result};
-use crate::key::{kind, Key};
+use crate::fs::keys::kind;
 
 /// Inode number of every dataset's root directory (FUSE's root is 1 too).
 pub const ROOT_INO: u64 = 1;

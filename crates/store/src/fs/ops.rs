@@ -8,11 +8,12 @@
 //! - a non-directory's `nlink` counts the entries naming it; nlink 0 only on the orphan list;
 //! - a directory's `parent` names the one directory holding its entry.
 
+use crate::engine::key::Key;
 use crate::error::{Error, Result};
 use crate::fs::dirent::{self, check_name, DirEntry};
 use crate::fs::inode::{self, FileKind, Inode, Timespec, ROOT_INO};
+use crate::fs::keys::{kind, ORPHAN_OBJECTID};
 use crate::fs::xattr;
-use crate::key::{kind, Key, ORPHAN_OBJECTID};
 use crate::limits::{BLOCK_SIZE_U64, LINK_MAX, MAX_FILE_BYTES, MAX_INLINE_BYTES, MAX_ITEM_BYTES, XATTR_LIST_MAX};
 use crate::store::Store;
 

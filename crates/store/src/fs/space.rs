@@ -23,11 +23,12 @@
 
 use std::collections::VecDeque;
 
+use crate::engine::key::Key;
+use crate::engine::node::LEAF_ITEM_BYTES;
 use crate::error::{Error, Result};
 use crate::fs::extent::{extent_key, Extent};
-use crate::key::{kind, Key, ORPHAN_OBJECTID};
+use crate::fs::keys::{kind, ORPHAN_OBJECTID};
 use crate::limits::{BLOCK_SIZE, BLOCK_SIZE_U64};
-use crate::node::LEAF_ITEM_BYTES;
 use crate::store::Store;
 
 /// Blocks an operation leaves free beyond its own for the commit that follows it: the

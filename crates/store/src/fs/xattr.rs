@@ -25,10 +25,11 @@
 //! destroy + fsck), `tests/model.rs` (against a map), `tests/crash.rs` (power cuts during
 //! big xattr changes), `tests/corruption.rs` (orphan and short chunks found by fsck).
 
+use crate::engine::key::Key;
+use crate::engine::node::{LEAF_ITEM_BYTES, LEAF_SPACE};
 use crate::error::{Error, Result};
-use crate::key::{kind, name_hash, Key};
+use crate::fs::keys::{kind, name_hash};
 use crate::limits::{MAX_ITEM_BYTES, XATTR_CHUNK_BYTES, XATTR_INLINE_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX};
-use crate::node::{LEAF_ITEM_BYTES, LEAF_SPACE};
 
 /// Bytes of an out-of-line record besides its name: marker, name length, value length,
 /// chunk id.

@@ -9,11 +9,11 @@
 //! - children sit exactly one level below their parent; all leaves are at level 0;
 //! - no node but the root is empty; every node fits in one block.
 
+use crate::engine::key::Key;
+use crate::engine::node::{BlockPtr, Body, ChildPtr, Node, INTERNAL_CAPACITY, LEAF_SPACE};
+use crate::engine::pager::Pager;
 use crate::error::{Error, Result};
-use crate::key::Key;
 use crate::limits::MAX_ITEM_BYTES;
-use crate::node::{BlockPtr, Body, ChildPtr, Node, INTERNAL_CAPACITY, LEAF_SPACE};
-use crate::pager::Pager;
 
 /// A tree handle: its owner id and where its root is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -267,7 +267,7 @@ fn split_node(pager: &mut Pager, id: u32) -> (Key, u32) {
     let right_body = match &mut node.body {
         Body::Leaf(items) => {
             // Split where the larger half is smallest, so both halves fit.
-            let sizes: Vec<usize> = items.iter().map(|(_, v)| crate::node::LEAF_ITEM_BYTES + v.len()).collect();
+            let sizes: Vec<usize> = items.iter().map(|(_, v)| crate::engine::node::LEAF_ITEM_BYTES + v.len()).collect();
             let total: usize = sizes.iter().sum();
             let mut left = 0;
             let mut best = (usize::MAX, 1);

@@ -1,5 +1,6 @@
 //! Item keys: `(objectid, kind, offset)`, ordered field by field as in btrfs, so that all
 //! items of one inode sit together and a directory's entries cluster in few leaves.
+//! The engine only orders and encodes keys; the `kind` registry is the schema's (`fs/keys.rs`).
 
 use std::fmt;
 
@@ -16,35 +17,6 @@ pub struct Key {
     /// Meaning depends on `kind`: name hash, file offset, directory index, length…
     pub offset: u64,
 }
-
-/// Item kinds. The numbers are part of the on-disk format.
-pub mod kind {
-    /// fs tree: an inode's attributes; offset 0.
-    pub const INODE: u8 = 1;
-    /// fs tree: directory entries whose name hashes to `offset`.
-    pub const DIR_ENTRY: u8 = 2;
-    /// fs tree: one directory entry at creation index `offset` (stable readdir order).
-    pub const DIR_INDEX: u8 = 3;
-    /// fs tree: extended attributes whose name hashes to `offset`.
-    pub const XATTR: u8 = 4;
-    /// fs tree: file data at byte `offset` (inline bytes or an extent with checksums).
-    pub const EXTENT: u8 = 5;
-    /// fs tree: inode `offset` is unlinked but was still open (objectid = ORPHAN_OBJECTID).
-    pub const ORPHAN: u8 = 6;
-    /// fs tree: part of an xattr value too large for its XATTR item: offset =
-    /// chunk id << 8 | chunk index (`fs/xattr.rs`).
-    pub const XATTR_CHUNK: u8 = 7;
-    /// root tree: the root pointer and counters of dataset `objectid`.
-    pub const ROOT_ITEM: u8 = 10;
-    /// root tree: the server's record of client session `objectid` (opaque bytes the
-    /// server layer owns; see `Store::put_session_record`); offset 0.
-    pub const SESSION: u8 = 11;
-    /// refcount tree: blocks `[objectid, objectid+offset)` have the stored reference count.
-    pub const EXTENT_REF: u8 = 20;
-}
-
-/// Objectid under which orphan items are kept (sorts after every inode).
-pub const ORPHAN_OBJECTID: u64 = u64::MAX;
 
 impl Key {
     /// A key from its three parts.
@@ -80,16 +52,6 @@ impl fmt::Debug for Key {
     }
 }
 
-/// FNV-1a 64 of a name: the `offset` of DIR_ENTRY and XATTR items. Part of the format.
-pub fn name_hash(name: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in name {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,11 +70,5 @@ mod tests {
         k.encode(&mut b);
         assert_eq!(Key::decode(&b), k);
         assert_eq!(b[0], 0x08, "little-endian");
-    }
-
-    #[test]
-    fn hash_is_fnv1a() {
-        assert_eq!(name_hash(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(name_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

@@ -9,10 +9,10 @@
 //! - a copy whose checksum, magic, version, own copy index or geometry is wrong is ignored
 //!   (with the reason kept for the error message if no copy is usable).
 
-use crate::checksum::{crc32c, CSUM_CRC32C};
+use crate::engine::checksum::{crc32c, CSUM_CRC32C};
+use crate::engine::node::BlockPtr;
 use crate::error::{Error, Result};
 use crate::limits::{BLOCK_SIZE, SUPERBLOCK_OFFSETS};
-use crate::node::BlockPtr;
 
 /// "CRESTFS1" — the magic number.
 pub const MAGIC: [u8; 8] = *b"CRESTFS1";

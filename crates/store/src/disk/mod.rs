@@ -35,6 +35,7 @@
 //! io_uring backend: reported by `flush` at the latest, and again by every later flush),
 //! and a create/commit/reopen/fsck workload of the store on each backend.
 
+pub mod crash;
 mod pool;
 pub mod uring;
 
@@ -623,7 +624,7 @@ mod tests {
 
     #[test]
     fn recording_disk_records_a_batch_write_by_write() {
-        use crate::crash::{flush_points, image_at, CrashPoint, Event, RecordingDisk};
+        use crate::disk::crash::{flush_points, image_at, CrashPoint, Event, RecordingDisk};
         let rec = RecordingDisk::new(vec![0u8; 1 << 16]);
         let mut disk: Box<dyn Disk> = Box::new(rec.clone());
         disk.write_batch(&[(0, &[1u8; 10]), (100, &[2u8; 10])]).expect("batch");

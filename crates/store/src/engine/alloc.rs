@@ -25,7 +25,7 @@
 //!   allocation / double free (a bug in the caller), leaving the state
 //!   unchanged.
 
-use crate::bitmap::Bitmap;
+use crate::engine::bitmap::Bitmap;
 
 #[derive(Clone, Debug)]
 struct Group {

@@ -13,11 +13,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::alloc::Allocator;
 use crate::disk::Disk;
+use crate::engine::alloc::Allocator;
+use crate::engine::node::{BlockPtr, Body, ChildPtr, Node, NodeRef};
 use crate::error::{Error, Result};
 use crate::limits::{BLOCK_SIZE_U64, NODE_CACHE_ENTRIES};
-use crate::node::{BlockPtr, Body, ChildPtr, Node, NodeRef};
 
 /// The node store under every tree of one image.
 pub struct Pager {

@@ -11,9 +11,9 @@
 
 use std::sync::Arc;
 
-use crate::checksum::crc32c;
+use crate::engine::checksum::crc32c;
+use crate::engine::key::{Key, KEY_BYTES};
 use crate::error::{Error, Result};
-use crate::key::{Key, KEY_BYTES};
 use crate::limits::{BLOCK_SIZE, MAX_TREE_LEVEL};
 
 /// Header bytes at the start of every node.
