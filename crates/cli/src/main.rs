@@ -244,7 +244,7 @@ fn mkfs(image: &Path, size: Option<u64>, force: bool, json: bool) -> Result<()> 
         (false, None) => bail!("{} does not exist: give --size to create it", image.display()),
     }
     .with_context(|| format!("opening {}", image.display()))?;
-    Store::mkfs(Box::new(disk), &MkfsOptions { now: now(), fsid: None })
+    Store::mkfs(Box::new(disk), &MkfsOptions { now: now(), fsid: None, seed: None })
         .with_context(|| format!("creating a file system on {}", image.display()))?;
     let disk = FileDisk::open(image).with_context(|| format!("reopening {}", image.display()))?;
     let store = Store::open(Box::new(disk)).context("opening the new file system")?;

@@ -151,9 +151,9 @@ fn hello(resume: Option<p::SessionToken>) -> p::Hello {
     p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "crash-sim".into(), resume }
 }
 
-fn fresh_server(disk: &MemDisk) -> Server {
+fn fresh_server(disk: &MemDisk, seed: u64) -> Server {
     let t = crest_store::Timespec::new(EPOCH_S as i64 - 10, 0);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: t, fsid: Some([7; 16]) }).expect("mkfs");
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: t, fsid: Some([7; 16]), seed: Some(seed) }).expect("mkfs");
     let mut s = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
     s.record_applied();
     s
@@ -201,9 +201,9 @@ impl Sim {
         let mut rng = Stream::from_seed_u64(seed);
         let n = 2 + rng.below(3) as usize;
         let disk = MemDisk::new(64 << 20);
-        let mut server = fresh_server(&disk);
+        let mut server = fresh_server(&disk, seed);
         server.seed_randomness(rng.next_u64());
-        let mut reference = fresh_server(&MemDisk::new(64 << 20));
+        let mut reference = fresh_server(&MemDisk::new(64 << 20), seed);
         reference.seed_randomness(rng.next_u64());
         let t0 = Instant::now();
         let clients = (0..n)
@@ -627,7 +627,7 @@ impl Sim {
     fn rebuild_reference(&mut self, dropped: &BTreeSet<(u64, u64)>) {
         self.log(format!("reference run again without {dropped:?}"));
         self.rebuilds += 1;
-        self.reference = fresh_server(&MemDisk::new(64 << 20));
+        self.reference = fresh_server(&MemDisk::new(64 << 20), self.seed);
         self.reference.seed_randomness(self.rng.next_u64());
         for serial in 0..self.ref_session.len() as u64 {
             let (rs, _) = self.reference.handle_hello(&hello(None));

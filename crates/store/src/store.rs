@@ -102,6 +102,10 @@ pub struct MkfsOptions {
     pub now: Timespec,
     /// File system id; random when `None`.
     pub fsid: Option<[u8; 16]>,
+    /// Where the root directory's generation comes from: the process's randomness when
+    /// `None`, else this seed (a simulation must replay exactly: the generation travels
+    /// in replies, and its encoded size with it).
+    pub seed: Option<u64>,
 }
 
 /// An open crest image.
@@ -161,7 +165,7 @@ impl Store {
         let mut fs = Tree::create(&mut pager, FS_TREE_ID);
         let root = Inode {
             ino: ROOT_INO,
-            generation: crest_rng::next_u64(),
+            generation: opts.seed.map_or_else(crest_rng::next_u64, |s| crest_rng::Stream::from_seed_u64(s).next_u64()),
             kind: FileKind::Directory,
             mode: 0o755,
             nlink: 2,

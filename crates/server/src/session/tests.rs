@@ -4,7 +4,8 @@ use crest_store::{MemDisk, MkfsOptions};
 /// A new file system on a shared in-memory disk (to reopen after a simulated crash).
 fn fresh_disk() -> MemDisk {
     let disk = MemDisk::new(16 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None }).expect("mkfs");
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None })
+        .expect("mkfs");
     disk
 }
 

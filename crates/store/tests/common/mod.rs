@@ -14,7 +14,7 @@ pub fn t(sec: i64) -> Timespec {
 /// A fresh image of `mib` MiB in memory.
 pub fn fresh(mib: u64) -> MemDisk {
     let disk = MemDisk::new(mib << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: t(1), fsid: Some([7; 16]) }).expect("mkfs");
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: t(1), fsid: Some([7; 16]), seed: None }).expect("mkfs");
     disk
 }
 
