@@ -167,9 +167,10 @@ pub struct Server {
     /// Opens of parked requests that took effect as they arrived: not run again when
     /// the request runs (a release may have come in between).
     opened_on_arrival: HashSet<(SessionId, u64, u64)>,
-    /// After a restart, until the grace period ends: every orphan the image kept, held
-    /// open by the server itself (a store handle each), so that a release by one
-    /// session cannot destroy a file another restored session is yet to open again.
+    /// After a restart, until the grace period ends: every orphan the image kept, and
+    /// every file a change in the grace period orphaned (`hold_for_grace`), held open by
+    /// the server itself (a store handle each), so that neither a release nor an unlink
+    /// by one session destroys a file another restored session is yet to open again.
     grace_orphans: Vec<u64>,
     /// Requests parked for a flush recall (`park_for_flush`), by session and id: run
     /// when it is answered, whoever holds the file open by then.
@@ -451,6 +452,7 @@ impl Server {
         }
         let victims = if from_cache { Vec::new() } else { self.victims(&req) };
         let mut pins = self.pin(session, &victims);
+        let held_for_grace = self.hold_for_grace(&victims);
         let response = self.handle_request(session, req, now);
         if !victims.is_empty() {
             // Only what the change did remove stays pinned (it may have failed).
@@ -459,6 +461,9 @@ impl Server {
             let (removed, kept) = pins.into_iter().partition(|i| orphans.contains(i));
             self.unpin(kept);
             pins = removed;
+            let (removed, kept): (Vec<u64>, Vec<u64>) = held_for_grace.into_iter().partition(|i| orphans.contains(i));
+            self.unpin(kept);
+            self.grace_orphans.extend(removed);
             self.record_openers(&orphans);
         }
         let opened = std::mem::take(&mut self.opened_orphans);

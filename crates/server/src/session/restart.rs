@@ -75,6 +75,18 @@ impl Server {
         }
     }
 
+    /// In the grace period, holds open (a store handle each) the files a change may
+    /// remove the last name of: a restored session that held one open before the restart
+    /// has not necessarily opened it again yet (its replays and writeback may come
+    /// first, and other sessions' too). If the change orphans it, it is held with the
+    /// orphans the image kept, until the grace period ends (`grace_orphans`).
+    pub(super) fn hold_for_grace(&mut self, victims: &[u64]) -> Vec<u64> {
+        if self.replaying.is_empty() {
+            return Vec::new();
+        }
+        victims.iter().copied().filter(|&ino| self.store.open_handle(ino).is_ok()).collect()
+    }
+
     pub(super) fn end_grace(&mut self, now: p::Time) {
         self.replaying.clear();
         // Every client that could still hold an unlinked file open has opened it again

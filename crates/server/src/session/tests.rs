@@ -258,6 +258,43 @@ fn a_file_unlinked_while_open_outlives_a_restart_for_a_client_that_opens_it_agai
 }
 
 #[test]
+fn a_file_a_change_orphans_during_the_grace_period_waits_for_the_restored_sessions_to_reopen() {
+    // a holds x open (x still has its name when the server dies). After the restart, b's
+    // replayed unlink removes x before a has opened it again: x must wait for a.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("open"));
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let (id, w) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(w) = w else { panic!("welcome") };
+        sessions.push((id.expect("session"), w.session));
+    }
+    let [(a, ta), (b, tb)] = sessions[..] else { panic!("two sessions") };
+    let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, b, 1, create_in_root(1, "x").ops) else {
+        panic!("create")
+    };
+    assert!(run_answering_recalls(&mut srv, a, 1, create_in_root(1, "y").ops).is_ok());
+    assert!(
+        run_answering_recalls(&mut srv, a, 2, vec![Op::Open { ino: x.ino, handle: 1 }, Op::Fsync { ino: 1 }]).is_ok()
+    );
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("reopen"));
+    assert_eq!(srv.handle_hello(&hello(Some(tb))).0, Some(b));
+    srv.handle(b, req(2, vec![Op::Unlink { parent: 1, name: b"x".to_vec() }]), NOW);
+    srv.replayed(b, NOW);
+    assert!(srv.is_pinned(x.ino), "held for the grace period");
+    assert_eq!(srv.handle_hello(&hello(Some(ta))).0, Some(a));
+    let r = srv.handle_request(a, req(3, vec![Op::Open { ino: x.ino, handle: 1 }]), NOW);
+    assert!(matches!(&r.results[0], Ok(Reply::Attr(o)) if o.nlink == 0), "a opens x again: {r:?}");
+    srv.replayed(a, NOW);
+    let _ = srv.take_outgoing();
+    let r = srv.handle_request(a, req(4, vec![Op::Read { ino: x.ino, offset: 0, len: 10 }]), NOW);
+    assert!(r.results[0].is_ok(), "{r:?}");
+    srv.handle(a, req(5, vec![Op::Release { ino: x.ino, handle: 1 }]), NOW);
+    assert!(!srv.is_pinned(x.ino));
+    assert!(srv.store.getattr(x.ino).is_err(), "gone with its last handle");
+}
+#[test]
 fn a_release_during_the_grace_period_leaves_an_orphan_another_restored_session_holds() {
     // a and b both hold x open; c unlinks it; the server restarts. b comes back first and
     // closes its handle before a has opened x again: x must wait for a.
