@@ -178,8 +178,6 @@ pub const DEFAULT_STEPS: usize = 4_000;
 /// when the call started (the real client's default TTL is 1 s; it must stay below the
 /// recall deadline, which is what bounds staleness when a recall goes unanswered).
 pub(crate) const TTL_US: u64 = 1_000_000;
-/// Names the clients use: few, so that they collide.
-pub(crate) const NAMES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
 /// Longest partition by default: short outages, where nobody is fenced but crashed
 /// clients (`CREST_SIM_OUTAGES=long` for long ones).
 pub(crate) const MAX_PARTITION_US: u64 = 1_000_000;
@@ -203,12 +201,6 @@ pub(crate) const PEEK_US: u64 = 50_000;
 /// A client asks for a directory whole at most this often (the real client's
 /// `ACQUIRE_RETRY`).
 pub(crate) const ACQUIRE_RETRY_US: u64 = 1_000_000;
-/// Whether clients open and close files (`CREST_SIM_OPENS=off` leaves them out: the
-/// workload as it was before this part of it; see docs/testing.md).
-pub(crate) fn opens_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CREST_SIM_OPENS").as_deref() != Ok("off"))
-}
 
 pub(crate) fn ptime(us: u64) -> p::Time {
     p::Time { sec: (us / 1_000_000) as i64, nsec: ((us % 1_000_000) * 1_000) as u32 }
@@ -218,6 +210,7 @@ mod checker;
 mod client;
 mod model;
 mod sim;
+mod workload;
 
 use checker::*;
 use client::*;

@@ -380,6 +380,31 @@ impl Model {
             return r;
         }
         match op {
+            Op::Open { .. } | Op::SetLock { .. } | Op::Release { .. } => self.apply_open_or_lock(session, op),
+            Op::Create { .. }
+            | Op::CreateAt { .. }
+            | Op::Unlink { .. }
+            | Op::Rmdir { .. }
+            | Op::Rename { flags: 0, .. }
+            | Op::Link { .. } => self.apply_name(op, now),
+            Op::Write { .. }
+            | Op::SetAttr { .. }
+            | Op::Append { .. }
+            | Op::SetXattr { .. }
+            | Op::RemoveXattr { .. } => self.apply_data(session, op, now),
+            Op::AllocInodes { count } => {
+                let count = (*count).clamp(1, p::MAX_INODE_GRANT);
+                let first = self.next_ino;
+                self.next_ino += u64::from(count);
+                Ok(Out::Inodes { first, count })
+            }
+            other => panic!("the simulator sends no {other:?}"),
+        }
+    }
+
+    /// `apply` of an open, a lock or unlock (`SetLock`) or a release.
+    fn apply_open_or_lock(&mut self, session: SessionId, op: &Op) -> Res {
+        match op {
             Op::Open { ino, handle } => {
                 self.side += 1;
                 if self.early.remove(&(session, *ino, *handle)) {
@@ -424,6 +449,13 @@ impl Model {
                 }
                 Ok(Out::Done)
             }
+            other => unreachable!("not an open or a lock: {other:?}"),
+        }
+    }
+
+    /// `apply` of a change to names: create, unlink, rmdir, rename (plain) or link.
+    fn apply_name(&mut self, op: &Op, now: p::Time) -> Res {
+        match op {
             Op::Create { parent, name, kind, mode, cred, .. } => {
                 self.create(None, *parent, name, *kind, *mode, *cred, now)
             }
@@ -457,6 +489,32 @@ impl Model {
             Op::Rename { parent, name, new_parent, new_name, flags: 0 } => {
                 self.rename(*parent, name, *new_parent, new_name, now)
             }
+            Op::Link { ino, parent, name } => {
+                let i = self.inodes.get(ino).ok_or(ENOENT)?;
+                if i.kind == p::FileType::Directory {
+                    return Err(EPERM);
+                }
+                // (An orphan, open but unlinked, takes no new name.)
+                if i.nlink == 0 {
+                    return Err(ENOENT);
+                }
+                if self.dir(*parent)?.contains_key(name) {
+                    return Err(EEXIST);
+                }
+                self.dirs.get_mut(parent).expect("checked").insert(name.clone(), *ino);
+                self.nlink_add(*ino, 1);
+                self.inodes.get_mut(ino).expect("checked").ctime = now;
+                self.touch(*parent, now);
+                Ok(Out::Entry(self.attr(*ino).expect("exists")))
+            }
+            other => unreachable!("not a change to names: {other:?}"),
+        }
+    }
+
+    /// `apply` of a change to an inode's data or attributes: write, append, setattr, or an
+    /// xattr set or removed.
+    fn apply_data(&mut self, session: SessionId, op: &Op, now: p::Time) -> Res {
+        match op {
             Op::Write { ino, offset, data } => {
                 let i = self.inodes.get_mut(ino).ok_or(ENOENT)?;
                 if i.kind == p::FileType::Directory {
@@ -492,24 +550,6 @@ impl Model {
                 let end = self.inodes.get(ino).ok_or(ENOENT)?.data.len() as u64;
                 self.apply(session, &Op::Write { ino: *ino, offset: end, data: data.clone() }, now)
             }
-            Op::Link { ino, parent, name } => {
-                let i = self.inodes.get(ino).ok_or(ENOENT)?;
-                if i.kind == p::FileType::Directory {
-                    return Err(EPERM);
-                }
-                // (An orphan, open but unlinked, takes no new name.)
-                if i.nlink == 0 {
-                    return Err(ENOENT);
-                }
-                if self.dir(*parent)?.contains_key(name) {
-                    return Err(EEXIST);
-                }
-                self.dirs.get_mut(parent).expect("checked").insert(name.clone(), *ino);
-                self.nlink_add(*ino, 1);
-                self.inodes.get_mut(ino).expect("checked").ctime = now;
-                self.touch(*parent, now);
-                Ok(Out::Entry(self.attr(*ino).expect("exists")))
-            }
             Op::SetXattr { ino, name, value, flags } => {
                 let i = self.inodes.get_mut(ino).ok_or(ENOENT)?;
                 let exists = i.xattrs.contains_key(name);
@@ -529,13 +569,7 @@ impl Model {
                 i.ctime = now;
                 Ok(Out::Done)
             }
-            Op::AllocInodes { count } => {
-                let count = (*count).clamp(1, p::MAX_INODE_GRANT);
-                let first = self.next_ino;
-                self.next_ino += u64::from(count);
-                Ok(Out::Inodes { first, count })
-            }
-            other => panic!("the simulator sends no {other:?}"),
+            other => unreachable!("not a change to data or attributes: {other:?}"),
         }
     }
 }

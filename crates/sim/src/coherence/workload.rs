@@ -1,0 +1,254 @@
+//! The workload: what system call each client makes next, drawn from what it knows.
+//!
+//! Every choice is drawn from `Sim::rng`, so the order and number of the draws here is
+//! part of what a seed means: a change to it changes every seed's run.
+
+use super::*;
+
+/// Names the clients use: few, so that they collide.
+const NAMES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
+
+/// Whether clients open and close files (`CREST_SIM_OPENS=off` leaves them out: the
+/// workload as it was before this part of it; see docs/testing.md).
+fn opens_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CREST_SIM_OPENS").as_deref() != Ok("off"))
+}
+
+/// The inodes a client's next call is drawn from.
+struct Pool {
+    /// Directories (the root if it knows none).
+    dirs: Vec<u64>,
+    /// Regular files.
+    files: Vec<u64>,
+    /// Everything.
+    all: Vec<u64>,
+}
+
+impl Pool {
+    /// A directory: the root a third of the time.
+    fn dir(&self, r: &mut Stream) -> u64 {
+        if r.below(3) == 0 {
+            ROOT_INO
+        } else {
+            self.dirs[r.below(self.dirs.len() as u64) as usize]
+        }
+    }
+
+    /// A regular file, if it knows one (no draw if not).
+    fn file(&self, r: &mut Stream) -> Option<u64> {
+        (!self.files.is_empty()).then(|| self.files[r.below(self.files.len() as u64) as usize])
+    }
+
+    /// Anything.
+    fn any(&self, r: &mut Stream) -> u64 {
+        self.all[r.below(self.all.len() as u64) as usize]
+    }
+}
+
+/// One of `NAMES`.
+fn name(r: &mut Stream) -> Vec<u8> {
+    NAMES[r.below(NAMES.len() as u64) as usize].as_bytes().to_vec()
+}
+
+impl Sim {
+    /// Client `c`'s next system call.
+    pub(crate) fn pick_op(&mut self, c: usize) -> Op {
+        let cl = &self.clients[c];
+        // From its working set (as often as this seed says), else from everything it has
+        // heard of.
+        let mut pool: Vec<(u64, p::FileType)> = if self.rng.below(100) < self.locality && !cl.recent.is_empty() {
+            cl.recent.iter().copied().collect()
+        } else {
+            cl.known.iter().map(|(i, k)| (*i, *k)).collect()
+        };
+        // What its processes hold open they keep using, named or not.
+        let opened: BTreeSet<u64> = cl.opens.values().copied().collect();
+        pool.retain(|(i, _)| !opened.contains(i));
+        pool.extend(opened.iter().map(|&i| (i, p::FileType::Regular)));
+        let of = |kind| pool.iter().filter(|(_, k)| *k == kind).map(|(i, _)| *i).collect::<Vec<u64>>();
+        let (mut dirs, files) = (of(p::FileType::Directory), of(p::FileType::Regular));
+        if dirs.is_empty() {
+            dirs.push(ROOT_INO);
+        }
+        let all: Vec<u64> = pool.iter().map(|(i, _)| *i).collect();
+        let pool = Pool { dirs, files, all };
+        let w = self.rng.below(100);
+        let r = &mut self.rng;
+        match w {
+            0..=9 => self.pick_open_or_lock(c, w, &pool),
+            10..=19 => Op::Lookup { parent: pool.dir(r), name: name(r) },
+            20..=29 => self.pick_attr(&pool),
+            30..=37 => match pool.file(r) {
+                Some(ino) => Op::Read { ino, offset: 0, len: 8192 },
+                None => Op::ReadDir { ino: pool.dir(r), from_index: 0, limit: 1024 },
+            },
+            38..=45 => Op::ReadDir { ino: pool.dir(r), from_index: 0, limit: 1024 },
+            58..=79 => self.pick_data(c, w, &pool),
+            // Creates (46..=57); unlinks, rmdirs, links and renames (80..=99).
+            _ => self.pick_name(c, w, &pool),
+        }
+    }
+
+    /// Opens and closes (`w` in 0..=5), and locks (6..=9).
+    fn pick_open_or_lock(&mut self, c: usize, w: u64, pool: &Pool) -> Op {
+        let cl = &self.clients[c];
+        let r = &mut self.rng;
+        let handles: Vec<(u64, u64)> = cl.opens.iter().map(|(h, i)| (*h, *i)).collect();
+        let next_handle = cl.next_handle;
+        match w {
+            // Opens and closes (a process keeps a few files open while others unlink or
+            // rename over them).
+            0..=5 if !opens_on() => Op::Lookup { parent: pool.dir(r), name: name(r) },
+            0..=5 if r.below(2) == 0 && !handles.is_empty() => {
+                let (handle, ino) = handles[r.below(handles.len() as u64) as usize];
+                let last = handles.iter().filter(|(_, i)| *i == ino).count() == 1;
+                match cl.locked.range((ino, 0, false)..=(ino, u64::MAX, true)).next().copied() {
+                    // Its processes drop their locks on the file before the last close.
+                    Some((ino, owner, flock)) if last => {
+                        let pid = 100 * c as u32 + owner as u32;
+                        Op::SetLock { ino, owner, start: 0, end: p::LOCK_TO_EOF, kind: p::LockKind::Unlock, flock, pid }
+                    }
+                    _ => Op::Release { ino, handle },
+                }
+            }
+            0..=5 => match pool.file(r) {
+                Some(ino) if handles.len() < 4 => {
+                    self.clients[c].next_handle += 1;
+                    Op::Open { ino, handle: next_handle }
+                }
+                _ => Op::Lookup { parent: pool.dir(r), name: name(r) },
+            },
+            // fcntl and flock locks of a few owners (processes) on the files it holds
+            // open (a lock needs a descriptor), over overlapping ranges: tries (F_SETLK),
+            // and tests (F_GETLK).
+            _ => match (!handles.is_empty()).then(|| handles[r.below(handles.len() as u64) as usize].1) {
+                Some(ino) => {
+                    let owner = 1 + r.below(3);
+                    let flock = r.below(4) == 0;
+                    let (start, end) = if flock {
+                        (0, p::LOCK_TO_EOF)
+                    } else {
+                        let start = r.below(4) * 100 + r.below(50);
+                        (start, if r.below(4) == 0 { p::LOCK_TO_EOF } else { start + r.below(200) })
+                    };
+                    let kind = [p::LockKind::Read, p::LockKind::Write, p::LockKind::Write, p::LockKind::Unlock]
+                        [r.below(4) as usize];
+                    if r.below(4) == 0 && kind != p::LockKind::Unlock {
+                        Op::GetLock { ino, owner, start, end, kind, flock }
+                    } else {
+                        Op::SetLock { ino, owner, start, end, kind, flock, pid: 100 * c as u32 + owner as u32 }
+                    }
+                }
+                None => Op::Lookup { parent: pool.dir(r), name: name(r) },
+            },
+        }
+    }
+
+    /// Attributes of anything it knows: a getattr, or now and then an xattr call.
+    fn pick_attr(&mut self, pool: &Pool) -> Op {
+        let r = &mut self.rng;
+        // Now and then an xattr of anything it knows: values across the inline limit
+        // (1784 bytes of name + value) and the chunk size, set with either flag.
+        if r.below(3) != 0 {
+            return Op::GetAttr { ino: pool.any(r) };
+        }
+        let ino = pool.any(r);
+        let name = format!("user.{}", NAMES[r.below(3) as usize]).into_bytes();
+        match r.below(5) {
+            0 | 1 => {
+                let mut value = vec![0u8; [0, 17, 1_700, 1_790, 3_000][r.below(5) as usize]];
+                r.fill_bytes(&mut value);
+                let flags = [0, 0, p::XATTR_CREATE, p::XATTR_REPLACE][r.below(4) as usize];
+                Op::SetXattr { ino, name, value, flags }
+            }
+            2 => Op::GetXattr { ino, name },
+            3 => Op::ListXattr { ino },
+            _ => Op::RemoveXattr { ino, name },
+        }
+    }
+
+    /// Data: writes and appends (`w` in 58..=71), and setattrs (72..=79).
+    fn pick_data(&mut self, c: usize, w: u64, pool: &Pool) -> Op {
+        let cl = &self.clients[c];
+        let r = &mut self.rng;
+        match w {
+            58..=71 => match pool.file(r) {
+                // A quarter of them O_APPEND: the server chooses where it lands.
+                Some(ino) if r.below(4) == 0 => {
+                    let mut data = vec![0u8; r.below(300) as usize];
+                    r.fill_bytes(&mut data);
+                    Op::Append { ino, data }
+                }
+                Some(ino) => {
+                    let len = 1 + r.below(300) as usize;
+                    let mut data = vec![0u8; len];
+                    r.fill_bytes(&mut data);
+                    Op::Write { ino, offset: r.below(1_500), data }
+                }
+                None => Op::Lookup { parent: pool.dir(r), name: name(r) },
+            },
+            _ => {
+                let ino = pool.any(r);
+                let set = if r.below(2) == 0 && cl.known.get(&ino) == Some(&p::FileType::Regular) {
+                    p::SetAttr { size_bytes: Some(r.below(2_000)), ..Default::default() }
+                } else {
+                    p::SetAttr { mode: Some([0o644, 0o600, 0o755, 0o2775][r.below(4) as usize]), ..Default::default() }
+                };
+                Op::SetAttr { ino, set }
+            }
+        }
+    }
+
+    /// Names: creates (`w` in 46..=57), unlinks and rmdirs (80..=91), then links and
+    /// renames.
+    fn pick_name(&mut self, c: usize, w: u64, pool: &Pool) -> Op {
+        let at = self.instant();
+        let cl = &self.clients[c];
+        let r = &mut self.rng;
+        match w {
+            46..=57 => {
+                let is_dir = r.below(3) == 0;
+                let mode = if is_dir {
+                    [0o755, 0o700, 0o2775][r.below(3) as usize]
+                } else {
+                    [0o644, 0o600][r.below(2) as usize]
+                };
+                let kind = if is_dir { p::FileType::Directory } else { p::FileType::Regular };
+                Op::Create { parent: pool.dir(r), name: name(r), kind, mode, rdev: 0, cred: cl.cred }
+            }
+            // Half the time a name it knows to be there, of the right kind (as `rm -r`
+            // does), so that removals answered locally are common.
+            80..=91 => {
+                let rmdir = w >= 88;
+                let parent = pool.dir(r);
+                let want = if rmdir { p::FileType::Directory } else { p::FileType::Regular };
+                let there: Vec<Vec<u8>> = cl
+                    .names()
+                    .names_held(parent, at)
+                    .into_iter()
+                    .filter(|(_, i)| cl.known.get(i) == Some(&want))
+                    .map(|(n, _)| n)
+                    .collect();
+                let name = if !there.is_empty() && r.below(2) == 0 {
+                    there[r.below(there.len() as u64) as usize].clone()
+                } else {
+                    name(r)
+                };
+                if rmdir {
+                    Op::Rmdir { parent, name }
+                } else {
+                    Op::Unlink { parent, name }
+                }
+            }
+            // A third of them hard links (now and then of a directory: EPERM).
+            _ if r.below(3) == 0 => {
+                let ino = if r.below(8) == 0 { pool.dir(r) } else { pool.file(r).unwrap_or(ROOT_INO) };
+                Op::Link { ino, parent: pool.dir(r), name: name(r) }
+            }
+            _ => {
+                Op::Rename { parent: pool.dir(r), name: name(r), new_parent: pool.dir(r), new_name: name(r), flags: 0 }
+            }
+        }
+    }
+}
