@@ -23,15 +23,10 @@ echo "== tests"
 cargo test --workspace --release --locked
 
 echo "== coherence simulator: random seeds (each printed; a failure names its seed)"
-# The fixed seeds (above) run the whole workload. The random batches leave open/close out
-# (CREST_SIM_OPENS=off) until that new part of the workload has run clean longer
-# (docs/testing.md); CREST_SIM_OPENS=on puts it in.
-export CREST_SIM_OPENS=${CREST_SIM_OPENS:-off}
 CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
 CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
 CREST_SIM_SERVER_CRASHES=only CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
 CREST_SIM_SERVER_CRASHES=only CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
-unset CREST_SIM_OPENS
 echo "== server-crash simulator: random seeds"
 CREST_CRASH_SEEDS=${CREST_CRASH_SEEDS:-300} cargo test --release --locked -p crest-sim --test crash
 

@@ -106,8 +106,14 @@
 //! A client's completed local answer is laid on a model state only where the names it
 //! removes or moves stand for what its client saw (`Local::lay_on`).
 //!
+//! Clients also hold files open (answered locally when the attributes are held, the
+//! `Open` sent behind) and keep using them while others unlink or rename over them, and
+//! take, test and drop fcntl and flock locks on them, dropping their locks before the
+//! last close; the model keeps orphans until the last handle or the session goes, and
+//! every session's locks across restarts (taken again by their clients) until it ends.
+//!
 //! Left out: crashes between commits under caching clients (see above); symlinks,
-//! locks, fsync, directories held open; xattr reads and the errors the client answers itself from the
+//! fsync, directories held open; xattr reads and the errors the client answers itself from the
 //! xattrs it holds (sent to the server instead); several changing system calls in flight on one
 //! client; writeback merged into one request (each submission goes alone here; the core's
 //! unit tests cover merging). By default outages stay short (partitions ≤ 1 s,
@@ -116,8 +122,6 @@
 //! connection; reconnects up to 1 s), so live clients are fenced all the time. Client
 //! cores are woken every 250 ms; `CREST_SIM_LEASE=exact` also wakes one before every
 //! local answer (as `crest-net` wakes it at the lease's deadline).
-//!
-//! `CREST_SIM_OPENS=off` leaves open/close out of the workload (see docs/testing.md).
 //!
 //! Mutating the client's rules means mutating `crest-client` itself: the simulator has
 //! no copy of them. What this simulator has found, and the seeds: docs/testing.md.

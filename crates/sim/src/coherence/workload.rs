@@ -8,13 +8,6 @@ use super::*;
 /// Names the clients use: few, so that they collide.
 const NAMES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
 
-/// Whether clients open and close files (`CREST_SIM_OPENS=off` leaves them out: the
-/// workload as it was before this part of it; see docs/testing.md).
-fn opens_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CREST_SIM_OPENS").as_deref() != Ok("off"))
-}
-
 /// The inodes a client's next call is drawn from.
 struct Pool {
     /// Directories (the root if it knows none).
@@ -99,7 +92,6 @@ impl Sim {
         match w {
             // Opens and closes (a process keeps a few files open while others unlink or
             // rename over them).
-            0..=5 if !opens_on() => Op::Lookup { parent: pool.dir(r), name: name(r) },
             0..=5 if r.below(2) == 0 && !handles.is_empty() => {
                 let (handle, ino) = handles[r.below(handles.len() as u64) as usize];
                 let last = handles.iter().filter(|(_, i)| *i == ino).count() == 1;
