@@ -621,7 +621,8 @@ impl<R> Connection<R> {
             let entry = Unstable {
                 id: c.id,
                 ops: c.ops,
-                time: c.time,
+                // (Replayed at the time it first ran: it comes out the same.)
+                time: resp.time.or(c.time),
                 results: resp.results.clone(),
                 pos: resp.seq,
                 answered: 0,

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 /// First bytes of a client hello, so a stray connection is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
 /// Most operations in one compound request.
@@ -690,6 +690,10 @@ pub struct Response {
     /// Every change of this session with `seq` up to this value is durable: the client
     /// may forget them (it keeps later ones to replay if the server restarts).
     pub durable: u64,
+    /// For a change: the time it ran at (`Request::time` when it carried one). Its replay
+    /// after a server restart carries it as `Request::time`, so that it comes out with
+    /// the times it first had.
+    pub time: Option<Time>,
 }
 
 /// Unsolicited server messages.

@@ -544,7 +544,7 @@ mod tests {
     use super::*;
 
     fn resp(id: u64) -> p::Response {
-        p::Response { id, results: Vec::new(), seq: 0, durable: 0 }
+        p::Response { id, results: Vec::new(), seq: 0, durable: 0, time: None }
     }
 
     #[test]

@@ -212,6 +212,12 @@ pub struct Applied {
     pub id: u64,
     /// Answered from the reply cache: nothing ran.
     pub from_cache: bool,
+    /// The store's generation just after it ran, and whether the store then held changes
+    /// not yet committed: what a crash at that moment would keep (a simulator that crashes
+    /// the server between commits rolls its model back to that).
+    pub generation: u64,
+    /// See `generation`.
+    pub dirty: bool,
 }
 
 /// A request that involves inodes another session holds exclusively: it runs once that
@@ -481,7 +487,8 @@ impl Server {
             }
         }
         if let Some(log) = &mut self.applied {
-            log.push(Applied { session, id, from_cache });
+            let (generation, dirty) = (self.store.generation(), self.store.is_dirty());
+            log.push(Applied { session, id, from_cache, generation, dirty });
         }
         let changed = std::mem::take(&mut self.changed);
         let out = self.caps.changed(session, &changed, response, now_ms);
@@ -690,7 +697,8 @@ impl Server {
         involved.extend(&self.carried);
         self.settle(session, mutates, &involved);
         let durable = self.sessions.get(&session).map_or(0, |s| s.durable);
-        let resp = p::Response { id: req.id, results, seq, durable };
+        let time = mutates.then_some(now);
+        let resp = p::Response { id: req.id, results, seq, durable, time };
         if mutates {
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.replies.insert(resp.clone());

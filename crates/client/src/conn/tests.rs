@@ -232,7 +232,7 @@ fn welcome(resumed: bool, durable_seq: Option<u64>, fenced: bool) -> ServerMessa
 }
 
 fn response(id: u64, n: usize, seq: u64, durable: u64) -> ServerMessage {
-    ServerMessage::Response(p::Response { id, results: vec![Ok(p::Reply::Done); n], seq, durable })
+    ServerMessage::Response(p::Response { id, results: vec![Ok(p::Reply::Done); n], seq, durable, time: None })
 }
 
 impl Harness {
@@ -352,6 +352,30 @@ fn after_a_restart_lost_changes_replay_first_and_kept_ones_are_not_sent_again() 
     assert_eq!(h.c.log.replaying.len(), 1);
 }
 
+#[test]
+fn a_lost_change_is_replayed_at_the_time_it_first_ran() {
+    // The server answered change 1 with the time it ran at, then died before committing
+    // it: the replay carries that time, so that it comes out as the caller was told.
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    h.call(1, vec![change(1)]);
+    h.sent();
+    let ran = p::Time { sec: 1_234, nsec: 5 };
+    h.hear(ServerMessage::Response(p::Response {
+        id: 1,
+        results: vec![Ok(p::Reply::Done)],
+        seq: 1,
+        durable: 0,
+        time: Some(ran),
+    }));
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, Some(0), false));
+    let replay = again.iter().find_map(|m| match m {
+        ClientMessage::Request(r) if r.id == 1 => Some(r.clone()),
+        _ => None,
+    });
+    assert_eq!(replay.map(|r| r.time), Some(Some(ran)), "{again:?}");
+}
 #[test]
 fn an_open_unanswered_at_a_restart_goes_again_before_replayed() {
     // The server ran the open before it died (the file was then unlinked by another

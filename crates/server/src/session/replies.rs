@@ -52,7 +52,7 @@ mod tests {
     use super::*;
 
     fn response(id: u64) -> p::Response {
-        p::Response { id, results: Vec::new(), seq: id, durable: 0 }
+        p::Response { id, results: Vec::new(), seq: id, durable: 0, time: None }
     }
 
     #[test]

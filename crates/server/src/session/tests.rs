@@ -294,6 +294,27 @@ fn a_file_a_change_orphans_during_the_grace_period_waits_for_the_restored_sessio
     assert!(!srv.is_pinned(x.ino));
     assert!(srv.store.getattr(x.ino).is_err(), "gone with its last handle");
 }
+
+#[test]
+fn a_change_replayed_after_a_crash_comes_out_with_its_first_times_and_generations() {
+    // a creates x; the server dies before committing it; a replays the create with the
+    // time its answer carried: x comes back with the generation and times a was told.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, w) = srv.handle_hello(&hello(None));
+    let (a, p::ServerMessage::Welcome(w)) = (a.expect("a"), w) else { panic!("welcome") };
+    let first = srv.handle_request(a, create_in_root(1, "x"), NOW);
+    let Ok(Reply::Entry(x)) = &first.results[0] else { panic!("{first:?}") };
+    assert_eq!(first.time, Some(NOW), "a change's answer says when it ran");
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    assert_eq!(srv.handle_hello(&hello(Some(w.session))).0, Some(a));
+    let later = p::Time { sec: NOW.sec + 100, nsec: 0 };
+    let replay = p::Request { time: first.time, ..create_in_root(1, "x") };
+    let again = srv.handle_request(a, replay, later);
+    let Ok(Reply::Entry(y)) = &again.results[0] else { panic!("{again:?}") };
+    assert_eq!((y.ino, y.generation, y.ctime, y.mtime), (x.ino, x.generation, x.ctime, x.mtime));
+}
 #[test]
 fn a_release_during_the_grace_period_leaves_an_orphan_another_restored_session_holds() {
     // a and b both hold x open; c unlinks it; the server restarts. b comes back first and

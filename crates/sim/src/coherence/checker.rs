@@ -13,6 +13,8 @@ pub(crate) struct Expect {
     /// With every completed local answer laid on top (when some was not yet applied):
     /// what a coherent server would have answered. (Which client's answers were missing.)
     pub(crate) coherent: Option<(Vec<Res>, Vec<usize>)>,
+    /// The time it ran at.
+    pub(crate) time: p::Time,
 }
 
 /// A change a client answered itself (writeback).
@@ -32,6 +34,9 @@ pub(crate) struct Local {
     pub(crate) lost: bool,
     /// What the names it removes or moves stood for when its client answered it.
     pub(crate) named: Vec<(u64, Vec<u8>, u64)>,
+    /// A system call's change answered by the server and lost by a crash before it was
+    /// committed: the request whose replay applies it.
+    pub(crate) replay_of: Option<(SessionId, u64)>,
 }
 
 impl Local {
@@ -41,6 +46,11 @@ impl Local {
     pub(crate) fn lay_on(&self, m: &mut Model) {
         let same = self.named.iter().all(|(d, n, ino)| m.dirs.get(d).and_then(|e| e.get(n)).is_none_or(|i| i == ino));
         if same {
+            if let (Some(_), Op::CreateAt { ino, .. }) = (self.replay_of, &self.op) {
+                // (A lost create took its number from the counter, which its replay
+                // moves on again.)
+                m.next_ino = m.next_ino.max(ino + 1);
+            }
             let _ = m.apply(self.session, &self.op, self.time);
         }
     }
@@ -91,6 +101,14 @@ pub(crate) struct Checker {
     pub(crate) top_seq: BTreeMap<SessionId, u64>,
     pub(crate) locals: BTreeMap<u64, Local>,
     pub(crate) next_local: u64,
+    /// The last state the server's store has committed (a crash keeps it), and the
+    /// store's generation when that was last learnt (`note_durable`).
+    pub(crate) k_durable: u64,
+    pub(crate) seen_generation: u64,
+    /// Changes a crash took back after their callers were answered (or their writeback
+    /// answered): each must run again (its client replays it) before the run ends,
+    /// unless its session is fenced or its client dies; with what it first gave.
+    pub(crate) lost_done: BTreeMap<(SessionId, u64), Vec<Res>>,
     /// Generation of every inode seen (the model does not pick them).
     pub(crate) generations: BTreeMap<u64, u64>,
     pub(crate) failure: Option<String>,
@@ -127,6 +145,8 @@ pub(crate) struct Stats {
     /// failed with EIO, writebacks done); rights asked back after them, and refused.
     pub(crate) server_crashes: u64,
     pub(crate) replies_lost: u64,
+    /// Changes applied and lost by crashes between commits.
+    pub(crate) changes_lost: u64,
     pub(crate) reasserted: u64,
     pub(crate) reassert_refused: u64,
     /// Of the run's events (`Sim::trace_hash`).
@@ -157,6 +177,7 @@ impl Stats {
         self.checked += s.checked;
         self.server_crashes += s.server_crashes;
         self.replies_lost += s.replies_lost;
+        self.changes_lost += s.changes_lost;
         self.reasserted += s.reasserted;
         self.reassert_refused += s.reassert_refused;
     }
@@ -288,7 +309,9 @@ impl Checker {
         let mutates = info.ops.iter().any(Op::is_mutation);
         let now = info.time.unwrap_or(server_now);
         // (An acquire is a read of the system call's: its answer must be as coherent.)
-        let syscall = matches!(info.purpose, Purpose::Syscall | Purpose::Acquire { .. });
+        // (A replay's answer goes to no caller: it was answered before the crash.)
+        let is_replay = mutates && self.lost_done.contains_key(&key);
+        let syscall = matches!(info.purpose, Purpose::Syscall | Purpose::Acquire { .. }) && !is_replay;
         // Completed local answers (of anyone) the server has not applied yet: a coherent
         // answer to a system call started after them shows them.
         let coherent = if syscall {
@@ -325,6 +348,22 @@ impl Checker {
             results.push(model.apply(key.0, op, now));
         }
         let what = format!("server: runs {}/{} [{}] → {}", key.0, key.1, ops_brief(&info.ops), res_brief(&results));
+        let replay = if mutates { self.lost_done.remove(&key) } else { None };
+        if let Some(first) = &replay {
+            // A replay comes out as the change first did (it carries the time the change
+            // first ran at, and draws the same generations) — but a change of a file
+            // unlinked while another session held it open, whose opener has not opened it
+            // again after the restart (or closed it meanwhile): gone (ENOENT) until then.
+            let model = self.model();
+            let orphaned = info.ops.iter().flat_map(|op| op.named_inodes()).any(|i| model.pinned.contains_key(&i));
+            let same = first.iter().zip(&results).all(|(f, r)| f == r || (orphaned && *r == Err(ENOENT)));
+            if !same || first.len() != results.len() {
+                self.fail(format!(
+                    "request {key:?} {:?} ran again after a crash and gave {results:?}, first {first:?}",
+                    info.ops
+                ));
+            }
+        }
         if mutates {
             if self.applied.contains_key(&key) {
                 self.fail(format!("request {key:?} applied twice: {:?}", info.ops));
@@ -334,7 +373,15 @@ impl Checker {
             self.snaps.insert(self.k, snap);
             self.applied.insert(key, self.k);
             let k = self.k;
+            if replay.is_some() {
+                for l in self.locals.values_mut().filter(|l| l.replay_of == Some(key)) {
+                    l.applied_k = Some(k);
+                    self.local_ks.insert(k);
+                }
+            }
             match info.purpose {
+                // (A replay's caller was answered before the crash.)
+                Purpose::Syscall if replay.is_some() => {}
                 Purpose::Syscall => {
                     self.uncompleted.insert(k);
                 }
@@ -358,7 +405,7 @@ impl Checker {
         } else {
             0
         };
-        let e = Expect { results, seq, listings, coherent };
+        let e = Expect { results, seq, listings, coherent, time: now };
         if mutates {
             self.first_run.insert(key, e.clone());
         }
@@ -454,10 +501,151 @@ impl Checker {
         self.tick()
     }
 
+    /// The server ran a request (`Applied`) and left its store at `generation`, `dirty`
+    /// or not; `k_before` was the state before it ran. A commit since the last one seen
+    /// kept everything applied before it: with nothing left uncommitted, the request too.
+    pub(crate) fn note_durable(&mut self, k_before: u64, generation: u64, dirty: bool) {
+        if generation != self.seen_generation {
+            self.seen_generation = generation;
+            self.k_durable = if dirty { k_before } else { self.k };
+        } else if !dirty {
+            self.k_durable = self.k;
+        }
+    }
+
+    /// The server died with changes after state `k_durable` not committed: they are
+    /// gone. The model goes back to that state, with the handles and locks of now (the
+    /// restored sessions open theirs again, and take their locks again) and the image's
+    /// orphans nobody holds kept as the restarted server keeps them (for the grace);
+    /// `in_store` says which inodes the image has (an orphan's end may have been
+    /// committed since). Lost changes whose callers were answered must come again.
+    pub(crate) fn roll_back(&mut self, in_store: impl Fn(u64) -> bool) {
+        let kd = self.k_durable;
+        if kd >= self.k {
+            return;
+        }
+        let Some(base) = self.snaps.get(&kd).cloned() else {
+            return self.fail(format!("no state {kd} to roll back to (at {})", self.k));
+        };
+        let cur = self.model.take().expect("model");
+        let mut m = (*base).clone();
+        for (ino, i) in m.inodes.iter_mut() {
+            i.opens = cur.inodes.get(ino).map(|c| c.opens.clone()).unwrap_or_default();
+        }
+        let orphans: Vec<u64> = m.inodes.iter().filter(|(_, i)| i.nlink == 0).map(|(&ino, _)| ino).collect();
+        m.pinned.clear();
+        for ino in orphans {
+            let gone = !in_store(ino);
+            let unheld = m.inodes[&ino].opens.is_empty();
+            if let Some(i) = (gone || unheld).then(|| m.inodes.remove(&ino)).flatten() {
+                if !gone {
+                    m.pinned.insert(ino, i);
+                }
+            }
+        }
+        m.locks = Default::default();
+        for (ino, req) in cur.locks.entries() {
+            // (A lock on a file the crash took back is refused when taken again.)
+            if m.inodes.contains_key(&ino) {
+                let _ = m.locks.set(ino, &req);
+            }
+        }
+        m.early.clear();
+        m.side = cur.side + 1;
+        self.model = Some(m);
+        let lost: Vec<((SessionId, u64), u64)> =
+            self.applied.iter().filter(|(_, &k)| k > kd).map(|(&key, &k)| (key, k)).collect();
+        for (key, k) in lost {
+            self.applied.remove(&key);
+            // A response not yet out is gone with the server.
+            self.expect.remove(&key);
+            // (A replay lost again stands as before: its local answers are there.)
+            let replayed = self.locals.values().any(|l| l.replay_of == Some(key));
+            let done = !self.uncompleted.contains(&k) && (!self.local_ks.contains(&k) || replayed);
+            if done {
+                if let Some(first) = self.first_run.get(&key).cloned() {
+                    self.lost_done.insert(key, first.results.clone());
+                    if !replayed {
+                        self.lost_answer(key, k, &first);
+                    }
+                }
+            }
+            if let Some(n) = self.seqs.get_mut(&key.0) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        for l in self.locals.values_mut() {
+            if l.applied_k.is_some_and(|k| k > kd) {
+                l.applied_k = None;
+            }
+        }
+        self.uncompleted.retain(|&k| k <= kd);
+        self.local_ks.retain(|&k| k <= kd);
+        self.snaps.retain(|&k, _| k <= kd);
+        self.pre.retain(|&k, _| k <= kd);
+        self.k = kd;
+        // Numbers the lost creates took may be given again, to other files.
+        let model = self.model.as_ref().expect("model");
+        let known: BTreeSet<u64> = model.inodes.keys().chain(model.pinned.keys()).copied().collect();
+        self.generations.retain(|ino, _| known.contains(ino));
+    }
+
+    /// Change `key` (state `k`), answered as `first` and lost by a crash, stands as its
+    /// client's caller saw it until its replay: as a local answer completed and not yet
+    /// applied (what an answer may show).
+    fn lost_answer(&mut self, key: (SessionId, u64), k: u64, first: &Expect) {
+        let Some(info) = self.reqs.get(&key).cloned() else { return };
+        let before = self.pre.get(&k).cloned();
+        for (op, res) in info.ops.iter().zip(&first.results) {
+            if !op.is_mutation() || res.is_err() {
+                continue;
+            }
+            let op = match (op, res) {
+                // (As the number it was given.)
+                (Op::Create { parent, name, kind, mode, rdev, cred }, Ok(Out::Entry(a))) => Op::CreateAt {
+                    ino: a.ino,
+                    generation: 0,
+                    parent: *parent,
+                    name: name.clone(),
+                    kind: *kind,
+                    mode: *mode,
+                    rdev: *rdev,
+                    cred: *cred,
+                },
+                _ => op.clone(),
+            };
+            let named = before
+                .as_ref()
+                .map(|m| {
+                    op.named_entries()
+                        .into_iter()
+                        .filter_map(|(d, n)| Some((d, n.to_vec(), *m.dirs.get(&d)?.get(n)?)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let n = self.next_local;
+            self.next_local += 1;
+            let local = Local {
+                client: info.client,
+                session: key.0,
+                op,
+                time: first.time,
+                answer: res.clone(),
+                done_lc: 0,
+                applied_k: None,
+                lost: false,
+                named,
+                replay_of: Some(key),
+            };
+            self.locals.insert(n, local);
+        }
+    }
+
     /// Keeps the states an answer may still show: from just before the oldest change
     /// not completed (all of them when every change is).
     pub(crate) fn prune(&mut self) {
-        let w = self.uncompleted.first().map_or(self.k, |k| k - 1);
+        // (The state a crash would roll back to stays too.)
+        let w = self.uncompleted.first().map_or(self.k, |k| k - 1).min(self.k_durable);
         self.snaps = self.snaps.split_off(&w);
         self.pre = self.pre.split_off(&w);
         self.local_ks = self.local_ks.split_off(&(w + 1));
@@ -516,10 +704,24 @@ impl Checker {
                         last = Some(v);
                     }
                 }
+                let pending: Vec<String> = self
+                    .locals
+                    .values()
+                    .filter(|l| l.applied_k.is_none())
+                    .map(|l| {
+                        format!(
+                            "  client {}: {} (replay of {:?})",
+                            l.client,
+                            ops_brief(std::slice::from_ref(&l.op)),
+                            l.replay_of
+                        )
+                    })
+                    .collect();
                 self.fail(format!(
-                    "coherence: client {client} answered [{}] from its cache: {item:?} = {val:?}\nbut it may show only a value no older than the last completed change:\n{}",
+                    "coherence: client {client} answered [{}] from its cache: {item:?} = {val:?}\nbut it may show only a value no older than the last completed change:\n{}\nlocal answers not yet applied:\n{}",
                     ops_brief(std::slice::from_ref(op)),
-                    cands.join("\n")
+                    cands.join("\n"),
+                    pending.join("\n")
                 ));
                 return;
             }

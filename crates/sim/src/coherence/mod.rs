@@ -100,8 +100,13 @@
 //!   it, behind `Op::Reassert` of the `X` rights the cache kept; a session not restored
 //!   starts afresh without rights. Every
 //!   change must come back with `seq` equal to its place. The crash falls just after a
-//!   commit, so no acknowledged change is lost (checked): crashes that lose applied
-//!   changes, and exactly-once replay, are `crash_sim.rs`'s, whose clients keep no caches.
+//!   commit, so no acknowledged change is lost (checked) — or, with
+//!   `CREST_SIM_LOST_CHANGES=on`, half the time between commits: what the server applied
+//!   since the last one is lost (`Applied::generation`/`dirty` say how far its store had
+//!   committed), the model goes back to that state (`Checker::roll_back`), and each lost
+//!   change whose caller was answered stands as a local answer not yet applied until its
+//!   client replays it — which must come out as it first did, and must come before the
+//!   run ends unless its session is fenced or its client dies.
 //!
 //! A client's completed local answer is laid on a model state only where the names it
 //! removes or moves stand for what its client saw (`Local::lay_on`).
@@ -112,7 +117,7 @@
 //! last close; the model keeps orphans until the last handle or the session goes, and
 //! every session's locks across restarts (taken again by their clients) until it ends.
 //!
-//! Left out: crashes between commits under caching clients (see above); symlinks,
+//! Left out: symlinks,
 //! fsync, directories held open; xattr reads and the errors the client answers itself from the
 //! xattrs it holds (sent to the server instead); several changing system calls in flight on one
 //! client; writeback merged into one request (each submission goes alone here; the core's

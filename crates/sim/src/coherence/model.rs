@@ -232,6 +232,19 @@ impl Model {
         self.inodes.values().flat_map(|i| i.opens.iter().map(|(s, _)| *s)).collect()
     }
 
+    /// The server restarted: it knows none of session `s`'s handles until its client
+    /// opens them again (first thing, before its replays); its locks stay (taken again).
+    pub(crate) fn forget_handles(&mut self, s: SessionId) {
+        let held: Vec<(u64, u64)> = self
+            .inodes
+            .iter()
+            .flat_map(|(&ino, i)| i.opens.iter().filter(|(o, _)| *o == s).map(move |(_, h)| (ino, *h)))
+            .collect();
+        for (ino, handle) in held {
+            let _ = self.apply(s, &Op::Release { ino, handle }, p::Time::default());
+        }
+    }
+
     /// Session `s` ended (goodbye, or fenced): its handles are released.
     pub(crate) fn end_session(&mut self, s: SessionId) {
         self.early.retain(|(o, _, _)| *o != s);

@@ -431,12 +431,14 @@ impl Sim {
             self.ck.model.as_mut().expect("model").end_session(s);
         }
         for a in self.server.take_applied() {
-            if a.id == 0 {
-                continue; // a heartbeat
+            let k_before = self.ck.k;
+            if a.id != 0 {
+                // (Id 0: a heartbeat.)
+                if let Some(s) = self.ck.on_applied(a, call_now) {
+                    self.log(s);
+                }
             }
-            if let Some(s) = self.ck.on_applied(a, call_now) {
-                self.log(s);
-            }
+            self.ck.note_durable(k_before, a.generation, a.dirty);
         }
         // (Again for what the fenced session itself ran before its fencing.) Files kept
         // for opens on their way go when the server lets them.
@@ -685,6 +687,10 @@ impl Sim {
                     })
                     .collect();
                 let key = (sid, req.id);
+                // (A replay carries the time its change first ran at.)
+                if let (Some(t), Some(info)) = (req.time, self.ck.reqs.get_mut(&key)) {
+                    info.time = Some(t);
+                }
                 self.server.handle(sid, req, now);
                 self.flush_server(now);
                 // A parked request's opens took effect as it arrived (`Server::handle`).
@@ -800,11 +806,13 @@ impl Sim {
         if let (true, Some(durable)) = (w.resumed, w.durable_seq) {
             self.log(format!("client {c}: welcome back after a restart (session {new}, durable {durable})"));
             if self.clients[c].answered_seq > durable {
-                self.ck.fail(format!(
-                    "client {c}: the restarted server kept its session through seq {durable}, but seq {} was answered",
+                // Answered, and lost by a crash between commits: its core replays them
+                // (the checker's `lost_done` waits for each).
+                self.log(format!(
+                    "client {c}: seqs {}..={} were answered and lost; replayed",
+                    durable + 1,
                     self.clients[c].answered_seq
                 ));
-                return false;
             }
             // What it held under shared rights may be stale: the server applied (and kept)
             // changes whose recalls were still unanswered when it died. Only what it holds
@@ -997,24 +1005,62 @@ impl Sim {
         id
     }
 
-    /// The server dies just after a commit (so that everything it applied is durable:
-    /// crashes that lose applied changes, and their replays, are `crash_sim.rs`'s) and
-    /// starts again on its image; every connection breaks, and every message in flight
-    /// is lost. The new server restores the sessions it finds records of and waits for
-    /// their clients (the grace period, docs/protocol.md §4.5).
+    /// The server dies — just after a commit, or (`CREST_SIM_LOST_CHANGES=on`, half the
+    /// time) with whatever it applied since the last one uncommitted, which is lost — and
+    /// starts again on its image;
+    /// every connection breaks, and every message in flight is lost. The new server
+    /// restores the sessions it finds records of and waits for their clients, which
+    /// replay what they were answered and was lost (the grace period, docs/protocol.md
+    /// §4.5).
     pub(crate) fn server_crash(&mut self) {
         self.ck.stats.server_crashes += 1;
         self.server_life += 1;
-        if let Err(e) = self.server.store_mut().commit() {
-            return self.ck.fail(format!("commit before the crash: {e}"));
+        let committed = !lost_changes_on() || self.crash_rng.below(2) == 0;
+        if committed {
+            if let Err(e) = self.server.store_mut().commit() {
+                return self.ck.fail(format!("commit before the crash: {e}"));
+            }
         }
-        self.log(format!("SERVER CRASH (life {} begins)", self.server_life));
+        // (A commit since the last request ran — a tick's, a fencing's — kept them all.)
+        let store = self.server.store_mut();
+        if !store.is_dirty() || store.generation() != self.ck.seen_generation {
+            self.ck.k_durable = self.ck.k;
+        }
+        let lost = self.ck.k - self.ck.k_durable;
+        self.log(format!(
+            "SERVER CRASH (life {} begins; {lost} changes applied since the last commit lost)",
+            self.server_life
+        ));
         let store = match Store::open_keeping_orphans(Box::new(self.disk.clone())) {
             Ok(s) => s,
             Err(e) => return self.ck.fail(format!("the image does not open after the crash: {e}")),
         };
         let old = std::mem::replace(&mut self.server, Server::new(store));
         drop(old.into_store().abandon());
+        if lost > 0 {
+            self.ck.stats.changes_lost += lost;
+            let store = self.server.store_mut();
+            let mut present = BTreeSet::new();
+            for ino in self.ck.model().inodes.keys().chain(self.ck.model().pinned.keys()) {
+                if store.getattr(*ino).is_ok() {
+                    present.insert(*ino);
+                }
+            }
+            // (The snapshot's orphans too: looked up once more below, by number.)
+            let orphans: Vec<u64> = self
+                .ck
+                .snaps
+                .get(&self.ck.k_durable)
+                .map(|m| m.inodes.iter().filter(|(_, i)| i.nlink == 0).map(|(&ino, _)| ino).collect())
+                .unwrap_or_default();
+            for ino in orphans {
+                if store.getattr(ino).is_ok() {
+                    present.insert(ino);
+                }
+            }
+            self.ck.roll_back(|ino| present.contains(&ino));
+        }
+        self.ck.seen_generation = self.server.store_mut().generation();
         self.server.record_applied();
         self.server.seed_randomness(self.seed ^ 0x5e55_1015 ^ (self.server_life << 32));
         // (So that a session number names one session in the checker's books.)
@@ -1024,8 +1070,12 @@ impl Sim {
         let model = self.ck.model.as_mut().expect("model");
         // (The new server remembers no open that took effect on arrival.)
         model.early.clear();
+        // A restored one's handles the new server knows again when its client opens them
+        // again.
         for s in model.openers() {
-            if !self.server.has_session(s) {
+            if self.server.has_session(s) {
+                model.forget_handles(s);
+            } else {
                 model.end_session(s);
             }
         }
@@ -1172,8 +1222,18 @@ impl Sim {
         // (An open changes no state anybody observes: nothing to lay over the model. Its
         // `Open` must still succeed on the server: `answered`.)
         if wb.is_mutation() {
-            let local =
-                Local { client: c, session, op: wb, time: t, answer, done_lc, applied_k: None, lost: false, named };
+            let local = Local {
+                client: c,
+                session,
+                op: wb,
+                time: t,
+                answer,
+                done_lc,
+                applied_k: None,
+                lost: false,
+                named,
+                replay_of: None,
+            };
             self.ck.locals.insert(n, local);
         }
         true
@@ -1268,6 +1328,16 @@ impl Sim {
 
     /// Everything healed and answered: the store must equal the model, and be clean.
     pub(crate) fn final_check(&mut self) -> Result<(), String> {
+        // Every change a crash took back after its caller was answered came again.
+        let ck = &self.ck;
+        let missing: Vec<&(SessionId, u64)> = ck
+            .lost_done
+            .keys()
+            .filter(|(s, _)| !ck.fenced_sessions.contains(s) && !ck.dead_sessions.contains(s))
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!("changes answered, lost by a crash and never replayed: {missing:?}"));
+        }
         let model = self.ck.model().clone();
         let store = self.server.store_mut();
         let mut problems = Vec::new();
@@ -1333,4 +1403,12 @@ impl Sim {
             if self.server_crashes { " --server-crashes" } else { "" },
         )
     }
+}
+
+/// Whether server crashes may fall between commits (`CREST_SIM_LOST_CHANGES=on`): the
+/// changes applied since the last commit are lost, and their clients replay what they
+/// were answered. Not yet in CI's batches (docs/testing.md lists the seeds still failing).
+fn lost_changes_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CREST_SIM_LOST_CHANGES").as_deref() == Ok("on"))
 }
