@@ -57,15 +57,52 @@ impl HeldLocks {
         }
     }
 
-    /// After a server restart: the requests that open every held handle again, with
-    /// fresh ids from `next_id`. They go first, before the replays: a replayed change of
-    /// a file unlinked while open must find it open, and the server holds such files
-    /// only for the grace period. Re-asserts of an earlier restart still unanswered are
-    /// superseded: the copy holds what they would take.
-    pub fn reopen(&mut self, next_id: &AtomicU64) -> Vec<p::Request> {
+    /// After a server restart: the requests that open every held handle again, but those
+    /// of files in `later` (made by lost changes: `reopen_files` opens them right after
+    /// their replay), with fresh ids from `next_id`. They go first, before the replays: a
+    /// replayed change of a file unlinked while open must find it open, and the server
+    /// holds such files only for the grace period. Re-asserts of an earlier restart still
+    /// unanswered are superseded: the copy holds what they would take.
+    pub fn reopen(&mut self, later: &BTreeSet<u64>, next_id: &AtomicU64) -> Vec<p::Request> {
         self.reasserting.clear();
-        let ops: Vec<p::Op> = self.opens.iter().map(|&(ino, handle)| p::Op::Open { ino, handle }).collect();
+        let ops: Vec<p::Op> = self
+            .opens
+            .iter()
+            .filter(|(ino, _)| !later.contains(ino))
+            .map(|&(ino, handle)| p::Op::Open { ino, handle })
+            .collect();
         self.register(ops, next_id)
+    }
+
+    /// The requests that open again the held handles of files `inos`, which a replay just
+    /// made again (a later replayed change may need them open).
+    pub fn reopen_files(&mut self, inos: &[u64], next_id: &AtomicU64) -> Vec<p::Request> {
+        let ops: Vec<p::Op> = self
+            .opens
+            .iter()
+            .filter(|(ino, _)| inos.contains(ino))
+            .map(|&(ino, handle)| p::Op::Open { ino, handle })
+            .collect();
+        self.register(ops, next_id)
+    }
+
+    /// Every re-assert not yet answered, in the order a restart sends them: re-opens of
+    /// files other than `later`'s (before the replays), re-opens of `later`'s files (made
+    /// by changes being replayed: each after its file's replay), the rest (behind the
+    /// replays).
+    pub fn resend(&self, later: &BTreeSet<u64>) -> [Vec<p::Request>; 3] {
+        let mut out: [Vec<p::Request>; 3] = Default::default();
+        for (&id, ops) in &self.reasserting {
+            let opens = ops.iter().all(|op| matches!(op, p::Op::Open { .. }));
+            let of_later = ops.iter().any(|op| matches!(op, p::Op::Open { ino, .. } if later.contains(ino)));
+            let slot = match (opens, of_later) {
+                (true, false) => 0,
+                (true, true) => 1,
+                _ => 2,
+            };
+            out[slot].push(p::Request { id, ops: ops.clone(), time: None });
+        }
+        out
     }
 
     /// After a server restart (or after it forgot the session), behind the replays: the
@@ -117,12 +154,6 @@ impl HeldLocks {
             ops.retain(|op| *op != reopen);
             !ops.is_empty()
         });
-    }
-
-    /// Every re-assert not yet answered (after a plain reconnect: the server may not have
-    /// seen them; taking a held lock again is harmless).
-    pub fn resend(&self) -> Vec<p::Request> {
-        self.reasserting.iter().map(|(&id, ops)| p::Request { id, ops: ops.clone(), time: None }).collect()
     }
 
     /// The answer to request `id`, if it was a re-assert: the inodes whose rights the
@@ -191,7 +222,7 @@ mod tests {
         h.follow(&[lock(8, 0, 1)], &refused);
         h.follow(&[p::Op::Open { ino: 9, handle: 4 }, p::Op::Release { ino: 9, handle: 4 }], &ok);
         let ids = AtomicU64::new(100);
-        let mut reqs = h.reopen(&ids);
+        let mut reqs = h.reopen(&BTreeSet::new(), &ids);
         reqs.extend(h.reassert(&[(1, true)], &ids));
         let ops: Vec<Vec<p::Op>> = reqs.iter().map(|r| r.ops.clone()).collect();
         assert_eq!(
@@ -202,7 +233,8 @@ mod tests {
             ],
             "the handles first (before the replays), then the locks and the rights"
         );
-        assert_eq!(h.resend(), reqs, "unanswered re-asserts go again after a reconnect");
+        let all = |h: &HeldLocks| -> Vec<p::Request> { h.resend(&BTreeSet::new()).into_iter().flatten().collect() };
+        assert_eq!(all(&h), reqs, "unanswered re-asserts go again after a reconnect");
         // The server gives back all but the lock on 6 and the rights on 1.
         assert!(h.answered(reqs[0].id, &vec![Ok(p::Reply::Done)]).is_empty());
         let answer: Results = vec![
@@ -213,7 +245,7 @@ mod tests {
         assert_eq!(h.answered(reqs[1].id, &answer), vec![1], "rights refused");
         let held: Vec<u64> = h.table.entries().into_iter().map(|(ino, _)| ino).collect();
         assert_eq!(held, vec![5], "the lock the server refused is forgotten");
-        assert!(h.resend().is_empty(), "answered");
+        assert!(all(&h).is_empty(), "answered");
     }
 
     #[test]
@@ -222,14 +254,14 @@ mod tests {
         let ok: Results = vec![Ok(p::Reply::Done), Ok(p::Reply::Done)];
         h.follow(&[p::Op::Open { ino: 5, handle: 3 }, p::Op::Open { ino: 6, handle: 4 }], &ok);
         let ids = AtomicU64::new(100);
-        let reqs = h.reopen(&ids);
+        let reqs = h.reopen(&BTreeSet::new(), &ids);
         assert_eq!(reqs.len(), 1);
         // The process closes 5 before the server answered the re-open (it waits, parked).
         h.releasing(5, 3);
-        let again: Vec<p::Op> = h.resend().into_iter().flat_map(|r| r.ops).collect();
+        let again: Vec<p::Op> = h.resend(&BTreeSet::new()).into_iter().flatten().flat_map(|r| r.ops).collect();
         assert_eq!(again, vec![p::Op::Open { ino: 6, handle: 4 }], "after a reconnect, only 6 is opened again");
         h.releasing(6, 4);
-        assert!(h.resend().is_empty());
+        assert!(h.resend(&BTreeSet::new()).iter().all(Vec::is_empty));
         assert!(h.opens.is_empty());
     }
 }

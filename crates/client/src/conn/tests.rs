@@ -376,6 +376,77 @@ fn a_lost_change_is_replayed_at_the_time_it_first_ran() {
     });
     assert_eq!(replay.map(|r| r.time), Some(Some(ran)), "{again:?}");
 }
+
+#[test]
+fn a_handle_on_a_file_a_lost_change_made_is_opened_again_right_after_its_replay() {
+    // The server made file 9 (answered), the client opened it, and the server died before
+    // committing the create: the handle can be opened again only once the create is
+    // replayed, and before any later replay, which may need it open.
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    let t = p::Time { sec: 1, nsec: 0 };
+    let attr = p::Attr {
+        ino: 9,
+        generation: 1,
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        size_bytes: 0,
+        blocks_4k: 0,
+        rdev: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        flags: 0,
+    };
+    let create = p::Op::Create {
+        parent: 1,
+        name: b"f".to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        rdev: 0,
+        cred: cred(),
+    };
+    h.call(1, vec![create]);
+    h.sent();
+    let created =
+        p::Response { id: 1, results: vec![Ok(p::Reply::Entry(attr.clone()))], seq: 1, durable: 0, time: None };
+    h.hear(ServerMessage::Response(created));
+    h.call(2, vec![p::Op::Open { ino: 9, handle: 4 }]);
+    h.sent();
+    h.hear(ServerMessage::Response(p::Response {
+        id: 2,
+        results: vec![Ok(p::Reply::Attr(attr))],
+        seq: 0,
+        durable: 0,
+        time: None,
+    }));
+    h.call(3, vec![change(9)]);
+    h.sent();
+    h.hear(response(3, 1, 2, 0));
+    let order = |msgs: &[ClientMessage]| -> Vec<String> {
+        msgs.iter()
+            .map(|m| match m {
+                ClientMessage::Request(r) if r.ops.iter().any(|op| matches!(op, p::Op::Open { .. })) => {
+                    "open".to_string()
+                }
+                ClientMessage::Request(r) => format!("{}", r.id),
+                ClientMessage::Replayed => "replayed".to_string(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    };
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, Some(0), false));
+    assert_eq!(order(&again), ["1", "open", "3", "replayed"], "{again:?}");
+    // The same on a plain reconnect before anything of it was answered.
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, None, false));
+    assert_eq!(order(&again), ["1", "open", "3", "replayed"], "{again:?}");
+}
 #[test]
 fn an_open_unanswered_at_a_restart_goes_again_before_replayed() {
     // The server ran the open before it died (the file was then unlinked by another

@@ -3,7 +3,7 @@
 //! acknowledged changes are replayed, the held locks and rights taken again, and the
 //! unanswered calls placed by `plan_restart` (docs/protocol.md §4.5).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::*;
 use crate::replay::plan_restart;
@@ -76,13 +76,16 @@ impl<R> Connection<R> {
         let mut late: Vec<u64> = Vec::new();
         if let Some(through) = through {
             // The handles first: a replayed change of a file unlinked while open must
-            // find it open.
-            for r in self.held.reopen(&self.ids) {
+            // find it open. But a file a lost change made exists again only once that
+            // change is replayed: its handles go right after it.
+            let lost = self.log.take_lost(through, &w.durable_holes);
+            let made: BTreeSet<u64> = lost.iter().flat_map(|e| made_by(&e.ops, &e.results)).collect();
+            for r in self.held.reopen(&made, &self.ids) {
                 self.write(&ClientMessage::Request(r));
             }
             // (The changes kept without their answers before the rights: what they
             // touched is not held any more, and not asked back.)
-            late = self.replay_lost(through, &w.durable_holes);
+            late = self.replay_lost(through, &w.durable_holes, lost);
             let rights_held = match self.rights() {
                 Some(r) if restored => r.restored(self.now),
                 Some(r) => {
@@ -117,10 +120,27 @@ impl<R> Connection<R> {
             after.sort_unstable();
             late.extend(after.into_iter().map(|(_, id)| id));
             again.sort_by_key(|(p, _)| *p);
-            for (_, req) in again {
-                self.write(&ClientMessage::Request(req));
+            // In the order a restart sent them (`resume`'s other branch): handles, the
+            // replays each followed by the handles of what it made, the rest.
+            let made: BTreeSet<u64> = self.log.replaying.iter().flat_map(|e| made_by(&e.ops, &e.results)).collect();
+            let [first, mut after_made, rest] = self.held.resend(&made);
+            for r in first {
+                self.write(&ClientMessage::Request(r));
             }
-            for r in self.held.resend() {
+            let replays: HashMap<u64, Vec<u64>> =
+                self.log.replaying.iter().map(|e| (e.id, made_by(&e.ops, &e.results))).collect();
+            for (_, req) in again {
+                let inos = replays.get(&req.id).cloned().unwrap_or_default();
+                self.write(&ClientMessage::Request(req));
+                let (now, later): (Vec<_>, Vec<_>) = after_made
+                    .into_iter()
+                    .partition(|r| r.ops.iter().any(|op| matches!(op, p::Op::Open { ino, .. } if inos.contains(ino))));
+                after_made = later;
+                for r in now {
+                    self.write(&ClientMessage::Request(r));
+                }
+            }
+            for r in after_made.into_iter().chain(rest) {
                 self.write(&ClientMessage::Request(r));
             }
         }
@@ -173,8 +193,7 @@ impl<R> Connection<R> {
     /// kept was applied and is durable: not sent again (it would run twice). Any other
     /// unanswered one ran, if at all, after them: returned, to go as new work after
     /// `Replayed` (run earlier, it could take what another client's replay needs).
-    fn replay_lost(&mut self, through: u64, holes: &[u64]) -> Vec<u64> {
-        let lost = self.log.take_lost(through, holes);
+    fn replay_lost(&mut self, through: u64, holes: &[u64], lost: Vec<Unstable>) -> Vec<u64> {
         let placed: Vec<(u64, u64)> = self.pending.values().filter_map(|c| c.pos.map(|p| (c.id, p))).collect();
         let plan = plan_restart(through, holes, &placed);
         for id in plan.kept {
@@ -199,7 +218,11 @@ impl<R> Connection<R> {
             self.positions += 1;
             e.pos = self.positions;
             self.write(&ClientMessage::Request(e.request()));
+            let made = made_by(&e.ops, &e.results);
             self.log.replaying.push(e);
+            for r in self.held.reopen_files(&made, &self.ids) {
+                self.write(&ClientMessage::Request(r));
+            }
         }
         plan.late
     }
@@ -231,4 +254,16 @@ pub(super) fn same_outcome(first: &Results, again: &Results) -> bool {
             (Err(a), Err(b)) => a.errno == b.errno,
             _ => false,
         })
+}
+
+/// The inodes the changes `ops` made, as their answers `results` named them.
+fn made_by(ops: &[p::Op], results: &Results) -> Vec<u64> {
+    ops.iter()
+        .zip(results)
+        .filter(|(op, _)| op.creates())
+        .filter_map(|(_, r)| match r {
+            Ok(p::Reply::Entry(a)) => Some(a.ino),
+            _ => None,
+        })
+        .collect()
 }

@@ -37,6 +37,8 @@ pub(crate) struct Local {
     /// A system call's change answered by the server and lost by a crash before it was
     /// committed: the request whose replay applies it.
     pub(crate) replay_of: Option<(SessionId, u64)>,
+    /// Applied, then taken back by a crash: it comes again only from its client.
+    pub(crate) taken_back: bool,
 }
 
 impl Local {
@@ -109,6 +111,8 @@ pub(crate) struct Checker {
     /// answered): each must run again (its client replays it) before the run ends,
     /// unless its session is fenced or its client dies; with what it first gave.
     pub(crate) lost_done: BTreeMap<(SessionId, u64), Vec<Res>>,
+    /// When each system call's change completed (`lc`), for the order of lost ones.
+    pub(crate) completed_lc: BTreeMap<(SessionId, u64), u64>,
     /// Generation of every inode seen (the model does not pick them).
     pub(crate) generations: BTreeMap<u64, u64>,
     pub(crate) failure: Option<String>,
@@ -259,11 +263,16 @@ impl Checker {
     /// Local answers completed before `before_lc` that state `k` does not include (as
     /// `viewer` may see them: lost ones only for their own client).
     pub(crate) fn overlay(&self, k: u64, before_lc: u64, viewer: Option<usize>) -> Vec<&Local> {
-        self.locals
+        let mut v: Vec<&Local> = self
+            .locals
             .values()
             .filter(|l| l.done_lc < before_lc && l.applied_k.is_none_or(|a| a > k))
             .filter(|l| !l.lost || viewer == Some(l.client))
-            .collect()
+            .collect();
+        // In the order they completed (a lost change's local answer is made at the
+        // crash, long after it completed).
+        v.sort_by_key(|l| l.done_lc);
+        v
     }
 
     /// The server fenced `session`: its writebacks not applied yet never will be. A
@@ -274,6 +283,14 @@ impl Checker {
         for l in self.locals.values_mut().filter(|l| l.session == session && l.applied_k.is_none()) {
             l.lost = true;
         }
+    }
+
+    /// Session `session`'s client is gone (it died, or said goodbye): changes of it a
+    /// crash took back are never replayed. They stand for nobody.
+    pub(crate) fn never_replayed(&mut self, session: SessionId) {
+        self.lost_done.retain(|(s, _), _| *s != session);
+        self.locals
+            .retain(|_, l| !(l.applied_k.is_none() && l.session == session && (l.replay_of.is_some() || l.taken_back)));
     }
 
     /// The server ran (or answered from its reply cache) a request.
@@ -498,7 +515,9 @@ impl Checker {
             self.uncompleted.remove(&k);
             self.prune();
         }
-        self.tick()
+        let lc = self.tick();
+        self.completed_lc.insert(key, lc);
+        lc
     }
 
     /// The server ran a request (`Applied`) and left its store at `generation`, `dirty`
@@ -553,15 +572,18 @@ impl Checker {
         m.early.clear();
         m.side = cur.side + 1;
         self.model = Some(m);
-        let lost: Vec<((SessionId, u64), u64)> =
+        let mut lost: Vec<((SessionId, u64), u64)> =
             self.applied.iter().filter(|(_, &k)| k > kd).map(|(&key, &k)| (key, k)).collect();
+        lost.sort_by_key(|&(_, k)| k);
         for (key, k) in lost {
             self.applied.remove(&key);
             // A response not yet out is gone with the server.
             self.expect.remove(&key);
             // (A replay lost again stands as before: its local answers are there.)
             let replayed = self.locals.values().any(|l| l.replay_of == Some(key));
-            let done = !self.uncompleted.contains(&k) && (!self.local_ks.contains(&k) || replayed);
+            // (A session whose client is gone, or fenced, replays nothing.)
+            let gone = self.dead_sessions.contains(&key.0) || self.fenced_sessions.contains(&key.0);
+            let done = !gone && !self.uncompleted.contains(&k) && (!self.local_ks.contains(&k) || replayed);
             if done {
                 if let Some(first) = self.first_run.get(&key).cloned() {
                     self.lost_done.insert(key, first.results.clone());
@@ -577,7 +599,12 @@ impl Checker {
         for l in self.locals.values_mut() {
             if l.applied_k.is_some_and(|k| k > kd) {
                 l.applied_k = None;
+                l.taken_back = true;
             }
+        }
+        let gone: Vec<SessionId> = self.dead_sessions.iter().chain(&self.fenced_sessions).copied().collect();
+        for s in gone {
+            self.never_replayed(s);
         }
         self.uncompleted.retain(|&k| k <= kd);
         self.local_ks.retain(|&k| k <= kd);
@@ -631,11 +658,12 @@ impl Checker {
                 op,
                 time: first.time,
                 answer: res.clone(),
-                done_lc: 0,
+                done_lc: self.completed_lc.get(&key).copied().unwrap_or(0),
                 applied_k: None,
                 lost: false,
                 named,
                 replay_of: Some(key),
+                taken_back: false,
             };
             self.locals.insert(n, local);
         }

@@ -1233,6 +1233,7 @@ impl Sim {
                 lost: false,
                 named,
                 replay_of: None,
+                taken_back: false,
             };
             self.ck.locals.insert(n, local);
         }
@@ -1299,6 +1300,9 @@ impl Sim {
             // What it answered itself and had not yet written back dies with it.
             let sessions: Vec<SessionId> = self.clients[c].sid().into_iter().collect();
             self.ck.dead_sessions.extend(&sessions);
+            for &s in &sessions {
+                self.ck.never_replayed(s);
+            }
             self.ck.locals.retain(|_, l| !(sessions.contains(&l.session) && l.applied_k.is_none()));
             let d = 10_000 + self.rng.below(1_500_000);
             self.at(d, Ev::Restart { client: c });
@@ -1317,6 +1321,9 @@ impl Sim {
             // (Its goodbye may be lost with the connection: then the server fences the
             // session in time, and what it held goes then.)
             let gone: Vec<SessionId> = self.clients[c].sid().into_iter().collect();
+            for &s in &gone {
+                self.ck.never_replayed(s);
+            }
             self.ck.dead_sessions.extend(gone);
             let cl = &mut self.clients[c];
             cl.leaving = true;
