@@ -188,6 +188,8 @@ pub struct Server {
     replaying: HashSet<SessionId>,
     /// End of the grace period (set by the first tick after a restart).
     grace_until: Option<u64>,
+    /// The grace period ended since the last request ran (for `Applied::grace_ended`).
+    grace_just_ended: bool,
     /// Requests held for the grace period, oldest first.
     grace_parked: VecDeque<(SessionId, p::Request)>,
     /// fcntl and flock locks, by inode.
@@ -218,6 +220,8 @@ pub struct Applied {
     pub generation: u64,
     /// See `generation`.
     pub dirty: bool,
+    /// The grace period after a restart ended just before this ran.
+    pub grace_ended: bool,
 }
 
 /// A request that involves inodes another session holds exclusively: it runs once that
@@ -328,6 +332,7 @@ impl Server {
             replaying,
             grace_until: None,
             grace_parked: VecDeque::new(),
+            grace_just_ended: false,
             locks: LockTable::default(),
             applied: None,
             served: BTreeMap::new(),
@@ -439,7 +444,8 @@ impl Server {
             }
         }
         let involved = self.involved(&req);
-        if self.park_if_exclusive(session, &req, &involved, now_ms)
+        if self.park_behind_own_writeback(session, &req)
+            || self.park_if_exclusive(session, &req, &involved, now_ms)
             || self.park_for_flush(session, &req, &write_backs, now_ms)
         {
             self.open_on_arrival(session, &req);
@@ -488,7 +494,8 @@ impl Server {
         }
         if let Some(log) = &mut self.applied {
             let (generation, dirty) = (self.store.generation(), self.store.is_dirty());
-            log.push(Applied { session, id, from_cache, generation, dirty });
+            let grace_ended = std::mem::take(&mut self.grace_just_ended);
+            log.push(Applied { session, id, from_cache, generation, dirty, grace_ended });
         }
         let changed = std::mem::take(&mut self.changed);
         let out = self.caps.changed(session, &changed, response, now_ms);
@@ -563,6 +570,11 @@ impl Server {
     /// takes effect as it arrives).
     pub fn holds_open(&self, session: SessionId, ino: u64, handle: u64) -> bool {
         self.sessions.get(&session).is_some_and(|s| s.open.get(&ino).is_some_and(|h| h.contains(&handle)))
+    }
+
+    /// True during the grace period after a restart (restored sessions still replaying).
+    pub fn in_grace(&self) -> bool {
+        !self.replaying.is_empty()
     }
 
     /// True while `ino`, a file whose last name a change removed, is kept for the opens

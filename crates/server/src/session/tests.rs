@@ -660,6 +660,56 @@ fn a_writeback_of_a_write_answered_under_exclusive_rights_does_not_wait_for_othe
     });
     assert!(matches!(&read, Some(Ok(Reply::Data(d))) if d == b"written"), "{out:?}");
 }
+
+#[test]
+fn a_sessions_requests_wait_behind_its_own_writeback_that_waits() {
+    // a's writeback of a create in d waits for b's exclusive rights on d; a's next
+    // writeback, a truncate of the new file, must not run before it (ENOENT): its caller
+    // was told the create is done.
+    let (mut srv, a, b) = two_sessions();
+    let Ok(Reply::Inodes { first, .. }) = run_answering_recalls(&mut srv, a, 1, vec![Op::AllocInodes { count: 4 }])
+    else {
+        panic!("alloc")
+    };
+    let mkdir = Op::Create {
+        parent: 1,
+        name: b"d".to_vec(),
+        kind: p::FileType::Directory,
+        mode: 0o777,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    let Ok(Reply::Entry(d)) = run_answering_recalls(&mut srv, b, 1, vec![mkdir]) else { panic!("mkdir") };
+    let create = Op::CreateAt {
+        ino: first,
+        generation: 1,
+        parent: d.ino,
+        name: b"f".to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    srv.handle(a, p::Request { id: 2, ops: vec![create], time: Some(NOW) }, NOW);
+    let truncate = Op::SetAttr { ino: first, set: p::SetAttr { size_bytes: Some(10), ..Default::default() } };
+    srv.handle(a, p::Request { id: 3, ops: vec![truncate], time: Some(NOW) }, NOW);
+    let out = srv.take_outgoing();
+    assert!(!out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == a)), "{out:?}");
+    let recall = out.iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if *session == b => Some(*recall_id),
+        _ => None,
+    });
+    srv.recall_done(b, recall.expect("b's rights on d are recalled"), NOW);
+    let out = srv.take_outgoing();
+    let results: Vec<_> = out
+        .iter()
+        .filter_map(|o| match o {
+            Outgoing::Response { response, .. } if response.id >= 2 => Some((response.id, response.results[0].is_ok())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results, [(2, true), (3, true)], "{out:?}");
+}
 #[test]
 fn a_write_waits_for_other_openers_to_write_back_first() {
     let (mut srv, a, b) = two_sessions();

@@ -570,6 +570,7 @@ impl Checker {
             }
         }
         m.early.clear();
+        m.grace = None;
         m.side = cur.side + 1;
         self.model = Some(m);
         let mut lost: Vec<((SessionId, u64), u64)> =

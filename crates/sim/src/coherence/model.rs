@@ -94,6 +94,10 @@ pub(crate) struct Model {
     /// Every session's fcntl and flock locks, as the server must hold them: kept across
     /// server restarts (restored sessions take theirs again), gone with their session.
     pub(crate) locks: crest_proto::locks::LockTable,
+    /// During the grace period after a restart: the orphans nobody holds open, which the
+    /// server keeps, as they are, for the restored sessions' replays (and re-opens)
+    /// until it ends (`end_grace`). `None` outside it.
+    pub(crate) grace: Option<BTreeSet<u64>>,
     /// Counts changes made by no changing request (opens, releases, sessions ending,
     /// pins let go): the checker does not take them for a change of the next request's.
     pub(crate) side: u64,
@@ -192,13 +196,45 @@ impl Model {
         i.ctime = now;
         i.nlink = if i.kind == p::FileType::Directory { 0 } else { i.nlink.saturating_sub(1) };
         if i.nlink == 0 && i.opens.is_empty() {
-            self.dirs.remove(&ino);
-            if let Some(gone) = self.inodes.remove(&ino) {
-                if gone.kind == p::FileType::Regular {
-                    self.pinned.insert(ino, gone);
-                }
+            if i.kind == p::FileType::Regular {
+                self.unheld(ino);
+            } else {
+                self.dirs.remove(&ino);
+                self.inodes.remove(&ino);
             }
         }
+    }
+
+    /// File `ino` has no name and no handle left: gone, but for the pins that may keep it
+    /// for an `Open` on its way (`sync_pins`) — or, in the grace period, kept as it is.
+    pub(crate) fn unheld(&mut self, ino: u64) {
+        if let Some(held) = &mut self.grace {
+            held.insert(ino);
+            return;
+        }
+        if let Some(gone) = self.inodes.remove(&ino) {
+            self.pinned.insert(ino, gone);
+        }
+    }
+
+    /// The grace period began: the image's orphans nobody holds are kept as they are.
+    pub(crate) fn start_grace(&mut self) {
+        let mut held: BTreeSet<u64> = self.pinned.keys().copied().collect();
+        self.inodes.extend(std::mem::take(&mut self.pinned));
+        held.extend(self.inodes.iter().filter(|(_, i)| i.nlink == 0 && i.opens.is_empty()).map(|(&ino, _)| ino));
+        self.grace = Some(held);
+        self.side += 1;
+    }
+
+    /// The grace period ended: what nobody opened again goes.
+    pub(crate) fn end_grace(&mut self) {
+        let Some(held) = self.grace.take() else { return };
+        for ino in held {
+            if self.inodes.get(&ino).is_some_and(|i| i.nlink == 0 && i.opens.is_empty()) {
+                self.unheld(ino);
+            }
+        }
+        self.side += 1;
     }
 
     /// The attributes of a file kept only by pins (see `Model::val`).
@@ -455,9 +491,7 @@ impl Model {
                 if let Some(i) = self.inodes.get_mut(ino) {
                     if i.opens.remove(&(session, *handle)) && i.opens.is_empty() && i.nlink == 0 {
                         // (Still kept while the server pins it: `sync_pins`.)
-                        if let Some(gone) = self.inodes.remove(ino) {
-                            self.pinned.insert(*ino, gone);
-                        }
+                        self.unheld(*ino);
                     }
                 }
                 Ok(Out::Done)

@@ -179,6 +179,7 @@ impl Sim {
             dirs,
             next_ino: ROOT_INO + 1,
             pinned: BTreeMap::new(),
+            grace: None,
             early: BTreeSet::new(),
             locks: Default::default(),
             side: 0,
@@ -431,6 +432,9 @@ impl Sim {
             self.ck.model.as_mut().expect("model").end_session(s);
         }
         for a in self.server.take_applied() {
+            if a.grace_ended {
+                self.ck.model.as_mut().expect("model").end_grace();
+            }
             let k_before = self.ck.k;
             if a.id != 0 {
                 // (Id 0: a heartbeat.)
@@ -447,6 +451,9 @@ impl Sim {
             model.end_session(s);
         }
         let server = &self.server;
+        if !server.in_grace() {
+            model.end_grace();
+        }
         model.sync_pins(|ino| server.is_pinned(ino));
         for o in self.server.take_outgoing() {
             match o {
@@ -1078,6 +1085,9 @@ impl Sim {
             } else {
                 model.end_session(s);
             }
+        }
+        if self.server.in_grace() {
+            model.start_grace();
         }
         // (The new server knows no connection: none is reported to it as dropped.)
         self.server_conn.clear();
