@@ -143,7 +143,7 @@ impl Server {
                 Op::GetLock { ino, .. } => Some(ino),
                 _ => None,
             };
-            if let Some(ino) = op_inodes(&op).into_iter().chain(locked).find(|&i| self.only_pinned(session, i)) {
+            if let Some(ino) = op_inodes(&op).into_iter().chain(locked).find(|&i| self.only_pinned(i)) {
                 return Err(Failure::Wire(errno(2, format!("inode {ino} was removed"))));
             }
         }

@@ -109,15 +109,9 @@ impl Server {
     }
 
     /// True for an inode kept only by pins (or, after a restart, held for the grace
-    /// period): gone to `session` for everything but an open that was already on its way
-    /// (the one reason it is kept), or a restored session's re-open. A restored session
-    /// still replaying finds the files held for the grace as they were: its replays redo
-    /// changes made while some session held them open, and that session may not have
-    /// opened them again yet (or closed them since: then nobody sees what they do).
-    pub(super) fn only_pinned(&self, session: SessionId, ino: u64) -> bool {
-        if self.replaying.contains(&session) && self.grace_orphans.contains(&ino) {
-            return false;
-        }
+    /// period): gone for everything but an open that was already on its way (the one
+    /// reason it is kept), or a restored session's re-open.
+    pub(super) fn only_pinned(&self, ino: u64) -> bool {
         self.is_pinned(ino) && !self.sessions.values().any(|s| s.open.contains_key(&ino))
     }
 
@@ -129,14 +123,17 @@ impl Server {
         }
     }
 
-    /// Parks `req` behind a writeback of its own session that waits (`Request::time`: a
-    /// change its client answered itself, or a replay): its callers were told that
-    /// change is done, so nothing the session sends after it may run before it.
+    /// Parks `req` behind a change of its own session that waits and was already
+    /// answered (`Request::time`: a writeback, or a replay) if both name an inode: its
+    /// callers were told that change is done, so nothing the session sends after it
+    /// about the same files may run before it.
     pub(super) fn park_behind_own_writeback(&mut self, session: SessionId, req: &p::Request) -> bool {
+        let names: HashSet<u64> = req.ops.iter().flat_map(Op::named_inodes).collect();
         let waiting: HashSet<u64> = self
             .parked
             .iter()
-            .filter(|p| p.session == session && p.req.time.is_some())
+            .filter(|p| p.session == session && p.req.time.is_some() && p.req.ops.iter().any(Op::is_mutation))
+            .filter(|p| p.req.ops.iter().flat_map(Op::named_inodes).any(|i| names.contains(&i)))
             .flat_map(|p| p.waiting.iter().copied())
             .collect();
         if waiting.is_empty() {
