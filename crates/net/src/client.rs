@@ -230,6 +230,8 @@ impl Drop for AsyncPermit<'_> {
 const INTERRUPTIBLE_AFTER: Duration = Duration::from_secs(1);
 /// How often a waiting call asks the interrupt check after that.
 const INTERRUPT_POLL: Duration = Duration::from_millis(200);
+/// How long ending a session waits for the server to make its changes durable first.
+const DURABLE_AT_GOODBYE: Duration = Duration::from_secs(5);
 
 /// Whether the caller of a waiting call gave up (see `Client::set_interrupt_check`).
 pub type InterruptCheck = Box<dyn Fn() -> bool + Send + Sync>;
@@ -317,8 +319,13 @@ impl Client {
     }
 
     /// Ends the session cleanly: the server releases this client's open files and rights
-    /// at once instead of waiting for them to time out. Waits up to a second.
+    /// at once instead of waiting for them to time out. First the server makes every
+    /// change it acknowledged durable (an unmount leaves nobody to replay them after a
+    /// crash), waiting up to `DURABLE_AT_GOODBYE`; then the goodbye, up to a second.
     fn goodbye(&self) {
+        if let Err(e) = self.call_bounded(vec![p::Op::Fsync { ino: 1 }], DURABLE_AT_GOODBYE) {
+            tracing::warn!("{}: could not make this session's changes durable before leaving: {e}", self.addr);
+        }
         let (done, rx) = std_mpsc::sync_channel(1);
         if self.out.send(Outbound::Goodbye(done)) {
             let _ = rx.recv_timeout(Duration::from_secs(1));
@@ -379,6 +386,11 @@ impl Client {
     }
 
     fn call_inner(&self, ops: Vec<p::Op>) -> Result<Results, ClientError> {
+        self.call_bounded(ops, self.opts.op_timeout)
+    }
+
+    /// `call_inner`, giving up after `limit`.
+    fn call_bounded(&self, ops: Vec<p::Op>, limit: Duration) -> Result<Results, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = std_mpsc::sync_channel(1);
         let call = Call::wait(id, ops, Instant::now(), Reply::Wait(reply));
@@ -390,8 +402,8 @@ impl Client {
         let start = std::time::Instant::now();
         loop {
             let waited = start.elapsed();
-            let Some(left) = self.opts.op_timeout.checked_sub(waited).filter(|d| !d.is_zero()) else {
-                return Err(ClientError::Timeout { addr: self.addr.clone(), secs: self.opts.op_timeout.as_secs() });
+            let Some(left) = limit.checked_sub(waited).filter(|d| !d.is_zero()) else {
+                return Err(ClientError::Timeout { addr: self.addr.clone(), secs: limit.as_secs() });
             };
             let slice = if waited < INTERRUPTIBLE_AFTER { INTERRUPTIBLE_AFTER - waited } else { INTERRUPT_POLL };
             match rx.recv_timeout(left.min(slice)) {

@@ -465,3 +465,21 @@ fn creates_removed_in_the_same_burst_leave_only_their_directory_times() {
     drop(client);
     rt.block_on(serving.shutdown()).expect("shutdown");
 }
+
+/// A client that ends its session cleanly (an unmount) first has the server make what it
+/// acknowledged durable: nobody is left to replay it after a crash.
+#[test]
+fn what_a_client_was_told_survives_a_crash_right_after_it_unmounts() {
+    let rt = rt();
+    let disk = fresh_disk();
+    let serving = rt.block_on(crest_serve::start(open(&disk), "127.0.0.1:0")).expect("serve");
+    let addr = serving.local_addr.to_string();
+    let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
+    let Ok(Reply::Entry(_)) = client.call_one(create("told")) else { panic!("create") };
+    drop(client);
+    let store = rt.block_on(serving.kill()).expect("kill");
+    drop(store.abandon());
+    let mut check = open(&disk);
+    assert!(check.lookup(1, b"told").is_ok(), "the create was lost with the unmount");
+    drop(check.abandon());
+}
