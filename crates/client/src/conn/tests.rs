@@ -447,6 +447,23 @@ fn a_handle_on_a_file_a_lost_change_made_is_opened_again_right_after_its_replay(
     let again = h.connect(welcome(true, None, false));
     assert_eq!(order(&again), ["1", "open", "3", "replayed"], "{again:?}");
 }
+
+#[test]
+fn an_open_sent_behind_goes_again_before_the_changes_made_after_it() {
+    // The mount answered an open itself and sent it behind, then its process unlinked the
+    // file; neither reached the server. On the reconnect the open must go first: the
+    // unlink would otherwise destroy the file the process holds open.
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    let now = h.now;
+    h.c.submit(writeback(1, vec![p::Op::Open { ino: 7, handle: 3 }], 1), now);
+    h.c.end_burst();
+    h.call(2, vec![unlink(1, "x")]);
+    h.sent();
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, None, false));
+    assert_eq!(Harness::ids(&again), vec![1, 2, 0], "the open, the unlink, Replayed: {again:?}");
+}
 #[test]
 fn an_open_unanswered_at_a_restart_goes_again_before_replayed() {
     // The server ran the open before it died (the file was then unlinked by another

@@ -117,9 +117,34 @@ impl<R> Connection<R> {
                     None => {}
                 }
             }
+            // An open answered here and sent behind goes again where it was: before the
+            // changes made after it (its process holds the file; an unlink of it sent
+            // later must find it open), after those made before it (a create of it).
+            // (Only where a later change goes again here and no earlier change is still
+            // to be placed: that goes after these.)
+            let unplaced = |id: u64| {
+                self.pending.values().any(|w| w.pos.is_none() && w.id < id && w.ops.iter().any(p::Op::is_mutation))
+            };
+            let behind: Vec<(u64, u64, p::Request)> = self
+                .pending
+                .values()
+                .filter(|c| c.pos.is_none() && c.reply.answered_already() && !unplaced(c.id))
+                .filter(|c| c.ops.iter().all(|o| matches!(o, p::Op::Open { .. })))
+                .filter_map(|c| {
+                    let next = again.iter().filter(|(_, r)| r.id > c.id).map(|(p, _)| *p).min()?;
+                    Some((c.id, next, c.request()))
+                })
+                .collect();
+            rewritten.extend(behind.iter().map(|(id, _, _)| *id));
+            let behind = behind.into_iter().map(|(_, next, req)| (next, req));
             after.sort_unstable();
             late.extend(after.into_iter().map(|(_, id)| id));
-            again.sort_by_key(|(p, _)| *p);
+            // (Changes by place; an open just before the change it came before.)
+            let mut again: Vec<(u64, bool, u64, p::Request)> =
+                again.into_iter().map(|(p, r)| (p, true, r.id, r)).collect();
+            again.extend(behind.map(|(p, r)| (p, false, r.id, r)));
+            again.sort_by_key(|(p, change, id, _)| (*p, *change, *id));
+            let again: Vec<(u64, p::Request)> = again.into_iter().map(|(p, _, _, r)| (p, r)).collect();
             // In the order a restart sent them (`resume`'s other branch): handles, the
             // replays each followed by the handles of what it made, the rest.
             let made: BTreeSet<u64> = self.log.replaying.iter().flat_map(|e| made_by(&e.ops, &e.results)).collect();

@@ -462,8 +462,16 @@ impl Checker {
         if got != e.results {
             let ops = self.reqs.get(&key).map(|i| i.ops.clone());
             let client = self.reqs.get(&key).map(|i| i.client);
+            // (Who holds the files it names open, in the model: a common cause.)
+            let model = self.model();
+            let held: Vec<(u64, Vec<(SessionId, u64)>)> = ops
+                .iter()
+                .flatten()
+                .flat_map(Op::named_inodes)
+                .filter_map(|i| model.inodes.get(&i).map(|n| (i, n.opens.iter().copied().collect())))
+                .collect();
             self.fail(format!(
-                "reply to client {client:?}'s request {key:?} {ops:?} differs from the model:\n  server: {got:?}\n  model:  {:?}",
+                "reply to client {client:?}'s request {key:?} {ops:?} differs from the model:\n  server: {got:?}\n  model:  {:?}\n  open in the model: {held:?}",
                 e.results
             ));
             return;

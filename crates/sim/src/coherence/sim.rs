@@ -698,6 +698,10 @@ impl Sim {
                 if let (Some(t), Some(info)) = (req.time, self.ck.reqs.get_mut(&key)) {
                     info.time = Some(t);
                 }
+                // (Re-opens sent again leave out the handles released meanwhile.)
+                if let Some(info) = self.ck.reqs.get_mut(&key).filter(|i| matches!(i.purpose, Purpose::Reassert)) {
+                    info.ops = req.ops.clone();
+                }
                 self.server.handle(sid, req, now);
                 self.flush_server(now);
                 // A parked request's opens took effect as it arrived (`Server::handle`).
