@@ -281,20 +281,13 @@ impl Model {
         }
     }
 
-    /// Session `s` ended (goodbye, or fenced): its handles are released.
+    /// Session `s` ended (goodbye, or fenced): its handles and its locks are released.
     pub(crate) fn end_session(&mut self, s: SessionId) {
         self.early.retain(|(o, _, _)| *o != s);
         if self.locks.release_session(s) > 0 {
             self.side += 1;
         }
-        let held: Vec<(u64, u64)> = self
-            .inodes
-            .iter()
-            .flat_map(|(&ino, i)| i.opens.iter().filter(|(o, _)| *o == s).map(move |(_, h)| (ino, *h)))
-            .collect();
-        for (ino, handle) in held {
-            let _ = self.apply(s, &Op::Release { ino, handle }, p::Time::default());
-        }
+        self.forget_handles(s);
     }
 
     /// Inodes some name reaches (the root included): orphans are not among them.
