@@ -1,0 +1,505 @@
+//! After a restart or a lost connection: replays, re-asserts, the grace period, resumes.
+
+use super::*;
+
+#[test]
+fn after_a_restart_no_one_sees_older_state_than_another_clients_lost_acknowledged_change() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let token = |m: p::ServerMessage| match m {
+        p::ServerMessage::Welcome(w) => w.session,
+        other => panic!("{other:?}"),
+    };
+    let (a, wa) = srv.handle_hello(&hello(None));
+    let (b, wb) = srv.handle_hello(&hello(None));
+    let (a, b, ta, tb) = (a.expect("a"), b.expect("b"), token(wa), token(wb));
+    let mk = create_in_root;
+    let lookup = |id, name: &str| p::Request {
+        id,
+        ops: vec![Op::Lookup { parent: 1, name: name.as_bytes().to_vec() }],
+        time: None,
+    };
+    srv.handle_request(a, mk(1, "w"), NOW);
+    srv.handle_request(b, mk(1, "y"), NOW);
+    srv.handle_request(b, p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    // a's create of x is acknowledged, then the server dies before committing it.
+    let lost = srv.handle_request(a, mk(2, "x"), NOW);
+    assert!(lost.results[0].is_ok() && lost.seq > lost.durable);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    srv.tick(millis(NOW)).expect("tick");
+    // b comes back first, has nothing to replay, and looks for x: it must wait.
+    srv.handle_hello(&hello(Some(tb)));
+    srv.replayed(b, NOW);
+    srv.handle(b, lookup(3, "x"), NOW);
+    assert!(srv.take_outgoing().is_empty(), "b's look waits while a has not replayed");
+    // a comes back and replays its acknowledged create, then says so.
+    let (_, msg) = srv.handle_hello(&hello(Some(ta)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { durable_seq: Some(1), .. })));
+    srv.handle(a, mk(2, "x"), NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == a), "a's replay runs: {out:?}");
+    srv.replayed(a, NOW);
+    // (The replayed create made x a's alone again: b's look recalls it first.)
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(*session, a);
+    srv.recall_done(a, *recall_id, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+    assert_eq!(*session, b);
+    assert!(matches!(&response.results[0], Ok(Reply::Lookup { attr: Some(_), .. })), "b sees a's x: {response:?}");
+}
+
+#[test]
+fn a_refused_oversized_change_still_takes_its_place_in_the_sessions_order() {
+    let mut srv = Server::new(Store::open(Box::new(fresh_disk())).expect("open"));
+    let (a, _) = srv.handle_hello(&hello(None));
+    let a = a.expect("a");
+    assert_eq!(srv.handle_request(a, create_in_root(1, "x"), NOW).seq, 1);
+    let unlink = Op::Unlink { parent: 1, name: b"nothing".to_vec() };
+    let big = p::Request { id: 2, ops: vec![unlink; p::MAX_OPS_PER_REQUEST + 1], time: None };
+    let r = srv.handle_request(a, big, NOW);
+    assert!(matches!(&r.results[..], [Err(e)] if e.errno == 7), "{r:?}");
+    assert_eq!(r.seq, 2, "the client counted it as its second change");
+    assert_eq!(srv.handle_request(a, create_in_root(3, "y"), NOW).seq, 3);
+}
+
+#[test]
+fn no_session_builds_on_another_sessions_change_that_a_crash_could_take_back() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, _) = srv.handle_hello(&hello(None));
+    let (b, _) = srv.handle_hello(&hello(None));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    let look = |id, name: &str| p::Request {
+        id,
+        ops: vec![Op::Lookup { parent: 1, name: name.as_bytes().to_vec() }],
+        time: None,
+    };
+    let found = |r: &p::Response| matches!(&r.results[0], Ok(Reply::Lookup { attr: Some(_), .. }));
+    // (Each session's first change commits its record first: get those out of the way.)
+    srv.handle_request(a, create_in_root(10, "a0"), NOW);
+    srv.handle_request(b, create_in_root(10, "b0"), NOW);
+    srv.handle_request(b, p::Request { id: 11, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    let settled = srv.settling_commits;
+    // a's own changes pile up without a commit, and b may look at them...
+    assert!(srv.handle_request(a, create_in_root(1, "x"), NOW).results[0].is_ok());
+    let r = srv.handle_request(a, create_in_root(2, "y"), NOW);
+    assert!(r.seq > r.durable, "not durable yet");
+    assert!(found(&srv.handle_request(b, look(1, "x"), NOW)));
+    assert_eq!(srv.settling_commits, settled, "a look changes nothing a replay could reorder");
+    // ...but b's change in the same directory is committed, with a's, before b is answered.
+    let r = srv.handle_request(b, create_in_root(2, "z"), NOW);
+    assert!(r.results[0].is_ok() && r.seq == r.durable, "{r:?}");
+    assert_eq!(srv.settling_commits, settled + 1);
+    // a's next change finds nothing of b's unsettled; w is a's alone, lost in the crash.
+    assert!(srv.handle_request(a, create_in_root(4, "w"), NOW).results[0].is_ok());
+    assert_eq!(srv.settling_commits, settled + 1);
+    let r = srv.handle_request(b, p::Request { id: 3, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    assert!(r.results[0].is_ok());
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    let (c, _) = srv.handle_hello(&hello(None));
+    let c = c.expect("c");
+    for (id, name) in [(1, "x"), (2, "y"), (3, "z")] {
+        assert!(found(&srv.handle_request(c, look(id, name), NOW)), "{name} was seen by another session: durable");
+    }
+    assert!(!found(&srv.handle_request(c, look(4, "w"), NOW)), "w was a's alone");
+}
+
+#[test]
+fn rights_held_before_a_restart_are_given_back_while_their_session_replays() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, wa) = srv.handle_hello(&hello(None));
+    let p::ServerMessage::Welcome(wa) = wa else { panic!("{wa:?}") };
+    let a = a.expect("a");
+    let made = srv.handle_request(a, create_in_root(1, "f"), NOW);
+    let Ok(Reply::Entry(f)) = &made.results[0] else { panic!("{made:?}") };
+    let f = f.ino;
+    srv.handle_request(a, p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    srv.tick(millis(NOW)).expect("tick");
+    assert_eq!(srv.caps.exclusive_elsewhere(0, f), None, "rights live in memory only");
+    // b is new: re-asserting is not for it, and its look at f waits for the grace.
+    let (b, _) = srv.handle_hello(&hello(None));
+    let b = b.expect("b");
+    let reassert = |id, ino, exclusive| p::Request { id, ops: vec![Op::Reassert { ino, exclusive }], time: None };
+    srv.handle(b, reassert(1, 1, false), NOW);
+    srv.handle(b, p::Request { id: 2, ops: vec![Op::GetAttr { ino: f }], time: None }, NOW);
+    assert!(srv.take_outgoing().is_empty(), "b's requests wait for a's replay");
+    // a resumes and takes back X on f and S on the root.
+    srv.handle_hello(&hello(Some(wa.session)));
+    let r = srv.handle_request(
+        a,
+        p::Request {
+            id: 10,
+            ops: vec![Op::Reassert { ino: f, exclusive: true }, Op::Reassert { ino: 1, exclusive: false }],
+            time: None,
+        },
+        NOW,
+    );
+    assert_eq!(r.results, vec![Ok(Reply::Done), Ok(Reply::Done)]);
+    assert_eq!(r.seq, 0, "no change: no place in the order");
+    assert_eq!(srv.caps.exclusive_elsewhere(b, f), Some(a));
+    srv.replayed(a, NOW);
+    // Grace over: b's re-assert is refused, and b's look at f recalls a first.
+    let out = srv.take_outgoing();
+    let refused = out.iter().any(|o| matches!(o, Outgoing::Response { session, response } if *session == b && response.id == 1 && matches!(&response.results[0], Err(e) if e.errno == 22)));
+    assert!(refused, "{out:?}");
+    let recall = out.iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }
+            if *session == a && inodes.contains(&f) =>
+        {
+            Some(*recall_id)
+        }
+        _ => None,
+    });
+    let recall = recall.unwrap_or_else(|| panic!("a is asked to give f up: {out:?}"));
+    assert!(!out.iter().any(|o| matches!(o, Outgoing::Response { response, .. } if response.id == 2)), "b waits for a");
+    srv.recall_done(a, recall, NOW);
+    let out = srv.take_outgoing();
+    assert!(
+        matches!(&out[..], [Outgoing::Response { session, response }] if *session == b && response.results[0].is_ok()),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_reassert_is_refused_when_another_session_holds_the_inode() {
+    let mut caps = crate::caps::Caps::default();
+    caps.grant(2, [7]);
+    assert_eq!(caps.reassert(1, 7, true), Err(2), "X conflicts with b's S");
+    assert_eq!(caps.reassert(1, 7, false), Ok(()), "S does not");
+    caps.grant_exclusive(2, 8);
+    assert_eq!(caps.reassert(1, 8, false), Err(2), "nothing is given back over b's X");
+    assert_eq!(caps.reassert(2, 8, true), Ok(()), "b's own again");
+}
+
+#[test]
+fn the_grace_period_ends_without_clients_that_never_come_back() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, _) = srv.handle_hello(&hello(None));
+    srv.handle_request(a.expect("a"), p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    srv.tick(0).expect("tick");
+    let (c, _) = srv.handle_hello(&hello(None));
+    let c = c.expect("c");
+    srv.handle(c, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    srv.tick(crate::caps::GRACE_MS - 1).expect("tick");
+    assert!(srv.take_outgoing().is_empty(), "held during the grace period");
+    srv.heard(c, crate::caps::GRACE_MS);
+    srv.tick(crate::caps::GRACE_MS).expect("tick");
+    assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == c));
+}
+
+/// Request `id`: a `kind` lock of `owner` on the whole of inode 1 (fcntl, or flock).
+fn lock_root(id: u64, owner: u64, kind: p::LockKind, flock: bool) -> p::Request {
+    p::Request {
+        id,
+        ops: vec![Op::SetLock { ino: 1, owner, start: 0, end: p::LOCK_TO_EOF, kind, flock, pid: 42 }],
+        time: None,
+    }
+}
+
+/// A server with session a holding an fcntl write lock and an flock lock on inode 1
+/// (and having changed nothing), restarted after a commit: a's token.
+fn restarted_with_a_lock_holder(disk: &MemDisk) -> (Server, SessionId, p::SessionToken) {
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, w) = srv.handle_hello(&hello(None));
+    let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+    let a = a.expect("a");
+    for (id, flock) in [(1, false), (2, true)] {
+        let r = srv.handle_request(a, lock_root(id, 7, p::LockKind::Write, flock), NOW);
+        assert_eq!(r.results[0], Ok(Reply::Done));
+    }
+    // The lock gave a its record (it changed nothing), committed at once.
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    assert!(srv.locks.is_empty(), "locks live in memory only");
+    srv.tick(millis(NOW)).expect("tick");
+    (srv, a, w.session)
+}
+
+#[test]
+fn a_lock_taken_again_in_the_grace_period_beats_a_new_sessions_conflicting_lock() {
+    let disk = fresh_disk();
+    let (mut srv, a, ta) = restarted_with_a_lock_holder(&disk);
+    // b is first back and wants both locks: new work, held for the grace period.
+    let (b, _) = srv.handle_hello(&hello(None));
+    let b = b.expect("b");
+    srv.handle(b, lock_root(1, 9, p::LockKind::Write, false), NOW);
+    srv.handle(b, lock_root(2, 9, p::LockKind::Read, true), NOW);
+    let test = Op::GetLock { ino: 1, owner: 9, start: 0, end: 0, kind: p::LockKind::Read, flock: false };
+    srv.handle(b, p::Request { id: 3, ops: vec![test], time: None }, NOW);
+    assert!(srv.take_outgoing().is_empty(), "b waits while a has not taken its locks again");
+    // a resumes (its record was restored) and takes its locks again: they run at once,
+    // as no change: no seq, nothing in the reply cache.
+    let (_, msg) = srv.handle_hello(&hello(Some(ta)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: true, durable_seq: Some(0), .. })));
+    let relock = p::Request {
+        id: 100,
+        ops: vec![
+            Op::SetLock {
+                ino: 1,
+                owner: 7,
+                start: 0,
+                end: p::LOCK_TO_EOF,
+                kind: p::LockKind::Write,
+                flock: false,
+                pid: 42,
+            },
+            Op::SetLock {
+                ino: 1,
+                owner: 7,
+                start: 0,
+                end: p::LOCK_TO_EOF,
+                kind: p::LockKind::Write,
+                flock: true,
+                pid: 42,
+            },
+        ],
+        time: None,
+    };
+    srv.handle(a, relock, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { session, response }] = &out[..] else { panic!("{out:?}") };
+    assert_eq!(*session, a);
+    assert_eq!(response.results, vec![Ok(Reply::Done), Ok(Reply::Done)]);
+    assert_eq!(response.seq, 0, "a lock is no stored change");
+    assert!(srv.sessions[&a].replies.is_empty(), "nor is it kept for a retry");
+    // a has replayed: b's requests run now, and meet a's locks.
+    srv.replayed(a, NOW);
+    let out = srv.take_outgoing();
+    let answers: Vec<(u64, &p::Response)> = out
+        .iter()
+        .map(|o| match o {
+            Outgoing::Response { session, response } => (*session, response),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(answers.iter().map(|(s, r)| (*s, r.id)).collect::<Vec<_>>(), vec![(b, 1), (b, 2), (b, 3)]);
+    for (_, r) in &answers[..2] {
+        assert_eq!(r.results[0].as_ref().err().map(|e| e.errno), Some(11), "{r:?}");
+    }
+    let want = p::LockInfo { kind: p::LockKind::Write, start: 0, end: p::LOCK_TO_EOF, pid: 42 };
+    assert_eq!(answers[2].1.results[0], Ok(Reply::Lock(Some(want))));
+    // Once a lets go, b gets them.
+    srv.handle(a, lock_root(101, 7, p::LockKind::Unlock, false), NOW);
+    srv.handle(a, lock_root(102, 7, p::LockKind::Unlock, true), NOW);
+    srv.handle(b, lock_root(4, 9, p::LockKind::Write, false), NOW);
+    srv.handle(b, lock_root(5, 9, p::LockKind::Read, true), NOW);
+    let out = srv.take_outgoing();
+    assert_eq!(out.len(), 4);
+    for o in &out {
+        assert!(matches!(o, Outgoing::Response { response, .. } if response.results[0].is_ok()), "{o:?}");
+    }
+}
+
+#[test]
+fn a_lock_not_taken_again_within_the_grace_period_is_lost() {
+    let disk = fresh_disk();
+    let (mut srv, a, ta) = restarted_with_a_lock_holder(&disk);
+    let (b, _) = srv.handle_hello(&hello(None));
+    let b = b.expect("b");
+    srv.handle(b, lock_root(1, 9, p::LockKind::Write, false), NOW);
+    srv.tick(millis(NOW) + crate::caps::GRACE_MS - 1).expect("tick");
+    assert!(srv.take_outgoing().is_empty(), "held during the grace period");
+    srv.heard(b, millis(NOW) + crate::caps::GRACE_MS);
+    srv.tick(millis(NOW) + crate::caps::GRACE_MS).expect("tick");
+    let out = srv.take_outgoing();
+    assert!(
+        matches!(&out[..], [Outgoing::Response { session, response }] if *session == b && response.results[0].is_ok()),
+        "a never came back: b gets the lock: {out:?}"
+    );
+    // a's client comes back late: it was fenced when the grace period ended, and is
+    // told so (its locks are lost, as a client's cut off past its lease).
+    let (_, msg) = srv.handle_hello(&hello(Some(ta)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })), "{msg:?}");
+    srv.handle(a, lock_root(100, 7, p::LockKind::Write, false), NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Notify { notify: p::Notify::Fenced, .. }]), "{out:?}");
+}
+
+#[test]
+fn a_fenced_session_is_not_restored_after_a_restart() {
+    // Its record's removal is committed with the fencing: a restart right after it
+    // (well inside the commit interval) does not bring it back.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, w) = srv.handle_hello(&hello(None));
+    let (a, p::ServerMessage::Welcome(w)) = (a.expect("a"), w) else { panic!("no welcome") };
+    let a_token = w.session;
+    srv.handle_request(a, lock_root(1, 7, p::LockKind::Write, false), NOW);
+    srv.heard(a, 1_000);
+    srv.disconnected(a, 1_000);
+    srv.tick(1_000 + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
+    assert!(srv.is_fenced(a));
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    assert!(srv.sessions.is_empty() && srv.replaying.is_empty(), "nothing to wait for");
+    // Its client, back after the restart, is told its session was fenced (it must not
+    // send its unanswered work again in a new session); told again after another restart
+    // (that welcome may have been lost with its connection), until the marker expires.
+    let (_, msg) = srv.handle_hello(&hello(Some(a_token)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })), "{msg:?}");
+    srv.store_mut().commit().expect("commit");
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    let (_, msg) = srv.handle_hello(&hello(Some(a_token)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })), "{msg:?}");
+    srv.tick(1).expect("tick");
+    srv.tick(2 + RESTORED_SESSION_GRACE_MS).expect("tick");
+    srv.store_mut().commit().expect("commit");
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    let (_, msg) = srv.handle_hello(&hello(Some(a_token)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: false, .. })), "{msg:?}");
+    assert!(srv.store.session_records().expect("records").len() <= 2, "only the new sessions', if any");
+}
+
+#[test]
+fn a_restart_welcome_lost_with_its_connection_is_given_again() {
+    // The client never saw the first welcome, took the second for a plain resume and sent a
+    // kept change again.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, w) = srv.handle_hello(&hello(None));
+    let (a, p::ServerMessage::Welcome(w)) = (a.expect("a"), w) else { panic!("no welcome") };
+    let chmod = Op::SetAttr { ino: 1, set: p::SetAttr { mode: Some(0o700), ..Default::default() } };
+    srv.handle(a, p::Request { id: 1, ops: vec![chmod], time: None }, NOW);
+    srv.store_mut().commit().expect("commit");
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    let durable = |m: p::ServerMessage| match m {
+        p::ServerMessage::Welcome(w) => (w.resumed, w.durable_seq),
+        other => panic!("{other:?}"),
+    };
+    let resume = hello(Some(w.session));
+    assert_eq!(durable(srv.handle_hello(&resume).1), (true, Some(1)));
+    assert_eq!(durable(srv.handle_hello(&resume).1), (true, Some(1)), "nothing heard since: told again");
+    srv.replayed(a, NOW);
+    assert_eq!(durable(srv.handle_hello(&resume).1), (true, None), "the client had it: a plain resume");
+}
+
+/// a holds d exclusively; b's lookup in d recalls it, but a's connection is gone, so
+/// the notice is lost (the shell has nowhere to send it).
+fn recall_lost_with_the_connection() -> (Server, SessionId, SessionId, p::SessionToken, u64) {
+    let mut srv = server();
+    let (a, w) = srv.handle_hello(&hello(None));
+    let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+    let (b, _) = srv.handle_hello(&hello(None));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    let mkdir = Op::Create {
+        parent: 1,
+        name: b"d".to_vec(),
+        kind: p::FileType::Directory,
+        mode: 0o755,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    srv.handle(a, p::Request { id: 1, ops: vec![mkdir], time: None }, NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+    let Ok(Reply::Entry(d)) = &response.results[0] else { panic!("{response:?}") };
+    let d = d.ino;
+    srv.disconnected(a, millis(NOW));
+    let lookup = p::Request { id: 1, ops: vec![Op::Lookup { parent: d, name: b"x".to_vec() }], time: None };
+    srv.handle(b, lookup, NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
+    (srv, a, b, w.session, d)
+}
+
+#[test]
+fn a_recall_lost_with_the_connection_is_sent_again_when_the_session_resumes() {
+    let (mut srv, a, b, token, d) = recall_lost_with_the_connection();
+    // a comes back within the deadline: it must hear the recall again, or it keeps
+    // answering from d as its own while the server waits for nothing.
+    let (again, _) = srv.handle_hello(&hello(Some(token)));
+    assert_eq!(again, Some(a));
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected the recall again: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
+    srv.recall_done(a, *recall_id, NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+}
+
+#[test]
+fn an_exclusive_recall_is_sent_again_on_a_late_resume_and_its_holder_fenced_if_it_stays_away() {
+    let (mut srv, a, b, token, d) = recall_lost_with_the_connection();
+    // Past a shared recall's deadline b's lookup still waits: exclusive rights are not
+    // taken back unanswered (a may still write back what it answered itself)…
+    srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS).expect("tick");
+    assert!(srv.take_outgoing().is_empty());
+    // …and a, back before the fencing delay, hears the recall again.
+    srv.handle_hello(&hello(Some(token)));
+    srv.heard(a, millis(NOW) + crate::caps::RECALL_TIMEOUT_MS);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected the recall again: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
+    let recall_id = *recall_id;
+    // Its connection goes again before it answers, and it stays away: it is fenced,
+    // b's lookup runs, and a's resume is told (it drops everything, replays nothing).
+    let gone = millis(NOW) + crate::caps::RECALL_TIMEOUT_MS + 1;
+    srv.disconnected(a, gone);
+    srv.heard(b, gone + crate::caps::DISCONNECTED_FENCE_MS);
+    srv.tick(gone + crate::caps::DISCONNECTED_FENCE_MS).expect("tick");
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Response { session, .. }] if *session == b), "{out:?}");
+    let (_, msg) = srv.handle_hello(&hello(Some(token)));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
+    assert!(srv.take_outgoing().is_empty(), "nothing is recalled from a new session");
+    // Its late answer to the old recall changes nothing.
+    srv.recall_done(a, recall_id, NOW);
+    assert!(srv.take_outgoing().is_empty());
+}
+
+#[test]
+fn a_resent_change_whose_reply_waits_on_recalls_is_not_answered_before_they_are() {
+    // b caches the root; a's mkdir changes it and its reply waits for b's answer. a's
+    // connection breaks and a resends the mkdir: the reply cache must not answer it before
+    // b has dropped what it cached.
+    let (mut srv, a, b) = two_sessions();
+    srv.handle(b, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    srv.take_outgoing();
+    let mkdir = p::Request {
+        id: 1,
+        ops: vec![Op::Create {
+            parent: 1,
+            name: b"d".to_vec(),
+            kind: p::FileType::Directory,
+            mode: 0o755,
+            rdev: 0,
+            cred: p::Cred::default(),
+        }],
+        time: None,
+    };
+    srv.handle(a, mkdir.clone(), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(*session, b);
+    let recall_id = *recall_id;
+    srv.disconnected(a, millis(NOW));
+    srv.handle(a, mkdir, NOW);
+    assert!(srv.take_outgoing().is_empty(), "the resend waits with the original");
+    srv.recall_done(b, recall_id, NOW);
+    let out = srv.take_outgoing();
+    assert!(
+        matches!(&out[..], [Outgoing::Response { session, response }] if *session == a && response.id == 1),
+        "{out:?}"
+    );
+}
