@@ -614,7 +614,7 @@ impl<R> Connection<R> {
     fn handle_response(&mut self, resp: p::Response) {
         if let Some(c) = self.pending.remove(&resp.id) {
             self.grant_rights(&c.ops, &resp.results, c.made);
-            self.held.follow(&c.ops, &resp.results);
+            self.held.follow(&c.ops, &resp.results, self.log.answers);
             if c.pos.is_some_and(|p| resp.seq != 0 && resp.seq != p) {
                 tracing::error!(id = c.id, pos = ?c.pos, seq = resp.seq, "a change came back with another place than it was sent in");
             }
@@ -640,7 +640,7 @@ impl<R> Connection<R> {
             }
             self.log.acknowledged(resp.seq, Unstable { results: resp.results, pos: resp.seq, ..e });
         } else {
-            let refused = self.held.answered(resp.id, &resp.results);
+            let refused = self.held.answered(resp.id, &resp.results, self.log.answers);
             if !refused.is_empty() {
                 // As a recall nobody waits on: dropped here and in the kernel (recall id
                 // 0 is never answered).
@@ -651,6 +651,7 @@ impl<R> Connection<R> {
             }
         }
         self.log.durable(resp.durable);
+        self.held.forget_released(self.log.oldest_answer());
     }
 
     /// Tells the rights hook what a response granted: exclusive rights on what it

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crest_proto as p;
 use crest_proto::locks::{self, LockTable};
 
-use crate::replay::Results;
+use crate::replay::{Results, Unstable};
 
 /// The locks this session holds on the server, as the server's answers said: a copy of
 /// the server's lock table for this one session (owner ids are the session's own), kept
@@ -22,6 +22,11 @@ pub struct HeldLocks {
     pub opens: BTreeSet<(u64, u64)>,
     /// Requests re-asserting locks and rights after a restart, by id, until answered.
     pub reasserting: BTreeMap<u64, Vec<p::Op>>,
+    /// Handles released (→ the log's answer count when the release was answered) while a
+    /// change answered before the release may still be lost to a restart. Releases are
+    /// not replayed, and such a change, replayed, may reach its file only through the
+    /// handle (its last name gone): the restart opens it again for the replays.
+    pub released: BTreeMap<(u64, u64), u64>,
 }
 
 /// The lock request in `op`, in the copy's terms (this session is session 0 there).
@@ -36,8 +41,9 @@ pub fn lock_request(op: &p::Op) -> Option<(u64, locks::Request)> {
 }
 
 impl HeldLocks {
-    /// Brings the copy up to date with the server's answers to `ops`.
-    pub fn follow(&mut self, ops: &[p::Op], results: &Results) {
+    /// Brings the copy up to date with the server's answers to `ops`, answered when the
+    /// log had counted `answers` answers.
+    pub fn follow(&mut self, ops: &[p::Op], results: &Results, answers: u64) {
         for (op, r) in ops.iter().zip(results) {
             if let Some((ino, req)) = lock_request(op) {
                 if let Err(e) = self.table.follow(ino, &req, r.as_ref().map(|_| ()).map_err(|e| e.errno)) {
@@ -51,23 +57,58 @@ impl HeldLocks {
                 }
                 p::Op::Release { ino, handle } => {
                     self.opens.remove(&(ino, handle));
+                    self.released.insert((ino, handle), answers);
                 }
                 _ => {}
             }
         }
     }
 
-    /// After a server restart: the requests that open every held handle again, but those
-    /// of files in `later` (made by lost changes: `reopen_files` opens them right after
-    /// their replay), with fresh ids from `next_id`. They go first, before the replays: a
-    /// replayed change of a file unlinked while open must find it open, and the server
-    /// holds such files only for the grace period. Re-asserts of an earlier restart still
-    /// unanswered are superseded: the copy holds what they would take.
-    pub fn reopen(&mut self, later: &BTreeSet<u64>, next_id: &AtomicU64) -> Vec<p::Request> {
+    /// No change answered before `oldest` (the oldest answer the log may replay; none if
+    /// `None`) can go again: the handles released before it are not needed again.
+    pub fn forget_released(&mut self, oldest: Option<u64>) {
+        match oldest {
+            Some(oldest) => self.released.retain(|_, at| *at >= oldest),
+            None => self.released.clear(),
+        }
+    }
+
+    /// The released handles that the `lost` changes to be replayed may need: those of
+    /// files a lost change answered before the release names.
+    pub fn closed_before(&self, lost: &[Unstable]) -> BTreeSet<(u64, u64)> {
+        self.released
+            .iter()
+            .filter(|(&(ino, _), &at)| {
+                lost.iter().any(|e| e.answered <= at && e.ops.iter().any(|op| op.named_inodes().contains(&ino)))
+            })
+            .map(|(&h, _)| h)
+            .collect()
+    }
+
+    /// Behind the replays: the releases of the handles `closed` that `reopen` opened again
+    /// for them, with fresh ids from `next_id`.
+    pub fn release_again(&mut self, closed: &BTreeSet<(u64, u64)>, next_id: &AtomicU64) -> Vec<p::Request> {
+        let ops = closed.iter().map(|&(ino, handle)| p::Op::Release { ino, handle }).collect();
+        self.register(ops, next_id)
+    }
+
+    /// After a server restart: the requests that open every held handle again, and the
+    /// handles `closed` (by releases being replayed), but those of files in `later` (made
+    /// by lost changes: `reopen_files` opens them right after their replay), with fresh
+    /// ids from `next_id`. They go first, before the replays: a replayed change of a file
+    /// unlinked while open must find it open, and the server holds such files only for the
+    /// grace period. Re-asserts of an earlier restart still unanswered are superseded: the
+    /// copy holds what they would take.
+    pub fn reopen(
+        &mut self,
+        later: &BTreeSet<u64>,
+        closed: &BTreeSet<(u64, u64)>,
+        next_id: &AtomicU64,
+    ) -> Vec<p::Request> {
         self.reasserting.clear();
         let ops: Vec<p::Op> = self
             .opens
-            .iter()
+            .union(closed)
             .filter(|(ino, _)| !later.contains(ino))
             .map(|&(ino, handle)| p::Op::Open { ino, handle })
             .collect();
@@ -160,10 +201,15 @@ impl HeldLocks {
     /// server refused to give back. A lock the server refused is lost: another client got
     /// it while this one was away past the grace period. The process that took it still
     /// thinks it holds it; nothing can tell it, so this says so loudly and forgets the lock.
-    pub fn answered(&mut self, id: u64, results: &Results) -> Vec<u64> {
+    pub fn answered(&mut self, id: u64, results: &Results, answers: u64) -> Vec<u64> {
         let Some(ops) = self.reasserting.remove(&id) else { return Vec::new() };
         let mut refused = Vec::new();
         for (op, r) in ops.iter().zip(results) {
+            if let p::Op::Release { ino, handle } = *op {
+                // (The replays it followed may be lost to another restart.)
+                self.released.insert((ino, handle), answers);
+                continue;
+            }
             if let (p::Op::Reassert { ino, .. }, Err(e)) = (op, r) {
                 tracing::info!(ino, "rights not given back after the restart: {}", e.message);
                 refused.push(*ino);
@@ -216,13 +262,13 @@ mod tests {
     fn what_the_server_granted_is_taken_again_and_a_refused_lock_is_forgotten() {
         let mut h = HeldLocks::default();
         let ok: Results = vec![Ok(p::Reply::Done), Ok(p::Reply::Done), Ok(p::Reply::Done)];
-        h.follow(&[lock(5, 0, 9), lock(6, 10, 19), p::Op::Open { ino: 5, handle: 3 }], &ok);
+        h.follow(&[lock(5, 0, 9), lock(6, 10, 19), p::Op::Open { ino: 5, handle: 3 }], &ok, 0);
         // A refused lock was never held; a released handle is not opened again.
         let refused: Results = vec![Err(p::OpError { errno: 11, message: "held elsewhere".into() })];
-        h.follow(&[lock(8, 0, 1)], &refused);
-        h.follow(&[p::Op::Open { ino: 9, handle: 4 }, p::Op::Release { ino: 9, handle: 4 }], &ok);
+        h.follow(&[lock(8, 0, 1)], &refused, 0);
+        h.follow(&[p::Op::Open { ino: 9, handle: 4 }, p::Op::Release { ino: 9, handle: 4 }], &ok, 0);
         let ids = AtomicU64::new(100);
-        let mut reqs = h.reopen(&BTreeSet::new(), &ids);
+        let mut reqs = h.reopen(&BTreeSet::new(), &BTreeSet::new(), &ids);
         reqs.extend(h.reassert(&[(1, true)], &ids));
         let ops: Vec<Vec<p::Op>> = reqs.iter().map(|r| r.ops.clone()).collect();
         assert_eq!(
@@ -236,13 +282,13 @@ mod tests {
         let all = |h: &HeldLocks| -> Vec<p::Request> { h.resend(&BTreeSet::new()).into_iter().flatten().collect() };
         assert_eq!(all(&h), reqs, "unanswered re-asserts go again after a reconnect");
         // The server gives back all but the lock on 6 and the rights on 1.
-        assert!(h.answered(reqs[0].id, &vec![Ok(p::Reply::Done)]).is_empty());
+        assert!(h.answered(reqs[0].id, &vec![Ok(p::Reply::Done)], 0).is_empty());
         let answer: Results = vec![
             Ok(p::Reply::Done),
             Err(p::OpError { errno: 11, message: "taken meanwhile".into() }),
             Err(p::OpError { errno: 16, message: "held elsewhere".into() }),
         ];
-        assert_eq!(h.answered(reqs[1].id, &answer), vec![1], "rights refused");
+        assert_eq!(h.answered(reqs[1].id, &answer, 0), vec![1], "rights refused");
         let held: Vec<u64> = h.table.entries().into_iter().map(|(ino, _)| ino).collect();
         assert_eq!(held, vec![5], "the lock the server refused is forgotten");
         assert!(all(&h).is_empty(), "answered");
@@ -252,9 +298,9 @@ mod tests {
     fn a_handle_released_while_its_reopen_is_unanswered_is_not_opened_again() {
         let mut h = HeldLocks::default();
         let ok: Results = vec![Ok(p::Reply::Done), Ok(p::Reply::Done)];
-        h.follow(&[p::Op::Open { ino: 5, handle: 3 }, p::Op::Open { ino: 6, handle: 4 }], &ok);
+        h.follow(&[p::Op::Open { ino: 5, handle: 3 }, p::Op::Open { ino: 6, handle: 4 }], &ok, 0);
         let ids = AtomicU64::new(100);
-        let reqs = h.reopen(&BTreeSet::new(), &ids);
+        let reqs = h.reopen(&BTreeSet::new(), &BTreeSet::new(), &ids);
         assert_eq!(reqs.len(), 1);
         // The process closes 5 before the server answered the re-open (it waits, parked).
         h.releasing(5, 3);

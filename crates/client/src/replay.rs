@@ -71,6 +71,12 @@ impl ReplayLog {
         }
     }
 
+    /// When the oldest change that may still go again was answered (`Unstable::answered`),
+    /// if any may.
+    pub fn oldest_answer(&self) -> Option<u64> {
+        self.unstable.values().chain(&self.replaying).map(|e| e.answered).min()
+    }
+
     /// The server made everything through `through` durable: no replay needed.
     pub fn durable(&mut self, through: u64) {
         while let Some(entry) = self.unstable.first_entry() {

@@ -465,10 +465,10 @@ fn an_open_sent_behind_goes_again_before_the_changes_made_after_it() {
     assert_eq!(Harness::ids(&again), vec![1, 2, 0], "the open, the unlink, Replayed: {again:?}");
 }
 #[test]
-fn an_open_unanswered_at_a_restart_goes_again_before_replayed() {
-    // The server ran the open before it died (the file was then unlinked by another
-    // mount): the open may be all that keeps the file. Sent after `Replayed`, it would
-    // wait for the grace period to end, which reclaims what nobody has opened again.
+fn an_open_unanswered_at_a_restart_goes_again_after_replayed() {
+    // Its answer must show every session's replays (the server runs it after the grace
+    // period, and holds the file for it as it arrives): sent before `Replayed`, it would
+    // run as a replay and show state older than changes other clients completed.
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
     h.call(1, vec![attr_op(1)]);
@@ -476,7 +476,7 @@ fn an_open_unanswered_at_a_restart_goes_again_before_replayed() {
     h.sent();
     h.c.connection_lost("test");
     let again = h.connect(welcome(true, Some(0), false));
-    assert_eq!(Harness::ids(&again), vec![2, 0, 1], "the open, Replayed, then the read: {again:?}");
+    assert_eq!(Harness::ids(&again), vec![0, 1, 2], "Replayed, then the read and the open: {again:?}");
 }
 
 #[test]
@@ -670,4 +670,44 @@ fn a_refused_reconnect_ends_the_session_and_drops_every_right_at_once() {
     assert!(matches!(h.answers.as_slice(), [(1, Err(ClientError::Refused { .. }))]));
     // Nobody wakes a closed core again: what the mount held must not outlive it.
     assert_eq!(*count.0.lock().expect("lock"), 1, "every right dropped with the session");
+}
+
+#[test]
+fn a_handle_released_after_a_lost_change_opens_again_for_its_replay() {
+    // The process wrote to file 7 through handle 4 (its last name gone), closed it, and
+    // the server died before committing the write: releases are not replayed, so the
+    // restart opens the handle again before the replay (the file may be reachable only
+    // through it) and releases it behind the replays.
+    let run = |durable_at_release: u64, written: u64| {
+        let mut h = Harness::new();
+        h.connect(welcome(false, None, false));
+        h.call(1, vec![p::Op::Open { ino: 7, handle: 4 }]);
+        h.sent();
+        h.hear(response(1, 1, 0, 0));
+        h.call(2, vec![change(written)]);
+        h.sent();
+        h.hear(response(2, 1, 1, 0));
+        h.call(3, vec![p::Op::Release { ino: 7, handle: 4 }]);
+        h.sent();
+        h.hear(response(3, 1, 0, durable_at_release));
+        h.c.connection_lost("test");
+        let again = h.connect(welcome(true, Some(durable_at_release), false));
+        again
+            .iter()
+            .map(|m| match m {
+                ClientMessage::Request(r) => match r.ops.as_slice() {
+                    [p::Op::Open { ino, handle }] => format!("open {ino}#{handle}"),
+                    [p::Op::Release { ino, handle }] => format!("release {ino}#{handle}"),
+                    _ => format!("{}", r.id),
+                },
+                ClientMessage::Replayed => "replayed".to_string(),
+                other => format!("{other:?}"),
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(0, 7), ["open 7#4", "2", "release 7#4", "replayed"]);
+    // Durable before the crash: nothing goes again.
+    assert_eq!(run(1, 7), ["replayed"]);
+    // The lost change is of another file: the handle stays closed.
+    assert_eq!(run(0, 8), ["2", "replayed"]);
 }

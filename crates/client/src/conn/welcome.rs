@@ -80,12 +80,17 @@ impl<R> Connection<R> {
             // change is replayed: its handles go right after it.
             let lost = self.log.take_lost(through, &w.durable_holes);
             let made: BTreeSet<u64> = lost.iter().flat_map(|e| made_by(&e.ops, &e.results)).collect();
-            for r in self.held.reopen(&made, &self.ids) {
+            let closed = self.held.closed_before(&lost);
+            for r in self.held.reopen(&made, &closed, &self.ids) {
                 self.write(&ClientMessage::Request(r));
             }
             // (The changes kept without their answers before the rights: what they
             // touched is not held any more, and not asked back.)
             late = self.replay_lost(through, &w.durable_holes, lost);
+            // The handles opened again only for the replays close again behind them.
+            for r in self.held.release_again(&closed, &self.ids) {
+                self.write(&ClientMessage::Request(r));
+            }
             let rights_held = match self.rights() {
                 Some(r) if restored => r.restored(self.now),
                 Some(r) => {
@@ -177,18 +182,17 @@ impl<R> Connection<R> {
             // can have built on what it touches (they were held), and an unanswered call
             // it overtakes had not returned.
             //
-            // So does an open not answered yet: the server may have run it before it died,
-            // and it may be all that keeps a file another mount unlinked since; after
-            // `Replayed` it would wait for the grace period to end, which reclaims what
-            // nobody has opened again (as the answered opens `HeldLocks` re-opens).
-            let opens = |c: &Call<R>| c.ops.iter().any(|o| matches!(o, p::Op::Open { .. }));
+            // An open not answered yet goes after `Replayed` as new work: its answer
+            // must show the replays of every session, and the server holds the file for
+            // it from its arrival (the file may be kept only by it: the old server may
+            // have run it before it died, and another mount unlinked the file since).
             let unwritten = self.pending.values().filter(|c| c.pos.is_none() && !late.contains(&c.id));
             let mut early: Vec<u64> = late
                 .iter()
                 .copied()
                 .filter(|id| self.pending.get(id).is_some_and(|c| c.reply.answered_already()))
                 .collect();
-            early.extend(unwritten.filter(|c| c.reply.answered_already() || opens(c)).map(|c| c.id));
+            early.extend(unwritten.filter(|c| c.reply.answered_already()).map(|c| c.id));
             for id in early {
                 self.write_call(id);
                 rewritten.insert(id);
