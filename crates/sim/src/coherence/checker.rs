@@ -194,7 +194,17 @@ impl Checker {
 
     pub(crate) fn fail(&mut self, msg: String) {
         if self.failure.is_none() {
-            self.failure = Some(msg);
+            // (File data runs to kilobytes: a line shows its start and its end.)
+            let short = |l: &str| {
+                let chars: Vec<char> = l.chars().collect();
+                if chars.len() <= 1_200 {
+                    return l.to_string();
+                }
+                let (head, tail): (String, String) =
+                    (chars[..800].iter().collect(), chars[chars.len() - 300..].iter().collect());
+                format!("{head} …[{} chars]… {tail}", chars.len() - 1_100)
+            };
+            self.failure = Some(msg.lines().map(short).collect::<Vec<_>>().join("\n"));
         }
     }
 
@@ -303,9 +313,10 @@ impl Checker {
         if matches!(info.purpose, Purpose::Reassert) {
             // (Changes only who holds what, and which handles are open: a handle opened
             // again after a restart, in the restored session or a new one, holds its file
-            // as any open does; the client checks what it was given back.)
+            // as any open does, until released — at once, if it was opened again only for
+            // the replays; the client checks what it was given back.)
             let model = self.model.as_mut().expect("model");
-            for op in info.ops.iter().filter(|op| matches!(op, Op::Open { .. })) {
+            for op in info.ops.iter().filter(|op| matches!(op, Op::Open { .. } | Op::Release { .. })) {
                 let _ = model.apply(key.0, op, server_now);
             }
             return Some(format!("server: runs {key:?} (re-assert)"));

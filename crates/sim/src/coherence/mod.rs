@@ -54,6 +54,10 @@
 //!   close (a few handles per client, answered locally when the attributes are held;
 //!   the release goes behind), over ~8 names in a few directories, so that clients
 //!   collide all the time (half the removals name what the client knows is there).
+//!   As through the kernel, writes go through a descriptor its processes hold open, and
+//!   opens and other changes name what they can reach: a file held open, or what its
+//!   cache holds (a name the kernel resolves without asking, recalled before another
+//!   client removes it); reads and getattrs may name anything it ever heard of.
 //!   What a client holds open it keeps using whatever happens to its names: a file
 //!   unlinked or renamed over while open lives on (nlink 0) until its last handle goes,
 //!   on the client whose process holds it or when its session ends (goodbye, fencing).

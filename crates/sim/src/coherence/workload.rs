@@ -16,6 +16,15 @@ struct Pool {
     files: Vec<u64>,
     /// Everything.
     all: Vec<u64>,
+    /// What its processes can reach to change: files they hold open, and what its cache
+    /// holds now (a name the kernel resolves without asking). The server recalls that from
+    /// it before another client removes the last name, so a change never names a file
+    /// unlinked elsewhere that it does not hold open — as no system call can.
+    reach: Vec<u64>,
+    /// The regular files among `reach`: what open(2) can name.
+    reach_files: Vec<u64>,
+    /// The files its processes hold open: what write(2) and ftruncate(2) need.
+    opened: Vec<u64>,
 }
 
 impl Pool {
@@ -36,6 +45,21 @@ impl Pool {
     /// Anything.
     fn any(&self, r: &mut Stream) -> u64 {
         self.all[r.below(self.all.len() as u64) as usize]
+    }
+
+    /// Something it can reach to change, if any (no draw if not).
+    fn reachable(&self, r: &mut Stream) -> Option<u64> {
+        (!self.reach.is_empty()).then(|| self.reach[r.below(self.reach.len() as u64) as usize])
+    }
+
+    /// A regular file it can reach to open, if any (no draw if not).
+    fn file_to_open(&self, r: &mut Stream) -> Option<u64> {
+        (!self.reach_files.is_empty()).then(|| self.reach_files[r.below(self.reach_files.len() as u64) as usize])
+    }
+
+    /// A file it holds open, if any (no draw if not).
+    fn open_file(&self, r: &mut Stream) -> Option<u64> {
+        (!self.opened.is_empty()).then(|| self.opened[r.below(self.opened.len() as u64) as usize])
     }
 }
 
@@ -65,7 +89,13 @@ impl Sim {
             dirs.push(ROOT_INO);
         }
         let all: Vec<u64> = pool.iter().map(|(i, _)| *i).collect();
-        let pool = Pool { dirs, files, all };
+        let at = self.instant();
+        let reach: Vec<u64> = {
+            let names = cl.names();
+            all.iter().copied().filter(|&i| opened.contains(&i) || names.attr(i, at).is_some()).collect()
+        };
+        let reach_files = reach.iter().copied().filter(|i| files.contains(i)).collect();
+        let pool = Pool { dirs, files, all, reach, reach_files, opened: opened.into_iter().collect() };
         let w = self.rng.below(100);
         let r = &mut self.rng;
         match w {
@@ -104,7 +134,7 @@ impl Sim {
                     _ => Op::Release { ino, handle },
                 }
             }
-            0..=5 => match pool.file(r) {
+            0..=5 => match pool.file_to_open(r) {
                 Some(ino) if handles.len() < 4 => {
                     self.clients[c].next_handle += 1;
                     Op::Open { ino, handle: next_handle }
@@ -147,7 +177,16 @@ impl Sim {
         }
         let ino = pool.any(r);
         let name = format!("user.{}", NAMES[r.below(3) as usize]).into_bytes();
-        match r.below(5) {
+        let which = r.below(5);
+        // (Changes only to what it can reach.)
+        let ino = match which {
+            2 | 3 => ino,
+            _ => match pool.reachable(r) {
+                Some(ino) => ino,
+                None => return Op::GetXattr { ino, name },
+            },
+        };
+        match which {
             0 | 1 => {
                 let mut value = vec![0u8; [0, 17, 1_700, 1_790, 3_000][r.below(5) as usize]];
                 r.fill_bytes(&mut value);
@@ -165,7 +204,8 @@ impl Sim {
         let cl = &self.clients[c];
         let r = &mut self.rng;
         match w {
-            58..=71 => match pool.file(r) {
+            // Through a descriptor (else it opens a file to write to).
+            58..=71 => match pool.open_file(r) {
                 // A quarter of them O_APPEND: the server chooses where it lands.
                 Some(ino) if r.below(4) == 0 => {
                     let mut data = vec![0u8; r.below(300) as usize];
@@ -178,10 +218,18 @@ impl Sim {
                     r.fill_bytes(&mut data);
                     Op::Write { ino, offset: r.below(1_500), data }
                 }
-                None => Op::Lookup { parent: pool.dir(r), name: name(r) },
+                None => match pool.file_to_open(r) {
+                    Some(ino) if cl.opens.len() < 4 => {
+                        self.clients[c].next_handle += 1;
+                        Op::Open { ino, handle: self.clients[c].next_handle - 1 }
+                    }
+                    _ => Op::Lookup { parent: pool.dir(r), name: name(r) },
+                },
             },
             _ => {
-                let ino = pool.any(r);
+                let Some(ino) = pool.reachable(r) else {
+                    return Op::GetAttr { ino: pool.any(r) };
+                };
                 let set = if r.below(2) == 0 && cl.known.get(&ino) == Some(&p::FileType::Regular) {
                     p::SetAttr { size_bytes: Some(r.below(2_000)), ..Default::default() }
                 } else {
@@ -235,7 +283,7 @@ impl Sim {
             }
             // A third of them hard links (now and then of a directory: EPERM).
             _ if r.below(3) == 0 => {
-                let ino = if r.below(8) == 0 { pool.dir(r) } else { pool.file(r).unwrap_or(ROOT_INO) };
+                let ino = if r.below(8) == 0 { pool.dir(r) } else { pool.reachable(r).unwrap_or(ROOT_INO) };
                 Op::Link { ino, parent: pool.dir(r), name: name(r) }
             }
             _ => {
