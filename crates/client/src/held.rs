@@ -115,12 +115,18 @@ impl HeldLocks {
         self.register(ops, next_id)
     }
 
-    /// The requests that open again the held handles of files `inos`, which a replay just
-    /// made again (a later replayed change may need them open).
-    pub fn reopen_files(&mut self, inos: &[u64], next_id: &AtomicU64) -> Vec<p::Request> {
+    /// The requests that open again the held handles of files `inos`, and the handles
+    /// `closed` of them, which a replay just made again (a later replayed change may need
+    /// them open).
+    pub fn reopen_files(
+        &mut self,
+        inos: &[u64],
+        closed: &BTreeSet<(u64, u64)>,
+        next_id: &AtomicU64,
+    ) -> Vec<p::Request> {
         let ops: Vec<p::Op> = self
             .opens
-            .iter()
+            .union(closed)
             .filter(|(ino, _)| inos.contains(ino))
             .map(|&(ino, handle)| p::Op::Open { ino, handle })
             .collect();

@@ -711,3 +711,70 @@ fn a_handle_released_after_a_lost_change_opens_again_for_its_replay() {
     // The lost change is of another file: the handle stays closed.
     assert_eq!(run(0, 8), ["2", "replayed"]);
 }
+
+#[test]
+fn a_handle_released_on_a_file_a_lost_change_made_opens_again_after_its_replay() {
+    // File 9 was made, opened, written and closed, all lost: the handle can be opened
+    // again only once the create is replayed, and must be before the write's replay.
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    let t = p::Time { sec: 1, nsec: 0 };
+    let attr = p::Attr {
+        ino: 9,
+        generation: 1,
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        size_bytes: 0,
+        blocks_4k: 0,
+        rdev: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        flags: 0,
+    };
+    let create = p::Op::Create {
+        parent: 1,
+        name: b"f".to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        rdev: 0,
+        cred: cred(),
+    };
+    h.call(1, vec![create]);
+    h.sent();
+    h.hear(ServerMessage::Response(p::Response {
+        id: 1,
+        results: vec![Ok(p::Reply::Entry(attr))],
+        seq: 1,
+        durable: 0,
+        time: None,
+    }));
+    h.call(2, vec![p::Op::Open { ino: 9, handle: 4 }]);
+    h.sent();
+    h.hear(response(2, 1, 0, 0));
+    h.call(3, vec![change(9)]);
+    h.sent();
+    h.hear(response(3, 1, 2, 0));
+    h.call(4, vec![p::Op::Release { ino: 9, handle: 4 }]);
+    h.sent();
+    h.hear(response(4, 1, 0, 0));
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, Some(0), false));
+    let order: Vec<String> = again
+        .iter()
+        .map(|m| match m {
+            ClientMessage::Request(r) => match r.ops.as_slice() {
+                [p::Op::Open { ino, handle }] => format!("open {ino}#{handle}"),
+                [p::Op::Release { ino, handle }] => format!("release {ino}#{handle}"),
+                _ => format!("{}", r.id),
+            },
+            ClientMessage::Replayed => "replayed".to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(order, ["1", "open 9#4", "3", "release 9#4", "replayed"]);
+}

@@ -86,7 +86,7 @@ impl<R> Connection<R> {
             }
             // (The changes kept without their answers before the rights: what they
             // touched is not held any more, and not asked back.)
-            late = self.replay_lost(through, &w.durable_holes, lost);
+            late = self.replay_lost(through, &w.durable_holes, lost, &closed);
             // The handles opened again only for the replays close again behind them.
             for r in self.held.release_again(&closed, &self.ids) {
                 self.write(&ClientMessage::Request(r));
@@ -222,7 +222,13 @@ impl<R> Connection<R> {
     /// kept was applied and is durable: not sent again (it would run twice). Any other
     /// unanswered one ran, if at all, after them: returned, to go as new work after
     /// `Replayed` (run earlier, it could take what another client's replay needs).
-    fn replay_lost(&mut self, through: u64, holes: &[u64], lost: Vec<Unstable>) -> Vec<u64> {
+    fn replay_lost(
+        &mut self,
+        through: u64,
+        holes: &[u64],
+        lost: Vec<Unstable>,
+        closed: &BTreeSet<(u64, u64)>,
+    ) -> Vec<u64> {
         let placed: Vec<(u64, u64)> = self.pending.values().filter_map(|c| c.pos.map(|p| (c.id, p))).collect();
         let plan = plan_restart(through, holes, &placed);
         for id in plan.kept {
@@ -249,7 +255,7 @@ impl<R> Connection<R> {
             self.write(&ClientMessage::Request(e.request()));
             let made = made_by(&e.ops, &e.results);
             self.log.replaying.push(e);
-            for r in self.held.reopen_files(&made, &self.ids) {
+            for r in self.held.reopen_files(&made, closed, &self.ids) {
                 self.write(&ClientMessage::Request(r));
             }
         }
