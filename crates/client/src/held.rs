@@ -191,11 +191,15 @@ impl HeldLocks {
         out
     }
 
-    /// A release of `handle` of `ino` is on its way: the handle is not held, and an
-    /// unanswered re-open of it must not go again after it (the server would hold the
-    /// file open for ever).
-    pub fn releasing(&mut self, ino: u64, handle: u64) {
-        self.opens.remove(&(ino, handle));
+    /// A release of `handle` of `ino` is on its way (`answers` answers counted so far):
+    /// the handle is not held, and an unanswered re-open of it must not go again after it
+    /// (the server would hold the file open for ever).
+    pub fn releasing(&mut self, ino: u64, handle: u64, answers: u64) {
+        // (Until the release is answered, a restart opens the handle again for the
+        // replays that may need it, as it does for one released.)
+        if self.opens.remove(&(ino, handle)) {
+            self.released.insert((ino, handle), answers);
+        }
         let reopen = p::Op::Open { ino, handle };
         self.reasserting.retain(|_, ops| {
             ops.retain(|op| *op != reopen);
@@ -309,10 +313,10 @@ mod tests {
         let reqs = h.reopen(&BTreeSet::new(), &BTreeSet::new(), &ids);
         assert_eq!(reqs.len(), 1);
         // The process closes 5 before the server answered the re-open (it waits, parked).
-        h.releasing(5, 3);
+        h.releasing(5, 3, 0);
         let again: Vec<p::Op> = h.resend(&BTreeSet::new()).into_iter().flatten().flat_map(|r| r.ops).collect();
         assert_eq!(again, vec![p::Op::Open { ino: 6, handle: 4 }], "after a reconnect, only 6 is opened again");
-        h.releasing(6, 4);
+        h.releasing(6, 4, 0);
         assert!(h.resend(&BTreeSet::new()).iter().all(Vec::is_empty));
         assert!(h.opens.is_empty());
     }

@@ -778,3 +778,35 @@ fn a_handle_released_on_a_file_a_lost_change_made_opens_again_after_its_replay()
         .collect();
     assert_eq!(order, ["1", "open 9#4", "3", "release 9#4", "replayed"]);
 }
+
+#[test]
+fn a_handle_whose_release_is_unanswered_at_a_restart_opens_again_for_the_replays() {
+    // The process closed the file as the server died: its release is still on its way,
+    // and the write before it was lost. The handle opens again for the write's replay;
+    // the release itself follows `Replayed` as new work.
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    h.call(1, vec![p::Op::Open { ino: 7, handle: 4 }]);
+    h.sent();
+    h.hear(response(1, 1, 0, 0));
+    h.call(2, vec![change(7)]);
+    h.sent();
+    h.hear(response(2, 1, 1, 0));
+    h.c.connection_lost("test");
+    h.call(3, vec![p::Op::Release { ino: 7, handle: 4 }]);
+    let again = h.connect(welcome(true, Some(0), false));
+    let order: Vec<String> = again
+        .iter()
+        .map(|m| match m {
+            ClientMessage::Request(r) => match r.ops.as_slice() {
+                [p::Op::Open { ino, handle }] => format!("open {ino}#{handle}"),
+                [p::Op::Release { ino, handle }] if r.id == 3 => format!("the release {ino}#{handle}"),
+                [p::Op::Release { ino, handle }] => format!("release {ino}#{handle}"),
+                _ => format!("{}", r.id),
+            },
+            ClientMessage::Replayed => "replayed".to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(order, ["open 7#4", "2", "release 7#4", "replayed", "the release 7#4"]);
+}
