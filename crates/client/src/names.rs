@@ -80,6 +80,9 @@ struct Range {
 struct Attr {
     attr: p::Attr,
     expires: Instant,
+    /// When it was taken in (`NameCache::stamp`): a reply to a request sent before then
+    /// may be older than it.
+    stamp: u64,
 }
 
 /// Name and attribute cache of one mount. Not thread-safe by itself: the FUSE layer keeps
@@ -88,6 +91,8 @@ struct Attr {
 pub struct NameCache {
     ttl: Duration,
     epoch: u64,
+    /// Counts attributes taken in (`Attr::stamp`).
+    stamp: u64,
     /// Directory → its held ranges, disjoint, in no particular order (few per directory).
     dirs: HashMap<u64, Vec<Range>>,
     attrs: HashMap<u64, Attr>,
@@ -133,6 +138,7 @@ impl NameCache {
         NameCache {
             ttl,
             epoch: 0,
+            stamp: 0,
             dirs: HashMap::new(),
             attrs: HashMap::new(),
             entries: 0,
@@ -154,6 +160,18 @@ impl NameCache {
     /// The epoch to hand to `absorb_*` with the reply of a fetch sent now.
     pub fn epoch(&self) -> Epoch {
         Epoch(self.epoch)
+    }
+
+    /// How many attributes were taken in so far: taken before a request is sent, it tells
+    /// `attr_changed_since` what its reply may be older than.
+    pub fn stamp(&self) -> u64 {
+        self.stamp
+    }
+
+    /// Holds `attr` until `expires`, stamped.
+    fn put_attr(&mut self, attr: p::Attr, expires: Instant) {
+        self.stamp += 1;
+        self.attrs.insert(attr.ino, Attr { attr, expires, stamp: self.stamp });
     }
 
     /// Answers a lookup from held state, or `None` when the server must be asked.
@@ -200,7 +218,7 @@ impl NameCache {
             return false;
         }
         self.hold(dir.ino, 0, u64::MAX, &leaf.items, now);
-        self.attrs.insert(dir.ino, Attr { attr: dir.clone(), expires: now + self.ttl });
+        self.put_attr(dir.clone(), now + self.ttl);
         self.acquired.insert(dir.ino);
         true
     }
@@ -232,14 +250,18 @@ impl NameCache {
             keep
         });
         let mut names = HashMap::with_capacity(items.len());
+        let mut attrs = Vec::with_capacity(items.len());
         for i in items {
             if lo <= name_hash(&i.name) && name_hash(&i.name) <= hi {
                 names.insert(i.name.clone(), i.attr.ino);
-                self.attrs.insert(i.attr.ino, Attr { attr: i.attr.clone(), expires });
+                attrs.push(i.attr.clone());
             }
         }
         self.entries = self.entries - dropped + names.len();
         ranges.push(Range { lo, hi, expires, names });
+        for a in attrs {
+            self.put_attr(a, expires);
+        }
     }
 
     /// A directory this mount just made: it is empty, so it is held whole.
@@ -263,7 +285,7 @@ impl NameCache {
                 self.entries += 1;
             }
         }
-        self.attrs.insert(attr.ino, Attr { attr: attr.clone(), expires: now + self.ttl });
+        self.put_attr(attr.clone(), now + self.ttl);
     }
 
     /// As `added`, for a change the server answered: the reply to a request first sent at
@@ -338,9 +360,18 @@ impl NameCache {
     /// The server says `attr` is current (a reply to getattr, setattr, write, open…).
     /// Updates what is held, without adding anything new.
     pub fn attr_changed(&mut self, attr: &p::Attr) {
+        self.attr_changed_since(attr, u64::MAX);
+    }
+
+    /// `attr_changed` for the reply to a request sent when the stamp was `since`: what was
+    /// taken in after that (another process's reply, a listing, after a recall) may be
+    /// newer than the reply, or older: neither is kept, and the next call asks.
+    pub fn attr_changed_since(&mut self, attr: &p::Attr, since: u64) {
         self.epoch += 1;
-        if let Some(a) = self.attrs.get_mut(&attr.ino) {
-            a.attr = attr.clone();
+        match self.attrs.get(&attr.ino).map(|a| (a.stamp, a.expires)) {
+            Some((stamp, _)) if stamp > since => _ = self.attrs.remove(&attr.ino),
+            Some((_, expires)) => self.put_attr(attr.clone(), expires),
+            None => {}
         }
     }
 
@@ -353,7 +384,7 @@ impl NameCache {
         if !current || self.ttl.is_zero() {
             return;
         }
-        self.attrs.insert(attr.ino, Attr { attr: attr.clone(), expires: now + self.ttl });
+        self.put_attr(attr.clone(), now + self.ttl);
     }
 
     /// How much longer the attributes held for `ino` stay valid under shared rights (zero
@@ -372,7 +403,7 @@ impl NameCache {
     /// held as if the server had sent them.
     pub fn set_attr(&mut self, attr: &p::Attr, now: Instant) {
         self.epoch += 1;
-        self.attrs.insert(attr.ino, Attr { attr: attr.clone(), expires: now + self.ttl });
+        self.put_attr(attr.clone(), now + self.ttl);
     }
 
     /// The server counts this mount as `ino`'s exclusive holder (it created it, or
@@ -485,7 +516,7 @@ impl NameCache {
             self.attrs.remove(&v);
             match victim {
                 Some(a) if a.ino == v => {
-                    self.attrs.insert(v, Attr { attr: a.clone(), expires: now + self.ttl });
+                    self.put_attr(a.clone(), now + self.ttl);
                 }
                 _ => self.drop_dir(v),
             }
@@ -822,6 +853,28 @@ mod tests {
 
     fn item(name: &str, ino: u64) -> p::DirItem {
         p::DirItem { name: name.as_bytes().to_vec(), index: ino, attr: attr(ino, p::FileType::Regular) }
+    }
+
+    #[test]
+    fn a_reply_older_than_what_was_taken_in_since_its_request_replaces_nothing() {
+        // One process's setattr is on its way; another's getattr brings attributes newer
+        // than the setattr's answer (another mount changed the file in between). The
+        // setattr's answer, arriving last, must not bring the old ones back.
+        let now = Instant::now();
+        let mut c = NameCache::new(Duration::from_secs(10));
+        let old = p::Attr { size_bytes: 506, ..attr(19, p::FileType::Regular) };
+        c.hold_attr(&old, c.epoch(), now);
+        let since = c.stamp();
+        let newer = p::Attr { ctime: p::Time { sec: 2, nsec: 0 }, ..old.clone() };
+        c.hold_attr(&newer, c.epoch(), now);
+        c.attr_changed_since(&old, since);
+        assert_eq!(c.attr(19, now), None, "neither is known to be current: asked again");
+        // With nothing taken in meanwhile, the answer is current.
+        c.hold_attr(&newer, c.epoch(), now);
+        let since = c.stamp();
+        let grown = p::Attr { size_bytes: 900, ..newer.clone() };
+        c.attr_changed_since(&grown, since);
+        assert_eq!(c.attr(19, now), Some(grown));
     }
 
     fn leaf_around(names: &[(&str, u64)]) -> DirLeaf {

@@ -219,6 +219,7 @@ impl CrestFs {
         name: &[u8],
         kept: Option<Vec<u8>>,
     ) -> Result<(), Error> {
+        let since = self.stamp();
         let r = self.many(what, vec![op, Op::GetAttr { ino }]).and_then(|mut r| {
             want_done(what, nth(what, &mut r, 0)?)?;
             want_attr(what, nth(what, &mut r, 1)?)
@@ -230,7 +231,7 @@ impl CrestFs {
                     Some(v) => _ = c.set_held_xattr(ino, name, v),
                     None => _ = c.remove_held_xattr(ino, name),
                 }
-                c.attr_changed(a);
+                c.attr_changed_since(a, since);
             }
             Err(_) => {
                 c.xattrs_changed(ino);
@@ -304,6 +305,7 @@ impl CrestFs {
     /// ENOENT here, which the kernel turns into ESTALE, as it does a generation that
     /// differs (a number used again).
     fn lookup_for_handle(&self, ino: u64, name: &OsStr, reply: ReplyEntry) {
+        let since = self.stamp();
         let r = self.one("lookup", Op::Lookup { parent: ino, name: name_of(name) }).and_then(|r| match r {
             Reply::Lookup { attr: Some(a), .. } => Ok(a),
             Reply::Lookup { attr: None, .. } => {
@@ -313,7 +315,7 @@ impl CrestFs {
         });
         match r {
             Ok(a) => {
-                self.attr_changed(&a);
+                self.attr_changed(&a, since);
                 reply.entry(&Duration::ZERO, &convert::file_attr(&a), Generation(a.generation));
             }
             Err(e) => reply.error(self.fail(&e)),
@@ -413,9 +415,15 @@ impl CrestFs {
         Ok(())
     }
 
-    /// Records fresh attributes from a reply.
-    fn attr_changed(&self, a: &p::Attr) {
-        lock(&self.names).attr_changed(a);
+    /// Records attributes from the reply to a request sent at stamp `since` (`stamp`).
+    fn attr_changed(&self, a: &p::Attr, since: u64) {
+        lock(&self.names).attr_changed_since(a, since);
+    }
+
+    /// The cache's stamp, taken before a request whose reply carries attributes: what the
+    /// cache takes in meanwhile may be newer than that reply (`attr_changed`).
+    fn stamp(&self) -> u64 {
+        lock(&self.names).stamp()
     }
 
     /// A close by process owner `owner` (FLUSH): drops its POSIX locks on `ino`, as a local
@@ -625,10 +633,11 @@ impl Filesystem for CrestFs {
             return self.reply_attr(reply, Ok(a));
         }
         let chmod = set.mode.is_some();
+        let since = self.stamp();
         let r = self.one("setattr", Op::SetAttr { ino: ino.0, set }).and_then(|r| want_attr("setattr", r));
         if let Ok(a) = &r {
             lock(&self.inodes).changed_here(a);
-            self.attr_changed(a);
+            self.attr_changed(a, since);
             if chmod && a.flags & acl::HAS_ACCESS != 0 {
                 lock(&self.names).xattrs_changed(a.ino);
             }
@@ -805,9 +814,10 @@ impl Filesystem for CrestFs {
         if let Some(keep) = self.open_locally(ino.0, fh, flags.0 & libc::O_ACCMODE != libc::O_RDONLY) {
             return reply.opened(fh, open_reply_flags(flags.0, keep, self.atime));
         }
+        let since = self.stamp();
         match self.one("open", Op::Open { ino: ino.0, handle: fh.0 }).and_then(|r| want_attr("open", r)) {
             Ok(a) => {
-                self.attr_changed(&a);
+                self.attr_changed(&a, since);
                 let keep = lock(&self.inodes).keep_cache_on_open(&a);
                 reply.opened(fh, open_reply_flags(flags.0, keep, self.atime));
             }
@@ -877,12 +887,13 @@ impl Filesystem for CrestFs {
         } else {
             Op::Write { ino: ino.0, offset, data: data.to_vec() }
         };
+        let since = self.stamp();
         let r = self.one("write", op).and_then(|r| want_attr("write", r));
         drop(io);
         match r {
             Ok(a) => {
                 lock(&self.inodes).changed_here(&a);
-                self.attr_changed(&a);
+                self.attr_changed(&a, since);
                 reply.written(len);
             }
             Err(e) => reply.error(self.fail(&e)),
@@ -1137,7 +1148,9 @@ impl Filesystem for CrestFs {
         }
         // Two calls: Open names its inode, which exists only once Create has answered. The
         // kernel holds the directory locked in between, so nothing can unlink the new name.
+        let mut since = 0;
         let created = self.create_node(cred, parent, name, kind, mode, 0).and_then(|a| {
+            since = self.stamp();
             let opened =
                 self.one("create", Op::Open { ino: a.ino, handle: fh.0 }).and_then(|r| want_attr("create", r))?;
             Ok((a, opened))
@@ -1148,7 +1161,7 @@ impl Filesystem for CrestFs {
                 t.learn(parent.0, &a);
                 t.keep_cache_on_open(&opened);
                 drop(t);
-                self.attr_changed(&opened);
+                self.attr_changed(&opened, since);
                 let attr = convert::file_attr(&opened);
                 reply.created(
                     &self.ttl,
@@ -1204,10 +1217,11 @@ impl Filesystem for CrestFs {
     ) {
         let _caller = Caller::enter(req.pid());
         let op = Op::Fallocate { ino: ino.0, offset, len: length, flags: convert::fallocate_flags(mode) };
+        let since = self.stamp();
         let r = self.one("fallocate", op).and_then(|r| want_attr("fallocate", r));
         if let Ok(a) = &r {
             lock(&self.inodes).changed_here(a);
-            self.attr_changed(a);
+            self.attr_changed(a, since);
         }
         self.reply_empty(reply, r.map(|_| ()));
     }
