@@ -222,6 +222,10 @@ pub struct Applied {
     pub dirty: bool,
     /// The grace period after a restart ended just before this ran.
     pub grace_ended: bool,
+    /// Its place among its session's changes (`Response::seq`; 0 for none). Places are
+    /// taken as changes arrive, so one that ran may hold a place above changes still
+    /// parked.
+    pub seq: u64,
 }
 
 /// A request that involves inodes another session holds exclusively: it runs once that
@@ -495,7 +499,7 @@ impl Server {
         if let Some(log) = &mut self.applied {
             let (generation, dirty) = (self.store.generation(), self.store.is_dirty());
             let grace_ended = std::mem::take(&mut self.grace_just_ended);
-            log.push(Applied { session, id, from_cache, generation, dirty, grace_ended });
+            log.push(Applied { session, id, from_cache, generation, dirty, grace_ended, seq: response.seq });
         }
         let changed = std::mem::take(&mut self.changed);
         let out = self.caps.changed(session, &changed, response, now_ms);

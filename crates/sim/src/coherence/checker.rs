@@ -99,6 +99,9 @@ pub(crate) struct Checker {
     pub(crate) first_run: BTreeMap<(SessionId, u64), Expect>,
     /// Changing requests each session has had applied.
     pub(crate) seqs: BTreeMap<SessionId, u64>,
+    /// The highest place among each session's changes that ran (`Applied::seq`): what
+    /// its `durable` may reach once they are committed, though changes below are parked.
+    pub(crate) run_top: BTreeMap<SessionId, u64>,
     /// The highest `seq` each session was answered with.
     pub(crate) top_seq: BTreeMap<SessionId, u64>,
     pub(crate) locals: BTreeMap<u64, Local>,
@@ -314,9 +317,12 @@ impl Checker {
             // (Changes only who holds what, and which handles are open: a handle opened
             // again after a restart, in the restored session or a new one, holds its file
             // as any open does, until released — at once, if it was opened again only for
-            // the replays; the client checks what it was given back.)
+            // the replays; a lock taken again holds as any lock does, also one on a file a
+            // crash took back and a replay made again; the client checks what it was
+            // given back.)
             let model = self.model.as_mut().expect("model");
-            for op in info.ops.iter().filter(|op| matches!(op, Op::Open { .. } | Op::Release { .. })) {
+            let reasserts = |op: &&Op| matches!(op, Op::Open { .. } | Op::Release { .. } | Op::SetLock { .. });
+            for op in info.ops.iter().filter(reasserts) {
                 let _ = model.apply(key.0, op, server_now);
             }
             return Some(format!("server: runs {key:?} (re-assert)"));
@@ -426,6 +432,8 @@ impl Checker {
             }
             self.prune();
         }
+        let top = self.run_top.entry(a.session).or_default();
+        *top = (*top).max(a.seq);
         let seq = if mutates {
             let n = self.seqs.entry(a.session).or_default();
             *n += 1;
@@ -464,6 +472,7 @@ impl Checker {
         let top = self.top_seq.entry(session).or_default();
         *top = (*top).max(resp.seq);
         let top = (*top).max(self.seqs.get(&session).copied().unwrap_or(0));
+        let top = top.max(self.run_top.get(&session).copied().unwrap_or(0));
         if resp.durable > top || (resp.seq == 0) != (e.seq == 0) {
             self.fail(format!(
                 "response to {key:?} says seq {} durable {}; expected seq {} (highest so far {top})",

@@ -34,6 +34,8 @@ pub(crate) struct Pending {
     pub(crate) t0_us: u64,
     /// The cache's epoch when the call started (what its replies are absorbed against).
     pub(crate) epoch: Epoch,
+    /// The cache's stamp then (`NameCache::attr_changed_since`).
+    pub(crate) stamp: u64,
     /// The session it was made in (calls that change nothing go on in the next one
     /// when that one is fenced).
     pub(crate) session: SessionId,
@@ -120,8 +122,9 @@ pub(crate) struct Client {
     pub(crate) conn: Option<u64>,
     pub(crate) next_id: u64,
     pub(crate) pending: BTreeMap<u64, Pending>,
-    /// The request of the system call in progress.
-    pub(crate) busy: Option<u64>,
+    /// The requests of the system calls in progress, one per process waiting, with the
+    /// inodes each call holds locked (as the kernel's inode and directory locks).
+    pub(crate) busy: BTreeMap<u64, BTreeSet<u64>>,
     /// The kernel's page cache.
     pub(crate) pages: BTreeMap<u64, Pages>,
     /// Inode numbers reserved for writeback creates: next, end.
@@ -183,7 +186,7 @@ impl Client {
             conn: None,
             next_id: 1,
             pending: BTreeMap::new(),
-            busy: None,
+            busy: BTreeMap::new(),
             pages: BTreeMap::new(),
             pool: (0, 0),
             opens: BTreeMap::new(),
@@ -443,10 +446,10 @@ impl Client {
         &mut self,
         ops: &[Op],
         results: &[Result<Reply, p::OpError>],
-        pd: (u64, Epoch, Instant),
+        pd: (u64, Epoch, u64, Instant),
         at: Instant,
     ) {
-        let (t0_us, epoch, sent) = pd;
+        let (t0_us, epoch, stamp, sent) = pd;
         for r in results.iter().flatten() {
             match r {
                 Reply::Attr(a) | Reply::Entry(a) => self.learn(a),
@@ -501,14 +504,14 @@ impl Client {
                 }
                 (Op::Create { parent, name, .. }, Reply::Entry(a)) => c.created_by_reply(*parent, name, a, sent, at),
                 (Op::Open { ino, handle }, Reply::Attr(a)) => {
-                    c.attr_changed(a);
+                    c.attr_changed_since(a, stamp);
                     self.opens.insert(*handle, *ino);
                 }
                 (Op::AllocInodes { .. }, Reply::Inodes { first, count }) => {
                     self.pool = (*first, first + u64::from(*count));
                 }
                 (Op::Write { ino, .. } | Op::Append { ino, .. } | Op::SetAttr { ino, .. }, Reply::Attr(a)) => {
-                    c.attr_changed(a);
+                    c.attr_changed_since(a, stamp);
                     self.pages.remove(ino);
                 }
                 (Op::SetXattr { ino, .. } | Op::RemoveXattr { ino, .. }, Reply::Done) => {

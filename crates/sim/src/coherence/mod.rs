@@ -28,7 +28,13 @@
 //! - *Clients* crash (the server sees a dropped connection, forgets the session's shared
 //!   rights after `DISCONNECTED_HOLDER_MS` and fences it after `DISCONNECTED_FENCE_MS`)
 //!   or unmount cleanly (`Goodbye` → `end_session`), and come back as new sessions.
-//! - *Clients*: each runs one system call at a time. Lookups and getattrs are answered
+//! - *Clients*: each runs 1–3 processes (per seed), each making one system call at a
+//!   time, so that several calls of one client wait on the server at once (pipelined on
+//!   its connection, answered out of order when one is parked). As the kernel's inode
+//!   and directory locks make it, a call waits while another process's call holds what
+//!   it names, the directories of its names or what they stand for; an unlink, rmdir or
+//!   rename (whose victim only the server's lookup tells) holds back every change and
+//!   open (`Sim::locks_of`). Lookups and getattrs are answered
 //!   from its `NameCache` when it holds them (what read replies carried, for `TTL_US`,
 //!   dropped at once on `Recall`, then answered with `RecallDone`; what it holds
 //!   exclusively, `X`, until recalled); reads from the page-cache model (what a read
@@ -123,8 +129,7 @@
 //!
 //! Left out: symlinks,
 //! fsync, directories held open; xattr reads and the errors the client answers itself from the
-//! xattrs it holds (sent to the server instead); several changing system calls in flight on one
-//! client; writeback merged into one request (each submission goes alone here; the core's
+//! xattrs it holds (sent to the server instead); writeback merged into one request (each submission goes alone here; the core's
 //! unit tests cover merging). By default outages stay short (partitions ≤ 1 s,
 //! reconnects ≤ 0.3 s), so fencing is rare (crashed clients); `CREST_SIM_OUTAGES=long`
 //! makes them as long as real ones (partitions up to 12 s, half of them breaking the

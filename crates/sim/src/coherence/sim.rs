@@ -97,6 +97,8 @@ pub(crate) struct Sim {
     /// Percent of the unlinks, rmdirs and creates in a directory not held whole before
     /// which a client asks for it (`Op::Acquire`; per seed).
     pub(crate) acquire_pct: u64,
+    /// Processes per client: how many of its system calls may wait on the server at once.
+    pub(crate) procs: usize,
     /// Hash of every event so far.
     pub(crate) trace_hash: u64,
     /// `CREST_SIM_LEASE=exact` (see `check_lease_now`).
@@ -155,6 +157,7 @@ impl Sim {
         let n = 2 + rng.below(4) as usize;
         let locality = 30 + rng.below(65);
         let acquire_pct = [0, 30, 70, 100][rng.below(4) as usize];
+        let procs = [1, 2, 2, 3][rng.below(4) as usize];
         let mut inodes = BTreeMap::new();
         inodes.insert(
             ROOT_INO,
@@ -211,6 +214,7 @@ impl Sim {
             trace_events: crate::env_u64("CREST_SIM_TRACE").ok().flatten().map_or(TRACE_EVENTS, |n| n as usize),
             locality,
             acquire_pct,
+            procs,
             trace_hash: 0xcbf2_9ce4_8422_2325,
             exact_lease: std::env::var("CREST_SIM_LEASE").as_deref() == Ok("exact"),
             crash_rng,
@@ -218,13 +222,15 @@ impl Sim {
             max_session: 0,
         };
         sim.log(format!(
-            "seed {seed}: {n} clients, locality {locality}%, acquires {acquire_pct}%, faults {:?}",
+            "seed {seed}: {n} clients of {procs} processes, locality {locality}%, acquires {acquire_pct}%, faults {:?}",
             sim.faults
         ));
         for c in 0..n {
             sim.connect(c);
-            let d = sim.think();
-            sim.at(d, Ev::Wake { client: c, incarnation: 0 });
+            for _ in 0..procs {
+                let d = sim.think();
+                sim.at(d, Ev::Wake { client: c, incarnation: 0 });
+            }
             let phase = sim.rng.below(LEASE_CHECK_US);
             sim.at(phase, Ev::Beat { client: c, incarnation: 0 });
             let d = PEEK_US / 2 + sim.rng.below(PEEK_US);
@@ -512,7 +518,7 @@ impl Sim {
                 };
             }
             if self.draining {
-                let busy = self.clients.iter().any(|c| c.alive && (!c.pending.is_empty() || c.busy.is_some()))
+                let busy = self.clients.iter().any(|c| c.alive && (!c.pending.is_empty() || !c.busy.is_empty()))
                     || self.clients.iter().any(|c| !c.alive || c.conn.is_none());
                 if busy {
                     quiet_since = None;
@@ -550,7 +556,7 @@ impl Sim {
             Ev::ToClient { conn, msg } => self.deliver_to_client(conn, msg),
             Ev::Wake { client, incarnation } => {
                 let c = &self.clients[client];
-                if c.alive && c.incarnation == incarnation && c.busy.is_none() && !c.leaving {
+                if c.alive && c.incarnation == incarnation && c.busy.len() < self.procs && !c.leaving {
                     self.syscall(client);
                 }
             }
@@ -565,8 +571,10 @@ impl Sim {
                 self.clients[client] = Client::new(client, inc, self.instant());
                 self.log(format!("client {client}: starts again (incarnation {inc})"));
                 self.connect(client);
-                let d = self.think();
-                self.at(d, Ev::Wake { client, incarnation: inc });
+                for _ in 0..self.procs {
+                    let d = self.think();
+                    self.at(d, Ev::Wake { client, incarnation: inc });
+                }
                 let phase = self.rng.below(LEASE_CHECK_US);
                 self.at(phase, Ev::Beat { client, incarnation: inc });
                 let d = PEEK_US / 2 + self.rng.below(PEEK_US);
@@ -585,7 +593,7 @@ impl Sim {
                 if !c.alive || c.incarnation != incarnation || self.draining {
                     return;
                 }
-                if c.busy.is_some() && c.session.is_some() {
+                if !c.busy.is_empty() && c.session.is_some() {
                     self.peek(client);
                 }
                 let d = PEEK_US / 2 + self.rng.below(PEEK_US);
@@ -915,7 +923,7 @@ impl Sim {
                 self.log(format!("client {c}: [{}] returns {:?}", ops_brief(&pd.req.ops), brief(&results)));
                 let at = self.instant();
                 let sent = self.t0 + Duration::from_micros(pd.t0_us - EPOCH_S * 1_000_000);
-                self.clients[c].absorb(&pd.req.ops, &results, (pd.t0_us, pd.epoch, sent), at);
+                self.clients[c].absorb(&pd.req.ops, &results, (pd.t0_us, pd.epoch, pd.stamp, sent), at);
                 self.returned(c, id);
             }
             Purpose::Acquire { dir, then, epoch } => {
@@ -945,8 +953,10 @@ impl Sim {
                 if took && self.try_local(c, &then) {
                     self.returned(c, id);
                 } else {
+                    // (The same process goes on waiting, holding what it held.)
+                    let locks = self.clients[c].busy.remove(&id).unwrap_or_default();
                     let t0_lc = self.ck.tick();
-                    self.send_syscall(c, then, t0_lc);
+                    self.send_syscall(c, then, t0_lc, locks);
                 }
             }
             Purpose::Writeback { n, what, touched } => {
@@ -975,8 +985,7 @@ impl Sim {
     /// Client `c`'s system call waiting on request `id` returns; it thinks, then goes on.
     pub(crate) fn returned(&mut self, c: usize, id: u64) {
         let cl = &mut self.clients[c];
-        if cl.busy == Some(id) {
-            cl.busy = None;
+        if cl.busy.remove(&id).is_some() {
             let inc = cl.incarnation;
             let d = self.think();
             self.at(d, Ev::Wake { client: c, incarnation: inc });
@@ -998,9 +1007,13 @@ impl Sim {
         let id = cl.next_id;
         cl.next_id += 1;
         let req = p::Request { id, ops, time };
-        let epoch = cl.names().epoch();
+        let (epoch, stamp) = {
+            let names = cl.names();
+            (names.epoch(), names.stamp())
+        };
         let session = cl.sid().expect("a client sends only once welcomed");
-        cl.pending.insert(id, Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now, epoch, session });
+        let pending = Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now, epoch, stamp, session };
+        cl.pending.insert(id, pending);
         let sid = cl.sid().expect("a client sends only once welcomed");
         self.ck.reqs.insert((sid, id), ReqInfo { client: c, ops: req.ops.clone(), time, purpose, t0_lc });
         self.ck.stats.to_server += 1;
@@ -1124,6 +1137,16 @@ impl Sim {
             return;
         }
         let op = self.pick_op(c);
+        let locks = self.locks_of(c, &op);
+        let cl = &self.clients[c];
+        if cl.busy.values().any(|theirs| locks_conflict(theirs, &locks)) {
+            // As the kernel's inode locks make it: the process waits until the other's
+            // call on the same file or directory returns (it tries again later).
+            let d = self.think();
+            let inc = self.clients[c].incarnation;
+            self.at(d, Ev::Wake { client: c, incarnation: inc });
+            return;
+        }
         // (Which locks its processes may hold: they drop them before the last close.)
         if let Op::SetLock { ino, owner, kind, flock, start, end, .. } = op {
             if kind != p::LockKind::Unlock {
@@ -1174,10 +1197,34 @@ impl Sim {
             let purpose = Purpose::Acquire { dir, then: op.clone(), epoch: cl.names().epoch() };
             self.log(format!("client {c}: acquires {dir} before [{}]", ops_brief(std::slice::from_ref(&op))));
             let id = self.send_request(c, vec![Op::Acquire { ino: dir }], None, purpose, t0_lc);
-            self.clients[c].busy = Some(id);
+            self.clients[c].busy.insert(id, locks);
             return;
         }
-        self.send_syscall(c, op, t0_lc);
+        self.send_syscall(c, op, t0_lc, locks);
+    }
+
+    /// What a system call `op` of client `c` holds locked while it waits on the server,
+    /// as the kernel's inode and directory locks make it: what it names, the directories
+    /// of the names it names, and what those names stand for as this client knows them
+    /// now (another process reaches a file through its name). Another process's call
+    /// that needs any of them waits (the simulated processes keep to that for every
+    /// call, reads included). The victim of an unlink, rmdir or rename is locked too,
+    /// but known only once the server has looked the name up: such a call stands for
+    /// every file (`ANY_VICTIM`), and waits for and holds back every change (`CHANGES`).
+    pub(crate) fn locks_of(&self, c: usize, op: &Op) -> BTreeSet<u64> {
+        let (cl, at) = (&self.clients[c], self.instant());
+        let mut s: BTreeSet<u64> = op.named_inodes().into_iter().collect();
+        for (dir, name) in op.named_entries() {
+            s.insert(dir);
+            s.extend(cl.named(dir, name, at));
+        }
+        if matches!(op, Op::Unlink { .. } | Op::Rmdir { .. } | Op::Rename { .. }) {
+            s.insert(ANY_VICTIM);
+        }
+        if op.is_mutation() || matches!(op, Op::Open { .. }) {
+            s.insert(CHANGES);
+        }
+        s
     }
 
     /// The directory a client asks for whole before `op`, if it does (`Fs::acquire`):
@@ -1255,7 +1302,7 @@ impl Sim {
     }
 
     /// Sends a system call's change to the server (it waits for the answer).
-    pub(crate) fn send_syscall(&mut self, c: usize, op: Op, t0_lc: u64) {
+    pub(crate) fn send_syscall(&mut self, c: usize, op: Op, t0_lc: u64, locks: BTreeSet<u64>) {
         let mut ops = vec![op.clone()];
         if let Op::Create { parent, .. } = &op {
             let cl = &self.clients[c];
@@ -1285,7 +1332,7 @@ impl Sim {
         }
         self.log(format!("client {c}: calls [{}]", ops_brief(&ops)));
         let id = self.send_request(c, ops, None, Purpose::Syscall, t0_lc);
-        self.clients[c].busy = Some(id);
+        self.clients[c].busy.insert(id, locks);
     }
 
     /// Faults that strike at a client's system call.
@@ -1432,4 +1479,15 @@ impl Sim {
 fn lost_changes_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("CREST_SIM_LOST_CHANGES").as_deref() == Ok("on"))
+}
+
+/// In `Sim::locks_of`'s sets: the call may remove or replace any file.
+const ANY_VICTIM: u64 = u64::MAX;
+/// In `Sim::locks_of`'s sets: the call changes something (or opens a file).
+const CHANGES: u64 = u64::MAX - 1;
+
+/// Whether calls holding `a` and `b` must run one at a time.
+fn locks_conflict(a: &BTreeSet<u64>, b: &BTreeSet<u64>) -> bool {
+    let victim = |x: &BTreeSet<u64>, y: &BTreeSet<u64>| x.contains(&ANY_VICTIM) && y.contains(&CHANGES);
+    victim(a, b) || victim(b, a) || a.iter().any(|i| *i < CHANGES && b.contains(i))
 }
