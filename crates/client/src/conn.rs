@@ -412,7 +412,7 @@ impl<R> Connection<R> {
         self.now = now;
         for op in &c.ops {
             if let p::Op::Release { ino, handle } = *op {
-                self.held.releasing(ino, handle, self.log.answers);
+                self.held.releasing(ino, handle);
             }
         }
         if c.reply.is_writeback() && self.fenced_at.is_some_and(|f| c.made < f) {

@@ -27,6 +27,10 @@ pub struct HeldLocks {
     /// not replayed, and such a change, replayed, may reach its file only through the
     /// handle (its last name gone): the restart opens it again for the replays.
     pub released: BTreeMap<(u64, u64), u64>,
+    /// Handles whose release is on its way, unanswered. A restart opens them again
+    /// before anything else (what is sent before `Replayed` — replays, writeback made
+    /// through them — may need them), and their release, sent again behind, closes them.
+    pub closing: BTreeSet<(u64, u64)>,
 }
 
 /// The lock request in `op`, in the copy's terms (this session is session 0 there).
@@ -57,6 +61,7 @@ impl HeldLocks {
                 }
                 p::Op::Release { ino, handle } => {
                     self.opens.remove(&(ino, handle));
+                    self.closing.remove(&(ino, handle));
                     self.released.insert((ino, handle), answers);
                 }
                 _ => {}
@@ -108,7 +113,11 @@ impl HeldLocks {
         self.reasserting.clear();
         let ops: Vec<p::Op> = self
             .opens
-            .union(closed)
+            .iter()
+            .chain(&self.closing)
+            .chain(closed)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
             .filter(|(ino, _)| !later.contains(ino))
             .map(|&(ino, handle)| p::Op::Open { ino, handle })
             .collect();
@@ -126,7 +135,11 @@ impl HeldLocks {
     ) -> Vec<p::Request> {
         let ops: Vec<p::Op> = self
             .opens
-            .union(closed)
+            .iter()
+            .chain(&self.closing)
+            .chain(closed)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
             .filter(|(ino, _)| inos.contains(ino))
             .map(|&(ino, handle)| p::Op::Open { ino, handle })
             .collect();
@@ -191,14 +204,12 @@ impl HeldLocks {
         out
     }
 
-    /// A release of `handle` of `ino` is on its way (`answers` answers counted so far):
-    /// the handle is not held, and an unanswered re-open of it must not go again after it
-    /// (the server would hold the file open for ever).
-    pub fn releasing(&mut self, ino: u64, handle: u64, answers: u64) {
-        // (Until the release is answered, a restart opens the handle again for the
-        // replays that may need it, as it does for one released.)
+    /// A release of `handle` of `ino` is on its way: the handle is not held (it is
+    /// `closing`), and an unanswered re-open of it must not go again after it (the
+    /// server would hold the file open for ever).
+    pub fn releasing(&mut self, ino: u64, handle: u64) {
         if self.opens.remove(&(ino, handle)) {
-            self.released.insert((ino, handle), answers);
+            self.closing.insert((ino, handle));
         }
         let reopen = p::Op::Open { ino, handle };
         self.reasserting.retain(|_, ops| {
@@ -313,10 +324,10 @@ mod tests {
         let reqs = h.reopen(&BTreeSet::new(), &BTreeSet::new(), &ids);
         assert_eq!(reqs.len(), 1);
         // The process closes 5 before the server answered the re-open (it waits, parked).
-        h.releasing(5, 3, 0);
+        h.releasing(5, 3);
         let again: Vec<p::Op> = h.resend(&BTreeSet::new()).into_iter().flatten().flat_map(|r| r.ops).collect();
         assert_eq!(again, vec![p::Op::Open { ino: 6, handle: 4 }], "after a reconnect, only 6 is opened again");
-        h.releasing(6, 4, 0);
+        h.releasing(6, 4);
         assert!(h.resend(&BTreeSet::new()).iter().all(Vec::is_empty));
         assert!(h.opens.is_empty());
     }

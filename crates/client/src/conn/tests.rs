@@ -808,5 +808,37 @@ fn a_handle_whose_release_is_unanswered_at_a_restart_opens_again_for_the_replays
             other => format!("{other:?}"),
         })
         .collect();
-    assert_eq!(order, ["open 7#4", "2", "release 7#4", "replayed", "the release 7#4"]);
+    assert_eq!(order, ["open 7#4", "2", "replayed", "the release 7#4"]);
+}
+
+#[test]
+fn a_handle_whose_release_is_unanswered_at_a_restart_opens_again_for_its_writeback() {
+    // The process wrote through the handle (answered here, written back) and closed it
+    // while the connection was down; the server restarted meanwhile and held the file
+    // (unlinked, open) only for the grace period. The handle opens again first, then the
+    // writeback and the release go, before `Replayed`.
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    h.call(1, vec![p::Op::Open { ino: 7, handle: 4 }]);
+    h.sent();
+    h.hear(response(1, 1, 0, 0));
+    h.c.connection_lost("test");
+    let now = h.now;
+    h.c.submit(writeback(2, vec![change(7)], 1), now);
+    h.c.submit(writeback(3, vec![p::Op::Release { ino: 7, handle: 4 }], 1), now);
+    h.c.end_burst();
+    let again = h.connect(welcome(true, Some(0), false));
+    let order: Vec<String> = again
+        .iter()
+        .map(|m| match m {
+            ClientMessage::Request(r) => match r.ops.as_slice() {
+                [p::Op::Open { ino, handle }] => format!("open {ino}#{handle}"),
+                [p::Op::Release { ino, handle }] => format!("release {ino}#{handle}"),
+                _ => format!("{}", r.id),
+            },
+            ClientMessage::Replayed => "replayed".to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(order, ["open 7#4", "2", "release 7#4", "replayed"]);
 }
