@@ -97,6 +97,8 @@ pub(crate) struct Checker {
     pub(crate) expect: BTreeMap<(SessionId, u64), VecDeque<Expect>>,
     /// What each changing request's one run gave (the reply cache answers retries).
     pub(crate) first_run: BTreeMap<(SessionId, u64), Expect>,
+    /// How many times the server ran (or answered from its cache) each request.
+    pub(crate) runs: BTreeMap<(SessionId, u64), u32>,
     /// Changing requests each session has had applied.
     pub(crate) seqs: BTreeMap<SessionId, u64>,
     /// The highest place among each session's changes that ran (`Applied::seq`): what
@@ -309,6 +311,7 @@ impl Checker {
     /// The server ran (or answered from its reply cache) a request.
     pub(crate) fn on_applied(&mut self, a: crest_server::Applied, server_now: p::Time) -> Option<String> {
         let key = (a.session, a.id);
+        *self.runs.entry(key).or_default() += 1;
         let Some(info) = self.reqs.get(&key).cloned() else {
             self.fail(format!("the server ran request {key:?}, which nobody sent"));
             return None;

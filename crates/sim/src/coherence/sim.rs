@@ -710,10 +710,12 @@ impl Sim {
                 if let Some(info) = self.ck.reqs.get_mut(&key).filter(|i| matches!(i.purpose, Purpose::Reassert)) {
                     info.ops = req.ops.clone();
                 }
+                let runs = self.ck.runs.get(&key).copied();
                 self.server.handle(sid, req, now);
                 self.flush_server(now);
                 // A parked request's opens took effect as it arrived (`Server::handle`).
-                if !opens.is_empty() && self.ck.expect.get(&key).is_none_or(|q| q.is_empty()) {
+                // (Not one that ran now, and was answered.)
+                if !opens.is_empty() && self.ck.runs.get(&key).copied() == runs {
                     for (ino, handle) in opens {
                         if self.server.holds_open(sid, ino, handle) {
                             self.ck.model.as_mut().expect("model").opened_early(sid, ino, handle);
