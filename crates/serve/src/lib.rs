@@ -25,6 +25,7 @@ use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
 use crest_server::{Outgoing, Server, SessionId};
 use crest_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
@@ -337,49 +338,66 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSe
         return Ok(());
     };
     tracing::debug!(%peer, session, "client connected");
-    let result = loop {
-        loop {
-            match decoder.poll_message::<ClientMessage>() {
-                Ok(Some(ClientMessage::Request(req))) => {
-                    if cmds.send(Cmd::Request { session, req, out: out_tx.clone() }).is_err() {
-                        return Ok(());
-                    }
-                }
-                Ok(Some(ClientMessage::Replayed)) => {
-                    if cmds.send(Cmd::Replayed { session }).is_err() {
-                        return Ok(());
-                    }
-                }
-                Ok(Some(ClientMessage::RecallDone { recall_id })) => {
-                    if cmds.send(Cmd::RecallDone { session, recall_id }).is_err() {
-                        return Ok(());
-                    }
-                }
-                Ok(Some(ClientMessage::Goodbye)) => {
-                    let _ = cmds.send(Cmd::Goodbye { session });
-                    drop(out_tx);
-                    let _ = writer.await;
-                    return Ok(());
-                }
-                Ok(Some(ClientMessage::Hello(_))) => {
-                    break Err(ConnError::Other("second hello on one connection".into()));
-                }
-                Ok(None) => break Ok(()),
-                Err(e) => {
-                    tracing::error!(%peer, session, "bad frame: {e}");
-                    break Err(e.into());
-                }
-            }
-        }?;
-        match rd.read(&mut buf).await {
-            Ok(0) => break Ok(()),
-            Ok(n) => decoder.handle_bytes(&buf[..n]),
-            Err(e) => break Err(e.into()),
+    let ended = session_messages(&mut rd, &mut decoder, &mut buf, &cmds, session, &out_tx).await;
+    match ended {
+        Ok(Ended::Goodbye) => {
+            drop(out_tx);
+            let _ = writer.await;
+            return Ok(());
         }
-    };
-    // The session stays for a reconnect; its connection is gone.
+        Ok(Ended::Stopping) => return Ok(()),
+        Ok(Ended::Closed) => {}
+        Err(ConnError::Proto(ref e)) => tracing::error!(%peer, session, "bad frame: {e}"),
+        Err(_) => {}
+    }
+    // Whatever ended it, the connection is gone: the writer goes with its socket (it
+    // holds the write half, and the store task the outbox it waits on) and the session
+    // stays for a reconnect.
     tracing::debug!(%peer, session, "client disconnected");
     let _ = cmds.send(Cmd::Disconnected { session, out: out_tx.clone() });
     writer.abort();
-    result
+    ended.map(|_| ())
+}
+
+/// How a session's connection ended.
+enum Ended {
+    /// The peer closed it.
+    Closed,
+    /// The client said goodbye.
+    Goodbye,
+    /// The store task is gone.
+    Stopping,
+}
+
+/// Hands a session's messages to the store task until the connection ends; an error is a
+/// broken connection or a protocol violation.
+async fn session_messages(
+    rd: &mut OwnedReadHalf,
+    decoder: &mut FrameDecoder,
+    buf: &mut [u8],
+    cmds: &mpsc::UnboundedSender<Cmd>,
+    session: SessionId,
+    out: &Outbox,
+) -> Result<Ended, ConnError> {
+    loop {
+        while let Some(msg) = decoder.poll_message::<ClientMessage>()? {
+            let cmd = match msg {
+                ClientMessage::Request(req) => Cmd::Request { session, req, out: out.clone() },
+                ClientMessage::Replayed => Cmd::Replayed { session },
+                ClientMessage::RecallDone { recall_id } => Cmd::RecallDone { session, recall_id },
+                ClientMessage::Goodbye => {
+                    let _ = cmds.send(Cmd::Goodbye { session });
+                    return Ok(Ended::Goodbye);
+                }
+                ClientMessage::Hello(_) => return Err(ConnError::Other("second hello on one connection".into())),
+            };
+            if cmds.send(cmd).is_err() {
+                return Ok(Ended::Stopping);
+            }
+        }
+        match rd.read(buf).await? {
+            0 => return Ok(Ended::Closed),
+            n => decoder.handle_bytes(&buf[..n]),
+        }
+    }
 }

@@ -1,0 +1,262 @@
+//! A hostile peer speaking the raw wire protocol to a real server process: whatever it
+//! sends, it hurts only itself. The server runs in a process of its own (this test binary
+//! started again with `SERVE_ENV` set: `server_process`), so that its descriptors can be
+//! counted in /proc.
+//!
+//! The waits here are guards against a hang (a server that never answers or never closes
+//! a connection), generous and never the measure of a result.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crest_proto::{self as p, ClientMessage, Op, ServerMessage};
+use crest_store::{MemDisk, MkfsOptions, Store, Timespec};
+
+/// Set in the environment of the process that serves.
+const SERVE_ENV: &str = "CREST_HOSTILE_SERVE";
+/// How long a test waits for the server before calling it stuck.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// Not a test of its own: the server process the other tests start. It serves a fresh
+/// in-memory image on a port of its own, prints the port and stops when its stdin
+/// closes, which happens when the test that started it ends, however it ends.
+#[test]
+fn server_process() {
+    if std::env::var_os(SERVE_ENV).is_none() {
+        return;
+    }
+    let disk = MemDisk::new(256 << 20);
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None })
+        .expect("mkfs");
+    let store = Store::open(Box::new(disk)).expect("open");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let serving = rt.block_on(crest_serve::start(store, "127.0.0.1:0")).expect("serve");
+    println!("PORT {}", serving.local_addr.port());
+    std::io::stdout().flush().expect("stdout");
+    let mut rest = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut rest);
+    std::process::exit(0);
+}
+
+/// The server, in a process of its own.
+struct ServerProcess {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    addr: SocketAddr,
+}
+
+impl ServerProcess {
+    fn start() -> ServerProcess {
+        let exe = std::env::current_exe().expect("test binary");
+        let mut child = Command::new(exe)
+            .args(["--exact", "server_process", "--nocapture", "--test-threads=1"])
+            .env(SERVE_ENV, "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the server process");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout");
+        let mut port = None;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("server output");
+            // (libtest may print the test's name on the same line first.)
+            if let Some((_, p)) = line.split_once("PORT ") {
+                port = Some(p.trim().parse::<u16>().expect("port"));
+                break;
+            }
+        }
+        let port = port.expect("the server process said no port");
+        ServerProcess { child, stdin, addr: SocketAddr::from(([127, 0, 0, 1], port)) }
+    }
+
+    /// Descriptors the server process holds open.
+    fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).expect("/proc/PID/fd").count()
+    }
+
+    /// Waits until the server process holds at most `fds` descriptors.
+    fn wait_for_fds_at_most(&self, fds: usize) {
+        let start = Instant::now();
+        loop {
+            let now = self.fds();
+            if now <= fds {
+                return;
+            }
+            assert!(start.elapsed() < HANG_GUARD, "the server holds {now} descriptors, {} more than before", now - fds);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A seed for a test's randomness, printed so that a failure can be replayed.
+fn seed() -> u64 {
+    let s = std::env::var("CREST_HOSTILE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("CREST_HOSTILE_SEED={s}");
+    s | 1
+}
+
+/// xorshift64*.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// A raw connection.
+struct Raw {
+    s: TcpStream,
+    dec: p::FrameDecoder,
+}
+
+impl Raw {
+    fn connect(addr: SocketAddr) -> Raw {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(HANG_GUARD)).expect("timeout");
+        Raw { s, dec: p::FrameDecoder::new() }
+    }
+
+    fn send(&mut self, m: &ClientMessage) {
+        let mut frame = Vec::new();
+        p::encode_frame(m, &mut frame).expect("encode");
+        self.s.write_all(&frame).expect("send");
+    }
+
+    /// The next message; `Ok(None)` once the server closed the connection.
+    fn next_message(&mut self) -> std::io::Result<Option<ServerMessage>> {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(m) = self.dec.poll_message::<ServerMessage>().expect("a frame from the server") {
+                return Ok(Some(m));
+            }
+            match self.s.read(&mut buf) {
+                Ok(0) => return Ok(None),
+                Ok(n) => self.dec.handle_bytes(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The next message; `None` once the server closed the connection.
+    fn recv(&mut self) -> Option<ServerMessage> {
+        self.next_message().unwrap_or_else(|e| panic!("no word from the server within {HANG_GUARD:?}: {e}"))
+    }
+
+    fn hello_named(addr: SocketAddr, name: String) -> (Raw, Option<ServerMessage>) {
+        let mut c = Raw::connect(addr);
+        let hello = p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: name, resume: None };
+        c.send(&ClientMessage::Hello(hello));
+        let answer = c.recv();
+        (c, answer)
+    }
+
+    /// A connection with a new session.
+    fn session(addr: SocketAddr) -> Raw {
+        let (c, answer) = Raw::hello_named(addr, "hostile".into());
+        assert!(matches!(answer, Some(ServerMessage::Welcome(_))), "{answer:?}");
+        c
+    }
+
+    /// Sends request `id` and returns its response (skipping notices).
+    fn call(&mut self, id: u64, ops: Vec<Op>) -> p::Response {
+        self.send(&ClientMessage::Request(p::Request { id, ops, time: None }));
+        loop {
+            match self.recv() {
+                Some(ServerMessage::Response(r)) if r.id == id => return r,
+                Some(ServerMessage::Response(r)) => panic!("a response to {} while waiting for {id}", r.id),
+                Some(_) => continue,
+                None => panic!("the server closed the connection instead of answering request {id}"),
+            }
+        }
+    }
+
+    /// Reads until the server closes the connection.
+    fn expect_closed(&mut self, what: &str) {
+        loop {
+            match self.next_message() {
+                Ok(Some(m)) => assert!(!matches!(m, ServerMessage::Welcome(_)), "{what}: {m:?}"),
+                Ok(None) => return,
+                Err(e) => panic!("{what}: the server kept the connection open for {HANG_GUARD:?} ({e})"),
+            }
+        }
+    }
+}
+
+/// A frame that breaks the protocol after the hello, chosen by `rng`, and what it is.
+fn bad_frame(rng: &mut u64) -> (Vec<u8>, &'static str) {
+    let mut frame = Vec::new();
+    match next(rng) % 5 {
+        0 => {
+            let len = p::MAX_FRAME_BYTES as u32 + 1 + (next(rng) % 1000) as u32;
+            frame.extend_from_slice(&len.to_le_bytes());
+            (frame, "an oversized length")
+        }
+        1 => {
+            // Not a message: an unknown variant tag first.
+            let len = 1 + next(rng) % 64;
+            frame.extend_from_slice(&(len as u32).to_le_bytes());
+            frame.push(0x7f);
+            frame.extend((1..len).map(|_| next(rng) as u8));
+            (frame, "a malformed body")
+        }
+        2 => {
+            p::encode_frame(&ClientMessage::Goodbye, &mut frame).expect("encode");
+            let extra = 1 + (next(rng) % 8) as u8;
+            frame[0] += extra;
+            frame.extend((0..extra).map(|_| 0));
+            (frame, "trailing bytes")
+        }
+        3 => {
+            let hello = p::Hello {
+                magic: p::HELLO_MAGIC,
+                version: p::PROTOCOL_VERSION,
+                client_name: "again".into(),
+                resume: None,
+            };
+            p::encode_frame(&ClientMessage::Hello(hello), &mut frame).expect("encode");
+            (frame, "a second hello")
+        }
+        _ => {
+            let req = p::Request { id: next(rng), ops: vec![Op::GetAttr { ino: 1 }], time: None };
+            p::encode_frame(&ClientMessage::Request(req), &mut frame).expect("encode");
+            frame.extend_from_slice(&u32::MAX.to_le_bytes());
+            (frame, "a good request, then an oversized length")
+        }
+    }
+}
+
+/// (a) Every connection that breaks the protocol after its hello is closed and its
+/// descriptor freed: a peer cannot run the server out of descriptors.
+#[test]
+fn protocol_errors_after_the_hello_free_the_connection() {
+    let mut rng = seed();
+    let server = ServerProcess::start();
+    // A good session first: whatever the server opens once is open.
+    let mut good = Raw::session(server.addr);
+    assert!(good.call(1, vec![Op::GetAttr { ino: 1 }]).results[0].is_ok());
+    let before = server.fds();
+    let rounds = 50 + next(&mut rng) % 50;
+    for i in 0..rounds {
+        let mut c = Raw::session(server.addr);
+        let (frame, what) = bad_frame(&mut rng);
+        c.s.write_all(&frame).expect("send");
+        c.expect_closed(&format!("connection {i}: {what}"));
+    }
+    server.wait_for_fds_at_most(before);
+    // The good session never noticed.
+    assert!(good.call(2, vec![Op::GetAttr { ino: 1 }]).results[0].is_ok());
+}
