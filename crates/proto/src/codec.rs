@@ -53,6 +53,12 @@ pub fn encode_frame<T: Serialize>(msg: &T, out: &mut Vec<u8>) -> Result<(), Prot
     Ok(())
 }
 
+/// The bytes `msg` takes encoded (a frame body's length), counted without encoding it;
+/// `usize::MAX` if it cannot be encoded.
+pub fn encoded_len<T: Serialize + ?Sized>(msg: &T) -> usize {
+    postcard::serialize_with_flavor(msg, postcard::ser_flavors::Size::default()).unwrap_or(usize::MAX)
+}
+
 /// Decodes a frame body.
 pub fn decode_frame<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
     let (msg, rest) = postcard::take_from_bytes(body)
@@ -173,6 +179,15 @@ mod tests {
         }
         assert_eq!(got, vec![sample(), ClientMessage::Goodbye]);
         assert_eq!(d.buffered(), 0);
+    }
+
+    #[test]
+    fn encoded_len_is_the_frame_bodys_length() {
+        for m in [sample(), ClientMessage::Goodbye] {
+            let mut wire = Vec::new();
+            encode_frame(&m, &mut wire).expect("encode");
+            assert_eq!(encoded_len(&m), wire.len() - FRAME_HEADER_BYTES);
+        }
     }
 
     #[test]

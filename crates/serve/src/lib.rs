@@ -289,6 +289,28 @@ enum ConnError {
     Other(String),
 }
 
+/// Appends `m`'s frame to `buf`. A response too large for a frame (the server core keeps
+/// each within one; this is the last guard) goes out as EIO for each of its operations,
+/// so that its caller hears of it instead of waiting for ever.
+fn encode_message(m: &ServerMessage, buf: &mut Vec<u8>) {
+    let Err(e) = p::encode_frame(m, buf) else { return };
+    let ServerMessage::Response(r) = m else {
+        let kind = match m {
+            ServerMessage::Welcome(_) => "welcome",
+            ServerMessage::Refused { .. } => "refusal",
+            ServerMessage::Notify(_) => "notice",
+            ServerMessage::Response(_) => "response",
+        };
+        return tracing::error!("cannot send a {kind}: {e}");
+    };
+    tracing::error!(id = r.id, "cannot send a response, sending EIO instead: {e}");
+    let lost = p::OpError { errno: p::errno::EIO, message: "the reply could not be sent".into() };
+    let refusal = p::Response { id: r.id, results: vec![Err(lost); r.results.len()], seq: r.seq, ..r.clone() };
+    if let Err(e) = p::encode_frame(&ServerMessage::Response(refusal), buf) {
+        tracing::error!(id = r.id, "cannot send even the refusal: {e}");
+    }
+}
+
 async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSender<Cmd>) -> Result<(), ConnError> {
     let _ = stream.set_nodelay(true);
     let (mut rd, wr) = stream.into_split();
@@ -298,9 +320,9 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSe
         let mut buf = Vec::new();
         while let Some(m) = out_rx.recv().await {
             buf.clear();
-            let _ = p::encode_frame(&m, &mut buf);
+            encode_message(&m, &mut buf);
             while let Ok(m) = out_rx.try_recv() {
-                let _ = p::encode_frame(&m, &mut buf);
+                encode_message(&m, &mut buf);
             }
             if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
                 return;
@@ -398,6 +420,31 @@ async fn session_messages(
         match rd.read(buf).await? {
             0 => return Ok(Ended::Closed),
             n => decoder.handle_bytes(&buf[..n]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_response_too_large_to_send_goes_out_as_an_error_for_each_operation() {
+        for ops in [1, 2, 7] {
+            let mut results = vec![Ok(p::Reply::Done); ops - 1];
+            results.push(Ok(p::Reply::Data(vec![1; p::MAX_FRAME_BYTES])));
+            let r = p::Response { id: 42, results, seq: 3, durable: 2, time: None };
+            let mut buf = b"before".to_vec();
+            encode_message(&ServerMessage::Response(r), &mut buf);
+            assert_eq!(&buf[..6], b"before", "what was queued before stays");
+            let mut d = FrameDecoder::new();
+            d.handle_bytes(&buf[6..]);
+            let Ok(Some(ServerMessage::Response(sent))) = d.poll_message::<ServerMessage>() else {
+                panic!("no response sent for {ops} operations")
+            };
+            assert_eq!((sent.id, sent.seq, sent.results.len()), (42, 3, ops));
+            assert!(sent.results.iter().all(|r| r.as_ref().is_err_and(|e| e.errno == p::errno::EIO)));
+            assert_eq!(d.buffered(), 0);
         }
     }
 }

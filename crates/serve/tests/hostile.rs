@@ -1,7 +1,7 @@
 //! A hostile peer speaking the raw wire protocol to a real server process: whatever it
 //! sends, it hurts only itself. The server runs in a process of its own (this test binary
-//! started again with `SERVE_ENV` set: `server_process`), so that its descriptors can be
-//! counted in /proc.
+//! started again with `SERVE_ENV` set: `server_process`), so that its descriptors and its
+//! memory can be read in /proc.
 //!
 //! The waits here are guards against a hang (a server that never answers or never closes
 //! a connection), generous and never the measure of a result.
@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crest_proto::{self as p, ClientMessage, Op, ServerMessage};
+use crest_proto::{self as p, ClientMessage, Op, Reply, ServerMessage};
 use crest_store::{MemDisk, MkfsOptions, Store, Timespec};
 
 /// Set in the environment of the process that serves.
@@ -75,6 +75,14 @@ impl ServerProcess {
     /// Descriptors the server process holds open.
     fn fds(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).expect("/proc/PID/fd").count()
+    }
+
+    /// The server process's peak resident memory, bytes.
+    fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+        let kib: u64 = line.split_whitespace().nth(1).and_then(|k| k.parse().ok()).expect("VmHWM kB");
+        kib * 1024
     }
 
     /// Waits until the server process holds at most `fds` descriptors.
@@ -259,4 +267,48 @@ fn protocol_errors_after_the_hello_free_the_connection() {
     server.wait_for_fds_at_most(before);
     // The good session never noticed.
     assert!(good.call(2, vec![Op::GetAttr { ino: 1 }]).results[0].is_ok());
+}
+
+/// (c) The request that made the server build a 434 MB answer, then drop it unsent: a
+/// hundred-odd reads of 4 MiB of a sparse file, in a request of 1-2 KiB. It is answered, in
+/// one frame: the reads that do not fit are refused with E2BIG, and the server's memory
+/// grows by a few frames at most.
+#[test]
+fn a_small_request_for_a_huge_answer_is_answered_in_one_frame() {
+    let mut rng = seed();
+    let server = ServerProcess::start();
+    let mut c = Raw::session(server.addr);
+    let create = Op::Create {
+        parent: 1,
+        name: b"sparse".to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    let Ok(Reply::Entry(a)) = &c.call(1, vec![create]).results[0] else { panic!("create") };
+    let set = p::SetAttr { size_bytes: Some(1 << 40), ..Default::default() };
+    assert!(c.call(2, vec![Op::SetAttr { ino: a.ino, set }]).results[0].is_ok());
+    let before = server.peak_rss();
+    let n = 100 + next(&mut rng) % 60;
+    let reads: Vec<Op> =
+        (0..n).map(|i| Op::Read { ino: a.ino, offset: i * (next(&mut rng) % (1 << 30)), len: u32::MAX }).collect();
+    let req = ClientMessage::Request(p::Request { id: 3, ops: reads, time: None });
+    eprintln!("{n} reads in a request of {} bytes", p::encoded_len(&req));
+    c.send(&req);
+    let r = loop {
+        match c.recv() {
+            Some(ServerMessage::Response(r)) => break r,
+            Some(_) => continue,
+            None => panic!("the server closed the connection instead of answering"),
+        }
+    };
+    assert_eq!((r.id, r.results.len() as u64), (3, n));
+    assert!(matches!(&r.results[0], Ok(Reply::Data(d)) if d.len() == p::MAX_IO_BYTES as usize), "the first read fits");
+    assert!(r.results[1..].iter().all(|x| x.as_ref().is_err_and(|e| e.errno == p::errno::E2BIG)));
+    let grown = server.peak_rss().saturating_sub(before);
+    eprintln!("peak memory grew by {grown} bytes");
+    assert!(grown <= 8 * p::MAX_FRAME_BYTES as u64, "the server's peak memory grew by {grown} bytes");
+    // The session goes on.
+    assert!(c.call(4, vec![Op::GetAttr { ino: a.ino }]).results[0].is_ok());
 }
