@@ -229,6 +229,30 @@ mod tests {
         assert!(check_hello(&h).is_err());
     }
 
+    #[test]
+    fn client_names_are_bounded() {
+        let hello =
+            |name: String| Hello { magic: HELLO_MAGIC, version: PROTOCOL_VERSION, client_name: name, resume: None };
+        assert!(check_hello(&hello("h".repeat(MAX_CLIENT_NAME_BYTES))).is_ok());
+        assert!(check_hello(&hello(String::new())).is_ok());
+        for len in [MAX_CLIENT_NAME_BYTES + 1, 4096, MAX_FRAME_BYTES - 64] {
+            let refused = check_hello(&hello("h".repeat(len)));
+            assert!(
+                refused.as_ref().is_err_and(|r| r.len() < 200 && r.contains(&len.to_string())),
+                "{len}: {refused:?}"
+            );
+        }
+        // Counted in bytes, not characters.
+        assert!(check_hello(&hello("é".repeat(MAX_CLIENT_NAME_BYTES / 2))).is_ok());
+        assert!(check_hello(&hello("é".repeat(MAX_CLIENT_NAME_BYTES / 2 + 1))).is_err());
+        // What a client sends is clipped to fit, at a character's edge.
+        for name in ["a".repeat(1000), "é".repeat(1000), "日本".repeat(100), "short".into()] {
+            let clipped = clip_client_name(&name);
+            assert!(name.starts_with(&clipped) && check_hello(&hello(clipped.clone())).is_ok(), "{clipped}");
+            assert!(clipped.len() + 3 > MAX_CLIENT_NAME_BYTES || clipped == name);
+        }
+    }
+
     /// A seed for a test's randomness, printed so that a failure can be replayed
     /// (`CREST_CODEC_SEED`).
     fn seed() -> u64 {

@@ -312,3 +312,23 @@ fn a_small_request_for_a_huge_answer_is_answered_in_one_frame() {
     // The session goes on.
     assert!(c.call(4, vec![Op::GetAttr { ino: a.ino }]).results[0].is_ok());
 }
+
+/// (d) A hello whose client name is longer than `MAX_CLIENT_NAME_BYTES` is refused (the
+/// name would be kept with the session and logged), and the connection closed.
+#[test]
+fn a_hello_with_a_long_client_name_is_refused() {
+    let mut rng = seed();
+    let server = ServerProcess::start();
+    let (_, welcome) = Raw::hello_named(server.addr, "n".repeat(p::MAX_CLIENT_NAME_BYTES));
+    assert!(matches!(welcome, Some(ServerMessage::Welcome(_))), "{welcome:?}");
+    for len in [
+        p::MAX_CLIENT_NAME_BYTES + 1,
+        p::MAX_CLIENT_NAME_BYTES + 1 + (next(&mut rng) % 100_000) as usize,
+        p::MAX_FRAME_BYTES - 64,
+    ] {
+        let (mut c, answer) = Raw::hello_named(server.addr, "n".repeat(len));
+        let Some(ServerMessage::Refused { reason, .. }) = answer else { panic!("{len} bytes: {answer:?}") };
+        assert!(reason.len() < 200 && reason.contains(&len.to_string()), "{reason}");
+        c.expect_closed("after the refusal");
+    }
+}
