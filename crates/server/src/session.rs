@@ -36,7 +36,7 @@ pub use durability::COMMIT_AFTER_WRITTEN_BYTES;
 pub use lease::RESTORED_SESSION_GRACE_MS;
 use record::{decode_record, encode_fenced_marker, encode_record, is_fenced_marker, Record, MAX_RECORD_HOLES};
 use replies::Replies;
-pub use replies::REPLY_CACHE_ENTRIES;
+pub use replies::{REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};
 use restart::{hold_orphans, reclaim_orphans};
 use room::Room;
 
@@ -675,7 +675,7 @@ impl Server {
         if let Some(s) = self.sessions.get(&session) {
             if let Some(r) = s.replies.get(req.id) {
                 tracing::debug!(session, id = req.id, "answered from the reply cache");
-                return p::Response { durable: s.durable, ..r.clone() };
+                return p::Response { durable: s.durable, ..r };
             }
         }
         let mutates = req.ops.iter().any(Op::is_mutation);

@@ -56,14 +56,18 @@ fn check(ops: &[Op], r: &p::Response, file_size: u64) -> usize {
     refused
 }
 
-#[test]
-fn answers_that_would_not_fit_in_a_frame_are_refused_not_built() {
-    let mut rng = seed();
-    // Room for the writes below, never committed.
+/// A server on a roomy image (for writes that are never committed).
+fn roomy_server() -> Server {
     let disk = MemDisk::new(256 << 20);
     Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None })
         .expect("mkfs");
-    let mut srv = Server::new(Store::open(Box::new(disk)).expect("open"));
+    Server::new(Store::open(Box::new(disk)).expect("open"))
+}
+
+#[test]
+fn answers_that_would_not_fit_in_a_frame_are_refused_not_built() {
+    let mut rng = seed();
+    let mut srv = roomy_server();
     let (sid, _) = srv.handle_hello(&hello(None));
     let sid = sid.expect("session");
     let f = create(&mut srv, sid, 1, 1, b"f", p::FileType::Regular);
@@ -120,4 +124,47 @@ fn answers_that_would_not_fit_in_a_frame_are_refused_not_built() {
         refused += k;
     }
     eprintln!("{refused} refused in all");
+}
+
+/// The reply cache keeps a bounded number of bytes per session; a retry of a change whose
+/// answer it dropped is answered EIO, and the change is not applied again.
+#[test]
+fn a_retry_of_a_change_whose_large_answer_was_dropped_runs_no_more() {
+    let mut rng = seed();
+    let mut srv = roomy_server();
+    let (sid, _) = srv.handle_hello(&hello(None));
+    let sid = sid.expect("session");
+    let f = create(&mut srv, sid, 1, 1, b"f", p::FileType::Regular);
+    let set = p::SetAttr { size_bytes: Some(1 << 30), ..Default::default() };
+    assert!(srv.handle_request(sid, req(2, vec![Op::SetAttr { ino: f, set }]), NOW).results[0].is_ok());
+    // Changes with large answers: a create, and a read of 4 MiB in the same request.
+    let ops = |i: usize| {
+        let name = format!("c{i}").into_bytes();
+        let kind = p::FileType::Regular;
+        vec![
+            Op::Create { parent: 1, name, kind, mode: 0o644, rdev: 0, cred: p::Cred::default() },
+            Op::Read { ino: f, offset: (i as u64) << 22, len: p::MAX_IO_BYTES },
+        ]
+    };
+    let n = REPLY_CACHE_BYTES / p::MAX_IO_BYTES as usize + 2 + (next(&mut rng) % 4) as usize;
+    let mut first = Vec::new();
+    for i in 0..n {
+        let r = srv.handle_request(sid, req(100 + i as u64, ops(i)), NOW);
+        assert!(r.results.iter().all(Result::is_ok), "{i}: {:?}", r.results[0]);
+        first.push(r);
+    }
+    let answered = |r: &p::Response, f: &p::Response| r.results == f.results && r.seq == f.seq;
+    let mut dropped = 0;
+    for (i, f) in first.iter().enumerate() {
+        let again = srv.handle_request(sid, req(100 + i as u64, ops(i)), NOW);
+        if !answered(&again, f) {
+            assert_eq!((again.results.len(), again.seq), (2, f.seq), "{i}");
+            for r in &again.results {
+                assert!(r.as_ref().is_err_and(|e| e.errno == p::errno::EIO), "{i}: {r:?} (a create run twice: EEXIST)");
+            }
+            dropped += 1;
+        }
+    }
+    assert!(dropped > 0 && dropped < n, "{dropped} of {n} answers dropped");
+    assert!(answered(&srv.handle_request(sid, req(100 + n as u64 - 1, ops(n - 1)), NOW), &first[n - 1]));
 }
