@@ -16,6 +16,8 @@
 //! - a connection must say a valid hello within `HELLO_TIMEOUT`; any malformed, oversized
 //!   or out-of-order frame ends that connection with a logged error, never the server;
 //! - the store is touched only by the store task.
+//!
+//! Not yet bounded: a connection's outbox (see ARCHITECTURE.md, `crates/serve`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
