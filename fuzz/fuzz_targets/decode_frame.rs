@@ -1,7 +1,8 @@
 //! The wire decoder on arbitrary byte streams, cut into arbitrary reads: `FrameDecoder`
 //! must never panic nor buffer more than one frame's worth, and every message it accepts
 //! (client or server side) must survive a round trip: encoding it again gives a frame that
-//! decodes to the same message.
+//! decodes to the same message. Decoding stays linear: the decoder shifts no more bytes
+//! inside its buffer than it was fed.
 
 #![no_main]
 
@@ -13,10 +14,12 @@ fn stream<T: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug>(cuts: &
     let mut dec = FrameDecoder::new();
     let mut rest = bytes;
     let mut cut = cuts.iter().cycle();
+    let mut fed = 0u64;
     while !rest.is_empty() {
         let n = (usize::from(*cut.next().unwrap_or(&255)) + 1).min(rest.len());
         dec.handle_bytes(&rest[..n]);
         rest = &rest[n..];
+        fed += n as u64;
         loop {
             match dec.poll_message::<T>() {
                 Ok(Some(msg)) => {
@@ -31,6 +34,7 @@ fn stream<T: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug>(cuts: &
             }
         }
         assert!(dec.buffered() <= FRAME_HEADER_BYTES + MAX_FRAME_BYTES + 256 + 1);
+        assert!(dec.bytes_moved() <= fed, "{} bytes moved for {fed} fed", dec.bytes_moved());
     }
 }
 

@@ -268,7 +268,8 @@ impl<R> Connection<R> {
     pub fn new(addr: &str, client_name: &str, ids: Arc<AtomicU64>, rights: RightsHook, now: Instant) -> Self {
         Connection {
             addr: addr.to_string(),
-            client_name: client_name.to_string(),
+            // (A mount's name holds its path, which can be longer than a hello may carry.)
+            client_name: p::clip_client_name(client_name),
             state: State::Away,
             decoder: FrameDecoder::new(),
             received: 0,

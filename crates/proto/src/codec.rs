@@ -53,6 +53,12 @@ pub fn encode_frame<T: Serialize>(msg: &T, out: &mut Vec<u8>) -> Result<(), Prot
     Ok(())
 }
 
+/// The bytes `msg` takes encoded (a frame body's length), counted without encoding it;
+/// `usize::MAX` if it cannot be encoded.
+pub fn encoded_len<T: Serialize + ?Sized>(msg: &T) -> usize {
+    postcard::serialize_with_flavor(msg, postcard::ser_flavors::Size::default()).unwrap_or(usize::MAX)
+}
+
 /// Decodes a frame body.
 pub fn decode_frame<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
     let (msg, rest) = postcard::take_from_bytes(body)
@@ -64,9 +70,21 @@ pub fn decode_frame<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
 }
 
 /// Incremental decoder over a byte stream.
+///
+/// Decoded frames are not cut off the front of the buffer one by one (each cut would
+/// shift everything behind it: quadratic in the frames of one read, which a peer sending
+/// tiny frames turns into a stall of the server's one thread). A read offset moves
+/// instead, and the undecoded tail is shifted to the front only when new bytes come and
+/// the consumed prefix is at least as long as the tail: each byte is shifted at most once
+/// per byte consumed before it, so the work stays linear in the bytes fed
+/// (`bytes_moved`).
 #[derive(Debug, Default)]
 pub struct FrameDecoder {
     buf: Vec<u8>,
+    /// Start of the bytes not yet decoded.
+    start: usize,
+    /// Bytes shifted by compaction so far.
+    moved: u64,
 }
 
 impl FrameDecoder {
@@ -77,28 +95,45 @@ impl FrameDecoder {
 
     /// Adds bytes read from the peer.
     pub fn handle_bytes(&mut self, bytes: &[u8]) {
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > 0 && self.start >= self.buf.len() - self.start {
+            let tail = self.buf.len() - self.start;
+            self.buf.copy_within(self.start.., 0);
+            self.buf.truncate(tail);
+            self.start = 0;
+            self.moved += tail as u64;
+        }
         self.buf.extend_from_slice(bytes);
     }
 
     /// Bytes buffered and not yet decoded.
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - self.start
+    }
+
+    /// Bytes shifted inside the buffer so far: at most the bytes fed (for tests and the
+    /// fuzzer, which check that decoding stays linear).
+    pub fn bytes_moved(&self) -> u64 {
+        self.moved
     }
 
     /// The next complete message, `Ok(None)` if more bytes are needed.
     pub fn poll_message<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ProtoError> {
-        if self.buf.len() < FRAME_HEADER_BYTES {
+        let pending = &self.buf[self.start..];
+        let Some(header) = pending.first_chunk::<FRAME_HEADER_BYTES>() else {
             return Ok(None);
-        }
-        let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        };
+        let len = u32::from_le_bytes(*header) as usize;
         if len > MAX_FRAME_BYTES {
             return Err(ProtoError::TooLarge { len, max: MAX_FRAME_BYTES });
         }
-        if self.buf.len() < FRAME_HEADER_BYTES + len {
+        let Some(body) = pending.get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + len) else {
             return Ok(None);
-        }
-        let msg = decode_frame(&self.buf[FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + len]);
-        self.buf.drain(..FRAME_HEADER_BYTES + len);
+        };
+        let msg = decode_frame(body);
+        self.start += FRAME_HEADER_BYTES + len;
         msg.map(Some)
     }
 }
@@ -147,6 +182,15 @@ mod tests {
     }
 
     #[test]
+    fn encoded_len_is_the_frame_bodys_length() {
+        for m in [sample(), ClientMessage::Goodbye] {
+            let mut wire = Vec::new();
+            encode_frame(&m, &mut wire).expect("encode");
+            assert_eq!(encoded_len(&m), wire.len() - FRAME_HEADER_BYTES);
+        }
+    }
+
+    #[test]
     fn oversized_length_is_refused_before_buffering() {
         let mut d = FrameDecoder::new();
         d.handle_bytes(&u32::MAX.to_le_bytes());
@@ -183,6 +227,112 @@ mod tests {
         assert!(check_hello(&h).is_err_and(|e| e.contains("99") && e.contains(&PROTOCOL_VERSION.to_string())));
         h.magic = *b"HTTP";
         assert!(check_hello(&h).is_err());
+    }
+
+    #[test]
+    fn client_names_are_bounded() {
+        let hello =
+            |name: String| Hello { magic: HELLO_MAGIC, version: PROTOCOL_VERSION, client_name: name, resume: None };
+        assert!(check_hello(&hello("h".repeat(MAX_CLIENT_NAME_BYTES))).is_ok());
+        assert!(check_hello(&hello(String::new())).is_ok());
+        for len in [MAX_CLIENT_NAME_BYTES + 1, 4096, MAX_FRAME_BYTES - 64] {
+            let refused = check_hello(&hello("h".repeat(len)));
+            assert!(
+                refused.as_ref().is_err_and(|r| r.len() < 200 && r.contains(&len.to_string())),
+                "{len}: {refused:?}"
+            );
+        }
+        // Counted in bytes, not characters.
+        assert!(check_hello(&hello("é".repeat(MAX_CLIENT_NAME_BYTES / 2))).is_ok());
+        assert!(check_hello(&hello("é".repeat(MAX_CLIENT_NAME_BYTES / 2 + 1))).is_err());
+        // What a client sends is clipped to fit, at a character's edge.
+        for name in ["a".repeat(1000), "é".repeat(1000), "日本".repeat(100), "short".into()] {
+            let clipped = clip_client_name(&name);
+            assert!(name.starts_with(&clipped) && check_hello(&hello(clipped.clone())).is_ok(), "{clipped}");
+            assert!(clipped.len() + 3 > MAX_CLIENT_NAME_BYTES || clipped == name);
+        }
+    }
+
+    /// A seed for a test's randomness, printed so that a failure can be replayed
+    /// (`CREST_CODEC_SEED`).
+    fn seed() -> u64 {
+        let seed = std::env::var("CREST_CODEC_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+        });
+        eprintln!("CREST_CODEC_SEED={seed}");
+        seed
+    }
+
+    /// xorshift64*: enough to vary sizes and cuts.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state >> 12;
+        *state ^= *state << 25;
+        *state ^= *state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    #[test]
+    fn a_million_tiny_frames_in_one_chunk_cost_linear_work() {
+        // The smallest frame: `Goodbye` (one byte of body).
+        let mut one = Vec::new();
+        encode_frame(&ClientMessage::Goodbye, &mut one).expect("encode");
+        let wire = one.repeat(1_000_000);
+        let mut d = FrameDecoder::new();
+        d.handle_bytes(&wire);
+        let mut n = 0;
+        while let Some(m) = d.poll_message::<ClientMessage>().expect("decode") {
+            assert_eq!(m, ClientMessage::Goodbye);
+            n += 1;
+        }
+        assert_eq!(n, 1_000_000);
+        assert_eq!(d.buffered(), 0);
+        // Work done beyond decoding: bytes shifted inside the buffer, at most once each.
+        assert!(d.bytes_moved() <= wire.len() as u64, "{} bytes moved for {} fed", d.bytes_moved(), wire.len());
+    }
+
+    #[test]
+    fn frames_of_random_sizes_in_random_chunks_cost_linear_work() {
+        let mut rng = seed() | 1;
+        for round in 0..8 {
+            let mut wire = Vec::new();
+            let mut sent = Vec::new();
+            let frames = 1 + next(&mut rng) % 5_000;
+            for i in 0..frames {
+                // Mostly tiny frames, now and then a large write.
+                let len = match next(&mut rng) % 100 {
+                    0 => (next(&mut rng) % (256 << 10)) as usize,
+                    1..=10 => (next(&mut rng) % 4096) as usize,
+                    _ => (next(&mut rng) % 16) as usize,
+                };
+                let m = ClientMessage::Request(Request {
+                    id: i,
+                    ops: vec![Op::Write { ino: 2, offset: i, data: vec![i as u8; len] }],
+                    time: None,
+                });
+                encode_frame(&m, &mut wire).expect("encode");
+                sent.push(m);
+            }
+            let mut d = FrameDecoder::new();
+            let mut got = Vec::new();
+            let mut rest = &wire[..];
+            while !rest.is_empty() {
+                let cut = match next(&mut rng) % 3 {
+                    0 => 1 + next(&mut rng) % 8,
+                    1 => 1 + next(&mut rng) % 4096,
+                    _ => 1 + next(&mut rng) % (1 << 20),
+                };
+                let n = (cut as usize).min(rest.len());
+                d.handle_bytes(&rest[..n]);
+                rest = &rest[n..];
+                while let Some(m) = d.poll_message::<ClientMessage>().expect("decode") {
+                    got.push(m);
+                }
+            }
+            assert!(got == sent, "round {round}: {} of {} frames came back", got.len(), sent.len());
+            assert_eq!(d.buffered(), 0);
+            let fed = wire.len() as u64;
+            assert!(d.bytes_moved() <= fed, "round {round}: {} bytes moved for {fed} fed", d.bytes_moved());
+        }
     }
 
     proptest::proptest! {

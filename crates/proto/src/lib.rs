@@ -19,5 +19,7 @@ pub mod message;
 pub mod owner;
 pub mod timing;
 
-pub use codec::{decode_frame, encode_frame, FrameDecoder, ProtoError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES};
+pub use codec::{
+    decode_frame, encode_frame, encoded_len, FrameDecoder, ProtoError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES,
+};
 pub use message::*;

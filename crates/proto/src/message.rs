@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 pub const PROTOCOL_VERSION: u32 = 8;
 /// First bytes of a client hello, so a stray connection is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
+/// Longest client name a hello may carry, in bytes (the server keeps it with the session
+/// and logs it; a longer one is refused).
+pub const MAX_CLIENT_NAME_BYTES: usize = 256;
 /// Most operations in one compound request.
 pub const MAX_OPS_PER_REQUEST: usize = 1024;
 /// The most entries an `Acquire` reply lists (a larger directory is not held whole).
@@ -761,5 +764,18 @@ pub fn check_hello(h: &Hello) -> Result<(), String> {
     if h.version != PROTOCOL_VERSION {
         return Err(format!("client speaks protocol version {}, this server speaks {PROTOCOL_VERSION}", h.version));
     }
+    if h.client_name.len() > MAX_CLIENT_NAME_BYTES {
+        return Err(format!("client name of {} bytes (at most {MAX_CLIENT_NAME_BYTES})", h.client_name.len()));
+    }
     Ok(())
+}
+
+/// `name` cut to `MAX_CLIENT_NAME_BYTES` at a character's edge: what a client says in its
+/// hello.
+pub fn clip_client_name(name: &str) -> String {
+    let mut end = name.len().min(MAX_CLIENT_NAME_BYTES);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_string()
 }

@@ -16,6 +16,8 @@
 //! - a connection must say a valid hello within `HELLO_TIMEOUT`; any malformed, oversized
 //!   or out-of-order frame ends that connection with a logged error, never the server;
 //! - the store is touched only by the store task.
+//!
+//! Not yet bounded: a connection's outbox (see ARCHITECTURE.md, `crates/serve`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,6 +27,7 @@ use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
 use crest_server::{Outgoing, Server, SessionId};
 use crest_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
@@ -288,6 +291,28 @@ enum ConnError {
     Other(String),
 }
 
+/// Appends `m`'s frame to `buf`. A response too large for a frame (the server core keeps
+/// each within one; this is the last guard) goes out as EIO for each of its operations,
+/// so that its caller hears of it instead of waiting for ever.
+fn encode_message(m: &ServerMessage, buf: &mut Vec<u8>) {
+    let Err(e) = p::encode_frame(m, buf) else { return };
+    let ServerMessage::Response(r) = m else {
+        let kind = match m {
+            ServerMessage::Welcome(_) => "welcome",
+            ServerMessage::Refused { .. } => "refusal",
+            ServerMessage::Notify(_) => "notice",
+            ServerMessage::Response(_) => "response",
+        };
+        return tracing::error!("cannot send a {kind}: {e}");
+    };
+    tracing::error!(id = r.id, "cannot send a response, sending EIO instead: {e}");
+    let lost = p::OpError { errno: p::errno::EIO, message: "the reply could not be sent".into() };
+    let refusal = p::Response { id: r.id, results: vec![Err(lost); r.results.len()], seq: r.seq, ..r.clone() };
+    if let Err(e) = p::encode_frame(&ServerMessage::Response(refusal), buf) {
+        tracing::error!(id = r.id, "cannot send even the refusal: {e}");
+    }
+}
+
 async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSender<Cmd>) -> Result<(), ConnError> {
     let _ = stream.set_nodelay(true);
     let (mut rd, wr) = stream.into_split();
@@ -297,9 +322,9 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSe
         let mut buf = Vec::new();
         while let Some(m) = out_rx.recv().await {
             buf.clear();
-            let _ = p::encode_frame(&m, &mut buf);
+            encode_message(&m, &mut buf);
             while let Ok(m) = out_rx.try_recv() {
-                let _ = p::encode_frame(&m, &mut buf);
+                encode_message(&m, &mut buf);
             }
             if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
                 return;
@@ -337,49 +362,91 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSe
         return Ok(());
     };
     tracing::debug!(%peer, session, "client connected");
-    let result = loop {
-        loop {
-            match decoder.poll_message::<ClientMessage>() {
-                Ok(Some(ClientMessage::Request(req))) => {
-                    if cmds.send(Cmd::Request { session, req, out: out_tx.clone() }).is_err() {
-                        return Ok(());
-                    }
-                }
-                Ok(Some(ClientMessage::Replayed)) => {
-                    if cmds.send(Cmd::Replayed { session }).is_err() {
-                        return Ok(());
-                    }
-                }
-                Ok(Some(ClientMessage::RecallDone { recall_id })) => {
-                    if cmds.send(Cmd::RecallDone { session, recall_id }).is_err() {
-                        return Ok(());
-                    }
-                }
-                Ok(Some(ClientMessage::Goodbye)) => {
-                    let _ = cmds.send(Cmd::Goodbye { session });
-                    drop(out_tx);
-                    let _ = writer.await;
-                    return Ok(());
-                }
-                Ok(Some(ClientMessage::Hello(_))) => {
-                    break Err(ConnError::Other("second hello on one connection".into()));
-                }
-                Ok(None) => break Ok(()),
-                Err(e) => {
-                    tracing::error!(%peer, session, "bad frame: {e}");
-                    break Err(e.into());
-                }
-            }
-        }?;
-        match rd.read(&mut buf).await {
-            Ok(0) => break Ok(()),
-            Ok(n) => decoder.handle_bytes(&buf[..n]),
-            Err(e) => break Err(e.into()),
+    let ended = session_messages(&mut rd, &mut decoder, &mut buf, &cmds, session, &out_tx).await;
+    match ended {
+        Ok(Ended::Goodbye) => {
+            drop(out_tx);
+            let _ = writer.await;
+            return Ok(());
         }
-    };
-    // The session stays for a reconnect; its connection is gone.
+        Ok(Ended::Stopping) => return Ok(()),
+        Ok(Ended::Closed) => {}
+        Err(ConnError::Proto(ref e)) => tracing::error!(%peer, session, "bad frame: {e}"),
+        Err(_) => {}
+    }
+    // Whatever ended it, the connection is gone: the writer goes with its socket (it
+    // holds the write half, and the store task the outbox it waits on) and the session
+    // stays for a reconnect.
     tracing::debug!(%peer, session, "client disconnected");
     let _ = cmds.send(Cmd::Disconnected { session, out: out_tx.clone() });
     writer.abort();
-    result
+    ended.map(|_| ())
+}
+
+/// How a session's connection ended.
+enum Ended {
+    /// The peer closed it.
+    Closed,
+    /// The client said goodbye.
+    Goodbye,
+    /// The store task is gone.
+    Stopping,
+}
+
+/// Hands a session's messages to the store task until the connection ends; an error is a
+/// broken connection or a protocol violation.
+async fn session_messages(
+    rd: &mut OwnedReadHalf,
+    decoder: &mut FrameDecoder,
+    buf: &mut [u8],
+    cmds: &mpsc::UnboundedSender<Cmd>,
+    session: SessionId,
+    out: &Outbox,
+) -> Result<Ended, ConnError> {
+    loop {
+        while let Some(msg) = decoder.poll_message::<ClientMessage>()? {
+            let cmd = match msg {
+                ClientMessage::Request(req) => Cmd::Request { session, req, out: out.clone() },
+                ClientMessage::Replayed => Cmd::Replayed { session },
+                ClientMessage::RecallDone { recall_id } => Cmd::RecallDone { session, recall_id },
+                ClientMessage::Goodbye => {
+                    let _ = cmds.send(Cmd::Goodbye { session });
+                    return Ok(Ended::Goodbye);
+                }
+                ClientMessage::Hello(_) => return Err(ConnError::Other("second hello on one connection".into())),
+            };
+            if cmds.send(cmd).is_err() {
+                return Ok(Ended::Stopping);
+            }
+        }
+        match rd.read(buf).await? {
+            0 => return Ok(Ended::Closed),
+            n => decoder.handle_bytes(&buf[..n]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_response_too_large_to_send_goes_out_as_an_error_for_each_operation() {
+        for ops in [1, 2, 7] {
+            let mut results = vec![Ok(p::Reply::Done); ops - 1];
+            results.push(Ok(p::Reply::Data(vec![1; p::MAX_FRAME_BYTES])));
+            let r = p::Response { id: 42, results, seq: 3, durable: 2, time: None };
+            let mut buf = b"before".to_vec();
+            encode_message(&ServerMessage::Response(r), &mut buf);
+            assert_eq!(&buf[..6], b"before", "what was queued before stays");
+            let mut d = FrameDecoder::new();
+            d.handle_bytes(&buf[6..]);
+            let Ok(Some(ServerMessage::Response(sent))) = d.poll_message::<ServerMessage>() else {
+                panic!("no response sent for {ops} operations")
+            };
+            assert_eq!((sent.id, sent.seq, sent.results.len()), (42, 3, ops));
+            assert!(sent.results.iter().all(|r| r.as_ref().is_err_and(|e| e.errno == p::errno::EIO)));
+            assert_eq!(d.buffered(), 0);
+        }
+    }
 }

@@ -7,8 +7,10 @@
 //! Invariants:
 //! - a request id that a session already completed is answered from the reply cache,
 //!   never applied twice (exactly-once for retried creates, renames, unlinks);
-//! - each session's reply cache holds at most `REPLY_CACHE_ENTRIES` responses, evicting
-//!   the oldest; clients never have more requests than that in flight;
+//! - each session's reply cache knows its last `REPLY_CACHE_ENTRIES` changes (clients
+//!   never have more requests than that in flight) and keeps their responses whole up to
+//!   `REPLY_CACHE_BYTES`: a retry of an older one is answered EIO, never applied again;
+//! - a response fits in one frame: a reply that would not is refused with E2BIG;
 //! - every store error becomes an errno plus a message at this edge;
 //! - a session's locks (`locks`) and rights go when it ends or is fenced (silent
 //!   `caps::LEASE_MS`, disconnected `caps::DISCONNECTED_FENCE_MS`, or sitting on an
@@ -23,4 +25,4 @@ pub mod session;
 mod space;
 
 pub use caps::Outgoing;
-pub use session::{Applied, Server, SessionId, REPLY_CACHE_ENTRIES};
+pub use session::{Applied, Server, SessionId, REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};

@@ -25,6 +25,7 @@ use parking::Pin;
 mod record;
 mod replies;
 mod restart;
+mod room;
 #[cfg(test)]
 mod tests;
 
@@ -35,8 +36,9 @@ pub use durability::COMMIT_AFTER_WRITTEN_BYTES;
 pub use lease::RESTORED_SESSION_GRACE_MS;
 use record::{decode_record, encode_fenced_marker, encode_record, is_fenced_marker, Record, MAX_RECORD_HOLES};
 use replies::Replies;
-pub use replies::REPLY_CACHE_ENTRIES;
+pub use replies::{REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};
 use restart::{hold_orphans, reclaim_orphans};
+use room::Room;
 
 /// Most distinct name hashes (about: entries) around the looked-up name a lookup reply
 /// carries from its directory leaf.
@@ -677,7 +679,7 @@ impl Server {
         if let Some(s) = self.sessions.get(&session) {
             if let Some(r) = s.replies.get(req.id) {
                 tracing::debug!(session, id = req.id, "answered from the reply cache");
-                return p::Response { durable: s.durable, ..r.clone() };
+                return p::Response { durable: s.durable, ..r };
             }
         }
         let mutates = req.ops.iter().any(Op::is_mutation);
@@ -725,7 +727,7 @@ impl Server {
 
     /// Runs `ops` for `session` in order from time `now` (an `Op::At` moves it for those
     /// after), recording the rights each reply grants; `involved` gains what each would
-    /// change.
+    /// change. The results fit in one frame (`Room`).
     fn run_ops(
         &mut self,
         session: SessionId,
@@ -735,25 +737,28 @@ impl Server {
         involved: &mut Vec<u64>,
     ) -> Vec<Result<Reply, p::OpError>> {
         let mut results = Vec::with_capacity(ops.len());
+        let mut room = Room::new(ops.len());
         for op in ops {
             if let Op::At { time } = op {
                 now = time;
-                results.push(Ok(Reply::Done));
+                results.push(room.place(Ok(Reply::Done)));
                 continue;
             }
             *self.served.entry(op.name()).or_default() += 1;
             if let Op::Reassert { ino, exclusive } = op {
-                results.push(self.reassert(session, ino, exclusive));
+                let r = self.reassert(session, ino, exclusive);
+                results.push(room.place(r));
                 continue;
             }
-            results.push(self.run_op(session, op, now, mutates, involved));
+            results.push(self.run_op(session, op, now, mutates, involved, &mut room));
         }
         results
     }
 
     /// Runs one operation of a request (`mutates`: one that changes something) and
     /// records the rights its reply grants: what it carries, exclusive rights to what a
-    /// create made or an acquire named; leaves what it changed in `self.changed`.
+    /// create made or an acquire named; leaves what it changed in `self.changed`. A reply
+    /// that does not fit in the `room` left is refused before any right is granted.
     fn run_op(
         &mut self,
         session: SessionId,
@@ -761,7 +766,11 @@ impl Server {
         now: p::Time,
         mutates: bool,
         involved: &mut Vec<u64>,
+        room: &mut Room,
     ) -> Result<Reply, p::OpError> {
+        if room.refuses(&op) {
+            return room.place(Err(Room::too_large()));
+        }
         let acquires = if let Op::Acquire { ino } = op { Some(ino) } else { None };
         // (An acquire touches what its reply carries: the directory and every
         // entry — taken from the reply rather than listed again.)
@@ -771,7 +780,7 @@ impl Server {
         involved.extend(&touched);
         let inode_of_op = op_inode(&op);
         let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
-        let mut r = self.apply(session, op, now);
+        let mut r = room.place(self.apply(session, op, now));
         if let Ok(reply) = &mut r {
             if mutates {
                 // This reply is not checked after the fact (it cannot be rerun):

@@ -1069,4 +1069,5 @@ fn an_acquire_waits_for_the_recall_of_its_own_sessions_exclusive_rights() {
     assert_eq!(srv.caps.exclusive_elsewhere(b, f.ino), Some(a), "a holds f again, as its client does");
 }
 
+mod hostile;
 mod restart;

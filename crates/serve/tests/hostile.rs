@@ -1,0 +1,334 @@
+//! A hostile peer speaking the raw wire protocol to a real server process: whatever it
+//! sends, it hurts only itself. The server runs in a process of its own (this test binary
+//! started again with `SERVE_ENV` set: `server_process`), so that its descriptors and its
+//! memory can be read in /proc.
+//!
+//! The waits here are guards against a hang (a server that never answers or never closes
+//! a connection), generous and never the measure of a result.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crest_proto::{self as p, ClientMessage, Op, Reply, ServerMessage};
+use crest_store::{MemDisk, MkfsOptions, Store, Timespec};
+
+/// Set in the environment of the process that serves.
+const SERVE_ENV: &str = "CREST_HOSTILE_SERVE";
+/// How long a test waits for the server before calling it stuck.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// Not a test of its own: the server process the other tests start. It serves a fresh
+/// in-memory image on a port of its own, prints the port and stops when its stdin
+/// closes, which happens when the test that started it ends, however it ends.
+#[test]
+fn server_process() {
+    if std::env::var_os(SERVE_ENV).is_none() {
+        return;
+    }
+    let disk = MemDisk::new(256 << 20);
+    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None })
+        .expect("mkfs");
+    let store = Store::open(Box::new(disk)).expect("open");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let serving = rt.block_on(crest_serve::start(store, "127.0.0.1:0")).expect("serve");
+    println!("PORT {}", serving.local_addr.port());
+    std::io::stdout().flush().expect("stdout");
+    let mut rest = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut rest);
+    std::process::exit(0);
+}
+
+/// The server, in a process of its own.
+struct ServerProcess {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    addr: SocketAddr,
+}
+
+impl ServerProcess {
+    fn start() -> ServerProcess {
+        let exe = std::env::current_exe().expect("test binary");
+        let mut child = Command::new(exe)
+            .args(["--exact", "server_process", "--nocapture", "--test-threads=1"])
+            .env(SERVE_ENV, "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the server process");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout");
+        let mut port = None;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("server output");
+            // (libtest may print the test's name on the same line first.)
+            if let Some((_, p)) = line.split_once("PORT ") {
+                port = Some(p.trim().parse::<u16>().expect("port"));
+                break;
+            }
+        }
+        let port = port.expect("the server process said no port");
+        ServerProcess { child, stdin, addr: SocketAddr::from(([127, 0, 0, 1], port)) }
+    }
+
+    /// Descriptors the server process holds open.
+    fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).expect("/proc/PID/fd").count()
+    }
+
+    /// The server process's peak resident memory, bytes.
+    fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+        let kib: u64 = line.split_whitespace().nth(1).and_then(|k| k.parse().ok()).expect("VmHWM kB");
+        kib * 1024
+    }
+
+    /// Waits until the server process holds at most `fds` descriptors.
+    fn wait_for_fds_at_most(&self, fds: usize) {
+        let start = Instant::now();
+        loop {
+            let now = self.fds();
+            if now <= fds {
+                return;
+            }
+            assert!(start.elapsed() < HANG_GUARD, "the server holds {now} descriptors, {} more than before", now - fds);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A seed for a test's randomness, printed so that a failure can be replayed.
+fn seed() -> u64 {
+    let s = std::env::var("CREST_HOSTILE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("CREST_HOSTILE_SEED={s}");
+    s | 1
+}
+
+/// xorshift64*.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// A raw connection.
+struct Raw {
+    s: TcpStream,
+    dec: p::FrameDecoder,
+}
+
+impl Raw {
+    fn connect(addr: SocketAddr) -> Raw {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(HANG_GUARD)).expect("timeout");
+        Raw { s, dec: p::FrameDecoder::new() }
+    }
+
+    fn send(&mut self, m: &ClientMessage) {
+        let mut frame = Vec::new();
+        p::encode_frame(m, &mut frame).expect("encode");
+        self.s.write_all(&frame).expect("send");
+    }
+
+    /// The next message; `Ok(None)` once the server closed the connection.
+    fn next_message(&mut self) -> std::io::Result<Option<ServerMessage>> {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(m) = self.dec.poll_message::<ServerMessage>().expect("a frame from the server") {
+                return Ok(Some(m));
+            }
+            match self.s.read(&mut buf) {
+                Ok(0) => return Ok(None),
+                Ok(n) => self.dec.handle_bytes(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The next message; `None` once the server closed the connection.
+    fn recv(&mut self) -> Option<ServerMessage> {
+        self.next_message().unwrap_or_else(|e| panic!("no word from the server within {HANG_GUARD:?}: {e}"))
+    }
+
+    fn hello_named(addr: SocketAddr, name: String) -> (Raw, Option<ServerMessage>) {
+        let mut c = Raw::connect(addr);
+        let hello = p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: name, resume: None };
+        c.send(&ClientMessage::Hello(hello));
+        let answer = c.recv();
+        (c, answer)
+    }
+
+    /// A connection with a new session.
+    fn session(addr: SocketAddr) -> Raw {
+        let (c, answer) = Raw::hello_named(addr, "hostile".into());
+        assert!(matches!(answer, Some(ServerMessage::Welcome(_))), "{answer:?}");
+        c
+    }
+
+    /// Sends request `id` and returns its response (skipping notices).
+    fn call(&mut self, id: u64, ops: Vec<Op>) -> p::Response {
+        self.send(&ClientMessage::Request(p::Request { id, ops, time: None }));
+        loop {
+            match self.recv() {
+                Some(ServerMessage::Response(r)) if r.id == id => return r,
+                Some(ServerMessage::Response(r)) => panic!("a response to {} while waiting for {id}", r.id),
+                Some(_) => continue,
+                None => panic!("the server closed the connection instead of answering request {id}"),
+            }
+        }
+    }
+
+    /// Reads until the server closes the connection.
+    fn expect_closed(&mut self, what: &str) {
+        loop {
+            match self.next_message() {
+                Ok(Some(m)) => assert!(!matches!(m, ServerMessage::Welcome(_)), "{what}: {m:?}"),
+                Ok(None) => return,
+                Err(e) => panic!("{what}: the server kept the connection open for {HANG_GUARD:?} ({e})"),
+            }
+        }
+    }
+}
+
+/// A frame that breaks the protocol after the hello, chosen by `rng`, and what it is.
+fn bad_frame(rng: &mut u64) -> (Vec<u8>, &'static str) {
+    let mut frame = Vec::new();
+    match next(rng) % 5 {
+        0 => {
+            let len = p::MAX_FRAME_BYTES as u32 + 1 + (next(rng) % 1000) as u32;
+            frame.extend_from_slice(&len.to_le_bytes());
+            (frame, "an oversized length")
+        }
+        1 => {
+            // Not a message: an unknown variant tag first.
+            let len = 1 + next(rng) % 64;
+            frame.extend_from_slice(&(len as u32).to_le_bytes());
+            frame.push(0x7f);
+            frame.extend((1..len).map(|_| next(rng) as u8));
+            (frame, "a malformed body")
+        }
+        2 => {
+            p::encode_frame(&ClientMessage::Goodbye, &mut frame).expect("encode");
+            let extra = 1 + (next(rng) % 8) as u8;
+            frame[0] += extra;
+            frame.extend((0..extra).map(|_| 0));
+            (frame, "trailing bytes")
+        }
+        3 => {
+            let hello = p::Hello {
+                magic: p::HELLO_MAGIC,
+                version: p::PROTOCOL_VERSION,
+                client_name: "again".into(),
+                resume: None,
+            };
+            p::encode_frame(&ClientMessage::Hello(hello), &mut frame).expect("encode");
+            (frame, "a second hello")
+        }
+        _ => {
+            let req = p::Request { id: next(rng), ops: vec![Op::GetAttr { ino: 1 }], time: None };
+            p::encode_frame(&ClientMessage::Request(req), &mut frame).expect("encode");
+            frame.extend_from_slice(&u32::MAX.to_le_bytes());
+            (frame, "a good request, then an oversized length")
+        }
+    }
+}
+
+/// (a) Every connection that breaks the protocol after its hello is closed and its
+/// descriptor freed: a peer cannot run the server out of descriptors.
+#[test]
+fn protocol_errors_after_the_hello_free_the_connection() {
+    let mut rng = seed();
+    let server = ServerProcess::start();
+    // A good session first: whatever the server opens once is open.
+    let mut good = Raw::session(server.addr);
+    assert!(good.call(1, vec![Op::GetAttr { ino: 1 }]).results[0].is_ok());
+    let before = server.fds();
+    let rounds = 50 + next(&mut rng) % 50;
+    for i in 0..rounds {
+        let mut c = Raw::session(server.addr);
+        let (frame, what) = bad_frame(&mut rng);
+        c.s.write_all(&frame).expect("send");
+        c.expect_closed(&format!("connection {i}: {what}"));
+    }
+    server.wait_for_fds_at_most(before);
+    // The good session never noticed.
+    assert!(good.call(2, vec![Op::GetAttr { ino: 1 }]).results[0].is_ok());
+}
+
+/// (c) The request that made the server build a 434 MB answer, then drop it unsent: a
+/// hundred-odd reads of 4 MiB of a sparse file, in a request of 1-2 KiB. It is answered, in
+/// one frame: the reads that do not fit are refused with E2BIG, and the server's memory
+/// grows by a few frames at most.
+#[test]
+fn a_small_request_for_a_huge_answer_is_answered_in_one_frame() {
+    let mut rng = seed();
+    let server = ServerProcess::start();
+    let mut c = Raw::session(server.addr);
+    let create = Op::Create {
+        parent: 1,
+        name: b"sparse".to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    let Ok(Reply::Entry(a)) = &c.call(1, vec![create]).results[0] else { panic!("create") };
+    let set = p::SetAttr { size_bytes: Some(1 << 40), ..Default::default() };
+    assert!(c.call(2, vec![Op::SetAttr { ino: a.ino, set }]).results[0].is_ok());
+    let before = server.peak_rss();
+    let n = 100 + next(&mut rng) % 60;
+    let reads: Vec<Op> =
+        (0..n).map(|i| Op::Read { ino: a.ino, offset: i * (next(&mut rng) % (1 << 30)), len: u32::MAX }).collect();
+    let req = ClientMessage::Request(p::Request { id: 3, ops: reads, time: None });
+    eprintln!("{n} reads in a request of {} bytes", p::encoded_len(&req));
+    c.send(&req);
+    let r = loop {
+        match c.recv() {
+            Some(ServerMessage::Response(r)) => break r,
+            Some(_) => continue,
+            None => panic!("the server closed the connection instead of answering"),
+        }
+    };
+    assert_eq!((r.id, r.results.len() as u64), (3, n));
+    assert!(matches!(&r.results[0], Ok(Reply::Data(d)) if d.len() == p::MAX_IO_BYTES as usize), "the first read fits");
+    assert!(r.results[1..].iter().all(|x| x.as_ref().is_err_and(|e| e.errno == p::errno::E2BIG)));
+    let grown = server.peak_rss().saturating_sub(before);
+    eprintln!("peak memory grew by {grown} bytes");
+    assert!(grown <= 8 * p::MAX_FRAME_BYTES as u64, "the server's peak memory grew by {grown} bytes");
+    // The session goes on.
+    assert!(c.call(4, vec![Op::GetAttr { ino: a.ino }]).results[0].is_ok());
+}
+
+/// (d) A hello whose client name is longer than `MAX_CLIENT_NAME_BYTES` is refused (the
+/// name would be kept with the session and logged), and the connection closed.
+#[test]
+fn a_hello_with_a_long_client_name_is_refused() {
+    let mut rng = seed();
+    let server = ServerProcess::start();
+    let (_, welcome) = Raw::hello_named(server.addr, "n".repeat(p::MAX_CLIENT_NAME_BYTES));
+    assert!(matches!(welcome, Some(ServerMessage::Welcome(_))), "{welcome:?}");
+    for len in [
+        p::MAX_CLIENT_NAME_BYTES + 1,
+        p::MAX_CLIENT_NAME_BYTES + 1 + (next(&mut rng) % 100_000) as usize,
+        p::MAX_FRAME_BYTES - 64,
+    ] {
+        let (mut c, answer) = Raw::hello_named(server.addr, "n".repeat(len));
+        let Some(ServerMessage::Refused { reason, .. }) = answer else { panic!("{len} bytes: {answer:?}") };
+        assert!(reason.len() < 200 && reason.contains(&len.to_string()), "{reason}");
+        c.expect_closed("after the refusal");
+    }
+}
