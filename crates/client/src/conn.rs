@@ -639,7 +639,7 @@ impl<R> Connection<R> {
                     resp.results
                 );
             }
-            self.log.acknowledged(resp.seq, Unstable { results: resp.results, pos: resp.seq, ..e });
+            self.log.acknowledged_replay(resp.seq, Unstable { results: resp.results, pos: resp.seq, ..e });
         } else {
             let refused = self.held.answered(resp.id, &resp.results, self.log.answers);
             if !refused.is_empty() {

@@ -57,11 +57,25 @@ pub struct ReplayLog {
 impl ReplayLog {
     /// Keeps an acknowledged change (`seq` 0: a change that changed nothing durable).
     pub fn acknowledged(&mut self, seq: u64, mut entry: Unstable) {
+        entry.answered = self.next_answer();
+        self.acknowledged_replay(seq, entry);
+    }
+
+    /// The next count of `Unstable::answered`: for an answer now, or for a replay as it is
+    /// sent.
+    pub fn next_answer(&mut self) -> u64 {
+        self.answers += 1;
+        self.answers
+    }
+
+    /// A replay's answer: it keeps the count it was given as it was sent, in the order
+    /// the replays go (and run). Counted at its answer instead, one answered would sort
+    /// after a replay sent later but still unanswered when the server restarts again,
+    /// which keeps the count of its first answer — and they would go again out of order.
+    pub fn acknowledged_replay(&mut self, seq: u64, entry: Unstable) {
         if seq == 0 {
             return;
         }
-        self.answers += 1;
-        entry.answered = self.answers;
         self.bytes += op_bytes(&entry.ops);
         self.unstable.insert(seq, entry);
         while self.bytes > MAX_UNSTABLE_BYTES {

@@ -842,3 +842,24 @@ fn a_handle_whose_release_is_unanswered_at_a_restart_opens_again_for_its_writeba
         .collect();
     assert_eq!(order, ["open 7#4", "2", "release 7#4", "replayed"]);
 }
+
+#[test]
+fn replays_go_again_in_the_order_they_ran_after_a_second_restart() {
+    // Two changes lost to a restart are replayed; the first replay is answered, the
+    // second not, and the server restarts again before committing either: they must go
+    // again in the order they ran, the answered one first.
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    h.call(1, vec![change(1)]);
+    h.call(2, vec![change(2)]);
+    h.sent();
+    h.hear(response(1, 1, 1, 0));
+    h.hear(response(2, 1, 2, 0));
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, Some(0), false));
+    assert_eq!(Harness::ids(&again), vec![1, 2, 0], "{again:?}");
+    h.hear(response(1, 1, 1, 0));
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, Some(0), false));
+    assert_eq!(Harness::ids(&again), vec![1, 2, 0], "{again:?}");
+}

@@ -252,6 +252,7 @@ impl<R> Connection<R> {
         for mut e in lost {
             self.positions += 1;
             e.pos = self.positions;
+            e.answered = self.log.next_answer();
             self.write(&ClientMessage::Request(e.request()));
             let made = made_by(&e.ops, &e.results);
             self.log.replaying.push(e);
