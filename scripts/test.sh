@@ -8,9 +8,9 @@
 #   CREST_CRASH_SEEDS=N      more crash-test workloads (default 16)
 #   CREST_CRASH_THOROUGH=1   every single-write drop and more subsets per flush window
 #   CREST_FUZZ_SECONDS=N     seconds per fuzz target (default 20; 0 skips fuzzing)
-#   CREST_SIM_SEEDS=N        random simulator seeds per outage mode, without and with
-#                            server crashes (default 100)
-#   CREST_CRASH_SEEDS=N      random server-crash simulator seeds (default 300)
+#   CREST_SIM_SEEDS=N        random simulator seeds per mode: short and long outages,
+#                            without and with server crashes, and server crashes
+#                            between commits (default 100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -27,8 +27,7 @@ CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-s
 CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
 CREST_SIM_SERVER_CRASHES=only CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
 CREST_SIM_SERVER_CRASHES=only CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
-echo "== server-crash simulator: random seeds"
-CREST_CRASH_SEEDS=${CREST_CRASH_SEEDS:-300} cargo test --release --locked -p crest-sim --test crash
+CREST_SIM_SERVER_CRASHES=only CREST_SIM_LOST_CHANGES=on CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
 
 echo "== benches (smoke)"
 cargo test --workspace --release --locked --benches
