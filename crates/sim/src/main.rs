@@ -1,11 +1,11 @@
 //! Replays one seed of the simulator, as a failure report says:
-//! `crest-sim coherence SEED [--steps N] [--server-crashes]`.
+//! `crest-sim [coherence] SEED [--steps N] [--server-crashes]`.
 //! The coherence simulator's mode variables (`CREST_SIM_OUTAGES`, `CREST_SIM_LEASE`,
 //! `CREST_SIM_TOMBSTONES`, `CREST_SIM_GRANT`, `CREST_SIM_TRACE`) apply as in the tests.
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: crest-sim coherence SEED [--steps N] [--server-crashes]";
+const USAGE: &str = "usage: crest-sim [coherence] SEED [--steps N] [--server-crashes]";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -23,7 +23,8 @@ fn main() -> ExitCode {
 fn run(args: Vec<String>) -> Result<String, String> {
     let number = |s: &str| s.parse::<u64>().map_err(|_| format!("{s:?} is not a number\n{USAGE}"));
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-        ["coherence", seed, rest @ ..] => {
+        // (`coherence` may be left out: there is one simulator.)
+        ["coherence", seed, rest @ ..] | [seed, rest @ ..] => {
             let (mut steps, mut crashes) = (crest_sim::coherence::DEFAULT_STEPS, false);
             let mut it = rest.iter();
             while let Some(a) = it.next() {

@@ -224,6 +224,7 @@ pub(crate) fn ptime(us: u64) -> p::Time {
     p::Time { sec: (us / 1_000_000) as i64, nsec: ((us % 1_000_000) * 1_000) as u32 }
 }
 
+mod calls;
 mod checker;
 mod client;
 mod model;
