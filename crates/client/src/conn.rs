@@ -651,8 +651,13 @@ impl<R> Connection<R> {
                 self.events.push_back(Event::Recall(Recall { recall_id: 0, inodes: refused }));
             }
         }
+        let kept = self.log.unstable.len();
         self.log.durable(resp.durable);
-        self.held.forget_released(self.log.oldest_answer());
+        // (Only when changes became durable: the oldest answer is a walk over the log,
+        // too long to take at every answer.)
+        if self.log.unstable.len() != kept && !self.held.released.is_empty() {
+            self.held.forget_released(self.log.oldest_answer());
+        }
     }
 
     /// Tells the rights hook what a response granted: exclusive rights on what it

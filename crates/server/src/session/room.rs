@@ -67,7 +67,8 @@ impl Room {
     pub(super) fn place(&mut self, result: Result<Reply, p::OpError>) -> Result<Reply, p::OpError> {
         let share = self.share();
         let mut result = result;
-        if p::encoded_len(&result) > share {
+        let mut len = encoded_len(&result);
+        if len > share {
             result = match result {
                 Err(mut e) => {
                     let mut end = e.message.len().min(SHORT_MESSAGE_BYTES);
@@ -79,10 +80,20 @@ impl Room {
                 }
                 Ok(_) => Err(Room::too_large()),
             };
+            len = encoded_len(&result);
         }
-        self.left = self.left.saturating_sub(p::encoded_len(&result));
+        self.left = self.left.saturating_sub(len);
         self.to_come = self.to_come.saturating_sub(1);
         result
+    }
+}
+
+/// What `result` takes encoded, at most. File data is counted by its length, not walked
+/// (postcard encodes it byte by byte: counting it so cost a pass over every read).
+fn encoded_len(result: &Result<Reply, p::OpError>) -> usize {
+    match result {
+        Ok(Reply::Data(d)) => d.len() + READ_OVERHEAD_BYTES,
+        r => p::encoded_len(r),
     }
 }
 
@@ -130,6 +141,15 @@ mod tests {
         let placed = room.place(Err(long));
         assert!(p::encoded_len(&placed) <= SMALL_RESULT_BYTES, "a shortened error is small");
         assert!(placed.is_err_and(|e| e.errno == i32::MIN && e.message.starts_with('é')));
+    }
+
+    #[test]
+    fn a_reads_reply_is_counted_by_its_length_no_less_than_it_takes() {
+        for n in [0, 1, 127, 128, 16_383, 16_384, 131_072, p::MAX_IO_BYTES as usize] {
+            let r: Result<Reply, p::OpError> = Ok(Reply::Data(vec![7; n]));
+            let (counted, exact) = (encoded_len(&r), p::encoded_len(&r));
+            assert!(exact <= counted && counted <= exact + READ_OVERHEAD_BYTES, "{n}: {exact} {counted}");
+        }
     }
 
     #[test]
