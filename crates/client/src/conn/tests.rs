@@ -384,24 +384,7 @@ fn a_handle_on_a_file_a_lost_change_made_is_opened_again_right_after_its_replay(
     // replayed, and before any later replay, which may need it open.
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
-    let t = p::Time { sec: 1, nsec: 0 };
-    let attr = p::Attr {
-        ino: 9,
-        generation: 1,
-        kind: p::FileType::Regular,
-        mode: 0o644,
-        nlink: 1,
-        uid: 0,
-        gid: 0,
-        size_bytes: 0,
-        blocks_4k: 0,
-        rdev: 0,
-        atime: t,
-        mtime: t,
-        ctime: t,
-        crtime: t,
-        flags: 0,
-    };
+    let attr = file_9();
     let create = p::Op::Create {
         parent: 1,
         name: b"f".to_vec(),
@@ -692,18 +675,7 @@ fn a_handle_released_after_a_lost_change_opens_again_for_its_replay() {
         h.hear(response(3, 1, 0, durable_at_release));
         h.c.connection_lost("test");
         let again = h.connect(welcome(true, Some(durable_at_release), false));
-        again
-            .iter()
-            .map(|m| match m {
-                ClientMessage::Request(r) => match r.ops.as_slice() {
-                    [p::Op::Open { ino, handle }] => format!("open {ino}#{handle}"),
-                    [p::Op::Release { ino, handle }] => format!("release {ino}#{handle}"),
-                    _ => format!("{}", r.id),
-                },
-                ClientMessage::Replayed => "replayed".to_string(),
-                other => format!("{other:?}"),
-            })
-            .collect::<Vec<_>>()
+        handles_order(&again, None)
     };
     assert_eq!(run(0, 7), ["open 7#4", "2", "release 7#4", "replayed"]);
     // Durable before the crash: nothing goes again.
@@ -718,24 +690,7 @@ fn a_handle_released_on_a_file_a_lost_change_made_opens_again_after_its_replay()
     // again only once the create is replayed, and must be before the write's replay.
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
-    let t = p::Time { sec: 1, nsec: 0 };
-    let attr = p::Attr {
-        ino: 9,
-        generation: 1,
-        kind: p::FileType::Regular,
-        mode: 0o644,
-        nlink: 1,
-        uid: 0,
-        gid: 0,
-        size_bytes: 0,
-        blocks_4k: 0,
-        rdev: 0,
-        atime: t,
-        mtime: t,
-        ctime: t,
-        crtime: t,
-        flags: 0,
-    };
+    let attr = file_9();
     let create = p::Op::Create {
         parent: 1,
         name: b"f".to_vec(),
@@ -764,18 +719,7 @@ fn a_handle_released_on_a_file_a_lost_change_made_opens_again_after_its_replay()
     h.hear(response(4, 1, 0, 0));
     h.c.connection_lost("test");
     let again = h.connect(welcome(true, Some(0), false));
-    let order: Vec<String> = again
-        .iter()
-        .map(|m| match m {
-            ClientMessage::Request(r) => match r.ops.as_slice() {
-                [p::Op::Open { ino, handle }] => format!("open {ino}#{handle}"),
-                [p::Op::Release { ino, handle }] => format!("release {ino}#{handle}"),
-                _ => format!("{}", r.id),
-            },
-            ClientMessage::Replayed => "replayed".to_string(),
-            other => format!("{other:?}"),
-        })
-        .collect();
+    let order = handles_order(&again, None);
     assert_eq!(order, ["1", "open 9#4", "3", "release 9#4", "replayed"]);
 }
 
@@ -795,19 +739,7 @@ fn a_handle_whose_release_is_unanswered_at_a_restart_opens_again_for_the_replays
     h.c.connection_lost("test");
     h.call(3, vec![p::Op::Release { ino: 7, handle: 4 }]);
     let again = h.connect(welcome(true, Some(0), false));
-    let order: Vec<String> = again
-        .iter()
-        .map(|m| match m {
-            ClientMessage::Request(r) => match r.ops.as_slice() {
-                [p::Op::Open { ino, handle }] => format!("open {ino}#{handle}"),
-                [p::Op::Release { ino, handle }] if r.id == 3 => format!("the release {ino}#{handle}"),
-                [p::Op::Release { ino, handle }] => format!("release {ino}#{handle}"),
-                _ => format!("{}", r.id),
-            },
-            ClientMessage::Replayed => "replayed".to_string(),
-            other => format!("{other:?}"),
-        })
-        .collect();
+    let order = handles_order(&again, Some(3));
     assert_eq!(order, ["open 7#4", "2", "replayed", "the release 7#4"]);
 }
 
@@ -828,18 +760,7 @@ fn a_handle_whose_release_is_unanswered_at_a_restart_opens_again_for_its_writeba
     h.c.submit(writeback(3, vec![p::Op::Release { ino: 7, handle: 4 }], 1), now);
     h.c.end_burst();
     let again = h.connect(welcome(true, Some(0), false));
-    let order: Vec<String> = again
-        .iter()
-        .map(|m| match m {
-            ClientMessage::Request(r) => match r.ops.as_slice() {
-                [p::Op::Open { ino, handle }] => format!("open {ino}#{handle}"),
-                [p::Op::Release { ino, handle }] => format!("release {ino}#{handle}"),
-                _ => format!("{}", r.id),
-            },
-            ClientMessage::Replayed => "replayed".to_string(),
-            other => format!("{other:?}"),
-        })
-        .collect();
+    let order = handles_order(&again, None);
     assert_eq!(order, ["open 7#4", "2", "release 7#4", "replayed"]);
 }
 
@@ -862,4 +783,44 @@ fn replays_go_again_in_the_order_they_ran_after_a_second_restart() {
     h.c.connection_lost("test");
     let again = h.connect(welcome(true, Some(0), false));
     assert_eq!(Harness::ids(&again), vec![1, 2, 0], "{again:?}");
+}
+
+/// Attributes of a new regular file, inode 9.
+fn file_9() -> p::Attr {
+    let t = p::Time { sec: 1, nsec: 0 };
+    p::Attr {
+        ino: 9,
+        generation: 1,
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        size_bytes: 0,
+        blocks_4k: 0,
+        rdev: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        flags: 0,
+    }
+}
+
+/// What a reconnect sent, for the tests of handles: "open I#H" and "release I#H" for
+/// requests of one re-open or release ("the release I#H" for the call `release_id`),
+/// other requests by id, and "replayed".
+fn handles_order(msgs: &[ClientMessage], release_id: Option<u64>) -> Vec<String> {
+    msgs.iter()
+        .map(|m| match m {
+            ClientMessage::Request(r) => match r.ops.as_slice() {
+                [p::Op::Open { ino, handle }] => format!("open {ino}#{handle}"),
+                [p::Op::Release { ino, handle }] if Some(r.id) == release_id => format!("the release {ino}#{handle}"),
+                [p::Op::Release { ino, handle }] => format!("release {ino}#{handle}"),
+                _ => format!("{}", r.id),
+            },
+            ClientMessage::Replayed => "replayed".to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect()
 }
