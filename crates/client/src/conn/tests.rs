@@ -384,20 +384,7 @@ fn a_handle_on_a_file_a_lost_change_made_is_opened_again_right_after_its_replay(
     // replayed, and before any later replay, which may need it open.
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
-    let attr = file_9();
-    let create = p::Op::Create {
-        parent: 1,
-        name: b"f".to_vec(),
-        kind: p::FileType::Regular,
-        mode: 0o644,
-        rdev: 0,
-        cred: cred(),
-    };
-    h.call(1, vec![create]);
-    h.sent();
-    let created =
-        p::Response { id: 1, results: vec![Ok(p::Reply::Entry(attr.clone()))], seq: 1, durable: 0, time: None };
-    h.hear(ServerMessage::Response(created));
+    let attr = create_file_9(&mut h);
     h.call(2, vec![p::Op::Open { ino: 9, handle: 4 }]);
     h.sent();
     h.hear(ServerMessage::Response(p::Response {
@@ -690,24 +677,7 @@ fn a_handle_released_on_a_file_a_lost_change_made_opens_again_after_its_replay()
     // again only once the create is replayed, and must be before the write's replay.
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
-    let attr = file_9();
-    let create = p::Op::Create {
-        parent: 1,
-        name: b"f".to_vec(),
-        kind: p::FileType::Regular,
-        mode: 0o644,
-        rdev: 0,
-        cred: cred(),
-    };
-    h.call(1, vec![create]);
-    h.sent();
-    h.hear(ServerMessage::Response(p::Response {
-        id: 1,
-        results: vec![Ok(p::Reply::Entry(attr))],
-        seq: 1,
-        durable: 0,
-        time: None,
-    }));
+    create_file_9(&mut h);
     h.call(2, vec![p::Op::Open { ino: 9, handle: 4 }]);
     h.sent();
     h.hear(response(2, 1, 0, 0));
@@ -823,4 +793,23 @@ fn handles_order(msgs: &[ClientMessage], release_id: Option<u64>) -> Vec<String>
             other => format!("{other:?}"),
         })
         .collect()
+}
+
+/// Request 1 creates file 9 (`file_9`), answered in place 1, not durable.
+fn create_file_9(h: &mut Harness) -> p::Attr {
+    let create = p::Op::Create {
+        parent: 1,
+        name: b"f".to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        rdev: 0,
+        cred: cred(),
+    };
+    h.call(1, vec![create]);
+    h.sent();
+    let attr = file_9();
+    let created =
+        p::Response { id: 1, results: vec![Ok(p::Reply::Entry(attr.clone()))], seq: 1, durable: 0, time: None };
+    h.hear(ServerMessage::Response(created));
+    attr
 }
