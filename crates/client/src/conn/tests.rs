@@ -813,3 +813,26 @@ fn create_file_9(h: &mut Harness) -> p::Attr {
     h.hear(ServerMessage::Response(created));
     attr
 }
+
+#[test]
+fn a_handle_opened_again_for_replays_opens_again_at_a_second_restart() {
+    // The restart that lost the write opened the closed handle again for its replay; the
+    // server restarted again before answering anything: the handle opens again first.
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    h.call(1, vec![p::Op::Open { ino: 7, handle: 4 }]);
+    h.sent();
+    h.hear(response(1, 1, 0, 0));
+    h.call(2, vec![change(7)]);
+    h.sent();
+    h.hear(response(2, 1, 1, 0));
+    h.call(3, vec![p::Op::Release { ino: 7, handle: 4 }]);
+    h.sent();
+    h.hear(response(3, 1, 0, 0));
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, Some(0), false));
+    assert_eq!(handles_order(&again, None), ["open 7#4", "2", "release 7#4", "replayed"]);
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, Some(0), false));
+    assert_eq!(handles_order(&again, None), ["open 7#4", "2", "release 7#4", "replayed"]);
+}

@@ -87,7 +87,12 @@ impl<R> Connection<R> {
             // (The changes kept without their answers before the rights: what they
             // touched is not held any more, and not asked back.)
             late = self.replay_lost(through, &w.durable_holes, lost, &closed);
-            // The handles opened again only for the replays close again behind them.
+            // The handles opened again only for the replays close again behind them; until
+            // that release is answered they count as released after the replays (which
+            // took new counts as they went), for a restart before it.
+            for &h in &closed {
+                self.held.released.insert(h, self.log.answers);
+            }
             for r in self.held.release_again(&closed, &self.ids) {
                 self.write(&ClientMessage::Request(r));
             }
