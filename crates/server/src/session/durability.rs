@@ -37,12 +37,14 @@ impl Server {
         if let Some(s) = self.sessions.get_mut(&session) {
             seq = s.take_place(id);
             s.recorded = true;
-            // The inode generations this change draws follow from its place: its replay
-            // after a restart that lost it gives its files the generations the client
-            // was first told (a file handle taken meanwhile stays good), and no other
-            // change draws the same. (Not from the session's secret: generations are
-            // published to every client, and the seed could be worked back from them.)
-            self.store.seed_randomness(generation_seed(self.store.fsid(), session, seq));
+            // The inode generations this change draws follow from its request id, which
+            // its replay after a restart that lost it keeps (its place may differ: the
+            // replays go in the order the changes ran): its files come back with the
+            // generations the client was first told (a file handle taken meanwhile stays
+            // good), and no other change of the session draws the same. (Not from the
+            // session's secret: generations are published to every client, and the seed
+            // could be worked back from them.)
+            self.store.seed_randomness(generation_seed(self.store.fsid(), session, id));
             let record = encode_record(s.secret, s.top, &s.holes_below_top(), &s.client_name);
             if let Err(e) = self.store.put_session_record(session, &record) {
                 tracing::error!(session, "cannot record the session: {e}");
@@ -114,10 +116,10 @@ impl Server {
     }
 }
 
-/// The seed of the inode generations change `seq` of session `session` draws, on the
+/// The seed of the inode generations request `id` of session `session` draws, on the
 /// file system `fsid`.
-fn generation_seed(fsid: [u8; 16], session: SessionId, seq: u64) -> u64 {
+fn generation_seed(fsid: [u8; 16], session: SessionId, id: u64) -> u64 {
     let lo = u64::from_le_bytes(fsid[..8].try_into().unwrap_or_default());
     let hi = u64::from_le_bytes(fsid[8..].try_into().unwrap_or_default());
-    lo ^ hi.rotate_left(29) ^ session.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seq.wrapping_mul(0xbf58_476d_1ce4_e5b9)
+    lo ^ hi.rotate_left(29) ^ session.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ id.wrapping_mul(0xbf58_476d_1ce4_e5b9)
 }

@@ -17,7 +17,7 @@ struct Pool {
     /// Everything.
     all: Vec<u64>,
     /// What its processes can reach to change: files they hold open, and what its cache
-    /// holds now (a name the kernel resolves without asking). The server recalls that from
+    /// holds now with a name left (a name the kernel resolves without asking). The server recalls that from
     /// it before another client removes the last name, so a change never names a file
     /// unlinked elsewhere that it does not hold open — as no system call can.
     reach: Vec<u64>,
@@ -92,7 +92,9 @@ impl Sim {
         let at = self.instant();
         let reach: Vec<u64> = {
             let names = cl.names();
-            all.iter().copied().filter(|&i| opened.contains(&i) || names.attr(i, at).is_some()).collect()
+            // (Not a file with no name left that it does not hold open: no path leads there.)
+            let named = |i: u64| names.attr(i, at).is_some_and(|a| a.nlink > 0);
+            all.iter().copied().filter(|&i| opened.contains(&i) || named(i)).collect()
         };
         let reach_files = reach.iter().copied().filter(|i| files.contains(i)).collect();
         let pool = Pool { dirs, files, all, reach, reach_files, opened: opened.into_iter().collect() };
