@@ -698,14 +698,7 @@ fn a_handle_whose_release_is_unanswered_at_a_restart_opens_again_for_the_replays
     // The process closed the file as the server died: its release is still on its way,
     // and the write before it was lost. The handle opens again for the write's replay;
     // the release itself follows `Replayed` as new work.
-    let mut h = Harness::new();
-    h.connect(welcome(false, None, false));
-    h.call(1, vec![p::Op::Open { ino: 7, handle: 4 }]);
-    h.sent();
-    h.hear(response(1, 1, 0, 0));
-    h.call(2, vec![change(7)]);
-    h.sent();
-    h.hear(response(2, 1, 1, 0));
+    let mut h = opened_7_and_changed();
     h.c.connection_lost("test");
     h.call(3, vec![p::Op::Release { ino: 7, handle: 4 }]);
     let again = h.connect(welcome(true, Some(0), false));
@@ -818,14 +811,7 @@ fn create_file_9(h: &mut Harness) -> p::Attr {
 fn a_handle_opened_again_for_replays_opens_again_at_a_second_restart() {
     // The restart that lost the write opened the closed handle again for its replay; the
     // server restarted again before answering anything: the handle opens again first.
-    let mut h = Harness::new();
-    h.connect(welcome(false, None, false));
-    h.call(1, vec![p::Op::Open { ino: 7, handle: 4 }]);
-    h.sent();
-    h.hear(response(1, 1, 0, 0));
-    h.call(2, vec![change(7)]);
-    h.sent();
-    h.hear(response(2, 1, 1, 0));
+    let mut h = opened_7_and_changed();
     h.call(3, vec![p::Op::Release { ino: 7, handle: 4 }]);
     h.sent();
     h.hear(response(3, 1, 0, 0));
@@ -835,4 +821,18 @@ fn a_handle_opened_again_for_replays_opens_again_at_a_second_restart() {
     h.c.connection_lost("test");
     let again = h.connect(welcome(true, Some(0), false));
     assert_eq!(handles_order(&again, None), ["open 7#4", "2", "release 7#4", "replayed"]);
+}
+
+/// A connected harness whose request 1 opened handle 4 of file 7 and whose change 2 of it
+/// was answered in place 1, not durable.
+fn opened_7_and_changed() -> Harness {
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    h.call(1, vec![p::Op::Open { ino: 7, handle: 4 }]);
+    h.sent();
+    h.hear(response(1, 1, 0, 0));
+    h.call(2, vec![change(7)]);
+    h.sent();
+    h.hear(response(2, 1, 1, 0));
+    h
 }
