@@ -6,6 +6,7 @@
 mod mount;
 mod mountinfo;
 mod signature;
+mod trust;
 
 use std::path::Path;
 use std::path::PathBuf;
@@ -41,6 +42,10 @@ mod exit {
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Where this host keeps its credentials (CA, certificates, tokens): default
+    /// $CREST_STATE_DIR, else /var/lib/crest for root, else ~/.local/state/crest.
+    #[arg(long, global = true)]
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -77,6 +82,10 @@ enum Command {
         /// threads) or sync (one call at a time).
         #[arg(long, value_enum, default_value_t = DiskIoArg::Uring)]
         disk_io: DiskIoArg,
+        /// Plaintext, no authentication: for benchmarks and tests, loopback addresses
+        /// only. Without it every connection is mutual TLS (docs/security.md).
+        #[arg(long)]
+        insecure: bool,
     },
     /// Mount a crest server on a directory (in the background unless --foreground).
     Mount {
@@ -97,6 +106,32 @@ enum Command {
         /// which to report "ok" once mounted, or why not.
         #[arg(long, hide = true, requires = "foreground")]
         ready_pipe: bool,
+        /// Talk to a server run with --insecure (plaintext, no authentication); also
+        /// `-o insecure`.
+        #[arg(long)]
+        insecure: bool,
+        /// Join the server first with this token (from `crest token create` there),
+        /// unless this host already joined it.
+        #[arg(long)]
+        token: Option<String>,
+    },
+    /// Join another host's crest server: redeem a token from `crest token create` there
+    /// for a client certificate, kept for later mounts of ADDR.
+    Join {
+        /// Server address: HOST[:PORT].
+        addr: String,
+        /// The token.
+        token: String,
+    },
+    /// Join tokens for other machines (run on the server's host).
+    Token {
+        #[command(subcommand)]
+        cmd: trust::TokenCmd,
+    },
+    /// Client certificates this host's CA issued: list, revoke.
+    Cert {
+        #[command(subcommand)]
+        cmd: trust::CertCmd,
     },
     /// Unmount a crest mount (refuses anything that is not a fuse.crest mount).
     Umount {
@@ -154,7 +189,13 @@ fn open_disk(image: &Path, mut io: DiskIo) -> Result<Box<dyn crest_store::Disk>>
 /// Where `crest serve` listens unless told otherwise.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
 
-fn serve(image: &Path, listen: &str, commit_interval_ms: u64, disk_io: DiskIo) -> Result<()> {
+fn serve(
+    image: &Path,
+    listen: &str,
+    commit_interval_ms: u64,
+    disk_io: DiskIo,
+    security: crest_serve::Security,
+) -> Result<()> {
     let disk = open_disk(image, disk_io)?;
     let mut store =
         Store::open_keeping_orphans(disk).with_context(|| format!("opening the file system on {}", image.display()))?;
@@ -168,7 +209,8 @@ fn serve(image: &Path, listen: &str, commit_interval_ms: u64, disk_io: DiskIo) -
         .build()
         .context("starting the runtime")?;
     rt.block_on(async {
-        let serving = crest_serve::start(store, listen).await.with_context(|| format!("listening on {listen}"))?;
+        let serving =
+            crest_serve::start(store, listen, security).await.with_context(|| format!("listening on {listen}"))?;
         eprintln!("crest: serving {} on {}", image.display(), serving.local_addr);
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
@@ -181,6 +223,14 @@ fn serve(image: &Path, listen: &str, commit_interval_ms: u64, disk_io: DiskIo) -
         eprintln!("crest: {} closed cleanly at generation {}", image.display(), store.generation());
         Ok(())
     })
+}
+
+/// `crest join`: says what it got.
+fn join(state: &crest_tls::StateDir, addr: &str, token: &str) -> Result<()> {
+    let addr = mount::parse_addr(addr)?;
+    let name = trust::join(state, &addr, token)?;
+    println!("crest: joined {addr} as {name:?}; mount it with: crest mount {addr} DIR");
+    Ok(())
 }
 
 /// Parses sizes like `20G`, `512M`, `4k` or `1048576` (binary units).
@@ -412,10 +462,11 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    let state = trust::state_dir(cli.state_dir.as_ref());
     let (result, failure) = match cli.command {
         Command::Mkfs { image, size, force, json } => (mkfs(&image, size, force, json), exit::FAILURE),
         Command::Fsck { image, json } => return ExitCode::from(fsck(&image, json)),
-        Command::Mount { addr, mountpoint, options, foreground, timeout, ready_pipe } => {
+        Command::Mount { addr, mountpoint, options, foreground, timeout, ready_pipe, insecure, token } => {
             let voice = if helper { mount::Voice::Helper } else { mount::Voice::Crest };
             let req = mount::Request {
                 addr: &addr,
@@ -425,12 +476,20 @@ fn main() -> ExitCode {
                 timeout,
                 ready_pipe,
                 voice,
+                insecure,
+                token: token.as_deref(),
+                state: &state,
             };
             (mount::mount(&req), exit::MOUNT_FAILURE)
         }
+        Command::Join { addr, token } => (join(&state, &addr, &token), exit::FAILURE),
+        Command::Token { cmd } => (trust::token(&state, cmd), exit::FAILURE),
+        Command::Cert { cmd } => (trust::cert(&state, cmd), exit::FAILURE),
         Command::Umount { mountpoint, lazy } => (mount::umount(&mountpoint, lazy), exit::MOUNT_FAILURE),
-        Command::Serve { image, listen, commit_interval_ms, disk_io } => {
-            (serve(&image, &listen, commit_interval_ms, disk_io.into()), exit::FAILURE)
+        Command::Serve { image, listen, commit_interval_ms, disk_io, insecure } => {
+            let served = trust::server_security(&state, &listen, insecure)
+                .and_then(|security| serve(&image, &listen, commit_interval_ms, disk_io.into(), security));
+            (served, exit::FAILURE)
         }
     };
     match result {

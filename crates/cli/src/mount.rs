@@ -98,6 +98,12 @@ pub struct Request<'a> {
     /// Set in the daemon `mount_in_background` starts: report readiness on stdout.
     pub ready_pipe: bool,
     pub voice: Voice,
+    /// Plaintext, for a server run `--insecure` (also `-o insecure`).
+    pub insecure: bool,
+    /// A join token to redeem first, unless this host joined the server already.
+    pub token: Option<&'a str>,
+    /// Where the credentials are.
+    pub state: &'a crest_tls::StateDir,
 }
 
 /// `-o timeout=SECONDS` (fstab's way to say `--timeout`), taken out of `opts`: how long
@@ -122,7 +128,12 @@ fn take_timeout(opts: &mut Vec<String>) -> Result<Option<u64>> {
 pub fn mount(req: &Request) -> Result<()> {
     let mut opts = parse_options(req.options)?;
     let timeout = take_timeout(&mut opts)?.unwrap_or(req.timeout);
-    let req = &Request { timeout, ..*req };
+    let insecure = req.insecure || {
+        let before = opts.len();
+        opts.retain(|o| o != "insecure");
+        opts.len() != before
+    };
+    let req = &Request { timeout, insecure, ..*req };
     let addr = parse_addr(req.addr)?;
     if opts.iter().any(|o| o == "remount") {
         remount(req.mountpoint, &opts)?;
@@ -140,11 +151,19 @@ pub fn mount(req: &Request) -> Result<()> {
     }
     // An unknown host fails here, at once, rather than in the daemon.
     std::net::ToSocketAddrs::to_socket_addrs(&addr).with_context(|| format!("resolving {addr}"))?;
+    if let Some(token) = req.token.filter(|_| !insecure) {
+        if crest_tls::Credentials::joined(req.state, &addr)?.is_none() {
+            let name = crate::trust::join(req.state, &addr, token)?;
+            eprintln!("crest: joined {addr} as {name:?}");
+        }
+    }
+    // Missing credentials fail here too.
+    let tls = crate::trust::client_tls(req.state, &addr, insecure)?;
     if !req.foreground {
         return mount_in_background(&addr, &target, req);
     }
     let mut ready = if req.ready_pipe { Some(take_ready_pipe()?) } else { None };
-    let served = serve_mount(&addr, &target, opts, req.timeout, &mut ready);
+    let served = serve_mount(&addr, &target, opts, req.timeout, tls, &mut ready);
     if let (Err(e), Some(mut pipe)) = (&served, ready) {
         // The parent is waiting: it prints this and exits non-zero. The pipe may be
         // gone already (the parent died); the error still goes to the log.
@@ -172,11 +191,13 @@ fn serve_mount(
     target: &Path,
     opts: Vec<String>,
     timeout: u64,
+    tls: Option<std::sync::Arc<crest_tls::ClientConfig>>,
     ready: &mut Option<std::fs::File>,
 ) -> Result<()> {
     let client_opts = crest_net::ClientOptions {
-        client_name: format!("{}:{}", hostname(), target.display()),
+        client_name: format!("{}:{}", crate::trust::hostname(), target.display()),
         op_timeout: Duration::from_secs(timeout),
+        tls,
         ..Default::default()
     };
     let client = crest_net::Client::connect(addr, client_opts).map_err(|e| anyhow!(e))?;
@@ -200,12 +221,6 @@ fn serve_mount(
     guard.join().with_context(|| format!("serving {}", target.display()))
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "client".into())
-}
-
 /// Where the background daemon of a mount logs.
 fn log_path(target: &Path) -> PathBuf {
     std::env::temp_dir().join(format!("crest-mount{}.log", target.display().to_string().replace('/', "_")))
@@ -227,6 +242,10 @@ fn mount_in_background(addr: &str, target: &Path, req: &Request) -> Result<()> {
     let mut cmd = std::process::Command::new(exe);
     // The mount point stays the last argument (tests find the daemon by it).
     cmd.arg("mount").arg("--foreground").arg("--ready-pipe").arg("--timeout").arg(req.timeout.to_string());
+    cmd.arg("--state-dir").arg(req.state.path());
+    if req.insecure {
+        cmd.arg("--insecure");
+    }
     if let Some(o) = req.options {
         cmd.arg("-o").arg(o);
     }

@@ -40,7 +40,8 @@ fn round_trip(extra: &[&str]) {
         .expect("mkfs");
     let store = Store::open(Box::new(disk)).expect("open");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let serving = rt.block_on(crest_serve::start(store, "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(store, "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let client = crest_net::Client::connect(&addr, crest_net::ClientOptions::default()).expect("connect");
     let dir = tempfile::tempdir().expect("tempdir");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crest_client::conn::{Call, Connection, Event, RightsHook, State, HANDSHAKE_WAIT};
 use crest_proto as p;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -38,6 +38,8 @@ pub struct ClientOptions {
     pub op_timeout: Duration,
     /// How long the first connection may take.
     pub connect_timeout: Duration,
+    /// Mutual TLS (`crest_tls::client_config`), or `None` for a server run `--insecure`.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ClientOptions {
@@ -46,6 +48,7 @@ impl Default for ClientOptions {
             client_name: "crest-client".into(),
             op_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -542,7 +545,7 @@ impl Driver {
     }
 
     /// Reads the answer to the hello (each read within `HANDSHAKE_WAIT`).
-    async fn handshake(&mut self, rd: &mut tokio::net::tcp::OwnedReadHalf, buf: &mut [u8]) {
+    async fn handshake(&mut self, rd: &mut Reader, buf: &mut [u8]) {
         let mut give_up = tokio::time::Instant::now() + HANDSHAKE_WAIT;
         while self.core.state() == State::Handshaking {
             let deadline = tokio::time::Instant::from_std(self.core.poll_timeout());
@@ -587,6 +590,113 @@ impl Driver {
     }
 }
 
+type Reader = Box<dyn AsyncRead + Unpin + Send>;
+type Writer = Box<dyn AsyncWrite + Unpin + Send>;
+
+impl Driver {
+    /// The connection's two halves: plain, or after a TLS handshake (within
+    /// `HANDSHAKE_WAIT`, the lease kept meanwhile). Why not, if the handshake failed.
+    async fn secure(&mut self, stream: TcpStream) -> Result<(Reader, Writer), ClientError> {
+        let Some(config) = self.opts.tls.clone() else {
+            let (rd, wr) = stream.into_split();
+            return Ok((Box::new(rd), Box::new(wr)));
+        };
+        let tls = self
+            .with_timers(tokio::time::timeout(HANDSHAKE_WAIT, tls_connect(config, stream)))
+            .await
+            .map_err(|_| ClientError::NotCrest { addr: self.addr.clone(), detail: "no TLS handshake in time".into() })?
+            .map_err(|e| tls_error(&self.addr, e))?;
+        let (rd, wr) = tokio::io::split(tls);
+        Ok((Box::new(rd), Box::new(wr)))
+    }
+}
+
+/// A TLS 1.3 handshake as a client of `config` (which pins the server's CA).
+async fn tls_connect(
+    config: Arc<rustls::ClientConfig>,
+    stream: TcpStream,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).map_err(std::io::Error::other)?;
+    tokio_rustls::TlsConnector::from(config).connect(name, stream).await
+}
+
+/// What a failed TLS handshake means to a user: certificates that do not match, or a peer
+/// that does not speak crest over TLS.
+fn tls_error(addr: &str, e: std::io::Error) -> ClientError {
+    let detail = e.to_string();
+    let certs = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()).is_some_and(|r| {
+        matches!(
+            r,
+            rustls::Error::InvalidCertificate(_)
+                | rustls::Error::NoCertificatesPresented
+                | rustls::Error::General(_)
+                | rustls::Error::AlertReceived(
+                    rustls::AlertDescription::BadCertificate
+                        | rustls::AlertDescription::UnknownCA
+                        | rustls::AlertDescription::CertificateRequired
+                        | rustls::AlertDescription::CertificateRevoked
+                        | rustls::AlertDescription::CertificateExpired
+                        | rustls::AlertDescription::CertificateUnknown
+                        | rustls::AlertDescription::AccessDenied
+                )
+        )
+    });
+    if certs {
+        let detail = format!(
+            "{detail}; to mount a server of another host, join it first (`crest token create` there, \
+             `crest join {addr} TOKEN` here)"
+        );
+        return ClientError::Untrusted { addr: addr.to_string(), detail };
+    }
+    let detail = format!("the TLS handshake failed: {detail} (a server run with --insecure needs --insecure here too)");
+    ClientError::NotCrest { addr: addr.to_string(), detail }
+}
+
+/// The name every crest server's certificate carries (`crest_tls::SERVER_NAME`).
+const SERVER_NAME: &str = "crest";
+
+/// Redeems a join token at `addr` (`config` pins the CA the token names): one connection,
+/// one request, one answer.
+pub fn join(
+    addr: &str,
+    config: Arc<rustls::ClientConfig>,
+    req: p::Join,
+    wait: Duration,
+) -> Result<p::Joined, ClientError> {
+    let err = |detail: String| ClientError::Connect { addr: addr.to_string(), detail };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| err(e.to_string()))?;
+    let exchange = async {
+        let stream = TcpStream::connect(addr).await.map_err(|e| err(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let not_crest = |detail: String| ClientError::NotCrest { addr: addr.to_string(), detail };
+        let mut tls = tls_connect(config, stream).await.map_err(|e| tls_error(addr, e))?;
+        let mut buf = Vec::new();
+        p::encode_frame(&p::ClientMessage::Join(req), &mut buf).map_err(|e| err(e.to_string()))?;
+        tls.write_all(&buf).await.map_err(|e| err(e.to_string()))?;
+        tls.flush().await.map_err(|e| err(e.to_string()))?;
+        let mut decoder = p::FrameDecoder::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            match decoder.poll_message::<p::ServerMessage>() {
+                Ok(Some(m)) => return Ok(m),
+                Ok(None) => {}
+                Err(e) => return Err(not_crest(e.to_string())),
+            }
+            match tls.read(&mut chunk).await {
+                Ok(0) => return Err(err("the server closed the connection".into())),
+                Ok(n) => decoder.handle_bytes(&chunk[..n]),
+                Err(e) => return Err(err(e.to_string())),
+            }
+        }
+    };
+    let answer = rt.block_on(async { tokio::time::timeout(wait, exchange).await });
+    match answer.map_err(|_| err(format!("no answer within {} s", wait.as_secs())))?? {
+        p::ServerMessage::Joined(j) => Ok(j),
+        p::ServerMessage::Refused { reason, .. } => Err(ClientError::Refused { addr: addr.to_string(), reason }),
+        other => Err(ClientError::NotCrest { addr: addr.to_string(), detail: format!("answered {other:?}") }),
+    }
+}
+
 /// The connection loop: connect, handshake, resend what is pending, then move requests
 /// and responses until the connection breaks; repeat.
 async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
@@ -613,7 +723,22 @@ async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let (mut rd, wr) = stream.into_split();
+        let (mut rd, wr) = match d.secure(stream).await {
+            Ok(halves) => halves,
+            Err(e) => {
+                if !d.core.has_connected() {
+                    d.core.fail(e);
+                    d.deliver();
+                    return;
+                }
+                tracing::warn!("{e}; retrying in {backoff:?}");
+                if !d.wait_away(&mut calls, &mut backoff).await {
+                    d.deliver();
+                    return;
+                }
+                continue;
+            }
+        };
         let mut wr = BufWriter::with_capacity(256 * 1024, wr);
         d.core.connected(Instant::now());
         if d.transmit(&mut wr).await {

@@ -19,5 +19,5 @@
 pub mod client;
 
 pub use client::{
-    AsyncPermit, Client, ClientError, ClientOptions, Completion, Recall, Rights, MAX_ASYNC_BYTES, MAX_IN_FLIGHT,
+    join, AsyncPermit, Client, ClientError, ClientOptions, Completion, Recall, Rights, MAX_ASYNC_BYTES, MAX_IN_FLIGHT,
 };

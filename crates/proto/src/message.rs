@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 /// First bytes of a client hello, so a stray connection is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
 /// Longest client name a hello may carry, in bytes (the server keeps it with the session
@@ -736,6 +736,36 @@ pub enum ClientMessage {
         /// `Notify::Recall::recall_id`.
         recall_id: u64,
     },
+    /// Instead of a hello, on a TLS connection without a client certificate: redeem a
+    /// join token for one (docs/security.md). Answered `Joined` or `Refused`; then the
+    /// connection closes.
+    Join(Join),
+}
+
+/// A joining client's request for a certificate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Join {
+    /// `HELLO_MAGIC`.
+    pub magic: [u8; 4],
+    /// The client's `PROTOCOL_VERSION`.
+    pub version: u32,
+    /// The token `crest token create` printed.
+    pub token: String,
+    /// The name the client asks for (its host name); at most `MAX_CLIENT_NAME_BYTES` bytes.
+    pub name: String,
+    /// A PKCS#10 certificate request (DER) for the key the client keeps.
+    pub csr: Vec<u8>,
+}
+
+/// What a joined client gets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Joined {
+    /// Its certificate (DER).
+    pub cert: Vec<u8>,
+    /// The server's CA (DER), whose fingerprint the token named.
+    pub ca: Vec<u8>,
+    /// The name in the certificate.
+    pub name: String,
 }
 
 /// Everything a server sends.
@@ -754,6 +784,8 @@ pub enum ServerMessage {
     Response(Response),
     /// Unsolicited.
     Notify(Notify),
+    /// A join token redeemed.
+    Joined(Joined),
 }
 
 /// Checks a hello and says why it is refused.
@@ -766,6 +798,20 @@ pub fn check_hello(h: &Hello) -> Result<(), String> {
     }
     if h.client_name.len() > MAX_CLIENT_NAME_BYTES {
         return Err(format!("client name of {} bytes (at most {MAX_CLIENT_NAME_BYTES})", h.client_name.len()));
+    }
+    Ok(())
+}
+
+/// Checks a join request's shape (the token itself is the server's to judge).
+pub fn check_join(j: &Join) -> Result<(), String> {
+    if j.magic != HELLO_MAGIC {
+        return Err(format!("not a crest client (magic {:02x?})", j.magic));
+    }
+    if j.version != PROTOCOL_VERSION {
+        return Err(format!("client speaks protocol version {}, this server speaks {PROTOCOL_VERSION}", j.version));
+    }
+    if j.name.len() > MAX_CLIENT_NAME_BYTES || j.token.len() > 256 || j.csr.len() > 16 * 1024 {
+        return Err("join request too large".into());
     }
     Ok(())
 }

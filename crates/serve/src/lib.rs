@@ -12,39 +12,100 @@
 //! request, commits and hands the store back. Store operations block the thread while they
 //! run: they are serial anyway.
 //!
+//! Connections are mutual TLS 1.3 (`Security::Tls`) unless the server runs `--insecure`: a
+//! client presenting a certificate the host's authority issued and did not revoke may say
+//! hello; one presenting none may only redeem a join token; any other is refused. A client
+//! whose certificate is revoked while connected is disconnected and its session ended.
+//!
 //! Invariants:
-//! - a connection must say a valid hello within `HELLO_TIMEOUT`; any malformed, oversized
+//! - a connection must finish its TLS handshake and say a valid hello within
+//!   `HELLO_TIMEOUT` each; any malformed, oversized
 //!   or out-of-order frame ends that connection with a logged error, never the server;
 //! - the store is touched only by the store task.
 //!
 //! Not yet bounded: a connection's outbox (see ARCHITECTURE.md, `crates/serve`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
 use crest_server::{Outgoing, Server, SessionId};
 use crest_store::Store;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::OwnedReadHalf;
+use crest_tls::{Authority, Fingerprint};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// How long a new connection has to say hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Outbox = mpsc::UnboundedSender<ServerMessage>;
+type Reader = Box<dyn AsyncRead + Unpin + Send>;
+type Writer = Box<dyn AsyncWrite + Unpin + Send>;
+
+/// How connections are secured.
+#[derive(Clone)]
+pub enum Security {
+    /// Plaintext and no authentication (`crest serve --insecure`, loopback only).
+    Insecure,
+    /// Mutual TLS 1.3 against the host's authority.
+    Tls(Arc<Authority>),
+}
+
+/// What the accept loop hands each TLS connection.
+struct Gate {
+    acceptor: tokio_rustls::TlsAcceptor,
+    authority: Arc<Authority>,
+    /// Revoked certificates, as the authority's register last said.
+    revoked: watch::Receiver<Arc<HashSet<Fingerprint>>>,
+}
+
+/// A client the authority admitted: who, and the news of revocations.
+struct Admitted {
+    fingerprint: Fingerprint,
+    name: String,
+    revoked: watch::Receiver<Arc<HashSet<Fingerprint>>>,
+}
 
 enum Cmd {
-    Hello { hello: p::Hello, peer: SocketAddr, out: Outbox, reply: oneshot::Sender<(Option<SessionId>, ServerMessage)> },
-    Request { session: SessionId, req: p::Request, out: Outbox },
-    Goodbye { session: SessionId },
-    RecallDone { session: SessionId, recall_id: u64 },
-    Replayed { session: SessionId },
-    Disconnected { session: SessionId, out: Outbox },
-    Shutdown { done: oneshot::Sender<Result<Store, crest_store::Error>> },
-    Kill { done: oneshot::Sender<Store> },
+    Hello {
+        hello: p::Hello,
+        peer: SocketAddr,
+        out: Outbox,
+        reply: oneshot::Sender<(Option<SessionId>, ServerMessage)>,
+    },
+    Request {
+        session: SessionId,
+        req: p::Request,
+        out: Outbox,
+    },
+    Goodbye {
+        session: SessionId,
+    },
+    /// The session's certificate was revoked: it ends, as if it said goodbye.
+    Revoked {
+        session: SessionId,
+        out: Outbox,
+    },
+    RecallDone {
+        session: SessionId,
+        recall_id: u64,
+    },
+    Replayed {
+        session: SessionId,
+    },
+    Disconnected {
+        session: SessionId,
+        out: Outbox,
+    },
+    Shutdown {
+        done: oneshot::Sender<Result<Store, crest_store::Error>>,
+    },
+    Kill {
+        done: oneshot::Sender<Store>,
+    },
 }
 
 fn now() -> p::Time {
@@ -114,6 +175,12 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
         Cmd::Goodbye { session } => {
             srv.end_session(session);
             outboxes.remove(&session);
+        }
+        Cmd::Revoked { session, out } => {
+            if outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
+                outboxes.remove(&session);
+            }
+            srv.end_session(session);
         }
         Cmd::Shutdown { done } => {
             // Everything queued before the shutdown has been handled (FIFO channel).
@@ -190,12 +257,19 @@ pub struct Serving {
     accept: Option<oneshot::Receiver<()>>,
 }
 
-/// Binds `listen` and starts serving `store` on a thread of its own. Async only to keep
-/// the callers' shape: it does not need their runtime.
-pub async fn start(store: Store, listen: &str) -> std::io::Result<Serving> {
+/// Binds `listen` and starts serving `store` on a thread of its own, securing connections
+/// as `security` says. Async only to keep the callers' shape: it does not need their runtime.
+pub async fn start(store: Store, listen: &str, security: Security) -> std::io::Result<Serving> {
     let listener = std::net::TcpListener::bind(listen)?;
     listener.set_nonblocking(true)?;
     let local_addr = listener.local_addr()?;
+    let tls = match &security {
+        Security::Insecure => None,
+        Security::Tls(authority) => {
+            let config = authority.server_config().map_err(std::io::Error::other)?;
+            Some((tokio_rustls::TlsAcceptor::from(config), authority.clone()))
+        }
+    };
     let (cmds, rx) = mpsc::unbounded_channel();
     let server = Server::new(store);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -204,23 +278,53 @@ pub async fn start(store: Store, listen: &str) -> std::io::Result<Serving> {
     let accept_cmds = cmds.clone();
     std::thread::Builder::new().name("crest-server".into()).spawn(move || {
         runtime.block_on(async move {
+            let gate = tls.map(|(acceptor, authority)| {
+                let revoked = watch_revocations(authority.clone());
+                Arc::new(Gate { acceptor, authority, revoked })
+            });
             match TcpListener::from_std(listener) {
                 Ok(listener) => {
-                    tokio::spawn(accept_loop(listener, accept_cmds, stop_rx, accept_done_tx));
+                    tokio::spawn(accept_loop(listener, accept_cmds, gate, stop_rx, accept_done_tx));
                 }
                 Err(e) => tracing::error!("cannot listen: {e}"),
             }
             store_task(server, rx).await;
         });
     })?;
-    tracing::info!(%local_addr, "serving");
+    tracing::info!(%local_addr, tls = matches!(security, Security::Tls(_)), "serving");
     Ok(Serving { local_addr, cmds, stop: Some(stop_tx), accept: Some(accept_done_rx) })
+}
+
+/// How often the register of clients is looked at for revocations.
+const REVOCATION_POLL: Duration = Duration::from_secs(1);
+
+/// Re-reads the register when its file changes and publishes the revoked certificates.
+fn watch_revocations(authority: Arc<Authority>) -> watch::Receiver<Arc<HashSet<Fingerprint>>> {
+    let (tx, rx) = watch::channel(Arc::new(authority.revoked()));
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(REVOCATION_POLL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            match authority.refresh() {
+                Ok(true) => {
+                    if tx.send(Arc::new(authority.revoked())).is_err() {
+                        return;
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!("cannot re-read the client register, keeping the last one: {e}"),
+            }
+        }
+    });
+    rx
 }
 
 /// Accepts connections until `stop` fires (or the server thread ends), then says so.
 async fn accept_loop(
     listener: TcpListener,
     cmds: mpsc::UnboundedSender<Cmd>,
+    gate: Option<Arc<Gate>>,
     mut stop: oneshot::Receiver<()>,
     done: oneshot::Sender<()>,
 ) {
@@ -230,8 +334,9 @@ async fn accept_loop(
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
                     let cmds = cmds.clone();
+                    let gate = gate.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = connection(stream, peer, cmds).await {
+                        if let Err(e) = connection(stream, peer, cmds, gate).await {
                             tracing::warn!(%peer, "connection closed: {e}");
                         }
                     });
@@ -302,6 +407,7 @@ fn encode_message(m: &ServerMessage, buf: &mut Vec<u8>) {
             ServerMessage::Refused { .. } => "refusal",
             ServerMessage::Notify(_) => "notice",
             ServerMessage::Response(_) => "response",
+            ServerMessage::Joined(_) => "certificate",
         };
         return tracing::error!("cannot send a {kind}: {e}");
     };
@@ -313,9 +419,131 @@ fn encode_message(m: &ServerMessage, buf: &mut Vec<u8>) {
     }
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSender<Cmd>) -> Result<(), ConnError> {
+/// Secures a new connection as the gate says, then serves it.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    cmds: mpsc::UnboundedSender<Cmd>,
+    gate: Option<Arc<Gate>>,
+) -> Result<(), ConnError> {
     let _ = stream.set_nodelay(true);
-    let (mut rd, wr) = stream.into_split();
+    let Some(gate) = gate else {
+        let (rd, wr) = stream.into_split();
+        return serve(Box::new(rd), Box::new(wr), peer, cmds, None, None).await;
+    };
+    let tls = tokio::time::timeout(HELLO_TIMEOUT, gate.acceptor.accept(stream))
+        .await
+        .map_err(|_| ConnError::Other("no TLS handshake in time".into()))??;
+    let fingerprint = crest_tls::peer_fingerprint(tls.get_ref().1);
+    let (rd, wr) = tokio::io::split(tls);
+    let admitted = match fingerprint {
+        None => None,
+        Some(fingerprint) => match gate.authority.admit(&fingerprint) {
+            Ok(name) => Some(Admitted { fingerprint, name, revoked: gate.revoked.clone() }),
+            Err(reason) => {
+                send_once(
+                    Box::new(wr),
+                    &ServerMessage::Refused { reason: reason.clone(), version: p::PROTOCOL_VERSION },
+                )
+                .await;
+                return Err(ConnError::Other(format!("refused: {reason}")));
+            }
+        },
+    };
+    serve(Box::new(rd), Box::new(wr), peer, cmds, Some(gate), admitted).await
+}
+
+/// Sends one message and closes.
+async fn send_once(mut wr: Writer, m: &ServerMessage) {
+    let mut buf = Vec::new();
+    encode_message(m, &mut buf);
+    let _ = wr.write_all(&buf).await;
+    let _ = wr.flush().await;
+    let _ = wr.shutdown().await;
+}
+
+/// Redeems a join token (the authority writes files and signs: off this thread).
+async fn join(wr: Writer, gate: &Gate, join: p::Join, peer: SocketAddr) -> Result<(), ConnError> {
+    let answer = match p::check_join(&join) {
+        Err(reason) => Err(reason),
+        Ok(()) => {
+            let authority = gate.authority.clone();
+            let redeemed =
+                tokio::task::spawn_blocking(move || authority.redeem(&join.token, &join.name, &join.csr)).await;
+            match redeemed {
+                Ok(Ok(issued)) => Ok(issued),
+                Ok(Err(e)) => Err(e.0),
+                Err(e) => Err(format!("the server failed: {e}")),
+            }
+        }
+    };
+    let msg = match &answer {
+        Ok(i) => {
+            tracing::info!(%peer, name = %i.name, "client joined");
+            ServerMessage::Joined(p::Joined { cert: i.cert.clone(), ca: i.ca.clone(), name: i.name.clone() })
+        }
+        Err(reason) => {
+            tracing::warn!(%peer, "join refused: {reason}");
+            ServerMessage::Refused { reason: reason.clone(), version: p::PROTOCOL_VERSION }
+        }
+    };
+    send_once(wr, &msg).await;
+    Ok(())
+}
+
+/// Reads the first message of a connection (within `HELLO_TIMEOUT`).
+async fn first_message(
+    rd: &mut Reader,
+    decoder: &mut FrameDecoder,
+    buf: &mut [u8],
+) -> Result<ClientMessage, ConnError> {
+    tokio::time::timeout(HELLO_TIMEOUT, async {
+        loop {
+            if let Some(m) = decoder.poll_message::<ClientMessage>()? {
+                return Ok::<_, ConnError>(m);
+            }
+            let n = rd.read(buf).await?;
+            if n == 0 {
+                return Err(ConnError::Other("closed before hello".into()));
+            }
+            decoder.handle_bytes(&buf[..n]);
+        }
+    })
+    .await
+    .map_err(|_| ConnError::Other("no hello in time".into()))?
+}
+
+/// Serves a connection: its hello (or join), then its session's messages until it ends.
+/// `gate` is the TLS gate (None for `--insecure`); `admitted`, who the certificate says.
+async fn serve(
+    mut rd: Reader,
+    wr: Writer,
+    peer: SocketAddr,
+    cmds: mpsc::UnboundedSender<Cmd>,
+    gate: Option<Arc<Gate>>,
+    admitted: Option<Admitted>,
+) -> Result<(), ConnError> {
+    let mut decoder = FrameDecoder::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let hello = match first_message(&mut rd, &mut decoder, &mut buf).await? {
+        ClientMessage::Join(j) => {
+            let Some(gate) = gate else {
+                let reason = "this server runs --insecure: there is nothing to join".to_string();
+                send_once(wr, &ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION }).await;
+                return Ok(());
+            };
+            return join(wr, &gate, j, peer).await;
+        }
+        ClientMessage::Hello(h) if gate.is_none() || admitted.is_some() => h,
+        ClientMessage::Hello(_) => {
+            let reason = "no client certificate: join this server first (crest token create on the server, \
+                          then crest join ADDR TOKEN)"
+                .to_string();
+            send_once(wr, &ServerMessage::Refused { reason: reason.clone(), version: p::PROTOCOL_VERSION }).await;
+            return Err(ConnError::Other(reason));
+        }
+        other => return Err(ConnError::Other(format!("first message is not a hello: {other:?}"))),
+    };
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<ServerMessage>();
     let writer = tokio::spawn(async move {
         let mut wr = BufWriter::with_capacity(256 * 1024, wr);
@@ -331,26 +559,6 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSe
             }
         }
     });
-    let mut decoder = FrameDecoder::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    // Handshake.
-    let hello = tokio::time::timeout(HELLO_TIMEOUT, async {
-        loop {
-            if let Some(m) = decoder.poll_message::<ClientMessage>()? {
-                return Ok::<_, ConnError>(m);
-            }
-            let n = rd.read(&mut buf).await?;
-            if n == 0 {
-                return Err(ConnError::Other("closed before hello".into()));
-            }
-            decoder.handle_bytes(&buf[..n]);
-        }
-    })
-    .await
-    .map_err(|_| ConnError::Other("no hello in time".into()))??;
-    let ClientMessage::Hello(hello) = hello else {
-        return Err(ConnError::Other(format!("first message is not a hello: {hello:?}")));
-    };
     let (reply, rx) = oneshot::channel();
     cmds.send(Cmd::Hello { hello, peer, out: out_tx.clone(), reply })
         .map_err(|_| ConnError::Other("server stopping".into()))?;
@@ -361,8 +569,10 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSe
         let _ = writer.await;
         return Ok(());
     };
-    tracing::debug!(%peer, session, "client connected");
-    let ended = session_messages(&mut rd, &mut decoder, &mut buf, &cmds, session, &out_tx).await;
+    let who = admitted.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| "(insecure)".into());
+    tracing::debug!(%peer, session, client = who, "client connected");
+    let mut revoked = admitted.map(|a| (a.fingerprint, a.revoked));
+    let ended = session_messages(&mut rd, &mut decoder, &mut buf, &cmds, session, &out_tx, &mut revoked).await;
     match ended {
         Ok(Ended::Goodbye) => {
             drop(out_tx);
@@ -370,6 +580,12 @@ async fn connection(stream: TcpStream, peer: SocketAddr, cmds: mpsc::UnboundedSe
             return Ok(());
         }
         Ok(Ended::Stopping) => return Ok(()),
+        Ok(Ended::Revoked) => {
+            tracing::warn!(%peer, session, client = who, "certificate revoked: session ended");
+            let _ = cmds.send(Cmd::Revoked { session, out: out_tx.clone() });
+            writer.abort();
+            return Ok(());
+        }
         Ok(Ended::Closed) => {}
         Err(ConnError::Proto(ref e)) => tracing::error!(%peer, session, "bad frame: {e}"),
         Err(_) => {}
@@ -391,17 +607,34 @@ enum Ended {
     Goodbye,
     /// The store task is gone.
     Stopping,
+    /// The client's certificate was revoked.
+    Revoked,
+}
+
+/// Waits until `fp` is among the revoked certificates (never, for an insecure connection
+/// or when the server stops publishing).
+async fn revocation(revoked: &mut Option<(Fingerprint, watch::Receiver<Arc<HashSet<Fingerprint>>>)>) {
+    let Some((fp, rx)) = revoked else { return std::future::pending().await };
+    loop {
+        if rx.borrow_and_update().contains(fp) {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
 }
 
 /// Hands a session's messages to the store task until the connection ends; an error is a
 /// broken connection or a protocol violation.
 async fn session_messages(
-    rd: &mut OwnedReadHalf,
+    rd: &mut Reader,
     decoder: &mut FrameDecoder,
     buf: &mut [u8],
     cmds: &mpsc::UnboundedSender<Cmd>,
     session: SessionId,
     out: &Outbox,
+    revoked: &mut Option<(Fingerprint, watch::Receiver<Arc<HashSet<Fingerprint>>>)>,
 ) -> Result<Ended, ConnError> {
     loop {
         while let Some(msg) = decoder.poll_message::<ClientMessage>()? {
@@ -413,15 +646,20 @@ async fn session_messages(
                     let _ = cmds.send(Cmd::Goodbye { session });
                     return Ok(Ended::Goodbye);
                 }
-                ClientMessage::Hello(_) => return Err(ConnError::Other("second hello on one connection".into())),
+                ClientMessage::Hello(_) | ClientMessage::Join(_) => {
+                    return Err(ConnError::Other("a second hello on one connection".into()))
+                }
             };
             if cmds.send(cmd).is_err() {
                 return Ok(Ended::Stopping);
             }
         }
-        match rd.read(buf).await? {
-            0 => return Ok(Ended::Closed),
-            n => decoder.handle_bytes(&buf[..n]),
+        tokio::select! {
+            r = rd.read(buf) => match r? {
+                0 => return Ok(Ended::Closed),
+                n => decoder.handle_bytes(&buf[..n]),
+            },
+            () = revocation(revoked) => return Ok(Ended::Revoked),
         }
     }
 }

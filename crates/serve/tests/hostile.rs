@@ -32,7 +32,8 @@ fn server_process() {
         .expect("mkfs");
     let store = Store::open(Box::new(disk)).expect("open");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let serving = rt.block_on(crest_serve::start(store, "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(store, "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     println!("PORT {}", serving.local_addr.port());
     std::io::stdout().flush().expect("stdout");
     let mut rest = Vec::new();

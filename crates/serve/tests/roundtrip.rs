@@ -50,7 +50,8 @@ fn rt() -> tokio::runtime::Runtime {
 #[test]
 fn requests_round_trip_and_threads_share_one_connection() {
     let rt = rt();
-    let serving = rt.block_on(crest_serve::start(store(), "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(store(), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let client = std::sync::Arc::new(Client::connect(&addr, ClientOptions::default()).expect("connect"));
     let Ok(Reply::Entry(attr)) = client.call_one(create("f")) else { panic!("create") };
@@ -101,7 +102,8 @@ fn requests_round_trip_and_threads_share_one_connection() {
 #[test]
 fn a_restarted_server_is_reconnected_to_and_pending_calls_complete() {
     let rt = rt();
-    let serving = rt.block_on(crest_serve::start(store(), "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(store(), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
     client.call_one(create("before")).expect("create");
@@ -112,7 +114,7 @@ fn a_restarted_server_is_reconnected_to_and_pending_calls_complete() {
         (client, r)
     });
     std::thread::sleep(Duration::from_millis(300));
-    let serving = rt.block_on(crest_serve::start(store, &addr)).expect("restart");
+    let serving = rt.block_on(crest_serve::start(store, &addr, crest_serve::Security::Insecure)).expect("restart");
     let (client, r) = c.join().expect("caller");
     assert!(r.is_ok(), "{r:?}");
     for name in [&b"before"[..], b"during"] {
@@ -125,7 +127,8 @@ fn a_restarted_server_is_reconnected_to_and_pending_calls_complete() {
 #[test]
 fn garbage_and_wrong_versions_are_refused_and_others_carry_on() {
     let rt = rt();
-    let serving = rt.block_on(crest_serve::start(store(), "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(store(), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let good = Client::connect(&addr, ClientOptions::default()).expect("connect");
     // Garbage: an HTTP request, a huge length prefix, a truncated frame then hang-up.
@@ -179,7 +182,8 @@ fn garbage_and_wrong_versions_are_refused_and_others_carry_on() {
 fn a_killed_server_loses_nothing_it_acknowledged() {
     let rt = rt();
     let disk = fresh_disk();
-    let serving = rt.block_on(crest_serve::start(open(&disk), "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(open(&disk), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
     let Ok(Reply::Entry(kept)) = client.call_one(create("kept")) else { panic!("create") };
@@ -199,7 +203,8 @@ fn a_killed_server_loses_nothing_it_acknowledged() {
     assert!(check.lookup(1, b"kept").is_ok());
     assert!(check.lookup(1, b"after-0").is_err(), "the server really lost it");
     drop(check.abandon());
-    let serving = rt.block_on(crest_serve::start(open(&disk), &addr)).expect("restart");
+    let serving =
+        rt.block_on(crest_serve::start(open(&disk), &addr, crest_serve::Security::Insecure)).expect("restart");
     // The client's next call goes out after the replay, on the same connection.
     for (i, want) in lost.iter().enumerate().take(19) {
         let r = client.call_one(Op::Lookup { parent: 1, name: format!("after-{i}").into_bytes() });
@@ -226,7 +231,8 @@ fn a_change_waits_until_other_holders_have_dropped_their_copies() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let rt = rt();
-    let serving = rt.block_on(crest_serve::start(store(), "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(store(), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let a = Client::connect(&addr, ClientOptions::default()).expect("connect a");
     let b = Client::connect(&addr, ClientOptions::default()).expect("connect b");
@@ -265,7 +271,8 @@ fn writeback_submissions_each_get_their_own_results_at_their_own_time() {
     // (`Op::At` keeps each one's clock); every completion must still get exactly its own
     // results, and the server must apply each at the time its submitter gave.
     let rt = rt();
-    let serving = rt.block_on(crest_serve::start(store(), "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(store(), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
     let Ok(Reply::Entry(f)) = client.call_one(create("wb")) else { panic!("create") };
@@ -312,7 +319,8 @@ fn after_a_restart_another_client_waits_for_the_replay_of_what_it_may_have_seen(
     // request until a has come back and replayed (the grace period).
     let rt = rt();
     let disk = fresh_disk();
-    let serving = rt.block_on(crest_serve::start(open(&disk), "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(open(&disk), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let a = Client::connect(&addr, ClientOptions { client_name: "a".into(), ..Default::default() }).expect("a");
     let b = Client::connect(&addr, ClientOptions { client_name: "b".into(), ..Default::default() }).expect("b");
@@ -324,7 +332,8 @@ fn after_a_restart_another_client_waits_for_the_replay_of_what_it_may_have_seen(
     assert!(matches!(seen, Ok(Reply::Lookup { attr: Some(_), .. })), "b saw x: {seen:?}");
     let store = rt.block_on(serving.kill()).expect("kill");
     drop(store.abandon());
-    let serving = rt.block_on(crest_serve::start(open(&disk), &addr)).expect("restart");
+    let serving =
+        rt.block_on(crest_serve::start(open(&disk), &addr, crest_serve::Security::Insecure)).expect("restart");
     // b asks at once, while a may not have reconnected yet.
     let again = b.call_one(Op::Lookup { parent: 1, name: b"x".to_vec() });
     let Ok(Reply::Lookup { attr: Some(found), .. }) = again else {
@@ -353,7 +362,8 @@ fn after_a_restart_each_client_takes_its_locks_again_before_anyone_else_may() {
     use p::LockKind::{Unlock, Write};
     let rt = rt();
     let disk = fresh_disk();
-    let serving = rt.block_on(crest_serve::start(open(&disk), "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(open(&disk), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let a = Client::connect(&addr, ClientOptions { client_name: "a".into(), ..Default::default() }).expect("a");
     let b = Client::connect(&addr, ClientOptions { client_name: "b".into(), ..Default::default() }).expect("b");
@@ -368,7 +378,8 @@ fn after_a_restart_each_client_takes_its_locks_again_before_anyone_else_may() {
     assert_eq!(errno(b.call_one(lock(f.ino, 1, 5, 5, Write, false))), Some(11), "before the restart");
     let store = rt.block_on(serving.kill()).expect("kill");
     drop(store.abandon());
-    let serving = rt.block_on(crest_serve::start(open(&disk), &addr)).expect("restart");
+    let serving =
+        rt.block_on(crest_serve::start(open(&disk), &addr, crest_serve::Security::Insecure)).expect("restart");
     // b asks at once, while a may not have reconnected yet.
     assert_eq!(errno(b.call_one(lock(f.ino, 1, 5, 5, Write, false))), Some(11), "a's fcntl lock came back");
     assert_eq!(errno(b.call_one(lock(f.ino, 2, 0, eof, Write, true))), Some(11), "a's flock lock came back");
@@ -383,7 +394,8 @@ fn after_a_restart_each_client_takes_its_locks_again_before_anyone_else_may() {
     // A second restart: b's locks come back for b, and what a gave up stays given up.
     let store = rt.block_on(serving.kill()).expect("kill");
     drop(store.abandon());
-    let serving = rt.block_on(crest_serve::start(open(&disk), &addr)).expect("restart");
+    let serving =
+        rt.block_on(crest_serve::start(open(&disk), &addr, crest_serve::Security::Insecure)).expect("restart");
     assert_eq!(errno(a.call_one(lock(f.ino, 7, 5, 5, Write, false))), Some(11), "b's fcntl lock came back");
     a.call_one(lock(f.ino, 7, 6, 6, Write, false)).expect("only byte 5 is b's");
     assert_eq!(errno(a.call_one(lock(g.ino, 9, 40, 40, Write, false))), Some(11), "b's range on g came back");
@@ -409,7 +421,8 @@ fn creates_removed_in_the_same_burst_leave_only_their_directory_times() {
     // applied by the server, every completion gets its results, nothing is left, and the
     // directory ends with the last removal's time.
     let rt = rt();
-    let serving = rt.block_on(crest_serve::start(store(), "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(store(), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
     let Ok(Reply::Entry(f)) = client.call_one(create("big")) else { panic!("create") };
@@ -472,7 +485,8 @@ fn creates_removed_in_the_same_burst_leave_only_their_directory_times() {
 fn what_a_client_was_told_survives_a_crash_right_after_it_unmounts() {
     let rt = rt();
     let disk = fresh_disk();
-    let serving = rt.block_on(crest_serve::start(open(&disk), "127.0.0.1:0")).expect("serve");
+    let serving =
+        rt.block_on(crest_serve::start(open(&disk), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
     let addr = serving.local_addr.to_string();
     let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
     let Ok(Reply::Entry(_)) = client.call_one(create("told")) else { panic!("create") };

@@ -29,6 +29,15 @@ pub enum ClientError {
         /// What it did instead.
         detail: String,
     },
+    /// The TLS handshake failed over the certificates: the server does not chain to the
+    /// CA this client pins for it, or it does not accept this client's certificate.
+    #[error("{addr} and this client do not trust each other: {detail}")]
+    Untrusted {
+        /// Server address.
+        addr: String,
+        /// What TLS said, and what to do.
+        detail: String,
+    },
     /// Could not connect at all.
     #[error("cannot connect to {addr}: {detail}")]
     Connect {
@@ -70,6 +79,7 @@ impl ClientError {
             ClientError::Timeout { .. } => 110, // ETIMEDOUT
             ClientError::Refused { .. }
             | ClientError::NotCrest { .. }
+            | ClientError::Untrusted { .. }
             | ClientError::Connect { .. }
             | ClientError::Closed => 107, // ENOTCONN
             ClientError::Fenced { .. } | ClientError::ReplyLost { .. } => 5, // EIO

@@ -744,6 +744,8 @@ impl Sim {
                 self.conns.get_mut(&conn).expect("conn").alive = false;
                 self.flush_server(now);
             }
+            // Joining is the TLS shell's business; the client core never sends it.
+            ClientMessage::Join(_) => self.ck.fail("a client core sent a join".to_string()),
         }
     }
 
@@ -771,6 +773,7 @@ impl Sim {
             ServerMessage::Notify(p::Notify::Fenced) => self.fenced(c),
             ServerMessage::Notify(n) => return self.ck.fail(format!("unexpected notice {n:?}")),
             ServerMessage::Response(resp) => self.before_response(c, resp),
+            ServerMessage::Joined(_) => return self.ck.fail("the server sent a certificate".to_string()),
         }
         let mut frame = Vec::new();
         if let Err(e) = p::encode_frame(&msg, &mut frame) {

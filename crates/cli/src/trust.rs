@@ -1,0 +1,223 @@
+//! Who may talk to whom: `crest join`, `crest token`, `crest cert`, and how `serve` and
+//! `mount` choose between mutual TLS (the default) and `--insecure`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Subcommand;
+use crest_tls::{Authority, Credentials, StateDir};
+
+/// `crest token ...`
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Make a single-use join token (printed on stdout) for another machine.
+    Create {
+        /// How long it may be redeemed: 30m, 1h, 2d... (at most 7d).
+        #[arg(long, default_value = "1h", value_parser = parse_ttl)]
+        ttl: u64,
+        /// The name the client's certificate gets (default: the host name it sends).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List tokens not yet redeemed.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `crest cert ...`
+#[derive(Subcommand, Debug)]
+pub enum CertCmd {
+    /// List the client certificates this host's CA issued.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke client certificates by name or fingerprint prefix (8+ hex digits); a
+    /// connected client is disconnected within a second and its session ended.
+    Revoke {
+        /// Name or fingerprint prefix.
+        who: String,
+    },
+}
+
+/// Parses `30m`, `1h`, `2d`, `90s` or plain seconds; at most 7 days.
+pub fn parse_ttl(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a duration like 30m, 1h or 2d"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        "d" => n.saturating_mul(86_400),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (s, m, h or d)")),
+    };
+    if secs == 0 || secs > 7 * 86_400 {
+        return Err(format!("{s:?}: a token lives from 1 s to 7 days"));
+    }
+    Ok(secs)
+}
+
+/// The state directory: `--state-dir`, else the default for this user.
+pub fn state_dir(flag: Option<&PathBuf>) -> StateDir {
+    StateDir::new(flag.cloned().unwrap_or_else(StateDir::default_path))
+}
+
+pub fn token(dir: &StateDir, cmd: TokenCmd) -> Result<()> {
+    let auth = Authority::open(dir).context("opening this host's certificate authority")?;
+    match cmd {
+        TokenCmd::Create { ttl, name } => {
+            let token = auth.create_token(ttl, name.as_deref())?;
+            println!("{}", token.encode());
+            eprintln!(
+                "crest: single-use, valid {}; on the joining machine, as root: crest join SERVER[:PORT] TOKEN \
+                 (or crest mount SERVER DIR --token TOKEN)",
+                human_secs(ttl)
+            );
+        }
+        TokenCmd::List { json } => {
+            let tokens = auth.tokens()?;
+            if json {
+                println!("{}", serde_json::to_string(&tokens)?);
+            } else if tokens.is_empty() {
+                println!("no tokens waiting");
+            } else {
+                let now = unix_now();
+                for t in tokens {
+                    let name = t.name.as_deref().unwrap_or("(client's host name)");
+                    println!("{}  expires in {}  name {name}", t.id, human_secs(t.expires.saturating_sub(now)));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn cert(dir: &StateDir, cmd: CertCmd) -> Result<()> {
+    let auth = Authority::open(dir).context("opening this host's certificate authority")?;
+    match cmd {
+        CertCmd::List { json } => {
+            let reg = auth.clients()?;
+            if json {
+                println!("{}", serde_json::to_string(&reg.clients)?);
+                return Ok(());
+            }
+            let now = unix_now();
+            for c in reg.clients {
+                let state = match c.revoked {
+                    Some(_) => "revoked".to_string(),
+                    None if c.expires <= now => "expired".to_string(),
+                    None => format!("valid {}", human_secs(c.expires - now)),
+                };
+                println!("{}  {:<24} {:<22} {}", &c.fingerprint[..16], c.name, state, c.via);
+            }
+        }
+        CertCmd::Revoke { who } => {
+            let gone = auth.revoke(&who)?;
+            if gone.is_empty() {
+                bail!("no live certificate is named {who:?} or has a fingerprint starting with it");
+            }
+            for c in gone {
+                println!("revoked {} ({})", c.name, &c.fingerprint[..16]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `crest join ADDR TOKEN`: redeems the token at `addr` for a certificate and keeps it
+/// for mounts of `addr`. `addr` is already completed (`host:port`).
+pub fn join(dir: &StateDir, addr: &str, token: &str) -> Result<String> {
+    let token = crest_tls::Token::parse(token).map_err(|e| anyhow!(e))?;
+    let name = crest_proto::clip_client_name(&hostname());
+    let (key_pem, csr) = crest_tls::certificate_request(&name)?;
+    let req = crest_proto::Join {
+        magic: crest_proto::HELLO_MAGIC,
+        version: crest_proto::PROTOCOL_VERSION,
+        token: token.encode(),
+        name,
+        csr,
+    };
+    let config = crest_tls::join_config(token.ca)?;
+    let joined = crest_net::join(addr, config, req, Duration::from_secs(30)).map_err(|e| anyhow!(e))?;
+    if crest_tls::Fingerprint::of(&joined.ca) != token.ca {
+        bail!("{addr} sent a CA other than the one the token names");
+    }
+    Credentials::save_joined(
+        dir,
+        addr,
+        &crest_tls::cert_pem(&joined.ca),
+        &crest_tls::cert_pem(&joined.cert),
+        &key_pem,
+    )?;
+    Ok(joined.name)
+}
+
+/// The TLS configuration a mount of `addr` uses (None: `--insecure`).
+pub fn client_tls(dir: &StateDir, addr: &str, insecure: bool) -> Result<Option<Arc<crest_tls::ClientConfig>>> {
+    if insecure {
+        return Ok(None);
+    }
+    let creds = Credentials::for_server(dir, addr)?;
+    Ok(Some(crest_tls::client_config(&creds)?))
+}
+
+/// How `crest serve` secures connections: TLS with this host's authority, or plaintext
+/// on loopback only.
+pub fn server_security(dir: &StateDir, listen: &str, insecure: bool) -> Result<crest_serve::Security> {
+    if !insecure {
+        let auth = Authority::open(dir).context("opening this host's certificate authority")?;
+        return Ok(crest_serve::Security::Tls(Arc::new(auth)));
+    }
+    let addrs: Vec<std::net::SocketAddr> =
+        std::net::ToSocketAddrs::to_socket_addrs(listen).with_context(|| format!("resolving {listen}"))?.collect();
+    if addrs.is_empty() || addrs.iter().any(|a| !a.ip().is_loopback()) {
+        bail!(
+            "--insecure serves without encryption or authentication, so only on a loopback address \
+             (127.0.0.1, ::1), not {listen}; drop --insecure to serve with TLS"
+        );
+    }
+    eprintln!("crest: WARNING: --insecure: no encryption and no authentication; any local user can mount this");
+    Ok(crest_serve::Security::Insecure)
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "client".into())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn human_secs(s: u64) -> String {
+    match s {
+        s if s >= 2 * 86_400 => format!("{} days", s / 86_400),
+        s if s >= 2 * 3600 => format!("{} hours", s / 3600),
+        s if s >= 120 => format!("{} minutes", s / 60),
+        s => format!("{s} s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ttl;
+
+    #[test]
+    fn ttls() {
+        assert_eq!(parse_ttl("1h"), Ok(3600));
+        assert_eq!(parse_ttl("30m"), Ok(1800));
+        assert_eq!(parse_ttl("90"), Ok(90));
+        assert_eq!(parse_ttl("7d"), Ok(7 * 86_400));
+        for bad in ["", "0", "8d", "1w", "h", "-1h", "99999999999999999999d"] {
+            assert!(parse_ttl(bad).is_err(), "{bad:?}");
+        }
+    }
+}

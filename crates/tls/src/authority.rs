@@ -1,0 +1,318 @@
+//! The host's certificate authority, as the server and the admin commands use it: makes
+//! the host's credentials on first use, issues client certificates for redeemed tokens,
+//! and answers whether a presented certificate may come in (the register, re-read when its
+//! file changes, so that `crest cert revoke` reaches a running server).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConfig;
+use time::OffsetDateTime;
+
+use crate::config::{cert_from_pem, key_from_pem, server_config};
+use crate::register::REGISTER;
+use crate::{hex, os_random, unix_now, ClientRecord, Error, Fingerprint, Register, StateDir, Token, TokenRecord};
+
+const DAY: u64 = 86_400;
+/// The CA and the host's own certificates.
+const HOST_VALIDITY: u64 = 20 * 365 * DAY;
+/// Certificates issued to joining clients (join again to renew).
+pub const CLIENT_VALIDITY: u64 = 365 * DAY;
+
+/// The host's server side of its credentials.
+pub struct HostCredentials {
+    /// The CA's certificate.
+    pub ca: CertificateDer<'static>,
+    /// The server's chain: its certificate, then the CA's.
+    pub chain: Vec<CertificateDer<'static>>,
+    /// The server's key.
+    pub key: PrivateKeyDer<'static>,
+}
+
+/// A certificate issued to a joining client.
+#[derive(Clone, Debug)]
+pub struct Issued {
+    /// The client's certificate (DER).
+    pub cert: Vec<u8>,
+    /// The CA's certificate (DER), for the client to pin.
+    pub ca: Vec<u8>,
+    /// The name in the certificate.
+    pub name: String,
+}
+
+/// Why a join was refused (the message goes to the joining client).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct JoinError(pub String);
+
+struct Cached {
+    register: Register,
+    seen: Option<(i64, i64, u64)>,
+}
+
+/// The host's certificate authority.
+pub struct Authority {
+    dir: StateDir,
+    ca_pem: String,
+    host: Arc<HostCredentials>,
+    register: Mutex<Cached>,
+}
+
+fn time_at(unix: u64) -> Result<OffsetDateTime, Error> {
+    OffsetDateTime::from_unix_timestamp(unix as i64).map_err(|e| Error::Cert(e.to_string()))
+}
+
+/// Parameters shared by every certificate: a random serial, valid from an hour ago (for
+/// clocks a little behind) for `validity` seconds.
+fn params(cn: &str, validity: u64) -> Result<CertificateParams, Error> {
+    let mut p = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "crest");
+    dn.push(DnType::CommonName, cn);
+    p.distinguished_name = dn;
+    let mut serial = os_random::<16>()?;
+    serial[0] &= 0x7f;
+    p.serial_number = Some(SerialNumber::from_slice(&serial));
+    let now = unix_now();
+    p.not_before = time_at(now.saturating_sub(3600))?;
+    p.not_after = time_at(now + validity)?;
+    p.use_authority_key_identifier_extension = true;
+    Ok(p)
+}
+
+fn leaf(cn: &str, validity: u64, usage: ExtendedKeyUsagePurpose) -> Result<CertificateParams, Error> {
+    let mut p = params(cn, validity)?;
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![usage];
+    Ok(p)
+}
+
+/// A name a client asked for, made safe to print and store: printable ASCII from a small
+/// set, at most 64 characters.
+fn clean_name(name: &str) -> String {
+    let n: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || "._-@:".contains(*c)).take(64).collect();
+    if n.is_empty() {
+        "client".into()
+    } else {
+        n
+    }
+}
+
+/// Equal without an early exit, so timing does not tell how much of a secret matched.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Authority {
+    /// Opens the host's CA in `dir`, making the CA, the server's certificate and the
+    /// host's own client certificate the first time.
+    pub fn open(dir: &StateDir) -> Result<Authority, Error> {
+        let _lock = dir.lock()?;
+        if dir.read("ca.key")?.is_none() {
+            create_host(dir)?;
+        }
+        let ca_pem = dir.read_text("ca.pem")?;
+        let host = HostCredentials {
+            ca: cert_from_pem(&ca_pem, "ca.pem")?,
+            chain: vec![cert_from_pem(&dir.read_text("server.pem")?, "server.pem")?, cert_from_pem(&ca_pem, "ca.pem")?],
+            key: key_from_pem(&dir.read_text("server.key")?, "server.key")?,
+        };
+        let register = Register::load(dir)?;
+        let seen = dir.mtime(REGISTER);
+        Ok(Authority {
+            dir: dir.clone(),
+            ca_pem,
+            host: Arc::new(host),
+            register: Mutex::new(Cached { register, seen }),
+        })
+    }
+
+    /// The server's TLS configuration.
+    pub fn server_config(&self) -> Result<Arc<ServerConfig>, Error> {
+        server_config(&self.host.ca, self.host.chain.clone(), self.host.key.clone_key())
+    }
+
+    /// The CA's fingerprint (what tokens name).
+    pub fn ca_fingerprint(&self) -> Fingerprint {
+        Fingerprint::of(&self.host.ca)
+    }
+
+    /// Where the credentials live.
+    pub fn dir(&self) -> &StateDir {
+        &self.dir
+    }
+
+    fn cached(&self) -> MutexGuard<'_, Cached> {
+        self.register.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Re-reads the register if its file changed; true if it did.
+    pub fn refresh(&self) -> Result<bool, Error> {
+        let seen = self.dir.mtime(REGISTER);
+        let mut c = self.cached();
+        if seen == c.seen {
+            return Ok(false);
+        }
+        c.register = Register::load(&self.dir)?;
+        c.seen = seen;
+        Ok(true)
+    }
+
+    /// The name of the client whose certificate has fingerprint `fp`, if it may come in.
+    pub fn admit(&self, fp: &Fingerprint) -> Result<String, String> {
+        if let Err(e) = self.refresh() {
+            tracing_free_warn(&e);
+        }
+        self.cached().register.admits(fp, unix_now()).map(|r| r.name.clone())
+    }
+
+    /// Fingerprints of revoked certificates.
+    pub fn revoked(&self) -> HashSet<Fingerprint> {
+        self.cached().register.revoked().collect()
+    }
+
+    /// The register as it is on disk now.
+    pub fn clients(&self) -> Result<Register, Error> {
+        Register::load(&self.dir)
+    }
+
+    /// Revokes by name or fingerprint prefix (see `Register::revoke`).
+    pub fn revoke(&self, who: &str) -> Result<Vec<ClientRecord>, Error> {
+        let _lock = self.dir.lock()?;
+        let mut reg = Register::load(&self.dir)?;
+        let out = reg.revoke(who, unix_now());
+        if !out.is_empty() {
+            reg.save(&self.dir)?;
+        }
+        Ok(out)
+    }
+
+    /// A new join token valid for `ttl` seconds; the certificate it brings is named
+    /// `name` if given, else what the client asks for.
+    pub fn create_token(&self, ttl: u64, name: Option<&str>) -> Result<Token, Error> {
+        let token = Token { id: os_random()?, secret: os_random()?, ca: self.ca_fingerprint() };
+        let now = unix_now();
+        let record = TokenRecord {
+            id: token.id_hex(),
+            secret_sha256: token.secret_hash(),
+            created: now,
+            expires: now + ttl,
+            name: name.map(clean_name),
+        };
+        let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Cert(e.to_string()))?;
+        let _lock = self.dir.lock()?;
+        self.dir.write(&format!("tokens/{}.json", record.id), &json)?;
+        Ok(token)
+    }
+
+    /// Tokens not yet redeemed; expired ones are removed.
+    pub fn tokens(&self) -> Result<Vec<TokenRecord>, Error> {
+        let _lock = self.dir.lock()?;
+        let now = unix_now();
+        let mut out = Vec::new();
+        for file in self.dir.list("tokens")? {
+            let rel = format!("tokens/{file}");
+            let Some(bytes) = self.dir.read(&rel)? else { continue };
+            match serde_json::from_slice::<TokenRecord>(&bytes) {
+                Ok(r) if r.expires > now => out.push(r),
+                _ => {
+                    self.dir.remove(&rel)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Redeems `token` (once): signs a client certificate for the key in `csr` (a PKCS#10
+    /// request, DER) and registers it. Nothing of the request but its key is used.
+    pub fn redeem(&self, token: &str, requested_name: &str, csr: &[u8]) -> Result<Issued, JoinError> {
+        let token = Token::parse(token).map_err(JoinError)?;
+        if token.ca != self.ca_fingerprint() {
+            return Err(JoinError("the token is for another server".into()));
+        }
+        let csr = CertificateSigningRequestParams::from_der(&csr.to_vec().into())
+            .map_err(|e| JoinError(format!("bad certificate request: {e}")))?;
+        let internal = |e: Error| JoinError(format!("the server could not issue a certificate: {e}"));
+        let _lock = self.dir.lock().map_err(internal)?;
+        let rel = format!("tokens/{}.json", token.id_hex());
+        let unknown = || JoinError("unknown, used or expired token".into());
+        let bytes = self.dir.read(&rel).map_err(internal)?.ok_or_else(unknown)?;
+        let record: TokenRecord = serde_json::from_slice(&bytes).map_err(|_| unknown())?;
+        if !same(record.secret_sha256.as_bytes(), token.secret_hash().as_bytes()) {
+            return Err(unknown());
+        }
+        // Used or expired, it goes now.
+        if !self.dir.remove(&rel).map_err(internal)? || record.expires <= unix_now() {
+            return Err(unknown());
+        }
+        let name = record.name.clone().unwrap_or_else(|| clean_name(requested_name));
+        let issuer = self.issuer().map_err(internal)?;
+        let p = leaf(&name, CLIENT_VALIDITY, ExtendedKeyUsagePurpose::ClientAuth).map_err(internal)?;
+        let cert = p.signed_by(&csr.public_key, &issuer).map_err(|e| internal(e.into()))?;
+        let via = format!("token {}", record.id);
+        register(&self.dir, &name, cert.der(), &via).map_err(internal)?;
+        Ok(Issued { cert: cert.der().to_vec(), ca: self.host.ca.to_vec(), name })
+    }
+
+    fn issuer(&self) -> Result<Issuer<'static, KeyPair>, Error> {
+        let key = KeyPair::from_pem(&self.dir.read_text("ca.key")?)?;
+        Ok(Issuer::from_ca_cert_pem(&self.ca_pem, key)?)
+    }
+}
+
+/// The crate logs nothing itself; a register it cannot re-read keeps the last one read.
+fn tracing_free_warn(e: &Error) {
+    eprintln!("crest: cannot re-read the client register, keeping the last one: {e}");
+}
+
+/// Appends a record for `cert` to the register (hold the lock).
+fn register(dir: &StateDir, name: &str, cert: &CertificateDer<'_>, via: &str) -> Result<(), Error> {
+    let mut reg = Register::load(dir)?;
+    let now = unix_now();
+    reg.clients.push(ClientRecord {
+        name: name.into(),
+        fingerprint: Fingerprint::of(cert).hex(),
+        via: via.into(),
+        issued: now,
+        expires: now + if via == "local" { HOST_VALIDITY } else { CLIENT_VALIDITY },
+        revoked: None,
+    });
+    reg.save(dir)
+}
+
+/// Makes the host's CA, its server certificate and its own client certificate (hold the
+/// lock). Keys are written before the certificates that name them, and `ca.key` last of
+/// all: it is what says the host's credentials exist.
+fn create_host(dir: &StateDir) -> Result<(), Error> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca = params(&format!("crest CA {}", hex(&os_random::<6>()?)), HOST_VALIDITY)?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, ca_key);
+
+    let server_key = KeyPair::generate()?;
+    let mut sp = leaf("crest server", HOST_VALIDITY, ExtendedKeyUsagePurpose::ServerAuth)?;
+    sp.subject_alt_names = vec![rcgen::SanType::DnsName(crate::SERVER_NAME.try_into()?)];
+    let server_cert = sp.signed_by(&server_key, &issuer)?;
+
+    let local_key = KeyPair::generate()?;
+    let local_cert =
+        leaf("local", HOST_VALIDITY, ExtendedKeyUsagePurpose::ClientAuth)?.signed_by(&local_key, &issuer)?;
+
+    dir.write("ca.pem", ca_cert.pem().as_bytes())?;
+    dir.write("server.key", server_key.serialize_pem().as_bytes())?;
+    dir.write("server.pem", server_cert.pem().as_bytes())?;
+    dir.write("local.key", local_key.serialize_pem().as_bytes())?;
+    dir.write("local.pem", local_cert.pem().as_bytes())?;
+    register(dir, "local", local_cert.der(), "local")?;
+    dir.write("ca.key", issuer.key().serialize_pem().as_bytes())
+}
+
+#[cfg(test)]
+mod tests;
