@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The headline benchmark (issue 4, SPEC §5) in one run, on six targets:
+# The headline benchmark (issue 4, SPEC §5) in one run, on seven targets:
 #   local      a directory on the scratch disk file system (CREST_BENCH_DIR, default /var/tmp)
 #   bindfs     bindfs over a directory of it: the local FUSE floor (ratios are against this)
 #   sshfs      sshfs to an sshd on loopback          sshfs-rtt  the same through the delay proxy
-#   crest      crest on loopback                     crest-rtt  the same through the delay proxy
+#   crest      crest on loopback (mutual TLS)        crest-rtt  the same through the delay proxy
+#   crest-insecure  crest on loopback with --insecure: what TLS costs
 # Workload per target: untar the kernel tar (+ sync -f), read every file back cold
 # (unmount/remount and drop caches first), rm -rf (+ sync -f), then in one directory N
 # creates (+ syncfs), N stats (cold) and N unlinks (cold, + syncfs) with crest-metabench.
@@ -19,7 +20,7 @@
 #     --full      the whole kernel tree (linux-6.1-full.tar, ~80K files) instead of the ~20K subset
 #     --quick     smoke run (~30 s): a ~200-file tar cut from the subset, 500 files, short pings
 #     --rtt-us N  emulated round trip of the *-rtt targets and the proxied pings (default 200)
-#     --only L    comma-separated targets (default: all six)
+#     --only L    comma-separated targets (default: all seven)
 #     --count N   files for the metadata phases (default 10000; --quick: 500)
 #     --tar PATH  any tar instead
 # Needs root (mounts, drop_caches, sshd), fuse3, bindfs, sshfs, openssh-server
@@ -28,7 +29,7 @@ set -euo pipefail
 # shellcheck source=bench/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-all_targets="local bindfs sshfs sshfs-rtt crest crest-rtt"
+all_targets="local bindfs sshfs sshfs-rtt crest crest-insecure crest-rtt"
 tar_dir=/dev/shm/crest-bench
 tarball='' full=0 quick=0 rtt_us=200 only='' count=''
 while [ $# -gt 0 ]; do
@@ -90,6 +91,10 @@ fi
 if has crest; then
   bench_crest_server crest
   BENCH_ADDR[crest]=127.0.0.1:${BENCH_PORT[crest]}
+fi
+if has crest-insecure; then
+  bench_crest_server crest-insecure --insecure
+  BENCH_ADDR[crest-insecure]=127.0.0.1:${BENCH_PORT[crest-insecure]}
 fi
 if has crest-rtt; then
   bench_crest_server crest-rtt

@@ -169,13 +169,13 @@ bench_drop() {
   fi
 }
 
-# bench_crest_server NAME: mkfs an image and serve it on a free loopback port
-# (BENCH_PORT[NAME]).
+# bench_crest_server NAME [ARGS...]: mkfs an image and serve it on a free loopback port
+# (BENCH_PORT[NAME]), with `crest serve` ARGS (e.g. --insecure).
 bench_crest_server() {
   local name=$1 port
   port=$(bench_free_port)
   "$BENCH_BIN/crest" mkfs --size 16G "$BENCH_BASE/$name.img" >/dev/null
-  bench_daemon "$BENCH_LOGS/$name.log" "$BENCH_BIN/crest" serve "$BENCH_BASE/$name.img" --listen "127.0.0.1:$port"
+  bench_daemon "$BENCH_LOGS/$name.log" "$BENCH_BIN/crest" serve "$BENCH_BASE/$name.img" --listen "127.0.0.1:$port" "${@:2}"
   bench_wait_port "$port" "$BENCH_LAST_PID"
   BENCH_PORT[$name]=$port
 }
@@ -232,8 +232,10 @@ bench_sshfs_opts() {
 #   bindfs     bindfs over a directory of the same file system (the local FUSE floor)
 #   sshfs      sshfs to the loopback sshd, files on the same file system
 #   sshfs-rtt  the same through a delay proxy (BENCH_ADDR[sshfs-rtt] = its port)
-#   crest      crest mount of a crest server on loopback (image on the same file system)
-#   crest-rtt  the same through a delay proxy
+#   crest      crest mount of a crest server on loopback (image on the same file system;
+#              mutual TLS, as crest runs by default)
+#   crest-insecure  the same with --insecure (plaintext: what TLS costs)
+#   crest-rtt  crest through a delay proxy
 # BENCH_ADDR[target] holds the port (sshfs*) or address (crest*) to mount.
 bench_dir() {
   case $1 in
@@ -252,6 +254,7 @@ bench_mount() {
     sshfs | sshfs-rtt)
       bench_fg sshfs -o "port=${BENCH_ADDR[$t]},$(bench_sshfs_opts)" "root@127.0.0.1:$BENCH_BASE/src/$t" "$d" ;;
     crest | crest-rtt) bench_fg "$BENCH_BIN/crest" mount "${BENCH_ADDR[$t]}" "$d" >/dev/null ;;
+    crest-insecure) bench_fg "$BENCH_BIN/crest" mount --insecure "${BENCH_ADDR[$t]}" "$d" >/dev/null ;;
     *) echo "bench: unknown target $t" >&2; return 1 ;;
   esac
   BENCH_MOUNTS+=("$d")
@@ -262,7 +265,7 @@ bench_umount() {
   d=$(bench_dir "$t")
   case $t in
     local) return 0 ;;
-    crest | crest-rtt) bench_fg "$BENCH_BIN/crest" umount "$d" ;;
+    crest | crest-rtt | crest-insecure) bench_fg "$BENCH_BIN/crest" umount "$d" ;;
     *) bench_fg fusermount3 -u "$d" ;;
   esac
 }
@@ -302,7 +305,7 @@ bench_ratio() {
 # marks a command that failed (its time is still shown); the reasons follow the table.
 bench_table() {
   local phase t r u s br lr mark key
-  printf '%-8s %-10s %10s %8s %8s %9s %9s %10s\n' phase target real user sys "x bindfs" "x local" "ops/s"
+  printf '%-8s %-14s %10s %8s %8s %9s %9s %10s\n' phase target real user sys "x bindfs" "x local" "ops/s"
   for phase in $1; do
     read -r br _ <<<"${BENCH_T[$phase bindfs]:-}"
     read -r lr _ <<<"${BENCH_T[$phase local]:-}"
@@ -314,7 +317,7 @@ bench_table() {
       [ -n "$s" ] || s=-
       mark=' '
       [ -z "${BENCH_ERR[$phase $t]:-}" ] || mark='!'
-      printf '%-8s %-10s %9s%s %8s %8s %9s %9s %10s\n' "$phase" "$t" "$r" "$mark" "$u" "$s" \
+      printf '%-8s %-14s %9s%s %8s %8s %9s %9s %10s\n' "$phase" "$t" "$r" "$mark" "$u" "$s" \
         "$(bench_ratio "$r" "${br:-}")" "$(bench_ratio "$r" "${lr:-}")" "${BENCH_OPS[$phase $t]:--}"
     done
   done

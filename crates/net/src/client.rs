@@ -553,6 +553,9 @@ impl Driver {
                 r = rd.read(buf) => {
                     match r {
                         Ok(n) => self.core.handle_bytes(Instant::now(), &buf[..n]),
+                        Err(e) if certificates_refused(&e) && !self.core.has_connected() => {
+                            self.core.fail(untrusted(&self.addr, &e));
+                        }
                         Err(e) => self.core.connection_lost(&e.to_string()),
                     }
                     give_up = tokio::time::Instant::now() + HANDSHAKE_WAIT;
@@ -620,35 +623,45 @@ async fn tls_connect(
     tokio_rustls::TlsConnector::from(config).connect(name, stream).await
 }
 
-/// What a failed TLS handshake means to a user: certificates that do not match, or a peer
-/// that does not speak crest over TLS.
-fn tls_error(addr: &str, e: std::io::Error) -> ClientError {
-    let detail = e.to_string();
-    let certs = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()).is_some_and(|r| {
+/// Whether `e` is TLS saying the certificates do not match: the server's is not from the
+/// CA this client pins, or the server refuses this client's (an alert that, in TLS 1.3,
+/// arrives with the first read after the handshake).
+fn certificates_refused(e: &std::io::Error) -> bool {
+    use rustls::AlertDescription as A;
+    e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()).is_some_and(|r| {
         matches!(
             r,
             rustls::Error::InvalidCertificate(_)
                 | rustls::Error::NoCertificatesPresented
                 | rustls::Error::General(_)
                 | rustls::Error::AlertReceived(
-                    rustls::AlertDescription::BadCertificate
-                        | rustls::AlertDescription::UnknownCA
-                        | rustls::AlertDescription::CertificateRequired
-                        | rustls::AlertDescription::CertificateRevoked
-                        | rustls::AlertDescription::CertificateExpired
-                        | rustls::AlertDescription::CertificateUnknown
-                        | rustls::AlertDescription::AccessDenied
+                    A::BadCertificate
+                        | A::UnknownCA
+                        | A::CertificateRequired
+                        | A::CertificateRevoked
+                        | A::CertificateExpired
+                        | A::CertificateUnknown
+                        | A::AccessDenied
                 )
         )
-    });
-    if certs {
-        let detail = format!(
-            "{detail}; to mount a server of another host, join it first (`crest token create` there, \
-             `crest join {addr} TOKEN` here)"
-        );
-        return ClientError::Untrusted { addr: addr.to_string(), detail };
+    })
+}
+
+fn untrusted(addr: &str, e: &std::io::Error) -> ClientError {
+    let detail = format!(
+        "{e}; to mount a server of another host, join it first (`crest token create` there, \
+         `crest join {addr} TOKEN` here)"
+    );
+    ClientError::Untrusted { addr: addr.to_string(), detail }
+}
+
+/// What a failed TLS handshake means to a user: certificates that do not match, or a peer
+/// that does not speak crest over TLS.
+fn tls_error(addr: &str, e: std::io::Error) -> ClientError {
+    if certificates_refused(&e) {
+        return untrusted(addr, &e);
     }
-    let detail = format!("the TLS handshake failed: {detail} (a server run with --insecure needs --insecure here too)");
+    let detail = format!("the TLS handshake failed: {e} (a server run with --insecure needs --insecure here too)");
     ClientError::NotCrest { addr: addr.to_string(), detail }
 }
 

@@ -31,6 +31,10 @@ struct Args {
     /// Unmeasured round trips before each kind.
     #[arg(long, default_value_t = 200)]
     warmup: usize,
+    /// Plaintext, for a server run with --insecure (else mutual TLS with this host's
+    /// own certificate, as `crest mount` uses on the server's host).
+    #[arg(long)]
+    insecure: bool,
 }
 
 fn main() -> ExitCode {
@@ -62,7 +66,14 @@ fn measure(client: &Client, warmup: usize, count: usize, op: impl Fn() -> Op) ->
 }
 
 fn run(args: Args) -> Result<()> {
-    let client = Client::connect(&args.addr, ClientOptions::default())
+    let tls = if args.insecure {
+        None
+    } else {
+        let dir = crest_tls::StateDir::new(crest_tls::StateDir::default_path());
+        let creds = crest_tls::Credentials::for_server(&dir, &args.addr)?;
+        Some(crest_tls::client_config(&creds)?)
+    };
+    let client = Client::connect(&args.addr, ClientOptions { tls, ..Default::default() })
         .with_context(|| format!("connecting to {}", args.addr))?;
     let s = measure(&client, args.warmup, args.count, || Op::GetAttr { ino: 1 }).context("getattr")?;
     println!("crest-rpc op=getattr size_bytes=0 {s}");
