@@ -36,6 +36,9 @@ echo "== cli on a real image file: mkfs, fsck, serve, mount, umount, mount.fuse.
 cargo build --release --locked -p crest
 bash tests/cli.sh
 
+echo "== security as users meet it: TLS by default, join tokens, revocation, --insecure (tests/security.sh)"
+bash tests/security.sh
+
 echo "== real mounts: pjdfstest, fsx, kernel-tree round trip, kill -9 (tests/e2e/run.sh)"
 bash scripts/install.sh
 bash tests/e2e/run.sh

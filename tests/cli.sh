@@ -32,7 +32,7 @@ cleanup() {
   done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
-  rm -rf "$tmp" "${TMPDIR:-/tmp}/crest-mount$(printf '%s' "$tmp" | tr / _)"*.log
+  rm -rf "$tmp" "${CREST_STATE_DIR:-/var/lib/crest}/log/crest-mount$(printf '%s' "$tmp" | tr / _)"*.log
 }
 trap cleanup EXIT
 

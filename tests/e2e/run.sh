@@ -19,6 +19,8 @@ mkdir -p "$mnt" "$mnt2"
 port=$((20000 + RANDOM % 20000))
 addr=127.0.0.1:$port
 passed=0 failed=0 server=
+# Where background mounts log (the state directory's private log directory).
+mountlogs=${CREST_STATE_DIR:-/var/lib/crest}/log
 
 log() { printf '%s\n' "$*" >&2; }
 start_server() {
@@ -33,7 +35,7 @@ start_server() {
 stop_server() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; server=; }
 do_mount() { "$crest" mount "$addr" "$mnt" >/dev/null; }
 do_umount() { "$crest" umount "$mnt" 2>/dev/null || umount -l "$mnt"; for _ in $(seq 50); do grep -q " $mnt " /proc/mounts || return 0; sleep 0.1; done; }
-cleanup() { [ -n "${CREST_E2E_KEEP:-}" ] && mkdir -p "$CREST_E2E_KEEP" && cp /tmp/crest-mount_*"$(basename "$work")"*.log "$work/serve.log" "$CREST_E2E_KEEP"/ 2>/dev/null; do_umount 2>/dev/null; "$crest" umount "$mnt2" 2>/dev/null || umount -l "$mnt2" 2>/dev/null; stop_server; rm -rf "$work"; }
+cleanup() { [ -n "${CREST_E2E_KEEP:-}" ] && mkdir -p "$CREST_E2E_KEEP" && cp "$mountlogs"/crest-mount_*"$(basename "$work")"*.log "$work/serve.log" "$CREST_E2E_KEEP"/ 2>/dev/null; do_umount 2>/dev/null; "$crest" umount "$mnt2" 2>/dev/null || umount -l "$mnt2" 2>/dev/null; stop_server; rm -rf "$work"; }
 trap cleanup EXIT
 check() { # name command...
   local name=$1; shift
@@ -175,7 +177,7 @@ for n in names:
 print(f"{len(names)} files of the second mount intact, seen from the first")
 PY
   rm -rf "$mnt/k9b" 
-  grep -h "replaying" "${TMPDIR:-/tmp}"/crest-mount*.log 2>/dev/null | tail -1 >&2 || true
+  grep -h "replaying" "$mountlogs"/crest-mount*.log 2>/dev/null | tail -1 >&2 || true
   cmp "$work/synced.ref" "$mnt/k9/synced" || return 1
   echo after >"$mnt/k9/after-restart" && [ "$(cat "$mnt/k9/after-restart")" = after ] || return 1
   # Compare after a remount so nothing comes from the kernel's caches.
@@ -359,7 +361,7 @@ writeback_matches_the_server() {
   # and every change's seq with the place the mount sent it in; a difference is logged as
   # an error by the mounts of this run.
   ! grep -hE "writeback attributes differ|came back with another place" \
-    /tmp/crest-mount_*"$(basename "$work")"*.log 2>/dev/null | head -5 | grep .
+    "$mountlogs"/crest-mount_*"$(basename "$work")"*.log 2>/dev/null | head -5 | grep .
 }
 
 locks_hold_across_mounts() {
@@ -393,7 +395,7 @@ locks_survive_server_restart() {
     touch "$work/restarted"
   fi
   wait "$driver" || rc=1
-  local logs=(/tmp/crest-mount_*"$(basename "$work")"*.log)
+  local logs=("$mountlogs"/crest-mount_*"$(basename "$work")"*.log)
   grep -h "taking them again" "${logs[@]}" 2>/dev/null | tail -2 >&2
   grep -h "grace\|restored" "$work/serve.log" | tail -6 >&2
   grep -q "taking them again" "${logs[@]}" 2>/dev/null || { log "no mount took its locks again"; rc=1; }
@@ -427,7 +429,7 @@ rights_survive_server_restart() {
   done
   echo after >"$mnt/rr/after" && [ "$(cat "$mnt2/rr/after")" = after ] || { log "second mount misses the first's new file"; rc=1; }
   [ "$(ls "$mnt2/rr" | wc -l)" = 21 ] || { log "second mount lists $(ls "$mnt2/rr" | wc -l) entries"; rc=1; }
-  logs=(/tmp/crest-mount_*"$(basename "$work")"_mnt.log)
+  logs=("$mountlogs"/crest-mount_*"$(basename "$work")"_mnt.log)
   grep -h "re-asserting rights" "${logs[@]}" 2>/dev/null | tail -1 >&2
   grep -q "re-asserting rights" "${logs[@]}" 2>/dev/null || { log "the first mount did not take its rights back"; rc=1; }
   rm -rf "$mnt/rr"
@@ -617,7 +619,7 @@ stopped_holder_is_fenced() {
   # The holder learns it was fenced at its next word, and starts a new session.
   [ "$(timeout 30 cat "$mnt/fence/f")" = durable ] || { log "resumed holder cannot read"; rc=1; }
   echo again >"$mnt/fence/g" && [ "$(cat "$mnt2/fence/g")" = again ] || { log "resumed holder's new file not seen"; rc=1; }
-  grep -q "fenced" /tmp/crest-mount_*"$(basename "$work")"_mnt.log || { log "the holder was not told it was fenced"; rc=1; }
+  grep -q "fenced" "$mountlogs"/crest-mount_*"$(basename "$work")"_mnt.log || { log "the holder was not told it was fenced"; rc=1; }
   rm -rf "$mnt/fence"
   return $rc
 }
@@ -671,7 +673,7 @@ writeback_ops_are_coherent() {
   python3 "$root/tests/e2e/writeback_ops.py" "$mnt" "$mnt2" >&2 || return 1
   # (The two mounts' logs only: other checks fill file systems of their own on purpose.)
   ! grep -hE "writeback attributes differ|writeback (rename|link|setxattr|removexattr|unlink|rmdir|create) failed" \
-    /tmp/crest-mount_*"$(basename "$work")"_mnt.log /tmp/crest-mount_*"$(basename "$work")"_mnt2.log 2>/dev/null |
+    "$mountlogs"/crest-mount_*"$(basename "$work")"_mnt.log "$mountlogs"/crest-mount_*"$(basename "$work")"_mnt2.log 2>/dev/null |
     head -5 | grep .
 }
 check writeback-ops writeback_ops_are_coherent

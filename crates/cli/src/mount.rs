@@ -221,9 +221,31 @@ fn serve_mount(
     guard.join().with_context(|| format!("serving {}", target.display()))
 }
 
-/// Where the background daemon of a mount logs.
-fn log_path(target: &Path) -> PathBuf {
-    std::env::temp_dir().join(format!("crest-mount{}.log", target.display().to_string().replace('/', "_")))
+/// Where the background daemon of a mount logs: the `log` directory of the state
+/// directory, closed to other users (a predictable name in a shared /tmp would let anyone
+/// plant a link there and have root write through it).
+fn log_path(state: &crest_tls::StateDir, target: &Path) -> Result<PathBuf> {
+    let dir = state.create("log")?;
+    Ok(dir.join(format!("crest-mount{}.log", target.display().to_string().replace('/', "_"))))
+}
+
+/// A fresh log file at `path`: the old one is removed, and the new one is created, never
+/// opened through a link or over a file that appeared meanwhile.
+fn create_log(path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(anyhow!(e).context(format!("removing the old log {}", path.display())));
+        }
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))
 }
 
 /// How long `crest mount` waits for its daemon's word: a connect gives up after 10 s
@@ -236,8 +258,8 @@ const READY_WAIT: Duration = Duration::from_secs(60);
 fn mount_in_background(addr: &str, target: &Path, req: &Request) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("finding the crest binary")?;
-    let log = log_path(target);
-    let log_file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let log = log_path(req.state, target)?;
+    let log_file = create_log(&log)?;
     let (reader, writer) = std::io::pipe().context("creating the readiness pipe")?;
     let mut cmd = std::process::Command::new(exe);
     // The mount point stays the last argument (tests find the daemon by it).

@@ -130,7 +130,10 @@ pub fn fuser_config(opts: &MountOptions, auto_unmount: bool) -> Config {
     let mut read_only = opts.read_only;
     let mut acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
     let mut auto_unmount = auto_unmount;
-    let mut flags: Vec<MountOption> = Vec::new();
+    // A file system from the network holds what others wrote: its setuid bits and device
+    // nodes count only when the mount asks (`-o suid`, `-o dev`), as NFS and sshfs users
+    // are told to do.
+    let mut flags: Vec<MountOption> = vec![MountOption::NoSuid, MountOption::NoDev];
     for o in opts.extra.iter().flat_map(|e| e.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
         let flag = match o {
             "ro" => {
@@ -259,6 +262,8 @@ mod tests {
                 MountOption::DefaultPermissions,
                 MountOption::CUSTOM("subtype=crest".into()),
                 MountOption::RW,
+                MountOption::NoSuid,
+                MountOption::NoDev,
             ]
         );
         assert_eq!(c.acl, SessionACL::Owner);
@@ -292,11 +297,15 @@ mod tests {
         assert!(!c.mount_options.contains(&MountOption::RW));
         assert!(c.mount_options.contains(&MountOption::Exec));
         assert!(!c.mount_options.contains(&MountOption::NoExec));
-        assert_eq!(c.mount_options.len(), 5);
+        assert_eq!(c.mount_options.len(), 7);
         let c = fuser_config(&opts(&["allow_other", "nosuid,suid,nosuid"]), false);
         assert_eq!(c.acl, SessionACL::All);
         assert_eq!(c.mount_options.iter().filter(|o| matches!(o, MountOption::NoSuid | MountOption::Suid)).count(), 1);
         assert!(c.mount_options.contains(&MountOption::NoSuid));
+        // Asked for, setuid bits and devices count.
+        let c = fuser_config(&opts(&["suid,dev"]), false);
+        assert!(c.mount_options.contains(&MountOption::Suid) && c.mount_options.contains(&MountOption::Dev));
+        assert!(!c.mount_options.iter().any(|o| matches!(o, MountOption::NoSuid | MountOption::NoDev)));
     }
 
     #[test]

@@ -491,13 +491,17 @@ async fn join(wr: Writer, gate: &Gate, join: p::Join, peer: SocketAddr) -> Resul
     Ok(())
 }
 
-/// Reads the first message of a connection (within `HELLO_TIMEOUT`).
+/// Reads the first message of a connection (within `HELLO_TIMEOUT`). On a plaintext
+/// connection, a TLS handshake (a record of type 22, version 3.x) ends it at once: its
+/// bytes would otherwise read as the start of a long frame, and the client would wait.
 async fn first_message(
     rd: &mut Reader,
     decoder: &mut FrameDecoder,
     buf: &mut [u8],
+    plaintext: bool,
 ) -> Result<ClientMessage, ConnError> {
     tokio::time::timeout(HELLO_TIMEOUT, async {
+        let mut first = true;
         loop {
             if let Some(m) = decoder.poll_message::<ClientMessage>()? {
                 return Ok::<_, ConnError>(m);
@@ -505,6 +509,9 @@ async fn first_message(
             let n = rd.read(buf).await?;
             if n == 0 {
                 return Err(ConnError::Other("closed before hello".into()));
+            }
+            if std::mem::take(&mut first) && plaintext && buf[..n].starts_with(&[0x16, 0x03]) {
+                return Err(ConnError::Other("a TLS client; this server runs --insecure".into()));
             }
             decoder.handle_bytes(&buf[..n]);
         }
@@ -525,7 +532,7 @@ async fn serve(
 ) -> Result<(), ConnError> {
     let mut decoder = FrameDecoder::new();
     let mut buf = vec![0u8; 256 * 1024];
-    let hello = match first_message(&mut rd, &mut decoder, &mut buf).await? {
+    let hello = match first_message(&mut rd, &mut decoder, &mut buf, gate.is_none()).await? {
         ClientMessage::Join(j) => {
             let Some(gate) = gate else {
                 let reason = "this server runs --insecure: there is nothing to join".to_string();

@@ -129,9 +129,9 @@ impl Session {
 /// The server core.
 pub struct Server {
     store: Store,
-    /// Where session secrets come from: the process's randomness, or a seed a
-    /// simulation passes in (`seed_randomness`).
-    rng: crest_rng::Stream,
+    /// Where session secrets come from in a simulation (`seed_randomness`), which must
+    /// replay exactly; `None`: from the OS generator, as secrets must.
+    rng: Option<crest_rng::Stream>,
     sessions: HashMap<SessionId, Session>,
     next_session: SessionId,
     /// Store generation when sessions' `durable` was last brought up to date.
@@ -257,11 +257,24 @@ pub(crate) fn errno(errno: i32, message: impl Into<String>) -> p::OpError {
     p::OpError { errno, message: message.into() }
 }
 
+/// A session secret from the OS generator. Without one, the process's own stream (itself
+/// seeded from the OS, but predictable from its outputs) rather than no session at all.
+fn os_secret() -> u64 {
+    let mut b = [0u8; 8];
+    match crest_rng::os_random_bytes(&mut b) {
+        Ok(()) => u64::from_le_bytes(b),
+        Err(e) => {
+            tracing::error!("the OS random generator failed ({e}); session secret from the process's stream");
+            crest_rng::next_u64()
+        }
+    }
+}
+
 impl Server {
     /// Draws the server's randomness (session secrets, and the store's inode
     /// generations) from `seed` from now on: for simulations that must replay exactly.
     pub fn seed_randomness(&mut self, seed: u64) {
-        self.rng = crest_rng::Stream::from_seed_u64(seed);
+        self.rng = Some(crest_rng::Stream::from_seed_u64(seed));
         self.store.seed_randomness(seed ^ 0x5707e);
     }
 
@@ -314,7 +327,7 @@ impl Server {
         }
         Server {
             store,
-            rng: crest_rng::Stream::from_process(),
+            rng: None,
             sessions,
             next_session,
             seen_generation,
@@ -406,7 +419,10 @@ impl Server {
         }
         let id = self.next_session;
         self.next_session += 1;
-        let secret = self.rng.next_u64();
+        let secret = match &mut self.rng {
+            Some(seeded) => seeded.next_u64(),
+            None => os_secret(),
+        };
         self.sessions.insert(id, Session { secret, client_name: hello.client_name.clone(), ..Default::default() });
         tracing::info!(session = id, client = %hello.client_name, fenced_before = fenced, "session started");
         (Some(id), self.welcome(id, false, None, Vec::new(), fenced))

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# crest's security boundary as users meet it, with the real binary, real servers and
+# real FUSE mounts (root). Three "hosts" share this machine, each with a state directory
+# of its own (CREST_STATE_DIR): `host` serves, `other` joins it, `third` serves another
+# image with a CA of its own.
+#   - TLS by default: the server's host mounts with no flag; another host without
+#     credentials is refused and told what to do; plaintext never gets in;
+#   - a join token works once, not after it expires, not forged, not at another server;
+#   - a client pins its server's CA and the server admits only certificates it issued;
+#   - a revoked client is disconnected within seconds and cannot come back, while the
+#     server's host goes on;
+#   - --insecure only on loopback; state directories open to others are refused; mounts
+#     are nosuid,nodev unless asked; the mount log is never written through a link.
+# Each check prints PASS/FAIL; exits non-zero if any failed.
+#   CREST_BIN   the crest binary (default target/release/crest)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+crest=${CREST_BIN:-$root/target/release/crest}
+[ -x "$crest" ] || { echo "build first: cargo build --release -p crest" >&2; exit 2; }
+tmp=$(mktemp -d /tmp/crest-sec.XXXXXX)
+fails=0
+pids=()
+mounts=()
+
+cleanup() {
+  for m in "${mounts[@]}"; do
+    for _ in 1 2 3; do
+      grep -qF " $m " /proc/self/mountinfo || break
+      umount -l "$m" 2>/dev/null || break
+    done
+  done
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
+run() { "$@" >"$tmp/out" 2>"$tmp/err"; rc=$?; }
+said() { echo "exit $rc; stdout: $(head -c 400 "$tmp/out"); stderr: $(head -c 600 "$tmp/err")"; }
+expect() {
+  local name=$1 want=$2; shift 2
+  run "$@"
+  if [ "$rc" = "$want" ]; then pass "$name"; else fail "$name" "want exit $want; $(said)"; fi
+}
+mentions() { if grep -qiF -- "$2" "$tmp/out" "$tmp/err"; then pass "$1"; else fail "$1" "no \"$2\"; $(said)"; fi; }
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "not true: $*"; fi; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_listen() {
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+mounted() { grep -qF " $1 " /proc/self/mountinfo; }
+# as HOST CMD...: crest with HOST's state directory.
+as() { local h=$1; shift; CREST_STATE_DIR=$tmp/$h "$crest" "$@"; }
+serve() { # HOST IMAGE PORT [ARGS]
+  as "$1" mkfs --size 256M "$tmp/$2" >/dev/null || return 1
+  CREST_STATE_DIR=$tmp/$1 "$crest" serve "$tmp/$2" --listen "127.0.0.1:$3" "${@:4}" >"$tmp/$2.log" 2>&1 &
+  pids+=("$!")
+  wait_listen "$3"
+}
+# mnt NAME: a mount point $tmp/NAME, unmounted at the end (not in a subshell: it records it).
+mnt() { mkdir -p "$tmp/$1"; mounts+=("$tmp/$1"); }
+
+echo "== TLS by default: the server's host mounts with no flag"
+port=$(free_port)
+serve host img "$port" || { echo "server did not start" >&2; cat "$tmp/img.log" >&2; exit 1; }
+addr=127.0.0.1:$port
+check state-dir-private [ "$(stat -c %a "$tmp/host")" = 700 ]
+check state-files-private [ -z "$(find "$tmp/host" -type f -perm /077)" ]
+mnt m-host; m_host=$tmp/m-host
+expect host-mounts 0 as host mount "$addr" "$m_host"
+echo "from host" >"$m_host/a" 2>/dev/null
+check host-reads-back [ "$(cat "$m_host/a" 2>/dev/null)" = "from host" ]
+opts=$(grep -F " $m_host " /proc/self/mountinfo | cut -d' ' -f6)
+check mount-nosuid-nodev-by-default bash -c "[[ ,$opts, == *,nosuid,* && ,$opts, == *,nodev,* ]]"
+log=$tmp/host/log/crest-mount$(printf '%s' "$m_host" | tr / _).log
+check mount-log-private [ "$(stat -c %a "$log" 2>/dev/null)" = 600 ]
+
+echo "== another host: refused without credentials, told what to do"
+mnt m-other; m_other=$tmp/m-other
+expect other-without-credentials-exit-32 32 as other mount "$addr" "$m_other"
+mentions other-without-credentials-told "crest join"
+check other-not-mounted bash -c "! grep -qF ' $m_other ' /proc/self/mountinfo"
+expect plaintext-to-tls-exit-32 32 as other mount --insecure "$addr" "$m_other"
+check plaintext-not-mounted bash -c "! grep -qF ' $m_other ' /proc/self/mountinfo"
+
+echo "== join tokens: once, not expired, not forged, not for another server"
+run as host token create --ttl 10m
+token=$(cat "$tmp/out")
+check token-printed bash -c "[[ '$token' == crest1-* ]]"
+expect other-joins 0 as other join "$addr" "$token"
+check joined-credentials-private [ -z "$(find "$tmp/other" -type f -perm /077)" ]
+expect token-second-use-refused 1 as spare join "$addr" "$token"
+mentions token-second-use-named "used"
+forged=$(printf '%s' "$token" | python3 -c 'import sys; t=sys.stdin.read().split("-"); s=t[2]; t[2]=("0" if s[0]!="0" else "1")+s[1:]; print("-".join(t))')
+run as host token create --ttl 10m
+expect forged-token-refused 1 as spare join "$addr" "$forged"
+run as host token create --ttl 1s
+short=$(cat "$tmp/out")
+sleep 2
+expect expired-token-refused 1 as spare join "$addr" "$short"
+check spare-has-no-credentials [ ! -e "$tmp/spare/joined" ]
+
+echo "== joined: coherent over TLS"
+expect other-mounts 0 as other mount "$addr" "$m_other"
+check other-sees-host [ "$(cat "$m_other/a" 2>/dev/null)" = "from host" ]
+echo "from other" >"$m_other/b" 2>/dev/null
+check host-sees-other [ "$(cat "$m_host/b" 2>/dev/null)" = "from other" ]
+
+echo "== pinned CAs: another host's server, another host's token"
+port3=$(free_port)
+serve third img3 "$port3" || fail third-serves "$(cat "$tmp/img3.log")"
+addr3=127.0.0.1:$port3
+key() { printf '%s' "$1" | tr -c 'A-Za-z0-9.-' _; }
+cp -r "$tmp/other/joined/$(key "$addr")" "$tmp/other/joined/$(key "$addr3")"
+mnt m-third; m_third=$tmp/m-third
+expect wrong-ca-exit-32 32 as other mount "$addr3" "$m_third"
+mentions wrong-ca-named "do not trust"
+run as third token create --ttl 10m
+expect foreign-token-refused 1 as spare join "$addr" "$(cat "$tmp/out")"
+mentions foreign-token-named "not the one the token names"
+
+echo "== revocation: the client is put out, the host goes on"
+run as host cert list --json
+check cert-list-json python3 -c "import json,sys; d=json.load(open('$tmp/out')); n={c['name'] for c in d}; sys.exit(0 if 'local' in n and len(d) >= 2 else 1)"
+name=$(python3 -c "import json; print([c['name'] for c in json.load(open('$tmp/out')) if c['via'].startswith('token')][0])")
+expect revoke 0 as host cert revoke "$name"
+out=1
+for _ in $(seq 100); do
+  if ! ls "$m_other" >/dev/null 2>&1; then out=0; break; fi
+  sleep 0.1
+done
+check revoked-client-put-out [ "$out" = 0 ]
+check host-goes-on [ "$(cat "$m_host/b" 2>/dev/null)" = "from other" ]
+umount -l "$m_other" 2>/dev/null
+expect revoked-client-kept-out 32 as other mount "$addr" "$m_other"
+mentions revoked-client-told "revoked"
+
+echo "== --insecure: loopback only, both ends"
+expect insecure-beyond-loopback-refused 1 as host serve "$tmp/img3" --listen "0.0.0.0:$(free_port)" --insecure
+mentions insecure-beyond-loopback-named "loopback"
+port4=$(free_port)
+serve host img4 "$port4" --insecure || fail insecure-serves "$(cat "$tmp/img4.log")"
+mnt m-plain; m_plain=$tmp/m-plain
+expect insecure-mount 0 as other mount --insecure "127.0.0.1:$port4" "$m_plain"
+check insecure-works bash -c "echo x >'$m_plain/x' && [ \"\$(cat '$m_plain/x')\" = x ]"
+as other umount "$m_plain" >/dev/null 2>&1
+expect insecure-mount-option 0 as other mount -o insecure,suid,dev "127.0.0.1:$port4" "$m_plain"
+opts=$(grep -F " $m_plain " /proc/self/mountinfo | cut -d' ' -f6)
+check suid-dev-when-asked bash -c "[[ ,$opts, != *,nosuid,* && ,$opts, != *,nodev,* ]]"
+mnt m-x
+expect tls-client-to-insecure-server-32 32 as host mount "127.0.0.1:$port4" "$tmp/m-x"
+
+echo "== state directories and logs"
+chmod 755 "$tmp/host"
+expect open-state-dir-refused 1 as host token create
+mentions open-state-dir-told "chmod 700"
+chmod 700 "$tmp/host"
+as other umount "$m_plain" >/dev/null 2>&1
+plog=$tmp/other/log/crest-mount$(printf '%s' "$m_plain" | tr / _).log
+: >"$tmp/victim"
+rm -f "$plog"; ln -s "$tmp/victim" "$plog"
+expect mount-over-planted-link 0 as other mount --insecure "127.0.0.1:$port4" "$m_plain"
+check log-not-written-through-link bash -c "[ ! -s '$tmp/victim' ] && [ -f '$plog' ] && [ ! -L '$plog' ]"
+
+echo "== security: $fails failed"
+[ "$fails" = 0 ]
