@@ -167,17 +167,19 @@ pub struct Call<R> {
     /// For a change: its place among the session's changes on the wire (see
     /// `write_call`), from when it was first written.
     pos: Option<u64>,
+    /// On whose behalf (`with_caller`; root unless said).
+    pub caller: p::Caller,
 }
 
 impl<R> Call<R> {
     /// A call whose caller waits for `reply`.
     pub fn wait(id: u64, ops: Vec<p::Op>, made: Instant, reply: R) -> Call<R> {
-        Call { id, ops, time: None, reply: Answer::Wait(reply), made, pos: None }
+        Call { id, ops, time: None, reply: Answer::Wait(reply), made, pos: None, caller: p::Caller::ROOT }
     }
 
     /// A writeback submission applied at the client's `time`.
     pub fn writeback(id: u64, ops: Vec<p::Op>, time: p::Time, made: Instant, reply: R) -> Call<R> {
-        Call { id, ops, time: Some(time), reply: Answer::Writeback(reply), made, pos: None }
+        Call { id, ops, time: Some(time), reply: Answer::Writeback(reply), made, pos: None, caller: p::Caller::ROOT }
     }
 
     /// The call carries the client's clock `time` (applied at it, also when replayed).
@@ -186,8 +188,14 @@ impl<R> Call<R> {
         self
     }
 
+    /// The call runs with `caller`'s credentials (also when replayed).
+    pub fn with_caller(mut self, caller: p::Caller) -> Call<R> {
+        self.caller = caller;
+        self
+    }
+
     fn request(&self) -> p::Request {
-        p::Request { id: self.id, ops: self.ops.clone(), time: self.time }
+        p::Request { id: self.id, ops: self.ops.clone(), time: self.time, caller: self.caller.clone() }
     }
 
     /// Answers the call with `r` without sending it (it never reached a connection):
@@ -484,7 +492,12 @@ impl<R> Connection<R> {
             // now, so the next one is due a heartbeat later even while the driver's write
             // is stuck (a server that stopped reading); one waiting is enough.
             if self.out.is_empty() {
-                self.write(&ClientMessage::Request(p::Request { id: HEARTBEAT_ID, ops: Vec::new(), time: None }));
+                self.write(&ClientMessage::Request(p::Request {
+                    id: HEARTBEAT_ID,
+                    ops: Vec::new(),
+                    time: None,
+                    caller: p::Caller::ROOT,
+                }));
             }
             self.last_sent = now;
         }
@@ -624,6 +637,7 @@ impl<R> Connection<R> {
                 ops: c.ops,
                 // (Replayed at the time it first ran: it comes out the same.)
                 time: resp.time.or(c.time),
+                caller: c.caller,
                 results: resp.results.clone(),
                 pos: resp.seq,
                 answered: 0,

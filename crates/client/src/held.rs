@@ -160,7 +160,7 @@ impl HeldLocks {
                 (true, true) => 1,
                 _ => 2,
             };
-            out[slot].push(p::Request { id, ops: ops.clone(), time: None });
+            out[slot].push(p::Request { id, ops: ops.clone(), time: None, caller: p::Caller::ROOT });
         }
         out
     }
@@ -199,7 +199,7 @@ impl HeldLocks {
         for chunk in ops.chunks(p::MAX_OPS_PER_REQUEST) {
             let id = next_id.fetch_add(1, Ordering::Relaxed);
             self.reasserting.insert(id, chunk.to_vec());
-            out.push(p::Request { id, ops: chunk.to_vec(), time: None });
+            out.push(p::Request { id, ops: chunk.to_vec(), time: None, caller: p::Caller::ROOT });
         }
         out
     }

@@ -22,6 +22,8 @@ pub struct Unstable {
     pub ops: Vec<p::Op>,
     /// The client's time it carried.
     pub time: Option<p::Time>,
+    /// On whose behalf it ran.
+    pub caller: p::Caller,
     /// What the server answered.
     pub results: Results,
     /// Its place among the session's changes (its `seq`; a replay's new one).
@@ -156,7 +158,7 @@ pub fn plan_restart(through: u64, holes: &[u64], pending: &[(u64, u64)]) -> Rest
 impl Unstable {
     /// The request that replays it.
     pub fn request(&self) -> p::Request {
-        p::Request { id: self.id, ops: self.ops.clone(), time: self.time }
+        p::Request { id: self.id, ops: self.ops.clone(), time: self.time, caller: self.caller.clone() }
     }
 }
 

@@ -161,6 +161,7 @@ mod tests {
                 },
             ],
             time: Some(Time { sec: 5, nsec: 6 }),
+            caller: Caller { uid: 1000, gid: 100, groups: vec![4, 27] },
         })
     }
 
@@ -308,6 +309,7 @@ mod tests {
                     id: i,
                     ops: vec![Op::Write { ino: 2, offset: i, data: vec![i as u8; len] }],
                     time: None,
+                    caller: Caller::default(),
                 });
                 encode_frame(&m, &mut wire).expect("encode");
                 sent.push(m);

@@ -678,6 +678,34 @@ pub struct Request {
     /// server applies them at this time so that the attributes it stores are the ones the
     /// client already reported. `None`: the server's clock.
     pub time: Option<Time>,
+    /// On whose behalf: the server checks each operation's permissions for this caller,
+    /// as its export policy maps it (docs/security.md).
+    pub caller: Caller,
+}
+
+/// The credentials a request runs with: the calling process's on the client, as its
+/// kernel gave them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Caller {
+    /// File-system uid.
+    pub uid: u32,
+    /// File-system gid.
+    pub gid: u32,
+    /// Supplementary groups (at most `MAX_CALLER_GROUPS`; more are refused).
+    pub groups: Vec<u32>,
+}
+
+/// Supplementary groups a caller may name.
+pub const MAX_CALLER_GROUPS: usize = 256;
+
+impl Caller {
+    /// Root, as the server's own work and a trusted tool run.
+    pub const ROOT: Caller = Caller { uid: 0, gid: 0, groups: Vec::new() };
+
+    /// Whether the caller is in group `gid` (primary or supplementary).
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
 }
 
 /// The answer to a request: one result per operation, in order.

@@ -182,7 +182,7 @@ impl Raw {
 
     /// Sends request `id` and returns its response (skipping notices).
     fn call(&mut self, id: u64, ops: Vec<Op>) -> p::Response {
-        self.send(&ClientMessage::Request(p::Request { id, ops, time: None }));
+        self.send(&ClientMessage::Request(p::Request { id, ops, time: None, caller: p::Caller::ROOT }));
         loop {
             match self.recv() {
                 Some(ServerMessage::Response(r)) if r.id == id => return r,
@@ -240,7 +240,8 @@ fn bad_frame(rng: &mut u64) -> (Vec<u8>, &'static str) {
             (frame, "a second hello")
         }
         _ => {
-            let req = p::Request { id: next(rng), ops: vec![Op::GetAttr { ino: 1 }], time: None };
+            let req =
+                p::Request { id: next(rng), ops: vec![Op::GetAttr { ino: 1 }], time: None, caller: p::Caller::ROOT };
             p::encode_frame(&ClientMessage::Request(req), &mut frame).expect("encode");
             frame.extend_from_slice(&u32::MAX.to_le_bytes());
             (frame, "a good request, then an oversized length")
@@ -294,7 +295,7 @@ fn a_small_request_for_a_huge_answer_is_answered_in_one_frame() {
     let n = 100 + next(&mut rng) % 60;
     let reads: Vec<Op> =
         (0..n).map(|i| Op::Read { ino: a.ino, offset: i * (next(&mut rng) % (1 << 30)), len: u32::MAX }).collect();
-    let req = ClientMessage::Request(p::Request { id: 3, ops: reads, time: None });
+    let req = ClientMessage::Request(p::Request { id: 3, ops: reads, time: None, caller: p::Caller::ROOT });
     eprintln!("{n} reads in a request of {} bytes", p::encoded_len(&req));
     c.send(&req);
     let r = loop {

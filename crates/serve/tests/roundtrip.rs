@@ -164,8 +164,16 @@ fn garbage_and_wrong_versions_are_refused_and_others_carry_on() {
         p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "gone".into(), resume: None };
     p::encode_frame(&p::ClientMessage::Hello(hello), &mut frame).expect("encode");
     let mut req = Vec::new();
-    p::encode_frame(&p::ClientMessage::Request(p::Request { id: 1, ops: vec![create("half")], time: None }), &mut req)
-        .expect("encode");
+    p::encode_frame(
+        &p::ClientMessage::Request(p::Request {
+            id: 1,
+            ops: vec![create("half")],
+            time: None,
+            caller: p::Caller::ROOT,
+        }),
+        &mut req,
+    )
+    .expect("encode");
     frame.extend_from_slice(&req[..req.len() / 2]);
     s.write_all(&frame).expect("write");
     drop(s);

@@ -130,7 +130,11 @@ mod tests {
 
         fn run(&mut self, op: Op) -> Result<Reply, p::OpError> {
             self.id += 1;
-            let r = self.srv.handle_request(self.sid, p::Request { id: self.id, ops: vec![op], time: None }, NOW);
+            let r = self.srv.handle_request(
+                self.sid,
+                p::Request { id: self.id, ops: vec![op], time: None, caller: p::Caller::ROOT },
+                NOW,
+            );
             r.results.into_iter().next().expect("one result")
         }
 

@@ -1011,7 +1011,7 @@ impl Sim {
         let cl = &mut self.clients[c];
         let id = cl.next_id;
         cl.next_id += 1;
-        let req = p::Request { id, ops, time };
+        let req = p::Request { id, ops, time, caller: p::Caller::ROOT };
         let (epoch, stamp) = {
             let names = cl.names();
             (names.epoch(), names.stamp())

@@ -23,7 +23,7 @@ fn two_sessions() -> (Server, SessionId, SessionId) {
 
 /// Request `id` carrying `ops` at the server's clock.
 fn req(id: u64, ops: Vec<Op>) -> p::Request {
-    p::Request { id, ops, time: None }
+    p::Request { id, ops, time: None, caller: p::Caller::ROOT }
 }
 
 /// The first result of the one response the last step sent (and nothing else).
@@ -46,6 +46,7 @@ fn create_in_root(id: u64, name: &str) -> p::Request {
             cred: p::Cred::default(),
         }],
         time: None,
+        caller: p::Caller::ROOT,
     }
 }
 
@@ -125,18 +126,23 @@ fn setgid_directories_pass_on_their_group() {
     };
     let r = srv.handle_request(
         sid,
-        p::Request { id: 1, ops: vec![mk("d", p::FileType::Directory, 1, 0, 50)], time: None },
+        p::Request { id: 1, ops: vec![mk("d", p::FileType::Directory, 1, 0, 50)], time: None, caller: p::Caller::ROOT },
         NOW,
     );
     let Ok(Reply::Entry(d)) = &r.results[0] else { panic!("{r:?}") };
     let set = p::SetAttr { mode: Some(0o2775), ..Default::default() };
-    srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::SetAttr { ino: d.ino, set }], time: None }, NOW);
+    srv.handle_request(
+        sid,
+        p::Request { id: 2, ops: vec![Op::SetAttr { ino: d.ino, set }], time: None, caller: p::Caller::ROOT },
+        NOW,
+    );
     let r = srv.handle_request(
         sid,
         p::Request {
             id: 3,
             ops: vec![mk("f", p::FileType::Regular, d.ino, 7, 7), mk("sub", p::FileType::Directory, d.ino, 7, 7)],
             time: None,
+            caller: p::Caller::ROOT,
         },
         NOW,
     );
@@ -195,9 +201,17 @@ fn after_a_crash_a_resumed_session_learns_exactly_which_changes_survived() {
     let mk = create_in_root;
     let r1 = srv.handle_request(sid, mk(1, "one"), NOW);
     assert_eq!((r1.seq, r1.durable), (1, 0));
-    let read = srv.handle_request(sid, p::Request { id: 2, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    let read = srv.handle_request(
+        sid,
+        p::Request { id: 2, ops: vec![Op::GetAttr { ino: 1 }], time: None, caller: p::Caller::ROOT },
+        NOW,
+    );
     assert_eq!(read.seq, 0, "reads take no place in the order");
-    let r2 = srv.handle_request(sid, p::Request { id: 3, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    let r2 = srv.handle_request(
+        sid,
+        p::Request { id: 3, ops: vec![Op::Fsync { ino: 1 }], time: None, caller: p::Caller::ROOT },
+        NOW,
+    );
     assert_eq!((r2.seq, r2.durable), (2, 2), "fsync makes everything so far durable");
     let r3 = srv.handle_request(sid, mk(4, "two"), NOW);
     assert_eq!((r3.seq, r3.durable), (3, 2));
@@ -416,7 +430,7 @@ fn restored_sessions_whose_client_never_returns_are_fenced_and_forgotten() {
     let disk = fresh_disk();
     let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
     let (sid, _) = srv.handle_hello(&hello(None));
-    let req = p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None };
+    let req = p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None, caller: p::Caller::ROOT };
     srv.handle_request(sid.expect("session"), req, NOW);
     drop(srv.into_store().abandon());
     let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
@@ -438,11 +452,13 @@ fn locks_hold_across_sessions_and_go_with_their_session() {
         id,
         ops: vec![Op::SetLock { ino: 1, owner, start: 0, end: p::LOCK_TO_EOF, kind, flock: false, pid: 42 }],
         time: None,
+        caller: p::Caller::ROOT,
     };
     let get = |id| p::Request {
         id,
         ops: vec![Op::GetLock { ino: 1, owner: 5, start: 10, end: 10, kind: p::LockKind::Read, flock: false }],
         time: None,
+        caller: p::Caller::ROOT,
     };
     let r = srv.handle_request(a, lock(1, 5, p::LockKind::Write), NOW);
     assert_eq!((&r.results[0], r.seq), (&Ok(Reply::Done), 0), "a lock is no stored change");
@@ -457,12 +473,14 @@ fn locks_hold_across_sessions_and_go_with_their_session() {
         id: 3,
         ops: vec![Op::SetLock { ino: 1, owner: 1, start: 9, end: 8, kind: p::LockKind::Read, flock: false, pid: 1 }],
         time: None,
+        caller: p::Caller::ROOT,
     };
     assert_eq!(srv.handle_request(b, bad, NOW).results[0].as_ref().err().map(|e| e.errno), Some(22));
     let missing = p::Request {
         id: 4,
         ops: vec![Op::SetLock { ino: 999, owner: 1, start: 0, end: 0, kind: p::LockKind::Read, flock: false, pid: 1 }],
         time: None,
+        caller: p::Caller::ROOT,
     };
     assert!(srv.handle_request(b, missing, NOW).results[0].is_err(), "no such inode");
     // a's connection drops: its locks stay while it may come back…
@@ -483,7 +501,12 @@ fn locks_hold_across_sessions_and_go_with_their_session() {
 #[test]
 fn a_change_to_what_another_session_read_waits_for_its_recall() {
     let (mut srv, a, b) = two_sessions();
-    let lookup = |id| p::Request { id, ops: vec![Op::Lookup { parent: 1, name: b"x".to_vec() }], time: None };
+    let lookup = |id| p::Request {
+        id,
+        ops: vec![Op::Lookup { parent: 1, name: b"x".to_vec() }],
+        time: None,
+        caller: p::Caller::ROOT,
+    };
     srv.handle(b, lookup(1), NOW);
     assert!(matches!(&srv.take_outgoing()[..], [Outgoing::Response { session, .. }] if *session == b));
     let create = create_in_root(1, "x");
@@ -651,7 +674,7 @@ fn a_writeback_of_a_write_answered_under_exclusive_rights_does_not_wait_for_othe
     };
     assert!(run_answering_recalls(&mut srv, b, 1, vec![Op::Open { ino: x.ino, handle: 1 }]).is_ok());
     let write = Op::Write { ino: x.ino, offset: 0, data: b"written".to_vec() };
-    srv.handle(a, p::Request { id: 2, ops: vec![write], time: Some(NOW) }, NOW);
+    srv.handle(a, p::Request { id: 2, ops: vec![write], time: Some(NOW), caller: p::Caller::ROOT }, NOW);
     srv.handle(a, req(3, vec![Op::Read { ino: x.ino, offset: 0, len: 64 }]), NOW);
     let out = srv.take_outgoing();
     let read = out.iter().find_map(|o| match o {
@@ -690,9 +713,9 @@ fn a_sessions_requests_wait_behind_its_own_writeback_that_waits() {
         rdev: 0,
         cred: p::Cred::default(),
     };
-    srv.handle(a, p::Request { id: 2, ops: vec![create], time: Some(NOW) }, NOW);
+    srv.handle(a, p::Request { id: 2, ops: vec![create], time: Some(NOW), caller: p::Caller::ROOT }, NOW);
     let truncate = Op::SetAttr { ino: first, set: p::SetAttr { size_bytes: Some(10), ..Default::default() } };
-    srv.handle(a, p::Request { id: 3, ops: vec![truncate], time: Some(NOW) }, NOW);
+    srv.handle(a, p::Request { id: 3, ops: vec![truncate], time: Some(NOW), caller: p::Caller::ROOT }, NOW);
     let out = srv.take_outgoing();
     assert!(!out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == a)), "{out:?}");
     let recall = out.iter().find_map(|o| match o {
@@ -813,7 +836,7 @@ fn another_sessions_request_waits_until_exclusive_rights_are_flushed_and_returne
         rdev: 0,
         cred: p::Cred { uid: 3, gid: 4, umask: 0 },
     };
-    srv.handle(a, p::Request { id: 2, ops: vec![create_at], time: Some(client_time) }, NOW);
+    srv.handle(a, p::Request { id: 2, ops: vec![create_at], time: Some(client_time), caller: p::Caller::ROOT }, NOW);
     let out = srv.take_outgoing();
     let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
     let Ok(Reply::Entry(x)) = &response.results[0] else { panic!("{response:?}") };

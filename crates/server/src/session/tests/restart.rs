@@ -18,10 +18,15 @@ fn after_a_restart_no_one_sees_older_state_than_another_clients_lost_acknowledge
         id,
         ops: vec![Op::Lookup { parent: 1, name: name.as_bytes().to_vec() }],
         time: None,
+        caller: p::Caller::ROOT,
     };
     srv.handle_request(a, mk(1, "w"), NOW);
     srv.handle_request(b, mk(1, "y"), NOW);
-    srv.handle_request(b, p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    srv.handle_request(
+        b,
+        p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None, caller: p::Caller::ROOT },
+        NOW,
+    );
     // a's create of x is acknowledged, then the server dies before committing it.
     let lost = srv.handle_request(a, mk(2, "x"), NOW);
     assert!(lost.results[0].is_ok() && lost.seq > lost.durable);
@@ -60,7 +65,7 @@ fn a_refused_oversized_change_still_takes_its_place_in_the_sessions_order() {
     let a = a.expect("a");
     assert_eq!(srv.handle_request(a, create_in_root(1, "x"), NOW).seq, 1);
     let unlink = Op::Unlink { parent: 1, name: b"nothing".to_vec() };
-    let big = p::Request { id: 2, ops: vec![unlink; p::MAX_OPS_PER_REQUEST + 1], time: None };
+    let big = p::Request { id: 2, ops: vec![unlink; p::MAX_OPS_PER_REQUEST + 1], time: None, caller: p::Caller::ROOT };
     let r = srv.handle_request(a, big, NOW);
     assert!(matches!(&r.results[..], [Err(e)] if e.errno == 7), "{r:?}");
     assert_eq!(r.seq, 2, "the client counted it as its second change");
@@ -78,12 +83,17 @@ fn no_session_builds_on_another_sessions_change_that_a_crash_could_take_back() {
         id,
         ops: vec![Op::Lookup { parent: 1, name: name.as_bytes().to_vec() }],
         time: None,
+        caller: p::Caller::ROOT,
     };
     let found = |r: &p::Response| matches!(&r.results[0], Ok(Reply::Lookup { attr: Some(_), .. }));
     // (Each session's first change commits its record first: get those out of the way.)
     srv.handle_request(a, create_in_root(10, "a0"), NOW);
     srv.handle_request(b, create_in_root(10, "b0"), NOW);
-    srv.handle_request(b, p::Request { id: 11, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    srv.handle_request(
+        b,
+        p::Request { id: 11, ops: vec![Op::Fsync { ino: 1 }], time: None, caller: p::Caller::ROOT },
+        NOW,
+    );
     let settled = srv.settling_commits;
     // a's own changes pile up without a commit, and b may look at them...
     assert!(srv.handle_request(a, create_in_root(1, "x"), NOW).results[0].is_ok());
@@ -98,7 +108,11 @@ fn no_session_builds_on_another_sessions_change_that_a_crash_could_take_back() {
     // a's next change finds nothing of b's unsettled; w is a's alone, lost in the crash.
     assert!(srv.handle_request(a, create_in_root(4, "w"), NOW).results[0].is_ok());
     assert_eq!(srv.settling_commits, settled + 1);
-    let r = srv.handle_request(b, p::Request { id: 3, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    let r = srv.handle_request(
+        b,
+        p::Request { id: 3, ops: vec![Op::GetAttr { ino: 1 }], time: None, caller: p::Caller::ROOT },
+        NOW,
+    );
     assert!(r.results[0].is_ok());
     drop(srv.into_store().abandon());
     let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
@@ -120,7 +134,11 @@ fn rights_held_before_a_restart_are_given_back_while_their_session_replays() {
     let made = srv.handle_request(a, create_in_root(1, "f"), NOW);
     let Ok(Reply::Entry(f)) = &made.results[0] else { panic!("{made:?}") };
     let f = f.ino;
-    srv.handle_request(a, p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    srv.handle_request(
+        a,
+        p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None, caller: p::Caller::ROOT },
+        NOW,
+    );
     drop(srv.into_store().abandon());
     let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
     srv.tick(millis(NOW)).expect("tick");
@@ -128,9 +146,14 @@ fn rights_held_before_a_restart_are_given_back_while_their_session_replays() {
     // b is new: re-asserting is not for it, and its look at f waits for the grace.
     let (b, _) = srv.handle_hello(&hello(None));
     let b = b.expect("b");
-    let reassert = |id, ino, exclusive| p::Request { id, ops: vec![Op::Reassert { ino, exclusive }], time: None };
+    let reassert = |id, ino, exclusive| p::Request {
+        id,
+        ops: vec![Op::Reassert { ino, exclusive }],
+        time: None,
+        caller: p::Caller::ROOT,
+    };
     srv.handle(b, reassert(1, 1, false), NOW);
-    srv.handle(b, p::Request { id: 2, ops: vec![Op::GetAttr { ino: f }], time: None }, NOW);
+    srv.handle(b, p::Request { id: 2, ops: vec![Op::GetAttr { ino: f }], time: None, caller: p::Caller::ROOT }, NOW);
     assert!(srv.take_outgoing().is_empty(), "b's requests wait for a's replay");
     // a resumes and takes back X on f and S on the root.
     srv.handle_hello(&hello(Some(wa.session)));
@@ -140,6 +163,7 @@ fn rights_held_before_a_restart_are_given_back_while_their_session_replays() {
             id: 10,
             ops: vec![Op::Reassert { ino: f, exclusive: true }, Op::Reassert { ino: 1, exclusive: false }],
             time: None,
+            caller: p::Caller::ROOT,
         },
         NOW,
     );
@@ -185,13 +209,17 @@ fn the_grace_period_ends_without_clients_that_never_come_back() {
     let disk = fresh_disk();
     let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
     let (a, _) = srv.handle_hello(&hello(None));
-    srv.handle_request(a.expect("a"), p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None }, NOW);
+    srv.handle_request(
+        a.expect("a"),
+        p::Request { id: 1, ops: vec![Op::Fsync { ino: 1 }], time: None, caller: p::Caller::ROOT },
+        NOW,
+    );
     drop(srv.into_store().abandon());
     let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
     srv.tick(0).expect("tick");
     let (c, _) = srv.handle_hello(&hello(None));
     let c = c.expect("c");
-    srv.handle(c, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    srv.handle(c, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None, caller: p::Caller::ROOT }, NOW);
     srv.tick(crate::caps::GRACE_MS - 1).expect("tick");
     assert!(srv.take_outgoing().is_empty(), "held during the grace period");
     srv.heard(c, crate::caps::GRACE_MS);
@@ -205,6 +233,7 @@ fn lock_root(id: u64, owner: u64, kind: p::LockKind, flock: bool) -> p::Request 
         id,
         ops: vec![Op::SetLock { ino: 1, owner, start: 0, end: p::LOCK_TO_EOF, kind, flock, pid: 42 }],
         time: None,
+        caller: p::Caller::ROOT,
     }
 }
 
@@ -237,7 +266,7 @@ fn a_lock_taken_again_in_the_grace_period_beats_a_new_sessions_conflicting_lock(
     srv.handle(b, lock_root(1, 9, p::LockKind::Write, false), NOW);
     srv.handle(b, lock_root(2, 9, p::LockKind::Read, true), NOW);
     let test = Op::GetLock { ino: 1, owner: 9, start: 0, end: 0, kind: p::LockKind::Read, flock: false };
-    srv.handle(b, p::Request { id: 3, ops: vec![test], time: None }, NOW);
+    srv.handle(b, p::Request { id: 3, ops: vec![test], time: None, caller: p::Caller::ROOT }, NOW);
     assert!(srv.take_outgoing().is_empty(), "b waits while a has not taken its locks again");
     // a resumes (its record was restored) and takes its locks again: they run at once,
     // as no change: no seq, nothing in the reply cache.
@@ -266,6 +295,7 @@ fn a_lock_taken_again_in_the_grace_period_beats_a_new_sessions_conflicting_lock(
             },
         ],
         time: None,
+        caller: p::Caller::ROOT,
     };
     srv.handle(a, relock, NOW);
     let out = srv.take_outgoing();
@@ -373,7 +403,7 @@ fn a_restart_welcome_lost_with_its_connection_is_given_again() {
     let (a, w) = srv.handle_hello(&hello(None));
     let (a, p::ServerMessage::Welcome(w)) = (a.expect("a"), w) else { panic!("no welcome") };
     let chmod = Op::SetAttr { ino: 1, set: p::SetAttr { mode: Some(0o700), ..Default::default() } };
-    srv.handle(a, p::Request { id: 1, ops: vec![chmod], time: None }, NOW);
+    srv.handle(a, p::Request { id: 1, ops: vec![chmod], time: None, caller: p::Caller::ROOT }, NOW);
     srv.store_mut().commit().expect("commit");
     drop(srv.into_store().abandon());
     let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
@@ -404,13 +434,18 @@ fn recall_lost_with_the_connection() -> (Server, SessionId, SessionId, p::Sessio
         rdev: 0,
         cred: p::Cred::default(),
     };
-    srv.handle(a, p::Request { id: 1, ops: vec![mkdir], time: None }, NOW);
+    srv.handle(a, p::Request { id: 1, ops: vec![mkdir], time: None, caller: p::Caller::ROOT }, NOW);
     let out = srv.take_outgoing();
     let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
     let Ok(Reply::Entry(d)) = &response.results[0] else { panic!("{response:?}") };
     let d = d.ino;
     srv.disconnected(a, millis(NOW));
-    let lookup = p::Request { id: 1, ops: vec![Op::Lookup { parent: d, name: b"x".to_vec() }], time: None };
+    let lookup = p::Request {
+        id: 1,
+        ops: vec![Op::Lookup { parent: d, name: b"x".to_vec() }],
+        time: None,
+        caller: p::Caller::ROOT,
+    };
     srv.handle(b, lookup, NOW);
     let out = srv.take_outgoing();
     assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
@@ -472,7 +507,7 @@ fn a_resent_change_whose_reply_waits_on_recalls_is_not_answered_before_they_are(
     // connection breaks and a resends the mkdir: the reply cache must not answer it before
     // b has dropped what it cached.
     let (mut srv, a, b) = two_sessions();
-    srv.handle(b, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None }, NOW);
+    srv.handle(b, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None, caller: p::Caller::ROOT }, NOW);
     srv.take_outgoing();
     let mkdir = p::Request {
         id: 1,
@@ -485,6 +520,7 @@ fn a_resent_change_whose_reply_waits_on_recalls_is_not_answered_before_they_are(
             cred: p::Cred::default(),
         }],
         time: None,
+        caller: p::Caller::ROOT,
     };
     srv.handle(a, mkdir.clone(), NOW);
     let out = srv.take_outgoing();
