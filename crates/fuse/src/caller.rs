@@ -5,21 +5,40 @@
 //! server) asks here, now and then, and gives up with EINTR for a caller that was sent
 //! SIGINT, SIGTERM, SIGKILL or any other signal it neither blocks nor ignores.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::time::{Duration, Instant};
+
+use crest_proto as p;
+
+/// Who a handler thread serves: the request's thread id, fs uid and fs gid.
+#[derive(Clone, Copy, Default)]
+struct Serving {
+    pid: u32,
+    uid: u32,
+    gid: u32,
+}
 
 thread_local! {
-    static CALLER: Cell<u32> = const { Cell::new(0) };
+    static CALLER: Cell<Serving> = const { Cell::new(Serving { pid: 0, uid: 0, gid: 0 }) };
+    /// The last caller's supplementary groups, read from /proc: (pid, when, groups).
+    static GROUPS: RefCell<Option<(u32, Instant, Vec<u32>)>> = const { RefCell::new(None) };
 }
+
+/// How long a thread's supplementary groups, once read, are taken as still current: a
+/// process rarely changes them, and reading /proc for every call would cost more than
+/// most calls.
+const GROUPS_FRESH: Duration = Duration::from_secs(1);
 
 /// The process this thread serves, from `enter` until dropped.
 pub struct Caller {
-    previous: u32,
+    previous: Serving,
 }
 
 impl Caller {
-    /// This thread now serves `pid` (the FUSE request's, a thread id).
-    pub fn enter(pid: u32) -> Caller {
-        Caller { previous: CALLER.with(|c| c.replace(pid)) }
+    /// This thread now serves thread `pid` (the FUSE request's) with fs uid `uid` and fs
+    /// gid `gid`.
+    pub fn enter(pid: u32, uid: u32, gid: u32) -> Caller {
+        Caller { previous: CALLER.with(|c| c.replace(Serving { pid, uid, gid })) }
     }
 }
 
@@ -29,10 +48,45 @@ impl Drop for Caller {
     }
 }
 
+/// The credentials of the caller this thread serves, for the server to check: root on a
+/// thread serving nobody (the daemon's own work: releases, write-back, recalls).
+pub fn current() -> p::Caller {
+    let s = CALLER.with(Cell::get);
+    if s.pid == 0 {
+        return p::Caller::ROOT;
+    }
+    let groups = GROUPS.with(|g| {
+        let mut g = g.borrow_mut();
+        match &*g {
+            Some((pid, at, groups)) if *pid == s.pid && at.elapsed() < GROUPS_FRESH => groups.clone(),
+            _ => {
+                let groups = supplementary_groups(s.pid);
+                *g = Some((s.pid, Instant::now(), groups.clone()));
+                groups
+            }
+        }
+    });
+    p::Caller { uid: s.uid, gid: s.gid, groups }
+}
+
+/// Thread `tid`'s supplementary groups (none if its status cannot be read), at most
+/// `MAX_CALLER_GROUPS` of them.
+fn supplementary_groups(tid: u32) -> Vec<u32> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else { return Vec::new() };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|g| g.parse().ok())
+        .take(p::MAX_CALLER_GROUPS)
+        .collect()
+}
+
 /// Whether the process this thread serves has a signal to take (or is gone). False on
 /// threads serving nobody.
 pub fn interrupted() -> bool {
-    process_interrupted(CALLER.with(Cell::get))
+    process_interrupted(CALLER.with(Cell::get).pid)
 }
 
 /// Whether thread `tid` is gone or has a signal to take (which would interrupt a local
@@ -131,10 +185,10 @@ mod tests {
     fn a_thread_serves_its_caller_until_the_guard_goes() {
         assert!(!interrupted(), "nobody served");
         {
-            let _c = Caller::enter(u32::MAX - 1); // no such process: gone
+            let _c = Caller::enter(u32::MAX - 1, 0, 0); // no such process: gone
             assert!(interrupted());
             {
-                let _inner = Caller::enter(std::process::id());
+                let _inner = Caller::enter(std::process::id(), 0, 0);
                 assert!(!interrupted(), "this test process has nothing pending");
             }
             assert!(interrupted());

@@ -251,6 +251,7 @@ impl CrestFs {
         let names = Arc::new(Mutex::new(NameCache::new(ttl)));
         client.set_rights(Arc::new(CacheRights { names: names.clone() }));
         client.set_interrupt_check(Box::new(caller::interrupted));
+        client.set_caller_source(Box::new(caller::current));
         CrestFs {
             client: Arc::new(client),
             ttl: Duration::ZERO,
@@ -548,7 +549,7 @@ impl Filesystem for CrestFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         if name == "." || name == ".." {
             return self.lookup_for_handle(parent.0, name, reply);
         }
@@ -585,7 +586,7 @@ impl Filesystem for CrestFs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         // (Bound first: the cache guard must be gone before the reply locks it again.)
         let held = lock(&self.names).attr(ino.0, Instant::now());
         if let Some(a) = held {
@@ -617,7 +618,7 @@ impl Filesystem for CrestFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let mut set = p::SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -646,7 +647,7 @@ impl Filesystem for CrestFs {
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         match self.one("readlink", Op::ReadLink { ino: ino.0 }).and_then(|r| want_data("readlink", r)) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(self.fail(&e)),
@@ -654,7 +655,7 @@ impl Filesystem for CrestFs {
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let Some(kind) = convert::kind_from_mode(mode) else {
             let e =
                 Error::Invalid { op: "mknod", why: format!("mode {mode:#o} is not a file, device, fifo or socket") };
@@ -665,14 +666,14 @@ impl Filesystem for CrestFs {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let kind = p::FileType::Directory;
         let r = self.create_node(cred(req, umask), parent, name, kind, convert::create_mode(mode), 0);
         self.reply_entry(reply, parent.0, name.as_bytes(), r);
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         if self.remove_locally(parent.0, name.as_bytes(), false)
             || (self.acquire(parent.0) && self.remove_locally(parent.0, name.as_bytes(), false))
         {
@@ -683,7 +684,7 @@ impl Filesystem for CrestFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         if self.remove_locally(parent.0, name.as_bytes(), true)
             || (self.acquire(parent.0) && self.remove_locally(parent.0, name.as_bytes(), true))
         {
@@ -694,7 +695,7 @@ impl Filesystem for CrestFs {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let target_bytes = target.as_os_str().as_bytes();
         if !target_bytes.is_empty() && target_bytes.len() < 4096 {
             let (name, kind) = (link_name.as_bytes(), p::FileType::Symlink);
@@ -727,7 +728,7 @@ impl Filesystem for CrestFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let Some(wire_flags) = convert::rename_flags(flags.bits()) else {
             let e = Error::Invalid {
                 op: "rename",
@@ -791,7 +792,7 @@ impl Filesystem for CrestFs {
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         if let Some(a) = self.link_locally(ino.0, newparent.0, newname.as_bytes()) {
             return self.reply_entry(reply, newparent.0, newname.as_bytes(), Ok(a));
         }
@@ -807,7 +808,7 @@ impl Filesystem for CrestFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         // O_TRUNC never arrives here (no ATOMIC_O_TRUNC: the kernel truncates by setattr);
         // O_DIRECT needs nothing: the kernel sends such I/O straight through.
         let fh = self.fh();
@@ -836,7 +837,7 @@ impl Filesystem for CrestFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let op = Op::Read { ino: ino.0, offset, len: size.min(MAX_IO_BYTES) };
         let io = self.page_io.begin(ino.0);
         let r = self.one("read", op).and_then(|r| want_data("read", r));
@@ -864,7 +865,7 @@ impl Filesystem for CrestFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let Ok(len) = u32::try_from(data.len()) else {
             return reply.error(Errno::EFBIG);
         };
@@ -901,7 +902,7 @@ impl Filesystem for CrestFs {
     }
 
     fn flush(&self, req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         // Synchronous writes are on the server when acknowledged. Writeback ones are not
         // waited for — a local disk's close does not wait for its write-back either, and
         // waiting costs a round trip per file written — but shipped now, and a failure of
@@ -938,7 +939,7 @@ impl Filesystem for CrestFs {
     }
 
     fn fsync(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let r = self.one("fsync", Op::Fsync { ino: ino.0 }).and_then(|r| want_done("fsync", r));
         let r = r.and_then(|()| self.settle("fsync", ino.0));
         self.reply_empty(reply, r);
@@ -953,7 +954,7 @@ impl Filesystem for CrestFs {
     }
 
     fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let r = self.readdir_into(ino.0, fh.0, offset, |e, parent| match e {
             Entry::Dot => reply.add(ino, convert::DOT_OFFSET, FileType::Directory, "."),
             Entry::DotDot => reply.add(INodeNo(parent), convert::DOTDOT_OFFSET, FileType::Directory, ".."),
@@ -971,7 +972,7 @@ impl Filesystem for CrestFs {
     }
 
     fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let ttl = self.ttl;
         let r = self.readdir_into(ino.0, fh.0, offset, |e, parent| match e {
             // The kernel takes no attributes or lookup reference from "." and "..".
@@ -1005,14 +1006,14 @@ impl Filesystem for CrestFs {
     }
 
     fn fsyncdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let r = self.one("fsyncdir", Op::Fsync { ino: ino.0 }).and_then(|r| want_done("fsyncdir", r));
         let r = r.and_then(|()| self.settle("fsyncdir", ino.0));
         self.reply_empty(reply, r);
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         match self.one("statfs", Op::StatFs) {
             Ok(Reply::StatFs(s)) => reply.statfs(
                 s.total_blocks,
@@ -1039,7 +1040,7 @@ impl Filesystem for CrestFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let mut flags = convert::xattr_flags(flags);
         if name.as_bytes() == acl::ACCESS && self.caller_drops_sgid(req.pid(), ino.0) {
             flags |= p::XATTR_ACL_KILL_SGID;
@@ -1061,7 +1062,7 @@ impl Filesystem for CrestFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         // (Bound first: the cache guard must be gone before the reply.)
         let held = {
             let c = lock(&self.names);
@@ -1083,7 +1084,7 @@ impl Filesystem for CrestFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let held = lock(&self.names).held_xattrs(ino.0).map(|m| m.keys().cloned().collect::<Vec<_>>());
         if let Some(names) = held {
             return self.reply_xattr(reply, size, Ok(convert::xattr_list(&names)));
@@ -1096,7 +1097,7 @@ impl Filesystem for CrestFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         match self.xattr_locally(ino.0, name.as_bytes(), None, 0) {
             Some(Ok(())) => return reply.ok(),
             Some(Err(e)) => return reply.error(e),
@@ -1127,7 +1128,7 @@ impl Filesystem for CrestFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let kind = p::FileType::Regular;
         let mode = convert::create_mode(mode);
         let cred = cred(req, umask);
@@ -1186,7 +1187,7 @@ impl Filesystem for CrestFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         reply.error(Errno::from_i32(libc::ENOTTY));
     }
 
@@ -1200,7 +1201,7 @@ impl Filesystem for CrestFs {
         _flags: PollFlags,
         reply: ReplyPoll,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         // ENOSYS once: the kernel then answers poll itself (always ready).
         reply.error(Errno::ENOSYS);
     }
@@ -1215,7 +1216,7 @@ impl Filesystem for CrestFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let op = Op::Fallocate { ino: ino.0, offset, len: length, flags: convert::fallocate_flags(mode) };
         let since = self.stamp();
         let r = self.one("fallocate", op).and_then(|r| want_attr("fallocate", r));
@@ -1227,7 +1228,7 @@ impl Filesystem for CrestFs {
     }
 
     fn lseek(&self, req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: i64, _whence: i32, reply: ReplyLseek) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         // ENOSYS once: the kernel then seeks itself (SEEK_DATA/SEEK_HOLE see one extent).
         reply.error(Errno::ENOSYS);
     }
@@ -1245,7 +1246,7 @@ impl Filesystem for CrestFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         // ENOSYS once: the kernel then copies through read and write.
         reply.error(Errno::ENOSYS);
     }
@@ -1262,7 +1263,7 @@ impl Filesystem for CrestFs {
         _pid: u32,
         reply: ReplyLock,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         // Only fcntl tests locks (F_GETLK, F_OFD_GETLK): never the flock namespace.
         let Some(kind) = locks::kind_in(typ) else {
             return reply.error(Errno::EINVAL);
@@ -1289,7 +1290,7 @@ impl Filesystem for CrestFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let _caller = Caller::enter(req.pid());
+        let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let Some(kind) = locks::kind_in(typ) else {
             return reply.error(Errno::EINVAL);
         };

@@ -214,7 +214,7 @@ impl AsyncPermit<'_> {
             reply.send(Err(ClientError::Closed));
             return Err(ClientError::Closed);
         }
-        let call = Call::writeback(id, ops, time, Instant::now(), reply);
+        let call = Call::writeback(id, ops, time, Instant::now(), reply).with_caller(self.client.caller());
         self.client.out.hold(call, self.bytes);
         Ok(())
     }
@@ -239,9 +239,13 @@ const DURABLE_AT_GOODBYE: Duration = Duration::from_secs(5);
 /// Whether the caller of a waiting call gave up (see `Client::set_interrupt_check`).
 pub type InterruptCheck = Box<dyn Fn() -> bool + Send + Sync>;
 
+/// On whose behalf the calling thread calls (see `Client::set_caller_source`).
+pub type CallerSource = Box<dyn Fn() -> p::Caller + Send + Sync>;
+
 /// A connection to one server, shared by every thread of a mount.
 pub struct Client {
     interrupted: std::sync::OnceLock<InterruptCheck>,
+    caller_source: std::sync::OnceLock<CallerSource>,
     out: Outbox,
     recalls: Mutex<Option<std_mpsc::Receiver<Recall>>>,
     recalls_taken: Arc<AtomicBool>,
@@ -297,6 +301,7 @@ impl Client {
         };
         Ok(Client {
             interrupted: std::sync::OnceLock::new(),
+            caller_source: std::sync::OnceLock::new(),
             out: Outbox { tx, held },
             recalls: Mutex::new(Some(recall_rx)),
             recalls_taken,
@@ -396,7 +401,7 @@ impl Client {
     fn call_bounded(&self, ops: Vec<p::Op>, limit: Duration) -> Result<Results, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, rx) = std_mpsc::sync_channel(1);
-        let call = Call::wait(id, ops, Instant::now(), Reply::Wait(reply));
+        let call = Call::wait(id, ops, Instant::now(), Reply::Wait(reply)).with_caller(self.caller());
         if !self.out.send(Outbound::Call(call)) {
             return Err(ClientError::Closed);
         }
@@ -427,6 +432,16 @@ impl Client {
     /// calling thread, once a call has waited `INTERRUPTIBLE_AFTER`. Set once.
     pub fn set_interrupt_check(&self, check: InterruptCheck) {
         let _ = self.interrupted.set(check);
+    }
+
+    /// How a call learns on whose behalf it runs: asked on the calling thread for every
+    /// call and writeback submission (root when unset, as for a tool). Set once.
+    pub fn set_caller_source(&self, source: CallerSource) {
+        let _ = self.caller_source.set(source);
+    }
+
+    fn caller(&self) -> p::Caller {
+        self.caller_source.get().map_or(p::Caller::ROOT, |f| f())
     }
 
     /// One operation; errors flattened to an errno.

@@ -39,6 +39,10 @@ impl<R> Merger<R> {
             self.base = Some(c);
             return None;
         };
+        // A request runs for one caller, whose permissions the server checks.
+        if base.caller != c.caller {
+            return Some(c);
+        }
         let prefix = usize::from(c.time != self.clock);
         if base.ops.len() + prefix + c.ops.len() > MAX_MERGED_OPS || self.bytes + bytes > MAX_MERGED_BYTES {
             return Some(c);

@@ -52,6 +52,21 @@ fn consecutive_writeback_merges_with_clocks_and_splits_its_results() {
     assert_eq!((got[2].0, names(&got[2].1)), (3, vec![4]), "the At's own result is skipped");
 }
 
+#[test]
+fn writeback_of_different_callers_goes_in_different_requests() {
+    let mut m = Merger::new();
+    let alice = p::Caller { uid: 1000, gid: 1000, groups: vec![27] };
+    let bob = p::Caller { uid: 1001, gid: 1001, groups: Vec::new() };
+    assert!(m.offer(writeback(1, vec![attr_op(10)], 5).with_caller(alice.clone())).is_none());
+    assert!(m.offer(writeback(2, vec![attr_op(11)], 5).with_caller(alice.clone())).is_none());
+    let back = m.offer(writeback(3, vec![attr_op(12)], 5).with_caller(bob.clone())).expect("not merged");
+    let first = m.flush().expect("alice's");
+    assert_eq!((first.ops.len(), &first.caller), (2, &alice));
+    assert!(m.offer(back).is_none());
+    let second = m.flush().expect("bob's");
+    assert_eq!((second.id, &second.request().caller), (3, &bob), "the request carries its caller");
+}
+
 fn cred() -> p::Cred {
     p::Cred { uid: 0, gid: 0, umask: 0 }
 }
