@@ -34,12 +34,16 @@ use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
 use crest_server::{Outgoing, Server, SessionId};
 use crest_store::Store;
 use crest_tls::{Authority, Fingerprint};
+use limits::{Counters, Key, Slot};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// How long a new connection has to say hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+// mod exports; (with the server's authz)
+pub mod limits;
 
 type Outbox = mpsc::UnboundedSender<ServerMessage>;
 type Reader = Box<dyn AsyncRead + Unpin + Send>;
@@ -66,6 +70,11 @@ struct Gate {
 struct Admitted {
     fingerprint: Fingerprint,
     name: String,
+    /// The host's own certificate.
+    #[allow(dead_code)] // (read by the export policies)
+    local: bool,
+    /// Its place among its identity's connections.
+    _slot: Slot,
     revoked: watch::Receiver<Arc<HashSet<Fingerprint>>>,
 }
 
@@ -328,15 +337,22 @@ async fn accept_loop(
     mut stop: oneshot::Receiver<()>,
     done: oneshot::Sender<()>,
 ) {
+    let counters = Counters::default();
     loop {
         tokio::select! {
             _ = &mut stop => break,
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
+                    let Some(early) = counters.take(Key::Address(peer.ip()), limits::MAX_UNAUTHENTICATED_PER_ADDRESS)
+                    else {
+                        tracing::debug!(%peer, "too many connections from this address before their hello: closed");
+                        continue;
+                    };
                     let cmds = cmds.clone();
                     let gate = gate.clone();
+                    let counters = counters.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = connection(stream, peer, cmds, gate).await {
+                        if let Err(e) = connection(stream, peer, cmds, gate, early, counters).await {
                             tracing::warn!(%peer, "connection closed: {e}");
                         }
                     });
@@ -425,11 +441,13 @@ async fn connection(
     peer: SocketAddr,
     cmds: mpsc::UnboundedSender<Cmd>,
     gate: Option<Arc<Gate>>,
+    early: Slot,
+    counters: Counters,
 ) -> Result<(), ConnError> {
     let _ = stream.set_nodelay(true);
     let Some(gate) = gate else {
         let (rd, wr) = stream.into_split();
-        return serve(Box::new(rd), Box::new(wr), peer, cmds, None, None).await;
+        return serve(Box::new(rd), Box::new(wr), peer, cmds, None, None, early).await;
     };
     let tls = tokio::time::timeout(HELLO_TIMEOUT, gate.acceptor.accept(stream))
         .await
@@ -439,7 +457,25 @@ async fn connection(
     let admitted = match fingerprint {
         None => None,
         Some(fingerprint) => match gate.authority.admit(&fingerprint) {
-            Ok(name) => Some(Admitted { fingerprint, name, revoked: gate.revoked.clone() }),
+            Ok(who) => {
+                let Some(slot) = counters.take(Key::Identity(fingerprint), limits::MAX_CONNECTIONS_PER_IDENTITY) else {
+                    let reason =
+                        format!("{} has {} connections already", who.name, limits::MAX_CONNECTIONS_PER_IDENTITY);
+                    send_once(
+                        Box::new(wr),
+                        &ServerMessage::Refused { reason: reason.clone(), version: p::PROTOCOL_VERSION },
+                    )
+                    .await;
+                    return Err(ConnError::Other(reason));
+                };
+                Some(Admitted {
+                    fingerprint,
+                    name: who.name,
+                    local: who.local,
+                    revoked: gate.revoked.clone(),
+                    _slot: slot,
+                })
+            }
             Err(reason) => {
                 send_once(
                     Box::new(wr),
@@ -450,7 +486,7 @@ async fn connection(
             }
         },
     };
-    serve(Box::new(rd), Box::new(wr), peer, cmds, Some(gate), admitted).await
+    serve(Box::new(rd), Box::new(wr), peer, cmds, Some(gate), admitted, early).await
 }
 
 /// Sends one message and closes.
@@ -529,10 +565,14 @@ async fn serve(
     cmds: mpsc::UnboundedSender<Cmd>,
     gate: Option<Arc<Gate>>,
     admitted: Option<Admitted>,
+    early: Slot,
 ) -> Result<(), ConnError> {
     let mut decoder = FrameDecoder::new();
     let mut buf = vec![0u8; 256 * 1024];
-    let hello = match first_message(&mut rd, &mut decoder, &mut buf, gate.is_none()).await? {
+    let first = first_message(&mut rd, &mut decoder, &mut buf, gate.is_none()).await;
+    // Through its hello (or on its way out): it no longer counts against its address.
+    drop(early);
+    let hello = match first? {
         ClientMessage::Join(j) => {
             let Some(gate) = gate else {
                 let reason = "this server runs --insecure: there is nothing to join".to_string();
@@ -662,9 +702,12 @@ async fn session_messages(
             }
         }
         tokio::select! {
-            r = rd.read(buf) => match r? {
-                0 => return Ok(Ended::Closed),
-                n => decoder.handle_bytes(&buf[..n]),
+            r = tokio::time::timeout(limits::IDLE_TIMEOUT, rd.read(buf)) => match r {
+                Err(_) => return Err(ConnError::Other(format!("silent for {:?}", limits::IDLE_TIMEOUT))),
+                Ok(r) => match r? {
+                    0 => return Ok(Ended::Closed),
+                    n => decoder.handle_bytes(&buf[..n]),
+                },
             },
             () = revocation(revoked) => return Ok(Ended::Revoked),
         }

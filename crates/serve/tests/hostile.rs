@@ -334,3 +334,30 @@ fn a_hello_with_a_long_client_name_is_refused() {
         c.expect_closed("after the refusal");
     }
 }
+
+#[test]
+fn connections_that_never_say_hello_are_bounded_per_address_and_others_go_on() {
+    let server = ServerProcess::start();
+    let honest = Raw::session(server.addr);
+    let before = server.fds();
+    let max = crest_serve::limits::MAX_UNAUTHENTICATED_PER_ADDRESS;
+    // A flood of connections that say nothing: the server keeps `max` of them.
+    let mut idle: Vec<Raw> = (0..max + 16).map(|_| Raw::connect(server.addr)).collect();
+    server.wait_for_fds_at_most(before + max);
+    // Those beyond the limit (the last accepted) are closed at once.
+    for c in &mut idle[max..] {
+        let mut b = [0u8; 1];
+        match c.s.read(&mut b) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("a connection beyond the limit was kept: {other:?}"),
+        }
+    }
+    // The session that said hello before the flood goes on.
+    let mut honest = honest;
+    assert!(honest.call(1, vec![Op::GetAttr { ino: 1 }]).results[0].is_ok());
+    // Once the idle ones go, the address has room again.
+    drop(idle);
+    server.wait_for_fds_at_most(before);
+    let _again = Raw::session(server.addr);
+}

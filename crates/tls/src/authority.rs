@@ -45,6 +45,19 @@ pub struct Issued {
     pub name: String,
 }
 
+/// The name of the host's own client certificate (and how the register says it was
+/// issued); no joining client gets it.
+pub const LOCAL_NAME: &str = "local";
+
+/// A client the register admits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admitted {
+    /// The name in its certificate.
+    pub name: String,
+    /// It holds the host's own certificate (root on the server's host).
+    pub local: bool,
+}
+
 /// Why a join was refused (the message goes to the joining client).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -93,11 +106,13 @@ fn leaf(cn: &str, validity: u64, usage: ExtendedKeyUsagePurpose) -> Result<Certi
 }
 
 /// A name a client asked for, made safe to print and store: printable ASCII from a small
-/// set, at most 64 characters.
+/// set, at most 64 characters, and never the host's own name.
 fn clean_name(name: &str) -> String {
     let n: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || "._-@:".contains(*c)).take(64).collect();
     if n.is_empty() {
         "client".into()
+    } else if n == LOCAL_NAME {
+        format!("{n}-joined")
     } else {
         n
     }
@@ -163,12 +178,14 @@ impl Authority {
         Ok(true)
     }
 
-    /// The name of the client whose certificate has fingerprint `fp`, if it may come in.
-    pub fn admit(&self, fp: &Fingerprint) -> Result<String, String> {
+    /// Who the client whose certificate has fingerprint `fp` is, if it may come in: its
+    /// name, and whether it is the host's own certificate.
+    pub fn admit(&self, fp: &Fingerprint) -> Result<Admitted, String> {
         if let Err(e) = self.refresh() {
             tracing_free_warn(&e);
         }
-        self.cached().register.admits(fp, unix_now()).map(|r| r.name.clone())
+        let reg = &self.cached().register;
+        reg.admits(fp, unix_now()).map(|r| Admitted { name: r.name.clone(), local: r.via == LOCAL_NAME })
     }
 
     /// Fingerprints of revoked certificates.
@@ -279,7 +296,7 @@ fn register(dir: &StateDir, name: &str, cert: &CertificateDer<'_>, via: &str) ->
         fingerprint: Fingerprint::of(cert).hex(),
         via: via.into(),
         issued: now,
-        expires: now + if via == "local" { HOST_VALIDITY } else { CLIENT_VALIDITY },
+        expires: now + if via == LOCAL_NAME { HOST_VALIDITY } else { CLIENT_VALIDITY },
         revoked: None,
     });
     reg.save(dir)
@@ -303,14 +320,14 @@ fn create_host(dir: &StateDir) -> Result<(), Error> {
 
     let local_key = KeyPair::generate()?;
     let local_cert =
-        leaf("local", HOST_VALIDITY, ExtendedKeyUsagePurpose::ClientAuth)?.signed_by(&local_key, &issuer)?;
+        leaf(LOCAL_NAME, HOST_VALIDITY, ExtendedKeyUsagePurpose::ClientAuth)?.signed_by(&local_key, &issuer)?;
 
     dir.write("ca.pem", ca_cert.pem().as_bytes())?;
     dir.write("server.key", server_key.serialize_pem().as_bytes())?;
     dir.write("server.pem", server_cert.pem().as_bytes())?;
     dir.write("local.key", local_key.serialize_pem().as_bytes())?;
     dir.write("local.pem", local_cert.pem().as_bytes())?;
-    register(dir, "local", local_cert.der(), "local")?;
+    register(dir, LOCAL_NAME, local_cert.der(), LOCAL_NAME)?;
     dir.write("ca.key", issuer.key().serialize_pem().as_bytes())
 }
 

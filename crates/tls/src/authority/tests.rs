@@ -66,7 +66,7 @@ fn the_host_mounts_its_own_server_and_the_server_knows_who_it_is() {
     let (r, server) = connect(client_config(&local).expect("config"), &auth);
     r.expect("handshake");
     let fp = peer_fingerprint(&server).expect("a client certificate");
-    assert_eq!(auth.admit(&fp), Ok("local".into()));
+    assert_eq!(auth.admit(&fp), Ok(Admitted { name: "local".into(), local: true }));
     // Opening again keeps the same CA.
     let again = Authority::open(auth.dir()).expect("reopen");
     assert_eq!(again.ca_fingerprint(), auth.ca_fingerprint());
@@ -84,7 +84,7 @@ fn a_token_joins_once_and_its_certificate_is_admitted_until_revoked() {
     let (r, server) = connect(client_config(&creds).expect("config"), &auth);
     r.expect("handshake");
     let fp = peer_fingerprint(&server).expect("certificate");
-    assert_eq!(auth.admit(&fp), Ok("laptoprm-rf".into()), "the name is cleaned");
+    assert_eq!(auth.admit(&fp).map(|a| a.name), Ok("laptoprm-rf".into()), "the name is cleaned");
 
     // Revoked by another process (the CLI): the server's view follows the file.
     let cli = Authority::open(auth.dir()).expect("cli");
@@ -111,7 +111,23 @@ fn expired_forged_and_foreign_tokens_are_refused() {
     let creds = join(&auth, &good.encode(), "asked").expect("the real token still works");
     let (r, server) = connect(client_config(&creds).expect("config"), &auth);
     r.expect("handshake");
-    assert_eq!(auth.admit(&peer_fingerprint(&server).expect("cert")), Ok("named".into()));
+    assert_eq!(auth.admit(&peer_fingerprint(&server).expect("cert")).map(|a| a.name), Ok("named".into()));
+}
+
+#[test]
+fn a_joining_client_never_gets_the_hosts_own_name() {
+    let (_tmp, auth) = host();
+    let token = auth.create_token(600, None).expect("token").encode();
+    let creds = join(&auth, &token, "local").expect("join");
+    let (r, server) = connect(client_config(&creds).expect("config"), &auth);
+    r.expect("handshake");
+    let who = auth.admit(&peer_fingerprint(&server).expect("cert")).expect("admitted");
+    assert_eq!(who, Admitted { name: "local-joined".into(), local: false });
+    let token = auth.create_token(600, Some("local")).expect("token").encode();
+    let creds = join(&auth, &token, "x").expect("join");
+    let (r, server) = connect(client_config(&creds).expect("config"), &auth);
+    r.expect("handshake");
+    assert!(!auth.admit(&peer_fingerprint(&server).expect("cert")).expect("admitted").local);
 }
 
 #[test]
