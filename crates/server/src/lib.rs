@@ -18,6 +18,7 @@
 //!   fenced session's later requests are refused.
 
 mod acl;
+pub mod authz;
 pub mod caps;
 pub mod convert;
 pub use crest_proto::locks;
