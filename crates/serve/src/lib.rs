@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
+use crest_server::authz::Policy;
 use crest_server::{Outgoing, Server, SessionId};
 use crest_store::Store;
 use crest_tls::{Authority, Fingerprint};
@@ -42,7 +43,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// How long a new connection has to say hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-// mod exports; (with the server's authz)
+mod exports;
 pub mod limits;
 
 type Outbox = mpsc::UnboundedSender<ServerMessage>;
@@ -71,7 +72,6 @@ struct Admitted {
     fingerprint: Fingerprint,
     name: String,
     /// The host's own certificate.
-    #[allow(dead_code)] // (read by the export policies)
     local: bool,
     /// Its place among its identity's connections.
     _slot: Slot,
@@ -82,6 +82,8 @@ enum Cmd {
     Hello {
         hello: p::Hello,
         peer: SocketAddr,
+        /// What the client may do (its export policy).
+        policy: Policy,
         out: Outbox,
         reply: oneshot::Sender<(Option<SessionId>, ServerMessage)>,
     },
@@ -151,9 +153,10 @@ enum Step {
 fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outbox>, cmd: Cmd) -> Step {
     let Some(srv) = server.as_mut() else { return Step::Stop };
     match cmd {
-        Cmd::Hello { hello, peer, out, reply } => {
+        Cmd::Hello { hello, peer, policy, out, reply } => {
             let (sid, msg) = srv.handle_hello(&hello);
             if let Some(sid) = sid {
+                srv.set_policy(sid, policy);
                 srv.heard(sid, now_ms());
             }
             // The welcome goes out first, before any notice for the session.
@@ -591,6 +594,19 @@ async fn serve(
         }
         other => return Err(ConnError::Other(format!("first message is not a hello: {other:?}"))),
     };
+    // What this client may do: its export policy (trusted without TLS: loopback only).
+    let policy = match (&gate, &admitted) {
+        (Some(gate), Some(a)) => match exports::policy_for(gate.authority.dir(), &a.name, a.local) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(%peer, client = %a.name, "session refused: {e}");
+                let reason = format!("the server's export policies are unreadable: {e}");
+                send_once(wr, &ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION }).await;
+                return Err(ConnError::Other(e));
+            }
+        },
+        _ => Policy::trusted(),
+    };
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<ServerMessage>();
     let writer = tokio::spawn(async move {
         let mut wr = BufWriter::with_capacity(256 * 1024, wr);
@@ -607,7 +623,7 @@ async fn serve(
         }
     });
     let (reply, rx) = oneshot::channel();
-    cmds.send(Cmd::Hello { hello, peer, out: out_tx.clone(), reply })
+    cmds.send(Cmd::Hello { hello, peer, policy, out: out_tx.clone(), reply })
         .map_err(|_| ConnError::Other("server stopping".into()))?;
     // The store thread has queued the welcome (or refusal) on `out_tx` itself.
     let (session, _welcome) = rx.await.map_err(|_| ConnError::Other("server stopping".into()))?;

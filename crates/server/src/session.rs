@@ -12,6 +12,7 @@ use crest_proto::{self as p, Op, Reply};
 use crest_store::{self as s, Store};
 
 use crate::acl;
+use crate::authz::{self, Policy};
 use crate::caps::{Caps, Outgoing};
 use crate::convert::{attr_out, error_out, kind_in, time_in};
 use crate::locks::{self, LockTable};
@@ -92,6 +93,21 @@ struct Session {
     /// restart it is restored, and the grace period waits for its client, which replays
     /// its changes and takes its locks again (docs/protocol.md §4.5).
     recorded: bool,
+    /// What its client may do (`set_policy`); `None`: trusted (`Policy::trusted`).
+    policy: Option<std::sync::Arc<Policy>>,
+}
+
+/// On whose behalf a request's operations run, and by which rules.
+struct Who {
+    policy: std::sync::Arc<Policy>,
+    /// The request's caller, mapped by the policy.
+    caller: p::Caller,
+    /// The server's clock.
+    server_now: p::Time,
+    /// The client's clock for the request, as bounded (`authz::bound_time`).
+    client_time: Option<p::Time>,
+    /// The session replays after a restart: the locks it takes again were granted before.
+    replaying: bool,
 }
 
 impl Session {
@@ -690,8 +706,13 @@ impl Server {
         self.confirm_resume(session);
         self.changed.clear();
         self.carried.clear();
+        let replaying = self.replaying.contains(&session);
+        let policy = self.sessions.get(&session).and_then(|s| s.policy.clone());
+        let policy = policy.unwrap_or_else(|| std::sync::Arc::new(Policy::trusted()));
+        let client_time = req.time.map(|t| authz::bound_time(t, now, replaying));
+        let who = Who { caller: policy.map(&req.caller), policy, server_now: now, client_time, replaying };
         // Writeback: the client already answered with its clock; apply at that time.
-        let now = req.time.unwrap_or(now);
+        let now = client_time.unwrap_or(now);
         if let Some(s) = self.sessions.get(&session) {
             if let Some(r) = s.replies.get(req.id) {
                 tracing::debug!(session, id = req.id, "answered from the reply cache");
@@ -721,7 +742,7 @@ impl Server {
             if mutates {
                 seq = self.begin_change(session, req.id);
             }
-            let mut results = self.run_ops(session, req.ops, now, mutates, &mut involved);
+            let mut results = self.run_ops(session, &who, req.ops, now, mutates, &mut involved);
             if mutates {
                 self.end_change(session, seq, &mut results, &fsyncs);
             }
@@ -747,6 +768,7 @@ impl Server {
     fn run_ops(
         &mut self,
         session: SessionId,
+        who: &Who,
         ops: Vec<Op>,
         mut now: p::Time,
         mutates: bool,
@@ -754,9 +776,9 @@ impl Server {
     ) -> Vec<Result<Reply, p::OpError>> {
         let mut results = Vec::with_capacity(ops.len());
         let mut room = Room::new(ops.len());
-        for op in ops {
+        for mut op in ops {
             if let Op::At { time } = op {
-                now = time;
+                now = authz::bound_time(time, who.server_now, who.replaying);
                 results.push(room.place(Ok(Reply::Done)));
                 continue;
             }
@@ -766,9 +788,52 @@ impl Server {
                 results.push(room.place(r));
                 continue;
             }
-            results.push(self.run_op(session, op, now, mutates, involved, &mut room));
+            let relocking = who.replaying && matches!(op, Op::SetLock { .. });
+            let client_time = who.client_time.map(|_| now);
+            if !relocking {
+                if let Err(e) =
+                    authz::check(&mut self.store, &who.policy, &who.caller, &mut op, who.server_now, client_time)
+                {
+                    results.push(room.place(Err(e)));
+                    continue;
+                }
+            }
+            let listed = match op {
+                Op::Lookup { parent, .. } => Some(parent),
+                _ => None,
+            };
+            let xattr_names = matches!(op, Op::ListXattr { .. });
+            let mut r = self.run_op(session, op, now, mutates, involved, &mut room);
+            self.redact(who, listed, xattr_names, &mut r);
+            results.push(r);
         }
         results
+    }
+
+    /// Takes out of a reply what its caller may not see: the neighbouring entries a
+    /// lookup carries from a directory the caller may search but not read, and
+    /// `trusted.*` xattr names for anyone but root.
+    fn redact(&mut self, who: &Who, listed: Option<u64>, xattr_names: bool, r: &mut Result<Reply, p::OpError>) {
+        match r {
+            Ok(Reply::Lookup { leaf, .. }) if !leaf.items.is_empty() => {
+                let Some(dir) = listed else { return };
+                if !authz::may_list(&mut self.store, &who.caller, dir).unwrap_or(false) {
+                    *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
+                }
+            }
+            Ok(Reply::Names(names)) if xattr_names && who.caller.uid != 0 => {
+                names.retain(|n| !n.starts_with(b"trusted."));
+            }
+            _ => {}
+        }
+    }
+
+    /// From now on, `session`'s requests run under `policy` (its client's export policy;
+    /// sessions are trusted until told).
+    pub fn set_policy(&mut self, session: SessionId, policy: Policy) {
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.policy = Some(std::sync::Arc::new(policy));
+        }
     }
 
     /// Runs one operation of a request (`mutates`: one that changes something) and

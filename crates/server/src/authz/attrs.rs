@@ -34,7 +34,7 @@ fn space(name: &[u8]) -> Space {
 }
 
 /// A time in nanoseconds (a peer's nanoseconds beyond a second count as 999 999 999).
-fn nanos(t: p::Time) -> i128 {
+pub(super) fn nanos(t: p::Time) -> i128 {
     i128::from(t.sec) * NANOS + i128::from(t.nsec.min(999_999_999))
 }
 
@@ -74,7 +74,12 @@ impl Checker<'_> {
         }
         let is_dir = inode.kind == s::FileKind::Directory;
         if let Some(mode) = set.mode.as_mut() {
-            if !root && !owner {
+            // A write, truncate or fallocate by someone outside the file's group drops its
+            // setuid and setgid bits (Linux's kill-priv): the kernel asks the file system
+            // to, on behalf of the writer, who need not own the file.
+            let (old, new) = (inode.mode & 0o7777, *mode & 0o7777);
+            let kill_priv = new != old && new & !old == 0 && (old & !new) & !(S_ISUID | S_ISGID) == 0;
+            if !root && !owner && !(kill_priv && self.may(&inode, acl::MAY_WRITE)?) {
                 return Err(not_permitted(ino, "change of mode"));
             }
             if !self.policy.allow_suid {

@@ -10,10 +10,13 @@ const S_ISVTX: u32 = 0o1000;
 const S_IXGRP: u32 = 0o010;
 
 impl Checker<'_> {
-    /// The new inode is the caller's, whatever the client claimed (the umask stays its).
+    /// The new inode is the caller's, whatever the client claimed (the umask stays its);
+    /// root's (unsquashed) may be anyone's, as root could chown it anyway.
     pub(super) fn own(&self, cred: &mut p::Cred) {
-        cred.uid = self.caller.uid;
-        cred.gid = self.caller.gid;
+        if self.caller.uid != 0 {
+            cred.uid = self.caller.uid;
+            cred.gid = self.caller.gid;
+        }
     }
 
     /// Create (and CreateAt): write and search on the parent; devices only for root where
@@ -40,10 +43,11 @@ impl Checker<'_> {
         if !self.policy.allow_suid {
             *mode &= if is_dir { !S_ISUID } else { !(S_ISUID | S_ISGID) };
         }
-        // inode_init_owner: a file made set-group-ID for a group its creator is not in
-        // (a set-group-ID directory's) is not.
+        // mode_strip_sgid: a group-executable file made set-group-ID for a group its
+        // creator is not in (a set-group-ID directory's) is not.
         let (group, _) = p::owner::new_inode_group(dir.mode, dir.gid, cred.gid, is_dir, *mode);
-        if !is_dir && !self.root() && !self.caller.in_group(group) {
+        let group_exec_sgid = *mode & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP;
+        if !is_dir && group_exec_sgid && !self.root() && !self.caller.in_group(group) {
             *mode &= !S_ISGID;
         }
         Ok(())

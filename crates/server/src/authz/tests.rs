@@ -258,13 +258,12 @@ fn chmod_is_the_owners_and_chown_roots() {
     assert!(t(&mut st, &member, chgrp(50)).is_ok(), "one they are in");
     assert_eq!(t(&mut st, &Caller { uid: 1001, gid: 1001, groups: vec![50] }, chgrp(50)), Err(1), "not the owner");
     assert!(t(&mut st, &Caller::ROOT, chgrp(0)).is_ok());
-    // A set-user-ID file changing hands loses the bit.
+    // A set-user-ID file changing hands loses the bit (root is trusted with setuid files
+    // only where the policy allows them: there it is left to the kernel's own request).
     let s = mk(&mut st, ROOT_INO, "s", FileType::Regular, 0o6755, 1000, 1000);
-    let Op::SetAttr { set: after, .. } =
-        ok(t(&mut st, &Caller::ROOT, setattr(s, SetAttr { uid: Some(7), ..Default::default() })))
-    else {
-        panic!()
-    };
+    let careful = Policy { root_squash: false, ..Policy::joined() };
+    let chown = setattr(s, SetAttr { uid: Some(7), ..Default::default() });
+    let Op::SetAttr { set: after, .. } = ok(run(&mut st, &careful, &Caller::ROOT, chown)) else { panic!() };
     assert_eq!(after.mode, Some(0o755));
 }
 
@@ -323,4 +322,21 @@ fn a_change_time_far_from_now_becomes_now() {
     assert_eq!(ctime_of(t(&mut st, &Caller::ROOT, ctime(Time { sec: 0, nsec: 0 }))), Some(NOW), "even root's");
     let hostile = Time { sec: i64::MAX, nsec: u32::MAX };
     assert_eq!(ctime_of(t(&mut st, &user(1001), ctime(hostile))), Some(NOW));
+}
+
+#[test]
+fn a_writer_outside_the_group_may_drop_setgid_but_change_nothing_else() {
+    let mut st = store();
+    let f = mk(&mut st, ROOT_INO, "f", FileType::Regular, 0o2777, 0, 1003);
+    let nobody = user(65534);
+    let mode = |m| setattr(f, SetAttr { mode: Some(m), ..Default::default() });
+    assert!(t(&mut st, &nobody, mode(0o777)).is_ok(), "the kernel's kill-priv after a write");
+    assert_eq!(t(&mut st, &nobody, mode(0o775)), Err(1), "anything more is a chmod");
+    assert_eq!(t(&mut st, &nobody, mode(0o2777)), Err(1), "as is setting the bits it has");
+    let suid = mk(&mut st, ROOT_INO, "s", FileType::Regular, 0o6666, 0, 65534);
+    let only_suid = setattr(suid, SetAttr { mode: Some(0o2666), ..Default::default() });
+    assert!(t(&mut st, &nobody, only_suid).is_ok(), "a member of the group keeps setgid: only setuid goes");
+    let closed = mk(&mut st, ROOT_INO, "g", FileType::Regular, 0o2775, 0, 1003);
+    let kill = setattr(closed, SetAttr { mode: Some(0o775), ..Default::default() });
+    assert_eq!(t(&mut st, &nobody, kill), Err(1), "only for someone who may write the file");
 }

@@ -825,7 +825,7 @@ fn another_sessions_request_waits_until_exclusive_rights_are_flushed_and_returne
     assert_eq!((*session, inodes.as_slice()), (a, &[d][..]));
     let recall_id = *recall_id;
     // a's writeback, sent before its answer, arrives first and is applied at a's time.
-    let client_time = p::Time { sec: 1234, nsec: 5 };
+    let client_time = p::Time { sec: NOW.sec + 30, nsec: 5 };
     let create_at = Op::CreateAt {
         ino: first + 2,
         generation: 9,
