@@ -79,7 +79,8 @@ impl Checker<'_> {
             // to, on behalf of the writer, who need not own the file.
             let (old, new) = (inode.mode & 0o7777, *mode & 0o7777);
             let kill_priv = new != old && new & !old == 0 && (old & !new) & !(S_ISUID | S_ISGID) == 0;
-            if !root && !owner && !(kill_priv && self.may(&inode, acl::MAY_WRITE)?) {
+            let may_kill = kill_priv && self.may(&inode, acl::MAY_WRITE)?;
+            if !(root || owner || may_kill) {
                 return Err(not_permitted(ino, "change of mode"));
             }
             if !self.policy.allow_suid {
