@@ -191,3 +191,127 @@ fn a_revoked_client_is_put_out_and_kept_out_while_another_goes_on() {
     }
     assert!(works(&local), "the other client goes on");
 }
+
+/// A client that says it calls as whoever `who` holds.
+fn as_anyone(addr: SocketAddr, creds: &Credentials) -> (Client, Arc<std::sync::Mutex<p::Caller>>) {
+    let c = connect(addr, creds).expect("connect");
+    let who = Arc::new(std::sync::Mutex::new(p::Caller::ROOT));
+    let w = who.clone();
+    c.set_caller_source(Box::new(move || w.lock().expect("caller").clone()));
+    (c, who)
+}
+
+fn caller(uid: u32) -> p::Caller {
+    p::Caller { uid, gid: uid, groups: Vec::new() }
+}
+
+fn create(parent: u64, name: &str, kind: p::FileType, mode: u32, uid: u32) -> Op {
+    Op::Create { parent, name: name.into(), kind, mode, rdev: 0, cred: p::Cred { uid, gid: uid, umask: 0 } }
+}
+
+fn errno(r: Result<Reply, p::OpError>) -> i32 {
+    match r {
+        Ok(r) => panic!("allowed: {r:?}"),
+        Err(e) => e.errno,
+    }
+}
+
+fn entry(r: Result<Reply, p::OpError>) -> p::Attr {
+    match r {
+        Ok(Reply::Entry(a) | Reply::Attr(a)) => a,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_joined_host_claiming_any_uid_cannot_exceed_its_policy() {
+    let h = host();
+    let (_rt, serving) = serve(&h);
+    let addr = serving.local_addr;
+    // Root on the server's own host (trusted) lays out users' files.
+    let (local, _) = as_anyone(addr, &Credentials::local(&h.dir).expect("read").expect("local"));
+    let secret = entry(local.call_one(create(1, "secret", p::FileType::Regular, 0o600, 1000)));
+    local.call_one(Op::Write { ino: secret.ino, offset: 0, data: b"alice's".to_vec() }).expect("write");
+    let home = entry(local.call_one(create(1, "home", p::FileType::Directory, 0o700, 1000)));
+    let rootfile = entry(local.call_one(create(1, "rootfile", p::FileType::Regular, 0o644, 0)));
+    let public = entry(local.call_one(create(1, "pub", p::FileType::Directory, 0o777, 0)));
+
+    let creds = join(addr, &h.auth.create_token(600, None).expect("token").encode()).expect("join");
+    let (m, as_m) = as_anyone(addr, &creds);
+    for uid in [0, 2000] {
+        *as_m.lock().expect("caller") = caller(uid);
+        assert_eq!(errno(m.call_one(Op::Read { ino: secret.ino, offset: 0, len: 64 })), 13, "read as {uid}");
+        let w = Op::Write { ino: secret.ino, offset: 0, data: b"mallory".to_vec() };
+        assert_eq!(errno(m.call_one(w)), 13, "write as {uid}");
+        let chown = p::SetAttr { uid: Some(uid), ..Default::default() };
+        assert_eq!(errno(m.call_one(Op::SetAttr { ino: secret.ino, set: chown })), 1, "chown as {uid}");
+        let old = p::SetAttr { mtime: Some(p::SetTime::At(p::Time { sec: 0, nsec: 0 })), ..Default::default() };
+        assert_eq!(errno(m.call_one(Op::SetAttr { ino: rootfile.ino, set: old })), 1, "utimes 1970 as {uid}");
+        let lock = Op::SetLock {
+            ino: secret.ino,
+            owner: 1,
+            start: 0,
+            end: p::LOCK_TO_EOF,
+            kind: p::LockKind::Write,
+            flock: false,
+            pid: 1,
+        };
+        assert_eq!(errno(m.call_one(lock)), 13, "lock as {uid}");
+        assert_eq!(
+            errno(m.call_one(Op::Lookup { parent: home.ino, name: b"x".to_vec() })),
+            13,
+            "look in 0700 as {uid}"
+        );
+        let dev = Op::Create {
+            parent: public.ino,
+            name: format!("dev{uid}").into(),
+            kind: p::FileType::CharDevice,
+            mode: 0o666,
+            rdev: 0x0501,
+            cred: p::Cred::default(),
+        };
+        assert_eq!(errno(m.call_one(dev)), 1, "device node as {uid}");
+        // A setuid program claimed for root: the file is the caller's (root squashed to
+        // nobody), and not setuid.
+        let planted = entry(m.call_one(create(public.ino, &format!("sh{uid}"), p::FileType::Regular, 0o4755, 0)));
+        assert_eq!((planted.uid, planted.mode & 0o7000), (if uid == 0 { 65534 } else { uid }, 0), "{planted:?}");
+        let chmod = p::SetAttr { mode: Some(0o4755), ..Default::default() };
+        m.call_one(Op::SetAttr { ino: planted.ino, set: chmod }).expect("chmod of its own file");
+        let after = entry(local.call_one(Op::GetAttr { ino: planted.ino }));
+        assert_eq!(after.mode & 0o7000, 0, "setuid refused by the policy");
+    }
+    // Writeback stamped with a clock far off: the server's clock is used.
+    *as_m.lock().expect("caller") = caller(2000);
+    let mine = entry(m.call_one(create(public.ino, "mine", p::FileType::Regular, 0o644, 2000)));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let w = vec![Op::Write { ino: mine.ino, offset: 0, data: b"x".to_vec() }];
+    let done: crest_net::Completion = Box::new(move |r| {
+        let _ = tx.send(r.is_ok());
+    });
+    m.async_permit(64).submit(w, p::Time { sec: 0, nsec: 0 }, done).expect("submit");
+    m.flush_writeback();
+    assert!(rx.recv_timeout(HANG_GUARD).expect("answered"), "the write itself is allowed");
+    let stamped = entry(local.call_one(Op::GetAttr { ino: mine.ino }));
+    assert!(stamped.mtime.sec > 1_000_000_000, "mtime from 1970 kept: {:?}", stamped.mtime);
+    // The honest side lost nothing.
+    let Ok(Reply::Data(d)) = local.call_one(Op::Read { ino: secret.ino, offset: 0, len: 64 }) else { panic!() };
+    assert_eq!(d, b"alice's");
+}
+
+#[test]
+fn an_export_policy_makes_a_host_read_only() {
+    let h = host();
+    h.dir.write("exports.json", br#"{"clients": {"joiner": {"read_only": true}}}"#).expect("exports");
+    let (_rt, serving) = serve(&h);
+    let addr = serving.local_addr;
+    let creds = join(addr, &h.auth.create_token(600, None).expect("token").encode()).expect("join");
+    let c = connect(addr, &creds).expect("connect");
+    assert!(works(&c), "it reads");
+    assert_eq!(errno(c.call_one(create(1, "x", p::FileType::Regular, 0o644, 0))), 30);
+    // A policy file that cannot be read refuses sessions rather than guess.
+    h.dir.write("exports.json", b"{ nonsense").expect("exports");
+    match connect(addr, &creds) {
+        Err(ClientError::Refused { reason, .. }) => assert!(reason.contains("export"), "{reason}"),
+        other => panic!("{:?}", other.map(|_| "connected")),
+    }
+}
