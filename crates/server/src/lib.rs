@@ -27,3 +27,13 @@ mod space;
 
 pub use caps::Outgoing;
 pub use session::{Applied, Server, SessionId, REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};
+
+/// Entry points for the fuzz targets (fuzz/): decoders of what the disk holds.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Decodes `b` as a session record; a decoded one must encode back to the same bytes
+    /// (one written by this version) and name no hole at or above its `seq`.
+    pub fn session_record(b: &[u8]) -> bool {
+        crate::session::fuzz_record(b)
+    }
+}

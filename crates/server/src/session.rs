@@ -24,6 +24,7 @@ mod lease;
 mod parking;
 use parking::Pin;
 mod record;
+pub(crate) use record::fuzz_record;
 mod replies;
 mod restart;
 mod room;

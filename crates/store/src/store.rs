@@ -559,3 +559,23 @@ impl std::fmt::Debug for Store {
             .finish()
     }
 }
+
+/// Entry points for the fuzz targets (fuzz/): the root item's decoder, as opening an
+/// image runs it on what the disk holds.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Decodes `b` as a root item of an image at `generation`; a decoded one must encode
+    /// back to the same bytes (the decoder accepts nothing the encoder would not write).
+    pub fn root_item(b: &[u8], generation: u64) -> bool {
+        let key = Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0);
+        match decode_root_item(key, b, generation) {
+            Ok((ptr, meta)) => {
+                assert_eq!(encode_root_item(&ptr, &meta), b, "a root item decodes to what encodes it");
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}

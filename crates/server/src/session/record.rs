@@ -80,6 +80,17 @@ pub(super) fn decode_record(b: &[u8]) -> Option<Record> {
     Some(Record { secret, seq, holes, name: String::from_utf8_lossy(name).into_owned() })
 }
 
+/// See `crate::fuzzing::session_record`.
+pub(crate) fn fuzz_record(b: &[u8]) -> bool {
+    let Some(r) = decode_record(b) else { return false };
+    assert!(r.holes.iter().all(|&h| h > 0 && h < r.seq), "{r:?}");
+    let raw_name = b.len().checked_sub(r.name.len()).map(|at| &b[at..]);
+    if b[0] == 2 && raw_name == Some(r.name.as_bytes()) && r.name.len() <= 200 {
+        assert_eq!(encode_record(r.secret, r.seq, &r.holes, &r.name), b, "a record decodes to what encodes it");
+    }
+    true
+}
+
 impl Server {
     /// A session that changes something or takes a lock gets a durable record if it has
     /// none yet, so that after a restart it is restored and the grace period waits for its
