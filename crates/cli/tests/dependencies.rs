@@ -14,6 +14,8 @@ const RULES: &[(&str, &[&str])] = &[
     ("crest-net", &["crest-server", "crest-serve", "crest-store", "io-uring", "fuser"]),
     ("crest-client", &["crest-server", "crest-serve", "crest-store", "io-uring", "fuser", "tokio"]),
     ("crest-proto", &["crest-server", "crest-serve", "crest-store", "io-uring", "fuser", "tokio"]),
+    // Credentials serve both sides, so they hold no part of either.
+    ("crest-tls", &["crest-server", "crest-serve", "crest-store", "crest-net", "crest-fuse", "tokio", "fuser"]),
     ("crest-server", &["tokio", "fuser", "crest-net", "crest-fuse"]),
     ("crest-store", &["tokio", "fuser", "crest-proto", "crest-net", "crest-fuse", "crest-server"]),
     // The simulators run the cores, never the shells around them.
@@ -23,8 +25,16 @@ const RULES: &[(&str, &[&str])] = &[
 /// The resolved graph: package id → (name, ids of its normal dependencies).
 fn graph() -> HashMap<String, (String, Vec<String>)> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    // (Only this platform's graph: the others' crates, such as windows-sys, need not be
+    // downloaded to read it offline.)
+    let rustc = Command::new("rustc").arg("-vV").output().expect("rustc -vV runs");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .expect("rustc names its host");
     let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--locked", "--offline", "--manifest-path"])
+        .args(["metadata", "--format-version", "1", "--locked", "--offline", "--filter-platform", &host])
+        .args(["--manifest-path"])
         .arg(&manifest)
         .output()
         .expect("cargo metadata runs");

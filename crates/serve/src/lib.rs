@@ -47,6 +47,10 @@ mod exports;
 pub mod limits;
 
 type Outbox = mpsc::UnboundedSender<ServerMessage>;
+/// When each session's bytes last arrived, as its connection's reader saw them: a session
+/// counts as heard then, even while its requests wait in the store task's queue behind
+/// another session's flood (its lease must not lapse for that).
+type Arrivals = Arc<std::sync::Mutex<HashMap<SessionId, u64>>>;
 type Reader = Box<dyn AsyncRead + Unpin + Send>;
 type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 
@@ -65,6 +69,13 @@ struct Gate {
     authority: Arc<Authority>,
     /// Revoked certificates, as the authority's register last said.
     revoked: watch::Receiver<Arc<HashSet<Fingerprint>>>,
+}
+
+/// What a connection's tasks hold of the server thread: its command queue, and where they
+/// note their session's arrivals.
+struct Shell {
+    cmds: mpsc::UnboundedSender<Cmd>,
+    arrivals: Arrivals,
 }
 
 /// A client the authority admitted: who, and the news of revocations.
@@ -220,7 +231,7 @@ const STALL_MS: u64 = 1_000;
 /// Runs the store task until a `Shutdown` or `Kill` command. Every command already queued
 /// is applied before the periodic work and the delivery of what they produced, so a burst
 /// of requests costs one wake-up of each connection's writer, not one per response.
-async fn store_task(server: Server, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+async fn store_task(server: Server, mut rx: mpsc::UnboundedReceiver<Cmd>, arrivals: Arrivals) {
     let mut outboxes: HashMap<SessionId, Outbox> = HashMap::new();
     let mut server = Some(server);
     // Wake often enough to release replies whose recalls went unanswered.
@@ -253,6 +264,9 @@ async fn store_task(server: Server, mut rx: mpsc::UnboundedReceiver<Cmd>) {
             srv.forgive_stall(now, gap);
         }
         last_tick = now;
+        for (session, at) in std::mem::take(&mut *arrivals.lock().unwrap_or_else(|e| e.into_inner())) {
+            srv.heard(session, at);
+        }
         if let Err(e) = srv.tick(now) {
             tracing::error!("periodic commit failed: {e}");
         }
@@ -288,6 +302,8 @@ pub async fn start(store: Store, listen: &str, security: Security) -> std::io::R
     let (accept_done_tx, accept_done_rx) = oneshot::channel::<()>();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let accept_cmds = cmds.clone();
+    let arrivals = Arrivals::default();
+    let store_arrivals = arrivals.clone();
     std::thread::Builder::new().name("crest-server".into()).spawn(move || {
         runtime.block_on(async move {
             let gate = tls.map(|(acceptor, authority)| {
@@ -296,11 +312,11 @@ pub async fn start(store: Store, listen: &str, security: Security) -> std::io::R
             });
             match TcpListener::from_std(listener) {
                 Ok(listener) => {
-                    tokio::spawn(accept_loop(listener, accept_cmds, gate, stop_rx, accept_done_tx));
+                    tokio::spawn(accept_loop(listener, accept_cmds, gate, arrivals, stop_rx, accept_done_tx));
                 }
                 Err(e) => tracing::error!("cannot listen: {e}"),
             }
-            store_task(server, rx).await;
+            store_task(server, rx, store_arrivals).await;
         });
     })?;
     tracing::info!(%local_addr, tls = matches!(security, Security::Tls(_)), "serving");
@@ -337,6 +353,7 @@ async fn accept_loop(
     listener: TcpListener,
     cmds: mpsc::UnboundedSender<Cmd>,
     gate: Option<Arc<Gate>>,
+    arrivals: Arrivals,
     mut stop: oneshot::Receiver<()>,
     done: oneshot::Sender<()>,
 ) {
@@ -354,8 +371,10 @@ async fn accept_loop(
                     let cmds = cmds.clone();
                     let gate = gate.clone();
                     let counters = counters.clone();
+                    let arrivals = arrivals.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = connection(stream, peer, cmds, gate, early, counters).await {
+                        let shell = Shell { cmds, arrivals };
+                        if let Err(e) = connection(stream, peer, shell, gate, early, counters).await {
                             tracing::warn!(%peer, "connection closed: {e}");
                         }
                     });
@@ -442,7 +461,7 @@ fn encode_message(m: &ServerMessage, buf: &mut Vec<u8>) {
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
-    cmds: mpsc::UnboundedSender<Cmd>,
+    shell: Shell,
     gate: Option<Arc<Gate>>,
     early: Slot,
     counters: Counters,
@@ -450,7 +469,7 @@ async fn connection(
     let _ = stream.set_nodelay(true);
     let Some(gate) = gate else {
         let (rd, wr) = stream.into_split();
-        return serve(Box::new(rd), Box::new(wr), peer, cmds, None, None, early).await;
+        return serve(Box::new(rd), Box::new(wr), peer, shell, None, None, early).await;
     };
     let tls = tokio::time::timeout(HELLO_TIMEOUT, gate.acceptor.accept(stream))
         .await
@@ -489,7 +508,7 @@ async fn connection(
             }
         },
     };
-    serve(Box::new(rd), Box::new(wr), peer, cmds, Some(gate), admitted, early).await
+    serve(Box::new(rd), Box::new(wr), peer, shell, Some(gate), admitted, early).await
 }
 
 /// Sends one message and closes.
@@ -565,7 +584,7 @@ async fn serve(
     mut rd: Reader,
     wr: Writer,
     peer: SocketAddr,
-    cmds: mpsc::UnboundedSender<Cmd>,
+    shell: Shell,
     gate: Option<Arc<Gate>>,
     admitted: Option<Admitted>,
     early: Slot,
@@ -623,7 +642,9 @@ async fn serve(
         }
     });
     let (reply, rx) = oneshot::channel();
-    cmds.send(Cmd::Hello { hello, peer, policy, out: out_tx.clone(), reply })
+    shell
+        .cmds
+        .send(Cmd::Hello { hello, peer, policy, out: out_tx.clone(), reply })
         .map_err(|_| ConnError::Other("server stopping".into()))?;
     // The store thread has queued the welcome (or refusal) on `out_tx` itself.
     let (session, _welcome) = rx.await.map_err(|_| ConnError::Other("server stopping".into()))?;
@@ -635,7 +656,7 @@ async fn serve(
     let who = admitted.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| "(insecure)".into());
     tracing::debug!(%peer, session, client = who, "client connected");
     let mut revoked = admitted.map(|a| (a.fingerprint, a.revoked));
-    let ended = session_messages(&mut rd, &mut decoder, &mut buf, &cmds, session, &out_tx, &mut revoked).await;
+    let ended = session_messages(&mut rd, &mut decoder, &mut buf, &shell, session, &out_tx, &mut revoked).await;
     match ended {
         Ok(Ended::Goodbye) => {
             drop(out_tx);
@@ -645,7 +666,7 @@ async fn serve(
         Ok(Ended::Stopping) => return Ok(()),
         Ok(Ended::Revoked) => {
             tracing::warn!(%peer, session, client = who, "certificate revoked: session ended");
-            let _ = cmds.send(Cmd::Revoked { session, out: out_tx.clone() });
+            let _ = shell.cmds.send(Cmd::Revoked { session, out: out_tx.clone() });
             writer.abort();
             return Ok(());
         }
@@ -657,7 +678,7 @@ async fn serve(
     // holds the write half, and the store task the outbox it waits on) and the session
     // stays for a reconnect.
     tracing::debug!(%peer, session, "client disconnected");
-    let _ = cmds.send(Cmd::Disconnected { session, out: out_tx.clone() });
+    let _ = shell.cmds.send(Cmd::Disconnected { session, out: out_tx.clone() });
     writer.abort();
     ended.map(|_| ())
 }
@@ -694,7 +715,7 @@ async fn session_messages(
     rd: &mut Reader,
     decoder: &mut FrameDecoder,
     buf: &mut [u8],
-    cmds: &mpsc::UnboundedSender<Cmd>,
+    shell: &Shell,
     session: SessionId,
     out: &Outbox,
     revoked: &mut Option<(Fingerprint, watch::Receiver<Arc<HashSet<Fingerprint>>>)>,
@@ -706,14 +727,14 @@ async fn session_messages(
                 ClientMessage::Replayed => Cmd::Replayed { session },
                 ClientMessage::RecallDone { recall_id } => Cmd::RecallDone { session, recall_id },
                 ClientMessage::Goodbye => {
-                    let _ = cmds.send(Cmd::Goodbye { session });
+                    let _ = shell.cmds.send(Cmd::Goodbye { session });
                     return Ok(Ended::Goodbye);
                 }
                 ClientMessage::Hello(_) | ClientMessage::Join(_) => {
                     return Err(ConnError::Other("a second hello on one connection".into()))
                 }
             };
-            if cmds.send(cmd).is_err() {
+            if shell.cmds.send(cmd).is_err() {
                 return Ok(Ended::Stopping);
             }
         }
@@ -722,7 +743,10 @@ async fn session_messages(
                 Err(_) => return Err(ConnError::Other(format!("silent for {:?}", limits::IDLE_TIMEOUT))),
                 Ok(r) => match r? {
                     0 => return Ok(Ended::Closed),
-                    n => decoder.handle_bytes(&buf[..n]),
+                    n => {
+                        shell.arrivals.lock().unwrap_or_else(|e| e.into_inner()).insert(session, now_ms());
+                        decoder.handle_bytes(&buf[..n]);
+                    }
                 },
             },
             () = revocation(revoked) => return Ok(Ended::Revoked),

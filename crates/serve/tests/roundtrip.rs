@@ -43,6 +43,11 @@ fn open(disk: &MemDisk) -> Store {
     s
 }
 
+/// The wall clock, seconds.
+fn wall_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
 }
@@ -289,7 +294,8 @@ fn writeback_submissions_each_get_their_own_results_at_their_own_time() {
     for i in 0..n {
         let tx = tx.clone();
         let permit = client.async_permit(1);
-        let time = p::Time { sec: 1_000_000 + i as i64, nsec: 7 };
+        // (Times near the server's: it bounds how far a client's clock may be off.)
+        let time = p::Time { sec: wall_secs(), nsec: 7 + i as u32 * 1000 };
         let ops = if i % 3 == 0 {
             vec![Op::Write { ino: f.ino, offset: i, data: vec![i as u8] }]
         } else {
@@ -443,12 +449,12 @@ fn creates_removed_in_the_same_burst_leave_only_their_directory_times() {
         let big = Op::Write { ino: f.ino, offset: 0, data: vec![7; 3 << 20] };
         let t = tx.clone();
         let done = Box::new(move |r: Result<Results, crest_net::ClientError>| t.send(outcome(r)).expect("send"));
-        client.async_permit(3 << 20).submit(vec![big], p::Time { sec: 10, nsec: 0 }, done).expect("submit");
+        client.async_permit(3 << 20).submit(vec![big], p::Time { sec: wall_secs(), nsec: 0 }, done).expect("submit");
         sent += 1;
         for i in 0..50u64 {
             let ino = first + round * 100 + 2 * i;
             let name = format!("d{round}-{i}").into_bytes();
-            let time = p::Time { sec: 1_000 + (round * 100 + i) as i64, nsec: 0 };
+            let time = p::Time { sec: wall_secs(), nsec: (round * 100 + i) as u32 * 1000 };
             let dir = i % 2 == 0;
             let kind = if dir { p::FileType::Directory } else { p::FileType::Regular };
             let mk = Op::CreateAt {

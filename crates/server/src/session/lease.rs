@@ -13,7 +13,8 @@ pub const RESTORED_SESSION_GRACE_MS: u64 = 15 * 60 * 1000;
 impl Server {
     /// `session` said something at `now_ms`: its lease runs from here.
     pub fn heard(&mut self, session: SessionId, now_ms: u64) {
-        self.last_heard.insert(session, now_ms);
+        let last = self.last_heard.entry(session).or_insert(now_ms);
+        *last = (*last).max(now_ms);
     }
 
     /// `session`'s connection is gone (it may come back and resume). After
