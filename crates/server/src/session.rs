@@ -96,6 +96,40 @@ struct Session {
     recorded: bool,
     /// What its client may do (`set_policy`); `None`: trusted (`Policy::trusted`).
     policy: Option<std::sync::Arc<Policy>>,
+    /// Inode numbers granted to it (`AllocInodes`) and not used yet: its `CreateAt`s and
+    /// `SymlinkAt`s may use only these, each once. `None` for a session restored after a
+    /// restart, whose grants went with the old process: it may use any number reserved
+    /// and unused (the store checks that).
+    granted: Option<Vec<std::ops::Range<u64>>>,
+}
+
+/// Ranges of granted inode numbers a session keeps (beyond them, the oldest go).
+const MAX_GRANTED_RANGES: usize = 1024;
+
+impl Session {
+    /// Takes `ino` out of the session's grants; false if it was not granted.
+    fn use_granted(&mut self, ino: u64) -> bool {
+        let Some(granted) = &mut self.granted else { return true };
+        let Some(i) = granted.iter().position(|r| r.contains(&ino)) else { return false };
+        let r = granted.remove(i);
+        if ino + 1 < r.end {
+            granted.insert(i, ino + 1..r.end);
+        }
+        if r.start < ino {
+            granted.insert(i, r.start..ino);
+        }
+        true
+    }
+
+    /// Grants `first..first + count`.
+    fn grant(&mut self, first: u64, count: u64) {
+        if let Some(granted) = &mut self.granted {
+            granted.push(first..first.saturating_add(count));
+            if granted.len() > MAX_GRANTED_RANGES {
+                granted.remove(0);
+            }
+        }
+    }
 }
 
 /// On whose behalf a request's operations run, and by which rules.
@@ -440,7 +474,9 @@ impl Server {
             Some(seeded) => seeded.next_u64(),
             None => os_secret(),
         };
-        self.sessions.insert(id, Session { secret, client_name: hello.client_name.clone(), ..Default::default() });
+        let fresh =
+            Session { secret, client_name: hello.client_name.clone(), granted: Some(Vec::new()), ..Default::default() };
+        self.sessions.insert(id, fresh);
         tracing::info!(session = id, client = %hello.client_name, fenced_before = fenced, "session started");
         (Some(id), self.welcome(id, false, None, Vec::new(), fenced))
     }
@@ -799,12 +835,24 @@ impl Server {
                     continue;
                 }
             }
+            if let Op::CreateAt { ino, .. } | Op::SymlinkAt { ino, .. } = op {
+                if !self.sessions.get_mut(&session).is_some_and(|s| s.use_granted(ino)) {
+                    let e = errno(1, format!("inode number {ino} was not granted to this session"));
+                    results.push(room.place(Err(e)));
+                    continue;
+                }
+            }
             let listed = match op {
                 Op::Lookup { parent, .. } => Some(parent),
                 _ => None,
             };
             let xattr_names = matches!(op, Op::ListXattr { .. });
             let mut r = self.run_op(session, op, now, mutates, involved, &mut room);
+            if let Ok(Reply::Inodes { first, count }) = r {
+                if let Some(s) = self.sessions.get_mut(&session) {
+                    s.grant(first, u64::from(count));
+                }
+            }
             self.redact(who, listed, xattr_names, &mut r);
             results.push(r);
         }

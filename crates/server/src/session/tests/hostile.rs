@@ -168,3 +168,38 @@ fn a_retry_of_a_change_whose_large_answer_was_dropped_runs_no_more() {
     assert!(dropped > 0 && dropped < n, "{dropped} of {n} answers dropped");
     assert!(answered(&srv.handle_request(sid, req(100 + n as u64 - 1, ops(n - 1)), NOW), &first[n - 1]));
 }
+
+#[test]
+fn a_session_creates_only_at_inode_numbers_granted_to_it_and_each_once() {
+    let mut srv = server();
+    let (a, _) = srv.handle_hello(&hello(None));
+    let (b, _) = srv.handle_hello(&hello(None));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    let r = srv.handle_request(a, req(1, vec![Op::AllocInodes { count: 4 }]), NOW);
+    let Ok(Reply::Inodes { first, .. }) = r.results[0] else { panic!("{r:?}") };
+    let at = |ino, name: &str| Op::CreateAt {
+        ino,
+        generation: 1,
+        parent: 1,
+        name: name.as_bytes().to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    let errno_of = |r: &p::Response| r.results[0].as_ref().err().map(|e| e.errno);
+    let r = srv.handle_request(b, req(1, vec![at(first + 1, "stolen")]), NOW);
+    assert_eq!(errno_of(&r), Some(1), "another session's number");
+    let r = srv.handle_request(b, req(2, vec![at(first + 100, "unreserved")]), NOW);
+    assert_eq!(errno_of(&r), Some(1), "a number never granted");
+    let r = srv.handle_request(a, req(2, vec![at(first + 1, "mine")]), NOW);
+    assert_eq!(errno_of(&r), None, "its own: {r:?}");
+    let unlink = Op::Unlink { parent: 1, name: b"mine".to_vec() };
+    srv.handle_request(a, req(3, vec![unlink]), NOW);
+    let r = srv.handle_request(a, req(4, vec![at(first + 1, "again")]), NOW);
+    assert_eq!(errno_of(&r), Some(1), "once: (ino, generation) is never reused");
+    for (id, ino) in [(5, first), (6, first + 2), (7, first + 3)] {
+        let r = srv.handle_request(a, req(id, vec![at(ino, &format!("n{ino}"))]), NOW);
+        assert_eq!(errno_of(&r), None, "the rest of the grant, around the used one: {r:?}");
+    }
+}
