@@ -7,6 +7,7 @@
 #     credentials is refused and told what to do; plaintext never gets in;
 #   - a join token works once, not after it expires, not forged, not at another server;
 #   - a client pins its server's CA and the server admits only certificates it issued;
+#   - another host's root is squashed: refused where nobody may write, told so;
 #   - a revoked client is disconnected within seconds and cannot come back, while the
 #     server's host goes on;
 #   - --insecure only on loopback; state directories open to others are refused; mounts
@@ -106,11 +107,18 @@ sleep 2
 expect expired-token-refused 1 as spare join "$addr" "$short"
 check spare-has-no-credentials [ ! -e "$tmp/spare/joined" ]
 
-echo "== joined: coherent over TLS"
+echo "== joined: root squashed, coherent over TLS"
+mkdir -m 1777 "$m_host/pub"
 expect other-mounts 0 as other mount "$addr" "$m_other"
 check other-sees-host [ "$(cat "$m_other/a" 2>/dev/null)" = "from host" ]
-echo "from other" >"$m_other/b" 2>/dev/null
-check host-sees-other [ "$(cat "$m_host/b" 2>/dev/null)" = "from other" ]
+# Its root is nobody on the server: the root directory (0755, root's) is not its to write
+# in, and the refusal reaches the writer (at the latest when it closes the file).
+writes() { python3 -c 'import sys; f = open(sys.argv[1], "w"); f.write(sys.argv[2]); f.close()' "$@" 2>/dev/null; }
+check squashed-root-refused bash -c "! $(declare -f writes); writes '$m_other/b' 'x'"
+check squashed-root-left-nothing [ ! -e "$m_host/b" ]
+writes "$m_other/pub/b" "from other"
+check host-sees-other [ "$(cat "$m_host/pub/b" 2>/dev/null)" = "from other" ]
+check squashed-owner [ "$(stat -c %u "$m_host/pub/b" 2>/dev/null)" = 65534 ]
 
 echo "== pinned CAs: another host's server, another host's token"
 port3=$(free_port)
@@ -136,7 +144,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 check revoked-client-put-out [ "$out" = 0 ]
-check host-goes-on [ "$(cat "$m_host/b" 2>/dev/null)" = "from other" ]
+check host-goes-on [ "$(cat "$m_host/pub/b" 2>/dev/null)" = "from other" ]
 umount -l "$m_other" 2>/dev/null
 expect revoked-client-kept-out 32 as other mount "$addr" "$m_other"
 mentions revoked-client-told "revoked"
