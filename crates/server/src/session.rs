@@ -590,6 +590,11 @@ impl Server {
     fn open_on_arrival(&mut self, session: SessionId, req: &p::Request) {
         for op in &req.ops {
             if let Op::Open { ino, handle } = *op {
+                // A request parked again when it runs (behind exclusive rights, then for
+                // the grace period) arrived once: a release since must not be undone.
+                if self.opened_on_arrival.contains(&(session, ino, handle)) {
+                    continue;
+                }
                 // A failure is reported when the open runs.
                 if self.open_handle(session, ino, handle).is_ok() {
                     self.opened_on_arrival.insert((session, ino, handle));

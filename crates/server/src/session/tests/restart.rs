@@ -539,3 +539,50 @@ fn a_resent_change_whose_reply_waits_on_recalls_is_not_answered_before_they_are(
         "{out:?}"
     );
 }
+
+#[test]
+fn a_handle_released_while_its_reopen_waits_twice_is_not_opened_again() {
+    // After a restart b opens its handles again in one request, which waits behind a's
+    // re-asserted exclusive rights on y (its opens take effect as it arrives). b's
+    // process closes x meanwhile: the release runs at once. When a answers, the request
+    // waits again, now for the grace period (c has not replayed): that second wait is
+    // no new arrival, and must not open x again, or nobody ever releases it.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let mut tokens = Vec::new();
+    for name in ["y", "x", "z"] {
+        let (id, w) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+        let id = id.expect("session");
+        let made = srv.handle_request(id, create_in_root(1, name), NOW);
+        assert!(made.results[0].is_ok(), "{made:?}");
+        tokens.push((id, w.session));
+    }
+    let [(a, ta), (b, tb), (c, tc)] = tokens[..] else { panic!("three sessions") };
+    let ino = |srv: &mut Server, name: &str| srv.store.lookup(1, name.as_bytes()).expect("lookup").ino;
+    let (y, x) = (ino(&mut srv, "y"), ino(&mut srv, "x"));
+    srv.handle_request(a, req(2, vec![Op::Fsync { ino: 1 }]), NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
+    for t in [ta, tb, tc] {
+        assert!(srv.handle_hello(&hello(Some(t))).0.is_some());
+    }
+    let r = srv.handle_request(a, req(3, vec![Op::Reassert { ino: y, exclusive: true }]), NOW);
+    assert_eq!(r.results, vec![Ok(Reply::Done)]);
+    srv.replayed(a, NOW);
+    let _ = srv.take_outgoing();
+    srv.handle(b, req(10, vec![Op::Open { ino: y, handle: 1 }, Op::Open { ino: x, handle: 2 }]), NOW);
+    let recall = srv.take_outgoing().into_iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if session == a => Some(recall_id),
+        _ => None,
+    });
+    let recall = recall.expect("b's re-opens wait for a to give y up");
+    assert!(srv.holds_open(b, x, 2), "its opens took effect as it arrived");
+    let r = srv.handle_request(b, req(11, vec![Op::Release { ino: x, handle: 2 }]), NOW);
+    assert_eq!(r.results, vec![Ok(Reply::Done)]);
+    srv.replayed(b, NOW);
+    srv.recall_done(a, recall, NOW);
+    srv.replayed(c, NOW);
+    let _ = srv.take_outgoing();
+    assert!(!srv.holds_open(b, x, 2), "x was closed while its re-open waited");
+}
