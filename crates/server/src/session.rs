@@ -245,6 +245,10 @@ pub struct Server {
     grace_just_ended: bool,
     /// Requests held for the grace period, oldest first.
     grace_parked: VecDeque<(SessionId, p::Request)>,
+    /// Requests that arrived while their session replayed and were parked (behind
+    /// rights, or a flush): part of its replay, they do not wait for the grace period
+    /// when they run after its `Replayed`.
+    parked_in_replay: HashSet<(SessionId, u64)>,
     /// fcntl and flock locks, by inode.
     locks: LockTable,
     /// Requests run or answered, in order, while `record_applied` is on (for simulators).
@@ -402,6 +406,7 @@ impl Server {
             replaying,
             grace_until: None,
             grace_parked: VecDeque::new(),
+            parked_in_replay: HashSet::new(),
             grace_just_ended: false,
             locks: LockTable::default(),
             applied: None,
@@ -504,7 +509,8 @@ impl Server {
         self.watch_space(now_ms);
         let mut req = req;
         let write_backs = take_write_backs(&mut req);
-        if !self.replaying.is_empty() && !self.replaying.contains(&session) {
+        let in_replay = self.parked_in_replay.remove(&(session, req.id)) || self.replaying.contains(&session);
+        if !self.replaying.is_empty() && !in_replay {
             // Grace after a restart: a restored session's replays come first (they are
             // changes other clients may already have seen acknowledged).
             self.open_on_arrival(session, &req);
@@ -523,6 +529,9 @@ impl Server {
             || self.park_if_exclusive(session, &req, &involved, now_ms)
             || self.park_for_flush(session, &req, &write_backs, now_ms)
         {
+            if in_replay && !self.replaying.is_empty() {
+                self.parked_in_replay.insert((session, req.id));
+            }
             self.open_on_arrival(session, &req);
             return;
         }
@@ -709,6 +718,7 @@ impl Server {
         self.disconnected.remove(&id);
         self.last_heard.remove(&id);
         self.grace_parked.retain(|(s, _)| *s != id);
+        self.parked_in_replay.retain(|(s, _)| *s != id);
         // (If it was the last one to replay, the next tick ends the grace period.)
         self.replaying.remove(&id);
         self.release_locks(id, "session ended");

@@ -586,3 +586,47 @@ fn a_handle_released_while_its_reopen_waits_twice_is_not_opened_again() {
     let _ = srv.take_outgoing();
     assert!(!srv.holds_open(b, x, 2), "x was closed while its re-open waited");
 }
+
+#[test]
+fn a_replay_parked_behind_rights_runs_when_they_are_given_up_not_after_the_grace() {
+    // b's replay waits behind a's re-asserted exclusive rights on y; b says `Replayed`
+    // behind it. When a gives y up, the replay must run then, ahead of anyone's new work,
+    // not wait for the grace period (c has not replayed) as new work would.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let mut tokens = Vec::new();
+    for name in ["y", "x", "z"] {
+        let (id, w) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+        let id = id.expect("session");
+        let made = srv.handle_request(id, create_in_root(1, name), NOW);
+        assert!(made.results[0].is_ok(), "{made:?}");
+        tokens.push((id, w.session));
+    }
+    let [(a, ta), (b, tb), (c, tc)] = tokens[..] else { panic!("three sessions") };
+    let y = srv.store.lookup(1, b"y").expect("lookup").ino;
+    srv.handle_request(a, req(2, vec![Op::Fsync { ino: 1 }]), NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
+    for t in [ta, tb, tc] {
+        assert!(srv.handle_hello(&hello(Some(t))).0.is_some());
+    }
+    let r = srv.handle_request(a, req(3, vec![Op::Reassert { ino: y, exclusive: true }]), NOW);
+    assert_eq!(r.results, vec![Ok(Reply::Done)]);
+    srv.replayed(a, NOW);
+    let _ = srv.take_outgoing();
+    let chmod = Op::SetAttr { ino: y, set: p::SetAttr { mode: Some(0o600), ..Default::default() } };
+    srv.handle(b, p::Request { id: 2, ops: vec![chmod], time: Some(NOW) }, NOW);
+    let recall = srv.take_outgoing().into_iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if session == a => Some(recall_id),
+        _ => None,
+    });
+    let recall = recall.expect("b's replay waits for a to give y up");
+    srv.replayed(b, NOW);
+    srv.recall_done(a, recall, NOW);
+    let out = srv.take_outgoing();
+    assert!(
+        out.iter().any(|o| matches!(o, Outgoing::Response { session, response } if *session == b && response.id == 2)),
+        "the replay ran once y was given up, inside the grace period: {out:?}"
+    );
+}
