@@ -616,7 +616,7 @@ fn a_replay_parked_behind_rights_runs_when_they_are_given_up_not_after_the_grace
     srv.replayed(a, NOW);
     let _ = srv.take_outgoing();
     let chmod = Op::SetAttr { ino: y, set: p::SetAttr { mode: Some(0o600), ..Default::default() } };
-    srv.handle(b, p::Request { id: 2, ops: vec![chmod], time: Some(NOW) }, NOW);
+    srv.handle(b, p::Request { id: 2, ops: vec![chmod], time: Some(NOW), caller: p::Caller::ROOT }, NOW);
     let recall = srv.take_outgoing().into_iter().find_map(|o| match o {
         Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if session == a => Some(recall_id),
         _ => None,
