@@ -247,7 +247,8 @@ pub struct Server {
     grace_parked: VecDeque<(SessionId, p::Request)>,
     /// Requests that arrived while their session replayed and were parked (behind
     /// rights, or a flush): part of its replay, they do not wait for the grace period
-    /// when they run after its `Replayed`.
+    /// when they run after its `Replayed`, and the session's new work waits behind them
+    /// (it may build on what they change), also once the grace period is over.
     parked_in_replay: HashSet<(SessionId, u64)>,
     /// fcntl and flock locks, by inode.
     locks: LockTable,
@@ -525,11 +526,12 @@ impl Server {
             }
         }
         let involved = self.involved(&req);
-        if self.park_behind_own_writeback(session, &req)
+        if (!in_replay && self.park_behind_own_replays(session, &req))
+            || self.park_behind_own_writeback(session, &req)
             || self.park_if_exclusive(session, &req, &involved, now_ms)
             || self.park_for_flush(session, &req, &write_backs, now_ms)
         {
-            if in_replay && !self.replaying.is_empty() {
+            if in_replay {
                 self.parked_in_replay.insert((session, req.id));
             }
             self.open_on_arrival(session, &req);

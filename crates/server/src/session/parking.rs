@@ -144,6 +144,24 @@ impl Server {
         true
     }
 
+    /// Parks new work of a session behind its own replays still parked: the client sent
+    /// it after them and may build on what they change (a directory a replayed create
+    /// makes, then listed). It waits for what they wait for, and runs after them.
+    pub(super) fn park_behind_own_replays(&mut self, session: SessionId, req: &p::Request) -> bool {
+        let waiting: HashSet<u64> = self
+            .parked
+            .iter()
+            .filter(|p| p.session == session && self.parked_in_replay.contains(&(session, p.req.id)))
+            .flat_map(|p| p.waiting.iter().copied())
+            .collect();
+        if waiting.is_empty() {
+            return false;
+        }
+        tracing::debug!(session, id = req.id, "new work waits behind its session's parked replays");
+        self.parked.push_back(Parked { session, req: req.clone(), waiting });
+        true
+    }
+
     /// Parks `req` if other sessions hold any of `inodes` exclusively (recalling them).
     pub(super) fn park_if_exclusive(
         &mut self,

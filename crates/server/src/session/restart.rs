@@ -89,7 +89,6 @@ impl Server {
 
     pub(super) fn end_grace(&mut self, now: p::Time) {
         self.replaying.clear();
-        self.parked_in_replay.clear();
         self.grace_just_ended = true;
         // Every client that could still hold an unlinked file open has opened it again
         // (`Op::Open` before `Replayed`) or was fenced: what nobody holds goes now.
