@@ -93,6 +93,9 @@ pub struct NameCache {
     epoch: u64,
     /// Counts attributes taken in (`Attr::stamp`).
     stamp: u64,
+    /// Counts the times the server forgot this client's rights (`reset_rights`): a new
+    /// session, whose inode-number grants are new too.
+    resets: u64,
     /// Directory → its held ranges, disjoint, in no particular order (few per directory).
     dirs: HashMap<u64, Vec<Range>>,
     attrs: HashMap<u64, Attr>,
@@ -149,6 +152,7 @@ impl NameCache {
             kernel_entries: HashMap::new(),
             kernel_inval: Vec::new(),
             kernel_attr_inval: Vec::new(),
+            resets: 0,
             kernel_shared_dirs: HashSet::new(),
             kernel_epoch_due: false,
             xattrs: HashMap::new(),
@@ -562,9 +566,16 @@ impl NameCache {
         self.exclusive.contains(&ino)
     }
 
+    /// How many times the server forgot this client's rights (a new session each time, or
+    /// a restart): inode numbers granted before belong to another session.
+    pub fn resets(&self) -> u64 {
+        self.resets
+    }
+
     /// The server no longer knows of any exclusive rights of this mount (it restarted):
     /// hold none, and drop what only they kept valid.
     pub fn reset_rights(&mut self, now: Instant) {
+        self.resets += 1;
         // The kernel was let cache these attributes for long (exclusive ones, shared ones
         // as long as held); nobody will recall them now.
         let held = self.held_rights(now).into_iter().map(|(ino, _)| ino);

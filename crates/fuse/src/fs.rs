@@ -122,7 +122,9 @@ pub struct CrestFs {
     /// Signalled (with `names`) when a writeback request is answered.
     idle: Arc<Condvar>,
     /// Inode numbers reserved for this mount's writeback creates: next, end.
-    pool: Mutex<(u64, u64)>,
+    /// Inode numbers reserved ahead (next, end) and the `NameCache::resets` they were
+    /// granted under: a new session may use only its own.
+    pool: Mutex<(u64, u64, u64)>,
     /// Lock owners that may hold locks on the server (see crate::locks).
     lock_owners: Arc<Mutex<Owners>>,
     /// Directories this mount last asked to hold whole (`Op::Acquire`), and when.
@@ -260,7 +262,7 @@ impl CrestFs {
             dirs: Mutex::new(HashMap::new()),
             names,
             idle: Arc::new(Condvar::new()),
-            pool: Mutex::new((0, 0)),
+            pool: Mutex::new((0, 0, 0)),
             lock_owners: Arc::new(Mutex::new(Owners::default())),
             acquire_tried: Mutex::new(HashMap::new()),
             page_io: Arc::default(),

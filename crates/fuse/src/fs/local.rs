@@ -8,16 +8,17 @@ use super::*;
 impl CrestFs {
     /// A fresh inode number for a writeback create (from a batch reserved on the server).
     pub(super) fn next_ino(&self) -> Option<u64> {
+        let resets = lock(&self.names).resets();
         {
             let mut p = lock(&self.pool);
-            if p.0 < p.1 {
+            if p.0 < p.1 && p.2 == resets {
                 p.0 += 1;
                 return Some(p.0 - 1);
             }
         }
         match self.one("allocate inodes", Op::AllocInodes { count: INODE_BATCH }) {
             Ok(Reply::Inodes { first, count }) if count > 0 => {
-                *lock(&self.pool) = (first + 1, first + u64::from(count));
+                *lock(&self.pool) = (first + 1, first + u64::from(count), resets);
                 Some(first)
             }
             Ok(r) => {

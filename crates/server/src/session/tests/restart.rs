@@ -603,7 +603,7 @@ fn a_replay_parked_behind_rights_runs_when_they_are_given_up_not_after_the_grace
         assert!(made.results[0].is_ok(), "{made:?}");
         tokens.push((id, w.session));
     }
-    let [(a, ta), (b, tb), (c, tc)] = tokens[..] else { panic!("three sessions") };
+    let [(a, ta), (b, tb), (_c, tc)] = tokens[..] else { panic!("three sessions") };
     let y = srv.store.lookup(1, b"y").expect("lookup").ino;
     srv.handle_request(a, req(2, vec![Op::Fsync { ino: 1 }]), NOW);
     drop(srv.into_store().abandon());
