@@ -630,3 +630,67 @@ fn a_replay_parked_behind_rights_runs_when_they_are_given_up_not_after_the_grace
         "the replay ran once y was given up, inside the grace period: {out:?}"
     );
 }
+
+#[test]
+fn a_sessions_new_work_waits_behind_its_own_replay_parked_behind_rights() {
+    // b's create in d (the server chose its inode) is lost with a crash; replayed, it
+    // waits behind a's re-asserted exclusive rights on d; both say `Replayed`, so the
+    // grace period ends. b's new work, sent after the replay and building on it (a look
+    // at the inode the create made), must not run before it.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, wa) = srv.handle_hello(&hello(None));
+    let (b, wb) = srv.handle_hello(&hello(None));
+    let (p::ServerMessage::Welcome(wa), p::ServerMessage::Welcome(wb)) = (wa, wb) else { panic!() };
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    let mk = |parent, name: &[u8], kind| Op::Create {
+        parent,
+        name: name.to_vec(),
+        kind,
+        mode: 0o777,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    let r = srv.handle_request(a, req(1, vec![mk(1, b"d", p::FileType::Directory), Op::Fsync { ino: 1 }]), NOW);
+    let Ok(Reply::Entry(d)) = &r.results[0] else { panic!("{r:?}") };
+    let d = d.ino;
+    srv.caps.drop_exclusive(d);
+    let create = mk(d, b"n", p::FileType::Regular);
+    let r = srv.handle_request(b, req(2, vec![create.clone()]), NOW);
+    let Ok(Reply::Entry(n)) = &r.results[0] else { panic!("{r:?}") };
+    let n = n.ino;
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
+    for t in [wa.session, wb.session] {
+        assert!(srv.handle_hello(&hello(Some(t))).0.is_some());
+    }
+    let r = srv.handle_request(a, req(3, vec![Op::Reassert { ino: d, exclusive: true }]), NOW);
+    assert_eq!(r.results, vec![Ok(Reply::Done)]);
+    srv.replayed(a, NOW);
+    let _ = srv.take_outgoing();
+    srv.handle(b, req(2, vec![create]), NOW);
+    let recall = srv.take_outgoing().into_iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if session == a => Some(recall_id),
+        _ => None,
+    });
+    let recall = recall.expect("b's replay waits for a to give d up");
+    srv.replayed(b, NOW);
+    srv.handle(b, req(3, vec![Op::GetAttr { ino: n }]), NOW);
+    let early = srv.take_outgoing();
+    assert!(
+        !early.iter().any(|o| matches!(o, Outgoing::Response { response, .. } if response.id == 3)),
+        "the new work ran before the replay it builds on: {early:?}"
+    );
+    srv.recall_done(a, recall, NOW);
+    let out = srv.take_outgoing();
+    let answered = |id| {
+        out.iter().find_map(|o| match o {
+            Outgoing::Response { session, response } if *session == b && response.id == id => Some(response.clone()),
+            _ => None,
+        })
+    };
+    let created = answered(2).expect("the replay ran once d was given up");
+    assert!(matches!(&created.results[0], Ok(Reply::Entry(e)) if e.ino == n), "{created:?}");
+    let looked = answered(3).expect("then the new work");
+    assert!(matches!(looked.results[0], Ok(Reply::Attr(_))), "{looked:?}");
+}
