@@ -36,19 +36,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-# run CMD...: runs it with stdout in $tmp/out, stderr in $tmp/err, exit code in $rc.
-run() { "$@" >"$tmp/out" 2>"$tmp/err"; rc=$?; }
-said() { echo "exit $rc; stdout: $(head -c 400 "$tmp/out"); stderr: $(head -c 600 "$tmp/err")"; }
-# expect NAME CODE CMD...: the command exits CODE.
-expect() {
-  local name=$1 want=$2; shift 2
-  run "$@"
-  if [ "$rc" = "$want" ]; then pass "$name"; else fail "$name" "want exit $want; $(said)"; fi
-}
-# mentions NAME TEXT: the last command's stdout or stderr contains TEXT (case-insensitive).
-mentions() { if grep -qiF -- "$2" "$tmp/out" "$tmp/err"; then pass "$1"; else fail "$1" "no \"$2\"; $(said)"; fi; }
+# shellcheck source=tests/lib.sh
+source "$root/tests/lib.sh"
 silent_about_mounted() {
   if grep -q "mounted on" "$tmp/out"; then fail "$1" "printed \"mounted\"; $(said)"; else pass "$1"; fi
 }
@@ -62,7 +51,6 @@ json() {
     fail "$name" "JSON not valid or not ($cond); $(said)"
   fi
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_listen() {
   for _ in $(seq 100); do
     python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0

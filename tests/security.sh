@@ -36,18 +36,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-run() { "$@" >"$tmp/out" 2>"$tmp/err"; rc=$?; }
-said() { echo "exit $rc; stdout: $(head -c 400 "$tmp/out"); stderr: $(head -c 600 "$tmp/err")"; }
-expect() {
-  local name=$1 want=$2; shift 2
-  run "$@"
-  if [ "$rc" = "$want" ]; then pass "$name"; else fail "$name" "want exit $want; $(said)"; fi
-}
-mentions() { if grep -qiF -- "$2" "$tmp/out" "$tmp/err"; then pass "$1"; else fail "$1" "no \"$2\"; $(said)"; fi; }
+# shellcheck source=tests/lib.sh
+source "$root/tests/lib.sh"
 check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "not true: $*"; fi; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_listen() {
   for _ in $(seq 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
@@ -55,7 +46,6 @@ wait_listen() {
   done
   return 1
 }
-mounted() { grep -qF " $1 " /proc/self/mountinfo; }
 # as HOST CMD...: crest with HOST's state directory.
 as() { local h=$1; shift; CREST_STATE_DIR=$tmp/$h "$crest" "$@"; }
 serve() { # HOST IMAGE PORT [ARGS]

@@ -69,7 +69,6 @@ fuzz_target!(|data: &[u8]| {
             Action::Request { session, id, time: t, caller, ops } => {
                 let Some(&sid) = sessions.get(usize::from(session) % sessions.len().max(1)) else { continue };
                 let ops = ops_from(&ops);
-                let n = ops.len();
                 let req = p::Request {
                     id: u64::from(id) + 1,
                     ops,
@@ -77,7 +76,6 @@ fuzz_target!(|data: &[u8]| {
                     caller: p::Caller { uid: u32::from(caller.0), gid: u32::from(caller.1), groups: vec![] },
                 };
                 srv.handle(sid, req, time(now_ms));
-                let _ = n;
             }
             Action::RecallDone { session, recall_id } => {
                 if let Some(&sid) = sessions.get(usize::from(session) % sessions.len().max(1)) {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Subcommand;
-use crest_tls::{Authority, Credentials, StateDir};
+use crest_tls::{unix_now, Authority, Credentials, StateDir};
 
 /// `crest token ...`
 #[derive(Subcommand, Debug)]
@@ -191,10 +191,6 @@ pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "client".into())
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 fn human_secs(s: u64) -> String {

@@ -483,11 +483,7 @@ async fn connection(
                 let Some(slot) = counters.take(Key::Identity(fingerprint), limits::MAX_CONNECTIONS_PER_IDENTITY) else {
                     let reason =
                         format!("{} has {} connections already", who.name, limits::MAX_CONNECTIONS_PER_IDENTITY);
-                    send_once(
-                        Box::new(wr),
-                        &ServerMessage::Refused { reason: reason.clone(), version: p::PROTOCOL_VERSION },
-                    )
-                    .await;
+                    refuse(Box::new(wr), reason.clone()).await;
                     return Err(ConnError::Other(reason));
                 };
                 Some(Admitted {
@@ -499,16 +495,17 @@ async fn connection(
                 })
             }
             Err(reason) => {
-                send_once(
-                    Box::new(wr),
-                    &ServerMessage::Refused { reason: reason.clone(), version: p::PROTOCOL_VERSION },
-                )
-                .await;
+                refuse(Box::new(wr), reason.clone()).await;
                 return Err(ConnError::Other(format!("refused: {reason}")));
             }
         },
     };
     serve(Box::new(rd), Box::new(wr), peer, shell, Some(gate), admitted, early).await
+}
+
+/// Refuses the connection with `reason` (its client reports it) and closes it.
+async fn refuse(wr: Writer, reason: String) {
+    send_once(wr, &ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION }).await;
 }
 
 /// Sends one message and closes.
@@ -598,7 +595,7 @@ async fn serve(
         ClientMessage::Join(j) => {
             let Some(gate) = gate else {
                 let reason = "this server runs --insecure: there is nothing to join".to_string();
-                send_once(wr, &ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION }).await;
+                refuse(wr, reason).await;
                 return Ok(());
             };
             return join(wr, &gate, j, peer).await;
@@ -608,7 +605,7 @@ async fn serve(
             let reason = "no client certificate: join this server first (crest token create on the server, \
                           then crest join ADDR TOKEN)"
                 .to_string();
-            send_once(wr, &ServerMessage::Refused { reason: reason.clone(), version: p::PROTOCOL_VERSION }).await;
+            refuse(wr, reason.clone()).await;
             return Err(ConnError::Other(reason));
         }
         other => return Err(ConnError::Other(format!("first message is not a hello: {other:?}"))),
@@ -620,7 +617,7 @@ async fn serve(
             Err(e) => {
                 tracing::error!(%peer, client = %a.name, "session refused: {e}");
                 let reason = format!("the server's export policies are unreadable: {e}");
-                send_once(wr, &ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION }).await;
+                refuse(wr, reason).await;
                 return Err(ConnError::Other(e));
             }
         },

@@ -181,8 +181,9 @@ impl Authority {
     /// Who the client whose certificate has fingerprint `fp` is, if it may come in: its
     /// name, and whether it is the host's own certificate.
     pub fn admit(&self, fp: &Fingerprint) -> Result<Admitted, String> {
+        // (A certificate just issued is in the file before the next periodic re-read.)
         if let Err(e) = self.refresh() {
-            tracing_free_warn(&e);
+            tracing::warn!("cannot re-read the client register, keeping the last one: {e}");
         }
         let reg = &self.cached().register;
         reg.admits(fp, unix_now()).map(|r| Admitted { name: r.name.clone(), local: r.via == LOCAL_NAME })
@@ -280,11 +281,6 @@ impl Authority {
         let key = KeyPair::from_pem(&self.dir.read_text("ca.key")?)?;
         Ok(Issuer::from_ca_cert_pem(&self.ca_pem, key)?)
     }
-}
-
-/// The crate logs nothing itself; a register it cannot re-read keeps the last one read.
-fn tracing_free_warn(e: &Error) {
-    eprintln!("crest: cannot re-read the client register, keeping the last one: {e}");
 }
 
 /// Appends a record for `cert` to the register (hold the lock).

@@ -109,7 +109,7 @@ pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
 }
 
 /// Seconds since the epoch, by the local clock.
-pub(crate) fn unix_now() -> u64 {
+pub fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 

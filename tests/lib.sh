@@ -1,0 +1,17 @@
+# Checks shared by the shell test suites (tests/cli.sh, tests/security.sh). Source it
+# after setting `tmp` (a scratch directory) and `fails=0`.
+
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
+# run CMD...: runs it with stdout in $tmp/out, stderr in $tmp/err, exit code in $rc.
+run() { "$@" >"$tmp/out" 2>"$tmp/err"; rc=$?; }
+said() { echo "exit $rc; stdout: $(head -c 400 "$tmp/out"); stderr: $(head -c 600 "$tmp/err")"; }
+# expect NAME CODE CMD...: the command exits CODE.
+expect() {
+  local name=$1 want=$2; shift 2
+  run "$@"
+  if [ "$rc" = "$want" ]; then pass "$name"; else fail "$name" "want exit $want; $(said)"; fi
+}
+# mentions NAME TEXT: the last command's stdout or stderr contains TEXT (case-insensitive).
+mentions() { if grep -qiF -- "$2" "$tmp/out" "$tmp/err"; then pass "$1"; else fail "$1" "no \"$2\"; $(said)"; fi; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
