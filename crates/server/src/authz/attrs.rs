@@ -76,10 +76,11 @@ impl Checker<'_> {
         if let Some(mode) = set.mode.as_mut() {
             // A write, truncate or fallocate by someone outside the file's group drops its
             // setuid and setgid bits (Linux's kill-priv): the kernel asks the file system
-            // to, on behalf of the writer, who need not own the file.
+            // to, on behalf of the writer, who need not own the file nor (writing through a
+            // descriptor another opened) be allowed to write it.
             let (old, new) = (inode.mode & 0o7777, *mode & 0o7777);
             let kill_priv = new != old && new & !old == 0 && (old & !new) & !(S_ISUID | S_ISGID) == 0;
-            let may_kill = kill_priv && self.may(&inode, acl::MAY_WRITE)?;
+            let may_kill = kill_priv;
             if !(root || owner || may_kill) {
                 return Err(not_permitted(ino, "change of mode"));
             }
