@@ -211,6 +211,14 @@ file_handles_across_mounts() {
 }
 check file-handles file_handles_across_mounts
 
+# A descriptor reads and writes for whoever uses it, as the open allowed; execute
+# permission alone runs a program (tests/e2e/descriptors.py).
+descriptors_checked_at_open() {
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  (cd "$root/tests/e2e" && python3 descriptors.py "$mnt" "$mnt2") >&2
+}
+check descriptors descriptors_checked_at_open
+
 # Access times as fstests generic/003 wants them: relatime (the default) moves atime at the
 # first read after a change and not again, strictatime at every read, noatime and a
 # read-only mount never; the change time never moves for a read; the other mount sees it.

@@ -31,6 +31,9 @@ pub struct HeldLocks {
     /// before anything else (what is sent before `Replayed` — replays, writeback made
     /// through them — may need them), and their release, sent again behind, closes them.
     pub closing: BTreeSet<(u64, u64)>,
+    /// The access (`p::OPEN_*`) each handle above was opened with, asked again when it
+    /// is opened again.
+    pub access: BTreeMap<(u64, u64), u32>,
 }
 
 /// The lock request in `op`, in the copy's terms (this session is session 0 there).
@@ -56,8 +59,9 @@ impl HeldLocks {
                 }
             }
             match *op {
-                p::Op::Open { ino, handle } if r.is_ok() => {
+                p::Op::Open { ino, handle, access } if r.is_ok() => {
                     self.opens.insert((ino, handle));
+                    self.access.insert((ino, handle), access);
                 }
                 p::Op::Release { ino, handle } => {
                     self.opens.remove(&(ino, handle));
@@ -76,6 +80,8 @@ impl HeldLocks {
             Some(oldest) => self.released.retain(|_, at| *at >= oldest),
             None => self.released.clear(),
         }
+        let (opens, closing, released) = (&self.opens, &self.closing, &self.released);
+        self.access.retain(|h, _| opens.contains(h) || closing.contains(h) || released.contains_key(h));
     }
 
     /// The released handles that the `lost` changes to be replayed may need: those of
@@ -119,7 +125,7 @@ impl HeldLocks {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .filter(|(ino, _)| !later.contains(ino))
-            .map(|&(ino, handle)| p::Op::Open { ino, handle })
+            .map(|&(ino, handle)| self.reopen_op(ino, handle))
             .collect();
         self.register(ops, next_id)
     }
@@ -141,7 +147,7 @@ impl HeldLocks {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .filter(|(ino, _)| inos.contains(ino))
-            .map(|&(ino, handle)| p::Op::Open { ino, handle })
+            .map(|&(ino, handle)| self.reopen_op(ino, handle))
             .collect();
         self.register(ops, next_id)
     }
@@ -193,6 +199,12 @@ impl HeldLocks {
         self.register(ops, next_id)
     }
 
+    /// The `Open` that takes `handle` of `ino` again, with the access it had.
+    fn reopen_op(&self, ino: u64, handle: u64) -> p::Op {
+        let access = self.access.get(&(ino, handle)).copied().unwrap_or(0);
+        p::Op::Open { ino, handle, access }
+    }
+
     /// Keeps `ops` as re-assert requests until answered, in requests of the largest size.
     fn register(&mut self, ops: Vec<p::Op>, next_id: &AtomicU64) -> Vec<p::Request> {
         let mut out = Vec::new();
@@ -211,9 +223,8 @@ impl HeldLocks {
         if self.opens.remove(&(ino, handle)) {
             self.closing.insert((ino, handle));
         }
-        let reopen = p::Op::Open { ino, handle };
         self.reasserting.retain(|_, ops| {
-            ops.retain(|op| *op != reopen);
+            ops.retain(|op| !matches!(*op, p::Op::Open { ino: i, handle: h, .. } if (i, h) == (ino, handle)));
             !ops.is_empty()
         });
     }
@@ -236,7 +247,7 @@ impl HeldLocks {
                 refused.push(*ino);
                 continue;
             }
-            if let (p::Op::Open { ino, handle }, Err(e)) = (op, r) {
+            if let (p::Op::Open { ino, handle, .. }, Err(e)) = (op, r) {
                 // Reclaimed anyway (this session was away past the grace period): its
                 // descriptor's calls fail from now on.
                 tracing::warn!(ino, "an open file is gone after the server restarted: {}", e.message);
@@ -283,11 +294,22 @@ mod tests {
     fn what_the_server_granted_is_taken_again_and_a_refused_lock_is_forgotten() {
         let mut h = HeldLocks::default();
         let ok: Results = vec![Ok(p::Reply::Done), Ok(p::Reply::Done), Ok(p::Reply::Done)];
-        h.follow(&[lock(5, 0, 9), lock(6, 10, 19), p::Op::Open { ino: 5, handle: 3 }], &ok, 0);
+        h.follow(
+            &[lock(5, 0, 9), lock(6, 10, 19), p::Op::Open { ino: 5, handle: 3, access: p::OPEN_READ | p::OPEN_WRITE }],
+            &ok,
+            0,
+        );
         // A refused lock was never held; a released handle is not opened again.
         let refused: Results = vec![Err(p::OpError { errno: 11, message: "held elsewhere".into() })];
         h.follow(&[lock(8, 0, 1)], &refused, 0);
-        h.follow(&[p::Op::Open { ino: 9, handle: 4 }, p::Op::Release { ino: 9, handle: 4 }], &ok, 0);
+        h.follow(
+            &[
+                p::Op::Open { ino: 9, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE },
+                p::Op::Release { ino: 9, handle: 4 },
+            ],
+            &ok,
+            0,
+        );
         let ids = AtomicU64::new(100);
         let mut reqs = h.reopen(&BTreeSet::new(), &BTreeSet::new(), &ids);
         reqs.extend(h.reassert(&[(1, true)], &ids));
@@ -295,7 +317,7 @@ mod tests {
         assert_eq!(
             ops,
             vec![
-                vec![p::Op::Open { ino: 5, handle: 3 }],
+                vec![p::Op::Open { ino: 5, handle: 3, access: p::OPEN_READ | p::OPEN_WRITE }],
                 vec![lock(5, 0, 9), lock(6, 10, 19), p::Op::Reassert { ino: 1, exclusive: true }],
             ],
             "the handles first (before the replays), then the locks and the rights"
@@ -319,14 +341,25 @@ mod tests {
     fn a_handle_released_while_its_reopen_is_unanswered_is_not_opened_again() {
         let mut h = HeldLocks::default();
         let ok: Results = vec![Ok(p::Reply::Done), Ok(p::Reply::Done)];
-        h.follow(&[p::Op::Open { ino: 5, handle: 3 }, p::Op::Open { ino: 6, handle: 4 }], &ok, 0);
+        h.follow(
+            &[
+                p::Op::Open { ino: 5, handle: 3, access: p::OPEN_READ | p::OPEN_WRITE },
+                p::Op::Open { ino: 6, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE },
+            ],
+            &ok,
+            0,
+        );
         let ids = AtomicU64::new(100);
         let reqs = h.reopen(&BTreeSet::new(), &BTreeSet::new(), &ids);
         assert_eq!(reqs.len(), 1);
         // The process closes 5 before the server answered the re-open (it waits, parked).
         h.releasing(5, 3);
         let again: Vec<p::Op> = h.resend(&BTreeSet::new()).into_iter().flatten().flat_map(|r| r.ops).collect();
-        assert_eq!(again, vec![p::Op::Open { ino: 6, handle: 4 }], "after a reconnect, only 6 is opened again");
+        assert_eq!(
+            again,
+            vec![p::Op::Open { ino: 6, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE }],
+            "after a reconnect, only 6 is opened again"
+        );
         h.releasing(6, 4);
         assert!(h.resend(&BTreeSet::new()).iter().all(Vec::is_empty));
         assert!(h.opens.is_empty());

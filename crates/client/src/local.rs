@@ -88,8 +88,8 @@ pub struct NewNode<'a> {
     pub rdev: u64,
     /// A symlink's target.
     pub target: Option<&'a [u8]>,
-    /// Open it too (create + open), with this handle.
-    pub open: Option<u64>,
+    /// Open it too (create + open), with this handle and access (`p::OPEN_*`).
+    pub open: Option<(u64, u32)>,
     /// Its number, from a batch reserved on the server (`Op::AllocInodes`).
     pub ino: u64,
     /// Its generation (the caller's randomness).
@@ -214,8 +214,8 @@ impl NameCache {
                 cred: n.cred,
             },
         }];
-        if let Some(handle) = n.open {
-            ops.push(Op::Open { ino, handle });
+        if let Some((handle, access)) = n.open {
+            ops.push(Op::Open { ino, handle, access });
         }
         self.added(parent, n.name, &attr, now);
         self.set_attr(&d, now);
@@ -243,9 +243,9 @@ impl NameCache {
     /// Answers an open of a regular file whose attributes are held (under a right: a
     /// change elsewhere would have recalled them): the `Open`, which keeps an unlinked
     /// file alive on the server, follows ahead of the file's reads and writes.
-    pub fn open_here(&mut self, ino: u64, handle: u64, now: Instant) -> Option<(p::Attr, Writeback)> {
+    pub fn open_here(&mut self, ino: u64, handle: u64, access: u32, now: Instant) -> Option<(p::Attr, Writeback)> {
         let a = self.attr(ino, now).filter(|a| a.kind == p::FileType::Regular)?;
-        Some((a, self.begin("open", vec![Op::Open { ino, handle }], vec![ino])))
+        Some((a, self.begin("open", vec![Op::Open { ino, handle, access }], vec![ino])))
     }
 
     /// Answers an unlink (or, `dir`, an rmdir) here when the mount holds the directory

@@ -73,6 +73,23 @@ pub const MAX_DIR_STREAMS: usize = 4096;
 /// unless the process took locks on the file.
 const READ_ONLY_OPEN_FLAGS: FopenFlags = FopenFlags::empty();
 
+/// The kernel's `__FMODE_EXEC` in the flags of an open to execute the file (execve's and
+/// uselib's): it checks execute permission there, not read.
+const FMODE_EXEC: i32 = 0o40;
+
+/// What an open with `flags` may do (`p::OPEN_*`), as the kernel checked it: the server
+/// checks it again, and lets the descriptor read or write whoever uses it later.
+fn open_access(flags: i32) -> u32 {
+    if flags & FMODE_EXEC != 0 {
+        return p::OPEN_EXEC;
+    }
+    match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => p::OPEN_READ,
+        libc::O_WRONLY => p::OPEN_WRITE,
+        _ => p::OPEN_READ | p::OPEN_WRITE,
+    }
+}
+
 /// What the kernel is told of a file it opened with open(2) `flags`. An `O_APPEND`
 /// descriptor bypasses the page cache (FOPEN_DIRECT_IO): through the cache, the kernel
 /// sends a write that starts inside a page it has not read in two requests, ending the
@@ -814,11 +831,14 @@ impl Filesystem for CrestFs {
         // O_TRUNC never arrives here (no ATOMIC_O_TRUNC: the kernel truncates by setattr);
         // O_DIRECT needs nothing: the kernel sends such I/O straight through.
         let fh = self.fh();
-        if let Some(keep) = self.open_locally(ino.0, fh, flags.0 & libc::O_ACCMODE != libc::O_RDONLY) {
+        if let Some(keep) = self.open_locally(ino.0, fh, open_access(flags.0)) {
             return reply.opened(fh, open_reply_flags(flags.0, keep, self.atime));
         }
         let since = self.stamp();
-        match self.one("open", Op::Open { ino: ino.0, handle: fh.0 }).and_then(|r| want_attr("open", r)) {
+        match self
+            .one("open", Op::Open { ino: ino.0, handle: fh.0, access: open_access(flags.0) })
+            .and_then(|r| want_attr("open", r))
+        {
             Ok(a) => {
                 self.attr_changed(&a, since);
                 let keep = lock(&self.inodes).keep_cache_on_open(&a);
@@ -951,7 +971,8 @@ impl Filesystem for CrestFs {
         // The server learns of the open without a round trip: a directory removed while
         // open stays (empty, nlink 0) until its last close, as fstat on it expects.
         let fh = self.fh();
-        self.send_behind("opendir", ino.0, Op::Open { ino: ino.0, handle: fh.0 });
+        // (Reading it is checked by each readdir: the open asks for nothing.)
+        self.send_behind("opendir", ino.0, Op::Open { ino: ino.0, handle: fh.0, access: 0 });
         reply.opened(fh, FopenFlags::empty());
     }
 
@@ -1135,7 +1156,8 @@ impl Filesystem for CrestFs {
         let mode = convert::create_mode(mode);
         let cred = cred(req, umask);
         let fh = self.fh();
-        let local = || self.create_locally(cred, parent.0, name.as_bytes(), kind, mode, 0, None, Some(fh));
+        let access = open_access(flags);
+        let local = || self.create_locally(cred, parent.0, name.as_bytes(), kind, mode, 0, None, Some((fh, access)));
         if let Some(a) = local().or_else(|| if self.acquire(parent.0) { local() } else { None }) {
             lock(&self.inodes).keep_cache_on_open(&a);
             let attr = convert::file_attr(&a);
@@ -1154,8 +1176,9 @@ impl Filesystem for CrestFs {
         let mut since = 0;
         let created = self.create_node(cred, parent, name, kind, mode, 0).and_then(|a| {
             since = self.stamp();
-            let opened =
-                self.one("create", Op::Open { ino: a.ino, handle: fh.0 }).and_then(|r| want_attr("create", r))?;
+            let opened = self
+                .one("create", Op::Open { ino: a.ino, handle: fh.0, access })
+                .and_then(|r| want_attr("create", r))?;
             Ok((a, opened))
         });
         match created {

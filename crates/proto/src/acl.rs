@@ -286,7 +286,9 @@ pub const MAY_EXEC: u32 = 1;
 /// that user, else the owning group and named group entries the caller is in (any one
 /// granting all of `want` does), else the other entry; named users and every group entry
 /// are limited by the mask. An ACL without an owner or other entry (not one `parse`
-/// accepts) grants nothing.
+/// accepts) grants nothing. As in Linux's `acl_permission_check`, the ACL is not looked
+/// at when the mode's group bits (the mask) grant nothing: the caller is then judged by
+/// the mode alone, so a named group entry does not refuse what the other bits grant.
 pub fn permits(mode: u32, owner: u32, group: u32, acl: Option<&[Entry]>, caller: &crate::Caller, want: u32) -> bool {
     let want = want & 7;
     if caller.uid == 0 {
@@ -303,7 +305,8 @@ pub fn permits(mode: u32, owner: u32, group: u32, acl: Option<&[Entry]>, caller:
             };
             class & want == want
         }
-        Some(entries) => acl_permits(entries, owner, group, caller, want),
+        Some(entries) if mode & 0o070 != 0 => acl_permits(entries, owner, group, caller, want),
+        Some(_) => permits(mode, owner, group, None, caller, want),
     }
 }
 
@@ -516,15 +519,20 @@ mod tests {
         assert!(!permits(0o640, 10, 20, acl, &who(7, 3, &[]), MAY_READ), "others get nothing");
         // A matching group that grants nothing shuts other out.
         let acl2 = [e(USER_OBJ, 6, 0), e(GROUP_OBJ, 0, 0), e(GROUP, 2, 60), e(MASK, 7, 0), e(OTHER, 4, 0)];
-        assert!(!permits(0o604, 10, 20, Some(&acl2), &who(7, 20, &[]), MAY_READ));
-        assert!(!permits(0o604, 10, 20, Some(&acl2), &who(7, 60, &[]), MAY_READ));
-        assert!(permits(0o604, 10, 20, Some(&acl2), &who(7, 60, &[]), MAY_WRITE));
-        assert!(permits(0o604, 10, 20, Some(&acl2), &who(7, 61, &[]), MAY_READ));
+        assert!(!permits(0o674, 10, 20, Some(&acl2), &who(7, 20, &[]), MAY_READ));
+        assert!(!permits(0o674, 10, 20, Some(&acl2), &who(7, 60, &[]), MAY_READ));
+        assert!(permits(0o674, 10, 20, Some(&acl2), &who(7, 60, &[]), MAY_WRITE));
+        assert!(permits(0o674, 10, 20, Some(&acl2), &who(7, 61, &[]), MAY_READ));
         // Any one of the caller's groups granting all of want will do.
         let acl3 =
             [e(USER_OBJ, 6, 0), e(GROUP_OBJ, 4, 0), e(GROUP, 2, 60), e(GROUP, 6, 61), e(MASK, 7, 0), e(OTHER, 0, 0)];
-        assert!(permits(0o604, 10, 20, Some(&acl3), &who(7, 20, &[60, 61]), MAY_READ | MAY_WRITE));
-        assert!(!permits(0o604, 10, 20, Some(&acl3), &who(7, 20, &[60]), MAY_READ | MAY_WRITE), "not by adding up");
+        assert!(permits(0o674, 10, 20, Some(&acl3), &who(7, 20, &[60, 61]), MAY_READ | MAY_WRITE));
+        assert!(!permits(0o674, 10, 20, Some(&acl3), &who(7, 20, &[60]), MAY_READ | MAY_WRITE), "not by adding up");
+        // With the mask empty (the mode's group bits clear) Linux does not look at the
+        // ACL: a matching group entry no longer shuts other out.
+        let acl4 = [e(USER_OBJ, 6, 0), e(GROUP_OBJ, 7, 0), e(GROUP, 0, 60), e(MASK, 0, 0), e(OTHER, 6, 0)];
+        assert!(permits(0o606, 10, 20, Some(&acl4), &who(7, 60, &[]), MAY_READ | MAY_WRITE));
+        assert!(!permits(0o606, 10, 20, Some(&acl4), &who(7, 20, &[]), MAY_READ), "the owning group: its bits");
         assert!(!permits(0o777, 10, 20, Some(&[]), &who(10, 20, &[]), MAY_READ), "a broken ACL grants nothing");
     }
 
@@ -537,13 +545,14 @@ mod tests {
     }
 
     /// The check as acl(5) words it ("ACCESS CHECK ALGORITHM"), the classic mode check
-    /// as chmod(1) words it: a reference written apart from `permits`.
+    /// as chmod(1) words it: a reference written apart from `permits`. Linux looks at
+    /// the ACL only when the group class bits of the mode are not all clear.
     fn reference(mode: u32, owner: u32, group: u32, acl: Option<&[Entry]>, c: &crate::Caller, want: u32) -> bool {
         if c.uid == 0 {
             return want & 1 == 0 || mode & S_IFDIR != 0 || mode & 0o111 != 0;
         }
         let has = |perm: u32| perm & want == want;
-        let Some(acl) = acl else {
+        let Some(acl) = acl.filter(|_| (mode >> 3) & 7 != 0) else {
             let (u, g, o) = ((mode >> 6) & 7, (mode >> 3) & 7, mode & 7);
             return if c.uid == owner {
                 has(u)
@@ -601,8 +610,10 @@ mod tests {
                         named = true;
                     }
                 }
-                v.push(e(GROUP_OBJ, r() as u16 & 7, 0));
-                if named || r() % 2 == 0 {
+                // The mode's group bits are the mask, or (no mask) the owning group's.
+                let masked = named || r() % 2 == 0;
+                v.push(e(GROUP_OBJ, if masked { r() as u16 & 7 } else { (mode >> 3) as u16 & 7 }, 0));
+                if masked {
                     v.push(e(MASK, (mode >> 3) as u16 & 7, 0));
                 }
                 v.push(e(OTHER, mode as u16 & 7, 0));

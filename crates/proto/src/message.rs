@@ -6,7 +6,15 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
+/// `Op::Open` access bits: the open's access mode as the kernel checks it (the values
+/// of `acl::MAY_READ`, `MAY_WRITE`, `MAY_EXEC`).
+pub const OPEN_READ: u32 = crate::acl::MAY_READ;
+/// See `OPEN_READ`.
+pub const OPEN_WRITE: u32 = crate::acl::MAY_WRITE;
+/// An open to execute the file (the kernel's `FMODE_EXEC`): reading it needs only
+/// execute permission.
+pub const OPEN_EXEC: u32 = crate::acl::MAY_EXEC;
 /// First bytes of a client hello, so a stray connection is recognised at once.
 pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
 /// Longest client name a hello may carry, in bytes (the server keeps it with the session
@@ -303,9 +311,14 @@ pub enum Op {
     /// the client chose, unique among its session's open handles). Idempotent: a retry
     /// of an `Open` or `Release` of a handle already opened or released changes nothing,
     /// so neither needs the reply cache nor replay (handles die with the server anyway).
+    /// `access` is what the descriptor may do (`OPEN_READ | OPEN_WRITE | OPEN_EXEC`):
+    /// the server checks it as the kernel checks an open, and lets the session read or
+    /// write the file through it whoever asks later (a descriptor passed to another user
+    /// works as on a local file system). 0 asks nothing (a directory's open).
     Open {
         ino: u64,
         handle: u64,
+        access: u32,
     },
     Release {
         ino: u64,

@@ -60,8 +60,10 @@ struct Session {
     client_name: String,
     /// Its responses to changes, kept for retries.
     replies: Replies,
-    /// Handles this session holds open, by inode (released when the session ends).
-    open: HashMap<u64, HashSet<u64>>,
+    /// Handles this session holds open, by inode (released when the session ends), each
+    /// with the access its `Open` was granted (`p::OPEN_*`; 0 until the `Open` has run: an
+    /// open that takes effect as it arrives is not checked yet).
+    open: HashMap<u64, HashMap<u64, u32>>,
     /// Changing requests numbered so far (the last one's `seq`): a change takes its `seq`
     /// when it arrives, so that `seq` is its place in the order the client sent them,
     /// even when it is parked and runs after later ones (docs/protocol.md §4.5).
@@ -604,7 +606,7 @@ impl Server {
     /// re-opens, and new opens of files the server held for the grace).
     fn open_on_arrival(&mut self, session: SessionId, req: &p::Request) {
         for op in &req.ops {
-            if let Op::Open { ino, handle } = *op {
+            if let Op::Open { ino, handle, .. } = *op {
                 // A request parked again when it runs (behind exclusive rights, then for
                 // the grace period) arrived once: a release since must not be undone.
                 if self.opened_on_arrival.contains(&(session, ino, handle)) {
@@ -621,7 +623,10 @@ impl Server {
     /// Opens `handle` of `ino` for `session` unless it is open already (a retry, or an
     /// open that took effect when it arrived).
     fn open_handle(&mut self, session: SessionId, ino: u64, handle: u64) -> Result<s::Inode, s::Error> {
-        let fresh = self.sessions.get_mut(&session).is_some_and(|s| s.open.entry(ino).or_default().insert(handle));
+        let fresh = self.sessions.get_mut(&session).is_some_and(|s| {
+            let handles = s.open.entry(ino).or_default();
+            !handles.contains_key(&handle) && handles.insert(handle, 0).is_none()
+        });
         if !fresh {
             return self.store.getattr(ino);
         }
@@ -632,6 +637,14 @@ impl Server {
             }
         }
         r
+    }
+
+    /// `handle` of `ino`, open for `session`, may do `access` (its `Open`, checked, ran).
+    fn grant_open(&mut self, session: SessionId, ino: u64, handle: u64, access: u32) {
+        let handles = self.sessions.get_mut(&session).and_then(|s| s.open.get_mut(&ino));
+        if let Some(granted) = handles.and_then(|h| h.get_mut(&handle)) {
+            *granted |= access;
+        }
     }
 
     /// `session` dropped what recall `recall_id` named (and, for exclusive rights, sent
@@ -664,7 +677,24 @@ impl Server {
     /// True when `session` holds `handle` of `ino` open (an `Open` of a parked request
     /// takes effect as it arrives).
     pub fn holds_open(&self, session: SessionId, ino: u64, handle: u64) -> bool {
-        self.sessions.get(&session).is_some_and(|s| s.open.get(&ino).is_some_and(|h| h.contains(&handle)))
+        self.sessions.get(&session).is_some_and(|s| s.open.get(&ino).is_some_and(|h| h.contains_key(&handle)))
+    }
+
+    /// The access `session`'s open handles of the inode `op` reads or writes grant it
+    /// (`p::OPEN_*`, together): what it may do through them whoever asks.
+    fn open_access(&self, session: SessionId, op: &Op) -> u32 {
+        let ino = match *op {
+            Op::Read { ino, .. }
+            | Op::Write { ino, .. }
+            | Op::WriteBack { ino, .. }
+            | Op::Append { ino, .. }
+            | Op::Fallocate { ino, .. }
+            | Op::SetLock { ino, .. }
+            | Op::SetAttr { ino, .. } => ino,
+            _ => return 0,
+        };
+        let handles = self.sessions.get(&session).and_then(|s| s.open.get(&ino));
+        handles.map_or(0, |h| h.values().fold(0, |all, access| all | access))
     }
 
     /// True during the grace period after a restart (restored sessions still replaying).
@@ -849,9 +879,25 @@ impl Server {
             let relocking = who.replaying && matches!(op, Op::SetLock { .. });
             let client_time = who.client_time.map(|_| now);
             if !relocking {
-                if let Err(e) =
-                    authz::check(&mut self.store, &who.policy, &who.caller, &mut op, who.server_now, client_time)
-                {
+                let opened = self.open_access(session, &op);
+                let checked = authz::check(
+                    &mut self.store,
+                    &who.policy,
+                    &who.caller,
+                    &mut op,
+                    authz::When { now: who.server_now, client_time, opened },
+                );
+                let checked = match (checked, &mut op) {
+                    // A restart's re-opens name no caller: a handle the check refuses is
+                    // held open all the same (an unlinked file must outlive the restart),
+                    // for nothing but what its callers may do themselves.
+                    (Err(e), Op::Open { access, .. }) if who.replaying && e.errno == 13 => {
+                        *access = 0;
+                        Ok(())
+                    }
+                    (r, _) => r,
+                };
+                if let Err(e) = checked {
                     results.push(room.place(Err(e)));
                     continue;
                 }

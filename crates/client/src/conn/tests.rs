@@ -109,7 +109,13 @@ fn merged(subs: Vec<(Vec<p::Op>, i64)>) -> (Vec<p::Op>, Vec<(u64, Results)>, usi
 fn a_mkdir_and_its_rmdir_in_one_batch_never_reach_the_server() {
     let (ops, got, n) = merged(vec![
         (vec![create_at(100, 1, "d", p::FileType::Directory)], 5),
-        (vec![create_at(101, 100, "f", p::FileType::Regular), p::Op::Open { ino: 101, handle: 1 }], 5),
+        (
+            vec![
+                create_at(101, 100, "f", p::FileType::Regular),
+                p::Op::Open { ino: 101, handle: 1, access: p::OPEN_READ | p::OPEN_WRITE },
+            ],
+            5,
+        ),
         (vec![p::Op::Write { ino: 101, offset: 0, data: vec![1; 10] }], 6),
         (vec![p::Op::Release { ino: 101, handle: 1 }], 6),
         (vec![unlink(100, "f")], 7),
@@ -164,7 +170,13 @@ fn contiguous_writes_of_one_inode_join_and_run_at_the_last_clock() {
 fn a_pair_is_kept_when_anything_could_still_tell() {
     // An open with no release: a descriptor may still reach the unlinked file.
     let (ops, ..) = merged(vec![
-        (vec![create_at(100, 1, "f", p::FileType::Regular), p::Op::Open { ino: 100, handle: 1 }], 5),
+        (
+            vec![
+                create_at(100, 1, "f", p::FileType::Regular),
+                p::Op::Open { ino: 100, handle: 1, access: p::OPEN_READ | p::OPEN_WRITE },
+            ],
+            5,
+        ),
         (vec![unlink(1, "f")], 5),
     ]);
     assert!(ops.contains(&unlink(1, "f")));
@@ -209,7 +221,7 @@ fn merged_requests_stay_within_their_limits() {
 
 #[test]
 fn opens_and_reads_outlive_a_fenced_session_and_changes_do_not() {
-    let open = p::Op::Open { ino: 5, handle: 9 };
+    let open = p::Op::Open { ino: 5, handle: 9, access: p::OPEN_READ | p::OPEN_WRITE };
     let read = p::Op::Read { ino: 5, offset: 0, len: 10 };
     assert!(survives_fencing(&writeback(1, vec![open.clone()], 1)), "an open sent behind its answer");
     assert!(survives_fencing(&writeback(2, vec![p::Op::Release { ino: 5, handle: 9 }], 1)));
@@ -400,7 +412,7 @@ fn a_handle_on_a_file_a_lost_change_made_is_opened_again_right_after_its_replay(
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
     let attr = create_file_9(&mut h);
-    h.call(2, vec![p::Op::Open { ino: 9, handle: 4 }]);
+    h.call(2, vec![p::Op::Open { ino: 9, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE }]);
     h.sent();
     h.hear(ServerMessage::Response(p::Response {
         id: 2,
@@ -441,7 +453,7 @@ fn an_open_sent_behind_goes_again_before_the_changes_made_after_it() {
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
     let now = h.now;
-    h.c.submit(writeback(1, vec![p::Op::Open { ino: 7, handle: 3 }], 1), now);
+    h.c.submit(writeback(1, vec![p::Op::Open { ino: 7, handle: 3, access: p::OPEN_READ | p::OPEN_WRITE }], 1), now);
     h.c.end_burst();
     h.call(2, vec![unlink(1, "x")]);
     h.sent();
@@ -457,7 +469,7 @@ fn an_open_unanswered_at_a_restart_goes_again_after_replayed() {
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
     h.call(1, vec![attr_op(1)]);
-    h.call(2, vec![p::Op::Open { ino: 7, handle: 3 }]);
+    h.call(2, vec![p::Op::Open { ino: 7, handle: 3, access: p::OPEN_READ | p::OPEN_WRITE }]);
     h.sent();
     h.c.connection_lost("test");
     let again = h.connect(welcome(true, Some(0), false));
@@ -666,7 +678,7 @@ fn a_handle_released_after_a_lost_change_opens_again_for_its_replay() {
     let run = |durable_at_release: u64, written: u64| {
         let mut h = Harness::new();
         h.connect(welcome(false, None, false));
-        h.call(1, vec![p::Op::Open { ino: 7, handle: 4 }]);
+        h.call(1, vec![p::Op::Open { ino: 7, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE }]);
         h.sent();
         h.hear(response(1, 1, 0, 0));
         h.call(2, vec![change(written)]);
@@ -693,7 +705,7 @@ fn a_handle_released_on_a_file_a_lost_change_made_opens_again_after_its_replay()
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
     create_file_9(&mut h);
-    h.call(2, vec![p::Op::Open { ino: 9, handle: 4 }]);
+    h.call(2, vec![p::Op::Open { ino: 9, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE }]);
     h.sent();
     h.hear(response(2, 1, 0, 0));
     h.call(3, vec![change(9)]);
@@ -729,7 +741,7 @@ fn a_handle_whose_release_is_unanswered_at_a_restart_opens_again_for_its_writeba
     // writeback and the release go, before `Replayed`.
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
-    h.call(1, vec![p::Op::Open { ino: 7, handle: 4 }]);
+    h.call(1, vec![p::Op::Open { ino: 7, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE }]);
     h.sent();
     h.hear(response(1, 1, 0, 0));
     h.c.connection_lost("test");
@@ -792,7 +804,7 @@ fn handles_order(msgs: &[ClientMessage], release_id: Option<u64>) -> Vec<String>
     msgs.iter()
         .map(|m| match m {
             ClientMessage::Request(r) => match r.ops.as_slice() {
-                [p::Op::Open { ino, handle }] => format!("open {ino}#{handle}"),
+                [p::Op::Open { ino, handle, .. }] => format!("open {ino}#{handle}"),
                 [p::Op::Release { ino, handle }] if Some(r.id) == release_id => format!("the release {ino}#{handle}"),
                 [p::Op::Release { ino, handle }] => format!("release {ino}#{handle}"),
                 _ => format!("{}", r.id),
@@ -843,7 +855,7 @@ fn a_handle_opened_again_for_replays_opens_again_at_a_second_restart() {
 fn opened_7_and_changed() -> Harness {
     let mut h = Harness::new();
     h.connect(welcome(false, None, false));
-    h.call(1, vec![p::Op::Open { ino: 7, handle: 4 }]);
+    h.call(1, vec![p::Op::Open { ino: 7, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE }]);
     h.sent();
     h.hear(response(1, 1, 0, 0));
     h.call(2, vec![change(7)]);

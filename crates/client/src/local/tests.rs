@@ -107,13 +107,14 @@ fn a_directory_made_here_follows_the_set_group_id_rule_and_is_held_empty() {
     let dir = attr(2, p::FileType::Directory, 0o2775);
     let mut c = acquired(&dir, &[], now);
     let mut n = node(2, b"sub", p::FileType::Directory, 0o777, 60);
-    n.open = Some(9);
+    n.open = Some((9, p::OPEN_READ | p::OPEN_WRITE));
     let (a, wb) = c.create_here(&n, clock(now, 300)).expect("held");
     // Group of the parent, set-group-ID kept on a directory; umask 022 applied.
     assert_eq!((a.gid, a.mode, a.nlink, a.size_bytes), (20, 0o2755, 2, p::DIR_SIZE_BYTES));
     assert_eq!(c.attr(2, now).map(|d| d.nlink), Some(3), "the parent gains the new '..'");
     assert!(c.known_empty(60));
-    assert!(matches!(&wb.ops[..], [Op::CreateAt { .. }, Op::Open { ino: 60, handle: 9 }]));
+    let rw = p::OPEN_READ | p::OPEN_WRITE;
+    assert!(matches!(&wb.ops[..], [Op::CreateAt { .. }, Op::Open { ino: 60, handle: 9, access }] if *access == rw));
     // Near the link limit the server's EMLINK must reach the caller.
     let mut full = attr(3, p::FileType::Directory, 0o755);
     full.nlink = LINK_MAX_MARGIN;

@@ -92,7 +92,7 @@ impl CrestFs {
         mode: u32,
         rdev: u64,
         target: Option<&[u8]>,
-        open: Option<FileHandle>,
+        open: Option<(FileHandle, u32)>,
     ) -> Option<p::Attr> {
         if !lock(&self.names).may_create_here(parent, name) {
             return None;
@@ -100,7 +100,18 @@ impl CrestFs {
         let ino = self.next_ino()?;
         let permit = self.client.async_permit(name.len() + target.map_or(0, <[u8]>::len));
         let generation = crest_rng::next_u64();
-        let node = NewNode { cred, parent, name, kind, mode, rdev, target, open: open.map(|h| h.0), ino, generation };
+        let node = NewNode {
+            cred,
+            parent,
+            name,
+            kind,
+            mode,
+            rdev,
+            target,
+            open: open.map(|(h, access)| (h.0, access)),
+            ino,
+            generation,
+        };
         let clock = Self::clock();
         let mut c = lock(&self.names);
         let (attr, wb) = c.create_here(&node, clock)?;
@@ -170,14 +181,14 @@ impl CrestFs {
 
     /// Opens a regular file whose attributes are held without waiting
     /// (`NameCache::open_here`). Returns keep-cache, or `None` to open synchronously.
-    pub(super) fn open_locally(&self, ino: u64, fh: FileHandle, writable: bool) -> Option<bool> {
+    pub(super) fn open_locally(&self, ino: u64, fh: FileHandle, access: u32) -> Option<bool> {
         let permit = self.client.async_permit(0);
         let clock = Self::clock();
         let mut c = lock(&self.names);
-        let (a, wb) = c.open_here(ino, fh.0, clock.at)?;
+        let (a, wb) = c.open_here(ino, fh.0, access, clock.at)?;
         self.send_writeback(permit, wb, clock.time);
         drop(c);
-        if writable {
+        if access & p::OPEN_WRITE != 0 {
             // Not held for a batch: the server sends the flush recall that protects this
             // descriptor's shared mapping (dirtied as soon as open returns) only to the
             // sessions it knows hold the file open.

@@ -101,7 +101,8 @@ impl Checker<'_> {
                 set.mode = Some(mode);
             }
         }
-        if set.size_bytes.is_some() && !owner {
+        // (ftruncate through a descriptor open for writing needs no permission.)
+        if set.size_bytes.is_some() && !owner && self.opened & acl::MAY_WRITE == 0 {
             self.need_on(&inode, acl::MAY_WRITE)?;
         }
         self.times(&inode, set, effective_now(now, client_time))?;

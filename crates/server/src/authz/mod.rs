@@ -118,18 +118,30 @@ impl Policy {
     }
 }
 
+/// When and through what an operation runs, beside who asks.
+#[derive(Clone, Copy, Debug)]
+pub struct When {
+    /// The server's clock.
+    pub now: p::Time,
+    /// The time the request runs at if the client gave one (`Request::time`, `Op::At`).
+    pub client_time: Option<p::Time>,
+    /// The access (`p::OPEN_*`) the session's open handles of the inode the operation
+    /// reads or writes were granted: the kernel checks a file's permissions when it opens
+    /// it, and whoever holds the descriptor then reads or writes through it (a process
+    /// that changed its user, one a descriptor was passed to, the kernel's writeback).
+    pub opened: u32,
+}
+
 /// Checks that `caller` (already mapped by `policy.map`) may run `op`, and adjusts `op`
-/// where POSIX adjusts rather than refuses (see the module's doc). `now` is the server's
-/// clock; `client_time` the time the request runs at if the client gave one
-/// (`Request::time`, `Op::At`).
+/// where POSIX adjusts rather than refuses (see the module's doc).
 pub fn check(
     store: &mut s::Store,
     policy: &Policy,
     caller: &p::Caller,
     op: &mut Op,
-    now: p::Time,
-    client_time: Option<p::Time>,
+    when: When,
 ) -> Result<(), p::OpError> {
+    let When { now, client_time, opened } = when;
     if policy.read_only && changes(op) {
         return Err(refuse(30, format!("{}: the export is read-only for this host", op.name())));
     }
@@ -144,13 +156,12 @@ pub fn check(
         }
         return Ok(());
     }
-    let mut c = Checker { store, policy, caller };
+    let mut c = Checker { store, policy, caller, opened };
     match op {
         Op::GetAttr { .. }
         | Op::ReadLink { .. }
         | Op::StatFs
         | Op::Fsync { .. }
-        | Op::Open { .. }
         | Op::Release { .. }
         | Op::At { .. }
         | Op::Reassert { .. }
@@ -160,13 +171,20 @@ pub fn check(
         Op::Lookup { name, .. } if name == b"." || name == b".." => Ok(()),
         Op::Lookup { parent, .. } => c.need(*parent, acl::MAY_EXEC),
         Op::ReadDir { ino, .. } | Op::Acquire { ino } => c.need(*ino, acl::MAY_READ),
-        Op::Read { ino, .. } => c.need_or_owner(*ino, acl::MAY_READ),
+        Op::Open { ino, access, .. } => c.open(*ino, *access),
+        // Execute permission lets the kernel read a file it runs.
+        Op::Read { ino, .. } => c.through_open(*ino, acl::MAY_READ | acl::MAY_EXEC, acl::MAY_READ),
         Op::Write { ino, .. } | Op::WriteBack { ino, .. } | Op::Append { ino, .. } | Op::Fallocate { ino, .. } => {
-            c.need_or_owner(*ino, acl::MAY_WRITE)
+            c.through_open(*ino, acl::MAY_WRITE, acl::MAY_WRITE)
+        }
+        // flock takes either kind through any descriptor; fcntl a read lock through one
+        // open for reading, a write lock through one open for writing.
+        Op::SetLock { ino, flock: true, kind: p::LockKind::Read | p::LockKind::Write, .. } => {
+            c.through_open(*ino, p::OPEN_READ | p::OPEN_WRITE | p::OPEN_EXEC, acl::MAY_READ)
         }
         Op::SetLock { ino, kind, .. } => match kind {
-            p::LockKind::Read => c.need_or_owner(*ino, acl::MAY_READ),
-            p::LockKind::Write => c.need_or_owner(*ino, acl::MAY_WRITE),
+            p::LockKind::Read => c.through_open(*ino, acl::MAY_READ, acl::MAY_READ),
+            p::LockKind::Write => c.through_open(*ino, acl::MAY_WRITE, acl::MAY_WRITE),
             p::LockKind::Unlock => Ok(()),
         },
         Op::GetLock { ino, .. } => {
@@ -215,15 +233,17 @@ pub fn bound_time(client: p::Time, now: p::Time, replaying: bool) -> p::Time {
 /// of the name too; a caller who may not read the directory should get none of them.
 pub fn may_list(store: &mut s::Store, caller: &p::Caller, dir: u64) -> Result<bool, p::OpError> {
     let policy = Policy::trusted();
-    let mut c = Checker { store, policy: &policy, caller };
+    let mut c = Checker { store, policy: &policy, caller, opened: 0 };
     let inode = c.inode(dir)?;
     c.may(&inode, acl::MAY_READ)
 }
 
-/// Operations that change the file system (refused under a read-only policy). Written out
-/// whole, so that a new operation needs a decision here.
+/// Operations that change the file system (refused under a read-only policy, as is an
+/// open for writing, as on a read-only mount). Written out whole, so that a new operation
+/// needs a decision here.
 fn changes(op: &Op) -> bool {
     match op {
+        Op::Open { access, .. } => access & p::OPEN_WRITE != 0,
         Op::Create { .. }
         | Op::Symlink { .. }
         | Op::Link { .. }
@@ -244,7 +264,6 @@ fn changes(op: &Op) -> bool {
         | Op::GetAttr { .. }
         | Op::ReadDir { .. }
         | Op::ReadLink { .. }
-        | Op::Open { .. }
         | Op::Release { .. }
         | Op::Read { .. }
         | Op::Fsync { .. }
@@ -273,11 +292,13 @@ fn not_permitted(ino: u64, what: &str) -> p::OpError {
     refuse(1, format!("operation not permitted: {what} of inode {ino}"))
 }
 
-/// One check's view: the store to look inodes up in, the policy, and who asks.
+/// One check's view: the store to look inodes up in, the policy, who asks, and what the
+/// session's handles of the inode may do (`When::opened`).
 struct Checker<'a> {
     store: &'a mut s::Store,
     policy: &'a Policy,
     caller: &'a p::Caller,
+    opened: u32,
 }
 
 impl Checker<'_> {
@@ -336,6 +357,29 @@ impl Checker<'_> {
         } else {
             Err(denied(inode.ino, what(want)))
         }
+    }
+
+    /// Open: the access asked (`p::OPEN_*`) as the kernel checks an open — but the owner
+    /// may open for anything (an O_CREAT of a read-only file opens it for writing; and
+    /// the owner may change the bits anyway). Asking nothing looks nothing up.
+    fn open(&mut self, ino: u64, access: u32) -> Result<(), p::OpError> {
+        let want = access & (acl::MAY_READ | acl::MAY_WRITE | acl::MAY_EXEC);
+        if access != want {
+            return Err(refuse(22, format!("open of inode {ino}: unknown access bits {access:#x}")));
+        }
+        if want == 0 {
+            return Ok(());
+        }
+        self.need_or_owner(ino, want)
+    }
+
+    /// A read or write of `ino`'s data: through a handle open for any of `opened` (the
+    /// open was checked), or as the caller may `want` (`need_or_owner`).
+    fn through_open(&mut self, ino: u64, opened: u32, want: u32) -> Result<(), p::OpError> {
+        if self.opened & opened != 0 {
+            return Ok(());
+        }
+        self.need_or_owner(ino, want)
     }
 
     /// `need`, but the owner may whatever the bits say (as knfsd lets an owner use a file

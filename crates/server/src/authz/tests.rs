@@ -36,7 +36,14 @@ pub(super) fn run(st: &mut s::Store, policy: &Policy, caller: &Caller, op: Op) -
 
 pub(super) fn run_at(st: &mut s::Store, policy: &Policy, who: &Caller, op: Op, at: Option<Time>) -> Result<Op, i32> {
     let mut op = op;
-    check(st, policy, who, &mut op, NOW, at).map(|()| op).map_err(|e| e.errno)
+    check(st, policy, who, &mut op, When { now: NOW, client_time: at, opened: 0 }).map(|()| op).map_err(|e| e.errno)
+}
+
+/// `t` by a session holding the op's inode open with `opened` (`p::OPEN_*`).
+pub(super) fn through(st: &mut s::Store, who: &Caller, opened: u32, op: Op) -> Result<Op, i32> {
+    let mut op = op;
+    let when = When { now: NOW, client_time: None, opened };
+    check(st, &Policy::trusted(), who, &mut op, when).map(|()| op).map_err(|e| e.errno)
 }
 
 /// `run` under the trusted policy: permission bits alone decide.
@@ -129,8 +136,12 @@ fn names_need_search_and_listings_read() {
         let op = Op::Lookup { parent: closed, name: name.as_bytes().to_vec() };
         assert!(t(&mut st, &stranger, op).is_ok(), "{name} tells no more than GetAttr");
     }
-    for op in [Op::GetAttr { ino: closed }, Op::StatFs, Op::Fsync { ino: closed }, Op::Open { ino: closed, handle: 1 }]
-    {
+    for op in [
+        Op::GetAttr { ino: closed },
+        Op::StatFs,
+        Op::Fsync { ino: closed },
+        Op::Open { ino: closed, handle: 1, access: 0 },
+    ] {
         assert!(t(&mut st, &stranger, op).is_ok());
     }
 }

@@ -352,13 +352,15 @@ impl Server {
                 }
                 Ok(Reply::Attr(attr_out(&inode)))
             }
-            Op::Open { ino, handle } => {
+            Op::Open { ino, handle, access } => {
                 if self.opened_on_arrival.remove(&(session, ino, handle)) {
                     // It took effect as it arrived (`handle`): a release since then must
                     // not be undone. The answer is the file as it is now.
+                    self.grant_open(session, ino, handle, access);
                     return Ok(Reply::Attr(attr_out(&self.store.getattr(ino)?)));
                 }
                 let inode = self.open_handle(session, ino, handle)?;
+                self.grant_open(session, ino, handle, access);
                 if inode.nlink == 0 {
                     // Recorded once the request is done (a record commits: not inside a unit).
                     self.opened_orphans.push(ino);
@@ -368,7 +370,7 @@ impl Server {
             Op::Release { ino, handle } => {
                 let held = self.sessions.get_mut(&session).is_some_and(|s| {
                     let Some(handles) = s.open.get_mut(&ino) else { return false };
-                    let held = handles.remove(&handle);
+                    let held = handles.remove(&handle).is_some();
                     if handles.is_empty() {
                         s.open.remove(&ino);
                     }

@@ -403,8 +403,8 @@ impl Client {
             Op::RemoveXattr { ino, name } => (self.names().xattr_here(*ino, name, None, 0, clock)?.ok()?, Reply::Done),
             // (As the adapter's `open`: the `Open` follows the answer, ahead of the file's
             // reads and writes.)
-            Op::Open { ino, handle } => {
-                let (a, wb) = self.names().open_here(*ino, *handle, at)?;
+            Op::Open { ino, handle, access } => {
+                let (a, wb) = self.names().open_here(*ino, *handle, *access, at)?;
                 self.opens.insert(*handle, *ino);
                 (wb, Reply::Attr(a))
             }
@@ -503,7 +503,7 @@ impl Client {
                     self.pages.insert(*ino, Pages { data: d.clone(), expires });
                 }
                 (Op::Create { parent, name, .. }, Reply::Entry(a)) => c.created_by_reply(*parent, name, a, sent, at),
-                (Op::Open { ino, handle }, Reply::Attr(a)) => {
+                (Op::Open { ino, handle, .. }, Reply::Attr(a)) => {
                     c.attr_changed_since(a, stamp);
                     self.opens.insert(*handle, *ino);
                 }

@@ -261,7 +261,7 @@ pub(crate) fn ops_brief(ops: &[Op]) -> String {
             }
             Op::AllocInodes { count } => format!("alloc {count}"),
             Op::Acquire { ino } => format!("acquire {ino}"),
-            Op::Open { ino, handle } => format!("open {ino} #{handle}"),
+            Op::Open { ino, handle, .. } => format!("open {ino} #{handle}"),
             Op::Release { ino, handle } => format!("release {ino} #{handle}"),
             Op::SetXattr { ino, name: n, value, flags } => {
                 format!("setxattr {ino} {} {}B flags {flags}", name(n), value.len())

@@ -447,7 +447,7 @@ impl Model {
     /// `apply` of an open, a lock or unlock (`SetLock`) or a release.
     fn apply_open_or_lock(&mut self, session: SessionId, op: &Op) -> Res {
         match op {
-            Op::Open { ino, handle } => {
+            Op::Open { ino, handle, .. } => {
                 self.side += 1;
                 if self.early.remove(&(session, *ino, *handle)) {
                     return self.attr(*ino).map(Out::Attr).ok_or(ENOENT);

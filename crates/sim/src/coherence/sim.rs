@@ -697,7 +697,7 @@ impl Sim {
                     .ops
                     .iter()
                     .filter_map(|op| match op {
-                        Op::Open { ino, handle } => Some((*ino, *handle)),
+                        Op::Open { ino, handle, .. } => Some((*ino, *handle)),
                         _ => None,
                     })
                     .collect();

@@ -139,7 +139,7 @@ impl Sim {
             0..=5 => match pool.file_to_open(r) {
                 Some(ino) if handles.len() < 4 => {
                     self.clients[c].next_handle += 1;
-                    Op::Open { ino, handle: next_handle }
+                    Op::Open { ino, handle: next_handle, access: p::OPEN_READ | p::OPEN_WRITE }
                 }
                 _ => Op::Lookup { parent: pool.dir(r), name: name(r) },
             },
@@ -223,7 +223,7 @@ impl Sim {
                 None => match pool.file_to_open(r) {
                     Some(ino) if cl.opens.len() < 4 => {
                         self.clients[c].next_handle += 1;
-                        Op::Open { ino, handle: self.clients[c].next_handle - 1 }
+                        Op::Open { ino, handle: self.clients[c].next_handle - 1, access: p::OPEN_READ | p::OPEN_WRITE }
                     }
                     _ => Op::Lookup { parent: pool.dir(r), name: name(r) },
                 },

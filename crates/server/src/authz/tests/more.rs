@@ -126,7 +126,7 @@ fn a_read_only_export_refuses_every_change() {
         Op::StatFs,
         Op::GetXattr { ino: f, name: b"user.x".to_vec() },
         Op::ListXattr { ino: f },
-        Op::Open { ino: f, handle: 1 },
+        Op::Open { ino: f, handle: 1, access: p::OPEN_READ },
         Op::Release { ino: f, handle: 1 },
         Op::Fsync { ino: f },
         Op::Acquire { ino: d },
@@ -135,6 +135,10 @@ fn a_read_only_export_refuses_every_change() {
     ];
     for op in reads {
         assert!(run(&mut st, &ro, &user(1000), op.clone()).is_ok(), "{op:?} on a read-only export");
+    }
+    for access in [p::OPEN_WRITE, p::OPEN_READ | p::OPEN_WRITE] {
+        let open = Op::Open { ino: f, handle: 2, access };
+        assert_eq!(run(&mut st, &ro, &user(1000), open), Err(30), "an open for writing, as on a read-only mount");
     }
 }
 
@@ -299,4 +303,60 @@ fn random_files_and_callers_against_the_classic_rules() {
             assert_eq!(set.mode.map(|m| m & 0o6000), Some(0), "no setuid for a joined host: {ctx}");
         }
     }
+}
+
+fn open(ino: u64, access: u32) -> Op {
+    Op::Open { ino, handle: 1, access }
+}
+
+#[test]
+fn an_open_is_checked_as_the_kernel_checks_it() {
+    let mut st = store();
+    let f = mk(&mut st, ROOT_INO, "f", FileType::Regular, 0o640, 1000, 1000);
+    let (owner, member, stranger) = (user(1000), Caller { uid: 1002, gid: 7, groups: vec![1000] }, user(1001));
+    let (r, w, x) = (p::OPEN_READ, p::OPEN_WRITE, p::OPEN_EXEC);
+    assert_eq!(t(&mut st, &stranger, open(f, r)), Err(13));
+    assert_eq!(t(&mut st, &stranger, open(f, w)), Err(13));
+    assert!(t(&mut st, &stranger, open(f, 0)).is_ok(), "an open that asks nothing (a directory's)");
+    assert!(t(&mut st, &member, open(f, r)).is_ok());
+    assert_eq!(t(&mut st, &member, open(f, r | w)), Err(13));
+    assert!(t(&mut st, &owner, open(f, r | w)).is_ok());
+    let ro = mk(&mut st, ROOT_INO, "ro", FileType::Regular, 0o444, 1000, 1000);
+    assert!(t(&mut st, &owner, open(ro, w)).is_ok(), "O_CREAT of a read-only file opens it for writing");
+    let tool = mk(&mut st, ROOT_INO, "tool", FileType::Regular, 0o711, 0, 0);
+    assert!(t(&mut st, &stranger, open(tool, x)).is_ok(), "execute permission runs it");
+    assert_eq!(t(&mut st, &stranger, open(tool, r)), Err(13), "but does not read it");
+    assert_eq!(t(&mut st, &stranger, open(f, 8)), Err(22), "unknown access bits");
+    assert_eq!(t(&mut st, &Caller::ROOT, open(f, 8 | r)), Ok(open(f, 8 | r)), "root: nothing is looked at");
+}
+
+#[test]
+fn a_descriptor_reads_and_writes_for_whoever_uses_it() {
+    let mut st = store();
+    // Root's file, setgid, that nobody may read or write by its bits.
+    let f = mk(&mut st, ROOT_INO, "f", FileType::Regular, 0o2600, 0, 1003);
+    let nobody = user(NOBODY);
+    let (r, w, x) = (p::OPEN_READ, p::OPEN_WRITE, p::OPEN_EXEC);
+    let write = || write(f);
+    let fallocate = || Op::Fallocate { ino: f, offset: 0, len: 10, flags: 0 };
+    let truncate = || setattr(f, SetAttr { size_bytes: Some(3), ..Default::default() });
+    let lock = |kind, flock| Op::SetLock { ino: f, owner: 1, start: 0, end: 1, kind, flock, pid: 1 };
+    for op in
+        [read(f), write(), fallocate(), truncate(), lock(p::LockKind::Read, false), lock(p::LockKind::Write, true)]
+    {
+        assert_eq!(through(&mut st, &nobody, 0, op.clone()), Err(13), "{op:?} with no descriptor");
+    }
+    for op in [write(), fallocate(), truncate(), lock(p::LockKind::Write, false), lock(p::LockKind::Read, true)] {
+        assert!(through(&mut st, &nobody, w, op.clone()).is_ok(), "{op:?} through a descriptor open for writing");
+    }
+    assert_eq!(through(&mut st, &nobody, w, read(f)), Err(13), "a descriptor open for writing does not read");
+    assert_eq!(through(&mut st, &nobody, w, lock(p::LockKind::Read, false)), Err(13), "nor takes fcntl read locks");
+    for opened in [r, x] {
+        assert!(through(&mut st, &nobody, opened, read(f)).is_ok());
+        assert_eq!(through(&mut st, &nobody, opened, write()), Err(13), "a descriptor open for reading does not write");
+        assert_eq!(through(&mut st, &nobody, opened, truncate()), Err(13));
+    }
+    // The kill-priv the kernel asks on nobody's behalf after the write.
+    let kill = setattr(f, SetAttr { mode: Some(0o600), ..Default::default() });
+    assert!(through(&mut st, &nobody, w, kill).is_ok());
 }

@@ -203,3 +203,46 @@ fn a_session_creates_only_at_inode_numbers_granted_to_it_and_each_once() {
         assert_eq!(errno_of(&r), None, "the rest of the grant, around the used one: {r:?}");
     }
 }
+
+/// A request of `ops` on behalf of `caller`.
+fn req_as(id: u64, caller: &p::Caller, ops: Vec<Op>) -> p::Request {
+    p::Request { id, ops, time: None, caller: caller.clone() }
+}
+
+#[test]
+fn a_handle_lets_its_session_do_what_its_checked_open_asked_and_no_more() {
+    let mut srv = roomy_server();
+    let (sid, _) = srv.handle_hello(&hello(None));
+    let sid = sid.expect("session");
+    let op = Op::Create {
+        parent: 1,
+        name: b"f".to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o600,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    let r = srv.handle_request(sid, req(1, vec![op]), NOW);
+    let Ok(Reply::Entry(a)) = &r.results[0] else { panic!("{r:?}") };
+    let f = a.ino;
+    let nobody = p::Caller { uid: 65534, gid: 65534, groups: Vec::new() };
+    let mut id = 1;
+    let mut run = |srv: &mut Server, caller: &p::Caller, op: Op| {
+        id += 1;
+        srv.handle_request(sid, req_as(id, caller, vec![op]), NOW).results[0].clone().map_err(|e| e.errno)
+    };
+    let write = || Op::Write { ino: f, offset: 0, data: b"x".to_vec() };
+    let read = || Op::Read { ino: f, offset: 0, len: 1 };
+    let open = |handle, access| Op::Open { ino: f, handle, access };
+    assert_eq!(run(&mut srv, &nobody, write()).err(), Some(13), "root's 0600 file");
+    // A hostile peer's open for nobody is refused, and grants nothing.
+    assert_eq!(run(&mut srv, &nobody, open(7, p::OPEN_WRITE)).err(), Some(13));
+    assert_eq!(run(&mut srv, &nobody, write()).err(), Some(13));
+    // Root opens it for writing; whoever the session says asks next may write through it
+    // (a descriptor passed on, a process that dropped its privileges).
+    assert!(run(&mut srv, &p::Caller::ROOT, open(1, p::OPEN_WRITE)).is_ok());
+    assert!(run(&mut srv, &nobody, write()).is_ok());
+    assert_eq!(run(&mut srv, &nobody, read()).err(), Some(13), "a handle open for writing does not read");
+    assert!(run(&mut srv, &p::Caller::ROOT, Op::Release { ino: f, handle: 1 }).is_ok());
+    assert_eq!(run(&mut srv, &nobody, write()).err(), Some(13), "released: nothing is open");
+}

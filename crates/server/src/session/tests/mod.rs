@@ -251,7 +251,13 @@ fn a_file_unlinked_while_open_outlives_a_restart_for_a_client_that_opens_it_agai
         };
         // b opens x, changes nothing (so far it has no record); a unlinks x: b's open
         // gives it a record; a's fsync makes it all durable.
-        assert!(run_answering_recalls(&mut srv, b, 1, vec![Op::Open { ino: x.ino, handle: 4 }]).is_ok());
+        assert!(run_answering_recalls(
+            &mut srv,
+            b,
+            1,
+            vec![Op::Open { ino: x.ino, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE }]
+        )
+        .is_ok());
         let unlink = vec![Op::Unlink { parent: 1, name: b"x".to_vec() }, Op::Fsync { ino: 1 }];
         assert!(run_answering_recalls(&mut srv, a, 2, unlink).is_ok());
         drop(srv.into_store().abandon());
@@ -259,7 +265,11 @@ fn a_file_unlinked_while_open_outlives_a_restart_for_a_client_that_opens_it_agai
         let (b2, msg) = srv.handle_hello(&hello(Some(wb.session)));
         assert_eq!(b2, Some(b), "b's session is restored: {msg:?}");
         if reopens {
-            let r = srv.handle_request(b, req(2, vec![Op::Open { ino: x.ino, handle: 4 }]), NOW);
+            let r = srv.handle_request(
+                b,
+                req(2, vec![Op::Open { ino: x.ino, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE }]),
+                NOW,
+            );
             assert!(matches!(&r.results[0], Ok(Reply::Attr(o)) if o.nlink == 0), "{r:?}");
         }
         srv.replayed(b, NOW);
@@ -288,9 +298,13 @@ fn a_file_a_change_orphans_during_the_grace_period_waits_for_the_restored_sessio
         panic!("create")
     };
     assert!(run_answering_recalls(&mut srv, a, 1, create_in_root(1, "y").ops).is_ok());
-    assert!(
-        run_answering_recalls(&mut srv, a, 2, vec![Op::Open { ino: x.ino, handle: 1 }, Op::Fsync { ino: 1 }]).is_ok()
-    );
+    assert!(run_answering_recalls(
+        &mut srv,
+        a,
+        2,
+        vec![Op::Open { ino: x.ino, handle: 1, access: p::OPEN_READ | p::OPEN_WRITE }, Op::Fsync { ino: 1 }]
+    )
+    .is_ok());
     drop(srv.into_store().abandon());
     let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("reopen"));
     assert_eq!(srv.handle_hello(&hello(Some(tb))).0, Some(b));
@@ -298,7 +312,11 @@ fn a_file_a_change_orphans_during_the_grace_period_waits_for_the_restored_sessio
     srv.replayed(b, NOW);
     assert!(srv.is_pinned(x.ino), "held for the grace period");
     assert_eq!(srv.handle_hello(&hello(Some(ta))).0, Some(a));
-    let r = srv.handle_request(a, req(3, vec![Op::Open { ino: x.ino, handle: 1 }]), NOW);
+    let r = srv.handle_request(
+        a,
+        req(3, vec![Op::Open { ino: x.ino, handle: 1, access: p::OPEN_READ | p::OPEN_WRITE }]),
+        NOW,
+    );
     assert!(matches!(&r.results[0], Ok(Reply::Attr(o)) if o.nlink == 0), "a opens x again: {r:?}");
     srv.replayed(a, NOW);
     let _ = srv.take_outgoing();
@@ -345,20 +363,40 @@ fn a_release_during_the_grace_period_leaves_an_orphan_another_restored_session_h
     let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, c, 1, create_in_root(1, "x").ops) else {
         panic!("create")
     };
-    assert!(run_answering_recalls(&mut srv, a, 1, vec![Op::Open { ino: x.ino, handle: 1 }]).is_ok());
-    assert!(run_answering_recalls(&mut srv, b, 1, vec![Op::Open { ino: x.ino, handle: 2 }]).is_ok());
+    assert!(run_answering_recalls(
+        &mut srv,
+        a,
+        1,
+        vec![Op::Open { ino: x.ino, handle: 1, access: p::OPEN_READ | p::OPEN_WRITE }]
+    )
+    .is_ok());
+    assert!(run_answering_recalls(
+        &mut srv,
+        b,
+        1,
+        vec![Op::Open { ino: x.ino, handle: 2, access: p::OPEN_READ | p::OPEN_WRITE }]
+    )
+    .is_ok());
     let unlink = vec![Op::Unlink { parent: 1, name: b"x".to_vec() }, Op::Fsync { ino: 1 }];
     assert!(run_answering_recalls(&mut srv, c, 2, unlink).is_ok());
     drop(srv.into_store().abandon());
     let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("reopen"));
     assert_eq!(srv.handle_hello(&hello(Some(tb))).0, Some(b));
-    let r = srv.handle_request(b, req(2, vec![Op::Open { ino: x.ino, handle: 2 }]), NOW);
+    let r = srv.handle_request(
+        b,
+        req(2, vec![Op::Open { ino: x.ino, handle: 2, access: p::OPEN_READ | p::OPEN_WRITE }]),
+        NOW,
+    );
     assert!(r.results[0].is_ok(), "{r:?}");
     srv.replayed(b, NOW);
     let r = srv.handle_request(b, req(3, vec![Op::Release { ino: x.ino, handle: 2 }]), NOW);
     assert!(r.results[0].is_ok(), "{r:?}");
     assert_eq!(srv.handle_hello(&hello(Some(ta))).0, Some(a));
-    let r = srv.handle_request(a, req(2, vec![Op::Open { ino: x.ino, handle: 1 }]), NOW);
+    let r = srv.handle_request(
+        a,
+        req(2, vec![Op::Open { ino: x.ino, handle: 1, access: p::OPEN_READ | p::OPEN_WRITE }]),
+        NOW,
+    );
     assert!(matches!(&r.results[0], Ok(Reply::Attr(o)) if o.nlink == 0), "a opens x again: {r:?}");
     srv.replayed(a, NOW);
     let _ = srv.take_outgoing();
@@ -383,7 +421,13 @@ fn an_open_that_waits_for_the_grace_period_holds_the_orphan_it_opens() {
     let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, c, 1, create_in_root(1, "x").ops) else {
         panic!("create")
     };
-    assert!(run_answering_recalls(&mut srv, a, 1, vec![Op::Open { ino: x.ino, handle: 1 }]).is_ok());
+    assert!(run_answering_recalls(
+        &mut srv,
+        a,
+        1,
+        vec![Op::Open { ino: x.ino, handle: 1, access: p::OPEN_READ | p::OPEN_WRITE }]
+    )
+    .is_ok());
     assert!(run_answering_recalls(&mut srv, b, 1, create_in_root(1, "y").ops).is_ok());
     let unlink = vec![Op::Unlink { parent: 1, name: b"x".to_vec() }, Op::Fsync { ino: 1 }];
     assert!(run_answering_recalls(&mut srv, c, 2, unlink).is_ok());
@@ -396,7 +440,7 @@ fn an_open_that_waits_for_the_grace_period_holds_the_orphan_it_opens() {
     assert_eq!(srv.handle_hello(&hello(Some(ta))).0, Some(a));
     let _ = srv.take_outgoing();
     // b's open waits: a has not replayed.
-    srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 7 }]), NOW);
+    srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 7, access: p::OPEN_READ | p::OPEN_WRITE }]), NOW);
     assert!(srv.take_outgoing().is_empty(), "new work waits for the grace period");
     // a closed its file while the server was down: it does not open it again.
     srv.replayed(a, NOW);
@@ -568,7 +612,7 @@ fn a_file_another_session_cached_outlives_its_unlink_until_that_session_answers(
         assert_eq!(*session, b);
         let recall_id = *recall_id;
         if opens {
-            srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9 }]), NOW);
+            srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9, access: p::OPEN_READ | p::OPEN_WRITE }]), NOW);
             let Ok(Reply::Attr(open)) = sole_result(&mut srv) else { panic!("b's open of the unlinked x") };
             assert_eq!(open.nlink, 0);
         }
@@ -615,7 +659,7 @@ fn a_pin_outlives_the_recall_timeout_until_the_holder_answers_or_is_fenced() {
             continue;
         }
         assert!(srv.is_pinned(x.ino));
-        srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9 }]), NOW);
+        srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9, access: p::OPEN_READ | p::OPEN_WRITE }]), NOW);
         let Ok(Reply::Attr(open)) = sole_result(&mut srv) else { panic!("b's late open of the unlinked x") };
         assert_eq!(open.nlink, 0);
         srv.recall_done(b, recall_id, NOW);
@@ -653,7 +697,7 @@ fn a_holder_whose_recall_timed_out_is_still_waited_for_by_a_later_unlinks_pin() 
         _ => None,
     });
     assert!(srv.is_pinned(x.ino), "b may have opened x without asking");
-    srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9 }]), NOW);
+    srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9, access: p::OPEN_READ | p::OPEN_WRITE }]), NOW);
     let Ok(Reply::Attr(open)) = sole_result(&mut srv) else { panic!("b's late open of the unlinked x") };
     assert_eq!(open.nlink, 0);
     srv.recall_done(b, recall_id.expect("b is told of the unlink, to answer behind its opens"), NOW);
@@ -672,7 +716,13 @@ fn a_writeback_of_a_write_answered_under_exclusive_rights_does_not_wait_for_othe
     let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
         panic!("create")
     };
-    assert!(run_answering_recalls(&mut srv, b, 1, vec![Op::Open { ino: x.ino, handle: 1 }]).is_ok());
+    assert!(run_answering_recalls(
+        &mut srv,
+        b,
+        1,
+        vec![Op::Open { ino: x.ino, handle: 1, access: p::OPEN_READ | p::OPEN_WRITE }]
+    )
+    .is_ok());
     let write = Op::Write { ino: x.ino, offset: 0, data: b"written".to_vec() };
     srv.handle(a, p::Request { id: 2, ops: vec![write], time: Some(NOW), caller: p::Caller::ROOT }, NOW);
     srv.handle(a, req(3, vec![Op::Read { ino: x.ino, offset: 0, len: 64 }]), NOW);
@@ -741,7 +791,13 @@ fn a_write_waits_for_other_openers_to_write_back_first() {
     };
     let ino = x.ino;
     assert!(run_answering_recalls(&mut srv, b, 2, vec![Op::Write { ino, offset: 0, data: vec![b'0'; 64] }]).is_ok());
-    assert!(run_answering_recalls(&mut srv, a, 1, vec![Op::Open { ino, handle: 1 }]).is_ok());
+    assert!(run_answering_recalls(
+        &mut srv,
+        a,
+        1,
+        vec![Op::Open { ino, handle: 1, access: p::OPEN_READ | p::OPEN_WRITE }]
+    )
+    .is_ok());
     // a holds x open (it may have dirtied a shared mapping): b's write waits.
     srv.handle(b, req(3, vec![Op::Write { ino, offset: 10, data: b"BB".to_vec() }]), NOW);
     let out = srv.take_outgoing();
@@ -781,7 +837,7 @@ fn an_open_parked_behind_exclusive_rights_holds_the_file_before_the_holders_unli
     };
     // a holds x exclusively (it made it): b's open waits for a's rights, yet it is
     // already an open when a's unlink, sent before a answered, runs.
-    srv.handle(b, req(1, vec![Op::Open { ino: x.ino, handle: 3 }]), NOW);
+    srv.handle(b, req(1, vec![Op::Open { ino: x.ino, handle: 3, access: p::OPEN_READ | p::OPEN_WRITE }]), NOW);
     let out = srv.take_outgoing();
     let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {
         panic!("expected a recall of a's rights: {out:?}")
@@ -918,7 +974,10 @@ fn open_and_release_are_idempotent_by_handle() {
     let Ok(Reply::Entry(f)) = sole_result(&mut srv) else { panic!("create f") };
     let ino = f.ino;
     for (id, handle) in [(2, 7), (3, 7), (4, 8)] {
-        assert!(matches!(answer(&mut srv, id, vec![Op::Open { ino, handle }]), Ok(Reply::Attr(_))));
+        assert!(matches!(
+            answer(&mut srv, id, vec![Op::Open { ino, handle, access: p::OPEN_READ | p::OPEN_WRITE }]),
+            Ok(Reply::Attr(_))
+        ));
     }
     assert!(answer(&mut srv, 5, vec![Op::Unlink { parent: 1, name: b"f".to_vec() }]).is_ok());
     for id in [6, 7] {
@@ -934,7 +993,12 @@ fn open_and_release_are_idempotent_by_handle() {
         Some(2),
         "gone with its last handle"
     );
-    assert_eq!(answer(&mut srv, 11, vec![Op::Open { ino, handle: 9 }]).err().map(|e| e.errno), Some(2));
+    assert_eq!(
+        answer(&mut srv, 11, vec![Op::Open { ino, handle: 9, access: p::OPEN_READ | p::OPEN_WRITE }])
+            .err()
+            .map(|e| e.errno),
+        Some(2)
+    );
 }
 
 #[test]

@@ -571,7 +571,17 @@ fn a_handle_released_while_its_reopen_waits_twice_is_not_opened_again() {
     assert_eq!(r.results, vec![Ok(Reply::Done)]);
     srv.replayed(a, NOW);
     let _ = srv.take_outgoing();
-    srv.handle(b, req(10, vec![Op::Open { ino: y, handle: 1 }, Op::Open { ino: x, handle: 2 }]), NOW);
+    srv.handle(
+        b,
+        req(
+            10,
+            vec![
+                Op::Open { ino: y, handle: 1, access: p::OPEN_READ | p::OPEN_WRITE },
+                Op::Open { ino: x, handle: 2, access: p::OPEN_READ | p::OPEN_WRITE },
+            ],
+        ),
+        NOW,
+    );
     let recall = srv.take_outgoing().into_iter().find_map(|o| match o {
         Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if session == a => Some(recall_id),
         _ => None,
@@ -693,4 +703,33 @@ fn a_sessions_new_work_waits_behind_its_own_replay_parked_behind_rights() {
     assert!(matches!(&created.results[0], Ok(Reply::Entry(e)) if e.ino == n), "{created:?}");
     let looked = answered(3).expect("then the new work");
     assert!(matches!(looked.results[0], Ok(Reply::Attr(_))), "{looked:?}");
+}
+
+#[test]
+fn a_reopen_the_check_refuses_still_holds_the_file_and_grants_nothing() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, w) = srv.handle_hello(&hello(None));
+    let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+    let a = a.expect("session");
+    let made = srv.handle_request(a, create_in_root(1, "f"), NOW);
+    let Ok(Reply::Entry(f)) = &made.results[0] else { panic!("{made:?}") };
+    let f = f.ino;
+    let open = Op::Open { ino: f, handle: 1, access: p::OPEN_WRITE };
+    let r = srv.handle_request(a, req(2, vec![open.clone(), Op::Unlink { parent: 1, name: b"f".to_vec() }]), NOW);
+    assert!(r.results.iter().all(Result::is_ok), "{r:?}");
+    srv.handle_request(a, req(3, vec![Op::Fsync { ino: 1 }]), NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
+    assert!(srv.handle_hello(&hello(Some(w.session))).0.is_some());
+    // Its host is now squashed: the re-open (which names no caller) runs as nobody, who
+    // may not write root's 0644 file.
+    srv.set_policy(a, Policy::joined());
+    let r = srv.handle_request(a, req(4, vec![open]), NOW);
+    assert!(r.results[0].is_ok(), "the re-open keeps the unlinked file: {r:?}");
+    assert!(srv.holds_open(a, f, 1));
+    srv.replayed(a, NOW);
+    let write = Op::Write { ino: f, offset: 0, data: b"x".to_vec() };
+    let r = srv.handle_request(a, req(5, vec![write]), NOW);
+    assert_eq!(r.results[0].as_ref().err().map(|e| e.errno), Some(13), "but grants no writing");
 }
