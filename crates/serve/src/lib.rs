@@ -3,9 +3,9 @@
 //!
 //! One thread ("crest-server") runs a single-threaded tokio runtime: the accept loop, each
 //! connection's reader and writer tasks, and the store task that owns the `Server` core
-//! (and so the store). Readers send decoded messages to the store task over a channel; it
-//! applies every queued command, then hands the `ServerMessage`s to each connection's
-//! writer, which flushes once per burst. A request costs no hand-off between threads: the
+//! (and so the store). Readers queue decoded messages for the store task, each connection
+//! in a queue of its own served in turn (`sched`); it applies what is queued, then hands
+//! the `ServerMessage`s to each connection's writer, which flushes once per burst. A request costs no hand-off between threads: the
 //! wake-ups between reader, store and writer are queue pushes on the same thread (on a
 //! 2-core VM a cross-thread wake-up costs more than most store operations). The store task
 //! also commits on the store's schedule (`tick`) and, at shutdown, finishes every queued
@@ -21,9 +21,9 @@
 //! - a connection must finish its TLS handshake and say a valid hello within
 //!   `HELLO_TIMEOUT` each; any malformed, oversized
 //!   or out-of-order frame ends that connection with a logged error, never the server;
-//! - the store is touched only by the store task.
-//!
-//! Not yet bounded: a connection's outbox (see ARCHITECTURE.md, `crates/serve`).
+//! - the store is touched only by the store task;
+//! - what one connection makes the server hold is bounded, both ways (`sched`): its
+//!   queued messages, and its unsent replies (past which its requests are not read).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -45,8 +45,32 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 mod exports;
 pub mod limits;
+mod sched;
 
-type Outbox = mpsc::UnboundedSender<ServerMessage>;
+/// A connection's outbox: the store task queues messages for its writer, counting their
+/// bytes (`sched::Backlog`).
+#[derive(Clone)]
+struct Outbox {
+    tx: mpsc::UnboundedSender<ServerMessage>,
+    backlog: sched::Backlog,
+}
+
+impl Outbox {
+    fn send(&self, m: ServerMessage) {
+        let bytes = p::encoded_len(&m);
+        if matches!(m, ServerMessage::Response(_)) {
+            self.backlog.answered();
+        }
+        if self.tx.send(m).is_ok() {
+            self.backlog.add(bytes);
+        }
+    }
+
+    fn same_channel(&self, other: &Outbox) -> bool {
+        self.tx.same_channel(&other.tx)
+    }
+}
+
 /// When each session's bytes last arrived, as its connection's reader saw them: a session
 /// counts as heard then, even while its requests wait in the store task's queue behind
 /// another session's flood (its lease must not lapse for that).
@@ -71,10 +95,11 @@ struct Gate {
     revoked: watch::Receiver<Arc<HashSet<Fingerprint>>>,
 }
 
-/// What a connection's tasks hold of the server thread: its command queue, and where they
-/// note their session's arrivals.
+/// What a connection's tasks hold of the server thread: its control queue, the wake-up of
+/// the sessions' queues, and where they note their session's arrivals.
 struct Shell {
-    cmds: mpsc::UnboundedSender<Cmd>,
+    ctrl: mpsc::UnboundedSender<Ctrl>,
+    ready: Arc<tokio::sync::Notify>,
     arrivals: Arrivals,
 }
 
@@ -89,15 +114,28 @@ struct Admitted {
     revoked: watch::Receiver<Arc<HashSet<Fingerprint>>>,
 }
 
-enum Cmd {
+/// What comes to the store task apart from the sessions' own queues.
+enum Ctrl {
     Hello {
         hello: p::Hello,
         peer: SocketAddr,
         /// What the client may do (its export policy).
         policy: Policy,
         out: Outbox,
+        /// The connection's queue, served once the session exists.
+        queue: mpsc::UnboundedReceiver<sched::Queued<Cmd>>,
         reply: oneshot::Sender<(Option<SessionId>, ServerMessage)>,
     },
+    Shutdown {
+        done: oneshot::Sender<Result<Store, crest_store::Error>>,
+    },
+    Kill {
+        done: oneshot::Sender<Store>,
+    },
+}
+
+/// A session's messages, in its connection's queue.
+enum Cmd {
     Request {
         session: SessionId,
         req: p::Request,
@@ -122,12 +160,6 @@ enum Cmd {
         session: SessionId,
         out: Outbox,
     },
-    Shutdown {
-        done: oneshot::Sender<Result<Store, crest_store::Error>>,
-    },
-    Kill {
-        done: oneshot::Sender<Store>,
-    },
 }
 
 fn now() -> p::Time {
@@ -149,7 +181,7 @@ fn deliver(server: &mut Server, outboxes: &HashMap<SessionId, Outbox>) {
             Outgoing::Notify { session, notify } => (session, ServerMessage::Notify(notify)),
         };
         if let Some(out) = outboxes.get(&session) {
-            let _ = out.send(msg);
+            out.send(msg);
         }
     }
 }
@@ -160,27 +192,89 @@ enum Step {
     Stop,
 }
 
-/// Applies one command; `Stop` after a shutdown or kill (the store has been handed back).
+/// The store task's state: the core (gone once handed back), the sessions' outboxes and
+/// their connections' queues.
+struct StoreTask {
+    server: Option<Server>,
+    outboxes: HashMap<SessionId, Outbox>,
+    queues: sched::Queues<Cmd>,
+}
+
+impl StoreTask {
+    /// Applies everything the sessions' queues hold, in turn (but for those waiting for
+    /// their writers).
+    fn drain(&mut self) {
+        let (server, outboxes) = (&mut self.server, &mut self.outboxes);
+        self.queues.drain(|cmd| apply_and_deliver(server, outboxes, cmd));
+    }
+
+    /// Applies a control message; `Stop` after a shutdown or kill (the store has been
+    /// handed back).
+    fn apply_ctrl(&mut self, ctrl: Ctrl) -> Step {
+        match ctrl {
+            Ctrl::Hello { hello, peer, policy, out, queue, reply } => {
+                // What an earlier connection of the session queued goes first.
+                self.drain();
+                let Some(srv) = self.server.as_mut() else { return Step::Stop };
+                let (sid, msg) = srv.handle_hello(&hello);
+                if let Some(sid) = sid {
+                    srv.set_policy(sid, policy);
+                    srv.heard(sid, now_ms());
+                }
+                // The welcome goes out first, before any notice for the session.
+                out.send(msg.clone());
+                match sid {
+                    Some(sid) => {
+                        self.queues.add(queue, out.backlog.clone());
+                        self.outboxes.insert(sid, out);
+                    }
+                    None => tracing::warn!(%peer, "handshake refused: {msg:?}"),
+                }
+                let _ = reply.send((sid, msg));
+            }
+            Ctrl::Shutdown { done } => {
+                // Everything queued before the shutdown is handled first.
+                self.drain();
+                if let Some(srv) = self.server.as_mut() {
+                    deliver(srv, &self.outboxes);
+                }
+                if let Some(srv) = self.server.take() {
+                    let mut store = srv.into_store();
+                    let r = store.commit().map(|()| store);
+                    let _ = done.send(r);
+                }
+                return Step::Stop;
+            }
+            Ctrl::Kill { done } => {
+                if let Some(srv) = self.server.take() {
+                    let _ = done.send(srv.into_store());
+                }
+                return Step::Stop;
+            }
+        }
+        Step::Continue
+    }
+}
+
+/// `apply_cmd`, then hands what it produced to the outboxes, so that their backlogs count
+/// it before the next message is taken (the writers run only once the store task yields:
+/// a burst still goes out in one flush). False once the store is gone.
+fn apply_and_deliver(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outbox>, cmd: Cmd) -> bool {
+    if let Step::Stop = apply_cmd(server, outboxes, cmd) {
+        return false;
+    }
+    if let Some(srv) = server.as_mut() {
+        deliver(srv, outboxes);
+    }
+    true
+}
+
+/// Applies one of a session's messages (`Stop` once the store is gone).
 fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outbox>, cmd: Cmd) -> Step {
     let Some(srv) = server.as_mut() else { return Step::Stop };
     match cmd {
-        Cmd::Hello { hello, peer, policy, out, reply } => {
-            let (sid, msg) = srv.handle_hello(&hello);
-            if let Some(sid) = sid {
-                srv.set_policy(sid, policy);
-                srv.heard(sid, now_ms());
-            }
-            // The welcome goes out first, before any notice for the session.
-            let _ = out.send(msg.clone());
-            match sid {
-                Some(sid) => {
-                    outboxes.insert(sid, out);
-                }
-                None => tracing::warn!(%peer, "handshake refused: {msg:?}"),
-            }
-            let _ = reply.send((sid, msg));
-        }
         Cmd::Request { session, req, out } => {
+            out.backlog.asked();
             if !outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
                 outboxes.insert(session, out);
             }
@@ -205,22 +299,6 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
             }
             srv.end_session(session);
         }
-        Cmd::Shutdown { done } => {
-            // Everything queued before the shutdown has been handled (FIFO channel).
-            deliver(srv, outboxes);
-            if let Some(srv) = server.take() {
-                let mut store = srv.into_store();
-                let r = store.commit().map(|()| store);
-                let _ = done.send(r);
-            }
-            return Step::Stop;
-        }
-        Cmd::Kill { done } => {
-            if let Some(srv) = server.take() {
-                let _ = done.send(srv.into_store());
-            }
-            return Step::Stop;
-        }
     }
     Step::Continue
 }
@@ -228,35 +306,56 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
 /// A gap between two ticks longer than this is a stall of the store's thread.
 const STALL_MS: u64 = 1_000;
 
-/// Runs the store task until a `Shutdown` or `Kill` command. Every command already queued
-/// is applied before the periodic work and the delivery of what they produced, so a burst
-/// of requests costs one wake-up of each connection's writer, not one per response.
-async fn store_task(server: Server, mut rx: mpsc::UnboundedReceiver<Cmd>, arrivals: Arrivals) {
-    let mut outboxes: HashMap<SessionId, Outbox> = HashMap::new();
-    let mut server = Some(server);
+/// Messages applied between two deliveries (and ticks), at most.
+const MAX_APPLIED_PER_WAKE: usize = 4096;
+
+/// Runs the store task until a `Shutdown` or `Kill`. What is queued is applied (up to
+/// `MAX_APPLIED_PER_WAKE`, the sessions' queues in turn) before the periodic work and the
+/// delivery of what it produced, so a burst of requests costs one wake-up of each
+/// connection's writer, not one per response.
+async fn store_task(
+    server: Server,
+    mut ctrl: mpsc::UnboundedReceiver<Ctrl>,
+    queues: sched::Queues<Cmd>,
+    arrivals: Arrivals,
+) {
+    let ready = queues.ready();
+    let mut task = StoreTask { server: Some(server), outboxes: HashMap::new(), queues };
     // Wake often enough to release replies whose recalls went unanswered.
     let mut ticker = tokio::time::interval(Duration::from_millis(100));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_tick = now_ms();
     loop {
-        let first = tokio::select! {
-            c = rx.recv() => match c {
+        let mut next = tokio::select! {
+            c = ctrl.recv() => match c {
                 Some(c) => Some(c),
                 None => return,
             },
+            () = ready.notified() => None,
             _ = ticker.tick() => None,
         };
-        if let Some(cmd) = first {
-            if let Step::Stop = apply_cmd(&mut server, &mut outboxes, cmd) {
+        while let Some(c) = next.take().or_else(|| ctrl.try_recv().ok()) {
+            if let Step::Stop = task.apply_ctrl(c) {
                 return;
             }
-            for _ in 0..4096 {
-                let Ok(cmd) = rx.try_recv() else { break };
-                if let Step::Stop = apply_cmd(&mut server, &mut outboxes, cmd) {
-                    return;
-                }
-            }
         }
+        let mut applied = 0;
+        while applied < MAX_APPLIED_PER_WAKE {
+            let StoreTask { server, outboxes, queues } = &mut task;
+            let (n, stop) = queues.round(|cmd| apply_and_deliver(server, outboxes, cmd));
+            if stop {
+                return;
+            }
+            if n == 0 {
+                break;
+            }
+            applied += n;
+        }
+        if applied >= MAX_APPLIED_PER_WAKE {
+            // More may wait: back after the delivery.
+            ready.notify_one();
+        }
+        let StoreTask { server, outboxes, .. } = &mut task;
         let Some(srv) = server.as_mut() else { return };
         let now = now_ms();
         // Ticks come every 100 ms at most: a longer gap is this thread's own stall.
@@ -270,7 +369,7 @@ async fn store_task(server: Server, mut rx: mpsc::UnboundedReceiver<Cmd>, arriva
         if let Err(e) = srv.tick(now) {
             tracing::error!("periodic commit failed: {e}");
         }
-        deliver(srv, &outboxes);
+        deliver(srv, outboxes);
     }
 }
 
@@ -278,7 +377,7 @@ async fn store_task(server: Server, mut rx: mpsc::UnboundedReceiver<Cmd>, arriva
 pub struct Serving {
     /// Address actually bound (useful with port 0).
     pub local_addr: SocketAddr,
-    cmds: mpsc::UnboundedSender<Cmd>,
+    cmds: mpsc::UnboundedSender<Ctrl>,
     stop: Option<oneshot::Sender<()>>,
     accept: Option<oneshot::Receiver<()>>,
 }
@@ -297,6 +396,8 @@ pub async fn start(store: Store, listen: &str, security: Security) -> std::io::R
         }
     };
     let (cmds, rx) = mpsc::unbounded_channel();
+    let queues = sched::Queues::new();
+    let ready = queues.ready();
     let server = Server::new(store);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (accept_done_tx, accept_done_rx) = oneshot::channel::<()>();
@@ -312,11 +413,12 @@ pub async fn start(store: Store, listen: &str, security: Security) -> std::io::R
             });
             match TcpListener::from_std(listener) {
                 Ok(listener) => {
-                    tokio::spawn(accept_loop(listener, accept_cmds, gate, arrivals, stop_rx, accept_done_tx));
+                    let shell = Shell { ctrl: accept_cmds, ready, arrivals };
+                    tokio::spawn(accept_loop(listener, shell, gate, stop_rx, accept_done_tx));
                 }
                 Err(e) => tracing::error!("cannot listen: {e}"),
             }
-            store_task(server, rx, store_arrivals).await;
+            store_task(server, rx, queues, store_arrivals).await;
         });
     })?;
     tracing::info!(%local_addr, tls = matches!(security, Security::Tls(_)), "serving");
@@ -351,9 +453,8 @@ fn watch_revocations(authority: Arc<Authority>) -> watch::Receiver<Arc<HashSet<F
 /// Accepts connections until `stop` fires (or the server thread ends), then says so.
 async fn accept_loop(
     listener: TcpListener,
-    cmds: mpsc::UnboundedSender<Cmd>,
+    shell: Shell,
     gate: Option<Arc<Gate>>,
-    arrivals: Arrivals,
     mut stop: oneshot::Receiver<()>,
     done: oneshot::Sender<()>,
 ) {
@@ -368,12 +469,10 @@ async fn accept_loop(
                         tracing::debug!(%peer, "too many connections from this address before their hello: closed");
                         continue;
                     };
-                    let cmds = cmds.clone();
+                    let shell = Shell { ctrl: shell.ctrl.clone(), ready: shell.ready.clone(), arrivals: shell.arrivals.clone() };
                     let gate = gate.clone();
                     let counters = counters.clone();
-                    let arrivals = arrivals.clone();
                     tokio::spawn(async move {
-                        let shell = Shell { cmds, arrivals };
                         if let Err(e) = connection(stream, peer, shell, gate, early, counters).await {
                             tracing::warn!(%peer, "connection closed: {e}");
                         }
@@ -400,7 +499,7 @@ impl Serving {
             let _ = a.await;
         }
         let (done, rx) = oneshot::channel();
-        if self.cmds.send(Cmd::Shutdown { done }).is_err() {
+        if self.cmds.send(Ctrl::Shutdown { done }).is_err() {
             return Err(crest_store::Error::Poisoned("the store thread is gone".into()));
         }
         rx.await.unwrap_or_else(|_| Err(crest_store::Error::Poisoned("the store thread stopped".into())))
@@ -419,7 +518,7 @@ impl Serving {
             let _ = a.await;
         }
         let (done, rx) = oneshot::channel();
-        self.cmds.send(Cmd::Kill { done }).ok()?;
+        self.cmds.send(Ctrl::Kill { done }).ok()?;
         rx.await.ok()
     }
 }
@@ -623,25 +722,14 @@ async fn serve(
         },
         _ => Policy::trusted(),
     };
-    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<ServerMessage>();
-    let writer = tokio::spawn(async move {
-        let mut wr = BufWriter::with_capacity(256 * 1024, wr);
-        let mut buf = Vec::new();
-        while let Some(m) = out_rx.recv().await {
-            buf.clear();
-            encode_message(&m, &mut buf);
-            while let Ok(m) = out_rx.try_recv() {
-                encode_message(&m, &mut buf);
-            }
-            if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
-                return;
-            }
-        }
-    });
+    let (tx, out_rx) = mpsc::unbounded_channel::<ServerMessage>();
+    let out_tx = Outbox { tx, backlog: sched::Backlog::new(&shell.ready) };
+    let writer = tokio::spawn(write_messages(wr, out_rx, out_tx.backlog.clone()));
+    let (inbox, queue) = sched::queue(&shell.ready);
     let (reply, rx) = oneshot::channel();
     shell
-        .cmds
-        .send(Cmd::Hello { hello, peer, policy, out: out_tx.clone(), reply })
+        .ctrl
+        .send(Ctrl::Hello { hello, peer, policy, out: out_tx.clone(), queue, reply })
         .map_err(|_| ConnError::Other("server stopping".into()))?;
     // The store thread has queued the welcome (or refusal) on `out_tx` itself.
     let (session, _welcome) = rx.await.map_err(|_| ConnError::Other("server stopping".into()))?;
@@ -653,7 +741,8 @@ async fn serve(
     let who = admitted.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| "(insecure)".into());
     tracing::debug!(%peer, session, client = who, "client connected");
     let mut revoked = admitted.map(|a| (a.fingerprint, a.revoked));
-    let ended = session_messages(&mut rd, &mut decoder, &mut buf, &shell, session, &out_tx, &mut revoked).await;
+    let conn = Conn { shell: &shell, inbox: &inbox, session, out: &out_tx };
+    let ended = session_messages(&mut rd, &mut decoder, &mut buf, &conn, &mut revoked).await;
     match ended {
         Ok(Ended::Goodbye) => {
             drop(out_tx);
@@ -663,7 +752,7 @@ async fn serve(
         Ok(Ended::Stopping) => return Ok(()),
         Ok(Ended::Revoked) => {
             tracing::warn!(%peer, session, client = who, "certificate revoked: session ended");
-            let _ = shell.cmds.send(Cmd::Revoked { session, out: out_tx.clone() });
+            let _ = inbox.send(Cmd::Revoked { session, out: out_tx.clone() }, 1).await;
             writer.abort();
             return Ok(());
         }
@@ -675,9 +764,60 @@ async fn serve(
     // holds the write half, and the store task the outbox it waits on) and the session
     // stays for a reconnect.
     tracing::debug!(%peer, session, "client disconnected");
-    let _ = shell.cmds.send(Cmd::Disconnected { session, out: out_tx.clone() });
+    let _ = inbox.send(Cmd::Disconnected { session, out: out_tx.clone() }, 1).await;
     writer.abort();
     ended.map(|_| ())
+}
+
+/// A connection's writer: sends what the store task queues, a burst per flush, and counts
+/// it off the connection's backlog.
+async fn write_messages(wr: Writer, mut out_rx: mpsc::UnboundedReceiver<ServerMessage>, backlog: sched::Backlog) {
+    let mut wr = BufWriter::with_capacity(256 * 1024, wr);
+    let mut buf = Vec::new();
+    while let Some(m) = out_rx.recv().await {
+        buf.clear();
+        let mut bytes = p::encoded_len(&m);
+        encode_message(&m, &mut buf);
+        while let Ok(m) = out_rx.try_recv() {
+            bytes = bytes.saturating_add(p::encoded_len(&m));
+            encode_message(&m, &mut buf);
+        }
+        if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
+            return;
+        }
+        backlog.sent(bytes);
+    }
+}
+
+/// What a session's reader holds: the server thread, its queue there, and its outbox.
+struct Conn<'a> {
+    shell: &'a Shell,
+    inbox: &'a sched::Inbox<Cmd>,
+    session: SessionId,
+    out: &'a Outbox,
+}
+
+/// Waits until the connection's unsent replies are few enough to read more requests. A
+/// peer reading its replies counts as heard while it waits (a slow link is not a silent
+/// one); one that reads nothing for `IDLE_TIMEOUT` is disconnected.
+async fn wait_for_room(conn: &Conn<'_>) -> Result<(), ConnError> {
+    let backlog = &conn.out.backlog;
+    let mut last = backlog.bytes();
+    let mut progress = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = backlog.room() => return Ok(()),
+            () = tokio::time::sleep(Duration::from_millis(p::timing::HEARTBEAT_MS)) => {}
+        }
+        let now = backlog.bytes();
+        if now < last {
+            progress = tokio::time::Instant::now();
+            conn.shell.arrivals.lock().unwrap_or_else(|e| e.into_inner()).insert(conn.session, now_ms());
+        } else if progress.elapsed() > limits::IDLE_TIMEOUT {
+            return Err(ConnError::Other(format!("{now} bytes of replies unread for {:?}", limits::IDLE_TIMEOUT)));
+        }
+        last = now;
+    }
 }
 
 /// How a session's connection ended.
@@ -707,41 +847,46 @@ async fn revocation(revoked: &mut Option<(Fingerprint, watch::Receiver<Arc<HashS
 }
 
 /// Hands a session's messages to the store task until the connection ends; an error is a
-/// broken connection or a protocol violation.
+/// broken connection or a protocol violation. Its queue there full, it waits (and reads no
+/// more); its replies piling up unread, it reads no more requests until they drain, or
+/// ends the connection after `IDLE_TIMEOUT`.
 async fn session_messages(
     rd: &mut Reader,
     decoder: &mut FrameDecoder,
     buf: &mut [u8],
-    shell: &Shell,
-    session: SessionId,
-    out: &Outbox,
+    conn: &Conn<'_>,
     revoked: &mut Option<(Fingerprint, watch::Receiver<Arc<HashSet<Fingerprint>>>)>,
 ) -> Result<Ended, ConnError> {
+    let session = conn.session;
     loop {
-        while let Some(msg) = decoder.poll_message::<ClientMessage>()? {
+        loop {
+            let before = decoder.buffered();
+            let Some(msg) = decoder.poll_message::<ClientMessage>()? else { break };
+            let bytes = before - decoder.buffered();
             let cmd = match msg {
-                ClientMessage::Request(req) => Cmd::Request { session, req, out: out.clone() },
+                ClientMessage::Request(req) => Cmd::Request { session, req, out: conn.out.clone() },
                 ClientMessage::Replayed => Cmd::Replayed { session },
                 ClientMessage::RecallDone { recall_id } => Cmd::RecallDone { session, recall_id },
                 ClientMessage::Goodbye => {
-                    let _ = shell.cmds.send(Cmd::Goodbye { session });
+                    let _ = conn.inbox.send(Cmd::Goodbye { session }, bytes).await;
                     return Ok(Ended::Goodbye);
                 }
                 ClientMessage::Hello(_) | ClientMessage::Join(_) => {
                     return Err(ConnError::Other("a second hello on one connection".into()))
                 }
             };
-            if shell.cmds.send(cmd).is_err() {
+            if conn.inbox.send(cmd, bytes).await.is_err() {
                 return Ok(Ended::Stopping);
             }
         }
+        wait_for_room(conn).await?;
         tokio::select! {
             r = tokio::time::timeout(limits::IDLE_TIMEOUT, rd.read(buf)) => match r {
                 Err(_) => return Err(ConnError::Other(format!("silent for {:?}", limits::IDLE_TIMEOUT))),
                 Ok(r) => match r? {
                     0 => return Ok(Ended::Closed),
                     n => {
-                        shell.arrivals.lock().unwrap_or_else(|e| e.into_inner()).insert(session, now_ms());
+                        conn.shell.arrivals.lock().unwrap_or_else(|e| e.into_inner()).insert(session, now_ms());
                         decoder.handle_bytes(&buf[..n]);
                     }
                 },

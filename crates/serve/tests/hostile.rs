@@ -27,6 +27,10 @@ fn server_process() {
     if std::env::var_os(SERVE_ENV).is_none() {
         return;
     }
+    // CREST_LOG=debug shows what the server did (on stderr, with the test's output).
+    if let Ok(filter) = std::env::var("CREST_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    }
     let disk = MemDisk::new(256 << 20);
     Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None })
         .expect("mkfs");
@@ -360,4 +364,63 @@ fn connections_that_never_say_hello_are_bounded_per_address_and_others_go_on() {
     drop(idle);
     server.wait_for_fds_at_most(before);
     let _again = Raw::session(server.addr);
+}
+
+/// (e) A peer that asks for large replies and reads none of them makes the server hold a
+/// bounded backlog of them, not one per request: its requests wait unread meanwhile, and
+/// another session is answered. Once it reads, every request is answered, in order.
+#[test]
+fn a_peer_that_reads_no_replies_makes_the_server_hold_only_a_bounded_backlog() {
+    let mut rng = seed();
+    let server = ServerProcess::start();
+    let mut c = Raw::session(server.addr);
+    let create = Op::Create {
+        parent: 1,
+        name: b"big".to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    let Ok(Reply::Entry(a)) = &c.call(1, vec![create]).results[0] else { panic!("create") };
+    let size = 1u64 << 34;
+    let set = p::SetAttr { size_bytes: Some(size), ..Default::default() };
+    assert!(c.call(2, vec![Op::SetAttr { ino: a.ino, set }]).results[0].is_ok());
+    let before = server.peak_rss();
+    // Reads of a sparse file: each asks for MAX_IO_BYTES, in a frame of a few bytes.
+    let n = 150 + next(&mut rng) % 100;
+    let max = u64::from(p::MAX_IO_BYTES);
+    let mut frames = Vec::new();
+    for i in 0..n {
+        let offset = next(&mut rng) % (size - max);
+        let read = Op::Read { ino: a.ino, offset, len: p::MAX_IO_BYTES };
+        let req =
+            ClientMessage::Request(p::Request { id: 10 + i, ops: vec![read], time: None, caller: p::Caller::ROOT });
+        p::encode_frame(&req, &mut frames).expect("encode");
+    }
+    eprintln!("{n} reads of {} MiB each in {} bytes of requests", max >> 20, frames.len());
+    c.s.write_all(&frames).expect("send the reads");
+    // Another session is answered while they wait (with nothing the reader holds rights
+    // on: a recall to it would wait a lease).
+    let mut other = Raw::session(server.addr);
+    assert!(other.call(1, vec![Op::StatFs]).results[0].is_ok());
+    let grown = server.peak_rss().saturating_sub(before);
+    eprintln!("peak memory grew by {} MiB while the replies went unread", grown >> 20);
+    let bound = 96u64 << 20;
+    assert!(grown <= bound, "the server's peak memory grew by {} MiB for replies nobody reads", grown >> 20);
+    // Now it reads: every request was kept, and is answered in order.
+    let mut i = 0;
+    while i < n {
+        match c.recv() {
+            Some(ServerMessage::Response(r)) => {
+                assert_eq!(r.id, 10 + i, "answers in order");
+                assert!(matches!(&r.results[0], Ok(Reply::Data(d)) if d.len() as u64 == max), "read {i}");
+                i += 1;
+            }
+            Some(ServerMessage::Notify(_)) => {}
+            other => panic!("reply {i} of {n}: {other:?}"),
+        }
+    }
+    let grown = server.peak_rss().saturating_sub(before);
+    assert!(grown <= bound, "the server's peak memory grew by {} MiB", grown >> 20);
 }

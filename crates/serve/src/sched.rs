@@ -1,0 +1,387 @@
+//! What stands between the connections and the store task, both ways, so that one peer's
+//! flood costs only itself.
+//!
+//! Inbound, each connection has a queue of its own, bounded in bytes (`MAX_QUEUED_BYTES`):
+//! its reader waits for room before it reads more of its socket, so a flooding peer is
+//! held back by TCP, not buffered. The store task serves the queues in turn, at most
+//! `BURST` messages from each per round, so another session's request, recall answer or
+//! goodbye waits behind at most a burst of each flood, never behind the whole of it. A
+//! connection's own messages stay in the order they arrived (the protocol relies on it:
+//! an `Open` ahead of its `RecallDone`).
+//!
+//! Outbound, a connection's outbox counts the bytes queued for its writer; while they
+//! exceed `MAX_OUTBOX_BYTES` (a peer that does not read its replies) its queue is not
+//! served and its reader reads no more requests, so the replies it makes the server hold
+//! stay bounded too (by `MAX_OUTBOX_BYTES` and one reply: the store task hands replies to
+//! the outboxes after each message it applies). Nor is it served while
+//! `MAX_WAITING_REQUESTS` of its requests are in the core unanswered (parked behind other
+//! sessions' rights, held for the grace period): those are bounded too.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+
+/// Bytes of decoded messages one connection may have waiting for the store task.
+pub const MAX_QUEUED_BYTES: usize = 4 << 20;
+/// Bytes of replies and notices one connection's writer may have waiting to be sent
+/// before its reader stops taking requests.
+pub const MAX_OUTBOX_BYTES: usize = 16 << 20;
+/// Messages taken from one connection's queue per round.
+pub const BURST: usize = 16;
+/// Requests of one connection in the core and not answered yet (a client keeps at most
+/// 1,024 in flight: `crest_net::MAX_IN_FLIGHT`).
+pub const MAX_WAITING_REQUESTS: usize = 4096;
+
+/// One message in a queue, holding its share of the queue's bytes until it is applied.
+pub struct Queued<T> {
+    pub item: T,
+    _bytes: OwnedSemaphorePermit,
+}
+
+/// The store task is gone.
+#[derive(Debug)]
+pub struct Closed;
+
+/// A connection's end of its queue.
+pub struct Inbox<T> {
+    tx: mpsc::UnboundedSender<Queued<T>>,
+    room: Arc<Semaphore>,
+    ready: Arc<Notify>,
+}
+
+impl<T> Inbox<T> {
+    /// Queues `item`, which took `bytes` on the wire, once there is room for it (a message
+    /// larger than the whole queue waits for it to be empty).
+    pub async fn send(&self, item: T, bytes: usize) -> Result<(), Closed> {
+        let bytes = bytes.clamp(1, MAX_QUEUED_BYTES) as u32;
+        let permit = self.room.clone().acquire_many_owned(bytes).await.map_err(|_| Closed)?;
+        self.tx.send(Queued { item, _bytes: permit }).map_err(|_| Closed)?;
+        self.ready.notify_one();
+        Ok(())
+    }
+}
+
+/// A new connection's queue, waking `ready` (`Queues::ready`) as messages come: its end,
+/// and the store task's (to `add` when the connection's hello is applied, before anything
+/// else can be queued on it).
+pub fn queue<T>(ready: &Arc<Notify>) -> (Inbox<T>, mpsc::UnboundedReceiver<Queued<T>>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (Inbox { tx, room: Arc::new(Semaphore::new(MAX_QUEUED_BYTES)), ready: ready.clone() }, rx)
+}
+
+/// One connection's queue, as the store task serves it.
+struct Entry<T> {
+    rx: mpsc::UnboundedReceiver<Queued<T>>,
+    /// Its connection's unsent replies: over `MAX_OUTBOX_BYTES`, the queue waits (unless
+    /// the connection is gone: what it queued last, its disconnection, must be applied).
+    backlog: Backlog,
+}
+
+impl<T> Entry<T> {
+    fn waits(&self) -> bool {
+        self.backlog.full() && !self.rx.is_closed()
+    }
+}
+
+/// The store task's end: every connection's queue, served in turn.
+pub struct Queues<T> {
+    turn: VecDeque<Entry<T>>,
+    ready: Arc<Notify>,
+}
+
+impl<T> Queues<T> {
+    pub fn new() -> Queues<T> {
+        Queues { turn: VecDeque::new(), ready: Arc::new(Notify::new()) }
+    }
+
+    /// Wakes when a message was queued since the last wake.
+    pub fn ready(&self) -> Arc<Notify> {
+        self.ready.clone()
+    }
+
+    /// A new connection's queue (`queue`).
+    #[cfg(test)]
+    pub fn open(&self) -> (Inbox<T>, mpsc::UnboundedReceiver<Queued<T>>) {
+        queue(&self.ready)
+    }
+
+    /// Serves `rx` from now on, while its connection's `backlog` allows.
+    pub fn add(&mut self, rx: mpsc::UnboundedReceiver<Queued<T>>, backlog: Backlog) {
+        self.turn.push_back(Entry { rx, backlog });
+    }
+
+    /// One round: up to `BURST` messages from each queue in turn (but for those waiting
+    /// for their writer), each given to `apply` (which returns false to stop at once).
+    /// Queues whose connection is gone and that are empty are dropped. Returns how many
+    /// messages were applied, and whether `apply` asked to stop.
+    pub fn round(&mut self, mut apply: impl FnMut(T) -> bool) -> (usize, bool) {
+        let mut applied = 0;
+        for _ in 0..self.turn.len() {
+            let Some(mut e) = self.turn.pop_front() else { break };
+            let mut open = true;
+            for _ in 0..BURST {
+                if e.waits() {
+                    break;
+                }
+                match e.rx.try_recv() {
+                    Ok(q) => {
+                        applied += 1;
+                        if !apply(q.item) {
+                            self.turn.push_front(e);
+                            return (applied, true);
+                        }
+                    }
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            if open {
+                self.turn.push_back(e);
+            }
+        }
+        (applied, false)
+    }
+
+    /// Applies everything queued, queue by queue in turn, until every queue is empty.
+    pub fn drain(&mut self, mut apply: impl FnMut(T) -> bool) -> bool {
+        loop {
+            match self.round(&mut apply) {
+                (_, true) => return true,
+                (0, false) => return false,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// What a connection has waiting on the way out: bytes queued for its writer (counted up
+/// by the store task as it queues a message, down by the writer once it has written it),
+/// and requests handed to the core and not answered yet.
+#[derive(Clone)]
+pub struct Backlog {
+    bytes: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
+    drained: Arc<Notify>,
+    /// The store task's wake-up (`Queues::ready`): a queue that waited may go on.
+    ready: Arc<Notify>,
+}
+
+impl Backlog {
+    pub fn new(ready: &Arc<Notify>) -> Backlog {
+        Backlog { bytes: Arc::default(), requests: Arc::default(), drained: Arc::default(), ready: ready.clone() }
+    }
+
+    /// Too much waits: the connection's queue is not served.
+    pub fn full(&self) -> bool {
+        self.bytes() > MAX_OUTBOX_BYTES || self.requests.load(Ordering::Relaxed) >= MAX_WAITING_REQUESTS
+    }
+
+    /// A request was handed to the core.
+    pub fn asked(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A response was queued for the writer.
+    pub fn answered(&self) {
+        let before = self.requests.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
+        if before.is_ok_and(|n| n >= MAX_WAITING_REQUESTS) {
+            self.ready.notify_one();
+        }
+    }
+
+    pub fn add(&self, bytes: usize) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn sent(&self, bytes: usize) {
+        // (Never below zero: what is subtracted was added first.)
+        let before = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_sub(bytes)));
+        self.drained.notify_one();
+        if before.is_ok_and(|b| b > MAX_OUTBOX_BYTES) {
+            self.ready.notify_one();
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Waits until at most `MAX_OUTBOX_BYTES` are queued.
+    pub async fn room(&self) {
+        while self.bytes() > MAX_OUTBOX_BYTES {
+            self.drained.notified().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_flood_in_one_queue_delays_another_by_at_most_a_burst() {
+        let mut q = Queues::new();
+        let (flood, rx) = q.open();
+        q.add(rx, Backlog::new(&q.ready()));
+        let (quiet, rx) = q.open();
+        q.add(rx, Backlog::new(&q.ready()));
+        for i in 0..1000u32 {
+            flood.send(i, 1).await.expect("queued");
+        }
+        quiet.send(5000, 1).await.expect("queued");
+        let mut order = Vec::new();
+        q.drain(|x| {
+            order.push(x);
+            true
+        });
+        assert_eq!(order.len(), 1001);
+        let at = order.iter().position(|&x| x == 5000).expect("applied");
+        assert!(at <= BURST, "the quiet queue's message came after {at} of the flood's");
+        let flood_order: Vec<u32> = order.iter().copied().filter(|&x| x != 5000).collect();
+        assert_eq!(flood_order, (0..1000).collect::<Vec<_>>(), "one queue's messages stay in order");
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_makes_its_sender_wait_until_its_messages_are_applied() {
+        let mut q = Queues::new();
+        let (inbox, rx) = q.open();
+        q.add(rx, Backlog::new(&q.ready()));
+        inbox.send(1u32, MAX_QUEUED_BYTES / 2).await.expect("queued");
+        inbox.send(2, MAX_QUEUED_BYTES / 2).await.expect("queued");
+        let third = inbox.send(3, 10);
+        tokio::pin!(third);
+        assert!(futures_poll_once(third.as_mut()).await.is_none(), "no room for a third");
+        let (n, _) = q.round(|_| true);
+        assert_eq!(n, 2);
+        assert!(futures_poll_once(third.as_mut()).await.is_some(), "room once they are applied");
+        let mut got = Vec::new();
+        q.drain(|x| {
+            got.push(x);
+            true
+        });
+        assert_eq!(got, vec![3]);
+    }
+
+    #[tokio::test]
+    async fn a_queue_whose_connection_is_gone_is_dropped_once_empty() {
+        let mut q = Queues::new();
+        let (inbox, rx) = q.open();
+        let backlog = Backlog::new(&q.ready());
+        backlog.add(MAX_OUTBOX_BYTES + 1);
+        q.add(rx, backlog);
+        inbox.send(7u32, 1).await.expect("queued");
+        drop(inbox);
+        let mut got = Vec::new();
+        assert!(!q.drain(|x| {
+            got.push(x);
+            true
+        }));
+        assert_eq!(got, vec![7], "what it queued before it went is applied, its writer behind or not");
+        assert!(q.turn.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_reader_waits_while_its_writer_is_behind() {
+        let ready = Arc::new(Notify::new());
+        let b = Backlog::new(&ready);
+        b.add(MAX_OUTBOX_BYTES + 1);
+        let room = b.room();
+        tokio::pin!(room);
+        assert!(futures_poll_once(room.as_mut()).await.is_none());
+        b.sent(2);
+        assert!(futures_poll_once(room.as_mut()).await.is_some());
+        assert!(futures_poll_once(Box::pin(ready.notified())).await.is_some(), "the store task is woken");
+        b.sent(usize::MAX);
+        assert_eq!(b.bytes(), 0);
+    }
+
+    /// Polls `f` once: `Some` if it is ready.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(f: F) -> Option<F::Output> {
+        let mut f = f;
+        std::future::poll_fn(|cx| match std::pin::Pin::new(&mut f).poll(cx) {
+            std::task::Poll::Ready(v) => std::task::Poll::Ready(Some(v)),
+            std::task::Poll::Pending => std::task::Poll::Ready(None),
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod waiting {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_queue_whose_writer_is_behind_waits_and_others_go_on() {
+        let mut q = Queues::new();
+        let (slow, rx) = q.open();
+        let backlog = Backlog::new(&q.ready());
+        q.add(rx, backlog.clone());
+        let (other, rx) = q.open();
+        q.add(rx, Backlog::new(&q.ready()));
+        for i in 0..5u32 {
+            slow.send(i, 1).await.expect("queued");
+        }
+        other.send(100, 1).await.expect("queued");
+        let mut got = Vec::new();
+        // Its replies pile up after the second message it is served.
+        q.drain(|x| {
+            got.push(x);
+            if x == 1 {
+                backlog.add(MAX_OUTBOX_BYTES + 1);
+            }
+            true
+        });
+        assert_eq!(got, vec![0, 1, 100], "the slow queue waits after the message that filled its outbox");
+        backlog.sent(MAX_OUTBOX_BYTES);
+        q.drain(|x| {
+            got.push(x);
+            true
+        });
+        assert_eq!(got, vec![0, 1, 100, 2, 3, 4], "and goes on once its writer caught up");
+    }
+}
+
+#[cfg(test)]
+mod unanswered {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_queue_with_too_many_requests_unanswered_waits_for_answers() {
+        let mut q = Queues::new();
+        let (inbox, rx) = q.open();
+        let backlog = Backlog::new(&q.ready());
+        q.add(rx, backlog.clone());
+        let n = MAX_WAITING_REQUESTS + 10;
+        for i in 0..n {
+            inbox.send(i, 1).await.expect("queued");
+        }
+        let mut got = 0;
+        q.drain(|_| {
+            backlog.asked();
+            got += 1;
+            true
+        });
+        assert_eq!(got, MAX_WAITING_REQUESTS, "no more requests than the bound go into the core unanswered");
+        for _ in 0..3 {
+            backlog.answered();
+        }
+        assert!(futures_poll(Box::pin(q.ready().notified())), "an answer at the bound wakes the store task");
+        q.drain(|_| {
+            backlog.asked();
+            got += 1;
+            true
+        });
+        assert_eq!(got, MAX_WAITING_REQUESTS + 3, "each answer lets one more in");
+    }
+
+    fn futures_poll<F: std::future::Future + Unpin>(mut f: F) -> bool {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        std::pin::Pin::new(&mut f).poll(&mut cx).is_ready()
+    }
+}
