@@ -51,7 +51,8 @@ mod sched;
 /// bytes (`sched::Backlog`).
 #[derive(Clone)]
 struct Outbox {
-    tx: mpsc::UnboundedSender<ServerMessage>,
+    /// Each message with the bytes it was counted for.
+    tx: mpsc::UnboundedSender<(usize, ServerMessage)>,
     backlog: sched::Backlog,
 }
 
@@ -61,8 +62,10 @@ impl Outbox {
         if matches!(m, ServerMessage::Response(_)) {
             self.backlog.answered();
         }
-        if self.tx.send(m).is_ok() {
-            self.backlog.add(bytes);
+        // (Counted first: the writer may count it off as soon as it is sent.)
+        self.backlog.add(bytes);
+        if self.tx.send((bytes, m)).is_err() {
+            self.backlog.sent(bytes);
         }
     }
 
@@ -722,7 +725,7 @@ async fn serve(
         },
         _ => Policy::trusted(),
     };
-    let (tx, out_rx) = mpsc::unbounded_channel::<ServerMessage>();
+    let (tx, out_rx) = mpsc::unbounded_channel::<(usize, ServerMessage)>();
     let out_tx = Outbox { tx, backlog: sched::Backlog::new(&shell.ready) };
     let writer = tokio::spawn(write_messages(wr, out_rx, out_tx.backlog.clone()));
     let (inbox, queue) = sched::queue(&shell.ready);
@@ -771,15 +774,18 @@ async fn serve(
 
 /// A connection's writer: sends what the store task queues, a burst per flush, and counts
 /// it off the connection's backlog.
-async fn write_messages(wr: Writer, mut out_rx: mpsc::UnboundedReceiver<ServerMessage>, backlog: sched::Backlog) {
+async fn write_messages(
+    wr: Writer,
+    mut out_rx: mpsc::UnboundedReceiver<(usize, ServerMessage)>,
+    backlog: sched::Backlog,
+) {
     let mut wr = BufWriter::with_capacity(256 * 1024, wr);
     let mut buf = Vec::new();
-    while let Some(m) = out_rx.recv().await {
+    while let Some((mut bytes, m)) = out_rx.recv().await {
         buf.clear();
-        let mut bytes = p::encoded_len(&m);
         encode_message(&m, &mut buf);
-        while let Ok(m) = out_rx.try_recv() {
-            bytes = bytes.saturating_add(p::encoded_len(&m));
+        while let Ok((more, m)) = out_rx.try_recv() {
+            bytes = bytes.saturating_add(more);
             encode_message(&m, &mut buf);
         }
         if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {
