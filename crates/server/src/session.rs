@@ -888,10 +888,11 @@ impl Server {
                     authz::When { now: who.server_now, client_time, opened },
                 );
                 let checked = match (checked, &mut op) {
-                    // A restart's re-opens name no caller: a handle the check refuses is
-                    // held open all the same (an unlinked file must outlive the restart),
-                    // for nothing but what its callers may do themselves.
-                    (Err(e), Op::Open { access, .. }) if who.replaying && e.errno == 13 => {
+                    // A restart's re-opens name no caller (and may not know the access):
+                    // a handle the check refuses is held open all the same (an unlinked
+                    // file must outlive the restart), for nothing but what its callers
+                    // may do themselves.
+                    (Err(e), Op::Open { access, .. }) if who.replaying && matches!(e.errno, 13 | 22) => {
                         *access = 0;
                         Ok(())
                     }

@@ -361,16 +361,25 @@ impl Checker<'_> {
 
     /// Open: the access asked (`p::OPEN_*`) as the kernel checks an open — but the owner
     /// may open for anything (an O_CREAT of a read-only file opens it for writing; and
-    /// the owner may change the bits anyway). Asking nothing looks nothing up.
+    /// the owner may change the bits anyway). Only a directory's open asks nothing (each
+    /// readdir is checked): a file's names an access, so that a session keeps alive only
+    /// the unlinked files it may use.
     fn open(&mut self, ino: u64, access: u32) -> Result<(), p::OpError> {
         let want = access & (acl::MAY_READ | acl::MAY_WRITE | acl::MAY_EXEC);
         if access != want {
             return Err(refuse(22, format!("open of inode {ino}: unknown access bits {access:#x}")));
         }
+        let inode = self.inode(ino)?;
         if want == 0 {
+            if inode.kind == s::FileKind::Directory {
+                return Ok(());
+            }
+            return Err(refuse(22, format!("open of inode {ino} asks for no access")));
+        }
+        if self.owns(&inode) {
             return Ok(());
         }
-        self.need_or_owner(ino, want)
+        self.need_on(&inode, want)
     }
 
     /// A read or write of `ino`'s data: through a handle open for any of `opened` (the

@@ -317,7 +317,9 @@ fn an_open_is_checked_as_the_kernel_checks_it() {
     let (r, w, x) = (p::OPEN_READ, p::OPEN_WRITE, p::OPEN_EXEC);
     assert_eq!(t(&mut st, &stranger, open(f, r)), Err(13));
     assert_eq!(t(&mut st, &stranger, open(f, w)), Err(13));
-    assert!(t(&mut st, &stranger, open(f, 0)).is_ok(), "an open that asks nothing (a directory's)");
+    assert_eq!(t(&mut st, &stranger, open(f, 0)), Err(22), "a file's open asks for an access");
+    let dir = mk(&mut st, ROOT_INO, "dir", FileType::Directory, 0o700, 1000, 1000);
+    assert!(t(&mut st, &stranger, open(dir, 0)).is_ok(), "a directory's asks nothing (each readdir is checked)");
     assert!(t(&mut st, &member, open(f, r)).is_ok());
     assert_eq!(t(&mut st, &member, open(f, r | w)), Err(13));
     assert!(t(&mut st, &owner, open(f, r | w)).is_ok());
