@@ -245,6 +245,10 @@ pub struct Server {
     /// After a restart: sessions restored from their records whose clients have not yet
     /// replayed; while any remain (and the grace period lasts), other work waits.
     replaying: HashSet<SessionId>,
+    /// The grace period is on: from a restart that restored sessions until every one has
+    /// said `Replayed` and every replay parked meanwhile has run (`parked_in_replay`), or
+    /// it runs out.
+    grace: bool,
     /// End of the grace period (set by the first tick after a restart).
     grace_until: Option<u64>,
     /// The grace period ended since the last request ran (for `Applied::grace_ended`).
@@ -410,6 +414,7 @@ impl Server {
             last_heard: HashMap::new(),
             fenced_markers: fenced.iter().map(|&id| (id, None)).collect(),
             fenced,
+            grace: !replaying.is_empty(),
             replaying,
             grace_until: None,
             grace_parked: VecDeque::new(),
@@ -517,7 +522,7 @@ impl Server {
         let mut req = req;
         let write_backs = take_write_backs(&mut req);
         let in_replay = self.parked_in_replay.remove(&(session, req.id)) || self.replaying.contains(&session);
-        if !self.replaying.is_empty() && !in_replay {
+        if self.grace && !in_replay {
             // Grace after a restart: a restored session's replays come first (they are
             // changes other clients may already have seen acknowledged).
             self.open_on_arrival(session, &req);
@@ -697,9 +702,10 @@ impl Server {
         handles.map_or(0, |h| h.values().fold(0, |all, access| all | access))
     }
 
-    /// True during the grace period after a restart (restored sessions still replaying).
+    /// True during the grace period after a restart (restored sessions still replaying,
+    /// or a replay of theirs still parked).
     pub fn in_grace(&self) -> bool {
-        !self.replaying.is_empty()
+        self.grace
     }
 
     /// True while `ino`, a file whose last name a change removed, is kept for the opens

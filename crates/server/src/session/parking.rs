@@ -267,6 +267,8 @@ impl Server {
                 self.handle(p.session, p.req, now);
             }
         }
+        // (The last replay parked in the grace period may have run.)
+        self.end_grace_if_replayed(now);
     }
 
     /// Every inode a request names (and the victims of its unlinks and renames): what

@@ -47,7 +47,17 @@ impl Server {
     /// `session`'s client has sent every request it replays after the restart.
     pub fn replayed(&mut self, session: SessionId, now: p::Time) {
         self.confirm_resume(session);
-        if self.replaying.remove(&session) && self.replaying.is_empty() {
+        if self.replaying.remove(&session) {
+            self.end_grace_if_replayed(now);
+        }
+    }
+
+    /// Ends the grace period once every restored session has said `Replayed` and every
+    /// replay parked meanwhile (behind another session's re-asserted rights, or a flush)
+    /// has run: until then the new work that waits for it may find the state without
+    /// a change its caller was told was done.
+    pub(super) fn end_grace_if_replayed(&mut self, now: p::Time) {
+        if self.grace && self.replaying.is_empty() && self.parked_in_replay.is_empty() {
             tracing::info!("every restored session has replayed: grace over");
             self.end_grace(now);
         }
@@ -81,13 +91,14 @@ impl Server {
     /// first, and other sessions' too). If the change orphans it, it is held with the
     /// orphans the image kept, until the grace period ends (`grace_orphans`).
     pub(super) fn hold_for_grace(&mut self, victims: &[u64]) -> Vec<u64> {
-        if self.replaying.is_empty() {
+        if !self.grace {
             return Vec::new();
         }
         victims.iter().copied().filter(|&ino| self.store.open_handle(ino).is_ok()).collect()
     }
 
     pub(super) fn end_grace(&mut self, now: p::Time) {
+        self.grace = false;
         self.replaying.clear();
         self.grace_just_ended = true;
         // Every client that could still hold an unlinked file open has opened it again
@@ -101,39 +112,41 @@ impl Server {
     }
 
     /// Ends the grace period when no restored session is left to replay (one that ended
-    /// leaves that to the next tick), or when it runs out (its end is set by the first
-    /// tick after a restart), fencing those still away.
+    /// leaves that to the next tick) and no replay waits parked, or when it runs out (its
+    /// end is set by the first tick after a restart), fencing those still away. (Replays
+    /// still parked then keep their session's new work behind them.)
     pub(super) fn tick_grace(&mut self, now_ms: u64) {
+        if !self.grace {
+            return;
+        }
+        let until = *self.grace_until.get_or_insert(now_ms + crate::caps::GRACE_MS);
         if self.replaying.is_empty() {
-            if !self.grace_parked.is_empty() {
+            if self.parked_in_replay.is_empty() || now_ms >= until {
                 self.end_grace(time_of_millis(now_ms));
             }
-        } else {
-            let until = *self.grace_until.get_or_insert(now_ms + crate::caps::GRACE_MS);
-            if now_ms >= until {
-                tracing::warn!(
-                    sessions = ?self.replaying,
-                    "grace period over; clients of these sessions did not come back to replay"
-                );
-                // Those still away are fenced, as a session silent past its lease is: what
-                // they answered themselves and had not shipped (or had acknowledged and not
-                // replayed) must not land after others have moved on without it. Their
-                // clients are told when they come back (the fenced marker).
-                let mut away: Vec<SessionId> = self
-                    .replaying
-                    .iter()
-                    .copied()
-                    .filter(|id| {
-                        self.disconnected.contains_key(id)
-                            || self.sessions.get(id).is_some_and(|s| s.awaiting_resume.is_some())
-                    })
-                    .collect();
-                away.sort_unstable();
-                for id in away {
-                    self.fence(id, "did not come back within the grace period after a restart");
-                }
-                self.end_grace(time_of_millis(now_ms));
+        } else if now_ms >= until {
+            tracing::warn!(
+                sessions = ?self.replaying,
+                "grace period over; clients of these sessions did not come back to replay"
+            );
+            // Those still away are fenced, as a session silent past its lease is: what
+            // they answered themselves and had not shipped (or had acknowledged and not
+            // replayed) must not land after others have moved on without it. Their
+            // clients are told when they come back (the fenced marker).
+            let mut away: Vec<SessionId> = self
+                .replaying
+                .iter()
+                .copied()
+                .filter(|id| {
+                    self.disconnected.contains_key(id)
+                        || self.sessions.get(id).is_some_and(|s| s.awaiting_resume.is_some())
+                })
+                .collect();
+            away.sort_unstable();
+            for id in away {
+                self.fence(id, "did not come back within the grace period after a restart");
             }
+            self.end_grace(time_of_millis(now_ms));
         }
     }
 }

@@ -733,3 +733,56 @@ fn a_reopen_the_check_refuses_still_holds_the_file_and_grants_nothing() {
     let r = srv.handle_request(a, req(5, vec![write]), NOW);
     assert_eq!(r.results[0].as_ref().err().map(|e| e.errno), Some(13), "but grants no writing");
 }
+
+#[test]
+fn the_grace_period_lasts_until_a_replay_parked_behind_rights_has_run() {
+    // b's replay waits behind a's re-asserted exclusive rights on y, and b's `Replayed`
+    // is the last: the grace must not end before the replay runs, or c's new work
+    // (waiting for the grace) runs first without the change b's caller was told of. It
+    // ends as soon as the replay has run.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let mut tokens = Vec::new();
+    for name in ["y", "x"] {
+        let (id, w) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+        let id = id.expect("session");
+        let made = srv.handle_request(id, create_in_root(1, name), NOW);
+        assert!(made.results[0].is_ok(), "{made:?}");
+        tokens.push((id, w.session));
+    }
+    let [(a, ta), (b, tb)] = tokens[..] else { panic!("two sessions") };
+    let y = srv.store.lookup(1, b"y").expect("lookup").ino;
+    srv.handle_request(a, req(2, vec![Op::Fsync { ino: 1 }]), NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
+    for t in [ta, tb] {
+        assert!(srv.handle_hello(&hello(Some(t))).0.is_some());
+    }
+    let (c, _) = srv.handle_hello(&hello(None));
+    let c = c.expect("c");
+    let r = srv.handle_request(a, req(3, vec![Op::Reassert { ino: y, exclusive: true }]), NOW);
+    assert_eq!(r.results, vec![Ok(Reply::Done)]);
+    srv.replayed(a, NOW);
+    srv.handle(c, req(1, vec![Op::GetAttr { ino: y }]), NOW);
+    let _ = srv.take_outgoing();
+    let chmod = Op::SetAttr { ino: y, set: p::SetAttr { mode: Some(0o600), ..Default::default() } };
+    srv.handle(b, p::Request { time: Some(NOW), ..req(2, vec![chmod]) }, NOW);
+    let recall = srv.take_outgoing().into_iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if session == a => Some(recall_id),
+        _ => None,
+    });
+    let recall = recall.expect("b's replay waits for a to give y up");
+    srv.replayed(b, NOW);
+    assert!(srv.in_grace(), "b's replay has not run");
+    let out = srv.take_outgoing();
+    assert!(!out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == c)), "{out:?}");
+    srv.recall_done(a, recall, NOW);
+    assert!(!srv.in_grace(), "every replay has run");
+    let out = srv.take_outgoing();
+    let seen = out.iter().find_map(|o| match o {
+        Outgoing::Response { session, response } if *session == c => Some(response.results[0].clone()),
+        _ => None,
+    });
+    assert!(matches!(seen, Some(Ok(Reply::Attr(a))) if a.mode & 0o777 == 0o600), "{out:?}");
+}
