@@ -197,6 +197,17 @@ impl Raw {
         }
     }
 
+    /// Makes `name` in the root, `size` bytes long and all holes (requests 1 and 2).
+    fn sparse_file(&mut self, name: &[u8], size: u64) -> p::Attr {
+        let kind = p::FileType::Regular;
+        let create =
+            Op::Create { parent: 1, name: name.to_vec(), kind, mode: 0o644, rdev: 0, cred: p::Cred::default() };
+        let Ok(Reply::Entry(a)) = self.call(1, vec![create]).results[0].clone() else { panic!("create") };
+        let set = p::SetAttr { size_bytes: Some(size), ..Default::default() };
+        assert!(self.call(2, vec![Op::SetAttr { ino: a.ino, set }]).results[0].is_ok());
+        a
+    }
+
     /// Reads until the server closes the connection.
     fn expect_closed(&mut self, what: &str) {
         loop {
@@ -284,17 +295,7 @@ fn a_small_request_for_a_huge_answer_is_answered_in_one_frame() {
     let mut rng = seed();
     let server = ServerProcess::start();
     let mut c = Raw::session(server.addr);
-    let create = Op::Create {
-        parent: 1,
-        name: b"sparse".to_vec(),
-        kind: p::FileType::Regular,
-        mode: 0o644,
-        rdev: 0,
-        cred: p::Cred::default(),
-    };
-    let Ok(Reply::Entry(a)) = &c.call(1, vec![create]).results[0] else { panic!("create") };
-    let set = p::SetAttr { size_bytes: Some(1 << 40), ..Default::default() };
-    assert!(c.call(2, vec![Op::SetAttr { ino: a.ino, set }]).results[0].is_ok());
+    let a = c.sparse_file(b"sparse", 1 << 40);
     let before = server.peak_rss();
     let n = 100 + next(&mut rng) % 60;
     let reads: Vec<Op> =
@@ -374,18 +375,8 @@ fn a_peer_that_reads_no_replies_makes_the_server_hold_only_a_bounded_backlog() {
     let mut rng = seed();
     let server = ServerProcess::start();
     let mut c = Raw::session(server.addr);
-    let create = Op::Create {
-        parent: 1,
-        name: b"big".to_vec(),
-        kind: p::FileType::Regular,
-        mode: 0o644,
-        rdev: 0,
-        cred: p::Cred::default(),
-    };
-    let Ok(Reply::Entry(a)) = &c.call(1, vec![create]).results[0] else { panic!("create") };
     let size = 1u64 << 34;
-    let set = p::SetAttr { size_bytes: Some(size), ..Default::default() };
-    assert!(c.call(2, vec![Op::SetAttr { ino: a.ino, set }]).results[0].is_ok());
+    let a = c.sparse_file(b"big", size);
     let before = server.peak_rss();
     // Reads of a sparse file: each asks for MAX_IO_BYTES, in a frame of a few bytes.
     let n = 150 + next(&mut rng) % 100;

@@ -124,16 +124,21 @@ fn no_session_builds_on_another_sessions_change_that_a_crash_could_take_back() {
     assert!(!found(&srv.handle_request(c, look(4, "w"), NOW)), "w was a's alone");
 }
 
+/// A server on `disk` with one session (its welcome too) that made "f" in the root.
+fn a_session_that_made_f(disk: &MemDisk) -> (Server, SessionId, p::Welcome, u64) {
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, w) = srv.handle_hello(&hello(None));
+    let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+    let a = a.expect("session");
+    let made = srv.handle_request(a, create_in_root(1, "f"), NOW);
+    let Ok(Reply::Entry(f)) = &made.results[0] else { panic!("{made:?}") };
+    (srv, a, w, f.ino)
+}
+
 #[test]
 fn rights_held_before_a_restart_are_given_back_while_their_session_replays() {
     let disk = fresh_disk();
-    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
-    let (a, wa) = srv.handle_hello(&hello(None));
-    let p::ServerMessage::Welcome(wa) = wa else { panic!("{wa:?}") };
-    let a = a.expect("a");
-    let made = srv.handle_request(a, create_in_root(1, "f"), NOW);
-    let Ok(Reply::Entry(f)) = &made.results[0] else { panic!("{made:?}") };
-    let f = f.ino;
+    let (mut srv, a, wa, f) = a_session_that_made_f(&disk);
     srv.handle_request(
         a,
         p::Request { id: 2, ops: vec![Op::Fsync { ino: 1 }], time: None, caller: p::Caller::ROOT },
@@ -708,13 +713,7 @@ fn a_sessions_new_work_waits_behind_its_own_replay_parked_behind_rights() {
 #[test]
 fn a_reopen_the_check_refuses_still_holds_the_file_and_grants_nothing() {
     let disk = fresh_disk();
-    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
-    let (a, w) = srv.handle_hello(&hello(None));
-    let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
-    let a = a.expect("session");
-    let made = srv.handle_request(a, create_in_root(1, "f"), NOW);
-    let Ok(Reply::Entry(f)) = &made.results[0] else { panic!("{made:?}") };
-    let f = f.ino;
+    let (mut srv, a, w, f) = a_session_that_made_f(&disk);
     let open = Op::Open { ino: f, handle: 1, access: p::OPEN_WRITE };
     let r = srv.handle_request(a, req(2, vec![open.clone(), Op::Unlink { parent: 1, name: b"f".to_vec() }]), NOW);
     assert!(r.results.iter().all(Result::is_ok), "{r:?}");
