@@ -1,8 +1,9 @@
 """Permissions are checked when a file is opened, as on a local file system: a descriptor
 then reads or writes for whoever uses it (a process that dropped its privileges after
 opening, as daemons do; the kernel's writeback), and execute permission alone runs a
-program. The server checks each open again (it trusts no client's kernel) and must not
-refuse what the open allowed. Sizes and offsets are random (seed printed: CREST_E2E_SEED).
+program; a caller's supplementary groups count on the server as in the kernel. The server
+checks each open again (it trusts no client's kernel) and must not refuse what the open
+allowed. Sizes and offsets are random (seed printed: CREST_E2E_SEED).
 `descriptors.py A B`."""
 
 import os
@@ -15,16 +16,16 @@ from mounts import a, b, check, read, run, use, write
 NOBODY = 65534
 
 
-def as_nobody(fn):
-    """Runs fn in a child that became nobody (descriptors opened before are kept).
-    Returns None, or the error it raised."""
+def as_nobody(fn, groups=()):
+    """Runs fn in a child that became nobody, in supplementary `groups` (descriptors opened
+    before are kept). Returns None, or the error it raised."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         msg = b""
         try:
-            os.setgroups([])
+            os.setgroups(list(groups))
             os.setresgid(NOBODY, NOBODY, NOBODY)
             os.setresuid(NOBODY, NOBODY, NOBODY)
             fn()
@@ -105,6 +106,22 @@ def main():
     res = as_nobody(lambda: subprocess.run([tool], check=True))
     check("nobody runs a program it may execute but not read", res is None, res)
     check("nobody cannot read it", as_nobody(lambda: read(tool)) is not None)
+
+    # A supplementary group reaches the server (the client reads it from /proc).
+    shared = a("shared")
+    data = os.urandom(rng.randint(1, 5000))
+    write(shared, data)
+    os.chown(shared, 0, 4321)
+    os.chmod(shared, 0o660)
+
+    def rewrite_as_member():
+        os.close(os.open(shared, os.O_WRONLY | os.O_TRUNC))
+        write(shared, data[::-1])
+
+    err = as_nobody(rewrite_as_member, groups=[4321])
+    check("a supplementary group lets nobody rewrite a group-writable file", err is None, err)
+    check("the other mount reads it", read(b("shared")) == data[::-1])
+    check("without the group: refused", as_nobody(lambda: read(shared)) is not None)
     shutil.rmtree(a())
 
 

@@ -212,7 +212,8 @@ file_handles_across_mounts() {
 check file-handles file_handles_across_mounts
 
 # A descriptor reads and writes for whoever uses it, as the open allowed; execute
-# permission alone runs a program (tests/e2e/descriptors.py).
+# permission alone runs a program; supplementary groups reach the server
+# (tests/e2e/descriptors.py).
 descriptors_checked_at_open() {
   grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
   (cd "$root/tests/e2e" && python3 descriptors.py "$mnt" "$mnt2") >&2
