@@ -100,10 +100,27 @@ struct Gate {
 
 /// What a connection's tasks hold of the server thread: its control queue, the wake-up of
 /// the sessions' queues, and where they note their session's arrivals.
+#[derive(Clone)]
 struct Shell {
     ctrl: mpsc::UnboundedSender<Ctrl>,
     ready: Arc<tokio::sync::Notify>,
     arrivals: Arrivals,
+    /// How long a session's connection may stay silent (`Options::idle_timeout`).
+    idle: Duration,
+}
+
+/// What a server may be told beyond its store, address and security.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// A session's connection silent this long (or whose replies go unread this long) is
+    /// closed. Clients send a heartbeat every second.
+    pub idle_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { idle_timeout: limits::IDLE_TIMEOUT }
+    }
 }
 
 /// A client the authority admitted: who, and the news of revocations.
@@ -388,6 +405,11 @@ pub struct Serving {
 /// Binds `listen` and starts serving `store` on a thread of its own, securing connections
 /// as `security` says. Async only to keep the callers' shape: it does not need their runtime.
 pub async fn start(store: Store, listen: &str, security: Security) -> std::io::Result<Serving> {
+    start_with(store, listen, security, Options::default()).await
+}
+
+/// `start`, with `options`.
+pub async fn start_with(store: Store, listen: &str, security: Security, options: Options) -> std::io::Result<Serving> {
     let listener = std::net::TcpListener::bind(listen)?;
     listener.set_nonblocking(true)?;
     let local_addr = listener.local_addr()?;
@@ -416,7 +438,7 @@ pub async fn start(store: Store, listen: &str, security: Security) -> std::io::R
             });
             match TcpListener::from_std(listener) {
                 Ok(listener) => {
-                    let shell = Shell { ctrl: accept_cmds, ready, arrivals };
+                    let shell = Shell { ctrl: accept_cmds, ready, arrivals, idle: options.idle_timeout };
                     tokio::spawn(accept_loop(listener, shell, gate, stop_rx, accept_done_tx));
                 }
                 Err(e) => tracing::error!("cannot listen: {e}"),
@@ -472,7 +494,7 @@ async fn accept_loop(
                         tracing::debug!(%peer, "too many connections from this address before their hello: closed");
                         continue;
                     };
-                    let shell = Shell { ctrl: shell.ctrl.clone(), ready: shell.ready.clone(), arrivals: shell.arrivals.clone() };
+                    let shell = shell.clone();
                     let gate = gate.clone();
                     let counters = counters.clone();
                     tokio::spawn(async move {
@@ -819,8 +841,8 @@ async fn wait_for_room(conn: &Conn<'_>) -> Result<(), ConnError> {
         if now < last {
             progress = tokio::time::Instant::now();
             conn.shell.arrivals.lock().unwrap_or_else(|e| e.into_inner()).insert(conn.session, now_ms());
-        } else if progress.elapsed() > limits::IDLE_TIMEOUT {
-            return Err(ConnError::Other(format!("{now} bytes of replies unread for {:?}", limits::IDLE_TIMEOUT)));
+        } else if progress.elapsed() > conn.shell.idle {
+            return Err(ConnError::Other(format!("{now} bytes of replies unread for {:?}", conn.shell.idle)));
         }
         last = now;
     }
@@ -887,8 +909,8 @@ async fn session_messages(
         }
         wait_for_room(conn).await?;
         tokio::select! {
-            r = tokio::time::timeout(limits::IDLE_TIMEOUT, rd.read(buf)) => match r {
-                Err(_) => return Err(ConnError::Other(format!("silent for {:?}", limits::IDLE_TIMEOUT))),
+            r = tokio::time::timeout(conn.shell.idle, rd.read(buf)) => match r {
+                Err(_) => return Err(ConnError::Other(format!("silent for {:?}", conn.shell.idle))),
                 Ok(r) => match r? {
                     0 => return Ok(Ended::Closed),
                     n => {

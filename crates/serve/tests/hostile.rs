@@ -16,6 +16,8 @@ use crest_store::{MemDisk, MkfsOptions, Store, Timespec};
 
 /// Set in the environment of the process that serves.
 const SERVE_ENV: &str = "CREST_HOSTILE_SERVE";
+/// The serving process's idle timeout, in milliseconds, if not the default.
+const IDLE_ENV: &str = "CREST_HOSTILE_IDLE_MS";
 /// How long a test waits for the server before calling it stuck.
 const HANG_GUARD: Duration = Duration::from_secs(60);
 
@@ -36,8 +38,12 @@ fn server_process() {
         .expect("mkfs");
     let store = Store::open(Box::new(disk)).expect("open");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let serving =
-        rt.block_on(crest_serve::start(store, "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
+    let mut options = crest_serve::Options::default();
+    if let Some(ms) = std::env::var(IDLE_ENV).ok().and_then(|v| v.parse().ok()) {
+        options.idle_timeout = Duration::from_millis(ms);
+    }
+    let insecure = crest_serve::Security::Insecure;
+    let serving = rt.block_on(crest_serve::start_with(store, "127.0.0.1:0", insecure, options)).expect("serve");
     println!("PORT {}", serving.local_addr.port());
     std::io::stdout().flush().expect("stdout");
     let mut rest = Vec::new();
@@ -54,8 +60,17 @@ struct ServerProcess {
 
 impl ServerProcess {
     fn start() -> ServerProcess {
+        ServerProcess::start_idle(None)
+    }
+
+    /// A server whose idle timeout is `idle` (None: the default).
+    fn start_idle(idle: Option<Duration>) -> ServerProcess {
         let exe = std::env::current_exe().expect("test binary");
-        let mut child = Command::new(exe)
+        let mut cmd = Command::new(exe);
+        if let Some(idle) = idle {
+            cmd.env(IDLE_ENV, idle.as_millis().to_string());
+        }
+        let mut child = cmd
             .args(["--exact", "server_process", "--nocapture", "--test-threads=1"])
             .env(SERVE_ENV, "1")
             .stdin(Stdio::piped())
@@ -414,4 +429,25 @@ fn a_peer_that_reads_no_replies_makes_the_server_hold_only_a_bounded_backlog() {
     }
     let grown = server.peak_rss().saturating_sub(before);
     assert!(grown <= bound, "the server's peak memory grew by {} MiB", grown >> 20);
+}
+
+/// (f) A session's connection that falls silent (no request, no heartbeat) is closed
+/// after the idle timeout and its descriptor freed; one that keeps talking stays.
+#[test]
+fn a_silent_connection_is_closed_after_the_idle_timeout_and_a_talking_one_is_not() {
+    let idle = Duration::from_millis(1500);
+    let server = ServerProcess::start_idle(Some(idle));
+    let mut talker = Raw::session(server.addr);
+    let mut silent = Raw::session(server.addr);
+    let fds = server.fds();
+    let start = Instant::now();
+    let mut id = 1;
+    while start.elapsed() < idle * 3 {
+        assert!(talker.call(id, vec![Op::StatFs]).results[0].is_ok(), "the talking session is served");
+        id += 1;
+        std::thread::sleep(idle / 10);
+    }
+    silent.expect_closed("a connection silent past the idle timeout");
+    server.wait_for_fds_at_most(fds - 1);
+    assert!(talker.call(id, vec![Op::StatFs]).results[0].is_ok(), "the talking one is still open");
 }
