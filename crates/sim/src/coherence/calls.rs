@@ -59,10 +59,7 @@ impl Sim {
             return;
         }
         if let Op::Release { handle, .. } = op {
-            // close(2): the release goes behind, nobody waits for it.
-            self.clients[c].released(handle);
-            self.log(format!("client {c}: [{}] sent behind", ops_brief(std::slice::from_ref(&op))));
-            self.send_request(c, vec![op], Some(ptime(now)), Purpose::Behind, t0_lc);
+            self.close_behind(c, handle, op);
             let d = self.think();
             let inc = self.clients[c].incarnation;
             self.at(d, Ev::Wake { client: c, incarnation: inc });
@@ -87,6 +84,14 @@ impl Sim {
             return;
         }
         self.send_syscall(c, op, t0_lc, locks);
+    }
+
+    /// close(2) of `handle`: the release (`op`) goes behind, nobody waits for it.
+    pub(crate) fn close_behind(&mut self, c: usize, handle: u64, op: Op) {
+        self.clients[c].released(handle);
+        self.log(format!("client {c}: [{}] sent behind", ops_brief(std::slice::from_ref(&op))));
+        let t0_lc = self.ck.tick();
+        self.send_request(c, vec![op], Some(ptime(self.now)), Purpose::Behind, t0_lc);
     }
 
     /// What a system call `op` of client `c` holds locked while it waits on the server,
@@ -177,7 +182,9 @@ impl Sim {
                 answer,
                 done_lc,
                 applied_k: None,
-                lost: false,
+                // (A session the server has fenced, its client not yet told: lost from
+                // the start, as its earlier ones are at the fencing.)
+                lost: self.ck.fenced_sessions.contains(&session),
                 named,
                 replay_of: None,
                 taken_back: false,
@@ -228,7 +235,7 @@ const ANY_VICTIM: u64 = u64::MAX;
 const CHANGES: u64 = u64::MAX - 1;
 
 /// Whether calls holding `a` and `b` must run one at a time.
-fn locks_conflict(a: &BTreeSet<u64>, b: &BTreeSet<u64>) -> bool {
+pub(crate) fn locks_conflict(a: &BTreeSet<u64>, b: &BTreeSet<u64>) -> bool {
     let victim = |x: &BTreeSet<u64>, y: &BTreeSet<u64>| x.contains(&ANY_VICTIM) && y.contains(&CHANGES);
     victim(a, b) || victim(b, a) || a.iter().any(|i| *i < CHANGES && b.contains(i))
 }

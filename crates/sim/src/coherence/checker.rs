@@ -122,6 +122,8 @@ pub(crate) struct Checker {
     pub(crate) generations: BTreeMap<u64, u64>,
     pub(crate) failure: Option<String>,
     pub(crate) stats: Stats,
+    /// Requests whose opens took effect on the server at some run.
+    pub(crate) opens_taken: BTreeSet<(SessionId, u64)>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -349,6 +351,9 @@ impl Checker {
         // (A replay's answer goes to no caller: it was answered before the crash.)
         let is_replay = mutates && self.lost_done.contains_key(&key);
         let syscall = matches!(info.purpose, Purpose::Syscall | Purpose::Acquire { .. }) && !is_replay;
+        if info.time.is_none() && !is_replay {
+            self.replays_came_first(key, &info.ops);
+        }
         // Completed local answers (of anyone) the server has not applied yet: a coherent
         // answer to a system call started after them shows them.
         let coherent = if syscall {
@@ -383,6 +388,9 @@ impl Checker {
                 _ => None,
             });
             results.push(model.apply(key.0, op, now));
+        }
+        if info.ops.iter().any(|op| matches!(op, Op::Open { .. })) && results.iter().all(Result::is_ok) {
+            self.opens_taken.insert(key);
         }
         let what = format!("server: runs {}/{} [{}] → {}", key.0, key.1, ops_brief(&info.ops), res_brief(&results));
         let replay = if mutates { self.lost_done.remove(&key) } else { None };
@@ -450,6 +458,25 @@ impl Checker {
         }
         self.expect.entry(key).or_default().push_back(e);
         Some(what)
+    }
+
+    /// New work `key` runs (neither a replay nor a writeback: it carries no client
+    /// time): every change a crash took back after its caller was answered must be back
+    /// first — its client replays it in the grace period, before anyone's new work runs
+    /// (docs/protocol.md §4.5). New work run before it may see the state without it, or
+    /// build on that state; whether it shows depends on what that work reads, so the
+    /// order itself is checked. (Sessions fenced or gone replay nothing.)
+    fn replays_came_first(&mut self, key: (SessionId, u64), ops: &[Op]) {
+        let live = |s: &SessionId| !self.fenced_sessions.contains(s) && !self.dead_sessions.contains(s);
+        let missing: Vec<(SessionId, u64)> = self.lost_done.keys().filter(|(s, _)| live(s)).copied().collect();
+        if !missing.is_empty() {
+            let theirs: Vec<String> =
+                missing.iter().map(|k| self.reqs.get(k).map_or(String::new(), |i| ops_brief(&i.ops))).collect();
+            self.fail(format!(
+                "{key:?} [{}] ran before the replays of {missing:?} ({theirs:?}): new work ran before every replay",
+                ops_brief(ops)
+            ));
+        }
     }
 
     /// A response left the server (delivered or not): is it what the model said?

@@ -244,6 +244,11 @@ impl Client {
         }
     }
 
+    /// Whether its processes still hold every handle `ops` open.
+    pub(crate) fn holds(&self, ops: &[Op]) -> bool {
+        ops.iter().all(|op| !matches!(op, Op::Open { handle, .. } if !self.opens.contains_key(handle)))
+    }
+
     /// Its process closed `handle`: an unlinked file whose last handle this was is out of
     /// every process's reach (the kernel forgets it).
     pub(crate) fn released(&mut self, handle: u64) {

@@ -215,7 +215,10 @@ pub(crate) const TRACE_EVENTS: usize = 80;
 pub(crate) const INODE_BATCH: u32 = 16;
 /// What the server answers a fenced session's requests with.
 /// Mean time between reads by a client's other processes while its system call waits.
-pub(crate) const PEEK_US: u64 = 50_000;
+pub(crate) const PEEK_US: u64 = 25_000;
+/// Calls a client may have unanswered for another process's change or open, answered
+/// locally while its system call waits, to go behind them.
+pub(crate) const MEANWHILE_BACKLOG: usize = 8;
 /// A client asks for a directory whole at most this often (the real client's
 /// `ACQUIRE_RETRY`).
 pub(crate) const ACQUIRE_RETRY_US: u64 = 1_000_000;
@@ -231,6 +234,7 @@ mod model;
 mod sim;
 mod workload;
 
+use calls::locks_conflict;
 use checker::*;
 use client::*;
 use model::*;

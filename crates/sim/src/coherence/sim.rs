@@ -602,11 +602,34 @@ impl Sim {
         }
     }
 
-    /// Another process of a client whose system call waits: a read, answered only if the
-    /// client holds what it needs (else that process would wait too; it is not run).
+    /// Another process of a client whose system call waits: a call answered without
+    /// waiting — a read the client holds what it needs for, or a change or an open it
+    /// answers itself (its writeback, or its `Open`, goes behind on the connection, stuck
+    /// there with the waiting call when the client is cut off) — else not run (that
+    /// process would wait too).
     pub(crate) fn peek(&mut self, c: usize) {
-        let op = self.pick_op(c);
-        if op.is_mutation() {
+        let op = self.pick_meanwhile(c);
+        if let Op::Release { handle, .. } = op {
+            // (close(2) never waits.)
+            self.ck.stats.peeks += 1;
+            return self.close_behind(c, handle, op);
+        }
+        if op.is_mutation() || matches!(op, Op::Open { .. }) {
+            // (As the kernel's inode locks make it: not while another process's call
+            // holds what it needs. And not past `MEANWHILE_BACKLOG` calls unanswered:
+            // the adapter's queue room, here small, so that a long outage does not
+            // pile up more writeback than a few processes would make.)
+            if self.clients[c].core.waiting() >= MEANWHILE_BACKLOG {
+                return;
+            }
+            let locks = self.locks_of(c, &op);
+            if self.clients[c].busy.values().any(|theirs| locks_conflict(theirs, &locks)) {
+                return;
+            }
+            self.check_lease_now(c);
+            if self.try_local(c, &op) {
+                self.ck.stats.peeks += 1;
+            }
             return;
         }
         self.check_lease_now(c);
@@ -976,6 +999,14 @@ impl Sim {
                     // change's does.
                     Some(Err(e)) if self.ck.fenced_sessions.contains(&pd.session) => {
                         self.log(format!("client {c}: writeback {n} lost with its fenced session: {e:?}"));
+                    }
+                    // An open that took effect, whose answer a broken connection lost, sent
+                    // again after its descriptor was closed (the release goes again behind
+                    // it): the file may be gone by then, and nobody is left to tell.
+                    Some(Err(e))
+                        if self.ck.opens_taken.contains(&(pd.session, id)) && !self.clients[c].holds(&pd.req.ops) =>
+                    {
+                        self.log(format!("client {c}: writeback {n}, an open sent again after its close: {e:?}"));
                     }
                     // Its caller was told it worked: the promise is broken.
                     Some(Err(e)) => {

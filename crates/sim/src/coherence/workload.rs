@@ -71,6 +71,19 @@ fn name(r: &mut Stream) -> Vec<u8> {
 impl Sim {
     /// Client `c`'s next system call.
     pub(crate) fn pick_op(&mut self, c: usize) -> Op {
+        self.pick_op_of(c, None)
+    }
+
+    /// What another process of client `c` does while a call of it waits on the server:
+    /// half the time it opens or closes a file (as readers do: `cat`, an editor),
+    /// else anything.
+    pub(crate) fn pick_meanwhile(&mut self, c: usize) -> Op {
+        let w = (self.rng.below(2) == 0).then(|| self.rng.below(6));
+        self.pick_op_of(c, w)
+    }
+
+    /// Client `c`'s next system call, of the kind `w` (0..100; drawn if none).
+    fn pick_op_of(&mut self, c: usize, w: Option<u64>) -> Op {
         let cl = &self.clients[c];
         // From its working set (as often as this seed says), else from everything it has
         // heard of.
@@ -98,7 +111,7 @@ impl Sim {
         };
         let reach_files = reach.iter().copied().filter(|i| files.contains(i)).collect();
         let pool = Pool { dirs, files, all, reach, reach_files, opened: opened.into_iter().collect() };
-        let w = self.rng.below(100);
+        let w = w.unwrap_or_else(|| self.rng.below(100));
         let r = &mut self.rng;
         match w {
             0..=9 => self.pick_open_or_lock(c, w, &pool),
