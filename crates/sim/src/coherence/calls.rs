@@ -188,6 +188,7 @@ impl Sim {
                 named,
                 replay_of: None,
                 taken_back: false,
+                opens: BTreeSet::new(),
             };
             self.ck.locals.insert(n, local);
         }

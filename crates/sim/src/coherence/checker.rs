@@ -39,6 +39,10 @@ pub(crate) struct Local {
     pub(crate) replay_of: Option<(SessionId, u64)>,
     /// Applied, then taken back by a crash: it comes again only from its client.
     pub(crate) taken_back: bool,
+    /// For a create a crash took back: the handles open on its file then (opens are not
+    /// replayed, the restored sessions open them again), which keep it when a lost
+    /// unlink laid after it leaves it no name.
+    pub(crate) opens: BTreeSet<(SessionId, u64)>,
 }
 
 impl Local {
@@ -54,6 +58,11 @@ impl Local {
                 m.next_ino = m.next_ino.max(ino + 1);
             }
             let _ = m.apply(self.session, &self.op, self.time);
+            if let (Op::CreateAt { ino, .. }, false) = (&self.op, self.opens.is_empty()) {
+                if let Some(i) = m.inodes.get_mut(ino) {
+                    i.opens.extend(self.opens.iter().copied());
+                }
+            }
         }
     }
 }
@@ -630,6 +639,12 @@ impl Checker {
         m.early.clear();
         m.grace = None;
         m.side = cur.side + 1;
+        let gone_opens: BTreeMap<u64, BTreeSet<(SessionId, u64)>> = cur
+            .inodes
+            .iter()
+            .filter(|(ino, i)| !i.opens.is_empty() && !m.inodes.contains_key(ino) && !m.pinned.contains_key(ino))
+            .map(|(&ino, i)| (ino, i.opens.clone()))
+            .collect();
         self.model = Some(m);
         let mut lost: Vec<((SessionId, u64), u64)> =
             self.applied.iter().filter(|(_, &k)| k > kd).map(|(&key, &k)| (key, k)).collect();
@@ -647,7 +662,7 @@ impl Checker {
                 if let Some(first) = self.first_run.get(&key).cloned() {
                     self.lost_done.insert(key, first.results.clone());
                     if !replayed {
-                        self.lost_answer(key, k, &first);
+                        self.lost_answer(key, k, &first, &gone_opens);
                     }
                 }
             }
@@ -679,7 +694,13 @@ impl Checker {
     /// Change `key` (state `k`), answered as `first` and lost by a crash, stands as its
     /// client's caller saw it until its replay: as a local answer completed and not yet
     /// applied (what an answer may show).
-    fn lost_answer(&mut self, key: (SessionId, u64), k: u64, first: &Expect) {
+    fn lost_answer(
+        &mut self,
+        key: (SessionId, u64),
+        k: u64,
+        first: &Expect,
+        gone_opens: &BTreeMap<u64, BTreeSet<(SessionId, u64)>>,
+    ) {
         let Some(info) = self.reqs.get(&key).cloned() else { return };
         let before = self.pre.get(&k).cloned();
         for (op, res) in info.ops.iter().zip(&first.results) {
@@ -709,6 +730,10 @@ impl Checker {
                         .collect()
                 })
                 .unwrap_or_default();
+            let opens = match &op {
+                Op::CreateAt { ino, .. } => gone_opens.get(ino).cloned().unwrap_or_default(),
+                _ => BTreeSet::new(),
+            };
             let n = self.next_local;
             self.next_local += 1;
             let local = Local {
@@ -723,6 +748,7 @@ impl Checker {
                 named,
                 replay_of: Some(key),
                 taken_back: false,
+                opens,
             };
             self.locals.insert(n, local);
         }
