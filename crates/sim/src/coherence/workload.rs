@@ -94,7 +94,12 @@ impl Sim {
         };
         // What its processes hold open they keep using, named or not.
         let opened: BTreeSet<u64> = cl.opens.values().copied().collect();
-        pool.retain(|(i, _)| !opened.contains(i));
+        // (Not a file it saw with no name left and holds no descriptor of: only a
+        // descriptor leads there, and its last one may have gone on another client,
+        // which destroys the file without a recall.)
+        let at = self.instant();
+        let orphan = |i: &u64| cl.names().attr(*i, at).is_some_and(|a| a.nlink == 0);
+        pool.retain(|(i, _)| !opened.contains(i) && !orphan(i));
         pool.extend(opened.iter().map(|&i| (i, p::FileType::Regular)));
         let of = |kind| pool.iter().filter(|(_, k)| *k == kind).map(|(i, _)| *i).collect::<Vec<u64>>();
         let (mut dirs, files) = (of(p::FileType::Directory), of(p::FileType::Regular));
@@ -102,7 +107,6 @@ impl Sim {
             dirs.push(ROOT_INO);
         }
         let all: Vec<u64> = pool.iter().map(|(i, _)| *i).collect();
-        let at = self.instant();
         let reach: Vec<u64> = {
             let names = cl.names();
             // (Not a file with no name left that it does not hold open: no path leads there.)
