@@ -52,8 +52,10 @@
 //!   directory), then goes on with the change. The core tells the cache the reply's
 //!   grants in wire order with recalls; the listing is taken in unless a recall or a
 //!   change came while it waited (`absorb_acquired`'s epoch).
-//!   While its system call waits on the server, its other processes read what it holds
-//!   (`Ev::Peek`: answered from the cache or not at all).
+//!   While its system call waits on the server, its other processes read what it holds,
+//!   and open, close and change what it may answer for itself (`Ev::Peek`: answered from
+//!   the cache or locally, or not at all; their `Open`s and writeback go behind, and wait
+//!   with the call when the client is cut off).
 //!   Operations: lookup, getattr, read, readdir, create, mkdir, write, O_APPEND write
 //!   (`Op::Append`), setattr (mode, size), unlink, rmdir, rename, hard link, xattrs
 //!   (set with either flag, get, list, remove; values inline and chunked), open and
@@ -79,6 +81,8 @@
 //!   acquire's directory attributes and whole listing (with every entry's attributes);
 //! - exactly once: no changing request is applied twice; every response comes from a run
 //!   (or the reply cache);
+//! - after a restart, no new work runs before every lost answered change is replayed
+//!   (§4.5: the grace period), whatever that work reads;
 //! - **coherence**: no client ever observes a state older than an operation another
 //!   client has completed. A change completes when its response reaches its client (or,
 //!   its client dead, when the server lets the response go); one a client answered
