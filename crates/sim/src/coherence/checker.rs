@@ -615,11 +615,15 @@ impl Checker {
         };
         let cur = self.model.take().expect("model");
         let mut m = (*base).clone();
+        // (Files kept then only by pins are orphans in the image too, a pin being a store
+        // handle: sorted with the others below.)
+        for (ino, i) in std::mem::take(&mut m.pinned) {
+            m.inodes.entry(ino).or_insert(i);
+        }
         for (ino, i) in m.inodes.iter_mut() {
             i.opens = cur.inodes.get(ino).map(|c| c.opens.clone()).unwrap_or_default();
         }
         let orphans: Vec<u64> = m.inodes.iter().filter(|(_, i)| i.nlink == 0).map(|(&ino, _)| ino).collect();
-        m.pinned.clear();
         for ino in orphans {
             let gone = !in_store(ino);
             let unheld = m.inodes[&ino].opens.is_empty();

@@ -1111,7 +1111,10 @@ impl Sim {
                 .ck
                 .snaps
                 .get(&self.ck.k_durable)
-                .map(|m| m.inodes.iter().filter(|(_, i)| i.nlink == 0).map(|(&ino, _)| ino).collect())
+                .map(|m| {
+                    let orphans = m.inodes.iter().filter(|(_, i)| i.nlink == 0).map(|(&ino, _)| ino);
+                    orphans.chain(m.pinned.keys().copied()).collect()
+                })
                 .unwrap_or_default();
             for ino in orphans {
                 if store.getattr(ino).is_ok() {
