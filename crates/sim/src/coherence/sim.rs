@@ -610,7 +610,12 @@ impl Sim {
     pub(crate) fn peek(&mut self, c: usize) {
         let op = self.pick_meanwhile(c);
         if let Op::Release { handle, .. } = op {
-            // (close(2) never waits.)
+            // (close(2) never waits, but the kernel sends the release only once no call
+            // uses the descriptor: not while a call on the file waits, as in `syscall`.)
+            let locks = self.locks_of(c, &op);
+            if self.clients[c].busy.values().any(|theirs| locks_conflict(theirs, &locks)) {
+                return;
+            }
             self.ck.stats.peeks += 1;
             return self.close_behind(c, handle, op);
         }
