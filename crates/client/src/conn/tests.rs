@@ -462,6 +462,26 @@ fn an_open_sent_behind_goes_again_before_the_changes_made_after_it() {
     assert_eq!(Harness::ids(&again), vec![1, 2, 0], "the open, the unlink, Replayed: {again:?}");
 }
 #[test]
+fn an_open_sent_behind_goes_again_before_later_changes_after_a_restart() {
+    // The same once a restart has been: changes placed after its `Replayed` go after
+    // `Replayed` again on a plain reconnect, and the open sent behind before one of them
+    // must still go before it (not with the reads, after them all).
+    let (mut h, ids) = restart_after(3);
+    assert_eq!(ids, vec![0, 4, 5, 6]);
+    h.hear(response(4, 1, 4, 4));
+    h.hear(response(5, 1, 5, 5));
+    h.hear(response(6, 1, 0, 5));
+    let now = h.now;
+    h.c.submit(writeback(7, vec![p::Op::Open { ino: 7, handle: 3, access: p::OPEN_READ | p::OPEN_WRITE }], 1), now);
+    h.c.end_burst();
+    h.call(8, vec![unlink(1, "x")]);
+    h.sent();
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, None, false));
+    assert_eq!(Harness::ids(&again), vec![0, 7, 8], "Replayed, the open, the unlink: {again:?}");
+}
+
+#[test]
 fn an_open_unanswered_at_a_restart_goes_again_after_replayed() {
     // Its answer must show every session's replays (the server runs it after the grace
     // period, and holds the file for it as it arrives): sent before `Replayed`, it would

@@ -111,73 +111,7 @@ impl<R> Connection<R> {
                 self.write(&ClientMessage::Request(r));
             }
         } else if !w.fenced {
-            // The same session: what may not have arrived goes again, changes in their
-            // places (a repeat is answered from the reply cache).
-            // New work placed after a restart's `Replayed` goes after it again.
-            let before = |p: u64| self.replayed_at.is_none_or(|r| p <= r);
-            let mut again: Vec<(u64, p::Request)> = self.log.replaying.iter().map(|e| (e.pos, e.request())).collect();
-            let mut after: Vec<(u64, u64)> = Vec::new();
-            for c in self.pending.values() {
-                match c.pos {
-                    Some(p) if before(p) => {
-                        again.push((p, c.request()));
-                        rewritten.insert(c.id);
-                    }
-                    Some(p) => after.push((p, c.id)),
-                    None => {}
-                }
-            }
-            // An open answered here and sent behind goes again where it was: before the
-            // changes made after it (its process holds the file; an unlink of it sent
-            // later must find it open), after those made before it (a create of it).
-            // (Only where a later change goes again here and no earlier change is still
-            // to be placed: that goes after these.)
-            let unplaced = |id: u64| {
-                self.pending.values().any(|w| w.pos.is_none() && w.id < id && w.ops.iter().any(p::Op::is_mutation))
-            };
-            let behind: Vec<(u64, u64, p::Request)> = self
-                .pending
-                .values()
-                .filter(|c| c.pos.is_none() && c.reply.answered_already() && !unplaced(c.id))
-                .filter(|c| c.ops.iter().all(|o| matches!(o, p::Op::Open { .. })))
-                .filter_map(|c| {
-                    let next = again.iter().filter(|(_, r)| r.id > c.id).map(|(p, _)| *p).min()?;
-                    Some((c.id, next, c.request()))
-                })
-                .collect();
-            rewritten.extend(behind.iter().map(|(id, _, _)| *id));
-            let behind = behind.into_iter().map(|(_, next, req)| (next, req));
-            after.sort_unstable();
-            late.extend(after.into_iter().map(|(_, id)| id));
-            // (Changes by place; an open just before the change it came before.)
-            let mut again: Vec<(u64, bool, u64, p::Request)> =
-                again.into_iter().map(|(p, r)| (p, true, r.id, r)).collect();
-            again.extend(behind.map(|(p, r)| (p, false, r.id, r)));
-            again.sort_by_key(|(p, change, id, _)| (*p, *change, *id));
-            let again: Vec<(u64, p::Request)> = again.into_iter().map(|(p, _, _, r)| (p, r)).collect();
-            // In the order a restart sent them (`resume`'s other branch): handles, the
-            // replays each followed by the handles of what it made, the rest.
-            let made: BTreeSet<u64> = self.log.replaying.iter().flat_map(|e| made_by(&e.ops, &e.results)).collect();
-            let [first, mut after_made, rest] = self.held.resend(&made);
-            for r in first {
-                self.write(&ClientMessage::Request(r));
-            }
-            let replays: HashMap<u64, Vec<u64>> =
-                self.log.replaying.iter().map(|e| (e.id, made_by(&e.ops, &e.results))).collect();
-            for (_, req) in again {
-                let inos = replays.get(&req.id).cloned().unwrap_or_default();
-                self.write(&ClientMessage::Request(req));
-                let (now, later): (Vec<_>, Vec<_>) = after_made
-                    .into_iter()
-                    .partition(|r| r.ops.iter().any(|op| matches!(op, p::Op::Open { ino, .. } if inos.contains(ino))));
-                after_made = later;
-                for r in now {
-                    self.write(&ClientMessage::Request(r));
-                }
-            }
-            for r in after_made.into_iter().chain(rest) {
-                self.write(&ClientMessage::Request(r));
-            }
+            late = self.resend(&mut rewritten);
         }
         if restored {
             // Writeback was answered already, under exclusive rights: like a replay it
@@ -219,6 +153,85 @@ impl<R> Connection<R> {
             rewritten.insert(id);
         }
         rewritten
+    }
+
+    /// A plain reconnect of the same session: what may not have arrived goes again,
+    /// changes in their places (a repeat is answered from the reply cache), into
+    /// `rewritten`. Returns the calls to go after `Replayed`, in order.
+    fn resend(&mut self, rewritten: &mut HashSet<u64>) -> Vec<u64> {
+        // New work placed after a restart's `Replayed` goes after it again.
+        let before = |p: u64| self.replayed_at.is_none_or(|r| p <= r);
+        let mut again: Vec<(u64, p::Request)> = self.log.replaying.iter().map(|e| (e.pos, e.request())).collect();
+        let mut after: Vec<(u64, u64)> = Vec::new();
+        for c in self.pending.values() {
+            match c.pos {
+                Some(p) if before(p) => {
+                    again.push((p, c.request()));
+                    rewritten.insert(c.id);
+                }
+                Some(p) => after.push((p, c.id)),
+                None => {}
+            }
+        }
+        // An open answered here and sent behind goes again where it was: before the
+        // changes made after it (its process holds the file; an unlink of it sent
+        // later must find it open), after those made before it (a create of it) —
+        // after `Replayed` too when the next change goes there.
+        // (Only where a later change goes again here and no earlier change is still
+        // to be placed: that goes after these.)
+        let unplaced = |id: u64| {
+            self.pending.values().any(|w| w.pos.is_none() && w.id < id && w.ops.iter().any(p::Op::is_mutation))
+        };
+        let next_change = |id: u64| {
+            let placed = again.iter().map(|(p, r)| (*p, r.id)).chain(after.iter().copied());
+            placed.filter(|&(_, i)| i > id).map(|(p, _)| p).min()
+        };
+        let behind: Vec<(u64, u64)> = self
+            .pending
+            .values()
+            .filter(|c| c.pos.is_none() && c.reply.answered_already() && !unplaced(c.id))
+            .filter(|c| c.ops.iter().all(|o| matches!(o, p::Op::Open { .. })))
+            .filter_map(|c| Some((c.id, next_change(c.id)?)))
+            .collect();
+        // (Changes by place; an open just before the change it came before.)
+        let mut again: Vec<(u64, bool, u64, p::Request)> = again.into_iter().map(|(p, r)| (p, true, r.id, r)).collect();
+        let mut after: Vec<(u64, bool, u64)> = after.into_iter().map(|(p, id)| (p, true, id)).collect();
+        for (id, next) in behind {
+            if before(next) {
+                again.push((next, false, id, self.pending[&id].request()));
+                rewritten.insert(id);
+            } else {
+                after.push((next, false, id));
+            }
+        }
+        after.sort_unstable();
+        let late = after.into_iter().map(|(_, _, id)| id).collect();
+        again.sort_by_key(|(p, change, id, _)| (*p, *change, *id));
+        let again: Vec<(u64, p::Request)> = again.into_iter().map(|(p, _, _, r)| (p, r)).collect();
+        // In the order a restart sent them (`resume`'s other branch): handles, the
+        // replays each followed by the handles of what it made, the rest.
+        let made: BTreeSet<u64> = self.log.replaying.iter().flat_map(|e| made_by(&e.ops, &e.results)).collect();
+        let [first, mut after_made, rest] = self.held.resend(&made);
+        for r in first {
+            self.write(&ClientMessage::Request(r));
+        }
+        let replays: HashMap<u64, Vec<u64>> =
+            self.log.replaying.iter().map(|e| (e.id, made_by(&e.ops, &e.results))).collect();
+        for (_, req) in again {
+            let inos = replays.get(&req.id).cloned().unwrap_or_default();
+            self.write(&ClientMessage::Request(req));
+            let (now, later): (Vec<_>, Vec<_>) = after_made
+                .into_iter()
+                .partition(|r| r.ops.iter().any(|op| matches!(op, p::Op::Open { ino, .. } if inos.contains(ino))));
+            after_made = later;
+            for r in now {
+                self.write(&ClientMessage::Request(r));
+            }
+        }
+        for r in after_made.into_iter().chain(rest) {
+            self.write(&ClientMessage::Request(r));
+        }
+        late
     }
 
     /// After a restart that kept changes through `through` (except `holes`): every
