@@ -519,6 +519,13 @@ impl Server {
         self.heard(session, now_ms);
         self.confirm_resume(session);
         self.watch_space(now_ms);
+        if self.waits_parked(session, req.id) {
+            // A resend (its connection broke) of a request still parked: that copy runs,
+            // once, and answers on the session's connection then. Run twice, an open
+            // would take again a handle its process released in between.
+            tracing::debug!(session, id = req.id, "resent while it waits parked");
+            return;
+        }
         let mut req = req;
         let write_backs = take_write_backs(&mut req);
         let in_replay = self.parked_in_replay.remove(&(session, req.id)) || self.replaying.contains(&session);
@@ -600,6 +607,13 @@ impl Server {
             self.hold_pins(pins, &out);
         }
         self.outbox.extend(out);
+    }
+
+    /// True while request `id` of `session` waits parked (behind rights, a flush, its
+    /// session's replays or writeback, or for the grace period).
+    fn waits_parked(&self, session: SessionId, id: u64) -> bool {
+        self.parked.iter().any(|p| p.session == session && p.req.id == id)
+            || self.grace_parked.iter().any(|(s, r)| *s == session && r.id == id)
     }
 
     /// The opens of a request whose answer must wait take effect as it arrives: for

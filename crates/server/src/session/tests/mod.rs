@@ -854,6 +854,50 @@ fn an_open_parked_behind_exclusive_rights_holds_the_file_before_the_holders_unli
 }
 
 #[test]
+fn a_request_resent_while_it_waits_parked_runs_once() {
+    let (mut srv, a, b) = two_sessions();
+    let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+        panic!("create")
+    };
+    // b's open of x and its release wait behind a's exclusive rights; b's connection
+    // breaks and its client sends both again. a unlinks x, then gives its rights up.
+    let open = req(1, vec![Op::Open { ino: x.ino, handle: 3, access: p::OPEN_READ | p::OPEN_WRITE }]);
+    let release = req(2, vec![Op::Release { ino: x.ino, handle: 3 }]);
+    srv.handle(b, open.clone(), NOW);
+    srv.handle(b, release.clone(), NOW);
+    let recalls: Vec<u64> = srv
+        .take_outgoing()
+        .into_iter()
+        .filter_map(|o| match o {
+            Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. } => Some(recall_id),
+            _ => None,
+        })
+        .collect();
+    assert!(!recalls.is_empty(), "a's rights are recalled");
+    srv.handle(b, open, NOW);
+    srv.handle(b, release, NOW);
+    srv.handle(a, req(2, vec![Op::Unlink { parent: 1, name: b"x".to_vec() }]), NOW);
+    srv.take_outgoing();
+    for id in recalls {
+        srv.recall_done(a, id, NOW);
+    }
+    // Each ran once, and answered once: a second run of the open, after the release,
+    // would open the handle its process closed again (here: on a file gone with it).
+    let answers: Vec<(u64, bool)> = srv
+        .take_outgoing()
+        .into_iter()
+        .filter_map(|o| match o {
+            Outgoing::Response { session, response } if session == b => {
+                Some((response.id, response.results.iter().all(Result::is_ok)))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers, vec![(1, true), (2, true)]);
+    assert!(srv.sessions[&b].open.is_empty(), "b holds nothing open");
+}
+
+#[test]
 fn another_sessions_request_waits_until_exclusive_rights_are_flushed_and_returned() {
     let (mut srv, a, b) = two_sessions();
     // a makes a directory: it holds it exclusively from birth.
