@@ -123,10 +123,14 @@ pub struct NameCache {
     /// Directories acquired whole (`absorb_acquired`) and held since: their entries were
     /// granted with them.
     acquired: HashSet<u64>,
-    /// When shared state was last dropped without a recall (`drop_shared`): a reply to a
-    /// request sent before may be one the server's reply cache kept from before, when
-    /// it may no longer count this mount as a holder of what it names.
+    /// When shared state was last dropped without a recall (`drop_shared`, and
+    /// `reset_rights`): a reply to a request sent before may be one the server's reply
+    /// cache kept from before, or one a stalled connection delivers late, when it may no
+    /// longer count this mount as a holder of what it names.
     shared_dropped: Option<Instant>,
+    /// When every right was last dropped (`reset_rights`: the lease ran out, the session
+    /// was fenced or forgotten): a grant in a reply to a request sent before is stale.
+    rights_reset: Option<Instant>,
 }
 
 /// A name the cache keeps (and a writeback create may make): anything else goes to the
@@ -158,6 +162,7 @@ impl NameCache {
             xattrs: HashMap::new(),
             acquired: HashSet::new(),
             shared_dropped: None,
+            rights_reset: None,
         }
     }
 
@@ -425,7 +430,7 @@ impl NameCache {
         // The tombstone stays while it refuses: the same reply may grant the inode twice
         // (a hard link named twice in an acquired directory), and every grant sent before
         // the recall is as stale as the first.
-        if self.tombstones.get(&ino).is_some_and(|&at| at >= sent) {
+        if self.tombstones.get(&ino).is_some_and(|&at| at >= sent) || self.rights_reset.is_some_and(|at| at >= sent) {
             return;
         }
         self.tombstones.remove(&ino);
@@ -576,6 +581,11 @@ impl NameCache {
     /// hold none, and drop what only they kept valid.
     pub fn reset_rights(&mut self, now: Instant) {
         self.resets += 1;
+        // What a reply to a request sent before says may be stale: the lease ran out
+        // while the connection stalled, and its stream may still deliver answers the
+        // server sent before it fenced this session (the `Fenced` notice comes after).
+        self.shared_dropped = Some(now);
+        self.rights_reset = Some(now);
         // The kernel was let cache these attributes for long (exclusive ones, shared ones
         // as long as held); nobody will recall them now.
         let held = self.held_rights(now).into_iter().map(|(ino, _)| ino);
@@ -907,6 +917,28 @@ mod tests {
         c.added_by_reply(1, b"e", &attr(4, p::FileType::Directory), sent, later);
         assert_eq!(c.attr(4, later), None);
         // One sent after the reconnect is taken in.
+        c.added_by_reply(1, b"f", &attr(5, p::FileType::Regular), later, later);
+        assert!(c.attr(5, later).is_some());
+    }
+
+    #[test]
+    fn a_reply_to_a_request_sent_before_every_right_went_caches_nothing() {
+        // A rename went out; the connection stalled and the lease ran out (every right
+        // dropped); the server, hearing nothing, fenced the session and let other mounts
+        // change the file; then the stalled stream delivered the rename's old answer.
+        // Neither its attributes nor a grant in it may be held.
+        let now = Instant::now();
+        let mut c = NameCache::new(TTL);
+        let sent = now;
+        c.reset_rights(now + Duration::from_millis(5));
+        let later = now + Duration::from_millis(50);
+        c.added_by_reply(1, b"e", &attr(4, p::FileType::Regular), sent, later);
+        assert_eq!(c.attr(4, later), None);
+        c.created_by_reply(1, b"g", &attr(6, p::FileType::Regular), sent, later);
+        c.grant_exclusive(6, later, sent);
+        assert_eq!(c.attr(6, later), None);
+        assert!(c.held_rights(later).is_empty(), "{:?}", c.held_rights(later));
+        // One sent after is taken in.
         c.added_by_reply(1, b"f", &attr(5, p::FileType::Regular), later, later);
         assert!(c.attr(5, later).is_some());
     }
