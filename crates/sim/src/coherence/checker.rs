@@ -306,14 +306,38 @@ impl Checker {
     /// client fails them with EIO: deferred errors on the next close or fsync), so other
     /// clients are not required to see them from here on.
     pub(crate) fn fenced(&mut self, session: SessionId) {
+        self.forget_numbers_of(session);
         for l in self.locals.values_mut().filter(|l| l.session == session && l.applied_k.is_none()) {
             l.lost = true;
+        }
+    }
+
+    /// The numbers `session`'s creates not applied (answered locally, or lost by a crash)
+    /// took, now that they never will be (it was fenced, or its client is gone): free, as
+    /// far as the model holds no file of them, to be given again to other files, of other
+    /// generations. (A crash's roll-back forgets what it took back; a lost create laid on
+    /// again as a local answer, shown since, stood for its replay.)
+    fn forget_numbers_of(&mut self, session: SessionId) {
+        let model = self.model.as_ref().expect("model");
+        let freed: Vec<u64> = self
+            .locals
+            .values()
+            .filter(|l| l.session == session && l.applied_k.is_none())
+            .filter_map(|l| match l.op {
+                Op::CreateAt { ino, .. } | Op::SymlinkAt { ino, .. } => Some(ino),
+                _ => None,
+            })
+            .filter(|ino| !model.inodes.contains_key(ino) && !model.pinned.contains_key(ino))
+            .collect();
+        for ino in freed {
+            self.generations.remove(&ino);
         }
     }
 
     /// Session `session`'s client is gone (it died, or said goodbye): changes of it a
     /// crash took back are never replayed. They stand for nobody.
     pub(crate) fn never_replayed(&mut self, session: SessionId) {
+        self.forget_numbers_of(session);
         self.lost_done.retain(|(s, _), _| *s != session);
         self.locals
             .retain(|_, l| !(l.applied_k.is_none() && l.session == session && (l.replay_of.is_some() || l.taken_back)));
