@@ -583,10 +583,24 @@ impl<R> Connection<R> {
 
     /// The open connection is gone: what is held under shared rights stops being
     /// answered from at once (a recall may be lost with it), not at the next attempt.
+    ///
+    /// So do exclusive rights re-asserted after a restart whose answer has not come: it
+    /// may have refused them (another session holds the inode), and the server, its
+    /// grace period over, lets others change what they cover. They are dropped as a
+    /// refused re-assert is, and not asked again (a server that gave them back recalls
+    /// them, answered at once).
     fn lost(&mut self) {
         self.state = State::Away;
+        let unsure = self.held.unconfirmed_rights();
         if let Some(r) = self.rights() {
             r.disconnected(self.now);
+            if !unsure.is_empty() {
+                r.recalled(&unsure, self.now);
+            }
+        }
+        if !unsure.is_empty() {
+            tracing::warn!(inodes = ?unsure, "re-asserted rights unanswered when the connection went: dropped");
+            self.events.push_back(Event::Recall(Recall { recall_id: 0, inodes: unsure }));
         }
     }
 

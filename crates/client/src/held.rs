@@ -229,6 +229,23 @@ impl HeldLocks {
         });
     }
 
+    /// The inodes whose rights re-asserts not yet answered ask back, taken out of them:
+    /// their answer is lost with the connection (`Connection::lost`).
+    pub fn unconfirmed_rights(&mut self) -> Vec<u64> {
+        let mut inodes = Vec::new();
+        self.reasserting.retain(|_, ops| {
+            ops.retain(|op| match *op {
+                p::Op::Reassert { ino, .. } => {
+                    inodes.push(ino);
+                    false
+                }
+                _ => true,
+            });
+            !ops.is_empty()
+        });
+        inodes
+    }
+
     /// The answer to request `id`, if it was a re-assert: the inodes whose rights the
     /// server refused to give back. A lock the server refused is lost: another client got
     /// it while this one was away past the grace period. The process that took it still

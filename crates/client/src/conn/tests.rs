@@ -566,6 +566,43 @@ impl Rights for Count {
     }
 }
 
+/// A `Rights` hook holding inode 9 exclusively, that records what it is told to drop.
+struct HoldsNine(std::sync::Mutex<Vec<u64>>);
+
+impl Rights for HoldsNine {
+    fn granted_exclusive(&self, _: u64, _: Instant, _: Instant) {}
+    fn recalled(&self, inodes: &[u64], _: Instant) {
+        self.0.lock().expect("lock").extend(inodes);
+    }
+    fn reset(&self, _: Instant) {}
+    fn held(&self, _: Instant) -> Vec<(u64, bool)> {
+        vec![(9, true)]
+    }
+}
+
+#[test]
+fn rights_reasserted_after_a_restart_go_when_the_connection_breaks_before_the_answer() {
+    // The answer may have been a refusal (another session holds the inode now), lost
+    // with the connection; the server, its grace period over, lets others change the
+    // inode: what was held under those rights is not answered from any more.
+    let mut h = Harness::new();
+    let hook = Arc::new(HoldsNine(std::sync::Mutex::new(Vec::new())));
+    assert!(h.c.rights.set(hook.clone()).is_ok());
+    h.connect(welcome(false, None, false));
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, Some(0), false));
+    let reassert = p::Op::Reassert { ino: 9, exclusive: true };
+    let sent = |msgs: &[ClientMessage]| {
+        msgs.iter().any(|m| matches!(m, ClientMessage::Request(r) if r.ops.contains(&reassert)))
+    };
+    assert!(sent(&again), "{again:?}");
+    assert!(hook.0.lock().expect("lock").is_empty(), "held while the server may give them back");
+    h.c.connection_lost("test");
+    assert_eq!(*hook.0.lock().expect("lock"), vec![9]);
+    let again = h.connect(welcome(true, None, false));
+    assert!(!sent(&again), "not asked again: {again:?}");
+}
+
 #[test]
 fn heartbeats_go_when_nothing_else_does_and_the_lease_drops_rights_once() {
     let mut h = Harness::new();
