@@ -544,7 +544,7 @@ impl Server {
             }
         }
         let involved = self.involved(&req);
-        if (!in_replay && self.park_behind_own_replays(session, &req))
+        if self.park_behind_own_replays(session, &req, in_replay)
             || self.park_behind_own_writeback(session, &req)
             || self.park_if_exclusive(session, &req, &involved, now_ms)
             || self.park_for_flush(session, &req, &write_backs, now_ms)

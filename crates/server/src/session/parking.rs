@@ -146,12 +146,18 @@ impl Server {
 
     /// Parks new work of a session behind its own replays still parked: the client sent
     /// it after them and may build on what they change (a directory a replayed create
-    /// makes, then listed). It waits for what they wait for, and runs after them.
-    pub(super) fn park_behind_own_replays(&mut self, session: SessionId, req: &p::Request) -> bool {
+    /// makes, then listed). It waits for what they wait for, and runs after them. So does
+    /// a replay (`in_replay`) behind those that took a place before it: they ran before
+    /// it the first time, and it must come out as it did then (what it answered may show
+    /// their effects, or they its).
+    pub(super) fn park_behind_own_replays(&mut self, session: SessionId, req: &p::Request, in_replay: bool) -> bool {
+        let place = |id: u64| self.sessions.get(&session).and_then(|s| s.reserved.get(&id).copied());
+        let mine = place(req.id);
         let waiting: HashSet<u64> = self
             .parked
             .iter()
             .filter(|p| p.session == session && self.parked_in_replay.contains(&(session, p.req.id)))
+            .filter(|p| !in_replay || matches!((place(p.req.id), mine), (Some(theirs), Some(mine)) if theirs < mine))
             .flat_map(|p| p.waiting.iter().copied())
             .collect();
         if waiting.is_empty() {

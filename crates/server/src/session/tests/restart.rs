@@ -647,6 +647,57 @@ fn a_replay_parked_behind_rights_runs_when_they_are_given_up_not_after_the_grace
 }
 
 #[test]
+fn a_replay_waits_behind_the_sessions_earlier_replay_parked_behind_rights() {
+    // b's replays: a chmod of y, which waits behind a's re-asserted exclusive rights on
+    // y, then a chmod of x, which nobody holds. They ran in that order the first time
+    // (what the first one answered may show the second's effect, or not): the second
+    // waits for the first, and both run in their order when a gives y up.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let mut tokens = Vec::new();
+    for name in ["y", "x"] {
+        let (id, w) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+        let id = id.expect("session");
+        let made = srv.handle_request(id, create_in_root(1, name), NOW);
+        assert!(made.results[0].is_ok(), "{made:?}");
+        tokens.push((id, w.session));
+    }
+    let [(a, ta), (b, tb)] = tokens[..] else { panic!("two sessions") };
+    let (y, x) = (srv.store.lookup(1, b"y").expect("y").ino, srv.store.lookup(1, b"x").expect("x").ino);
+    srv.handle_request(a, req(2, vec![Op::Fsync { ino: 1 }]), NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
+    for t in [ta, tb] {
+        assert!(srv.handle_hello(&hello(Some(t))).0.is_some());
+    }
+    let r = srv.handle_request(a, req(3, vec![Op::Reassert { ino: y, exclusive: true }]), NOW);
+    assert_eq!(r.results, vec![Ok(Reply::Done)]);
+    srv.replayed(a, NOW);
+    let _ = srv.take_outgoing();
+    let chmod = |ino| Op::SetAttr { ino, set: p::SetAttr { mode: Some(0o600), ..Default::default() } };
+    srv.handle(b, p::Request { id: 2, ops: vec![chmod(y)], time: Some(NOW), caller: p::Caller::ROOT }, NOW);
+    let recall = srv.take_outgoing().into_iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if session == a => Some(recall_id),
+        _ => None,
+    });
+    let recall = recall.expect("b's first replay waits for a to give y up");
+    srv.handle(b, p::Request { id: 3, ops: vec![chmod(x)], time: Some(NOW), caller: p::Caller::ROOT }, NOW);
+    let responses = |out: Vec<Outgoing>| -> Vec<u64> {
+        out.into_iter()
+            .filter_map(|o| match o {
+                Outgoing::Response { session, response } if session == b => Some(response.id),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(responses(srv.take_outgoing()), Vec::<u64>::new(), "the second waits behind the first");
+    srv.replayed(b, NOW);
+    srv.recall_done(a, recall, NOW);
+    assert_eq!(responses(srv.take_outgoing()), vec![2, 3], "in the order they first ran");
+}
+
+#[test]
 fn a_sessions_new_work_waits_behind_its_own_replay_parked_behind_rights() {
     // b's create in d (the server chose its inode) is lost with a crash; replayed, it
     // waits behind a's re-asserted exclusive rights on d; both say `Replayed`, so the
