@@ -258,6 +258,12 @@ pub struct Connection<R> {
     /// Changes placed after it are new work, and go after `Replayed` on every reconnect:
     /// the server may still be in its grace period, running what comes before as replays.
     replayed_at: Option<u64>,
+    /// After a restart that restored the session: above the ids of the calls pending at
+    /// its `Replayed`. Calls below it answered here and without a place (opens and releases
+    /// sent behind) went before `Replayed` then, as writeback does, and go there again on
+    /// every reconnect: sent after it they could find their file reclaimed by the end of
+    /// the grace period that `Replayed` brings.
+    early_below: Option<u64>,
     session: Option<p::SessionToken>,
     fsid: Option<[u8; 16]>,
     /// Request ids, shared with the callers that make calls; the core takes its own from
@@ -288,6 +294,7 @@ impl<R> Connection<R> {
             fenced_at: None,
             positions: 0,
             replayed_at: None,
+            early_below: None,
             session: None,
             fsid: None,
             ids,

@@ -482,6 +482,28 @@ fn an_open_sent_behind_goes_again_before_later_changes_after_a_restart() {
 }
 
 #[test]
+fn an_open_sent_behind_before_a_restart_goes_before_replayed_again_on_a_reconnect() {
+    // The mount answered an open itself and sent it behind; the server restarted. The
+    // open goes before `Replayed`, as writeback does (the file may be an orphan the server
+    // holds only for the grace period, which this session's `Replayed` may end). The
+    // connection breaks before anything is answered: on the plain reconnect it goes
+    // before `Replayed` again.
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    let now = h.now;
+    let open = p::Op::Open { ino: 7, handle: 3, access: p::OPEN_READ | p::OPEN_WRITE };
+    h.c.submit(writeback(1, vec![open], 1), now);
+    h.c.end_burst();
+    h.sent();
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, Some(0), false));
+    assert_eq!(Harness::ids(&again), vec![1, 0], "the open, then Replayed: {again:?}");
+    h.c.connection_lost("test");
+    let again = h.connect(welcome(true, None, false));
+    assert_eq!(Harness::ids(&again), vec![1, 0], "the open, then Replayed: {again:?}");
+}
+
+#[test]
 fn an_open_unanswered_at_a_restart_goes_again_after_replayed() {
     // Its answer must show every session's replays (the server runs it after the grace
     // period, and holds the file for it as it arrives): sent before `Replayed`, it would

@@ -43,6 +43,7 @@ impl<R> Connection<R> {
         if w.fenced || self.session.is_none() {
             self.positions = 0;
             self.replayed_at = None;
+            self.early_below = None;
         }
         self.session = Some(w.session);
         if self.fsid.is_none() {
@@ -145,6 +146,7 @@ impl<R> Connection<R> {
         if w.resumed && !w.fenced {
             if restored {
                 self.replayed_at = Some(self.positions);
+                self.early_below = Some(self.pending.keys().next_back().map_or(0, |&id| id + 1));
             }
             self.write(&ClientMessage::Replayed);
         }
@@ -186,10 +188,16 @@ impl<R> Connection<R> {
             let placed = again.iter().map(|(p, r)| (*p, r.id)).chain(after.iter().copied());
             placed.filter(|&(_, i)| i > id).map(|(p, _)| p).min()
         };
+        let early: Vec<u64> = self
+            .pending
+            .values()
+            .filter(|c| c.pos.is_none() && c.reply.answered_already() && self.early_below.is_some_and(|b| c.id < b))
+            .map(|c| c.id)
+            .collect();
         let behind: Vec<(u64, u64)> = self
             .pending
             .values()
-            .filter(|c| c.pos.is_none() && c.reply.answered_already() && !unplaced(c.id))
+            .filter(|c| c.pos.is_none() && c.reply.answered_already() && !unplaced(c.id) && !early.contains(&c.id))
             .filter(|c| c.ops.iter().all(|o| matches!(o, p::Op::Open { .. })))
             .filter_map(|c| Some((c.id, next_change(c.id)?)))
             .collect();
@@ -230,6 +238,11 @@ impl<R> Connection<R> {
         }
         for r in after_made.into_iter().chain(rest) {
             self.write(&ClientMessage::Request(r));
+        }
+        // Before `Replayed` again, where the restart put them (`resume`).
+        for id in early {
+            self.write_call(id);
+            rewritten.insert(id);
         }
         late
     }
