@@ -101,12 +101,6 @@ impl<T> Queues<T> {
         self.ready.clone()
     }
 
-    /// A new connection's queue (`queue`).
-    #[cfg(test)]
-    pub fn open(&self) -> (Inbox<T>, mpsc::UnboundedReceiver<Queued<T>>) {
-        queue(&self.ready)
-    }
-
     /// Serves `rx` from now on, while its connection's `backlog` allows.
     pub fn add(&mut self, rx: mpsc::UnboundedReceiver<Queued<T>>, backlog: Backlog) {
         self.turn.push_back(Entry { rx, backlog });
@@ -223,22 +217,42 @@ impl Backlog {
 mod tests {
     use super::*;
 
+    /// A new connection's queue, served by `q`: its inbox, and its outbox's backlog.
+    fn served<T>(q: &mut Queues<T>) -> (Inbox<T>, Backlog) {
+        let (inbox, rx) = queue(&q.ready());
+        let backlog = Backlog::new(&q.ready());
+        q.add(rx, backlog.clone());
+        (inbox, backlog)
+    }
+
+    /// What `q.drain` applies, in order, added to `got`.
+    fn drain_into<T>(q: &mut Queues<T>, got: &mut Vec<T>) -> bool {
+        q.drain(|x| {
+            got.push(x);
+            true
+        })
+    }
+
+    /// Polls `f` once: `Some` if it is ready.
+    fn poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F::Output> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::pin::Pin::new(&mut f).poll(&mut cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        }
+    }
+
     #[tokio::test]
     async fn a_flood_in_one_queue_delays_another_by_at_most_a_burst() {
         let mut q = Queues::new();
-        let (flood, rx) = q.open();
-        q.add(rx, Backlog::new(&q.ready()));
-        let (quiet, rx) = q.open();
-        q.add(rx, Backlog::new(&q.ready()));
+        let (flood, _) = served(&mut q);
+        let (quiet, _) = served(&mut q);
         for i in 0..1000u32 {
             flood.send(i, 1).await.expect("queued");
         }
         quiet.send(5000, 1).await.expect("queued");
         let mut order = Vec::new();
-        q.drain(|x| {
-            order.push(x);
-            true
-        });
+        drain_into(&mut q, &mut order);
         assert_eq!(order.len(), 1001);
         let at = order.iter().position(|&x| x == 5000).expect("applied");
         assert!(at <= BURST, "the quiet queue's message came after {at} of the flood's");
@@ -249,38 +263,29 @@ mod tests {
     #[tokio::test]
     async fn a_full_queue_makes_its_sender_wait_until_its_messages_are_applied() {
         let mut q = Queues::new();
-        let (inbox, rx) = q.open();
-        q.add(rx, Backlog::new(&q.ready()));
+        let (inbox, _) = served(&mut q);
         inbox.send(1u32, MAX_QUEUED_BYTES / 2).await.expect("queued");
         inbox.send(2, MAX_QUEUED_BYTES / 2).await.expect("queued");
         let third = inbox.send(3, 10);
         tokio::pin!(third);
-        assert!(futures_poll_once(third.as_mut()).await.is_none(), "no room for a third");
+        assert!(poll_once(third.as_mut()).is_none(), "no room for a third");
         let (n, _) = q.round(|_| true);
         assert_eq!(n, 2);
-        assert!(futures_poll_once(third.as_mut()).await.is_some(), "room once they are applied");
+        assert!(poll_once(third.as_mut()).is_some(), "room once they are applied");
         let mut got = Vec::new();
-        q.drain(|x| {
-            got.push(x);
-            true
-        });
+        drain_into(&mut q, &mut got);
         assert_eq!(got, vec![3]);
     }
 
     #[tokio::test]
     async fn a_queue_whose_connection_is_gone_is_dropped_once_empty() {
         let mut q = Queues::new();
-        let (inbox, rx) = q.open();
-        let backlog = Backlog::new(&q.ready());
+        let (inbox, backlog) = served(&mut q);
         backlog.add(MAX_OUTBOX_BYTES + 1);
-        q.add(rx, backlog);
         inbox.send(7u32, 1).await.expect("queued");
         drop(inbox);
         let mut got = Vec::new();
-        assert!(!q.drain(|x| {
-            got.push(x);
-            true
-        }));
+        assert!(!drain_into(&mut q, &mut got));
         assert_eq!(got, vec![7], "what it queued before it went is applied, its writer behind or not");
         assert!(q.turn.is_empty());
     }
@@ -292,37 +297,19 @@ mod tests {
         b.add(MAX_OUTBOX_BYTES + 1);
         let room = b.room();
         tokio::pin!(room);
-        assert!(futures_poll_once(room.as_mut()).await.is_none());
+        assert!(poll_once(room.as_mut()).is_none());
         b.sent(2);
-        assert!(futures_poll_once(room.as_mut()).await.is_some());
-        assert!(futures_poll_once(Box::pin(ready.notified())).await.is_some(), "the store task is woken");
+        assert!(poll_once(room.as_mut()).is_some());
+        assert!(poll_once(Box::pin(ready.notified())).is_some(), "the store task is woken");
         b.sent(usize::MAX);
         assert_eq!(b.bytes(), 0);
     }
 
-    /// Polls `f` once: `Some` if it is ready.
-    async fn futures_poll_once<F: std::future::Future + Unpin>(f: F) -> Option<F::Output> {
-        let mut f = f;
-        std::future::poll_fn(|cx| match std::pin::Pin::new(&mut f).poll(cx) {
-            std::task::Poll::Ready(v) => std::task::Poll::Ready(Some(v)),
-            std::task::Poll::Pending => std::task::Poll::Ready(None),
-        })
-        .await
-    }
-}
-
-#[cfg(test)]
-mod waiting {
-    use super::*;
-
     #[tokio::test]
     async fn a_queue_whose_writer_is_behind_waits_and_others_go_on() {
         let mut q = Queues::new();
-        let (slow, rx) = q.open();
-        let backlog = Backlog::new(&q.ready());
-        q.add(rx, backlog.clone());
-        let (other, rx) = q.open();
-        q.add(rx, Backlog::new(&q.ready()));
+        let (slow, backlog) = served(&mut q);
+        let (other, _) = served(&mut q);
         for i in 0..5u32 {
             slow.send(i, 1).await.expect("queued");
         }
@@ -338,50 +325,34 @@ mod waiting {
         });
         assert_eq!(got, vec![0, 1, 100], "the slow queue waits after the message that filled its outbox");
         backlog.sent(MAX_OUTBOX_BYTES);
-        q.drain(|x| {
-            got.push(x);
-            true
-        });
+        drain_into(&mut q, &mut got);
         assert_eq!(got, vec![0, 1, 100, 2, 3, 4], "and goes on once its writer caught up");
     }
-}
-
-#[cfg(test)]
-mod unanswered {
-    use super::*;
 
     #[tokio::test]
     async fn a_queue_with_too_many_requests_unanswered_waits_for_answers() {
         let mut q = Queues::new();
-        let (inbox, rx) = q.open();
-        let backlog = Backlog::new(&q.ready());
-        q.add(rx, backlog.clone());
+        let (inbox, backlog) = served(&mut q);
         let n = MAX_WAITING_REQUESTS + 10;
         for i in 0..n {
             inbox.send(i, 1).await.expect("queued");
         }
-        let mut got = 0;
-        q.drain(|_| {
-            backlog.asked();
-            got += 1;
-            true
-        });
-        assert_eq!(got, MAX_WAITING_REQUESTS, "no more requests than the bound go into the core unanswered");
+        // Each request applied goes into the core, unanswered.
+        let into_core = |q: &mut Queues<usize>| {
+            let mut got = Vec::new();
+            q.drain(|x| {
+                backlog.asked();
+                got.push(x);
+                true
+            });
+            got.len()
+        };
+        let first = into_core(&mut q);
+        assert_eq!(first, MAX_WAITING_REQUESTS, "no more requests than the bound go into the core unanswered");
         for _ in 0..3 {
             backlog.answered();
         }
-        assert!(futures_poll(Box::pin(q.ready().notified())), "an answer at the bound wakes the store task");
-        q.drain(|_| {
-            backlog.asked();
-            got += 1;
-            true
-        });
-        assert_eq!(got, MAX_WAITING_REQUESTS + 3, "each answer lets one more in");
-    }
-
-    fn futures_poll<F: std::future::Future + Unpin>(mut f: F) -> bool {
-        let waker = std::task::Waker::noop();
-        let mut cx = std::task::Context::from_waker(waker);
-        std::pin::Pin::new(&mut f).poll(&mut cx).is_ready()
+        assert!(poll_once(Box::pin(q.ready().notified())).is_some(), "an answer at the bound wakes the store task");
+        assert_eq!(first + into_core(&mut q), MAX_WAITING_REQUESTS + 3, "each answer lets one more in");
     }
 }

@@ -461,6 +461,7 @@ fn an_open_sent_behind_goes_again_before_the_changes_made_after_it() {
     let again = h.connect(welcome(true, None, false));
     assert_eq!(Harness::ids(&again), vec![1, 2, 0], "the open, the unlink, Replayed: {again:?}");
 }
+
 #[test]
 fn an_open_sent_behind_goes_again_before_later_changes_after_a_restart() {
     // The same once a restart has been: changes placed after its `Replayed` go after

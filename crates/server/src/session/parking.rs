@@ -136,12 +136,7 @@ impl Server {
             .filter(|p| p.req.ops.iter().flat_map(Op::named_inodes).any(|i| names.contains(&i)))
             .flat_map(|p| p.waiting.iter().copied())
             .collect();
-        if waiting.is_empty() {
-            return false;
-        }
-        tracing::debug!(session, id = req.id, "request waits behind its session's writeback");
-        self.parked.push_back(Parked { session, req: req.clone(), waiting });
-        true
+        self.park(session, req, waiting, "request waits behind its session's writeback")
     }
 
     /// Parks new work of a session behind its own replays still parked: the client sent
@@ -160,12 +155,7 @@ impl Server {
             .filter(|p| !in_replay || matches!((place(p.req.id), mine), (Some(theirs), Some(mine)) if theirs < mine))
             .flat_map(|p| p.waiting.iter().copied())
             .collect();
-        if waiting.is_empty() {
-            return false;
-        }
-        tracing::debug!(session, id = req.id, "new work waits behind its session's parked replays");
-        self.parked.push_back(Parked { session, req: req.clone(), waiting });
-        true
+        self.park(session, req, waiting, "new work waits behind its session's parked replays")
     }
 
     /// Parks `req` if other sessions hold any of `inodes` exclusively (recalling them).
@@ -188,10 +178,16 @@ impl Server {
         let mut waiting = self.caps.recall_exclusive(session, inodes, now_ms, &mut out);
         waiting.extend(own);
         self.outbox.extend(out);
+        self.park(session, req, waiting, "request waits for exclusive rights to be recalled")
+    }
+
+    /// Parks `req` until the recalls `waiting` are answered; false (not parked) if there
+    /// are none.
+    fn park(&mut self, session: SessionId, req: &p::Request, waiting: HashSet<u64>, why: &str) -> bool {
         if waiting.is_empty() {
             return false;
         }
-        tracing::debug!(session, id = req.id, "request waits for exclusive rights to be recalled");
+        tracing::debug!(session, id = req.id, "{why}");
         self.parked.push_back(Parked { session, req: req.clone(), waiting });
         true
     }

@@ -545,6 +545,37 @@ fn a_resent_change_whose_reply_waits_on_recalls_is_not_answered_before_they_are(
     );
 }
 
+/// Sessions that each made one of `names` in the root (in that order), across a restart
+/// that kept every change (the first session's fsync): all restored, none replayed yet.
+/// Returns the server, the sessions and their files' inodes, in `names`' order.
+fn restarted(names: &[&str]) -> (Server, Vec<SessionId>, Vec<u64>) {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let mut made = Vec::new();
+    for name in names {
+        let (id, w) = srv.handle_hello(&hello(None));
+        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+        let id = id.expect("session");
+        let r = srv.handle_request(id, create_in_root(1, name), NOW);
+        let Ok(Reply::Entry(f)) = &r.results[0] else { panic!("{r:?}") };
+        made.push((id, w.session, f.ino));
+    }
+    srv.handle_request(made[0].0, req(2, vec![Op::Fsync { ino: 1 }]), NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
+    for (_, token, _) in &made {
+        assert!(srv.handle_hello(&hello(Some(*token))).0.is_some());
+    }
+    (srv, made.iter().map(|m| m.0).collect(), made.iter().map(|m| m.2).collect())
+}
+
+/// `session` re-asserts exclusive rights on `ino` and says it has replayed.
+fn take_back(srv: &mut Server, session: SessionId, ino: u64) {
+    let r = srv.handle_request(session, req(3, vec![Op::Reassert { ino, exclusive: true }]), NOW);
+    assert_eq!(r.results, vec![Ok(Reply::Done)]);
+    srv.replayed(session, NOW);
+}
+
 #[test]
 fn a_handle_released_while_its_reopen_waits_twice_is_not_opened_again() {
     // After a restart b opens its handles again in one request, which waits behind a's
@@ -552,29 +583,9 @@ fn a_handle_released_while_its_reopen_waits_twice_is_not_opened_again() {
     // process closes x meanwhile: the release runs at once. When a answers, the request
     // waits again, now for the grace period (c has not replayed): that second wait is
     // no new arrival, and must not open x again, or nobody ever releases it.
-    let disk = fresh_disk();
-    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
-    let mut tokens = Vec::new();
-    for name in ["y", "x", "z"] {
-        let (id, w) = srv.handle_hello(&hello(None));
-        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
-        let id = id.expect("session");
-        let made = srv.handle_request(id, create_in_root(1, name), NOW);
-        assert!(made.results[0].is_ok(), "{made:?}");
-        tokens.push((id, w.session));
-    }
-    let [(a, ta), (b, tb), (c, tc)] = tokens[..] else { panic!("three sessions") };
-    let ino = |srv: &mut Server, name: &str| srv.store.lookup(1, name.as_bytes()).expect("lookup").ino;
-    let (y, x) = (ino(&mut srv, "y"), ino(&mut srv, "x"));
-    srv.handle_request(a, req(2, vec![Op::Fsync { ino: 1 }]), NOW);
-    drop(srv.into_store().abandon());
-    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
-    for t in [ta, tb, tc] {
-        assert!(srv.handle_hello(&hello(Some(t))).0.is_some());
-    }
-    let r = srv.handle_request(a, req(3, vec![Op::Reassert { ino: y, exclusive: true }]), NOW);
-    assert_eq!(r.results, vec![Ok(Reply::Done)]);
-    srv.replayed(a, NOW);
+    let (mut srv, sessions, files) = restarted(&["y", "x", "z"]);
+    let (&[a, b, c], &[y, x, _]) = (&sessions[..], &files[..]) else { panic!("three sessions") };
+    take_back(&mut srv, a, y);
     let _ = srv.take_outgoing();
     srv.handle(
         b,
@@ -607,28 +618,9 @@ fn a_replay_parked_behind_rights_runs_when_they_are_given_up_not_after_the_grace
     // b's replay waits behind a's re-asserted exclusive rights on y; b says `Replayed`
     // behind it. When a gives y up, the replay must run then, ahead of anyone's new work,
     // not wait for the grace period (c has not replayed) as new work would.
-    let disk = fresh_disk();
-    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
-    let mut tokens = Vec::new();
-    for name in ["y", "x", "z"] {
-        let (id, w) = srv.handle_hello(&hello(None));
-        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
-        let id = id.expect("session");
-        let made = srv.handle_request(id, create_in_root(1, name), NOW);
-        assert!(made.results[0].is_ok(), "{made:?}");
-        tokens.push((id, w.session));
-    }
-    let [(a, ta), (b, tb), (_c, tc)] = tokens[..] else { panic!("three sessions") };
-    let y = srv.store.lookup(1, b"y").expect("lookup").ino;
-    srv.handle_request(a, req(2, vec![Op::Fsync { ino: 1 }]), NOW);
-    drop(srv.into_store().abandon());
-    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
-    for t in [ta, tb, tc] {
-        assert!(srv.handle_hello(&hello(Some(t))).0.is_some());
-    }
-    let r = srv.handle_request(a, req(3, vec![Op::Reassert { ino: y, exclusive: true }]), NOW);
-    assert_eq!(r.results, vec![Ok(Reply::Done)]);
-    srv.replayed(a, NOW);
+    let (mut srv, sessions, files) = restarted(&["y", "x", "z"]);
+    let (&[a, b, _c], &[y, ..]) = (&sessions[..], &files[..]) else { panic!("three sessions") };
+    take_back(&mut srv, a, y);
     let _ = srv.take_outgoing();
     let chmod = Op::SetAttr { ino: y, set: p::SetAttr { mode: Some(0o600), ..Default::default() } };
     srv.handle(b, p::Request { id: 2, ops: vec![chmod], time: Some(NOW), caller: p::Caller::ROOT }, NOW);
@@ -652,28 +644,9 @@ fn a_replay_waits_behind_the_sessions_earlier_replay_parked_behind_rights() {
     // y, then a chmod of x, which nobody holds. They ran in that order the first time
     // (what the first one answered may show the second's effect, or not): the second
     // waits for the first, and both run in their order when a gives y up.
-    let disk = fresh_disk();
-    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
-    let mut tokens = Vec::new();
-    for name in ["y", "x"] {
-        let (id, w) = srv.handle_hello(&hello(None));
-        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
-        let id = id.expect("session");
-        let made = srv.handle_request(id, create_in_root(1, name), NOW);
-        assert!(made.results[0].is_ok(), "{made:?}");
-        tokens.push((id, w.session));
-    }
-    let [(a, ta), (b, tb)] = tokens[..] else { panic!("two sessions") };
-    let (y, x) = (srv.store.lookup(1, b"y").expect("y").ino, srv.store.lookup(1, b"x").expect("x").ino);
-    srv.handle_request(a, req(2, vec![Op::Fsync { ino: 1 }]), NOW);
-    drop(srv.into_store().abandon());
-    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
-    for t in [ta, tb] {
-        assert!(srv.handle_hello(&hello(Some(t))).0.is_some());
-    }
-    let r = srv.handle_request(a, req(3, vec![Op::Reassert { ino: y, exclusive: true }]), NOW);
-    assert_eq!(r.results, vec![Ok(Reply::Done)]);
-    srv.replayed(a, NOW);
+    let (mut srv, sessions, files) = restarted(&["y", "x"]);
+    let (&[a, b], &[y, x]) = (&sessions[..], &files[..]) else { panic!("two sessions") };
+    take_back(&mut srv, a, y);
     let _ = srv.take_outgoing();
     let chmod = |ino| Op::SetAttr { ino, set: p::SetAttr { mode: Some(0o600), ..Default::default() } };
     srv.handle(b, p::Request { id: 2, ops: vec![chmod(y)], time: Some(NOW), caller: p::Caller::ROOT }, NOW);
@@ -790,30 +763,11 @@ fn the_grace_period_lasts_until_a_replay_parked_behind_rights_has_run() {
     // is the last: the grace must not end before the replay runs, or c's new work
     // (waiting for the grace) runs first without the change b's caller was told of. It
     // ends as soon as the replay has run.
-    let disk = fresh_disk();
-    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
-    let mut tokens = Vec::new();
-    for name in ["y", "x"] {
-        let (id, w) = srv.handle_hello(&hello(None));
-        let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
-        let id = id.expect("session");
-        let made = srv.handle_request(id, create_in_root(1, name), NOW);
-        assert!(made.results[0].is_ok(), "{made:?}");
-        tokens.push((id, w.session));
-    }
-    let [(a, ta), (b, tb)] = tokens[..] else { panic!("two sessions") };
-    let y = srv.store.lookup(1, b"y").expect("lookup").ino;
-    srv.handle_request(a, req(2, vec![Op::Fsync { ino: 1 }]), NOW);
-    drop(srv.into_store().abandon());
-    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk)).expect("reopen"));
-    for t in [ta, tb] {
-        assert!(srv.handle_hello(&hello(Some(t))).0.is_some());
-    }
+    let (mut srv, sessions, files) = restarted(&["y", "x"]);
+    let (&[a, b], &[y, _]) = (&sessions[..], &files[..]) else { panic!("two sessions") };
     let (c, _) = srv.handle_hello(&hello(None));
     let c = c.expect("c");
-    let r = srv.handle_request(a, req(3, vec![Op::Reassert { ino: y, exclusive: true }]), NOW);
-    assert_eq!(r.results, vec![Ok(Reply::Done)]);
-    srv.replayed(a, NOW);
+    take_back(&mut srv, a, y);
     srv.handle(c, req(1, vec![Op::GetAttr { ino: y }]), NOW);
     let _ = srv.take_outgoing();
     let chmod = Op::SetAttr { ino: y, set: p::SetAttr { mode: Some(0o600), ..Default::default() } };
