@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::datasets::DEFAULT_DATASET;
 use crate::disk::Disk;
 use crate::engine::alloc::Allocator;
 use crate::engine::btree::Tree;
@@ -17,13 +18,13 @@ use crate::engine::superblock::{Superblock, SUPERBLOCK_BYTES};
 use crate::error::{Error, Result};
 use crate::fs::dirent::{decode_entries, decode_index, DirEntry};
 use crate::fs::extent::Extent;
-use crate::fs::inode::{FileKind, Inode, ROOT_INO};
+use crate::fs::inode::{FileKind, Inode};
 use crate::fs::keys::{kind, ORPHAN_OBJECTID};
 use crate::fs::xattr;
 use crate::limits::{
     BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_INLINE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS, XATTR_LIST_MAX,
 };
-use crate::store::{FS_TREE_ID, REFCOUNT_TREE_ID, ROOT_TREE_ID};
+use crate::store::{REFCOUNT_TREE_ID, ROOT_TREE_ID};
 
 /// What fsck found.
 #[derive(Clone, Debug, Default)]
@@ -48,6 +49,8 @@ pub struct Report {
     pub total_blocks: u64,
     /// Client session records kept by the server.
     pub sessions: u64,
+    /// Datasets (the default one included).
+    pub datasets: u64,
 }
 
 impl Report {
@@ -96,27 +99,63 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
 
     let root_items = c.tree(Tree::on_disk(ROOT_TREE_ID, sb.root_tree), "root tree");
     let ref_items = c.tree(Tree::on_disk(REFCOUNT_TREE_ID, sb.refcount_tree), "refcount tree");
-    let root_key = Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0);
-    let mut fs_meta = None;
+    let mut roots = BTreeMap::new();
+    let mut names: BTreeMap<u64, String> = BTreeMap::new();
+    let mut next_dataset = 1;
     for (k, v) in &root_items {
-        if *k == root_key {
-            match crate::store::decode_root_item(*k, v, sb.generation) {
-                Ok((ptr, meta)) => fs_meta = Some((ptr, meta.next_ino, meta.inode_count)),
+        match k.kind {
+            kind::ROOT_ITEM if k.offset == 0 => match crate::datasets::dataset_of_tree(k.objectid) {
+                Some(d) => match crate::store::decode_root_item(*k, v, sb.generation) {
+                    Ok((ptr, meta)) => {
+                        roots.insert(d, (k.objectid, ptr, meta.next_ino, meta.inode_count));
+                    }
+                    Err(e) => c.problem(e.to_string()),
+                },
+                None => c.problem(format!("root tree: root item {k:?} of no dataset")),
+            },
+            kind::DATASET if k.offset == 0 => match crate::datasets::decode_entry(*k, v) {
+                Ok(e) if names.values().any(|n| *n == e.name) => {
+                    c.problem(format!("root tree: dataset name {:?} used twice", e.name))
+                }
+                Ok(e) => {
+                    names.insert(k.objectid, e.name);
+                }
                 Err(e) => c.problem(e.to_string()),
+            },
+            kind::NEXT_DATASET if *k == crate::datasets::next_key() && v.len() == 8 => {
+                next_dataset = crate::fs::inode::le_u64(v, 0);
             }
-        } else if k.kind == kind::SESSION && k.offset == 0 && v.len() <= crate::sessions::MAX_SESSION_RECORD_BYTES {
-            c.report.sessions += 1;
-        } else {
-            c.problem(format!("root tree: unexpected item {k:?}"));
+            kind::SESSION if k.offset == 0 && v.len() <= crate::sessions::MAX_SESSION_RECORD_BYTES => {
+                c.report.sessions += 1;
+            }
+            _ => c.problem(format!("root tree: unexpected item {k:?}")),
         }
     }
-    let Some((fs_ptr, next_ino, inode_count)) = fs_meta else {
+    if !roots.contains_key(&DEFAULT_DATASET) {
         c.problem("root tree: no root item for dataset 5".into());
         return Ok(report);
-    };
-    let fs_items = c.tree(Tree::on_disk(FS_TREE_ID, fs_ptr), "fs tree");
+    }
+    for (d, name) in &names {
+        if !roots.contains_key(d) {
+            c.problem(format!("dataset {d} ({name}) has no root item"));
+        }
+    }
     let refs = c.refcounts(&ref_items);
-    c.namespace(&fs_items, &refs, next_ino, inode_count);
+    let mut all_inodes = BTreeMap::new();
+    let mut all_extents = Vec::new();
+    for (d, (tree, ptr, next_ino, inode_count)) in roots {
+        if d != DEFAULT_DATASET && (!names.contains_key(&d) || d >= next_dataset) {
+            c.problem(format!("dataset {d}: a tree without a name, or an id at or above the next ({next_dataset})"));
+        }
+        let items = c.tree(Tree::on_disk(tree, ptr), &format!("fs tree of dataset {d}"));
+        let (inodes, extents) = c.namespace(&items, d, next_ino, inode_count);
+        c.report.inodes += inodes.len() as u64;
+        c.report.directories += inodes.values().filter(|i| i.kind == FileKind::Directory).count() as u64;
+        c.report.datasets += 1;
+        all_inodes.extend(inodes);
+        all_extents.extend(extents);
+    }
+    c.extents(&all_inodes, &all_extents, &refs);
     let used = c.pager.alloc.used_blocks();
     c.report.used_blocks = used;
     if used != sb.used_blocks {
@@ -124,6 +163,9 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
     }
     Ok(report)
 }
+
+/// An extent as fsck found it: (inode, file offset, extent).
+type FoundExtent = (u64, u64, Extent);
 
 /// One xattr as fsck sees it.
 struct XattrRecord {
@@ -241,13 +283,16 @@ impl Checker<'_> {
         out
     }
 
+    /// Checks dataset `d`'s tree; returns its inodes and extents (checked against the
+    /// refcount tree once every dataset's are known).
     fn namespace(
         &mut self,
         items: &[(Key, Vec<u8>)],
-        refs: &BTreeMap<u64, (u64, u32)>,
+        d: u64,
         next_ino: u64,
         inode_count: u64,
-    ) {
+    ) -> (BTreeMap<u64, Inode>, Vec<FoundExtent>) {
+        let root_ino = crate::datasets::root_of(d);
         let total = self.pager.total_blocks();
         let mut inodes: BTreeMap<u64, Inode> = BTreeMap::new();
         let mut entries: Vec<(u64, DirEntry)> = Vec::new();
@@ -287,8 +332,11 @@ impl Checker<'_> {
                 self.problem(format!("fs tree: {e}"));
             }
         }
-        self.report.inodes = inodes.len() as u64;
-        self.report.directories = inodes.values().filter(|i| i.kind == FileKind::Directory).count() as u64;
+        if let (Some(lo), Some(hi)) = (inodes.keys().next(), inodes.keys().next_back()) {
+            if *lo < root_ino || crate::datasets::dataset_of(*hi) != d {
+                self.problem(format!("dataset {d}: inodes {lo}..={hi} outside its inode range"));
+            }
+        }
         if inodes.len() as u64 != inode_count {
             self.problem(format!("dataset counts {inode_count} inodes; {} found", inodes.len()));
         }
@@ -297,9 +345,9 @@ impl Checker<'_> {
                 self.problem(format!("inode {max} is not below the next inode number {next_ino}"));
             }
         }
-        match inodes.get(&ROOT_INO) {
-            Some(r) if r.kind == FileKind::Directory && r.parent == ROOT_INO => {}
-            _ => self.problem("root directory (inode 1) missing or malformed".into()),
+        match inodes.get(&root_ino) {
+            Some(r) if r.kind == FileKind::Directory && r.parent == root_ino => {}
+            _ => self.problem(format!("root directory (inode {root_ino}) missing or malformed")),
         }
         // Links, sizes and parents from the entries.
         let mut links: HashMap<u64, u32> = HashMap::new();
@@ -376,7 +424,7 @@ impl Checker<'_> {
                 if i.nlink != expect {
                     self.problem(format!("dir {ino}: nlink {} but {expect} expected", i.nlink));
                 }
-                let named = found + u32::from(*ino == ROOT_INO);
+                let named = found + u32::from(*ino == root_ino);
                 if named != 1 && !(i.nlink == 0 && orphan_set.contains(ino) && found == 0) {
                     self.problem(format!("dir {ino} is named by {found} entries"));
                 }
@@ -388,7 +436,7 @@ impl Checker<'_> {
             }
         }
         self.xattrs(&inodes, &xattrs, &chunks);
-        self.extents(&inodes, &extents, refs);
+        (inodes, extents)
     }
 
     /// Xattrs against their inodes and chunks (the invariant of `fs/xattr.rs`): every

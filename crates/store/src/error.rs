@@ -104,6 +104,12 @@ pub enum Error {
     /// Operation not supported on this object.
     #[error("not supported: {0}")]
     NotSupported(String),
+    /// A link or rename between datasets.
+    #[error("cross-dataset link: {0}")]
+    CrossDataset(String),
+    /// In use (a dataset with open files).
+    #[error("busy: {0}")]
+    Busy(String),
     /// Operation not permitted (a hard link to a directory…).
     #[error("not permitted: {0}")]
     NotPermitted(String),
@@ -131,6 +137,8 @@ impl Error {
             Error::TooManyLinks(_) => 31,                            // EMLINK
             Error::NotSupported(_) => 95,                            // EOPNOTSUPP
             Error::NotPermitted(_) => 1,                             // EPERM
+            Error::CrossDataset(_) => 18,                            // EXDEV
+            Error::Busy(_) => 16,                                    // EBUSY
         }
     }
 

@@ -24,6 +24,7 @@
 mod engine;
 
 pub mod check;
+pub mod datasets;
 pub mod disk;
 pub mod error;
 pub mod fs;

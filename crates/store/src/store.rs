@@ -12,7 +12,9 @@
 //! A crash before step 4 completes leaves the previous generation (the other copy is
 //! untouched and every block it reaches is intact); after it, the new one.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+use crate::datasets::{self, Catalog, Entry, Slot, DEFAULT_DATASET, DEFAULT_NAME};
 
 use crate::disk::Disk;
 use crate::engine::alloc::Allocator;
@@ -114,9 +116,17 @@ pub struct Store {
     pub(crate) sb: Superblock,
     pub(crate) root_tree: Tree,
     pub(crate) refcount_tree: Tree,
+    /// The active dataset's tree and counters (`datasets.rs`: `select` swaps them with
+    /// one of `parked`).
     pub(crate) fs: Tree,
     pub(crate) meta: DatasetMeta,
-    committed_meta: DatasetMeta,
+    pub(crate) committed_meta: DatasetMeta,
+    /// Which dataset is active.
+    pub(crate) active: u64,
+    /// Every other dataset's tree and counters.
+    pub(crate) parked: BTreeMap<u64, Slot>,
+    /// Every dataset's name and properties.
+    pub(crate) catalog: Catalog,
     pub(crate) open_handles: HashMap<u64, u32>,
     pub(crate) policy: CommitPolicy,
     last_commit_ms: Option<u64>,
@@ -201,6 +211,9 @@ impl Store {
             fs,
             meta,
             committed_meta: DatasetMeta { next_ino: 0, inode_count: 0 },
+            active: DEFAULT_DATASET,
+            parked: BTreeMap::new(),
+            catalog: Catalog::default(),
             open_handles: HashMap::new(),
             policy: CommitPolicy::default(),
             last_commit_ms: None,
@@ -300,13 +313,9 @@ impl Store {
         }
         let root = Tree::on_disk(ROOT_TREE_ID, older.root_tree);
         let refcount = Tree::on_disk(REFCOUNT_TREE_ID, older.refcount_tree);
-        let key = Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0);
-        let item = root
-            .get(&mut self.pager, &key)?
-            .ok_or_else(|| Error::corrupt("root tree", older.root_tree.block, "no root item for dataset 5"))?;
-        let (fs_ptr, _) = decode_root_item(key, &item, older.generation)?;
+        let (slots, _) = load_datasets(&mut self.pager, &root, older)?;
         let mut held = Vec::new();
-        for tree in [root, refcount, Tree::on_disk(FS_TREE_ID, fs_ptr)] {
+        for tree in [root, refcount].into_iter().chain(slots.values().map(|s| s.fs)) {
             walk_nodes(&mut self.pager, &tree, &mut |ptr, _| {
                 held.push((ptr.block, 1));
                 Ok(())
@@ -329,13 +338,14 @@ impl Store {
         let root_tree = Tree::on_disk(ROOT_TREE_ID, sb.root_tree);
         let refcount_tree = Tree::on_disk(REFCOUNT_TREE_ID, sb.refcount_tree);
         let loaded = (|| {
-            let item = root_tree
-                .get(&mut pager, &Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0))?
-                .ok_or_else(|| Error::corrupt("root tree", sb.root_tree.block, "no root item for dataset 5"))?;
-            let (fs_ptr, meta) = decode_root_item(Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0), &item, sb.generation)?;
-            let fs = Tree::on_disk(FS_TREE_ID, fs_ptr);
+            let (mut slots, catalog) = load_datasets(&mut pager, &root_tree, &sb)?;
+            let Some(default) = slots.remove(&DEFAULT_DATASET) else {
+                return Err(Error::corrupt("root tree", sb.root_tree.block, "no root item for dataset 5"));
+            };
             let mut notes = Vec::new();
-            rebuild_allocation(&mut pager, &[root_tree, refcount_tree, fs], &refcount_tree, &mut notes)?;
+            let trees: Vec<Tree> =
+                [root_tree, refcount_tree, default.fs].into_iter().chain(slots.values().map(|s| s.fs)).collect();
+            rebuild_allocation(&mut pager, &trees, &refcount_tree, &mut notes)?;
             if pager.alloc.used_blocks() != sb.used_blocks {
                 notes.push(format!(
                     "superblock says {} blocks used, the trees reach {} (run crest fsck)",
@@ -343,17 +353,20 @@ impl Store {
                     pager.alloc.used_blocks()
                 ));
             }
-            Ok::<_, Error>((fs, meta, notes))
+            Ok::<_, Error>((default, slots, catalog, notes))
         })();
         match loaded {
-            Ok((fs, meta, notes)) => Ok(Store {
+            Ok((default, parked, catalog, notes)) => Ok(Store {
                 pager,
                 sb,
                 root_tree,
                 refcount_tree,
-                fs,
-                meta,
-                committed_meta: meta,
+                fs: default.fs,
+                meta: default.meta,
+                committed_meta: default.meta,
+                active: DEFAULT_DATASET,
+                parked,
+                catalog,
                 open_handles: HashMap::new(),
                 policy: CommitPolicy::default(),
                 last_commit_ms: None,
@@ -399,6 +412,7 @@ impl Store {
             || self.root_tree.is_dirty()
             || self.refcount_tree.is_dirty()
             || self.meta != self.committed_meta
+            || self.parked.values().any(|s| s.fs.is_dirty() || s.meta != s.committed_meta)
     }
 
     /// Closes the store, committing first; returns the disk.
@@ -454,11 +468,19 @@ impl Store {
         }
         let generation = self.sb.generation + 1;
         let mut writes = Vec::new();
-        let fs_ptr = self.fs.write(&mut self.pager, generation, &mut writes)?;
-        let root_key = Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0);
-        let item = encode_root_item(&fs_ptr, &self.meta);
-        if self.root_tree.get(&mut self.pager, &root_key)?.as_deref() != Some(item.as_slice()) {
-            self.root_tree.insert(&mut self.pager, root_key, item)?;
+        // Every dataset's tree, then its ROOT_ITEM if its root or counters moved.
+        let mut roots = vec![(self.active, self.fs.write(&mut self.pager, generation, &mut writes)?, self.meta)];
+        for (&d, slot) in self.parked.iter_mut() {
+            if slot.fs.is_dirty() || slot.meta != slot.committed_meta || slot.committed_meta.next_ino == 0 {
+                roots.push((d, slot.fs.write(&mut self.pager, generation, &mut writes)?, slot.meta));
+            }
+        }
+        for (d, ptr, meta) in roots {
+            let root_key = Key::new(datasets::tree_id(d), kind::ROOT_ITEM, 0);
+            let item = encode_root_item(&ptr, &meta);
+            if self.root_tree.get(&mut self.pager, &root_key)?.as_deref() != Some(item.as_slice()) {
+                self.root_tree.insert(&mut self.pager, root_key, item)?;
+            }
         }
         let refcount = self.refcount_tree.write(&mut self.pager, generation, &mut writes)?;
         let root = self.root_tree.write(&mut self.pager, generation, &mut writes)?;
@@ -476,10 +498,64 @@ impl Store {
         self.pager.flush()?;
         self.sb = sb;
         self.committed_meta = self.meta;
+        for slot in self.parked.values_mut() {
+            slot.committed_meta = slot.meta;
+        }
         self.pager.finish_commit();
         self.stats.commits += 1;
         Ok(())
     }
+}
+
+/// Every dataset's tree and counters (from the ROOT_ITEMs) and the catalog (from the
+/// DATASET and NEXT_DATASET items) of the root tree of `sb`'s generation.
+fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock) -> Result<(BTreeMap<u64, Slot>, Catalog)> {
+    let mut items = Vec::new();
+    root_tree.range(pager, &Key::MIN, &Key::MAX, &mut |k, v| {
+        if matches!(k.kind, kind::ROOT_ITEM | kind::DATASET | kind::NEXT_DATASET) {
+            items.push((*k, v.to_vec()));
+        }
+        Ok(true)
+    })?;
+    let mut slots = BTreeMap::new();
+    let mut catalog = Catalog { next_id: 1, ..Catalog::default() };
+    for (k, v) in items {
+        match k.kind {
+            kind::ROOT_ITEM => {
+                let d = datasets::dataset_of_tree(k.objectid)
+                    .filter(|_| k.offset == 0)
+                    .ok_or_else(|| Error::bad_item(k, 0, "root item of no dataset"))?;
+                let (ptr, meta) = decode_root_item(k, &v, sb.generation)?;
+                slots.insert(d, Slot { fs: Tree::on_disk(k.objectid, ptr), meta, committed_meta: meta });
+            }
+            kind::DATASET => {
+                let e = datasets::decode_entry(k, &v)?;
+                if k.offset != 0 || catalog.by_name.contains_key(&e.name) {
+                    return Err(Error::bad_item(k, 0, format!("dataset name {:?} used twice", e.name)));
+                }
+                catalog.insert(k.objectid, e);
+            }
+            _ => {
+                let b: [u8; 8] = v.as_slice().try_into().map_err(|_| Error::bad_item(k, 0, "next dataset id"))?;
+                catalog.next_id = u64::from_le_bytes(b);
+            }
+        }
+    }
+    if !catalog.by_id.contains_key(&DEFAULT_DATASET) && !catalog.by_name.contains_key(DEFAULT_NAME) {
+        catalog.insert(DEFAULT_DATASET, Entry { name: DEFAULT_NAME.to_string(), props: Default::default() });
+    }
+    let named: Vec<u64> = catalog.by_id.keys().copied().collect();
+    if named.iter().any(|d| !slots.contains_key(d)) || slots.keys().any(|d| !catalog.by_id.contains_key(d)) {
+        return Err(Error::corrupt(
+            "root tree",
+            sb.root_tree.block,
+            "a dataset without its tree, or a tree without a name",
+        ));
+    }
+    if slots.keys().any(|&d| d >= catalog.next_id && d != DEFAULT_DATASET) {
+        return Err(Error::corrupt("root tree", sb.root_tree.block, "a dataset id at or above the next one"));
+    }
+    Ok((slots, catalog))
 }
 
 /// Marks every block the trees reach as used: all nodes of `trees`, and every data extent

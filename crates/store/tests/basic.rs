@@ -372,7 +372,7 @@ fn session_records_and_units() {
 fn creates_at_reserved_inode_numbers() {
     let disk = fresh(16);
     let mut s = open(&disk);
-    let first = s.reserve_inode_numbers(10).expect("reserve");
+    let first = s.reserve_inode_numbers(ROOT_INO, 10).expect("reserve");
     assert!(first > ROOT_INO);
     let at = |ino| Some(crest_store::NewInode { ino, generation: 77 });
     let f = s.create_at(at(first + 3), ROOT_INO, b"f", FileKind::Regular, 0o644, 1, 2, 0, t(2)).expect("create_at");
@@ -398,5 +398,5 @@ fn creates_at_reserved_inode_numbers() {
     let g = s.create(ROOT_INO, b"g", FileKind::Regular, 0o644, 1, 2, 0, t(3)).expect("create");
     assert!(g.ino >= first + 10, "{} reuses a reserved number", g.ino);
     assert_eq!(s.getattr(first + 3).expect("getattr").generation, 77);
-    assert!(s.reserve_inode_numbers(u64::MAX).is_err(), "inode numbers cannot wrap");
+    assert!(s.reserve_inode_numbers(ROOT_INO, u64::MAX).is_err(), "inode numbers cannot wrap");
 }

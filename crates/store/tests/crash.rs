@@ -25,9 +25,10 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
     let mut files: Vec<(u64, Vec<u8>)> = Vec::new(); // (dir, name)
     let mut dirs = vec![ROOT_INO];
     let mut open: Vec<u64> = Vec::new();
+    let mut datasets: Vec<String> = Vec::new();
     for i in 0..ops {
         let dir = dirs[rng.below(dirs.len() as u64) as usize];
-        match rng.below(12) {
+        match rng.below(14) {
             0..=3 => {
                 let name = format!("f{i}").into_bytes();
                 if let Ok(inode) = store.create(dir, &name, FileKind::Regular, 0o644, 1, 1, 0, now) {
@@ -90,6 +91,24 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
             }
             10 if !open.is_empty() => {
                 store.release_handle(open.swap_remove(0)).expect("release");
+            }
+            11 => {
+                // A dataset with a file and a directory: power cuts land in its creation
+                // and in the commits that carry its tree beside the default one's.
+                let name = format!("ds{i}");
+                let d = store.create_dataset(&name, Default::default(), (0, 0, 0o755), now).expect("create dataset");
+                let root = crest_store::datasets::root_of(d);
+                let f = store.create(root, b"f", FileKind::Regular, 0o644, 0, 0, 0, now).expect("create in dataset");
+                store.write(f.ino, 0, &vec![i as u8; [300, 9000][rng.below(2) as usize]], now).expect("write");
+                store.create(root, b"d", FileKind::Directory, 0o755, 0, 0, 0, now).expect("mkdir in dataset");
+                datasets.push(name);
+            }
+            12 if !datasets.is_empty() => {
+                // Destroyed in one transaction: a crash keeps all of it or none.
+                let name = datasets.swap_remove(rng.below(datasets.len() as u64) as usize);
+                store.commit().expect("commit");
+                on_commit(store);
+                store.destroy_dataset(&name).expect("destroy dataset");
             }
             _ => {
                 store.commit().expect("commit");

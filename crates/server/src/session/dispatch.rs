@@ -305,7 +305,7 @@ impl Server {
             }
             Op::AllocInodes { count } => {
                 let count = count.clamp(1, p::MAX_INODE_GRANT);
-                let first = st.reserve_inode_numbers(u64::from(count))?;
+                let first = st.reserve_inode_numbers(s::ROOT_INO, u64::from(count))?;
                 Ok(Reply::Inodes { first, count })
             }
             Op::CreateAt { ino, generation, parent, name, kind, mode, rdev, cred } => {

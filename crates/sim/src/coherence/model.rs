@@ -237,6 +237,26 @@ impl Model {
         self.side += 1;
     }
 
+    /// Whether `op` names an orphan the grace period keeps that nobody holds open: gone for
+    /// everything but an `Open` (or a release, or an unlock, which ask nothing of the
+    /// file), as `Server::is_pinned` has it.
+    pub(crate) fn grace_held(&self, op: &Op) -> bool {
+        let Some(held) = &self.grace else { return false };
+        if matches!(
+            op,
+            Op::Open { .. }
+                | Op::Release { .. }
+                | Op::Fsync { .. }
+                | Op::Reassert { .. }
+                | Op::SetLock { kind: p::LockKind::Unlock, .. }
+        ) {
+            return false;
+        }
+        op.named_inodes()
+            .into_iter()
+            .any(|i| held.contains(&i) && self.inodes.get(&i).is_some_and(|m| m.nlink == 0 && m.opens.is_empty()))
+    }
+
     /// The attributes of a file kept only by pins (see `Model::val`).
     pub(crate) fn pinned_attr(&self, ino: u64) -> Option<AttrV> {
         self.pinned.get(&ino).map(|i| i.attr_v(ino))
@@ -411,6 +431,9 @@ impl Model {
     /// Applies one operation of session `session` at `now` (the server's clock, or the
     /// writeback's).
     pub(crate) fn apply(&mut self, session: SessionId, op: &Op, now: p::Time) -> Res {
+        if self.grace_held(op) {
+            return Err(ENOENT);
+        }
         if let Op::GetLock { ino, owner, start, end, kind, flock } = op {
             if !self.inodes.contains_key(ino) {
                 return Err(ENOENT);

@@ -26,6 +26,11 @@ pub mod kind {
     /// root tree: the server's record of client session `objectid` (opaque bytes the
     /// server layer owns; see `Store::put_session_record`); offset 0.
     pub const SESSION: u8 = 11;
+    /// root tree: the name and properties of dataset `objectid` (a name-value list,
+    /// `datasets.rs`); offset 0.
+    pub const DATASET: u8 = 12;
+    /// root tree, key (0, 13, 0): the id the next dataset created gets (u64).
+    pub const NEXT_DATASET: u8 = 13;
     /// refcount tree: blocks `[objectid, objectid+offset)` have the stored reference count.
     pub const EXTENT_REF: u8 = 20;
 }

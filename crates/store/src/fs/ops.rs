@@ -11,7 +11,7 @@
 use crate::engine::key::Key;
 use crate::error::{Error, Result};
 use crate::fs::dirent::{self, check_name, DirEntry};
-use crate::fs::inode::{self, FileKind, Inode, Timespec, ROOT_INO};
+use crate::fs::inode::{self, FileKind, Inode, Timespec};
 use crate::fs::keys::{kind, ORPHAN_OBJECTID};
 use crate::fs::xattr;
 use crate::limits::{BLOCK_SIZE_U64, LINK_MAX, MAX_FILE_BYTES, MAX_INLINE_BYTES, MAX_ITEM_BYTES, XATTR_LIST_MAX};
@@ -142,6 +142,7 @@ impl Store {
 
     /// Attributes of `ino`.
     pub fn getattr(&mut self, ino: u64) -> Result<Inode> {
+        self.enter(ino)?;
         let key = Inode::key(ino);
         let v = self.fs.get(&mut self.pager, &key)?.ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         Inode::decode(ino, &v, 0)
@@ -165,6 +166,7 @@ impl Store {
 
     /// The inode `name` names in directory `dir`.
     pub fn lookup(&mut self, dir: u64, name: &[u8]) -> Result<Inode> {
+        self.enter(dir)?;
         self.dir_inode(dir)?;
         if name.len() > crate::limits::NAME_MAX {
             return Err(Error::NameTooLong { len: name.len(), max: crate::limits::NAME_MAX });
@@ -178,6 +180,7 @@ impl Store {
     /// Looks `name` up in `dir` and returns the entries around it in the same leaf: at
     /// most `max_hashes` distinct name hashes, centred on the name's. See `LeafLookup`.
     pub fn lookup_leaf(&mut self, dir: u64, name: &[u8], max_hashes: usize) -> Result<LeafLookup> {
+        self.enter(dir)?;
         self.dir_inode(dir)?;
         if name.len() > crate::limits::NAME_MAX {
             return Err(Error::NameTooLong { len: name.len(), max: crate::limits::NAME_MAX });
@@ -242,6 +245,7 @@ impl Store {
     /// Up to `limit` entries of `dir` whose index is at least `from_index`, in creation
     /// order, each with its attributes. The next call continues at the last index + 1.
     pub fn readdir(&mut self, dir: u64, from_index: u64, limit: usize) -> Result<Vec<(DirEntry, Inode)>> {
+        self.enter(dir)?;
         self.dir_inode(dir)?;
         let lo = dirent::index_key(dir, from_index);
         let hi = dirent::index_key(dir, u64::MAX);
@@ -257,6 +261,7 @@ impl Store {
 
     /// Reads up to `len` bytes at `offset` (short at end of file).
     pub fn read(&mut self, ino: u64, offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.enter(ino)?;
         let inode = self.getattr(ino)?;
         match inode.kind {
             FileKind::Regular => self.read_data(&inode, offset, len),
@@ -267,6 +272,7 @@ impl Store {
 
     /// The target of symlink `ino`.
     pub fn readlink(&mut self, ino: u64) -> Result<Vec<u8>> {
+        self.enter(ino)?;
         let inode = self.getattr(ino)?;
         if inode.kind != FileKind::Symlink {
             return Err(Error::Invalid(format!("inode {ino} is not a symlink")));
@@ -276,6 +282,7 @@ impl Store {
 
     /// Value of xattr `name`.
     pub fn getxattr(&mut self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.enter(ino)?;
         xattr::check_name(name)?;
         self.getattr(ino)?;
         let key = xattr::xattr_key(ino, name);
@@ -299,6 +306,7 @@ impl Store {
 
     /// Names of all xattrs of `ino`.
     pub fn listxattr(&mut self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.enter(ino)?;
         self.getattr(ino)?;
         let lo = Key::new(ino, kind::XATTR, 0);
         let hi = Key::new(ino, kind::XATTR, u64::MAX);
@@ -405,7 +413,7 @@ impl Store {
     }
 
     fn check_inode_numbers(&self) -> Result<()> {
-        if self.meta.next_ino >= crate::store::MAX_INO {
+        if self.meta.next_ino >= crate::datasets::range_end(self.active) {
             return Err(Error::NoSpace("inode numbers exhausted".into()));
         }
         Ok(())
@@ -413,11 +421,13 @@ impl Store {
 
     /// Reserves `count` inode numbers for a client that will create inodes with them
     /// (`create_at`, `symlink_at`) after answering its callers itself. Returns the first.
-    /// The numbers are never handed out again, used or not.
-    pub fn reserve_inode_numbers(&mut self, count: u64) -> Result<u64> {
+    /// The numbers are never handed out again, used or not. They come from the dataset of
+    /// `in_ino` (a directory there, usually its root).
+    pub fn reserve_inode_numbers(&mut self, in_ino: u64, count: u64) -> Result<u64> {
         self.pager.check_writable()?;
+        self.enter(in_ino)?;
         let first = self.meta.next_ino;
-        let end = first.checked_add(count).filter(|&e| e < crate::store::MAX_INO);
+        let end = first.checked_add(count).filter(|&e| e <= crate::datasets::range_end(self.active));
         let Some(end) = end else {
             return Err(Error::NoSpace("inode numbers exhausted".into()));
         };
@@ -429,7 +439,8 @@ impl Store {
     /// client must not overwrite a live inode).
     fn check_new_inode(&mut self, at: Option<NewInode>) -> Result<()> {
         let Some(at) = at else { return self.check_inode_numbers() };
-        if at.ino <= ROOT_INO || at.ino >= self.meta.next_ino {
+        let root = crate::datasets::root_of(self.active);
+        if at.ino <= root || at.ino >= self.meta.next_ino {
             return Err(Error::Invalid(format!("inode number {} was not reserved", at.ino)));
         }
         match self.getattr(at.ino) {
@@ -460,7 +471,7 @@ impl Store {
             }
         };
         self.meta.inode_count += 1;
-        debug_assert!(ino < crate::store::MAX_INO, "checked by reserve_inode");
+        debug_assert!(ino < crate::datasets::range_end(self.active), "checked by check_inode_numbers");
         Inode {
             ino,
             generation,
@@ -513,6 +524,7 @@ impl Store {
         rdev: u64,
         now: Timespec,
     ) -> Result<Inode> {
+        self.enter(dir)?;
         if kind == FileKind::Symlink {
             return Err(Error::Invalid("use symlink() for symbolic links".into()));
         }
@@ -565,6 +577,7 @@ impl Store {
         gid: u32,
         now: Timespec,
     ) -> Result<Inode> {
+        self.enter(dir)?;
         check_name(name)?;
         if target.is_empty() || target.len() >= 4096 {
             return Err(if target.is_empty() {
@@ -592,6 +605,7 @@ impl Store {
 
     /// Adds a hard link `name` in `dir` to `ino`.
     pub fn link(&mut self, ino: u64, dir: u64, name: &[u8], now: Timespec) -> Result<Inode> {
+        self.enter_both(dir, ino)?;
         check_name(name)?;
         self.reserve(0, false)?;
         let mut inode = self.getattr(ino)?;
@@ -663,6 +677,7 @@ impl Store {
 
     /// Removes the non-directory `name` from `dir`.
     pub fn unlink(&mut self, dir: u64, name: &[u8], now: Timespec) -> Result<Unlinked> {
+        self.enter(dir)?;
         self.reserve(0, true)?;
         let mut d = self.dir_inode(dir)?;
         let e =
@@ -682,6 +697,7 @@ impl Store {
 
     /// Removes the empty directory `name` from `dir`.
     pub fn rmdir(&mut self, dir: u64, name: &[u8], now: Timespec) -> Result<Unlinked> {
+        self.enter(dir)?;
         if name == b"." {
             return Err(Error::Invalid("rmdir of \".\"".into()));
         }
@@ -715,7 +731,7 @@ impl Store {
             if dir == ancestor {
                 return Ok(true);
             }
-            if dir == ROOT_INO {
+            if dir == crate::datasets::root_of(self.active) {
                 return Ok(false);
             }
             let d = self.getattr(dir)?;
@@ -737,6 +753,7 @@ impl Store {
         flags: RenameFlags,
         now: Timespec,
     ) -> Result<()> {
+        self.enter_both(dir, new_dir)?;
         check_name(new_name)?;
         if flags.noreplace && flags.exchange {
             return Err(Error::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE".into()));
@@ -862,6 +879,7 @@ impl Store {
 
     /// Changes attributes; a size change truncates or extends a regular file.
     pub fn setattr(&mut self, ino: u64, attr: &SetAttr, now: Timespec) -> Result<Inode> {
+        self.enter(ino)?;
         let mut inode = self.getattr(ino)?;
         if let Some(size) = attr.size {
             match inode.kind {
@@ -902,6 +920,7 @@ impl Store {
 
     /// Writes `data` at `offset` of regular file `ino`; returns the new attributes.
     pub fn write(&mut self, ino: u64, offset: u64, data: &[u8], now: Timespec) -> Result<Inode> {
+        self.enter(ino)?;
         let mut inode = self.getattr(ino)?;
         match inode.kind {
             FileKind::Regular => {}
@@ -927,6 +946,7 @@ impl Store {
 
     /// Allocates, punches or zeroes a range of a regular file.
     pub fn fallocate(&mut self, ino: u64, offset: u64, len: u64, mode: FallocateMode, now: Timespec) -> Result<Inode> {
+        self.enter(ino)?;
         let mut inode = self.getattr(ino)?;
         if inode.kind != FileKind::Regular {
             return Err(if inode.kind == FileKind::Directory {
@@ -986,6 +1006,7 @@ impl Store {
     /// value's chunks change in this one operation. Everything that can refuse the change
     /// is checked before the tree is touched, so a refused setxattr changes nothing.
     pub fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], now: Timespec) -> Result<()> {
+        self.enter(ino)?;
         xattr::check(name, value.len())?;
         // Each chunk may dirty a leaf of its own (old chunks are covered by the margin).
         let chunks = if xattr::is_inline(name.len(), value.len()) { 0 } else { xattr::chunk_count(value.len()) };
@@ -1058,6 +1079,7 @@ impl Store {
 
     /// Removes xattr `name` and its chunks.
     pub fn removexattr(&mut self, ino: u64, name: &[u8], now: Timespec) -> Result<()> {
+        self.enter(ino)?;
         xattr::check_name(name)?;
         self.reserve(0, true)?;
         let mut inode = self.getattr(ino)?;
@@ -1083,6 +1105,7 @@ impl Store {
 
     /// Notes that `ino` is open (an unlinked open file stays until `release`).
     pub fn open_handle(&mut self, ino: u64) -> Result<Inode> {
+        self.enter(ino)?;
         if self.space.is_doomed(ino) {
             return Err(Error::NotFound(format!("inode {ino} (being freed)")));
         }
@@ -1117,15 +1140,20 @@ impl Store {
         self.commit_or_defer()
     }
 
-    /// The inodes on the orphan list (unlinked while open; after a crash, until
-    /// `reclaim_orphans`).
+    /// The inodes on the orphan list of every dataset (unlinked while open; after a crash,
+    /// until `reclaim_orphans`).
     pub fn orphans(&mut self) -> Result<Vec<u64>> {
         let lo = Key::new(ORPHAN_OBJECTID, kind::ORPHAN, 0);
         let hi = Key::new(ORPHAN_OBJECTID, kind::ORPHAN, u64::MAX);
-        Ok(self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k.offset).collect())
+        let mut out = Vec::new();
+        for d in self.dataset_ids() {
+            self.select(d)?;
+            out.extend(self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k.offset));
+        }
+        Ok(out)
     }
 
-    /// Destroys inodes left on the orphan list (open files unlinked before a crash).
+    /// Destroys inodes left on the orphan lists (open files unlinked before a crash).
     pub fn reclaim_orphans(&mut self) -> Result<usize> {
         let orphans = self.orphans()?;
         let mut n = 0;
@@ -1139,6 +1167,7 @@ impl Store {
                     n += 1;
                 }
                 _ => {
+                    self.enter(ino)?;
                     self.fs.delete(&mut self.pager, &Key::new(ORPHAN_OBJECTID, kind::ORPHAN, ino))?;
                 }
             }

@@ -86,6 +86,11 @@ impl Space {
         self.doomed_blocks
     }
 
+    /// True if inodes of dataset `d` are being freed.
+    pub(crate) fn doomed_in(&self, d: u64) -> bool {
+        self.doomed.iter().any(|&ino| crate::datasets::dataset_of(ino) == d)
+    }
+
     /// True if `ino` is being freed (no longer openable).
     pub(crate) fn is_doomed(&self, ino: u64) -> bool {
         self.doomed.contains(&ino)
@@ -192,6 +197,7 @@ impl Store {
     /// left of it when it has none.
     fn reclaim_step(&mut self) -> Result<()> {
         let Some(&ino) = self.space.doomed.front() else { return Ok(()) };
+        self.enter(ino)?;
         let runs = self.extent_items(ino, STEP_EXTENTS)?;
         let mut inode = self.getattr(ino)?;
         let Some(&(last_off, last_len)) = runs.last() else {

@@ -85,10 +85,23 @@ pub fn assert_same(got: &Dump, want: &Dump, context: &str) {
 /// The whole namespace as path → entry.
 pub type Dump = BTreeMap<String, Entry>;
 
-/// Dumps every reachable path of the store.
+/// Dumps every reachable path of every dataset (the default one's paths bare, another's
+/// behind `name:`).
 pub fn dump(store: &mut Store) -> Dump {
     let mut out = BTreeMap::new();
-    let mut stack = vec![(ROOT_INO, String::new())];
+    for d in store.datasets() {
+        let prefix = if d.root == ROOT_INO { String::new() } else { format!("{}:", d.name) };
+        for (p, e) in dump_from(store, d.root) {
+            out.insert(format!("{prefix}{p}"), e);
+        }
+    }
+    out
+}
+
+/// Dumps every path reachable from directory `root`.
+pub fn dump_from(store: &mut Store, root: u64) -> Dump {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(root, String::new())];
     while let Some((dir, path)) = stack.pop() {
         let mut from = 0;
         loop {
