@@ -61,7 +61,7 @@ fuzz_target!(|data: &[u8]| {
                     id: sessions.get(usize::from(i) % sessions.len().max(1)).copied().unwrap_or(u64::from(i)),
                     secret,
                 });
-                let hello = p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "f".into(), resume };
+                let hello = p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "f".into(), resume, dataset: String::new() };
                 if let (Some(sid), _) = srv.handle_hello(&hello) {
                     sessions.push(sid);
                 }

@@ -3,6 +3,7 @@
 //! default and JSON with `--json`; exit codes follow mkfs(8), fsck(8) and mount(8), since
 //! scripts and fstab treat crest as they treat those (see `exit`).
 
+mod dataset;
 mod mount;
 mod mountinfo;
 mod signature;
@@ -132,6 +133,17 @@ enum Command {
     Cert {
         #[command(subcommand)]
         cmd: trust::CertCmd,
+    },
+    /// Datasets of a running server: create, list, get, set, destroy.
+    Dataset {
+        #[command(subcommand)]
+        cmd: dataset::DatasetCmd,
+        /// The server (HOST[:PORT]; default: this host's).
+        #[arg(long, global = true, default_value = DEFAULT_LISTEN)]
+        server: String,
+        /// Talk to a server run with --insecure.
+        #[arg(long, global = true)]
+        insecure: bool,
     },
     /// Unmount a crest mount (refuses anything that is not a fuse.crest mount).
     Umount {
@@ -483,6 +495,13 @@ fn main() -> ExitCode {
             (mount::mount(&req), exit::MOUNT_FAILURE)
         }
         Command::Join { addr, token } => (join(&state, &addr, &token), exit::FAILURE),
+        Command::Dataset { cmd, server, insecure } => {
+            let done = mount::parse_addr(&server).and_then(|addr| {
+                let tls = trust::client_tls(&state, &addr, insecure)?;
+                dataset::run(&dataset::Target { addr: &addr, tls }, cmd)
+            });
+            (done, exit::FAILURE)
+        }
         Command::Token { cmd } => (trust::token(&state, cmd), exit::FAILURE),
         Command::Cert { cmd } => (trust::cert(&state, cmd), exit::FAILURE),
         Command::Umount { mountpoint, lazy } => (mount::umount(&mountpoint, lazy), exit::MOUNT_FAILURE),

@@ -125,9 +125,29 @@ fn take_timeout(opts: &mut Vec<String>) -> Result<Option<u64>> {
     }
 }
 
+/// `-o dataset=NAME`, taken out of `opts`: the dataset to mount (the server's default one
+/// without it).
+fn take_dataset(opts: &mut Vec<String>) -> Result<Option<String>> {
+    let mut dataset = None;
+    let mut err = None;
+    opts.retain(|o| {
+        let Some(v) = o.strip_prefix("dataset=") else { return true };
+        if v.is_empty() || v.len() > crest_proto::MAX_DATASET_NAME_BYTES {
+            err = Some(format!("bad mount option {o:?}: dataset=NAME"));
+        }
+        dataset = Some(v.to_string());
+        false
+    });
+    match err {
+        Some(e) => Err(anyhow!(e)),
+        None => Ok(dataset),
+    }
+}
+
 pub fn mount(req: &Request) -> Result<()> {
     let mut opts = parse_options(req.options)?;
     let timeout = take_timeout(&mut opts)?.unwrap_or(req.timeout);
+    let dataset = take_dataset(&mut opts)?;
     let insecure = req.insecure || {
         let before = opts.len();
         opts.retain(|o| o != "insecure");
@@ -163,7 +183,7 @@ pub fn mount(req: &Request) -> Result<()> {
         return mount_in_background(&addr, &target, req);
     }
     let mut ready = if req.ready_pipe { Some(take_ready_pipe()?) } else { None };
-    let served = serve_mount(&addr, &target, opts, req.timeout, tls, &mut ready);
+    let served = serve_mount(&addr, &target, (opts, dataset), req.timeout, tls, &mut ready);
     if let (Err(e), Some(mut pipe)) = (&served, ready) {
         // The parent is waiting: it prints this and exits non-zero. The pipe may be
         // gone already (the parent died); the error still goes to the log.
@@ -189,19 +209,24 @@ fn take_ready_pipe() -> Result<std::fs::File> {
 fn serve_mount(
     addr: &str,
     target: &Path,
-    opts: Vec<String>,
+    (opts, dataset): (Vec<String>, Option<String>),
     timeout: u64,
     tls: Option<std::sync::Arc<crest_tls::ClientConfig>>,
     ready: &mut Option<std::fs::File>,
 ) -> Result<()> {
     let client_opts = crest_net::ClientOptions {
         client_name: format!("{}:{}", crate::trust::hostname(), target.display()),
+        dataset: dataset.clone().unwrap_or_default(),
         op_timeout: Duration::from_secs(timeout),
         tls,
         ..Default::default()
     };
     let client = crest_net::Client::connect(addr, client_opts).map_err(|e| anyhow!(e))?;
-    let mut mopts = crest_fuse::MountOptions { fsname: addr.to_string(), ..Default::default() };
+    let fsname = match &dataset {
+        Some(d) => format!("{addr}/{d}"),
+        None => addr.to_string(),
+    };
+    let mut mopts = crest_fuse::MountOptions { fsname, ..Default::default() };
     for o in opts {
         match o.as_str() {
             "ro" => mopts.read_only = true,

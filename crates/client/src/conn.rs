@@ -241,6 +241,8 @@ pub enum State {
 pub struct Connection<R> {
     addr: String,
     client_name: String,
+    /// The dataset the session mounts (empty: the server's default one).
+    dataset: String,
     state: State,
     decoder: FrameDecoder,
     /// Bytes received during this handshake (for the message when it fails).
@@ -278,12 +280,19 @@ pub struct Connection<R> {
 }
 
 impl<R> Connection<R> {
+    /// Mounts dataset `name` (by default the server's default dataset).
+    pub fn with_dataset(mut self, name: &str) -> Self {
+        self.dataset = name.to_string();
+        self
+    }
+
     /// A connection not yet connected, at `now`.
     pub fn new(addr: &str, client_name: &str, ids: Arc<AtomicU64>, rights: RightsHook, now: Instant) -> Self {
         Connection {
             addr: addr.to_string(),
             // (A mount's name holds its path, which can be longer than a hello may carry.)
             client_name: p::clip_client_name(client_name),
+            dataset: String::new(),
             state: State::Away,
             decoder: FrameDecoder::new(),
             received: 0,
@@ -399,6 +408,7 @@ impl<R> Connection<R> {
             version: p::PROTOCOL_VERSION,
             client_name: self.client_name.clone(),
             resume: self.session,
+            dataset: self.dataset.clone(),
         };
         self.write(&ClientMessage::Hello(hello));
     }

@@ -34,6 +34,8 @@ pub const MAX_ASYNC_BYTES: usize = 64 << 20;
 pub struct ClientOptions {
     /// Name the server logs for this client.
     pub client_name: String,
+    /// The dataset to mount (empty: the server's default one).
+    pub dataset: String,
     /// How long a call waits (including reconnects) before failing with `Timeout`.
     pub op_timeout: Duration,
     /// How long the first connection may take.
@@ -46,6 +48,7 @@ impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             client_name: "crest-client".into(),
+            dataset: String::new(),
             op_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),
             tls: None,
@@ -277,7 +280,8 @@ impl Client {
         let sink = RecallSink { tx: recall_tx, taken: recalls_taken.clone() };
         let rights: RightsHook = Arc::default();
         let next_id = Arc::new(AtomicU64::new(1));
-        let core = Connection::new(addr, &opts.client_name, next_id.clone(), rights.clone(), Instant::now());
+        let core = Connection::new(addr, &opts.client_name, next_id.clone(), rights.clone(), Instant::now())
+            .with_dataset(&opts.dataset);
         let driver = Driver { core, addr: addr.to_string(), opts: opts.clone(), ready: ready_tx, recalls: sink };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -683,25 +687,69 @@ fn tls_error(addr: &str, e: std::io::Error) -> ClientError {
 /// The name every crest server's certificate carries (`crest_tls::SERVER_NAME`).
 const SERVER_NAME: &str = "crest";
 
-/// Redeems a join token at `addr` (`config` pins the CA the token names): one connection,
-/// one request, one answer.
+/// Redeems a join token at `addr` (a TLS server whose CA `config` pins) for a certificate.
 pub fn join(
     addr: &str,
     config: Arc<rustls::ClientConfig>,
     req: p::Join,
     wait: Duration,
 ) -> Result<p::Joined, ClientError> {
+    match exchange(addr, Some(config), p::ClientMessage::Join(req), wait)? {
+        p::ServerMessage::Joined(j) => Ok(j),
+        other => Err(unexpected(addr, other)),
+    }
+}
+
+/// Runs one administrative call (an encoded name-value list) at `addr` (`tls`: None for a
+/// server run `--insecure`); returns the answer's bytes.
+pub fn admin(
+    addr: &str,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    call: Vec<u8>,
+    wait: Duration,
+) -> Result<Vec<u8>, ClientError> {
+    let msg = p::ClientMessage::Admin(p::Admin { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, call });
+    match exchange(addr, tls, msg, wait)? {
+        p::ServerMessage::Administered(a) => Ok(a),
+        other => Err(unexpected(addr, other)),
+    }
+}
+
+fn unexpected(addr: &str, m: p::ServerMessage) -> ClientError {
+    match m {
+        p::ServerMessage::Refused { reason, .. } => ClientError::Refused { addr: addr.to_string(), reason },
+        other => ClientError::NotCrest { addr: addr.to_string(), detail: format!("answered {other:?}") },
+    }
+}
+
+/// Sends `msg` as a connection's first message and returns the server's one answer.
+fn exchange(
+    addr: &str,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    msg: p::ClientMessage,
+    wait: Duration,
+) -> Result<p::ServerMessage, ClientError> {
     let err = |detail: String| ClientError::Connect { addr: addr.to_string(), detail };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| err(e.to_string()))?;
     let exchange = async {
         let stream = TcpStream::connect(addr).await.map_err(|e| err(e.to_string()))?;
         let _ = stream.set_nodelay(true);
         let not_crest = |detail: String| ClientError::NotCrest { addr: addr.to_string(), detail };
-        let mut tls = tls_connect(config, stream).await.map_err(|e| tls_error(addr, e))?;
+        let (mut rd, mut wr): (Reader, Writer) = match tls {
+            Some(config) => {
+                let tls = tls_connect(config, stream).await.map_err(|e| tls_error(addr, e))?;
+                let (rd, wr) = tokio::io::split(tls);
+                (Box::new(rd), Box::new(wr))
+            }
+            None => {
+                let (rd, wr) = stream.into_split();
+                (Box::new(rd), Box::new(wr))
+            }
+        };
         let mut buf = Vec::new();
-        p::encode_frame(&p::ClientMessage::Join(req), &mut buf).map_err(|e| err(e.to_string()))?;
-        tls.write_all(&buf).await.map_err(|e| err(e.to_string()))?;
-        tls.flush().await.map_err(|e| err(e.to_string()))?;
+        p::encode_frame(&msg, &mut buf).map_err(|e| err(e.to_string()))?;
+        wr.write_all(&buf).await.map_err(|e| err(e.to_string()))?;
+        wr.flush().await.map_err(|e| err(e.to_string()))?;
         let mut decoder = p::FrameDecoder::new();
         let mut chunk = vec![0u8; 64 * 1024];
         loop {
@@ -710,19 +758,15 @@ pub fn join(
                 Ok(None) => {}
                 Err(e) => return Err(not_crest(e.to_string())),
             }
-            match tls.read(&mut chunk).await {
+            match rd.read(&mut chunk).await {
                 Ok(0) => return Err(err("the server closed the connection".into())),
                 Ok(n) => decoder.handle_bytes(&chunk[..n]),
                 Err(e) => return Err(err(e.to_string())),
             }
         }
     };
-    let answer = rt.block_on(async { tokio::time::timeout(wait, exchange).await });
-    match answer.map_err(|_| err(format!("no answer within {} s", wait.as_secs())))?? {
-        p::ServerMessage::Joined(j) => Ok(j),
-        p::ServerMessage::Refused { reason, .. } => Err(ClientError::Refused { addr: addr.to_string(), reason }),
-        other => Err(ClientError::NotCrest { addr: addr.to_string(), detail: format!("answered {other:?}") }),
-    }
+    rt.block_on(async { tokio::time::timeout(wait, exchange).await })
+        .map_err(|_| err(format!("no answer within {} s", wait.as_secs())))?
 }
 
 /// The connection loop: connect, handshake, resend what is pending, then move requests

@@ -19,5 +19,6 @@
 pub mod client;
 
 pub use client::{
-    join, AsyncPermit, Client, ClientError, ClientOptions, Completion, Recall, Rights, MAX_ASYNC_BYTES, MAX_IN_FLIGHT,
+    admin, join, AsyncPermit, Client, ClientError, ClientOptions, Completion, Recall, Rights, MAX_ASYNC_BYTES,
+    MAX_IN_FLIGHT,
 };

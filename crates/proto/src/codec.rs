@@ -222,7 +222,13 @@ mod tests {
 
     #[test]
     fn hello_checks() {
-        let mut h = Hello { magic: HELLO_MAGIC, version: PROTOCOL_VERSION, client_name: "t".into(), resume: None };
+        let mut h = Hello {
+            magic: HELLO_MAGIC,
+            version: PROTOCOL_VERSION,
+            client_name: "t".into(),
+            resume: None,
+            dataset: String::new(),
+        };
         assert!(check_hello(&h).is_ok());
         h.version = 99;
         assert!(check_hello(&h).is_err_and(|e| e.contains("99") && e.contains(&PROTOCOL_VERSION.to_string())));
@@ -232,8 +238,13 @@ mod tests {
 
     #[test]
     fn client_names_are_bounded() {
-        let hello =
-            |name: String| Hello { magic: HELLO_MAGIC, version: PROTOCOL_VERSION, client_name: name, resume: None };
+        let hello = |name: String| Hello {
+            magic: HELLO_MAGIC,
+            version: PROTOCOL_VERSION,
+            client_name: name,
+            resume: None,
+            dataset: String::new(),
+        };
         assert!(check_hello(&hello("h".repeat(MAX_CLIENT_NAME_BYTES))).is_ok());
         assert!(check_hello(&hello(String::new())).is_ok());
         for len in [MAX_CLIENT_NAME_BYTES + 1, 4096, MAX_FRAME_BYTES - 64] {

@@ -14,6 +14,7 @@
 pub mod acl;
 pub mod codec;
 pub mod errno;
+mod inos;
 pub mod locks;
 pub mod message;
 pub mod owner;

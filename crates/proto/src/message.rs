@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 /// `Op::Open` access bits: the open's access mode as the kernel checks it (the values
 /// of `acl::MAY_READ`, `MAY_WRITE`, `MAY_EXEC`).
 pub const OPEN_READ: u32 = crate::acl::MAY_READ;
@@ -20,6 +20,9 @@ pub const HELLO_MAGIC: [u8; 4] = *b"CRST";
 /// Longest client name a hello may carry, in bytes (the server keeps it with the session
 /// and logs it; a longer one is refused).
 pub const MAX_CLIENT_NAME_BYTES: usize = 256;
+
+/// Longest dataset name a hello may carry (the store's limit).
+pub const MAX_DATASET_NAME_BYTES: usize = 200;
 /// Most operations in one compound request.
 pub const MAX_OPS_PER_REQUEST: usize = 1024;
 /// The most entries an `Acquire` reply lists (a larger directory is not held whole).
@@ -651,6 +654,10 @@ pub struct Hello {
     pub client_name: String,
     /// A session to resume after a reconnect.
     pub resume: Option<SessionToken>,
+    /// The dataset to mount, by name; empty: the default one. A session stays in its
+    /// dataset: it sees its root as inode 1, and any other inode number it names is
+    /// taken as a number in that dataset (docs/protocol.md §2).
+    pub dataset: String,
 }
 
 /// Server's answer to a good hello.
@@ -781,6 +788,22 @@ pub enum ClientMessage {
     /// join token for one (docs/security.md). Answered `Joined` or `Refused`; then the
     /// connection closes.
     Join(Join),
+    /// Instead of a hello: one administrative call (`crest dataset …`), from a host whose
+    /// export policy allows it. Answered `Administered` or `Refused`; then the connection
+    /// closes.
+    Admin(Admin),
+}
+
+/// An administrative call: a name-value list (`crest_nvlist`) naming the command (`cmd`)
+/// and its arguments; docs/protocol.md §5 lists them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admin {
+    /// `HELLO_MAGIC`.
+    pub magic: [u8; 4],
+    /// The client's `PROTOCOL_VERSION`.
+    pub version: u32,
+    /// The encoded name-value list.
+    pub call: Vec<u8>,
 }
 
 /// A joining client's request for a certificate.
@@ -827,6 +850,9 @@ pub enum ServerMessage {
     Notify(Notify),
     /// A join token redeemed.
     Joined(Joined),
+    /// The answer to an `Admin` call: an encoded name-value list (`error` and `errno` when
+    /// it failed; per-item results for calls on many names).
+    Administered(Vec<u8>),
 }
 
 /// Checks a hello and says why it is refused.
@@ -839,6 +865,20 @@ pub fn check_hello(h: &Hello) -> Result<(), String> {
     }
     if h.client_name.len() > MAX_CLIENT_NAME_BYTES {
         return Err(format!("client name of {} bytes (at most {MAX_CLIENT_NAME_BYTES})", h.client_name.len()));
+    }
+    if h.dataset.len() > MAX_DATASET_NAME_BYTES {
+        return Err(format!("dataset name of {} bytes (at most {MAX_DATASET_NAME_BYTES})", h.dataset.len()));
+    }
+    Ok(())
+}
+
+/// Checks an administrative call's envelope (the call itself is the server's to judge).
+pub fn check_admin(a: &Admin) -> Result<(), String> {
+    if a.magic != HELLO_MAGIC {
+        return Err(format!("not a crest client (magic {:02x?})", a.magic));
+    }
+    if a.version != PROTOCOL_VERSION {
+        return Err(format!("client speaks protocol version {}, this server speaks {PROTOCOL_VERSION}", a.version));
     }
     Ok(())
 }

@@ -140,11 +140,16 @@ enum Ctrl {
         hello: p::Hello,
         peer: SocketAddr,
         /// What the client may do (its export policy).
-        policy: Policy,
+        policy: Box<Policy>,
         out: Outbox,
         /// The connection's queue, served once the session exists.
         queue: mpsc::UnboundedReceiver<sched::Queued<Cmd>>,
         reply: oneshot::Sender<(Option<SessionId>, ServerMessage)>,
+    },
+    /// An administrative call (from a host allowed to make one); the answer's bytes.
+    Admin {
+        call: Vec<u8>,
+        reply: oneshot::Sender<Vec<u8>>,
     },
     Shutdown {
         done: oneshot::Sender<Result<Store, crest_store::Error>>,
@@ -236,9 +241,8 @@ impl StoreTask {
                 // What an earlier connection of the session queued goes first.
                 self.drain();
                 let Some(srv) = self.server.as_mut() else { return Step::Stop };
-                let (sid, msg) = srv.handle_hello(&hello);
+                let (sid, msg) = srv.handle_hello_as(&hello, *policy);
                 if let Some(sid) = sid {
-                    srv.set_policy(sid, policy);
                     srv.heard(sid, now_ms());
                 }
                 // The welcome goes out first, before any notice for the session.
@@ -251,6 +255,14 @@ impl StoreTask {
                     None => tracing::warn!(%peer, "handshake refused: {msg:?}"),
                 }
                 let _ = reply.send((sid, msg));
+            }
+            Ctrl::Admin { call, reply } => {
+                // After what the sessions sent before it (a destroy sees them settled).
+                self.drain();
+                let Some(srv) = self.server.as_mut() else { return Step::Stop };
+                let answer = srv.admin(&call, now());
+                deliver(srv, &self.outboxes);
+                let _ = reply.send(answer);
             }
             Ctrl::Shutdown { done } => {
                 // Everything queued before the shutdown is handled first.
@@ -570,6 +582,7 @@ fn encode_message(m: &ServerMessage, buf: &mut Vec<u8>) {
             ServerMessage::Notify(_) => "notice",
             ServerMessage::Response(_) => "response",
             ServerMessage::Joined(_) => "certificate",
+            ServerMessage::Administered(_) => "administrative answer",
         };
         return tracing::error!("cannot send a {kind}: {e}");
     };
@@ -715,7 +728,35 @@ async fn serve(
     let first = first_message(&mut rd, &mut decoder, &mut buf, gate.is_none()).await;
     // Through its hello (or on its way out): it no longer counts against its address.
     drop(early);
-    let hello = match first? {
+    let first = first?;
+    // What this client may do: its export policy (trusted without TLS: loopback only).
+    let policy = || match (&gate, &admitted) {
+        (Some(gate), Some(a)) => exports::policy_for(gate.authority.dir(), &a.name, a.local).map_err(|e| {
+            tracing::error!(%peer, client = %a.name, "session refused: {e}");
+            e
+        }),
+        _ => Ok(Policy::trusted()),
+    };
+    let hello = match first {
+        ClientMessage::Admin(a) if gate.is_none() || admitted.is_some() => {
+            let allowed = match policy() {
+                Ok(p) if p.admin => Ok(()),
+                Ok(_) => Err("this host may not run administrative commands (\"admin\" in its export policy)".into()),
+                Err(e) => Err(format!("the server's export policies are unreadable: {e}")),
+            };
+            if let Err(reason) = allowed.and_then(|()| p::check_admin(&a)) {
+                refuse(wr, reason).await;
+                return Ok(());
+            }
+            let (reply, rx) = oneshot::channel();
+            shell
+                .ctrl
+                .send(Ctrl::Admin { call: a.call, reply })
+                .map_err(|_| ConnError::Other("server stopping".into()))?;
+            let answer = rx.await.map_err(|_| ConnError::Other("server stopping".into()))?;
+            send_once(wr, &ServerMessage::Administered(answer)).await;
+            return Ok(());
+        }
         ClientMessage::Join(j) => {
             let Some(gate) = gate else {
                 let reason = "this server runs --insecure: there is nothing to join".to_string();
@@ -725,7 +766,7 @@ async fn serve(
             return join(wr, &gate, j, peer).await;
         }
         ClientMessage::Hello(h) if gate.is_none() || admitted.is_some() => h,
-        ClientMessage::Hello(_) => {
+        ClientMessage::Hello(_) | ClientMessage::Admin(_) => {
             let reason = "no client certificate: join this server first (crest token create on the server, \
                           then crest join ADDR TOKEN)"
                 .to_string();
@@ -734,18 +775,13 @@ async fn serve(
         }
         other => return Err(ConnError::Other(format!("first message is not a hello: {other:?}"))),
     };
-    // What this client may do: its export policy (trusted without TLS: loopback only).
-    let policy = match (&gate, &admitted) {
-        (Some(gate), Some(a)) => match exports::policy_for(gate.authority.dir(), &a.name, a.local) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(%peer, client = %a.name, "session refused: {e}");
-                let reason = format!("the server's export policies are unreadable: {e}");
-                refuse(wr, reason).await;
-                return Err(ConnError::Other(e));
-            }
-        },
-        _ => Policy::trusted(),
+    let policy = match policy() {
+        Ok(p) => p,
+        Err(e) => {
+            let reason = format!("the server's export policies are unreadable: {e}");
+            refuse(wr, reason).await;
+            return Err(ConnError::Other(e));
+        }
     };
     let (tx, out_rx) = mpsc::unbounded_channel::<(usize, ServerMessage)>();
     let out_tx = Outbox { tx, backlog: sched::Backlog::new(&shell.ready) };
@@ -754,7 +790,7 @@ async fn serve(
     let (reply, rx) = oneshot::channel();
     shell
         .ctrl
-        .send(Ctrl::Hello { hello, peer, policy, out: out_tx.clone(), queue, reply })
+        .send(Ctrl::Hello { hello, peer, policy: Box::new(policy), out: out_tx.clone(), queue, reply })
         .map_err(|_| ConnError::Other("server stopping".into()))?;
     // The store thread has queued the welcome (or refusal) on `out_tx` itself.
     let (session, _welcome) = rx.await.map_err(|_| ConnError::Other("server stopping".into()))?;
@@ -899,7 +935,7 @@ async fn session_messages(
                     let _ = conn.inbox.send(Cmd::Goodbye { session }, bytes).await;
                     return Ok(Ended::Goodbye);
                 }
-                ClientMessage::Hello(_) | ClientMessage::Join(_) => {
+                ClientMessage::Hello(_) | ClientMessage::Join(_) | ClientMessage::Admin(_) => {
                     return Err(ConnError::Other("a second hello on one connection".into()))
                 }
             };

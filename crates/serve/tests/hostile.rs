@@ -186,7 +186,13 @@ impl Raw {
 
     fn hello_named(addr: SocketAddr, name: String) -> (Raw, Option<ServerMessage>) {
         let mut c = Raw::connect(addr);
-        let hello = p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: name, resume: None };
+        let hello = p::Hello {
+            magic: p::HELLO_MAGIC,
+            version: p::PROTOCOL_VERSION,
+            client_name: name,
+            resume: None,
+            dataset: String::new(),
+        };
         c.send(&ClientMessage::Hello(hello));
         let answer = c.recv();
         (c, answer)
@@ -265,6 +271,7 @@ fn bad_frame(rng: &mut u64) -> (Vec<u8>, &'static str) {
                 version: p::PROTOCOL_VERSION,
                 client_name: "again".into(),
                 resume: None,
+                dataset: String::new(),
             };
             p::encode_frame(&ClientMessage::Hello(hello), &mut frame).expect("encode");
             (frame, "a second hello")

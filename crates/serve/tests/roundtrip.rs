@@ -148,7 +148,13 @@ fn garbage_and_wrong_versions_are_refused_and_others_carry_on() {
     // A wrong version gets a clear refusal.
     let mut s = std::net::TcpStream::connect(&addr).expect("connect");
     let mut frame = Vec::new();
-    let hello = p::Hello { magic: p::HELLO_MAGIC, version: 999, client_name: "old".into(), resume: None };
+    let hello = p::Hello {
+        magic: p::HELLO_MAGIC,
+        version: 999,
+        client_name: "old".into(),
+        resume: None,
+        dataset: String::new(),
+    };
     p::encode_frame(&p::ClientMessage::Hello(hello), &mut frame).expect("encode");
     s.write_all(&frame).expect("write");
     let mut dec = p::FrameDecoder::new();
@@ -165,8 +171,13 @@ fn garbage_and_wrong_versions_are_refused_and_others_carry_on() {
     // A client that vanishes mid-request.
     let mut s = std::net::TcpStream::connect(&addr).expect("connect");
     let mut frame = Vec::new();
-    let hello =
-        p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "gone".into(), resume: None };
+    let hello = p::Hello {
+        magic: p::HELLO_MAGIC,
+        version: p::PROTOCOL_VERSION,
+        client_name: "gone".into(),
+        resume: None,
+        dataset: String::new(),
+    };
     p::encode_frame(&p::ClientMessage::Hello(hello), &mut frame).expect("encode");
     let mut req = Vec::new();
     p::encode_frame(

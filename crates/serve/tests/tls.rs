@@ -78,6 +78,7 @@ fn hello() -> ClientMessage {
         version: p::PROTOCOL_VERSION,
         client_name: "raw".into(),
         resume: None,
+        dataset: String::new(),
     })
 }
 

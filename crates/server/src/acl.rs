@@ -122,8 +122,13 @@ mod tests {
             let opts = s::MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None };
             s::Store::mkfs(Box::new(disk.clone()), &opts).expect("mkfs");
             let mut srv = Server::new(s::Store::open(Box::new(disk)).expect("open"));
-            let hello =
-                p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "t".into(), resume: None };
+            let hello = p::Hello {
+                magic: p::HELLO_MAGIC,
+                version: p::PROTOCOL_VERSION,
+                client_name: "t".into(),
+                resume: None,
+                dataset: String::new(),
+            };
             let sid = srv.handle_hello(&hello).0.expect("session");
             T { srv, sid, id: 0 }
         }

@@ -18,6 +18,8 @@ use crate::convert::{attr_out, error_out, kind_in, time_in};
 use crate::locks::{self, LockTable};
 use crate::space::SpaceWatch;
 
+mod admin;
+mod datasets;
 mod dispatch;
 mod durability;
 mod lease;
@@ -103,6 +105,9 @@ struct Session {
     /// restart, whose grants went with the old process: it may use any number reserved
     /// and unused (the store checks that).
     granted: Option<Vec<std::ops::Range<u64>>>,
+    /// The dataset it mounts (`Hello::dataset`): it sees its root as inode 1, and every
+    /// inode it names is taken as one of this dataset (`datasets.rs`).
+    dataset: u64,
 }
 
 /// Ranges of granted inode numbers a session keeps (beyond them, the oldest go).
@@ -361,7 +366,7 @@ impl Server {
                 fenced.insert(id);
                 continue;
             }
-            let Some(Record { secret, seq, holes, name: client_name }) = decode_record(&bytes) else {
+            let Some(Record { secret, seq, dataset, holes, name: client_name }) = decode_record(&bytes) else {
                 tracing::warn!(session = id, "malformed session record of {} bytes dropped", bytes.len());
                 if let Err(e) = store.delete_session_record(id) {
                     tracing::error!(session = id, "cannot drop a session record: {e}");
@@ -372,6 +377,7 @@ impl Server {
             let s = Session {
                 secret,
                 client_name,
+                dataset,
                 applied: seq,
                 top: seq,
                 durable: seq,
@@ -462,10 +468,30 @@ impl Server {
     }
 
     /// Answers a client's hello: a new session, or the resumed one when the token matches.
+    /// The session is trusted (`Policy::trusted`): simulations, tests, tools.
     pub fn handle_hello(&mut self, hello: &p::Hello) -> (Option<SessionId>, p::ServerMessage) {
-        if let Err(reason) = p::check_hello(hello) {
-            return (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
+        self.handle_hello_as(hello, Policy::trusted())
+    }
+
+    /// `handle_hello` for a client under `policy` (its export policy): it runs its requests
+    /// under it, and may mount only the datasets it names.
+    pub fn handle_hello_as(&mut self, hello: &p::Hello, policy: Policy) -> (Option<SessionId>, p::ServerMessage) {
+        let (sid, msg) = self.hello_inner(hello, &policy);
+        if let Some(sid) = sid {
+            self.set_policy(sid, policy);
         }
+        (sid, msg)
+    }
+
+    fn hello_inner(&mut self, hello: &p::Hello, policy: &Policy) -> (Option<SessionId>, p::ServerMessage) {
+        let refuse = |reason| (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
+        if let Err(reason) = p::check_hello(hello) {
+            return refuse(reason);
+        }
+        let dataset = match self.dataset_for(hello, policy) {
+            Ok(d) => d,
+            Err(reason) => return refuse(reason),
+        };
         let mut fenced = false;
         if let Some(t) = hello.resume {
             // (A fenced session's marker stays until it expires, not only until its client
@@ -473,6 +499,9 @@ impl Server {
             // after the marker went would leave the client thinking it merely forgotten.)
             fenced = self.fenced.contains(&t.id);
             if let Some(s) = self.sessions.get_mut(&t.id).filter(|s| s.secret == t.secret) {
+                if s.dataset != dataset {
+                    return refuse(format!("session {} mounts another dataset", t.id));
+                }
                 self.disconnected.remove(&t.id);
                 let restarted = s.awaiting_resume.take().is_some() || s.restart_unconfirmed;
                 s.restart_unconfirmed = restarted;
@@ -491,8 +520,13 @@ impl Server {
             Some(seeded) => seeded.next_u64(),
             None => os_secret(),
         };
-        let fresh =
-            Session { secret, client_name: hello.client_name.clone(), granted: Some(Vec::new()), ..Default::default() };
+        let fresh = Session {
+            secret,
+            client_name: hello.client_name.clone(),
+            granted: Some(Vec::new()),
+            dataset,
+            ..Default::default()
+        };
         self.sessions.insert(id, fresh);
         tracing::info!(session = id, client = %hello.client_name, fenced_before = fenced, "session started");
         (Some(id), self.welcome(id, false, None, Vec::new(), fenced))
@@ -505,7 +539,7 @@ impl Server {
     /// session is asked to flush and give the inode up, and the request runs when it has
     /// (or its time ran out). A read-only request is checked again after it ran, against
     /// everything its reply would let the client cache, and run again later if needed.
-    pub fn handle(&mut self, session: SessionId, req: p::Request, now: p::Time) {
+    pub fn handle(&mut self, session: SessionId, mut req: p::Request, now: p::Time) {
         let now_ms = millis(now);
         if !self.sessions.contains_key(&session) {
             // Fenced (or never known): nothing of it is applied any more, and no request
@@ -516,6 +550,7 @@ impl Server {
             self.outbox.push(Outgoing::Notify { session, notify: p::Notify::Fenced });
             return;
         }
+        self.inbound(session, &mut req);
         self.heard(session, now_ms);
         self.confirm_resume(session);
         self.watch_space(now_ms);
@@ -526,7 +561,6 @@ impl Server {
             tracing::debug!(session, id = req.id, "resent while it waits parked");
             return;
         }
-        let mut req = req;
         let write_backs = take_write_backs(&mut req);
         let in_replay = self.parked_in_replay.remove(&(session, req.id)) || self.replaying.contains(&session);
         if self.grace && !in_replay {
@@ -746,6 +780,9 @@ impl Server {
                 other => ready.push(other),
             }
         }
+        for o in &mut ready {
+            self.outbound(o);
+        }
         ready
     }
 
@@ -816,7 +853,10 @@ impl Server {
         self.carried.clear();
         let replaying = self.replaying.contains(&session);
         let policy = self.sessions.get(&session).and_then(|s| s.policy.clone());
-        let policy = policy.unwrap_or_else(|| TRUSTED.clone());
+        let mut policy = policy.unwrap_or_else(|| TRUSTED.clone());
+        if !policy.read_only && self.dataset_read_only(session) {
+            policy = std::sync::Arc::new(Policy { read_only: true, ..(*policy).clone() });
+        }
         let client_time = req.time.map(|t| authz::bound_time(t, now, replaying));
         let who = Who { caller: policy.map(&req.caller), policy, server_now: now, client_time, replaying };
         // Writeback: the client already answered with its clock; apply at that time.

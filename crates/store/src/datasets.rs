@@ -291,6 +291,11 @@ impl Store {
         self.dataset_info(d).ok_or_else(|| Error::NotFound(format!("dataset {name}")))
     }
 
+    /// The properties of dataset `d`.
+    pub fn dataset_props(&self, d: u64) -> Option<&NvList> {
+        self.catalog.by_id.get(&d).map(|e| &e.props)
+    }
+
     /// The id of the dataset named `name`.
     pub fn dataset_id(&self, name: &str) -> Result<u64> {
         self.catalog.by_name.get(name).copied().ok_or_else(|| Error::NotFound(format!("dataset {name}")))
@@ -435,7 +440,59 @@ impl Store {
         if let Some(e) = self.catalog.by_id.remove(&d) {
             self.catalog.by_name.remove(&e.name);
         }
+        self.usage.remove(&d);
         result
+    }
+
+    /// Counts `blocks` newly mapped into a file of the active dataset.
+    pub(crate) fn charge(&mut self, blocks: u64) {
+        *self.usage.entry(self.active).or_default() += blocks;
+    }
+
+    /// Counts `blocks` unmapped from a file of the active dataset.
+    pub(crate) fn uncharge(&mut self, blocks: u64) {
+        let u = self.usage.entry(self.active).or_default();
+        *u = u.saturating_sub(blocks);
+    }
+
+    /// Data blocks the files of dataset `d` map.
+    pub fn dataset_used_blocks(&self, d: u64) -> u64 {
+        self.usage.get(&d).copied().unwrap_or(0)
+    }
+
+    /// The active dataset's quota in blocks, if it has one.
+    fn quota_blocks(&self) -> Option<u64> {
+        let q = self.catalog.by_id.get(&self.active)?.props.get_u64("quota")?;
+        (q > 0).then(|| q.div_ceil(crate::limits::BLOCK_SIZE_U64))
+    }
+
+    /// Refuses (EDQUOT) an operation that would map `blocks` more data blocks into the
+    /// active dataset beyond its quota.
+    pub(crate) fn check_quota(&self, blocks: u64) -> Result<()> {
+        let Some(quota) = self.quota_blocks() else { return Ok(()) };
+        let used = self.dataset_used_blocks(self.active);
+        if used.saturating_add(blocks) > quota {
+            return Err(Error::Quota(format!(
+                "dataset {} would use {} of its {quota} blocks",
+                self.active,
+                used.saturating_add(blocks)
+            )));
+        }
+        Ok(())
+    }
+
+    /// `statfs` as the dataset of `in_ino` shows it: its own inode count, and with a quota,
+    /// the quota as its size and what is left of it as its free space.
+    pub fn dataset_statfs(&mut self, in_ino: u64) -> Result<crate::fs::ops::StatFs> {
+        self.enter(in_ino)?;
+        let mut f = self.statfs();
+        if let Some(quota) = self.quota_blocks() {
+            let left = quota.saturating_sub(self.dataset_used_blocks(self.active));
+            f.total_blocks = f.total_blocks.min(quota);
+            f.free_blocks = f.free_blocks.min(left);
+            f.avail_blocks = f.avail_blocks.min(left);
+        }
+        Ok(f)
     }
 
     /// Whether inodes of dataset `d` are being freed in steps.

@@ -107,6 +107,9 @@ pub enum Error {
     /// A link or rename between datasets.
     #[error("cross-dataset link: {0}")]
     CrossDataset(String),
+    /// A dataset's quota is used up.
+    #[error("quota exceeded: {0}")]
+    Quota(String),
     /// In use (a dataset with open files).
     #[error("busy: {0}")]
     Busy(String),
@@ -139,6 +142,7 @@ impl Error {
             Error::NotPermitted(_) => 1,                             // EPERM
             Error::CrossDataset(_) => 18,                            // EXDEV
             Error::Busy(_) => 16,                                    // EBUSY
+            Error::Quota(_) => 122,                                  // EDQUOT
         }
     }
 

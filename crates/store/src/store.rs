@@ -127,6 +127,8 @@ pub struct Store {
     pub(crate) parked: BTreeMap<u64, Slot>,
     /// Every dataset's name and properties.
     pub(crate) catalog: Catalog,
+    /// Data blocks each dataset's files map (derived at open, like free space).
+    pub(crate) usage: HashMap<u64, u64>,
     pub(crate) open_handles: HashMap<u64, u32>,
     pub(crate) policy: CommitPolicy,
     last_commit_ms: Option<u64>,
@@ -214,6 +216,7 @@ impl Store {
             active: DEFAULT_DATASET,
             parked: BTreeMap::new(),
             catalog: Catalog::default(),
+            usage: HashMap::new(),
             open_handles: HashMap::new(),
             policy: CommitPolicy::default(),
             last_commit_ms: None,
@@ -345,7 +348,11 @@ impl Store {
             let mut notes = Vec::new();
             let trees: Vec<Tree> =
                 [root_tree, refcount_tree, default.fs].into_iter().chain(slots.values().map(|s| s.fs)).collect();
-            rebuild_allocation(&mut pager, &trees, &refcount_tree, &mut notes)?;
+            let mapped = rebuild_allocation(&mut pager, &trees, &refcount_tree, &mut notes)?;
+            let usage: HashMap<u64, u64> = mapped
+                .into_iter()
+                .filter_map(|(tree, blocks)| datasets::dataset_of_tree(tree).map(|d| (d, blocks)))
+                .collect();
             if pager.alloc.used_blocks() != sb.used_blocks {
                 notes.push(format!(
                     "superblock says {} blocks used, the trees reach {} (run crest fsck)",
@@ -353,10 +360,10 @@ impl Store {
                     pager.alloc.used_blocks()
                 ));
             }
-            Ok::<_, Error>((default, slots, catalog, notes))
+            Ok::<_, Error>((default, slots, catalog, usage, notes))
         })();
         match loaded {
-            Ok((default, parked, catalog, notes)) => Ok(Store {
+            Ok((default, parked, catalog, usage, notes)) => Ok(Store {
                 pager,
                 sb,
                 root_tree,
@@ -367,6 +374,7 @@ impl Store {
                 active: DEFAULT_DATASET,
                 parked,
                 catalog,
+                usage,
                 open_handles: HashMap::new(),
                 policy: CommitPolicy::default(),
                 last_commit_ms: None,
@@ -559,14 +567,33 @@ fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock) -> Result
 }
 
 /// Marks every block the trees reach as used: all nodes of `trees`, and every data extent
-/// listed in the refcount tree. A block reached twice is corruption.
-fn rebuild_allocation(pager: &mut Pager, trees: &[Tree], refcount: &Tree, notes: &mut Vec<String>) -> Result<()> {
+/// listed in the refcount tree. A block reached twice is corruption. Returns, by tree id,
+/// the data blocks its extent items map (each dataset's usage).
+fn rebuild_allocation(
+    pager: &mut Pager,
+    trees: &[Tree],
+    refcount: &Tree,
+    notes: &mut Vec<String>,
+) -> Result<HashMap<u64, u64>> {
+    let total = pager.total_blocks();
+    let mut mapped = HashMap::new();
     for tree in trees {
         let mut blocks = Vec::new();
-        walk_nodes(pager, tree, &mut |ptr, _| {
+        let mut data = 0;
+        walk_nodes(pager, tree, &mut |ptr, node| {
             blocks.push(ptr.block);
+            if let Body::Leaf(items) = &node.body {
+                for (k, v) in items.iter().filter(|(k, _)| k.kind == kind::EXTENT) {
+                    if let crate::fs::extent::Extent::Regular { csums, .. } =
+                        crate::fs::extent::Extent::decode(*k, v, total)?
+                    {
+                        data += csums.len() as u64;
+                    }
+                }
+            }
             Ok(())
         })?;
+        mapped.insert(tree.owner, data);
         for b in blocks {
             if pager.alloc.try_mark_used(b, 1).is_err() {
                 return Err(Error::corrupt("node", b, format!("block reached twice (tree {})", tree.owner)));
@@ -592,7 +619,7 @@ fn rebuild_allocation(pager: &mut Pager, trees: &[Tree], refcount: &Tree, notes:
             return Err(Error::corrupt("refcount tree", b, "extent overlaps another extent or a node"));
         }
     }
-    Ok(())
+    Ok(mapped)
 }
 
 /// Visits every node of a tree (parents before children) with its pointer and level.

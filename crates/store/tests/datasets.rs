@@ -198,3 +198,36 @@ fn the_older_superblock_keeps_every_datasets_tree_as_a_fallback_after_reopen() {
     assert_eq!(s.generation(), 2);
     assert_same(&dump(&mut s), &gen2, "generation 2 after the fallback");
 }
+
+#[test]
+fn a_quota_refuses_data_beyond_it_and_counts_again_after_a_reopen() {
+    let disk = fresh(32);
+    let mut s = open(&disk);
+    let q = s.create_dataset("q", props(&[("quota", "100K")]), (0, 0, 0o755), t(2)).expect("create");
+    let root = root_of(q);
+    let f = s.create(root, b"f", FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create").ino;
+    s.write(f, 0, &[1; 80 * 1024], t(3)).expect("within the quota");
+    assert_eq!(s.dataset_used_blocks(q), 20);
+    let g = s.create(root, b"g", FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create").ino;
+    let over = s.write(g, 0, &[2; 40 * 1024], t(3));
+    assert!(matches!(over, Err(ref e) if e.errno() == 122), "EDQUOT beyond the quota: {over:?}");
+    assert_eq!(s.getattr(g).expect("g").size, 0, "a refused write changes nothing");
+    // The default dataset has no quota and is not charged for q's files.
+    let big = s.create(ROOT_INO, b"big", FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create").ino;
+    s.write(big, 0, &[3; 400 * 1024], t(3)).expect("no quota in the default dataset");
+    assert_eq!(s.dataset_used_blocks(q), 20);
+    let st = s.dataset_statfs(root).expect("statfs");
+    assert_eq!((st.total_blocks, st.free_blocks), (25, 5), "df shows the quota");
+    s.commit().expect("commit");
+    drop(s);
+    let mut s = open(&disk);
+    assert_eq!(s.dataset_used_blocks(q), 20, "usage is counted again at open");
+    assert!(s.write(g, 0, &[2; 40 * 1024], t(4)).is_err(), "still over after a reopen");
+    s.setattr(f, &crest_store::SetAttr { size: Some(0), ..Default::default() }, t(4)).expect("truncate");
+    assert_eq!(s.dataset_used_blocks(q), 0);
+    s.write(g, 0, &[2; 40 * 1024], t(4)).expect("room again once f is emptied");
+    s.unlink(root, b"g", t(5)).expect("unlink");
+    assert_eq!(s.dataset_used_blocks(q), 0);
+    drop(s.close().expect("close"));
+    assert_clean(&disk);
+}

@@ -60,6 +60,11 @@ pub struct Policy {
     pub uid_map: Vec<(u32, u32)>,
     /// Client gid → server gid (primary and supplementary groups), as `uid_map`.
     pub gid_map: Vec<(u32, u32)>,
+    /// The datasets this host may mount, by name; `None`: every one. A dataset is the
+    /// unit of export: a subtree to export on its own is made a dataset.
+    pub datasets: Option<Vec<String>>,
+    /// May run administrative commands (`crest dataset …`): the server's own host.
+    pub admin: bool,
 }
 
 impl Default for Policy {
@@ -83,13 +88,20 @@ impl Policy {
             allow_dev: true,
             uid_map: Vec::new(),
             gid_map: Vec::new(),
+            datasets: None,
+            admin: true,
         }
+    }
+
+    /// Whether this host may mount dataset `name`.
+    pub fn may_mount(&self, name: &str) -> bool {
+        self.datasets.as_ref().is_none_or(|allowed| allowed.iter().any(|a| a == name))
     }
 
     /// A host that joined with a token: its root is squashed to `nobody`, and it may make
     /// neither setuid files nor devices.
     pub fn joined() -> Policy {
-        Policy { root_squash: true, allow_suid: false, allow_dev: false, ..Policy::trusted() }
+        Policy { root_squash: true, allow_suid: false, allow_dev: false, admin: false, ..Policy::trusted() }
     }
 
     /// The caller a request from this host runs as: ids mapped (`uid_map`, `gid_map`),

@@ -168,7 +168,10 @@ impl Server {
             | Op::Rename { .. }
             | Op::CreateAt { .. }
             | Op::SymlinkAt { .. }
-            | Op::AllocInodes { .. } => self.apply_names(op, now_s),
+            | Op::AllocInodes { .. } => {
+                let root = self.root_of_session(session);
+                self.apply_names(op, root, now_s)
+            }
             Op::SetAttr { .. }
             | Op::Open { .. }
             | Op::Release { .. }
@@ -239,7 +242,8 @@ impl Server {
                 Ok(st.read(ino, offset, u64::from(len.min(p::MAX_IO_BYTES))).map(Reply::Data)?)
             }
             Op::StatFs => {
-                let f = st.statfs();
+                let root = self.root_of_session(session);
+                let f = self.store.dataset_statfs(root)?;
                 Ok(Reply::StatFs(p::StatFs {
                     block_size: f.block_size,
                     total_blocks: f.total_blocks,
@@ -264,7 +268,9 @@ impl Server {
     }
 
     /// Operations on names: create, link, remove, rename.
-    fn apply_names(&mut self, op: Op, now_s: s::Timespec) -> Result<Reply, Failure> {
+    /// Namespace changes; `root` is the session's dataset's root (new inode numbers are
+    /// reserved there).
+    fn apply_names(&mut self, op: Op, root: u64, now_s: s::Timespec) -> Result<Reply, Failure> {
         let st = &mut self.store;
         match op {
             Op::Create { parent, name, kind, mode, rdev, cred } => {
@@ -305,7 +311,7 @@ impl Server {
             }
             Op::AllocInodes { count } => {
                 let count = count.clamp(1, p::MAX_INODE_GRANT);
-                let first = st.reserve_inode_numbers(s::ROOT_INO, u64::from(count))?;
+                let first = st.reserve_inode_numbers(root, u64::from(count))?;
                 Ok(Reply::Inodes { first, count })
             }
             Op::CreateAt { ino, generation, parent, name, kind, mode, rdev, cred } => {

@@ -45,7 +45,7 @@ impl Server {
             // session's secret: generations are published to every client, and the seed
             // could be worked back from them.)
             self.store.seed_randomness(generation_seed(self.store.fsid(), session, id));
-            let record = encode_record(s.secret, s.top, &s.holes_below_top(), &s.client_name);
+            let record = encode_record(s.secret, s.top, s.dataset, &s.holes_below_top(), &s.client_name);
             if let Err(e) = self.store.put_session_record(session, &record) {
                 tracing::error!(session, "cannot record the session: {e}");
             }

@@ -9,16 +9,18 @@ use super::*;
 pub(super) const MAX_RECORD_HOLES: usize = 64;
 
 /// A session's durable record: the token, how far its changes have run and are durable
-/// (the highest `seq` that ran, and the places below it whose changes had not), and its
-/// name. Layout: version 2 (u8), secret (u64 LE), seq (u64 LE), hole count (u8), holes
-/// (u64 LE each), name length (u8), name. (Version 1 had no holes.)
-pub(super) fn encode_record(secret: u64, seq: u64, holes: &[u64], name: &str) -> Vec<u8> {
+/// (the highest `seq` that ran, and the places below it whose changes had not), its
+/// dataset and its name. Layout: version 3 (u8), secret (u64 LE), seq (u64 LE), dataset
+/// id (u64 LE), hole count (u8), holes (u64 LE each), name length (u8), name. (Version 2
+/// had no dataset: the default one; version 1 no holes either.)
+pub(super) fn encode_record(secret: u64, seq: u64, dataset: u64, holes: &[u64], name: &str) -> Vec<u8> {
     let name = &name.as_bytes()[..name.len().min(200)];
     let holes = &holes[..holes.len().min(MAX_RECORD_HOLES)];
-    let mut out = Vec::with_capacity(19 + 8 * holes.len() + name.len());
-    out.push(2);
+    let mut out = Vec::with_capacity(27 + 8 * holes.len() + name.len());
+    out.push(3);
     out.extend_from_slice(&secret.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&dataset.to_le_bytes());
     out.push(holes.len() as u8);
     for h in holes {
         out.extend_from_slice(&h.to_le_bytes());
@@ -49,6 +51,7 @@ pub(super) fn is_fenced_marker(b: &[u8]) -> bool {
 pub(super) struct Record {
     pub(super) secret: u64,
     pub(super) seq: u64,
+    pub(super) dataset: u64,
     pub(super) holes: Vec<u64>,
     pub(super) name: String,
 }
@@ -56,14 +59,19 @@ pub(super) struct Record {
 /// Decodes a session record; `None` for anything malformed (such a record is dropped).
 pub(super) fn decode_record(b: &[u8]) -> Option<Record> {
     let (&version, rest) = b.split_first()?;
-    if !(version == 1 || version == 2) || rest.len() < 17 {
+    if !(1..=3).contains(&version) || rest.len() < 17 {
         return None;
     }
     let secret = u64::from_le_bytes(rest[0..8].try_into().ok()?);
     let seq = u64::from_le_bytes(rest[8..16].try_into().ok()?);
     let mut rest = &rest[16..];
+    let mut dataset = 0;
+    if version == 3 {
+        dataset = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
+        rest = &rest[8..];
+    }
     let mut holes = Vec::new();
-    if version == 2 {
+    if version >= 2 {
         let (&n, after) = rest.split_first()?;
         if usize::from(n) > MAX_RECORD_HOLES || after.len() < 8 * usize::from(n) {
             return None;
@@ -77,7 +85,7 @@ pub(super) fn decode_record(b: &[u8]) -> Option<Record> {
     if name.len() != usize::from(len) || holes.iter().any(|&h| h == 0 || h >= seq) {
         return None;
     }
-    Some(Record { secret, seq, holes, name: String::from_utf8_lossy(name).into_owned() })
+    Some(Record { secret, seq, dataset, holes, name: String::from_utf8_lossy(name).into_owned() })
 }
 
 /// See `crate::fuzzing::session_record`.
@@ -85,8 +93,9 @@ pub(crate) fn fuzz_record(b: &[u8]) -> bool {
     let Some(r) = decode_record(b) else { return false };
     assert!(r.holes.iter().all(|&h| h > 0 && h < r.seq), "{r:?}");
     let raw_name = b.len().checked_sub(r.name.len()).map(|at| &b[at..]);
-    if b[0] == 2 && raw_name == Some(r.name.as_bytes()) && r.name.len() <= 200 {
-        assert_eq!(encode_record(r.secret, r.seq, &r.holes, &r.name), b, "a record decodes to what encodes it");
+    if b[0] == 3 && raw_name == Some(r.name.as_bytes()) && r.name.len() <= 200 {
+        let again = encode_record(r.secret, r.seq, r.dataset, &r.holes, &r.name);
+        assert_eq!(again, b, "a record decodes to what encodes it");
     }
     true
 }
@@ -105,7 +114,7 @@ impl Server {
         s.recorded = true;
         // No unit is open here (a changing request calls this before its unit begins),
         // so this commit never cuts a unit in two.
-        let record = encode_record(s.secret, s.top, &s.holes_below_top(), &s.client_name);
+        let record = encode_record(s.secret, s.top, s.dataset, &s.holes_below_top(), &s.client_name);
         if let Err(e) = self.store.put_session_record(session, &record).and_then(|()| self.store.commit()) {
             tracing::error!(session, "cannot record the session of {what}: {e}");
         }

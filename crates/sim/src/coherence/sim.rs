@@ -774,6 +774,7 @@ impl Sim {
             }
             // Joining is the TLS shell's business; the client core never sends it.
             ClientMessage::Join(_) => self.ck.fail("a client core sent a join".to_string()),
+            ClientMessage::Admin(_) => self.ck.fail("a client core sent an administrative call".to_string()),
         }
     }
 
@@ -802,6 +803,9 @@ impl Sim {
             ServerMessage::Notify(n) => return self.ck.fail(format!("unexpected notice {n:?}")),
             ServerMessage::Response(resp) => self.before_response(c, resp),
             ServerMessage::Joined(_) => return self.ck.fail("the server sent a certificate".to_string()),
+            ServerMessage::Administered(_) => {
+                return self.ck.fail("the server sent an administrative answer".to_string())
+            }
         }
         let mut frame = Vec::new();
         if let Err(e) = p::encode_frame(&msg, &mut frame) {

@@ -223,6 +223,7 @@ impl Store {
                 )?;
             }
             self.refs_drop(disk_block + cut_lo, cut_hi - cut_lo)?;
+            self.uncharge(cut_hi - cut_lo);
             dropped += cut_hi - cut_lo;
         }
         Ok(dropped)
@@ -242,6 +243,7 @@ impl Store {
             self.pager.write_blocks(start, bytes)?;
             let csums: Vec<u32> = bytes.chunks(BLOCK_SIZE).map(crate::engine::checksum::crc32c).collect();
             self.refs_add(start, got)?;
+            self.charge(got);
             self.map_extent(ino, first + done, start, csums)?;
             done += got;
         }
@@ -552,6 +554,7 @@ impl Store {
         for (start, got) in runs {
             self.pager.write_zero_blocks(start, got)?;
             self.refs_add(start, got)?;
+            self.charge(got);
             self.map_extent(inode.ino, first + done, start, vec![zero_csum; got as usize])?;
             done += got;
         }

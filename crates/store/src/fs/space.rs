@@ -102,6 +102,9 @@ impl Store {
     /// Deletions (`for_delete`) may use the last reserve so a full disk can be emptied.
     pub(crate) fn reserve(&mut self, data_blocks: u64, for_delete: bool) -> Result<()> {
         self.pager.check_writable()?;
+        if !for_delete && data_blocks > 0 {
+            self.check_quota(data_blocks)?;
+        }
         let floor = if for_delete { COMMIT_BLOCKS } else { kept_back(self.sb.total_blocks) };
         self.space.floor = floor;
         let need = |s: &Store| data_blocks + meta_estimate(data_blocks) + s.pager.dirty_nodes() as u64 + floor;

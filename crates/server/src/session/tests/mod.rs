@@ -51,7 +51,13 @@ fn create_in_root(id: u64, name: &str) -> p::Request {
 }
 
 fn hello(resume: Option<p::SessionToken>) -> p::Hello {
-    p::Hello { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, client_name: "test".into(), resume }
+    p::Hello {
+        magic: p::HELLO_MAGIC,
+        version: p::PROTOCOL_VERSION,
+        client_name: "test".into(),
+        resume,
+        dataset: String::new(),
+    }
 }
 
 const NOW: p::Time = p::Time { sec: 5, nsec: 0 };
@@ -163,31 +169,36 @@ fn the_protocol_hash_is_the_stores_hash() {
 
 #[test]
 fn session_records_round_trip_and_bad_ones_are_refused() {
-    let r = encode_record(42, 7, &[3, 5], "host-a");
-    let want = Record { secret: 42, seq: 7, holes: vec![3, 5], name: "host-a".into() };
+    let r = encode_record(42, 7, 9, &[3, 5], "host-a");
+    let want = Record { secret: 42, seq: 7, dataset: 9, holes: vec![3, 5], name: "host-a".into() };
     assert_eq!(decode_record(&r), Some(want));
     for cut in 0..r.len() {
         assert_eq!(decode_record(&r[..cut]), None, "truncated at {cut}");
     }
     let mut bad = r.clone();
-    bad[0] = 3;
+    bad[0] = 4;
     assert_eq!(decode_record(&bad), None, "unknown version");
     let mut long = r.clone();
     long.push(b'x');
     assert_eq!(decode_record(&long), None, "name length disagrees");
-    assert_eq!(decode_record(&encode_record(42, 5, &[5], "h")), None, "a hole at or above its seq");
-    let mut many = encode_record(42, 7, &[], "h");
-    many[17] = (MAX_RECORD_HOLES + 1) as u8;
+    assert_eq!(decode_record(&encode_record(42, 5, 0, &[5], "h")), None, "a hole at or above its seq");
+    let mut many = encode_record(42, 7, 0, &[], "h");
+    many[25] = (MAX_RECORD_HOLES + 1) as u8;
     assert_eq!(decode_record(&many), None, "more holes than a record names");
-    // A version 1 record (no holes), as written before.
+    // Version 2 (no dataset: the default one) and version 1 (no holes either), as written before.
+    let mut v2 = vec![2];
+    v2.extend_from_slice(&42u64.to_le_bytes());
+    v2.extend_from_slice(&7u64.to_le_bytes());
+    v2.extend_from_slice(&[1, 3, 0, 0, 0, 0, 0, 0, 0, 1, b'h']);
+    assert_eq!(decode_record(&v2), Some(Record { secret: 42, seq: 7, dataset: 0, holes: vec![3], name: "h".into() }));
     let mut v1 = vec![1];
     v1.extend_from_slice(&42u64.to_le_bytes());
     v1.extend_from_slice(&7u64.to_le_bytes());
     v1.push(1);
     v1.push(b'h');
-    assert_eq!(decode_record(&v1), Some(Record { secret: 42, seq: 7, holes: vec![], name: "h".into() }));
+    assert_eq!(decode_record(&v1), Some(Record { secret: 42, seq: 7, dataset: 0, holes: vec![], name: "h".into() }));
     let holes: Vec<u64> = (1..=MAX_RECORD_HOLES as u64 + 5).collect();
-    let huge = encode_record(1, u64::MAX, &holes, &"n".repeat(1000));
+    let huge = encode_record(1, u64::MAX, u64::MAX, &holes, &"n".repeat(1000));
     assert!(huge.len() <= s::sessions::MAX_SESSION_RECORD_BYTES);
 }
 

@@ -1,0 +1,229 @@
+//! `crest dataset create|list|get|set|destroy`: administrative calls to a running server
+//! (docs/protocol.md §5), as `zfs create|list|get|set|destroy` are to a pool. The server
+//! checks that this host may make them; the names, properties and results travel as
+//! name-value lists.
+
+use std::io::BufRead;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use clap::Subcommand;
+use crest_nvlist::{NvList, Value};
+
+/// Dataset commands.
+#[derive(Subcommand, Debug)]
+pub enum DatasetCmd {
+    /// Create an empty dataset (a separately mountable tree: `crest mount ADDR DIR -o
+    /// dataset=NAME`).
+    Create {
+        /// Its name: letters, digits, '_', '-', '.', ':'.
+        name: String,
+        /// Properties, PROP=VALUE (quota=10G, readonly=on, atime=off, user:KEY=TEXT).
+        #[arg(short = 'o')]
+        props: Vec<String>,
+        /// Owner and mode of its root directory: UID:GID:MODE (octal), e.g. 1000:1000:750.
+        #[arg(long)]
+        root: Option<String>,
+    },
+    /// List datasets.
+    List {
+        /// One JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a dataset's properties: all, or those named.
+    Get {
+        /// The dataset.
+        name: String,
+        /// Property names (default: all).
+        props: Vec<String>,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set properties (PROP=VALUE), or clear them (PROP=).
+    Set {
+        /// The dataset.
+        name: String,
+        /// PROP=VALUE pairs.
+        #[arg(required = true)]
+        props: Vec<String>,
+    },
+    /// Destroy datasets and everything in them (refused while one is mounted).
+    Destroy {
+        /// Datasets to destroy.
+        names: Vec<String>,
+        /// Also read names from standard input, one per line.
+        #[arg(long)]
+        stdin: bool,
+    },
+}
+
+/// Where and how to reach the server.
+pub struct Target<'a> {
+    /// `HOST:PORT`.
+    pub addr: &'a str,
+    /// TLS configuration (None: `--insecure`).
+    pub tls: Option<std::sync::Arc<crest_tls::ClientConfig>>,
+}
+
+fn call(t: &Target, l: NvList) -> Result<NvList> {
+    let bytes =
+        crest_net::admin(t.addr, t.tls.clone(), l.encode(), Duration::from_secs(600)).map_err(|e| anyhow!(e))?;
+    let answer = NvList::decode(&bytes).map_err(|e| anyhow!("{}: a garbled answer: {e}", t.addr))?;
+    if let Some(e) = answer.get_str("error") {
+        bail!("{e}");
+    }
+    Ok(answer)
+}
+
+fn command(cmd: &str) -> NvList {
+    let mut l = NvList::new();
+    let _ = l.add("cmd", Value::Str(cmd.to_string()));
+    l
+}
+
+fn add(l: &mut NvList, name: &str, v: Value) -> Result<()> {
+    l.add(name, v).map_err(|e| anyhow!(e))
+}
+
+/// `PROP=VALUE` pairs as a list of text values, and the props given empty (to clear).
+fn props_of(pairs: &[String]) -> Result<(NvList, Vec<String>)> {
+    let mut set = NvList::new();
+    let mut clear = Vec::new();
+    for p in pairs {
+        let Some((k, v)) = p.split_once('=') else { bail!("{p:?}: expected PROP=VALUE") };
+        if v.is_empty() {
+            clear.push(k.to_string());
+        } else {
+            set.add(k, Value::Str(v.to_string())).map_err(|e| anyhow!("{p:?}: {e}"))?;
+        }
+    }
+    Ok((set, clear))
+}
+
+/// A dataset answer's fields: name, id, inodes, and its properties as text.
+fn fields(d: &NvList) -> (String, u64, u64, Vec<(String, String)>) {
+    let props = d
+        .get_list("props")
+        .map(|p| {
+            p.iter()
+                .map(|(k, v)| (k.to_string(), if let Value::Str(s) = v { s.clone() } else { String::new() }))
+                .collect()
+        })
+        .unwrap_or_default();
+    (
+        d.get_str("name").unwrap_or("?").to_string(),
+        d.get_u64("id").unwrap_or(0),
+        d.get_u64("inodes").unwrap_or(0),
+        props,
+    )
+}
+
+fn json_of(d: &NvList) -> serde_json::Value {
+    let (name, id, inodes, props) = fields(d);
+    let props: serde_json::Map<String, serde_json::Value> = props.into_iter().map(|(k, v)| (k, v.into())).collect();
+    serde_json::json!({ "name": name, "id": id, "inodes": inodes, "properties": props })
+}
+
+/// Runs a dataset command against `t`.
+pub fn run(t: &Target, cmd: DatasetCmd) -> Result<()> {
+    match cmd {
+        DatasetCmd::Create { name, props, root } => {
+            let mut l = command("dataset.create");
+            add(&mut l, "name", Value::Str(name.clone()))?;
+            let (set, clear) = props_of(&props)?;
+            if !clear.is_empty() {
+                bail!("create: properties need values ({})", clear.join(", "));
+            }
+            add(&mut l, "props", Value::List(set))?;
+            if let Some(root) = root {
+                let parts: Vec<&str> = root.split(':').collect();
+                let [uid, gid, mode] = parts[..] else { bail!("--root {root:?}: expected UID:GID:MODE") };
+                let num = |s: &str, radix| {
+                    u64::from_str_radix(s, radix).map_err(|_| anyhow!("--root {root:?}: bad number {s:?}"))
+                };
+                add(&mut l, "uid", Value::U64(num(uid, 10)?))?;
+                add(&mut l, "gid", Value::U64(num(gid, 10)?))?;
+                add(&mut l, "mode", Value::U64(num(mode, 8)?))?;
+            }
+            call(t, l)?;
+        }
+        DatasetCmd::List { json } => {
+            let answer = call(t, command("dataset.list"))?;
+            let all = match answer.get("datasets") {
+                Some(Value::Lists(v)) => v.clone(),
+                _ => Vec::new(),
+            };
+            if json {
+                println!("{}", serde_json::Value::Array(all.iter().map(json_of).collect()));
+            } else {
+                println!("{:<24} {:>6} {:>12}  PROPERTIES", "NAME", "ID", "INODES");
+                for d in &all {
+                    let (name, id, inodes, props) = fields(d);
+                    let props: Vec<String> = props.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    println!("{name:<24} {id:>6} {inodes:>12}  {}", props.join(","));
+                }
+            }
+        }
+        DatasetCmd::Get { name, props, json } => {
+            let mut l = command("dataset.get");
+            add(&mut l, "name", Value::Str(name))?;
+            let answer = call(t, l)?;
+            let d = answer.get_list("dataset").cloned().unwrap_or_default();
+            let (name, _, _, all) = fields(&d);
+            let wanted = |k: &str| props.is_empty() || props.iter().any(|p| p == "all" || p == k);
+            if json {
+                let mut j = json_of(&d);
+                if let Some(m) = j.get_mut("properties").and_then(|p| p.as_object_mut()) {
+                    m.retain(|k, _| wanted(k));
+                }
+                println!("{j}");
+            } else {
+                println!("{:<24} {:<24} VALUE", "NAME", "PROPERTY");
+                for (k, v) in all.iter().filter(|(k, _)| wanted(k)) {
+                    println!("{name:<24} {k:<24} {v}");
+                }
+            }
+        }
+        DatasetCmd::Set { name, props } => {
+            let mut l = command("dataset.set");
+            add(&mut l, "name", Value::Str(name))?;
+            let (set, clear) = props_of(&props)?;
+            add(&mut l, "props", Value::List(set))?;
+            add(&mut l, "clear", Value::Strs(clear))?;
+            call(t, l)?;
+        }
+        DatasetCmd::Destroy { mut names, stdin } => {
+            if stdin {
+                for line in std::io::stdin().lock().lines() {
+                    let line = line?;
+                    if !line.trim().is_empty() {
+                        names.push(line.trim().to_string());
+                    }
+                }
+            }
+            if names.is_empty() {
+                bail!("destroy: no dataset named");
+            }
+            let mut l = command("dataset.destroy");
+            add(&mut l, "names", Value::Strs(names))?;
+            let answer = call(t, l)?;
+            let mut failed = 0;
+            if let Some(results) = answer.get_list("results") {
+                for (name, r) in results.iter() {
+                    if let Value::Str(r) = r {
+                        if r != "ok" {
+                            eprintln!("crest: cannot destroy {name}: {r}");
+                            failed += 1;
+                        }
+                    }
+                }
+            }
+            if failed > 0 {
+                bail!("{failed} dataset(s) not destroyed");
+            }
+        }
+    }
+    Ok(())
+}
