@@ -38,6 +38,9 @@ echo "== cli on a real image file: mkfs, fsck, serve, mount, umount, mount.fuse.
 cargo build --release --locked -p crest
 bash tests/cli.sh
 
+echo "== datasets as users meet them: create, mount one, quota, readonly, atime, destroy (tests/datasets.sh)"
+bash tests/datasets.sh
+
 echo "== security as users meet it: TLS by default, join tokens, revocation, --insecure (tests/security.sh)"
 bash tests/security.sh
 

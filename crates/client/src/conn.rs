@@ -243,6 +243,8 @@ pub struct Connection<R> {
     client_name: String,
     /// The dataset the session mounts (empty: the server's default one).
     dataset: String,
+    /// The dataset keeps no access times (`Welcome::noatime`).
+    noatime: bool,
     state: State,
     decoder: FrameDecoder,
     /// Bytes received during this handshake (for the message when it fails).
@@ -280,6 +282,11 @@ pub struct Connection<R> {
 }
 
 impl<R> Connection<R> {
+    /// Whether the mounted dataset keeps no access times (as the last welcome said).
+    pub fn noatime(&self) -> bool {
+        self.noatime
+    }
+
     /// Mounts dataset `name` (by default the server's default dataset).
     pub fn with_dataset(mut self, name: &str) -> Self {
         self.dataset = name.to_string();
@@ -293,6 +300,7 @@ impl<R> Connection<R> {
             // (A mount's name holds its path, which can be longer than a hello may carry.)
             client_name: p::clip_client_name(client_name),
             dataset: String::new(),
+            noatime: false,
             state: State::Away,
             decoder: FrameDecoder::new(),
             received: 0,
@@ -641,6 +649,13 @@ impl<R> Connection<R> {
                     r.recalled(&inodes, self.now);
                 }
                 self.events.push_back(Event::Recall(Recall { recall_id, inodes }));
+            }
+            ServerMessage::Notify(p::Notify::RecallPart { inodes, .. }) => {
+                // Dropped now; answered with the final part (id 0: no answer).
+                if let Some(r) = self.rights() {
+                    r.recalled(&inodes, self.now);
+                }
+                self.events.push_back(Event::Recall(Recall { recall_id: 0, inodes }));
             }
             ServerMessage::Notify(p::Notify::Fenced) => {
                 self.fenced();

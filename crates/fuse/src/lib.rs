@@ -42,10 +42,12 @@ fn session(
     let config = options::fuser_config(opts, options::auto_unmount_by_default());
     let via_fusermount = config.mount_options.contains(&fuser::MountOption::AutoUnmount);
     tracing::debug!(?config, "mounting {}", mountpoint.display());
+    // A dataset whose `atime` property is off keeps none, whatever the mount says.
+    let atime = if client.dataset_noatime() { options::Atime::Never } else { options::atime_mode(opts) };
     let fs = CrestFs::new(client, opts.attr_ttl)
         .with_shared_kernel_names(options::kernel_names(opts))
         .with_posix_acls(options::posix_acls(opts))
-        .with_atime(options::atime_mode(opts));
+        .with_atime(atime);
     let recalls = fs.recall_worker();
     let epoch = fs.kernel_epoch();
     let session = fuser::Session::new(fs, &mountpoint, &config)?;

@@ -261,6 +261,9 @@ pub struct Client {
     opts: ClientOptions,
     addr: String,
     fsid: [u8; 16],
+    /// The dataset keeps no access times (its `atime` property was off at the first
+    /// welcome).
+    noatime: bool,
 }
 
 impl std::fmt::Debug for Client {
@@ -298,8 +301,8 @@ impl Client {
                 })
             })
             .map_err(|e| ClientError::Connect { addr: addr.into(), detail: e.to_string() })?;
-        let fsid = match ready_rx.recv_timeout(opts.connect_timeout + Duration::from_secs(1)) {
-            Ok(Ok(fsid)) => fsid,
+        let (fsid, noatime) = match ready_rx.recv_timeout(opts.connect_timeout + Duration::from_secs(1)) {
+            Ok(Ok(ready)) => ready,
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(ClientError::Connect { addr: addr.into(), detail: "timed out".into() }),
         };
@@ -316,6 +319,7 @@ impl Client {
             opts,
             addr: addr.into(),
             fsid,
+            noatime,
         })
     }
 
@@ -360,6 +364,11 @@ impl Client {
     /// The server's file system id.
     pub fn fsid(&self) -> [u8; 16] {
         self.fsid
+    }
+
+    /// Whether the mounted dataset keeps no access times (`atime=off` when mounted).
+    pub fn dataset_noatime(&self) -> bool {
+        self.noatime
     }
 
     /// The server address.
@@ -481,7 +490,7 @@ struct Driver {
     core: Connection<Reply>,
     addr: String,
     opts: ClientOptions,
-    ready: std_mpsc::SyncSender<Result<[u8; 16], ClientError>>,
+    ready: std_mpsc::SyncSender<Result<([u8; 16], bool), ClientError>>,
     recalls: RecallSink,
 }
 
@@ -499,7 +508,7 @@ impl Driver {
                     }
                 }
                 Event::Ready(r) => {
-                    let _ = self.ready.try_send(r);
+                    let _ = self.ready.try_send(r.map(|fsid| (fsid, self.core.noatime())));
                 }
             }
         }

@@ -81,7 +81,9 @@ impl Notify {
     pub fn map_inos(&mut self, f: &mut dyn FnMut(u64) -> u64) {
         match self {
             Notify::ShuttingDown | Notify::Fenced => {}
-            Notify::Recall { inodes, .. } => inodes.iter_mut().for_each(|i| *i = f(*i)),
+            Notify::Recall { inodes, .. } | Notify::RecallPart { inodes, .. } => {
+                inodes.iter_mut().for_each(|i| *i = f(*i))
+            }
         }
     }
 }

@@ -685,6 +685,9 @@ pub struct Welcome {
     /// This is a new session; the client must not replay what it held for the old one
     /// and reports it lost (docs/protocol.md §4.4).
     pub fenced: bool,
+    /// The dataset keeps no access times (its `atime` property is off when the session
+    /// starts): the client moves none, as under `noatime`.
+    pub noatime: bool,
 }
 
 /// A compound request.
@@ -764,7 +767,20 @@ pub enum Notify {
         /// The changed inodes.
         inodes: Vec<u64>,
     },
+    /// The first part of a recall naming more inodes than one notice carries
+    /// (`MAX_RECALL_INODES`): drop what is cached of these too, but answer only the
+    /// `Recall` with the same id that follows, after every part.
+    RecallPart {
+        /// The recall this is part of.
+        recall_id: u64,
+        /// Some of the changed inodes.
+        inodes: Vec<u64>,
+    },
 }
+
+/// Most inodes one recall notice names (~1 MiB on the wire): a longer recall goes as
+/// `RecallPart`s and a final `Recall`.
+pub const MAX_RECALL_INODES: usize = 100_000;
 
 /// Everything a client sends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

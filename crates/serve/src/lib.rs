@@ -141,6 +141,8 @@ enum Ctrl {
         peer: SocketAddr,
         /// What the client may do (its export policy).
         policy: Box<Policy>,
+        /// Who it is (its certificate's name; "(insecure)" without TLS).
+        identity: String,
         out: Outbox,
         /// The connection's queue, served once the session exists.
         queue: mpsc::UnboundedReceiver<sched::Queued<Cmd>>,
@@ -237,11 +239,11 @@ impl StoreTask {
     /// handed back).
     fn apply_ctrl(&mut self, ctrl: Ctrl) -> Step {
         match ctrl {
-            Ctrl::Hello { hello, peer, policy, out, queue, reply } => {
+            Ctrl::Hello { hello, peer, policy, identity, out, queue, reply } => {
                 // What an earlier connection of the session queued goes first.
                 self.drain();
                 let Some(srv) = self.server.as_mut() else { return Step::Stop };
-                let (sid, msg) = srv.handle_hello_as(&hello, *policy);
+                let (sid, msg) = srv.handle_hello_as(&hello, *policy, &identity);
                 if let Some(sid) = sid {
                     srv.heard(sid, now_ms());
                 }
@@ -783,6 +785,7 @@ async fn serve(
             return Err(ConnError::Other(e));
         }
     };
+    let who = admitted.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| "(insecure)".into());
     let (tx, out_rx) = mpsc::unbounded_channel::<(usize, ServerMessage)>();
     let out_tx = Outbox { tx, backlog: sched::Backlog::new(&shell.ready) };
     let writer = tokio::spawn(write_messages(wr, out_rx, out_tx.backlog.clone()));
@@ -790,7 +793,15 @@ async fn serve(
     let (reply, rx) = oneshot::channel();
     shell
         .ctrl
-        .send(Ctrl::Hello { hello, peer, policy: Box::new(policy), out: out_tx.clone(), queue, reply })
+        .send(Ctrl::Hello {
+            hello,
+            peer,
+            policy: Box::new(policy),
+            identity: who.clone(),
+            out: out_tx.clone(),
+            queue,
+            reply,
+        })
         .map_err(|_| ConnError::Other("server stopping".into()))?;
     // The store thread has queued the welcome (or refusal) on `out_tx` itself.
     let (session, _welcome) = rx.await.map_err(|_| ConnError::Other("server stopping".into()))?;
@@ -799,7 +810,6 @@ async fn serve(
         let _ = writer.await;
         return Ok(());
     };
-    let who = admitted.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| "(insecure)".into());
     tracing::debug!(%peer, session, client = who, "client connected");
     let mut revoked = admitted.map(|a| (a.fingerprint, a.revoked));
     let conn = Conn { shell: &shell, inbox: &inbox, session, out: &out_tx };

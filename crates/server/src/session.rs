@@ -101,23 +101,35 @@ struct Session {
     /// What its client may do (`set_policy`); `None`: trusted (`Policy::trusted`).
     policy: Option<std::sync::Arc<Policy>>,
     /// Inode numbers granted to it (`AllocInodes`) and not used yet: its `CreateAt`s and
-    /// `SymlinkAt`s may use only these, each once. `None` for a session restored after a
-    /// restart, whose grants went with the old process: it may use any number reserved
-    /// and unused (the store checks that).
+    /// `SymlinkAt`s may use only these, each once. Kept in its durable record, so a session
+    /// restored after a restart has them still; `None` only for one restored from a record
+    /// written before records kept them: it may use any number reserved and unused in its
+    /// dataset (the store checks that).
     granted: Option<Vec<std::ops::Range<u64>>>,
     /// The dataset it mounts (`Hello::dataset`): it sees its root as inode 1, and every
     /// inode it names is taken as one of this dataset (`datasets.rs`).
     dataset: u64,
+    /// `granted` changed in the running change: its record is written again at its end.
+    grants_changed: bool,
+    /// Its client's identity (the certificate's name; empty for sessions told none, and
+    /// for sessions restored after a restart until their client resumes).
+    identity: String,
 }
 
-/// Ranges of granted inode numbers a session keeps (beyond them, the oldest go).
-const MAX_GRANTED_RANGES: usize = 1024;
+/// Most sessions one client identity holds at once (connected or not yet fenced): a
+/// client reconnecting in a loop cannot fill the server with sessions.
+pub const MAX_SESSIONS_PER_IDENTITY: usize = 256;
+
+/// Ranges of granted inode numbers a session keeps (beyond them, the oldest go): as many
+/// as its durable record holds.
+const MAX_GRANTED_RANGES: usize = record::MAX_RECORD_GRANTS;
 
 impl Session {
     /// Takes `ino` out of the session's grants; false if it was not granted.
     fn use_granted(&mut self, ino: u64) -> bool {
         let Some(granted) = &mut self.granted else { return true };
         let Some(i) = granted.iter().position(|r| r.contains(&ino)) else { return false };
+        self.grants_changed = true;
         let r = granted.remove(i);
         if ino + 1 < r.end {
             granted.insert(i, ino + 1..r.end);
@@ -131,12 +143,38 @@ impl Session {
     /// Grants `first..first + count`.
     fn grant(&mut self, first: u64, count: u64) {
         if let Some(granted) = &mut self.granted {
+            self.grants_changed = true;
             granted.push(first..first.saturating_add(count));
             if granted.len() > MAX_GRANTED_RANGES {
                 granted.remove(0);
             }
         }
     }
+}
+
+/// Sends a recall naming more than `MAX_RECALL_INODES` inodes as `RecallPart`s and a final
+/// `Recall` (one notice must fit in a frame); the client answers only the last.
+fn split_recalls(out: Vec<Outgoing>) -> Vec<Outgoing> {
+    if !out.iter().any(|o| matches!(o, Outgoing::Notify { notify: p::Notify::Recall { inodes, .. }, .. } if inodes.len() > p::MAX_RECALL_INODES)) {
+        return out;
+    }
+    let mut split = Vec::with_capacity(out.len() + 1);
+    for o in out {
+        match o {
+            Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }
+                if inodes.len() > p::MAX_RECALL_INODES =>
+            {
+                let mut chunks: Vec<Vec<u64>> = inodes.chunks(p::MAX_RECALL_INODES).map(<[u64]>::to_vec).collect();
+                let last = chunks.pop().unwrap_or_default();
+                for inodes in chunks {
+                    split.push(Outgoing::Notify { session, notify: p::Notify::RecallPart { recall_id, inodes } });
+                }
+                split.push(Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes: last } });
+            }
+            other => split.push(other),
+        }
+    }
+    split
 }
 
 /// The policy of a session never told one (`set_policy`): simulations, tests, tools.
@@ -178,6 +216,18 @@ impl Session {
     }
 
     /// Places below `top` whose changes have not run (they wait, parked).
+    /// What its durable record says.
+    fn record(&self) -> Record {
+        Record {
+            secret: self.secret,
+            seq: self.top,
+            dataset: self.dataset,
+            holes: self.holes_below_top(),
+            grants: self.granted.clone(),
+            name: self.client_name.clone(),
+        }
+    }
+
     fn holes_below_top(&self) -> Vec<u64> {
         let mut holes: Vec<u64> = self.reserved.values().copied().filter(|&p| p < self.top).collect();
         holes.sort_unstable();
@@ -366,7 +416,7 @@ impl Server {
                 fenced.insert(id);
                 continue;
             }
-            let Some(Record { secret, seq, dataset, holes, name: client_name }) = decode_record(&bytes) else {
+            let Some(Record { secret, seq, dataset, holes, grants, name: client_name }) = decode_record(&bytes) else {
                 tracing::warn!(session = id, "malformed session record of {} bytes dropped", bytes.len());
                 if let Err(e) = store.delete_session_record(id) {
                     tracing::error!(session = id, "cannot drop a session record: {e}");
@@ -378,6 +428,7 @@ impl Server {
                 secret,
                 client_name,
                 dataset,
+                granted: grants,
                 applied: seq,
                 top: seq,
                 durable: seq,
@@ -470,13 +521,32 @@ impl Server {
     /// Answers a client's hello: a new session, or the resumed one when the token matches.
     /// The session is trusted (`Policy::trusted`): simulations, tests, tools.
     pub fn handle_hello(&mut self, hello: &p::Hello) -> (Option<SessionId>, p::ServerMessage) {
-        self.handle_hello_as(hello, Policy::trusted())
+        let (sid, msg) = self.hello_inner(hello, &Policy::trusted());
+        if let Some(sid) = sid {
+            self.set_policy(sid, Policy::trusted());
+        }
+        (sid, msg)
     }
 
-    /// `handle_hello` for a client under `policy` (its export policy): it runs its requests
-    /// under it, and may mount only the datasets it names.
-    pub fn handle_hello_as(&mut self, hello: &p::Hello, policy: Policy) -> (Option<SessionId>, p::ServerMessage) {
+    /// `handle_hello` for a client under `policy` (its export policy) whose certificate
+    /// names `identity`: it runs its requests under the policy, may mount only the datasets
+    /// it names, and holds at most `MAX_SESSIONS_PER_IDENTITY` sessions at once.
+    pub fn handle_hello_as(
+        &mut self,
+        hello: &p::Hello,
+        policy: Policy,
+        identity: &str,
+    ) -> (Option<SessionId>, p::ServerMessage) {
+        let resuming = hello.resume.is_some_and(|t| self.sessions.get(&t.id).is_some_and(|s| s.secret == t.secret));
+        if !resuming && self.sessions.values().filter(|s| s.identity == identity).count() >= MAX_SESSIONS_PER_IDENTITY {
+            tracing::warn!(identity, "session refused: too many sessions of one client identity");
+            let reason = format!("{identity} holds {MAX_SESSIONS_PER_IDENTITY} sessions already");
+            return (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
+        }
         let (sid, msg) = self.hello_inner(hello, &policy);
+        if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid)) {
+            s.identity = identity.to_string();
+        }
         if let Some(sid) = sid {
             self.set_policy(sid, policy);
         }
@@ -783,7 +853,7 @@ impl Server {
         for o in &mut ready {
             self.outbound(o);
         }
-        ready
+        split_recalls(ready)
     }
 
     /// Lets `response` go once every change `session` ran before it has been answered.

@@ -255,6 +255,7 @@ fn welcome(resumed: bool, durable_seq: Option<u64>, fenced: bool) -> ServerMessa
         durable_holes: Vec::new(),
         fsid: FSID,
         fenced,
+        noatime: false,
     })
 }
 
@@ -942,4 +943,21 @@ fn opened_7_and_changed() -> Harness {
     h.sent();
     h.hear(response(2, 1, 1, 0));
     h
+}
+
+#[test]
+fn a_recall_in_parts_drops_every_part_and_is_answered_once_after_the_last() {
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    h.hear(ServerMessage::Notify(p::Notify::RecallPart { recall_id: 9, inodes: vec![1, 2] }));
+    h.hear(ServerMessage::Notify(p::Notify::RecallPart { recall_id: 9, inodes: vec![3] }));
+    h.hear(ServerMessage::Notify(p::Notify::Recall { recall_id: 9, inodes: vec![4] }));
+    let got: Vec<(u64, Vec<u64>)> = h.recalls.iter().map(|r| (r.recall_id, r.inodes.clone())).collect();
+    // Parts carry id 0: whoever drops them does not answer; the last part is answered.
+    assert_eq!(got, vec![(0, vec![1, 2]), (0, vec![3]), (9, vec![4])]);
+    for r in &got {
+        h.c.recall_done(r.0);
+    }
+    let answers: Vec<ClientMessage> = h.sent();
+    assert_eq!(answers, vec![ClientMessage::RecallDone { recall_id: 9 }], "answered once");
 }

@@ -46,6 +46,7 @@ impl<R> Connection<R> {
             self.early_below = None;
         }
         self.session = Some(w.session);
+        self.noatime = w.noatime;
         if self.fsid.is_none() {
             self.fsid = Some(w.fsid);
             self.events.push_back(Event::Ready(Ok(w.fsid)));

@@ -86,6 +86,12 @@ impl Server {
         self.store.dataset_props(d).is_some_and(|p| p.get_bool("readonly") == Some(true))
     }
 
+    /// Whether `session`'s dataset keeps no access times (its `atime` property is off).
+    pub(super) fn dataset_noatime(&self, session: SessionId) -> bool {
+        let d = self.sessions.get(&session).map_or(0, |s| s.dataset);
+        self.store.dataset_props(d).is_some_and(|p| p.get_bool("atime") == Some(false))
+    }
+
     /// Whether any session, connected or restored and awaited, mounts dataset `d`.
     pub fn dataset_in_use(&self, d: u64) -> bool {
         self.sessions.values().any(|s| s.dataset == d)

@@ -45,7 +45,7 @@ impl Server {
             // session's secret: generations are published to every client, and the seed
             // could be worked back from them.)
             self.store.seed_randomness(generation_seed(self.store.fsid(), session, id));
-            let record = encode_record(s.secret, s.top, s.dataset, &s.holes_below_top(), &s.client_name);
+            let record = encode_record(&s.record());
             if let Err(e) = self.store.put_session_record(session, &record) {
                 tracing::error!(session, "cannot record the session: {e}");
             }
@@ -66,6 +66,14 @@ impl Server {
         // its place is below what this session's answers call durable, so it is
         // made durable before it is answered too.
         let late = self.sessions.get(&session).is_some_and(|s| seq != 0 && seq <= s.durable);
+        // Grants the change made or used go into the record within the same unit: a
+        // restart then knows exactly which numbers the session may still use.
+        if let Some(s) = self.sessions.get_mut(&session).filter(|s| s.grants_changed) {
+            s.grants_changed = false;
+            if let Err(e) = self.store.put_session_record(session, &encode_record(&s.record())) {
+                tracing::error!(session, "cannot record the session: {e}");
+            }
+        }
         if let Err(e) = self.store.end_unit() {
             // The commit an fsync asked for failed: the fsync fails.
             tracing::error!(session, "commit failed: {e}");

@@ -8,22 +8,36 @@ use super::*;
 /// client's synchronous calls, a handful at a time.
 pub(super) const MAX_RECORD_HOLES: usize = 64;
 
+/// Ranges of granted inode numbers a record keeps (the most recent; a session holds at
+/// most this many, `MAX_GRANTED_RANGES`).
+pub(super) const MAX_RECORD_GRANTS: usize = 16;
+
 /// A session's durable record: the token, how far its changes have run and are durable
 /// (the highest `seq` that ran, and the places below it whose changes had not), its
-/// dataset and its name. Layout: version 3 (u8), secret (u64 LE), seq (u64 LE), dataset
-/// id (u64 LE), hole count (u8), holes (u64 LE each), name length (u8), name. (Version 2
-/// had no dataset: the default one; version 1 no holes either.)
-pub(super) fn encode_record(secret: u64, seq: u64, dataset: u64, holes: &[u64], name: &str) -> Vec<u8> {
-    let name = &name.as_bytes()[..name.len().min(200)];
-    let holes = &holes[..holes.len().min(MAX_RECORD_HOLES)];
-    let mut out = Vec::with_capacity(27 + 8 * holes.len() + name.len());
+/// dataset, the inode numbers granted to it and not yet used, and its name. Layout:
+/// version 3 (u8), secret (u64 LE), seq (u64 LE), dataset id (u64 LE), hole count (u8),
+/// holes (u64 LE each), grant count (u8), grants (first u64 LE, count u32 LE each), name
+/// length (u8), name. (Version 2 had no dataset, the default one, and no grants: a session
+/// restored from it may use any reserved, unused number; version 1 had no holes either.)
+pub(super) fn encode_record(r: &Record) -> Vec<u8> {
+    let name = &r.name.as_bytes()[..r.name.len().min(200)];
+    let holes = &r.holes[..r.holes.len().min(MAX_RECORD_HOLES)];
+    let grants = r.grants.as_deref().unwrap_or_default();
+    let grants = &grants[grants.len().saturating_sub(MAX_RECORD_GRANTS)..];
+    let mut out = Vec::with_capacity(28 + 8 * holes.len() + 12 * grants.len() + name.len());
     out.push(3);
-    out.extend_from_slice(&secret.to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(&dataset.to_le_bytes());
+    out.extend_from_slice(&r.secret.to_le_bytes());
+    out.extend_from_slice(&r.seq.to_le_bytes());
+    out.extend_from_slice(&r.dataset.to_le_bytes());
     out.push(holes.len() as u8);
     for h in holes {
         out.extend_from_slice(&h.to_le_bytes());
+    }
+    out.push(grants.len() as u8);
+    for g in grants {
+        let count = u32::try_from(g.end.saturating_sub(g.start)).unwrap_or(u32::MAX);
+        out.extend_from_slice(&g.start.to_le_bytes());
+        out.extend_from_slice(&count.to_le_bytes());
     }
     out.push(name.len() as u8);
     out.extend_from_slice(name);
@@ -53,6 +67,8 @@ pub(super) struct Record {
     pub(super) seq: u64,
     pub(super) dataset: u64,
     pub(super) holes: Vec<u64>,
+    /// `None` from a version 2 or 1 record, which kept no grants.
+    pub(super) grants: Option<Vec<std::ops::Range<u64>>>,
     pub(super) name: String,
 }
 
@@ -81,11 +97,27 @@ pub(super) fn decode_record(b: &[u8]) -> Option<Record> {
         }
         rest = &after[8 * usize::from(n)..];
     }
+    let mut grants = None;
+    if version == 3 {
+        let (&n, after) = rest.split_first()?;
+        let n = usize::from(n);
+        if n > MAX_RECORD_GRANTS || after.len() < 12 * n {
+            return None;
+        }
+        let mut g = Vec::with_capacity(n);
+        for i in 0..n {
+            let first = u64::from_le_bytes(after[12 * i..12 * i + 8].try_into().ok()?);
+            let count = u32::from_le_bytes(after[12 * i + 8..12 * i + 12].try_into().ok()?);
+            g.push(first..first.checked_add(u64::from(count))?);
+        }
+        grants = Some(g);
+        rest = &after[12 * n..];
+    }
     let (&len, name) = rest.split_first()?;
     if name.len() != usize::from(len) || holes.iter().any(|&h| h == 0 || h >= seq) {
         return None;
     }
-    Some(Record { secret, seq, dataset, holes, name: String::from_utf8_lossy(name).into_owned() })
+    Some(Record { secret, seq, dataset, holes, grants, name: String::from_utf8_lossy(name).into_owned() })
 }
 
 /// See `crate::fuzzing::session_record`.
@@ -94,7 +126,7 @@ pub(crate) fn fuzz_record(b: &[u8]) -> bool {
     assert!(r.holes.iter().all(|&h| h > 0 && h < r.seq), "{r:?}");
     let raw_name = b.len().checked_sub(r.name.len()).map(|at| &b[at..]);
     if b[0] == 3 && raw_name == Some(r.name.as_bytes()) && r.name.len() <= 200 {
-        let again = encode_record(r.secret, r.seq, r.dataset, &r.holes, &r.name);
+        let again = encode_record(&r);
         assert_eq!(again, b, "a record decodes to what encodes it");
     }
     true
@@ -114,7 +146,7 @@ impl Server {
         s.recorded = true;
         // No unit is open here (a changing request calls this before its unit begins),
         // so this commit never cuts a unit in two.
-        let record = encode_record(s.secret, s.top, s.dataset, &s.holes_below_top(), &s.client_name);
+        let record = encode_record(&s.record());
         if let Err(e) = self.store.put_session_record(session, &record).and_then(|()| self.store.commit()) {
             tracing::error!(session, "cannot record the session of {what}: {e}");
         }

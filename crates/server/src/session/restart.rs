@@ -41,6 +41,7 @@ impl Server {
             durable_holes,
             fsid: self.store.fsid(),
             fenced,
+            noatime: self.dataset_noatime(id),
         })
     }
 

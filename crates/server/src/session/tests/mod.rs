@@ -1,5 +1,6 @@
 use super::*;
 use crest_store::{MemDisk, MkfsOptions};
+use record::MAX_RECORD_GRANTS;
 
 /// A new file system on a shared in-memory disk (to reopen after a simulated crash).
 fn fresh_disk() -> MemDisk {
@@ -169,8 +170,16 @@ fn the_protocol_hash_is_the_stores_hash() {
 
 #[test]
 fn session_records_round_trip_and_bad_ones_are_refused() {
-    let r = encode_record(42, 7, 9, &[3, 5], "host-a");
-    let want = Record { secret: 42, seq: 7, dataset: 9, holes: vec![3, 5], name: "host-a".into() };
+    let rec = |seq, holes: &[u64], grants: Option<Vec<std::ops::Range<u64>>>, name: &str| Record {
+        secret: 42,
+        seq,
+        dataset: 9,
+        holes: holes.to_vec(),
+        grants,
+        name: name.into(),
+    };
+    let want = rec(7, &[3, 5], Some(vec![100..164, 1 << 41..(1 << 41) + 3]), "host-a");
+    let r = encode_record(&want);
     assert_eq!(decode_record(&r), Some(want));
     for cut in 0..r.len() {
         assert_eq!(decode_record(&r[..cut]), None, "truncated at {cut}");
@@ -181,25 +190,33 @@ fn session_records_round_trip_and_bad_ones_are_refused() {
     let mut long = r.clone();
     long.push(b'x');
     assert_eq!(decode_record(&long), None, "name length disagrees");
-    assert_eq!(decode_record(&encode_record(42, 5, 0, &[5], "h")), None, "a hole at or above its seq");
-    let mut many = encode_record(42, 7, 0, &[], "h");
+    assert_eq!(decode_record(&encode_record(&rec(5, &[5], Some(vec![]), "h"))), None, "a hole at or above its seq");
+    let mut many = encode_record(&rec(7, &[], Some(vec![]), "h"));
     many[25] = (MAX_RECORD_HOLES + 1) as u8;
     assert_eq!(decode_record(&many), None, "more holes than a record names");
-    // Version 2 (no dataset: the default one) and version 1 (no holes either), as written before.
+    let mut grants = encode_record(&rec(7, &[], Some(vec![]), "h"));
+    grants[26] = (MAX_RECORD_GRANTS + 1) as u8;
+    assert_eq!(decode_record(&grants), None, "more grants than a record keeps");
+    let mut wrap = encode_record(&rec(7, &[], Some(std::iter::once(u64::MAX - 1..u64::MAX).collect()), "h"));
+    wrap[35..39].copy_from_slice(&9u32.to_le_bytes());
+    assert_eq!(decode_record(&wrap), None, "a grant past the last number");
+    // Version 2 (no dataset: the default one; no grants) and version 1 (no holes either).
     let mut v2 = vec![2];
     v2.extend_from_slice(&42u64.to_le_bytes());
     v2.extend_from_slice(&7u64.to_le_bytes());
     v2.extend_from_slice(&[1, 3, 0, 0, 0, 0, 0, 0, 0, 1, b'h']);
-    assert_eq!(decode_record(&v2), Some(Record { secret: 42, seq: 7, dataset: 0, holes: vec![3], name: "h".into() }));
+    let old = Record { dataset: 0, grants: None, ..rec(7, &[3], None, "h") };
+    assert_eq!(decode_record(&v2), Some(old));
     let mut v1 = vec![1];
     v1.extend_from_slice(&42u64.to_le_bytes());
     v1.extend_from_slice(&7u64.to_le_bytes());
     v1.push(1);
     v1.push(b'h');
-    assert_eq!(decode_record(&v1), Some(Record { secret: 42, seq: 7, dataset: 0, holes: vec![], name: "h".into() }));
+    assert_eq!(decode_record(&v1), Some(Record { dataset: 0, ..rec(7, &[], None, "h") }));
     let holes: Vec<u64> = (1..=MAX_RECORD_HOLES as u64 + 5).collect();
-    let huge = encode_record(1, u64::MAX, u64::MAX, &holes, &"n".repeat(1000));
-    assert!(huge.len() <= s::sessions::MAX_SESSION_RECORD_BYTES);
+    let grants: Vec<std::ops::Range<u64>> = (0..MAX_RECORD_GRANTS as u64 + 5).map(|i| i * 10..i * 10 + 5).collect();
+    let huge = encode_record(&Record { seq: u64::MAX, ..rec(0, &holes, Some(grants), &"n".repeat(1000)) });
+    assert!(huge.len() <= s::sessions::MAX_SESSION_RECORD_BYTES, "{} bytes", huge.len());
 }
 
 #[test]
@@ -1213,3 +1230,95 @@ fn an_acquire_waits_for_the_recall_of_its_own_sessions_exclusive_rights() {
 
 mod hostile;
 mod restart;
+
+#[test]
+fn a_recall_too_long_for_one_frame_goes_in_parts_answered_once() {
+    let inodes: Vec<u64> = (1..=2 * p::MAX_RECALL_INODES as u64 + 7).map(|i| i << 20).collect();
+    let before = Outgoing::Notify { session: 3, notify: p::Notify::Recall { recall_id: 1, inodes: vec![5] } };
+    let long = Outgoing::Notify { session: 2, notify: p::Notify::Recall { recall_id: 9, inodes: inodes.clone() } };
+    let out = split_recalls(vec![before.clone(), long]);
+    assert_eq!(out.len(), 4, "one short recall, two parts, the last part");
+    assert_eq!(out[0], before, "a short recall goes as it is");
+    let mut seen: Vec<u64> = Vec::new();
+    for (i, o) in out[1..].iter().enumerate() {
+        let (Outgoing::Notify { session: 2, notify: p::Notify::RecallPart { recall_id: 9, inodes: part } }
+        | Outgoing::Notify { session: 2, notify: p::Notify::Recall { recall_id: 9, inodes: part } }) = o
+        else {
+            panic!("{o:?}")
+        };
+        assert_eq!(
+            matches!(o, Outgoing::Notify { notify: p::Notify::Recall { .. }, .. }),
+            i == 2,
+            "the last is the recall"
+        );
+        let mut frame = Vec::new();
+        let Outgoing::Notify { notify, .. } = o else { unreachable!() };
+        p::encode_frame(&p::ServerMessage::Notify(notify.clone()), &mut frame).expect("each part fits in a frame");
+        seen.extend(part.iter().copied());
+    }
+    assert_eq!(seen, inodes, "every inode once, in order");
+}
+
+#[test]
+fn one_client_identity_holds_a_bounded_number_of_sessions() {
+    let mut srv = server();
+    let mut ids = Vec::new();
+    for _ in 0..MAX_SESSIONS_PER_IDENTITY {
+        let (sid, _) = srv.handle_hello_as(&hello(None), Policy::joined(), "greedy");
+        ids.push(sid.expect("a session within the bound"));
+    }
+    let (sid, msg) = srv.handle_hello_as(&hello(None), Policy::joined(), "greedy");
+    assert!(sid.is_none() && matches!(msg, p::ServerMessage::Refused { .. }), "one more is refused: {msg:?}");
+    let (other, _) = srv.handle_hello_as(&hello(None), Policy::joined(), "honest");
+    assert!(other.is_some(), "another identity is not held back");
+    // A session of the greedy one resumes at the bound; once one ends, a new one fits.
+    let token = p::SessionToken { id: ids[3], secret: srv.sessions[&ids[3]].secret };
+    assert_eq!(srv.handle_hello_as(&hello(Some(token)), Policy::joined(), "greedy").0, Some(ids[3]));
+    srv.end_session(ids[0]);
+    assert!(srv.handle_hello_as(&hello(None), Policy::joined(), "greedy").0.is_some());
+}
+
+#[test]
+fn a_session_restored_after_a_crash_may_use_only_the_numbers_granted_to_it() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, wa) = srv.handle_hello(&hello(None));
+    let (b, _) = srv.handle_hello(&hello(None));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    let p::ServerMessage::Welcome(wa) = wa else { panic!("{wa:?}") };
+    let alloc = |srv: &mut Server, s, id| match srv
+        .handle_request(s, req(id, vec![Op::AllocInodes { count: 4 }]), NOW)
+        .results[0]
+    {
+        Ok(Reply::Inodes { first, .. }) => first,
+        ref r => panic!("alloc: {r:?}"),
+    };
+    let mine = alloc(&mut srv, a, 1);
+    let theirs = alloc(&mut srv, b, 1);
+    let create_at = |id, ino, name: &str| {
+        req(
+            id,
+            vec![Op::CreateAt {
+                ino,
+                generation: 5,
+                parent: 1,
+                name: name.as_bytes().to_vec(),
+                kind: p::FileType::Regular,
+                mode: 0o644,
+                rdev: 0,
+                cred: p::Cred::default(),
+            }],
+        )
+    };
+    assert!(srv.handle_request(a, create_at(2, mine, "a0"), NOW).results[0].is_ok());
+    srv.handle_request(a, req(3, vec![Op::Fsync { ino: 1 }]), NOW);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    assert_eq!(srv.handle_hello(&hello(Some(wa.session))).0, Some(a));
+    let r = srv.handle_request(a, create_at(4, theirs, "stolen"), NOW);
+    assert_eq!(r.results[0].as_ref().err().map(|e| e.errno), Some(1), "another session's number: {r:?}");
+    let r = srv.handle_request(a, create_at(5, mine, "again"), NOW);
+    assert!(r.results[0].is_err(), "a number already used is not used again: {r:?}");
+    let r = srv.handle_request(a, create_at(6, mine + 1, "a1"), NOW);
+    assert!(r.results[0].is_ok(), "its own unused number still works: {r:?}");
+}

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Datasets as a user meets them, on a real TLS server and real FUSE mounts (root):
+#   crest dataset create/list/get/set/destroy (--json, --stdin, per-name failures);
+#   mount -o dataset=NAME shows that tree only (its root's owner and mode, its own inode
+#   numbers), a hard link between datasets is EXDEV, a dataset that does not exist is
+#   refused; quota (EDQUOT, df shows it), readonly (EROFS, lifted again), atime=off (a
+#   read moves no access time where the default dataset's does); destroy refused while
+#   mounted; everything survives a server restart, and fsck is clean.
+# Each check prints PASS/FAIL; exits non-zero if any failed.
+#   CREST_BIN   the crest binary (default target/release/crest)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+crest=${CREST_BIN:-$root/target/release/crest}
+[ -x "$crest" ] || { echo "build first: cargo build --release -p crest" >&2; exit 2; }
+tmp=$(mktemp -d /tmp/crest-ds.XXXXXX)
+export CREST_STATE_DIR=$tmp/state
+fails=0
+server=
+mounts=("$tmp/m0" "$tmp/m1" "$tmp/m2" "$tmp/m3")
+
+cleanup() {
+  for m in "${mounts[@]}"; do
+    grep -qF " $m " /proc/self/mountinfo && umount -l "$m" 2>/dev/null
+  done
+  [ -n "$server" ] && kill "$server" 2>/dev/null
+  wait 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# shellcheck source=tests/lib.sh
+source "$root/tests/lib.sh"
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "$*"; fi; }
+wait_listen() {
+  for _ in $(seq 100); do
+    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+port=$(free_port)
+addr=127.0.0.1:$port
+ds() { "$crest" dataset --server "$addr" "$@"; }
+serve() {
+  "$crest" serve "$tmp/img" --listen "$addr" >>"$tmp/serve.log" 2>&1 &
+  server=$!
+  wait_listen "$port" || { echo "server did not start: $(tail -5 "$tmp/serve.log")"; exit 1; }
+}
+mkdir -p "${mounts[@]}"
+"$crest" mkfs --size 256M "$tmp/img" >/dev/null
+serve
+
+echo "== create, list, get"
+expect create-home 0 ds create home -o quota=1M -o user:team=ops --root 1000:1000:750
+expect create-scratch 0 ds create scratch
+expect create-na 0 ds create na -o atime=off
+expect create-twice-refused 1 ds create home
+mentions create-twice-says-exists "exists"
+expect create-bad-name-refused 1 ds create "a/b"
+expect create-bad-prop-refused 1 ds create other -o copies=3
+run ds list --json
+python3 -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if sorted(x['name'] for x in d)==['default','home','na','scratch'] else 1)" <"$tmp/out" &&
+  pass list-json || fail list-json "$(said)"
+run ds get home quota --json
+python3 -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if d['properties']=={'quota':'1048576'} else 1)" <"$tmp/out" &&
+  pass get-json || fail get-json "$(said)"
+run ds get home
+grep -q "user:team *ops" "$tmp/out" && pass get-all || fail get-all "$(said)"
+
+echo "== mount them"
+expect mount-default 0 "$crest" mount "$addr" "$tmp/m0"
+expect mount-home 0 "$crest" mount "$addr" "$tmp/m1" -o dataset=home
+expect mount-scratch 0 "$crest" mount "$addr" "$tmp/m2" -o dataset=scratch
+expect mount-unknown-refused 32 "$crest" mount "$addr" "$tmp/m3" -o dataset=nope
+mentions mount-unknown-says-why "no dataset"
+expect mount-na 0 "$crest" mount "$addr" "$tmp/m3" -o dataset=na
+check home-root-owner [ "$(stat -c '%u:%g:%a' "$tmp/m1")" = "1000:1000:750" ]
+echo main >"$tmp/m0/f"
+echo home >"$tmp/m1/f"
+mkdir "$tmp/m1/d" && cp "$root/README.md" "$tmp/m1/d/"
+check datasets-apart [ "$(cat "$tmp/m0/f")" = main ] && [ "$(cat "$tmp/m1/f")" = home ]
+check scratch-empty [ -z "$(ls -A "$tmp/m2")" ]
+check home-inode-range [ "$(stat -c %i "$tmp/m1/f")" -gt $((1 << 40)) ]
+check readme-copied cmp -s "$root/README.md" "$tmp/m1/d/README.md"
+run ln "$tmp/m1/f" "$tmp/m2/f"
+[ "$rc" != 0 ] && grep -qi "cross-device" "$tmp/err" && pass link-across-exdev || fail link-across-exdev "$(said)"
+
+echo "== quota, readonly, atime"
+run dd if=/dev/zero of="$tmp/m1/big" bs=64K count=32 conv=fsync
+[ "$rc" != 0 ] && grep -qi "quota" "$tmp/err" && pass quota-edquot || fail quota-edquot "$(said)"
+size_k=$(df -k --output=size "$tmp/m1" | tail -1 | tr -d ' ')
+check df-shows-quota [ "$size_k" -le 1024 ]
+rm -f "$tmp/m1/big"
+expect set-readonly 0 ds set home readonly=on
+run touch "$tmp/m1/ro"
+[ "$rc" != 0 ] && grep -qi "read-only" "$tmp/err" && pass readonly-erofs || fail readonly-erofs "$(said)"
+expect clear-readonly 0 ds set home readonly=
+expect write-after-readonly-cleared 0 touch "$tmp/m1/rw"
+for m in m0 m3; do
+  echo data >"$tmp/$m/t"
+  sync
+done
+before0=$(stat -c %X "$tmp/m0/t"); before3=$(stat -c %X "$tmp/m3/t")
+sleep 1.2
+cat "$tmp/m0/t" "$tmp/m3/t" >/dev/null
+check atime-moves-in-default [ "$(stat -c %X "$tmp/m0/t")" -gt "$before0" ]
+check atime-off-keeps-it [ "$(stat -c %X "$tmp/m3/t")" = "$before3" ]
+
+echo "== destroy"
+expect destroy-mounted-refused 1 ds destroy scratch
+mentions destroy-mounted-says-why "mounted"
+"$crest" umount "$tmp/m2"
+"$crest" umount "$tmp/m3"
+run ds destroy --stdin <<<"scratch
+na
+nope"
+[ "$rc" = 1 ] && grep -q "nope" "$tmp/err" && pass destroy-stdin-per-name || fail destroy-stdin-per-name "$(said)"
+run ds list
+! grep -qE "^(scratch|na) " "$tmp/out" && grep -q "^home " "$tmp/out" && pass destroyed-gone || fail destroyed-gone "$(said)"
+expect destroy-default-refused 1 ds destroy default
+
+echo "== restart"
+"$crest" umount "$tmp/m0"
+"$crest" umount "$tmp/m1"
+kill "$server"; wait "$server"; server=
+expect fsck-clean 0 "$crest" fsck "$tmp/img"
+serve
+expect remount-home 0 "$crest" mount "$addr" "$tmp/m1" -o dataset=home
+check home-kept [ "$(cat "$tmp/m1/f")" = home ] && cmp -s "$root/README.md" "$tmp/m1/d/README.md"
+run ds get home user:team
+grep -q ops "$tmp/out" && pass props-kept || fail props-kept "$(said)"
+"$crest" umount "$tmp/m1"
+echo "== datasets: $fails failed"
+[ "$fails" = 0 ]
