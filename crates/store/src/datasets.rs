@@ -214,17 +214,22 @@ pub fn parse_size(s: &str) -> Option<u64> {
 
 /// Decodes a DATASET item's value.
 pub(crate) fn decode_entry(key: Key, b: &[u8]) -> Result<Entry> {
+    if b.len() > MAX_PROPS_BYTES {
+        return Err(Error::bad_item(key, 0, format!("dataset record of {} bytes", b.len())));
+    }
     let l = NvList::decode(b).map_err(|e| Error::bad_item(key, 0, format!("dataset record: {e}")))?;
+    // Exactly what `encode_entry` writes: the name, then the properties if any.
+    let names: Vec<&str> = l.iter().map(|(n, _)| n).collect();
+    if names != ["name"] && names != ["name", "props"] {
+        return Err(Error::bad_item(key, 0, format!("dataset record with fields {names:?}")));
+    }
     let name = l.get_str("name").ok_or_else(|| Error::bad_item(key, 0, "dataset record without a name"))?;
     check_name(name).map_err(|e| Error::bad_item(key, 0, e.to_string()))?;
     let props = match l.get("props") {
         None => NvList::new(),
-        Some(Value::List(p)) => p.clone(),
-        Some(_) => return Err(Error::bad_item(key, 0, "dataset properties that are not a list")),
+        Some(Value::List(p)) if !p.is_empty() => p.clone(),
+        Some(_) => return Err(Error::bad_item(key, 0, "dataset properties that are not a non-empty list")),
     };
-    if l.len() != 1 + usize::from(l.get("props").is_some()) {
-        return Err(Error::bad_item(key, 0, "dataset record with unknown fields"));
-    }
     Ok(Entry { name: name.to_string(), props })
 }
 

@@ -669,8 +669,25 @@ impl std::fmt::Debug for Store {
 pub mod fuzzing {
     use super::*;
 
+    /// Decodes `b` as a DATASET item's value; a decoded one must encode back to the same
+    /// bytes (the decoder accepts nothing the encoder would not write).
+    pub fn dataset_record(b: &[u8]) -> bool {
+        let key = Key::new(1, kind::DATASET, 0);
+        match datasets::decode_entry(key, b) {
+            Ok(e) => {
+                assert_eq!(
+                    datasets::encode_entry(&e).ok().as_deref(),
+                    Some(b),
+                    "a dataset record decodes to what encodes it"
+                );
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Decodes `b` as a root item of an image at `generation`; a decoded one must encode
-    /// back to the same bytes (the decoder accepts nothing the encoder would not write).
+    /// back to the same bytes.
     pub fn root_item(b: &[u8], generation: u64) -> bool {
         let key = Key::new(FS_TREE_ID, kind::ROOT_ITEM, 0);
         match decode_root_item(key, b, generation) {
