@@ -95,12 +95,19 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
     let mut alloc = Allocator::new(sb.total_blocks, BLOCKS_PER_GROUP);
     alloc.mark_used(0, RESERVED_BLOCKS);
     let mut pager = Pager::new(disk, sb.fsid, sb.total_blocks, alloc);
-    let mut c = Checker { pager: &mut pager, report: &mut report };
+    let mut c = Checker {
+        pager: &mut pager,
+        report: &mut report,
+        referenced: Default::default(),
+        seen: HashMap::new(),
+        live_nodes: Default::default(),
+    };
 
-    let root_items = c.tree(Tree::on_disk(ROOT_TREE_ID, sb.root_tree), "root tree");
-    let ref_items = c.tree(Tree::on_disk(REFCOUNT_TREE_ID, sb.refcount_tree), "refcount tree");
+    let root_items = c.tree(Tree::on_disk(ROOT_TREE_ID, sb.root_tree), "root tree", true);
+    let ref_items = c.tree(Tree::on_disk(REFCOUNT_TREE_ID, sb.refcount_tree), "refcount tree", true);
     let mut roots = BTreeMap::new();
-    let mut names: BTreeMap<u64, String> = BTreeMap::new();
+    let mut entries: BTreeMap<u64, crate::datasets::Entry> = BTreeMap::new();
+    let mut dead_items = Vec::new();
     let mut next_dataset = 1;
     for (k, v) in &root_items {
         match k.kind {
@@ -114,17 +121,18 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
                 None => c.problem(format!("root tree: root item {k:?} of no dataset")),
             },
             kind::DATASET if k.offset == 0 => match crate::datasets::decode_entry(*k, v) {
-                Ok(e) if names.values().any(|n| *n == e.name) => {
+                Ok(e) if entries.values().any(|n| n.name == e.name) => {
                     c.problem(format!("root tree: dataset name {:?} used twice", e.name))
                 }
                 Ok(e) => {
-                    names.insert(k.objectid, e.name);
+                    entries.insert(k.objectid, e);
                 }
                 Err(e) => c.problem(e.to_string()),
             },
             kind::NEXT_DATASET if *k == crate::datasets::next_key() && v.len() == 8 => {
                 next_dataset = crate::fs::inode::le_u64(v, 0);
             }
+            kind::DEADLIST => dead_items.push((*k, v.clone())),
             kind::SESSION if k.offset == 0 && v.len() <= crate::sessions::MAX_SESSION_RECORD_BYTES => {
                 c.report.sessions += 1;
             }
@@ -135,27 +143,40 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
         c.problem("root tree: no root item for dataset 5".into());
         return Ok(report);
     }
-    for (d, name) in &names {
+    for (d, e) in &entries {
         if !roots.contains_key(d) {
-            c.problem(format!("dataset {d} ({name}) has no root item"));
+            c.problem(format!("dataset {d} ({}) has no root item", e.name));
         }
     }
     let refs = c.refcounts(&ref_items);
-    let mut all_inodes = BTreeMap::new();
-    let mut all_extents = Vec::new();
-    for (d, (tree, ptr, next_ino, inode_count)) in roots {
-        if d != DEFAULT_DATASET && (!names.contains_key(&d) || d >= next_dataset) {
+    // Datasets first, then their snapshots: a snapshot's tree is its dataset's tree as of
+    // its generation (nodes of the dataset's tree id, shared where unchanged).
+    let origin = |d: &u64| entries.get(d).and_then(|e| e.snap);
+    let mut order: Vec<u64> = roots.keys().copied().collect();
+    order.sort_by_key(|d| (origin(d).is_some(), *d));
+    for d in order {
+        let Some(&(tree, ptr, next_ino, inode_count)) = roots.get(&d) else { continue };
+        if d != DEFAULT_DATASET && (!entries.contains_key(&d) || d >= next_dataset) {
             c.problem(format!("dataset {d}: a tree without a name, or an id at or above the next ({next_dataset})"));
         }
-        let items = c.tree(Tree::on_disk(tree, ptr), &format!("fs tree of dataset {d}"));
-        let (inodes, extents) = c.namespace(&items, d, next_ino, inode_count);
+        let (ns, owner, live) = match origin(&d) {
+            Some((o, g)) => {
+                if g > sb.generation || ptr.generation > g || origin(&o).is_some() || !roots.contains_key(&o) {
+                    c.problem(format!("snapshot {d}: of no dataset, or newer than its generation {g}"));
+                }
+                (o, crate::datasets::tree_id(o), false)
+            }
+            None => (d, tree, true),
+        };
+        let items = c.tree(Tree::on_disk(owner, ptr), &format!("fs tree of dataset {d}"), live);
+        let (inodes, extents) = c.namespace(&items, ns, next_ino, inode_count);
         c.report.inodes += inodes.len() as u64;
         c.report.directories += inodes.values().filter(|i| i.kind == FileKind::Directory).count() as u64;
         c.report.datasets += 1;
-        all_inodes.extend(inodes);
-        all_extents.extend(extents);
+        c.extents(&inodes, &extents);
     }
-    c.extents(&all_inodes, &all_extents, &refs);
+    c.refcounts_match(&refs);
+    c.deadlists(dead_items, &entries, sb.generation);
     let used = c.pager.alloc.used_blocks();
     c.report.used_blocks = used;
     if used != sb.used_blocks {
@@ -181,6 +202,12 @@ struct XattrRecord {
 struct Checker<'a> {
     pager: &'a mut Pager,
     report: &'a mut Report,
+    /// Data blocks some tree's extents reference.
+    referenced: std::collections::HashSet<u64>,
+    /// Nodes walked, by tree id: a snapshot shares its dataset's nodes (same id).
+    seen: HashMap<u64, std::collections::HashSet<u64>>,
+    /// Nodes each live tree reaches (a deadlist must name none of them).
+    live_nodes: std::collections::HashSet<u64>,
 }
 
 impl Checker<'_> {
@@ -189,7 +216,7 @@ impl Checker<'_> {
     }
 
     /// Walks a tree checking every node and bound; returns its items in order.
-    fn tree(&mut self, tree: Tree, name: &str) -> Vec<(Key, Vec<u8>)> {
+    fn tree(&mut self, tree: Tree, name: &str, live: bool) -> Vec<(Key, Vec<u8>)> {
         let mut items = Vec::new();
         let ChildPtr::Disk { block, generation } = tree.root else { return items };
         let mut stack = vec![(BlockPtr { block, generation, level: tree.level }, Key::MIN, None::<Key>)];
@@ -199,9 +226,13 @@ impl Checker<'_> {
                 self.problem(format!("{name}: pointer to block {} outside the usable area", ptr.block));
                 continue;
             }
-            if self.pager.alloc.try_mark_used(ptr.block, 1).is_err() {
+            let first_time = self.seen.entry(tree.owner).or_default().insert(ptr.block);
+            if first_time && self.pager.alloc.try_mark_used(ptr.block, 1).is_err() {
                 self.problem(format!("{name}: block {} is used twice", ptr.block));
                 continue;
+            }
+            if live {
+                self.live_nodes.insert(ptr.block);
             }
             let node = match self.pager.read_node(&ptr, tree.owner) {
                 Ok(n) => n,
@@ -253,15 +284,16 @@ impl Checker<'_> {
     fn refcounts(&mut self, items: &[(Key, Vec<u8>)]) -> BTreeMap<u64, (u64, u32)> {
         let mut out = BTreeMap::new();
         for (k, v) in items {
-            if k.kind != kind::EXTENT_REF
-                || v.len() != 4
-                || k.offset == 0
-                || k.offset > crate::limits::MAX_EXTENT_BLOCKS
-            {
+            let decoded = crate::fs::extent::decode_ref(v);
+            let Some((count, birth)) = decoded
+                .filter(|_| k.kind == kind::EXTENT_REF && k.offset > 0 && k.offset <= crate::limits::MAX_EXTENT_BLOCKS)
+            else {
                 self.problem(format!("refcount tree: bad item {k:?}"));
                 continue;
+            };
+            if birth > self.report.generation {
+                self.problem(format!("refcount tree: blocks {}+{} born after this generation", k.objectid, k.offset));
             }
-            let count = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
             if count == 0 {
                 self.problem(format!("refcount tree: zero count for blocks {}+{}", k.objectid, k.offset));
             }
@@ -491,12 +523,9 @@ impl Checker<'_> {
         }
     }
 
-    fn extents(
-        &mut self,
-        inodes: &BTreeMap<u64, Inode>,
-        extents: &[(u64, u64, Extent)],
-        refs: &BTreeMap<u64, (u64, u32)>,
-    ) {
+    /// One tree's extents against its inodes; the blocks they reference join
+    /// `self.referenced` (a snapshot references many of its dataset's).
+    fn extents(&mut self, inodes: &BTreeMap<u64, Inode>, extents: &[(u64, u64, Extent)]) {
         let mut per_block: HashMap<u64, u32> = HashMap::new();
         let mut blocks_of: HashMap<u64, u64> = HashMap::new();
         let mut prev: Option<(u64, u64)> = None; // (ino, end offset)
@@ -536,7 +565,9 @@ impl Checker<'_> {
                     for i in 0..n {
                         *per_block.entry(disk_block + i).or_default() += 1;
                     }
-                    self.verify_data(*ino, *off, *disk_block, csums);
+                    if !self.referenced.contains(disk_block) {
+                        self.verify_data(*ino, *off, *disk_block, csums);
+                    }
                     prev = Some((*ino, end));
                 }
             }
@@ -552,20 +583,68 @@ impl Checker<'_> {
                 self.problem(format!("inode {ino}: records {} blocks, extents map {b}", i.blocks));
             }
         }
-        // Reference counts against extent references, both ways.
+        for (b, n) in per_block {
+            if n > 1 {
+                self.problem(format!("block {b} is mapped {n} times in one tree"));
+            }
+            self.referenced.insert(b);
+        }
+    }
+
+    /// Every deadlist belongs to a dataset or snapshot, and names blocks some snapshot
+    /// still reaches: nodes no live tree reaches, data blocks some tree maps.
+    fn deadlists(
+        &mut self,
+        items: Vec<(Key, Vec<u8>)>,
+        entries: &BTreeMap<u64, crate::datasets::Entry>,
+        generation: u64,
+    ) {
+        let lists = match crate::snapshots::load_deadlists(items, generation) {
+            Ok(l) => l,
+            Err(e) => return self.problem(format!("deadlists: {e}")),
+        };
+        for (id, list) in lists {
+            let (name, family) = match entries.get(&id) {
+                Some(e) => (e.name.clone(), crate::datasets::tree_id(e.snap.map_or(id, |(o, _)| o))),
+                None if id == DEFAULT_DATASET => {
+                    (crate::datasets::DEFAULT_NAME.to_string(), crate::datasets::tree_id(id))
+                }
+                None => {
+                    self.problem(format!("deadlist of dataset {id}, which does not exist"));
+                    continue;
+                }
+            };
+            for d in list.entries {
+                let shared = if d.node {
+                    self.seen.get(&family).is_some_and(|s| s.contains(&d.start)) && !self.live_nodes.contains(&d.start)
+                } else {
+                    (d.start..d.start + d.len).all(|b| self.referenced.contains(&b))
+                };
+                if !shared {
+                    self.problem(format!("deadlist of {name}: {d:?} is reached by no snapshot, or by a live tree"));
+                }
+            }
+        }
+    }
+
+    /// Reference counts against the blocks some tree's extents reference, both ways
+    /// (crest makes no shared extents: each count is 1; a snapshot reaches its dataset's
+    /// blocks through the same extents, or copies of them).
+    fn refcounts_match(&mut self, refs: &BTreeMap<u64, (u64, u32)>) {
         let mut counted = 0u64;
         for (start, (len, count)) in refs {
             for b in *start..start + len {
-                let found = per_block.get(&b).copied().unwrap_or(0);
+                let found = u32::from(self.referenced.contains(&b));
                 if found != *count {
                     self.problem(format!("block {b}: refcount {count} but {found} extents reference it"));
                 }
             }
             counted += len;
         }
-        if counted != per_block.len() as u64 {
-            let missing = per_block
-                .keys()
+        if counted != self.referenced.len() as u64 {
+            let missing = self
+                .referenced
+                .iter()
                 .filter(|b| refs.range(..=**b).next_back().is_none_or(|(s, (l, _))| **b >= s + l))
                 .count();
             if missing > 0 {

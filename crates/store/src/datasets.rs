@@ -105,6 +105,8 @@ pub(crate) struct Slot {
 pub(crate) struct Entry {
     pub name: String,
     pub props: NvList,
+    /// For a snapshot: the dataset it is of, and the generation it holds.
+    pub snap: Option<(u64, u64)>,
 }
 
 /// Every dataset's name and properties.
@@ -113,12 +115,28 @@ pub(crate) struct Catalog {
     pub by_id: BTreeMap<u64, Entry>,
     pub by_name: HashMap<String, u64>,
     pub next_id: u64,
+    /// Snapshots by dataset: (generation, id), oldest first.
+    pub snaps: HashMap<u64, std::collections::BTreeSet<(u64, u64)>>,
 }
 
 impl Catalog {
     pub(crate) fn insert(&mut self, d: u64, e: Entry) {
+        if let Some((origin, g)) = e.snap {
+            self.snaps.entry(origin).or_default().insert((g, d));
+        }
         self.by_name.insert(e.name.clone(), d);
         self.by_id.insert(d, e);
+    }
+
+    pub(crate) fn remove(&mut self, d: u64) {
+        if let Some(e) = self.by_id.remove(&d) {
+            self.by_name.remove(&e.name);
+            if let Some((origin, g)) = e.snap {
+                if let Some(set) = self.snaps.get_mut(&origin) {
+                    set.remove(&(g, d));
+                }
+            }
+        }
     }
 }
 
@@ -220,23 +238,34 @@ pub(crate) fn decode_entry(key: Key, b: &[u8]) -> Result<Entry> {
     let l = NvList::decode(b).map_err(|e| Error::bad_item(key, 0, format!("dataset record: {e}")))?;
     // Exactly what `encode_entry` writes: the name, then the properties if any.
     let names: Vec<&str> = l.iter().map(|(n, _)| n).collect();
-    if names != ["name"] && names != ["name", "props"] {
+    if names != ["name"] && names != ["name", "props"] && names != ["name", "origin", "gen"] {
         return Err(Error::bad_item(key, 0, format!("dataset record with fields {names:?}")));
     }
     let name = l.get_str("name").ok_or_else(|| Error::bad_item(key, 0, "dataset record without a name"))?;
-    check_name(name).map_err(|e| Error::bad_item(key, 0, e.to_string()))?;
     let props = match l.get("props") {
         None => NvList::new(),
         Some(Value::List(p)) if !p.is_empty() => p.clone(),
         Some(_) => return Err(Error::bad_item(key, 0, "dataset properties that are not a non-empty list")),
     };
-    Ok(Entry { name: name.to_string(), props })
+    let snap = match (names.len(), l.get_u64("origin"), l.get_u64("gen")) {
+        (3, Some(o), Some(g)) => Some((o, g)),
+        (3, ..) => return Err(Error::bad_item(key, 0, "snapshot record without its origin and generation")),
+        _ => None,
+    };
+    match snap {
+        Some(_) => crate::snapshots::check_snapshot_name(name).map_err(|e| Error::bad_item(key, 0, e.to_string()))?,
+        None => check_name(name).map_err(|e| Error::bad_item(key, 0, e.to_string()))?,
+    }
+    Ok(Entry { name: name.to_string(), props, snap })
 }
 
 pub(crate) fn encode_entry(e: &Entry) -> Result<Vec<u8>> {
     let mut l = NvList::new();
     l.add("name", Value::Str(e.name.clone())).map_err(|x| Error::Invalid(x.to_string()))?;
-    if !e.props.is_empty() {
+    if let Some((origin, gen)) = e.snap {
+        l.add("origin", Value::U64(origin)).map_err(|x| Error::Invalid(x.to_string()))?;
+        l.add("gen", Value::U64(gen)).map_err(|x| Error::Invalid(x.to_string()))?;
+    } else if !e.props.is_empty() {
         l.add("props", Value::List(e.props.clone())).map_err(|x| Error::Invalid(x.to_string()))?;
     }
     let b = l.encode();
@@ -265,9 +294,26 @@ impl Store {
         Ok(())
     }
 
-    /// Makes the dataset of `ino` the active one.
+    /// Makes the dataset of `ino` the active one — or, when a snapshot of that dataset is
+    /// the view (`set_view`), the snapshot.
     pub(crate) fn enter(&mut self, ino: u64) -> Result<()> {
-        self.select(dataset_of(ino))
+        let d = dataset_of(ino);
+        match self.view.filter(|v| self.catalog.by_id.get(v).and_then(|e| e.snap).is_some_and(|(o, _)| o == d)) {
+            Some(v) => self.select(v),
+            None => self.select(d),
+        }
+    }
+
+    /// From now on, operations on dataset `d`'s inode numbers read snapshot `view` of it
+    /// instead (`None`: the datasets themselves). A server sets it around the requests of
+    /// a session that mounts a snapshot; every change is refused there (EROFS).
+    pub fn set_view(&mut self, view: Option<u64>) {
+        self.view = view;
+    }
+
+    /// The dataset a snapshot is of (itself for a dataset).
+    pub fn origin_of(&self, d: u64) -> u64 {
+        self.catalog.by_id.get(&d).and_then(|e| e.snap).map_or(d, |(o, _)| o)
     }
 
     /// Enters the dataset of `first`; `other` must be in it too.
@@ -329,8 +375,9 @@ impl Store {
         if d > MAX_DATASET_ID {
             return Err(Error::NoSpace("no dataset id left".into()));
         }
-        let entry = Entry { name: name.to_string(), props };
+        let entry = Entry { name: name.to_string(), props, snap: None };
         let record = encode_entry(&entry)?;
+        self.select(DEFAULT_DATASET)?;
         self.reserve(0, false)?;
         let mut fs = Tree::create(&mut self.pager, tree_id(d));
         let ino = root_of(d);
@@ -381,6 +428,7 @@ impl Store {
             }
         }
         let record = encode_entry(&entry)?;
+        self.select(DEFAULT_DATASET)?;
         self.reserve(0, false)?;
         self.root_tree.insert(&mut self.pager, record_key(d), record)?;
         self.catalog.insert(d, entry);
@@ -398,12 +446,19 @@ impl Store {
         if self.open_handles.keys().any(|&ino| dataset_of(ino) == d) || self.space_holds(d) {
             return Err(Error::Busy(format!("dataset {name} has files open or being freed")));
         }
+        if let Some(e) = self.catalog.by_id.get(&d).filter(|e| e.snap.is_some()) {
+            return Err(Error::Invalid(format!("{} is a snapshot (crest snapshot destroy)", e.name)));
+        }
+        if self.catalog.snaps.get(&d).is_some_and(|s| !s.is_empty()) {
+            return Err(Error::Busy(format!("dataset {name} has snapshots; destroy them first")));
+        }
         // Its tree must be on disk to be walked: commit first if it has changes.
         let dirty =
             if d == self.active { self.fs.is_dirty() } else { self.parked.get(&d).is_some_and(|s| s.fs.is_dirty()) };
         if dirty {
             self.commit()?;
         }
+        self.select(DEFAULT_DATASET)?;
         self.reserve(0, true)?;
         let slot = if d == self.active {
             self.select(DEFAULT_DATASET)?;
@@ -432,7 +487,8 @@ impl Store {
         self.policy.max_dirty_nodes = usize::MAX; // one transaction
         let result = (|| {
             for (start, len) in runs {
-                self.refs_drop(start, len)?;
+                // (No snapshot holds them: a dataset with snapshots is not destroyed.)
+                self.refs_drop_keeping(start, len, None)?;
             }
             for b in nodes {
                 self.pager.free_later(b, 1);
@@ -442,10 +498,9 @@ impl Store {
             Ok(())
         })();
         self.policy.max_dirty_nodes = saved;
-        if let Some(e) = self.catalog.by_id.remove(&d) {
-            self.catalog.by_name.remove(&e.name);
-        }
+        self.catalog.remove(d);
         self.usage.remove(&d);
+        self.dead.remove(&d);
         result
     }
 

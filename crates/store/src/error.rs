@@ -107,6 +107,9 @@ pub enum Error {
     /// A link or rename between datasets.
     #[error("cross-dataset link: {0}")]
     CrossDataset(String),
+    /// A change to something read-only (a snapshot).
+    #[error("read-only: {0}")]
+    ReadOnly(String),
     /// A dataset's quota is used up.
     #[error("quota exceeded: {0}")]
     Quota(String),
@@ -143,6 +146,7 @@ impl Error {
             Error::CrossDataset(_) => 18,                            // EXDEV
             Error::Busy(_) => 16,                                    // EBUSY
             Error::Quota(_) => 122,                                  // EDQUOT
+            Error::ReadOnly(_) => 30,                                // EROFS
         }
     }
 

@@ -30,6 +30,7 @@ pub mod error;
 pub mod fs;
 pub mod limits;
 pub mod sessions;
+pub mod snapshots;
 pub mod store;
 
 pub use disk::crash;

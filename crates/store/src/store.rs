@@ -129,6 +129,11 @@ pub struct Store {
     pub(crate) catalog: Catalog,
     /// Data blocks each dataset's files map (derived at open, like free space).
     pub(crate) usage: HashMap<u64, u64>,
+    /// Deadlists by dataset or snapshot id (`snapshots.rs`).
+    pub(crate) dead: BTreeMap<u64, crate::snapshots::Deadlist>,
+    /// The snapshot whose tree operations on its dataset's inode numbers read
+    /// (`set_view`), instead of the dataset's own.
+    pub(crate) view: Option<u64>,
     pub(crate) open_handles: HashMap<u64, u32>,
     pub(crate) policy: CommitPolicy,
     last_commit_ms: Option<u64>,
@@ -217,6 +222,8 @@ impl Store {
             parked: BTreeMap::new(),
             catalog: Catalog::default(),
             usage: HashMap::new(),
+            dead: BTreeMap::new(),
+            view: None,
             open_handles: HashMap::new(),
             policy: CommitPolicy::default(),
             last_commit_ms: None,
@@ -316,10 +323,11 @@ impl Store {
         }
         let root = Tree::on_disk(ROOT_TREE_ID, older.root_tree);
         let refcount = Tree::on_disk(REFCOUNT_TREE_ID, older.refcount_tree);
-        let (slots, _) = load_datasets(&mut self.pager, &root, older)?;
+        let (slots, _, _) = load_datasets(&mut self.pager, &root, older)?;
         let mut held = Vec::new();
+        let mut seen: HashMap<u64, std::collections::HashSet<u64>> = HashMap::new();
         for tree in [root, refcount].into_iter().chain(slots.values().map(|s| s.fs)) {
-            walk_nodes(&mut self.pager, &tree, &mut |ptr, _| {
+            walk_unseen(&mut self.pager, &tree, seen.entry(tree.owner).or_default(), &mut |ptr, _| {
                 held.push((ptr.block, 1));
                 Ok(())
             })?;
@@ -341,18 +349,20 @@ impl Store {
         let root_tree = Tree::on_disk(ROOT_TREE_ID, sb.root_tree);
         let refcount_tree = Tree::on_disk(REFCOUNT_TREE_ID, sb.refcount_tree);
         let loaded = (|| {
-            let (mut slots, catalog) = load_datasets(&mut pager, &root_tree, &sb)?;
+            let (mut slots, catalog, dead) = load_datasets(&mut pager, &root_tree, &sb)?;
             let Some(default) = slots.remove(&DEFAULT_DATASET) else {
                 return Err(Error::corrupt("root tree", sb.root_tree.block, "no root item for dataset 5"));
             };
             let mut notes = Vec::new();
-            let trees: Vec<Tree> =
-                [root_tree, refcount_tree, default.fs].into_iter().chain(slots.values().map(|s| s.fs)).collect();
-            let mapped = rebuild_allocation(&mut pager, &trees, &refcount_tree, &mut notes)?;
-            let usage: HashMap<u64, u64> = mapped
-                .into_iter()
-                .filter_map(|(tree, blocks)| datasets::dataset_of_tree(tree).map(|d| (d, blocks)))
-                .collect();
+            // Live trees first (their usage is counted), then the snapshots sharing them.
+            let live = |d: &u64| catalog.by_id.get(d).is_some_and(|e| e.snap.is_none());
+            let trees: Vec<(Option<u64>, Tree)> =
+                [(None, root_tree), (None, refcount_tree), (Some(DEFAULT_DATASET), default.fs)]
+                    .into_iter()
+                    .chain(slots.iter().filter(|(d, _)| live(d)).map(|(&d, s)| (Some(d), s.fs)))
+                    .chain(slots.iter().filter(|(d, _)| !live(d)).map(|(_, s)| (None, s.fs)))
+                    .collect();
+            let usage = rebuild_allocation(&mut pager, &trees, &refcount_tree, &mut notes)?;
             if pager.alloc.used_blocks() != sb.used_blocks {
                 notes.push(format!(
                     "superblock says {} blocks used, the trees reach {} (run crest fsck)",
@@ -360,31 +370,39 @@ impl Store {
                     pager.alloc.used_blocks()
                 ));
             }
-            Ok::<_, Error>((default, slots, catalog, usage, notes))
+            Ok::<_, Error>((default, slots, catalog, usage, dead, notes))
         })();
         match loaded {
-            Ok((default, parked, catalog, usage, notes)) => Ok(Store {
-                pager,
-                sb,
-                root_tree,
-                refcount_tree,
-                fs: default.fs,
-                meta: default.meta,
-                committed_meta: default.meta,
-                active: DEFAULT_DATASET,
-                parked,
-                catalog,
-                usage,
-                open_handles: HashMap::new(),
-                policy: CommitPolicy::default(),
-                last_commit_ms: None,
-                stats: Stats::default(),
-                open_notes: notes,
-                unit_depth: 0,
-                commit_wanted: false,
-                space: Default::default(),
-                rng: crest_rng::Stream::from_process(),
-            }),
+            Ok((default, parked, catalog, usage, dead, notes)) => {
+                let mut store = Store {
+                    pager,
+                    sb,
+                    root_tree,
+                    refcount_tree,
+                    fs: default.fs,
+                    meta: default.meta,
+                    committed_meta: default.meta,
+                    active: DEFAULT_DATASET,
+                    parked,
+                    catalog,
+                    usage,
+                    dead,
+                    view: None,
+                    open_handles: HashMap::new(),
+                    policy: CommitPolicy::default(),
+                    last_commit_ms: None,
+                    stats: Stats::default(),
+                    open_notes: notes,
+                    unit_depth: 0,
+                    commit_wanted: false,
+                    space: Default::default(),
+                    rng: crest_rng::Stream::from_process(),
+                };
+                for d in store.catalog.by_id.keys().copied().collect::<Vec<_>>() {
+                    store.update_keep(d);
+                }
+                Ok(store)
+            }
             Err(e) => Err((e, pager.into_disk())),
         }
     }
@@ -421,6 +439,8 @@ impl Store {
             || self.refcount_tree.is_dirty()
             || self.meta != self.committed_meta
             || self.parked.values().any(|s| s.fs.is_dirty() || s.meta != s.committed_meta)
+            || !self.pager.kept.is_empty()
+            || self.dead.values().any(|l| l.dirty_from.is_some())
     }
 
     /// Closes the store, committing first; returns the disk.
@@ -476,6 +496,7 @@ impl Store {
         }
         let generation = self.sb.generation + 1;
         let mut writes = Vec::new();
+        self.write_deadlists()?;
         // Every dataset's tree, then its ROOT_ITEM if its root or counters moved.
         let mut roots = vec![(self.active, self.fs.write(&mut self.pager, generation, &mut writes)?, self.meta)];
         for (&d, slot) in self.parked.iter_mut() {
@@ -517,11 +538,14 @@ impl Store {
 
 /// Every dataset's tree and counters (from the ROOT_ITEMs) and the catalog (from the
 /// DATASET and NEXT_DATASET items) of the root tree of `sb`'s generation.
-fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock) -> Result<(BTreeMap<u64, Slot>, Catalog)> {
+pub(crate) fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock) -> Result<Loaded> {
     let mut items = Vec::new();
+    let mut dead_items = Vec::new();
     root_tree.range(pager, &Key::MIN, &Key::MAX, &mut |k, v| {
         if matches!(k.kind, kind::ROOT_ITEM | kind::DATASET | kind::NEXT_DATASET) {
             items.push((*k, v.to_vec()));
+        } else if k.kind == kind::DEADLIST {
+            dead_items.push((*k, v.to_vec()));
         }
         Ok(true)
     })?;
@@ -550,7 +574,8 @@ fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock) -> Result
         }
     }
     if !catalog.by_id.contains_key(&DEFAULT_DATASET) && !catalog.by_name.contains_key(DEFAULT_NAME) {
-        catalog.insert(DEFAULT_DATASET, Entry { name: DEFAULT_NAME.to_string(), props: Default::default() });
+        catalog
+            .insert(DEFAULT_DATASET, Entry { name: DEFAULT_NAME.to_string(), props: Default::default(), snap: None });
     }
     let named: Vec<u64> = catalog.by_id.keys().copied().collect();
     if named.iter().any(|d| !slots.contains_key(d)) || slots.keys().any(|d| !catalog.by_id.contains_key(d)) {
@@ -563,7 +588,53 @@ fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock) -> Result
     if slots.keys().any(|&d| d >= catalog.next_id && d != DEFAULT_DATASET) {
         return Err(Error::corrupt("root tree", sb.root_tree.block, "a dataset id at or above the next one"));
     }
-    Ok((slots, catalog))
+    // A snapshot's tree is its dataset's, as of its generation: its nodes carry that
+    // dataset's tree id.
+    for (&s, e) in &catalog.by_id {
+        let Some((origin, gen)) = e.snap else { continue };
+        let good = catalog.by_id.get(&origin).is_some_and(|o| o.snap.is_none()) && gen <= sb.generation;
+        let Some(slot) = slots.get_mut(&s).filter(|_| good) else {
+            return Err(Error::corrupt("root tree", sb.root_tree.block, format!("snapshot {} of no dataset", e.name)));
+        };
+        slot.fs.owner = datasets::tree_id(origin);
+    }
+    let dead = crate::snapshots::load_deadlists(dead_items, sb.generation)?;
+    if dead.keys().any(|id| !catalog.by_id.contains_key(id)) {
+        return Err(Error::corrupt("root tree", sb.root_tree.block, "a deadlist of no dataset"));
+    }
+    Ok((slots, catalog, dead))
+}
+
+/// What `load_datasets` finds: every dataset's tree, the catalog, the deadlists.
+pub(crate) type Loaded = (BTreeMap<u64, Slot>, Catalog, BTreeMap<u64, crate::snapshots::Deadlist>);
+
+/// Visits every node of `tree` (parents before children) not in `seen`, adding each; a
+/// node seen before is skipped with everything below it (a snapshot shares it).
+pub(crate) fn walk_unseen(
+    pager: &mut Pager,
+    tree: &Tree,
+    seen: &mut std::collections::HashSet<u64>,
+    visit: &mut dyn FnMut(&BlockPtr, &crate::engine::node::Node) -> Result<()>,
+) -> Result<()> {
+    let ChildPtr::Disk { block, generation } = tree.root else {
+        return Err(Error::Invalid("walking a tree with uncommitted changes".into()));
+    };
+    let mut stack = vec![BlockPtr { block, generation, level: tree.level }];
+    while let Some(ptr) = stack.pop() {
+        if !seen.insert(ptr.block) {
+            continue;
+        }
+        let node = pager.read_node(&ptr, tree.owner)?;
+        visit(&ptr, &node)?;
+        if let Body::Internal(children) = &node.body {
+            for (_, c) in children.iter().rev() {
+                if let ChildPtr::Disk { block, generation } = c {
+                    stack.push(BlockPtr { block: *block, generation: *generation, level: ptr.level - 1 });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Marks every block the trees reach as used: all nodes of `trees`, and every data extent
@@ -571,21 +642,24 @@ fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock) -> Result
 /// the data blocks its extent items map (each dataset's usage).
 fn rebuild_allocation(
     pager: &mut Pager,
-    trees: &[Tree],
+    trees: &[(Option<u64>, Tree)],
     refcount: &Tree,
     notes: &mut Vec<String>,
 ) -> Result<HashMap<u64, u64>> {
     let total = pager.total_blocks();
     let mut mapped = HashMap::new();
-    for tree in trees {
+    // Nodes seen, by tree id: a snapshot shares its dataset's (same id), nothing else does.
+    let mut seen: HashMap<u64, std::collections::HashSet<u64>> = HashMap::new();
+    for (live, tree) in trees {
         let mut blocks = Vec::new();
         let mut data = 0;
-        walk_nodes(pager, tree, &mut |ptr, node| {
+        walk_unseen(pager, tree, seen.entry(tree.owner).or_default(), &mut |ptr, node| {
             blocks.push(ptr.block);
             if let Body::Leaf(items) = &node.body {
+                // (A damaged extent counts nothing here: a read of it fails, as it did.)
                 for (k, v) in items.iter().filter(|(k, _)| k.kind == kind::EXTENT) {
-                    if let crate::fs::extent::Extent::Regular { csums, .. } =
-                        crate::fs::extent::Extent::decode(*k, v, total)?
+                    if let Ok(crate::fs::extent::Extent::Regular { csums, .. }) =
+                        crate::fs::extent::Extent::decode(*k, v, total)
                     {
                         data += csums.len() as u64;
                     }
@@ -593,7 +667,9 @@ fn rebuild_allocation(
             }
             Ok(())
         })?;
-        mapped.insert(tree.owner, data);
+        if let Some(d) = live {
+            mapped.insert(*d, data);
+        }
         for b in blocks {
             if pager.alloc.try_mark_used(b, 1).is_err() {
                 return Err(Error::corrupt("node", b, format!("block reached twice (tree {})", tree.owner)));
@@ -607,7 +683,7 @@ fn rebuild_allocation(
     })?;
     for (k, vlen) in extents {
         if k.kind != kind::EXTENT_REF
-            || vlen != 4
+            || !(vlen == 4 || vlen == 12)
             || k.offset == 0
             || k.objectid < RESERVED_BLOCKS
             || k.objectid.checked_add(k.offset).is_none_or(|e| e > pager.total_blocks())

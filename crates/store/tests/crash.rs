@@ -26,9 +26,10 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
     let mut dirs = vec![ROOT_INO];
     let mut open: Vec<u64> = Vec::new();
     let mut datasets: Vec<String> = Vec::new();
+    let mut snapshots: Vec<String> = Vec::new();
     for i in 0..ops {
         let dir = dirs[rng.below(dirs.len() as u64) as usize];
-        match rng.below(14) {
+        match rng.below(15) {
             0..=3 => {
                 let name = format!("f{i}").into_bytes();
                 if let Ok(inode) = store.create(dir, &name, FileKind::Regular, 0o644, 1, 1, 0, now) {
@@ -102,6 +103,20 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
                 store.write(f.ino, 0, &vec![i as u8; [300, 9000][rng.below(2) as usize]], now).expect("write");
                 store.create(root, b"d", FileKind::Directory, 0o755, 0, 0, 0, now).expect("mkdir in dataset");
                 datasets.push(name);
+            }
+            13 => {
+                // A snapshot of the default dataset, or one destroyed: a crash keeps the
+                // snapshot whole or not at all, and never loses a block it holds.
+                if !snapshots.is_empty() && rng.below(2) == 0 {
+                    let name = snapshots.swap_remove(rng.below(snapshots.len() as u64) as usize);
+                    store.destroy_snapshot(&name).expect("destroy snapshot");
+                } else {
+                    store.commit().expect("commit");
+                    on_commit(store);
+                    let name = format!("default@s{i}");
+                    store.create_snapshots(std::slice::from_ref(&name)).expect("snapshot");
+                    snapshots.push(name);
+                }
             }
             12 if !datasets.is_empty() => {
                 // Destroyed in one transaction: a crash keeps all of it or none.

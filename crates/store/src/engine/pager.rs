@@ -34,6 +34,12 @@ pub struct Pager {
     meta_goal: u64,
     /// Bytes written to the disk since open (nodes, data, superblocks).
     pub(crate) bytes_written: u64,
+    /// By tree owner: the newest generation a snapshot of that tree holds. A committed
+    /// node of the tree born at or before it is shared with the snapshot: copying it
+    /// frees nothing, and the block goes to `kept` instead.
+    pub(crate) keep: HashMap<u64, u64>,
+    /// (owner, block, birth) of the shared nodes the running transaction stopped using.
+    pub(crate) kept: Vec<(u64, u64, u64)>,
 }
 
 impl Pager {
@@ -51,6 +57,8 @@ impl Pager {
             poisoned: None,
             meta_goal: crate::limits::RESERVED_BLOCKS,
             bytes_written: 0,
+            keep: HashMap::new(),
+            kept: Vec::new(),
         }
     }
 
@@ -221,7 +229,11 @@ impl Pager {
             ChildPtr::Dirty(id) => Ok(id),
             ChildPtr::Disk { block, generation } => {
                 let node = self.read_node(&BlockPtr { block, generation, level }, owner)?;
-                self.free_later(block, 1);
+                if self.keep.get(&owner).is_some_and(|&g| generation <= g) {
+                    self.kept.push((owner, block, generation));
+                } else {
+                    self.free_later(block, 1);
+                }
                 Ok(self.push_dirty(Node::clone(&node)))
             }
         }

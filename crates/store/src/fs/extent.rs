@@ -101,6 +101,23 @@ impl Extent {
     }
 }
 
+/// A refcount item's value: the count (u32) and the generation the blocks were born in
+/// (u64). Written before snapshots, a value was the count alone: born at generation 0.
+pub(crate) fn encode_ref(count: u32, birth: u64) -> Vec<u8> {
+    let mut v = count.to_le_bytes().to_vec();
+    v.extend_from_slice(&birth.to_le_bytes());
+    v
+}
+
+/// (count, birth) of a refcount item's value, if it is one.
+pub(crate) fn decode_ref(v: &[u8]) -> Option<(u32, u64)> {
+    match v.len() {
+        4 => Some((le_u32(v, 0), 0)),
+        12 => Some((le_u32(v, 0), le_u64(v, 4))),
+        _ => None,
+    }
+}
+
 /// Key of the EXTENT item at file byte `offset`.
 pub fn extent_key(ino: u64, offset: u64) -> Key {
     Key::new(ino, kind::EXTENT, offset)
@@ -324,17 +341,25 @@ impl Store {
         crate::limits::RESERVED_BLOCKS + (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) % span.max(1)
     }
 
-    /// Adds a refcount item for newly allocated blocks.
+    /// Adds a refcount item for newly allocated blocks, born in the running transaction.
     fn refs_add(&mut self, start: u64, len: u64) -> Result<()> {
         let key = Key::new(start, kind::EXTENT_REF, len);
-        let old = self.refcount_tree.insert(&mut self.pager, key, 1u32.to_le_bytes().to_vec())?;
+        let old = self.refcount_tree.insert(&mut self.pager, key, encode_ref(1, self.sb.generation + 1))?;
         debug_assert!(old.is_none(), "refcount item {key:?} already existed");
         Ok(())
     }
 
     /// Drops one reference to blocks `[start, start+len)`, splitting refcount items at the
-    /// edges; blocks left with no reference are freed after the commit.
+    /// edges; blocks left with no reference are freed after the commit — unless a snapshot
+    /// of the active dataset holds them (born at or before its generation): then they stay
+    /// allocated, on the dataset's deadlist (`snapshots.rs`).
     pub(crate) fn refs_drop(&mut self, start: u64, len: u64) -> Result<()> {
+        let keep = self.pager.keep.get(&self.fs.owner).copied();
+        self.refs_drop_keeping(start, len, keep)
+    }
+
+    /// `refs_drop`, keeping what a snapshot of generation `keep` holds.
+    pub(crate) fn refs_drop_keeping(&mut self, start: u64, len: u64, keep: Option<u64>) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -344,26 +369,29 @@ impl Store {
         let items = self.refcount_tree.collect(&mut self.pager, &lo, &hi, usize::MAX)?;
         let mut covered = 0;
         for (k, v) in items {
-            if k.kind != kind::EXTENT_REF || v.len() != 4 {
+            let Some((refs, birth)) = decode_ref(&v).filter(|_| k.kind == kind::EXTENT_REF) else {
                 return Err(Error::bad_item(k, 0, "bad refcount item"));
-            }
+            };
             let (s, e) = (k.objectid, k.objectid + k.offset);
             if e <= start || s >= end {
                 continue;
             }
-            let refs = le_u32(&v, 0);
             self.refcount_tree.delete(&mut self.pager, &k)?;
             let (cs, ce) = (s.max(start), e.min(end));
-            for (ps, pe, r) in [(s, cs, refs), (cs, ce, refs.saturating_sub(1)), (ce, e, refs)] {
+            let kept = refs <= 1 && keep.is_some_and(|g| birth <= g);
+            let left = if kept { refs } else { refs.saturating_sub(1) };
+            for (ps, pe, r) in [(s, cs, refs), (cs, ce, left), (ce, e, refs)] {
                 if pe > ps && r > 0 {
                     self.refcount_tree.insert(
                         &mut self.pager,
                         Key::new(ps, kind::EXTENT_REF, pe - ps),
-                        r.to_le_bytes().to_vec(),
+                        encode_ref(r, birth),
                     )?;
                 }
             }
-            if refs <= 1 {
+            if kept {
+                self.dead_data(cs, ce - cs, birth);
+            } else if refs <= 1 {
                 self.pager.free_later(cs, ce - cs);
             }
             covered += ce - cs;

@@ -31,6 +31,9 @@ pub mod kind {
     pub const DATASET: u8 = 12;
     /// root tree, key (0, 13, 0): the id the next dataset created gets (u64).
     pub const NEXT_DATASET: u8 = 13;
+    /// root tree: part `offset` of the deadlist of dataset or snapshot `objectid`: blocks
+    /// it stopped using that an older snapshot still reaches (`snapshots.rs`).
+    pub const DEADLIST: u8 = 14;
     /// refcount tree: blocks `[objectid, objectid+offset)` have the stored reference count.
     pub const EXTENT_REF: u8 = 20;
 }

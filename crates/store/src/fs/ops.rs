@@ -426,6 +426,9 @@ impl Store {
     pub fn reserve_inode_numbers(&mut self, in_ino: u64, count: u64) -> Result<u64> {
         self.pager.check_writable()?;
         self.enter(in_ino)?;
+        if self.is_snapshot(self.active) {
+            return Err(Error::ReadOnly("a snapshot".into()));
+        }
         let first = self.meta.next_ino;
         let end = first.checked_add(count).filter(|&e| e <= crate::datasets::range_end(self.active));
         let Some(end) = end else {
@@ -1146,7 +1149,9 @@ impl Store {
         let lo = Key::new(ORPHAN_OBJECTID, kind::ORPHAN, 0);
         let hi = Key::new(ORPHAN_OBJECTID, kind::ORPHAN, u64::MAX);
         let mut out = Vec::new();
-        for d in self.dataset_ids() {
+        // (A snapshot's orphans are its dataset's as they were: never reclaimed there.)
+        let live: Vec<u64> = self.dataset_ids().into_iter().filter(|&d| !self.is_snapshot(d)).collect();
+        for d in live {
             self.select(d)?;
             out.extend(self.fs.collect(&mut self.pager, &lo, &hi, usize::MAX)?.into_iter().map(|(k, _)| k.offset));
         }

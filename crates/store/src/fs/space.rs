@@ -102,6 +102,9 @@ impl Store {
     /// Deletions (`for_delete`) may use the last reserve so a full disk can be emptied.
     pub(crate) fn reserve(&mut self, data_blocks: u64, for_delete: bool) -> Result<()> {
         self.pager.check_writable()?;
+        if self.is_snapshot(self.active) {
+            return Err(Error::ReadOnly("a snapshot".into()));
+        }
         if !for_delete && data_blocks > 0 {
             self.check_quota(data_blocks)?;
         }

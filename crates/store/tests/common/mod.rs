@@ -91,9 +91,14 @@ pub fn dump(store: &mut Store) -> Dump {
     let mut out = BTreeMap::new();
     for d in store.datasets() {
         let prefix = if d.root == ROOT_INO { String::new() } else { format!("{}:", d.name) };
-        for (p, e) in dump_from(store, d.root) {
+        // A snapshot is read through its dataset's numbers, with it as the view.
+        let origin = store.origin_of(d.id);
+        let root = crest_store::datasets::root_of(origin);
+        store.set_view((origin != d.id).then_some(d.id));
+        for (p, e) in dump_from(store, root) {
             out.insert(format!("{prefix}{p}"), e);
         }
+        store.set_view(None);
     }
     out
 }
