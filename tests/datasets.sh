@@ -106,6 +106,38 @@ cat "$tmp/m0/t" "$tmp/m3/t" >/dev/null
 check atime-moves-in-default [ "$(stat -c %X "$tmp/m0/t")" -gt "$before0" ]
 check atime-off-keeps-it [ "$(stat -c %X "$tmp/m3/t")" = "$before3" ]
 
+echo "== snapshots"
+snap() { "$crest" snapshot --server "$addr" "$@"; }
+mkdir -p "$tmp/m1/tree"
+for i in $(seq 1 150); do echo "record $i" >"$tmp/m1/tree/r$i"; done
+cp -r "$root/crates/store/src" "$tmp/m1/tree/src"
+# Taken while the mount holds what it wrote (answered itself, not yet written back): the
+# snapshot waits for that writeback.
+expect snapshot-create 0 snap create home@one
+echo changed >"$tmp/m1/tree/r1"
+rm "$tmp/m1/tree/r2"
+mkdir -p "$tmp/s1"
+mounts+=("$tmp/s1")
+expect mount-snapshot 0 "$crest" mount "$addr" "$tmp/s1" -o dataset=home@one
+check snapshot-holds-what-was-acknowledged [ "$(cat "$tmp/s1/tree/r1")" = "record 1" ] && [ -e "$tmp/s1/tree/r2" ] &&
+  [ "$(ls "$tmp/s1/tree" | wc -l)" = 151 ]
+check snapshot-tree-equal diff -r "$root/crates/store/src" "$tmp/s1/tree/src"
+check dataset-moved-on [ "$(cat "$tmp/m1/tree/r1")" = changed ] && [ ! -e "$tmp/m1/tree/r2" ]
+run touch "$tmp/s1/new"
+[ "$rc" != 0 ] && grep -qi "read-only" "$tmp/err" && pass snapshot-read-only || fail snapshot-read-only "$(said)"
+expect snapshot-destroy-mounted-refused 1 snap destroy home@one
+"$crest" umount "$tmp/s1"
+seq 1 300 | sed 's/^/home@n/' >"$tmp/names"
+expect snapshot-create-many 0 snap create --stdin <"$tmp/names"
+run snap list --json
+python3 -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if len(d)==301 else 1)" <"$tmp/out" &&
+  pass snapshot-list-json || fail snapshot-list-json "$(said)"
+expect destroy-dataset-with-snapshots-refused 1 ds destroy home
+for _ in 1 2 3 4 5 6 7 8 9 10; do snap destroy home@one >/dev/null 2>&1 && break; sleep 0.3; done
+expect snapshot-destroy-many 0 snap destroy --stdin <"$tmp/names"
+run snap list
+[ "$(wc -l <"$tmp/out")" = 1 ] && pass snapshots-gone || fail snapshots-gone "$(said)"
+
 echo "== destroy"
 expect destroy-mounted-refused 1 ds destroy scratch
 mentions destroy-mounted-says-why "mounted"

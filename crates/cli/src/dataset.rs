@@ -59,6 +59,34 @@ pub enum DatasetCmd {
     },
 }
 
+/// Snapshot commands.
+#[derive(Subcommand, Debug)]
+pub enum SnapshotCmd {
+    /// Take snapshots DATASET@NAME, all at once: each holds exactly what its dataset's
+    /// clients were told was done before it (they write back first).
+    Create {
+        /// Snapshots to take.
+        names: Vec<String>,
+        /// Also read names from standard input, one per line.
+        #[arg(long)]
+        stdin: bool,
+    },
+    /// List snapshots.
+    List {
+        /// One JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Destroy snapshots (refused while one is mounted); per-name failures.
+    Destroy {
+        /// Snapshots to destroy.
+        names: Vec<String>,
+        /// Also read names from standard input, one per line.
+        #[arg(long)]
+        stdin: bool,
+    },
+}
+
 /// Where and how to reach the server.
 pub struct Target<'a> {
     /// `HOST:PORT`.
@@ -194,36 +222,81 @@ pub fn run(t: &Target, cmd: DatasetCmd) -> Result<()> {
             add(&mut l, "clear", Value::Strs(clear))?;
             call(t, l)?;
         }
-        DatasetCmd::Destroy { mut names, stdin } => {
-            if stdin {
-                for line in std::io::stdin().lock().lines() {
-                    let line = line?;
-                    if !line.trim().is_empty() {
-                        names.push(line.trim().to_string());
-                    }
-                }
-            }
-            if names.is_empty() {
-                bail!("destroy: no dataset named");
-            }
-            let mut l = command("dataset.destroy");
-            add(&mut l, "names", Value::Strs(names))?;
-            let answer = call(t, l)?;
-            let mut failed = 0;
-            if let Some(results) = answer.get_list("results") {
-                for (name, r) in results.iter() {
-                    if let Value::Str(r) = r {
-                        if r != "ok" {
-                            eprintln!("crest: cannot destroy {name}: {r}");
-                            failed += 1;
-                        }
-                    }
-                }
-            }
-            if failed > 0 {
-                bail!("{failed} dataset(s) not destroyed");
+        DatasetCmd::Destroy { names, stdin } => destroy(t, "dataset.destroy", names, stdin)?,
+    }
+    Ok(())
+}
+
+/// Names given, and those on standard input (one per line) with `--stdin`.
+fn names_with_stdin(mut names: Vec<String>, stdin: bool) -> Result<Vec<String>> {
+    if stdin {
+        for line in std::io::stdin().lock().lines() {
+            let line = line?;
+            if !line.trim().is_empty() {
+                names.push(line.trim().to_string());
             }
         }
+    }
+    if names.is_empty() {
+        bail!("no name given");
+    }
+    Ok(names)
+}
+
+/// A destroy of many names: per-name failures printed, the call fails if any did.
+fn destroy(t: &Target, cmd: &str, names: Vec<String>, stdin: bool) -> Result<()> {
+    let mut l = command(cmd);
+    add(&mut l, "names", Value::Strs(names_with_stdin(names, stdin)?))?;
+    let answer = call(t, l)?;
+    let mut failed = 0;
+    if let Some(results) = answer.get_list("results") {
+        for (name, r) in results.iter() {
+            if let Value::Str(r) = r {
+                if r != "ok" {
+                    eprintln!("crest: cannot destroy {name}: {r}");
+                    failed += 1;
+                }
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} not destroyed");
+    }
+    Ok(())
+}
+
+/// Runs a snapshot command against `t`.
+pub fn run_snapshot(t: &Target, cmd: SnapshotCmd) -> Result<()> {
+    match cmd {
+        SnapshotCmd::Create { names, stdin } => {
+            let mut l = command("snapshot.create");
+            add(&mut l, "names", Value::Strs(names_with_stdin(names, stdin)?))?;
+            call(t, l)?;
+        }
+        SnapshotCmd::List { json } => {
+            let answer = call(t, command("snapshot.list"))?;
+            let all = match answer.get("datasets") {
+                Some(Value::Lists(v)) => v.clone(),
+                _ => Vec::new(),
+            };
+            if json {
+                let v: Vec<serde_json::Value> = all
+                    .iter()
+                    .map(|d| {
+                        let (name, id, inodes, _) = fields(d);
+                        serde_json::json!({ "name": name, "id": id, "inodes": inodes })
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(v));
+            } else {
+                println!("{:<40} {:>8} {:>12}", "NAME", "ID", "INODES");
+                for d in &all {
+                    let (name, id, inodes, _) = fields(d);
+                    println!("{name:<40} {id:>8} {inodes:>12}");
+                }
+            }
+        }
+        SnapshotCmd::Destroy { names, stdin } => destroy(t, "snapshot.destroy", names, stdin)?,
     }
     Ok(())
 }

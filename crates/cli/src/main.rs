@@ -145,6 +145,17 @@ enum Command {
         #[arg(long, global = true)]
         insecure: bool,
     },
+    /// Snapshots of a running server's datasets: create, list, destroy.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: dataset::SnapshotCmd,
+        /// The server (HOST[:PORT]; default: this host's).
+        #[arg(long, global = true, default_value = DEFAULT_LISTEN)]
+        server: String,
+        /// Talk to a server run with --insecure.
+        #[arg(long, global = true)]
+        insecure: bool,
+    },
     /// Unmount a crest mount (refuses anything that is not a fuse.crest mount).
     Umount {
         /// The mount point.
@@ -495,6 +506,13 @@ fn main() -> ExitCode {
             (mount::mount(&req), exit::MOUNT_FAILURE)
         }
         Command::Join { addr, token } => (join(&state, &addr, &token), exit::FAILURE),
+        Command::Snapshot { cmd, server, insecure } => {
+            let done = mount::parse_addr(&server).and_then(|addr| {
+                let tls = trust::client_tls(&state, &addr, insecure)?;
+                dataset::run_snapshot(&dataset::Target { addr: &addr, tls }, cmd)
+            });
+            (done, exit::FAILURE)
+        }
         Command::Dataset { cmd, server, insecure } => {
             let done = mount::parse_addr(&server).and_then(|addr| {
                 let tls = trust::client_tls(&state, &addr, insecure)?;

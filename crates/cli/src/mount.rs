@@ -226,7 +226,9 @@ fn serve_mount(
         Some(d) => format!("{addr}/{d}"),
         None => addr.to_string(),
     };
-    let mut mopts = crest_fuse::MountOptions { fsname, ..Default::default() };
+    // A snapshot never changes: the kernel refuses changes before they reach the server.
+    let snapshot = dataset.as_deref().is_some_and(|d| d.contains('@'));
+    let mut mopts = crest_fuse::MountOptions { fsname, read_only: snapshot, ..Default::default() };
     for o in opts {
         match o.as_str() {
             "ro" => mopts.read_only = true,

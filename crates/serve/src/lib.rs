@@ -225,6 +225,8 @@ struct StoreTask {
     server: Option<Server>,
     outboxes: HashMap<SessionId, Outbox>,
     queues: sched::Queues<Cmd>,
+    /// Administrative calls that wait (a snapshot waits for clients' writeback), by token.
+    admin_waiting: HashMap<u64, oneshot::Sender<Vec<u8>>>,
 }
 
 impl StoreTask {
@@ -262,9 +264,15 @@ impl StoreTask {
                 // After what the sessions sent before it (a destroy sees them settled).
                 self.drain();
                 let Some(srv) = self.server.as_mut() else { return Step::Stop };
-                let answer = srv.admin(&call, now());
+                match srv.admin_start(&call, now()) {
+                    crest_server::AdminStart::Done(answer) => {
+                        let _ = reply.send(answer);
+                    }
+                    crest_server::AdminStart::Pending(token) => {
+                        self.admin_waiting.insert(token, reply);
+                    }
+                }
                 deliver(srv, &self.outboxes);
-                let _ = reply.send(answer);
             }
             Ctrl::Shutdown { done } => {
                 // Everything queued before the shutdown is handled first.
@@ -354,7 +362,7 @@ async fn store_task(
     arrivals: Arrivals,
 ) {
     let ready = queues.ready();
-    let mut task = StoreTask { server: Some(server), outboxes: HashMap::new(), queues };
+    let mut task = StoreTask { server: Some(server), outboxes: HashMap::new(), queues, admin_waiting: HashMap::new() };
     // Wake often enough to release replies whose recalls went unanswered.
     let mut ticker = tokio::time::interval(Duration::from_millis(100));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -375,7 +383,7 @@ async fn store_task(
         }
         let mut applied = 0;
         while applied < MAX_APPLIED_PER_WAKE {
-            let StoreTask { server, outboxes, queues } = &mut task;
+            let StoreTask { server, outboxes, queues, .. } = &mut task;
             let (n, stop) = queues.round(|cmd| apply_and_deliver(server, outboxes, cmd));
             if stop {
                 return;
@@ -389,7 +397,7 @@ async fn store_task(
             // More may wait: back after the delivery.
             ready.notify_one();
         }
-        let StoreTask { server, outboxes, .. } = &mut task;
+        let StoreTask { server, outboxes, admin_waiting, .. } = &mut task;
         let Some(srv) = server.as_mut() else { return };
         let now = now_ms();
         // Ticks come every 100 ms at most: a longer gap is this thread's own stall.
@@ -402,6 +410,11 @@ async fn store_task(
         }
         if let Err(e) = srv.tick(now) {
             tracing::error!("periodic commit failed: {e}");
+        }
+        for (token, answer) in srv.take_admin_answers() {
+            if let Some(reply) = admin_waiting.remove(&token) {
+                let _ = reply.send(answer);
+            }
         }
         deliver(srv, outboxes);
     }

@@ -19,6 +19,7 @@ use crate::locks::{self, LockTable};
 use crate::space::SpaceWatch;
 
 mod admin;
+pub use admin::AdminStart;
 mod datasets;
 mod dispatch;
 mod durability;
@@ -323,6 +324,10 @@ pub struct Server {
     served: BTreeMap<&'static str, u64>,
     /// Whether the image is short of space (then no session holds exclusive rights).
     space: SpaceWatch,
+    /// Snapshots waiting for clients to write back (`admin_start`).
+    pending_snapshots: Vec<admin::PendingSnapshot>,
+    /// The last token given to a call that waits.
+    next_admin_token: u64,
 }
 
 /// A request the server ran, or answered from its reply cache, in the order the effects
@@ -451,6 +456,8 @@ impl Server {
         Server {
             store,
             rng: None,
+            pending_snapshots: Vec::new(),
+            next_admin_token: 0,
             sessions,
             next_session,
             seen_generation,
@@ -609,7 +616,16 @@ impl Server {
     /// session is asked to flush and give the inode up, and the request runs when it has
     /// (or its time ran out). A read-only request is checked again after it ran, against
     /// everything its reply would let the client cache, and run again later if needed.
-    pub fn handle(&mut self, session: SessionId, mut req: p::Request, now: p::Time) {
+    pub fn handle(&mut self, session: SessionId, req: p::Request, now: p::Time) {
+        // A session that mounts a snapshot reads it through the store's view, for this
+        // request only (the requests of others it lets run set their own).
+        let before = self.store.view();
+        self.store.set_view(self.snapshot_of(session));
+        self.handle_in_view(session, req, now);
+        self.store.set_view(before);
+    }
+
+    fn handle_in_view(&mut self, session: SessionId, mut req: p::Request, now: p::Time) {
         let now_ms = millis(now);
         if !self.sessions.contains_key(&session) {
             // Fenced (or never known): nothing of it is applied any more, and no request

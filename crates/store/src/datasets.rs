@@ -311,6 +311,11 @@ impl Store {
         self.view = view;
     }
 
+    /// The snapshot operations read instead of its dataset (`set_view`).
+    pub fn view(&self) -> Option<u64> {
+        self.view
+    }
+
     /// The dataset a snapshot is of (itself for a dataset).
     pub fn origin_of(&self, d: u64) -> u64 {
         self.catalog.by_id.get(&d).and_then(|e| e.snap).map_or(d, |(o, _)| o)

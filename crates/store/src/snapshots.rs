@@ -107,7 +107,7 @@ pub(crate) fn decode_dead(key: Key, v: &[u8], generation: u64) -> Result<Vec<Dea
 
 impl Store {
     /// Whether dataset id `d` is a snapshot.
-    pub(crate) fn is_snapshot(&self, d: u64) -> bool {
+    pub fn is_snapshot(&self, d: u64) -> bool {
         self.catalog.by_id.get(&d).is_some_and(|e| e.snap.is_some())
     }
 

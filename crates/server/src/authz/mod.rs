@@ -154,7 +154,8 @@ pub fn check(
     when: When,
 ) -> Result<(), p::OpError> {
     let When { now, client_time, opened } = when;
-    if policy.read_only && changes(op) {
+    // (Nor exclusive rights: nothing may be changed under them.)
+    if policy.read_only && (changes(op) || matches!(op, Op::Acquire { .. })) {
         return Err(refuse(30, format!("{}: the export is read-only for this host", op.name())));
     }
     // Root (unsquashed) where setuid files and devices are allowed may do anything: no

@@ -55,27 +55,130 @@ fn describe(d: &DatasetInfo) -> NvList {
     l
 }
 
+/// What `Server::admin_start` did with a call.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AdminStart {
+    /// Answered (the encoded answer).
+    Done(Vec<u8>),
+    /// Waits for clients to write back what they acknowledged (a snapshot); its answer
+    /// comes from `take_admin_answers` with this token.
+    Pending(u64),
+}
+
+/// A snapshot waiting for the recalls it sent to be answered.
+#[derive(Debug)]
+pub(super) struct PendingSnapshot {
+    token: u64,
+    names: Vec<String>,
+    waiting: HashSet<u64>,
+}
+
+fn answer_of(r: Result<NvList, Failed>) -> Vec<u8> {
+    match r {
+        Ok(l) => l.encode(),
+        Err((errno, message)) => {
+            let mut l = NvList::new();
+            let _ = l.add("error", Value::Str(message));
+            let _ = l.add("errno", Value::U64(errno.unsigned_abs().into()));
+            l.encode()
+        }
+    }
+}
+
 impl Server {
+    /// Starts an administrative call: answered at once, or, for a snapshot, once every
+    /// client that may hold acknowledged changes of its datasets has written them back
+    /// (module doc of `snapshots` in the store: a snapshot holds exactly what was
+    /// acknowledged before it).
+    pub fn admin_start(&mut self, call: &[u8], now: p::Time) -> AdminStart {
+        let Ok(l) = NvList::decode(call) else { return AdminStart::Done(self.admin(call, now)) };
+        if l.get_str("cmd") != Some("snapshot.create") {
+            return AdminStart::Done(self.admin(call, now));
+        }
+        let names = match l.get("names") {
+            Some(Value::Strs(n)) if !n.is_empty() && n.len() <= MAX_ADMIN_NAMES => n.clone(),
+            _ => return AdminStart::Done(answer_of(Err(invalid("argument \"names\": 1 to 100,000 texts")))),
+        };
+        let mut datasets = HashSet::new();
+        for n in &names {
+            match n.split_once('@').map(|(d, _)| self.store.dataset_id(d)) {
+                Some(Ok(d)) if !self.store.is_snapshot(d) => {
+                    datasets.insert(d);
+                }
+                _ => return AdminStart::Done(answer_of(Err(invalid(format!("{n}: DATASET@NAME of a dataset"))))),
+            }
+        }
+        let waiting = self.recall_writers_of(&datasets, now);
+        self.next_admin_token += 1;
+        let token = self.next_admin_token;
+        self.pending_snapshots.push(PendingSnapshot { token, names, waiting });
+        AdminStart::Pending(token)
+    }
+
+    /// Recalls what any session may hold unwritten in `datasets`: exclusive rights (it
+    /// answers changes itself and writes them back) and files it holds open for writing
+    /// (its kernel's cached pages). Returns the recall ids to wait for.
+    fn recall_writers_of(&mut self, datasets: &HashSet<u64>, now: p::Time) -> HashSet<u64> {
+        let now_ms = millis(now);
+        let inside = |ino: u64| datasets.contains(&s::datasets::dataset_of(ino));
+        let exclusive: Vec<u64> = self.caps.exclusive_inodes().into_iter().filter(|&i| inside(i)).collect();
+        let mut out = Vec::new();
+        // (Session 0 is nobody: every holder is recalled.)
+        let mut waiting = self.caps.recall_exclusive(0, &exclusive, now_ms, &mut out);
+        let mut writers: BTreeMap<SessionId, Vec<u64>> = BTreeMap::new();
+        for (&id, sess) in &self.sessions {
+            for (&ino, handles) in &sess.open {
+                if inside(ino) && handles.values().any(|a| a & p::OPEN_WRITE != 0) && !exclusive.contains(&ino) {
+                    writers.entry(id).or_default().push(ino);
+                }
+            }
+        }
+        waiting.extend(self.caps.recall_for_flush(writers, now_ms, &mut out));
+        self.outbox.extend(out);
+        waiting
+    }
+
+    /// Answers of calls that waited (`AdminStart::Pending`), by token, once ready: the
+    /// snapshots whose recalls are all answered (or timed out, their holders fenced) are
+    /// taken now.
+    pub fn take_admin_answers(&mut self) -> Vec<(u64, Vec<u8>)> {
+        let mut ready = Vec::new();
+        let mut still = Vec::new();
+        for p in std::mem::take(&mut self.pending_snapshots) {
+            if p.waiting.iter().any(|&id| self.caps.recall_pending(id)) {
+                still.push(p);
+            } else {
+                ready.push(p);
+            }
+        }
+        self.pending_snapshots = still;
+        ready
+            .into_iter()
+            .map(|p| {
+                let r = self.store.create_snapshots(&p.names).map_err(|e| err_of(&e)).and_then(|ids| {
+                    self.store.commit().map_err(|e| err_of(&e))?;
+                    tracing::info!(snapshots = ?p.names, "snapshots taken");
+                    let mut l = NvList::new();
+                    let _ = l.add("ids", Value::Strs(ids.iter().map(u64::to_string).collect()));
+                    Ok(l)
+                });
+                (p.token, answer_of(r))
+            })
+            .collect()
+    }
+
     /// Runs one administrative call (an encoded name-value list) at `now`; returns the
-    /// encoded answer. Never fails: a bad call is answered with `error`.
+    /// encoded answer. Never fails: a bad call is answered with `error`. (A snapshot taken
+    /// this way does not wait for clients: `admin_start` does.)
     pub fn admin(&mut self, call: &[u8], now: p::Time) -> Vec<u8> {
         let answer = match NvList::decode(call) {
             Ok(call) => self.admin_call(&call, now),
             Err(e) => Err(invalid(format!("not a name-value list: {e}"))),
         };
-        let answer = answer.and_then(|a| match self.store.commit() {
+        answer_of(answer.and_then(|a| match self.store.commit() {
             Ok(()) => Ok(a),
             Err(e) => Err(err_of(&e)),
-        });
-        match answer {
-            Ok(l) => l.encode(),
-            Err((errno, message)) => {
-                let mut l = NvList::new();
-                let _ = l.add("error", Value::Str(message));
-                let _ = l.add("errno", Value::U64(errno.unsigned_abs().into()));
-                l.encode()
-            }
-        }
+        }))
     }
 
     fn admin_call(&mut self, call: &NvList, now: p::Time) -> Result<NvList, Failed> {
@@ -98,9 +201,41 @@ impl Server {
                 tracing::info!(dataset = name, id = d, "dataset created");
                 let _ = out.add("id", Value::U64(d));
             }
-            "dataset.list" => {
-                let all = self.store.datasets().iter().map(describe).collect();
+            "dataset.list" | "snapshot.list" => {
+                let snapshots = call.get_str("cmd") == Some("snapshot.list");
+                let all = self
+                    .store
+                    .datasets()
+                    .iter()
+                    .filter(|d| self.store.is_snapshot(d.id) == snapshots)
+                    .map(describe)
+                    .collect();
                 let _ = out.add("datasets", Value::Lists(all));
+            }
+            "snapshot.create" => {
+                let Some(Value::Strs(names)) = call.get("names") else {
+                    return Err(invalid("argument \"names\" missing or not a list of texts"));
+                };
+                let ids = self.store.create_snapshots(names).map_err(|e| err_of(&e))?;
+                let _ = out.add("ids", Value::Strs(ids.iter().map(u64::to_string).collect()));
+            }
+            "snapshot.destroy" => {
+                let Some(Value::Strs(names)) = call.get("names") else {
+                    return Err(invalid("argument \"names\" missing or not a list of texts"));
+                };
+                if names.len() > MAX_ADMIN_NAMES {
+                    return Err(invalid(format!("{} names in one call (at most {MAX_ADMIN_NAMES})", names.len())));
+                }
+                let mut results = NvList::new();
+                for name in names {
+                    let r = match self.store.dataset_id(name) {
+                        Ok(s) if self.dataset_in_use(s) => Err(format!("snapshot {name} is mounted")),
+                        Ok(_) => self.store.destroy_snapshot(name).map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    let _ = results.add(name.clone(), Value::Str(r.err().unwrap_or_else(|| "ok".into())));
+                }
+                let _ = out.add("results", Value::List(results));
             }
             "dataset.get" => {
                 let d = self.store.dataset(text(call, "name")?).map_err(|e| err_of(&e))?;

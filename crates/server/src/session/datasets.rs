@@ -39,7 +39,8 @@ impl Server {
     pub(super) fn dataset_for(&self, hello: &p::Hello, policy: &Policy) -> Result<u64, String> {
         let name = if hello.dataset.is_empty() { s::datasets::DEFAULT_NAME } else { hello.dataset.as_str() };
         let d = self.store.dataset_id(name).map_err(|_| format!("no dataset named {name:?} on this server"))?;
-        if !policy.may_mount(name) {
+        // A snapshot is exported with its dataset.
+        if !policy.may_mount(name.split('@').next().unwrap_or(name)) {
             return Err(format!("dataset {name:?} is not exported to this client"));
         }
         Ok(d)
@@ -47,7 +48,8 @@ impl Server {
 
     /// Rewrites a request of `session` into store numbers (module doc).
     pub(super) fn inbound(&self, session: SessionId, req: &mut p::Request) {
-        let d = self.sessions.get(&session).map_or(0, |s| s.dataset);
+        // (A snapshot is read through its dataset's numbers, `Store::set_view`.)
+        let d = self.store.origin_of(self.sessions.get(&session).map_or(0, |s| s.dataset));
         for op in &mut req.ops {
             op.map_inos(&mut |ino| to_store(d, ino));
         }
@@ -59,7 +61,7 @@ impl Server {
         let session = match o {
             Outgoing::Response { session, .. } | Outgoing::Notify { session, .. } => *session,
         };
-        let d = self.sessions.get(&session).map_or(0, |s| s.dataset);
+        let d = self.store.origin_of(self.sessions.get(&session).map_or(0, |s| s.dataset));
         if d == 0 {
             return;
         }
@@ -76,14 +78,19 @@ impl Server {
 
     /// The root of `session`'s dataset (where its inode numbers are reserved).
     pub(super) fn root_of_session(&self, session: SessionId) -> u64 {
-        root_of(self.sessions.get(&session).map_or(0, |s| s.dataset))
+        root_of(self.store.origin_of(self.sessions.get(&session).map_or(0, |s| s.dataset)))
     }
 
-    /// Whether `session`'s dataset is read-only (its `readonly` property, which may change
-    /// while it is mounted).
+    /// Whether `session`'s dataset is read-only: a snapshot, or a dataset whose `readonly`
+    /// property (which may change while it is mounted) is on.
     pub(super) fn dataset_read_only(&self, session: SessionId) -> bool {
         let d = self.sessions.get(&session).map_or(0, |s| s.dataset);
-        self.store.dataset_props(d).is_some_and(|p| p.get_bool("readonly") == Some(true))
+        self.store.is_snapshot(d) || self.store.dataset_props(d).is_some_and(|p| p.get_bool("readonly") == Some(true))
+    }
+
+    /// The snapshot `session` mounts, if it mounts one.
+    pub(super) fn snapshot_of(&self, session: SessionId) -> Option<u64> {
+        self.sessions.get(&session).map(|s| s.dataset).filter(|&d| self.store.is_snapshot(d))
     }
 
     /// Whether `session`'s dataset keeps no access times (its `atime` property is off).

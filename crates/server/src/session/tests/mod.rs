@@ -1322,3 +1322,50 @@ fn a_session_restored_after_a_crash_may_use_only_the_numbers_granted_to_it() {
     let r = srv.handle_request(a, create_at(6, mine + 1, "a1"), NOW);
     assert!(r.results[0].is_ok(), "its own unused number still works: {r:?}");
 }
+
+#[test]
+fn a_snapshot_waits_for_the_writeback_of_what_a_client_holds_in_its_dataset() {
+    use crest_nvlist::{NvList, Value};
+    let mut srv = server();
+    let ds = srv.store.create_dataset("ds", NvList::new(), (0, 0, 0o755), s::Timespec::new(1, 0)).expect("dataset");
+    let (a, _) = srv.handle_hello(&p::Hello { dataset: "ds".into(), ..hello(None) });
+    let a = a.expect("session in ds");
+    let (other, _) = srv.handle_hello(&hello(None));
+    let other = other.expect("session in the default dataset");
+    // Each creates a file: it holds it exclusively (it may answer changes itself).
+    srv.handle(a, create_in_root(1, "f"), NOW);
+    srv.handle(other, create_in_root(1, "g"), NOW);
+    srv.take_outgoing();
+    let call = |names: &[&str]| {
+        let mut l = NvList::new();
+        l.add("cmd", Value::Str("snapshot.create".into())).expect("add");
+        l.add("names", Value::Strs(names.iter().map(|n| n.to_string()).collect())).expect("add");
+        l.encode()
+    };
+    let AdminStart::Pending(token) = srv.admin_start(&call(&["ds@one"]), NOW) else { panic!("the snapshot waits") };
+    let out = srv.take_outgoing();
+    let recalls: Vec<(SessionId, u64)> = out
+        .iter()
+        .filter_map(|o| match o {
+            Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } => Some((*session, *recall_id)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(recalls.iter().map(|r| r.0).collect::<Vec<_>>(), vec![a], "only the holder in that dataset is recalled");
+    assert!(srv.take_admin_answers().is_empty(), "not before its answer");
+    assert!(srv.store.dataset("ds@one").is_err());
+    srv.recall_done(a, recalls[0].1, NOW);
+    let answers = srv.take_admin_answers();
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answers[0].0, token);
+    let answer = NvList::decode(&answers[0].1).expect("answer");
+    assert!(answer.get("error").is_none(), "{answer:?}");
+    assert!(srv.store.dataset("ds@one").is_ok(), "taken once the holder wrote back");
+    // Nobody holds anything there now: the next one is taken at the next look.
+    let AdminStart::Pending(_) = srv.admin_start(&call(&["ds@two"]), NOW) else { panic!("pending") };
+    assert_eq!(srv.take_admin_answers().len(), 1);
+    // A bad name is answered at once, and nothing is taken.
+    let AdminStart::Done(bad) = srv.admin_start(&call(&["nope@x"]), NOW) else { panic!("answered at once") };
+    assert!(NvList::decode(&bad).expect("answer").get_str("error").is_some());
+    let _ = ds;
+}
