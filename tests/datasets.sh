@@ -133,6 +133,7 @@ run snap list --json
 python3 -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if len(d)==301 else 1)" <"$tmp/out" &&
   pass snapshot-list-json || fail snapshot-list-json "$(said)"
 expect destroy-dataset-with-snapshots-refused 1 ds destroy home
+expect rollback-mounted-refused 1 snap rollback home@n300
 for _ in 1 2 3 4 5 6 7 8 9 10; do snap destroy home@one >/dev/null 2>&1 && break; sleep 0.3; done
 expect snapshot-destroy-many 0 snap destroy --stdin <"$tmp/names"
 run snap list
@@ -150,6 +151,19 @@ nope"
 run ds list
 ! grep -qE "^(scratch|na) " "$tmp/out" && grep -q "^home " "$tmp/out" && pass destroyed-gone || fail destroyed-gone "$(said)"
 expect destroy-default-refused 1 ds destroy default
+
+echo "== rollback"
+echo before >"$tmp/m1/rb"
+expect snapshot-for-rollback 0 snap create home@rb
+echo after >"$tmp/m1/rb"
+echo more >"$tmp/m1/rb2"
+"$crest" umount "$tmp/m1"
+for _ in 1 2 3 4 5 6 7 8 9 10; do snap rollback home@rb >/dev/null 2>&1 && break; sleep 0.3; done
+expect remount-after-rollback 0 "$crest" mount "$addr" "$tmp/m1" -o dataset=home
+check rolled-back [ "$(cat "$tmp/m1/rb")" = before ] && [ ! -e "$tmp/m1/rb2" ]
+"$crest" umount "$tmp/m1"
+for _ in 1 2 3 4 5 6 7 8 9 10; do snap destroy home@rb >/dev/null 2>&1 && break; sleep 0.3; done
+expect remount-home-again 0 "$crest" mount "$addr" "$tmp/m1" -o dataset=home
 
 echo "== restart"
 "$crest" umount "$tmp/m0"

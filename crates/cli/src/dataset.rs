@@ -77,6 +77,11 @@ pub enum SnapshotCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Roll a dataset back to its newest snapshot (refused while the dataset is mounted).
+    Rollback {
+        /// DATASET@NAME.
+        name: String,
+    },
     /// Destroy snapshots (refused while one is mounted); per-name failures.
     Destroy {
         /// Snapshots to destroy.
@@ -297,6 +302,11 @@ pub fn run_snapshot(t: &Target, cmd: SnapshotCmd) -> Result<()> {
             }
         }
         SnapshotCmd::Destroy { names, stdin } => destroy(t, "snapshot.destroy", names, stdin)?,
+        SnapshotCmd::Rollback { name } => {
+            let mut l = command("snapshot.rollback");
+            add(&mut l, "name", Value::Str(name))?;
+            call(t, l)?;
+        }
     }
     Ok(())
 }

@@ -231,6 +231,118 @@ impl Store {
         }
     }
 
+    /// Rolls dataset D back to its newest snapshot `name`: D becomes that snapshot's tree
+    /// again, and what D made since (nodes and data born after the snapshot) is freed.
+    /// Refused while D has files open or a newer snapshot. Inode numbers given out since
+    /// are not given again.
+    pub fn rollback(&mut self, name: &str) -> Result<()> {
+        let s = self.dataset_id(name)?;
+        let Some((d, g)) = self.catalog.by_id.get(&s).and_then(|e| e.snap) else {
+            return Err(Error::Invalid(format!("{name} is not a snapshot")));
+        };
+        if self.catalog.snaps.get(&d).is_some_and(|f| f.range((g, s + 1)..).next().is_some()) {
+            return Err(Error::Busy(format!(
+                "{name} is not the newest snapshot of its dataset; destroy the newer ones first"
+            )));
+        }
+        if self.open_handles.keys().any(|&ino| crate::datasets::dataset_of(ino) == d) {
+            return Err(Error::Busy(format!("the dataset of {name} has files open")));
+        }
+        self.select(crate::datasets::DEFAULT_DATASET)?;
+        self.reserve(0, true)?;
+        if self.is_dirty() {
+            self.commit()?;
+        }
+        self.drain_kept();
+        self.select(d)?;
+        let snap_tree = self.parked.get(&s).map(|x| (x.fs, x.meta)).ok_or_else(|| Error::NotFound(name.to_string()))?;
+        // What D made since: every node born after g (below a node born at or before g,
+        // everything is the snapshot's too), and in those leaves the data born after g.
+        let total = self.pager.total_blocks();
+        let crate::engine::node::ChildPtr::Disk { block, generation } = self.fs.root else {
+            return Err(Error::Invalid("rolling back a tree with uncommitted changes".into()));
+        };
+        let mut stack = vec![crate::engine::node::BlockPtr { block, generation, level: self.fs.level }];
+        let mut runs = Vec::new();
+        while let Some(ptr) = stack.pop() {
+            if ptr.generation <= g {
+                continue;
+            }
+            let node = self.pager.read_node(&ptr, self.fs.owner)?;
+            match &node.body {
+                crate::engine::node::Body::Internal(children) => {
+                    for (_, c) in children.iter() {
+                        if let crate::engine::node::ChildPtr::Disk { block, generation } = c {
+                            stack.push(crate::engine::node::BlockPtr {
+                                block: *block,
+                                generation: *generation,
+                                level: ptr.level - 1,
+                            });
+                        }
+                    }
+                }
+                crate::engine::node::Body::Leaf(items) => {
+                    for (k, v) in items.iter().filter(|(k, _)| k.kind == kind::EXTENT) {
+                        if let crate::fs::extent::Extent::Regular { disk_block, csums } =
+                            crate::fs::extent::Extent::decode(*k, v, total)?
+                        {
+                            runs.push((disk_block, csums.len() as u64));
+                        }
+                    }
+                }
+            }
+            self.pager.free_later(ptr.block, 1);
+        }
+        for (start, len) in runs {
+            self.drop_born_after(start, len, g)?;
+        }
+        let next_ino = self.meta.next_ino;
+        self.fs = Tree { owner: self.fs.owner, ..snap_tree.0 };
+        self.meta = DatasetMeta { next_ino: next_ino.max(snap_tree.1.next_ino), ..snap_tree.1 };
+        let used = self.dataset_used_blocks_of_tree()?;
+        self.usage.insert(d, used);
+        // What D had stopped using since the snapshot is D's again.
+        self.dead.entry(d).or_default().replace(Vec::new());
+        Ok(())
+    }
+
+    /// Drops the data blocks of `[start, start + len)` born after generation `g`.
+    fn drop_born_after(&mut self, start: u64, len: u64, g: u64) -> Result<()> {
+        let lo = Key::new(start.saturating_sub(crate::limits::MAX_EXTENT_BLOCKS - 1), kind::EXTENT_REF, 0);
+        let hi = Key::new(start + len - 1, kind::EXTENT_REF, u64::MAX);
+        let items = self.refcount_tree.collect(&mut self.pager, &lo, &hi, usize::MAX)?;
+        for (k, v) in items {
+            let (s, e) = (k.objectid, k.objectid + k.offset);
+            let (cs, ce) = (s.max(start), e.min(start + len));
+            if ce <= cs {
+                continue;
+            }
+            if crate::fs::extent::decode_ref(&v).is_some_and(|(_, birth)| birth > g) {
+                self.refs_drop_keeping(cs, ce - cs, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Data blocks the active tree's extents map (after a rollback).
+    fn dataset_used_blocks_of_tree(&mut self) -> Result<u64> {
+        let total = self.pager.total_blocks();
+        let mut n = 0;
+        let lo = Key::new(0, kind::EXTENT, 0);
+        let hi = Key::new(crate::store::MAX_INO, kind::EXTENT, u64::MAX);
+        self.fs.range(&mut self.pager, &lo, &hi, &mut |k, v| {
+            if k.kind == kind::EXTENT {
+                if let Ok(crate::fs::extent::Extent::Regular { csums, .. }) =
+                    crate::fs::extent::Extent::decode(*k, v, total)
+                {
+                    n += csums.len() as u64;
+                }
+            }
+            Ok(true)
+        })?;
+        Ok(n)
+    }
+
     /// Deletes every DEADLIST item of `id`.
     fn drop_deadlist_items(&mut self, id: u64) -> Result<()> {
         let keys: Vec<Key> = self

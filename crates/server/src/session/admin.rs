@@ -219,6 +219,15 @@ impl Server {
                 let ids = self.store.create_snapshots(names).map_err(|e| err_of(&e))?;
                 let _ = out.add("ids", Value::Strs(ids.iter().map(u64::to_string).collect()));
             }
+            "snapshot.rollback" => {
+                let name = text(call, "name")?;
+                let d = self.store.origin_of(self.store.dataset_id(name).map_err(|e| err_of(&e))?);
+                if self.dataset_in_use(d) {
+                    return Err((16, format!("the dataset of {name} is mounted")));
+                }
+                self.store.rollback(name).map_err(|e| err_of(&e))?;
+                tracing::info!(snapshot = name, "dataset rolled back");
+            }
             "snapshot.destroy" => {
                 let Some(Value::Strs(names)) = call.get("names") else {
                     return Err(invalid("argument \"names\" missing or not a list of texts"));
