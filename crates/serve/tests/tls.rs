@@ -316,3 +316,46 @@ fn an_export_policy_makes_a_host_read_only() {
         other => panic!("{:?}", other.map(|_| "connected")),
     }
 }
+
+#[test]
+fn only_the_datasets_a_policy_lists_are_mounted_and_only_admins_administer() {
+    use crest_nvlist::{NvList, Value};
+    let h = host();
+    h.dir.write("exports.json", br#"{"clients": {"joiner": {"datasets": ["shared"]}}}"#).expect("exports");
+    let (_rt, serving) = serve(&h);
+    let addr = serving.local_addr;
+    let local = Credentials::local(&h.dir).expect("read").expect("made by the authority");
+    let admin = |creds: &Credentials, cmd: &str, name: &str| {
+        let mut l = NvList::new();
+        l.add("cmd", Value::Str(cmd.into())).expect("add");
+        l.add("name", Value::Str(name.into())).expect("add");
+        let tls = Some(crest_tls::client_config(creds).expect("config"));
+        crest_net::admin(&addr.to_string(), tls, l.encode(), HANG_GUARD)
+    };
+    for ds in ["shared", "private"] {
+        let answer = admin(&local, "dataset.create", ds).expect("the host's own certificate administers");
+        assert!(NvList::decode(&answer).expect("answer").get("error").is_none());
+    }
+    let creds = join(addr, &h.auth.create_token(600, None).expect("token").encode()).expect("join");
+    match admin(&creds, "dataset.create", "mine") {
+        Err(ClientError::Refused { reason, .. }) => assert!(reason.contains("admin"), "{reason}"),
+        other => panic!("a joined host administered: {other:?}"),
+    }
+    let mount = |ds: &str| {
+        let opts = ClientOptions {
+            tls: Some(crest_tls::client_config(&creds).expect("config")),
+            connect_timeout: Duration::from_secs(5),
+            dataset: ds.into(),
+            ..Default::default()
+        };
+        Client::connect(&addr.to_string(), opts)
+    };
+    let c = mount("shared").expect("a listed dataset");
+    assert!(works(&c));
+    for ds in ["private", "", "shared@x"] {
+        match mount(ds) {
+            Err(ClientError::Refused { .. }) => {}
+            other => panic!("dataset {ds:?}: {:?}", other.map(|_| "mounted")),
+        }
+    }
+}
