@@ -165,6 +165,33 @@ check rolled-back [ "$(cat "$tmp/m1/rb")" = before ] && [ ! -e "$tmp/m1/rb2" ]
 for _ in 1 2 3 4 5 6 7 8 9 10; do snap destroy home@rb >/dev/null 2>&1 && break; sleep 0.3; done
 expect remount-home-again 0 "$crest" mount "$addr" "$tmp/m1" -o dataset=home
 
+echo "== scrub"
+expect scrub-clean 0 "$crest" scrub --server "$addr" --restart
+mentions scrub-clean-says "0 problem"
+python3 -c "import sys; sys.stdout.buffer.write(bytes((i * 7 + 3) % 251 for i in range(16384)))" >"$tmp/m1/victim"
+sync -f "$tmp/m1/victim"
+"$crest" umount "$tmp/m1"
+sleep 0.5
+python3 - "$tmp/img" <<'PY'
+import sys
+pat = bytes((i * 7 + 3) % 251 for i in range(16384))[:4096]
+with open(sys.argv[1], "r+b") as f:
+    data = f.read()
+    at = data.find(pat)
+    assert at >= 0, "victim block not found"
+    f.seek(at + 123)
+    b = f.read(1)
+    f.seek(at + 123)
+    f.write(bytes([b[0] ^ 0x20]))
+PY
+run "$crest" scrub --server "$addr" --json
+[ "$rc" = 4 ] && python3 -c "import json,sys; d=json.load(sys.stdin); u=d['unrepaired']; sys.exit(0 if len(u)==1 and u[0]['dataset']=='home' and u[0]['path']=='/victim' else 1)" <"$tmp/out" &&
+  pass scrub-finds-by-path || fail scrub-finds-by-path "$(said)"
+expect remount-home-for-eio 0 "$crest" mount "$addr" "$tmp/m1" -o dataset=home
+run cat "$tmp/m1/victim"
+[ "$rc" != 0 ] && grep -qi "input/output" "$tmp/err" && pass damaged-read-eio || fail damaged-read-eio "$(said)"
+rm -f "$tmp/m1/victim"
+
 echo "== restart"
 "$crest" umount "$tmp/m0"
 "$crest" umount "$tmp/m1"

@@ -310,3 +310,83 @@ pub fn run_snapshot(t: &Target, cmd: SnapshotCmd) -> Result<()> {
     }
     Ok(())
 }
+
+/// `crest scrub`: reads and checks every data block of every dataset and snapshot on the
+/// server, a step at a time (throttled between steps) while clients work, from where the
+/// last scrub stopped unless `restart` (or it had finished); prints progress on a
+/// terminal and a report at the end. Returns whether it found problems.
+pub fn scrub(t: &Target, restart: bool, json: bool) -> Result<bool> {
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
+    let mut first = true;
+    let started = std::time::Instant::now();
+    loop {
+        let mut l = command("scrub.step");
+        add(&mut l, "max_blocks", Value::U64(2048))?;
+        if first {
+            // Resumes where it stopped; a finished one (or --restart) starts again.
+            let state = call(t, {
+                let mut s = command("scrub.step");
+                add(&mut s, "max_blocks", Value::U64(1))?;
+                s
+            })?;
+            let again = restart || state.get_bool("done") == Some(true);
+            add(&mut l, "restart", Value::Bool(again))?;
+            first = false;
+        }
+        let st = call(t, l)?;
+        let blocks = st.get_u64("blocks").unwrap_or(0);
+        if tty && !json {
+            eprint!("\rcrest scrub: {} MiB checked ({:.0} s)   ", (blocks * 4096) >> 20, started.elapsed().as_secs_f64());
+        }
+        if st.get_bool("done") == Some(true) {
+            if tty && !json {
+                eprintln!();
+            }
+            return report(&st, started.elapsed(), json);
+        }
+        // Leaves the server to its clients between steps.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn report(st: &NvList, took: Duration, json: bool) -> Result<bool> {
+    let blocks = st.get_u64("blocks").unwrap_or(0);
+    let bad = match st.get("bad") {
+        Some(Value::Lists(b)) => b.clone(),
+        _ => Vec::new(),
+    };
+    let more = st.get_u64("more_bad").unwrap_or(0);
+    if json {
+        let items: Vec<serde_json::Value> = bad
+            .iter()
+            .map(|b| {
+                serde_json::json!({
+                    "dataset": b.get_str("dataset").unwrap_or(""),
+                    "inode": b.get_u64("ino").unwrap_or(0),
+                    "path": b.get_str("path"),
+                    "problem": b.get_str("what").unwrap_or(""),
+                    "repaired": false,
+                })
+            })
+            .collect();
+        let j = serde_json::json!({
+            "blocks": blocks, "bytes": blocks * 4096, "seconds": took.as_secs_f64(),
+            "unrepaired": items, "more_unrepaired": more,
+        });
+        println!("{j}");
+    } else {
+        println!(
+            "scrubbed {} MiB ({blocks} blocks) in {:.1} s: {} problem(s), none repaired (one copy of each block)",
+            (blocks * 4096) >> 20,
+            took.as_secs_f64(),
+            bad.len() as u64 + more
+        );
+        for b in &bad {
+            let at =
+                b.get_str("path").map_or_else(|| format!("inode {}", b.get_u64("ino").unwrap_or(0)), str::to_string);
+            println!("  {}:{at}: {}", b.get_str("dataset").unwrap_or("?"), b.get_str("what").unwrap_or(""));
+        }
+    }
+    Ok(!bad.is_empty() || more > 0)
+}

@@ -156,6 +156,22 @@ enum Command {
         #[arg(long, global = true)]
         insecure: bool,
     },
+    /// Read and check every data block of a running server's datasets and snapshots,
+    /// while clients work; resumes where the last one stopped. Exit 0 clean, 4 problems.
+    Scrub {
+        /// The server (HOST[:PORT]; default: this host's).
+        #[arg(long, default_value = DEFAULT_LISTEN)]
+        server: String,
+        /// Talk to a server run with --insecure.
+        #[arg(long)]
+        insecure: bool,
+        /// Start from the beginning even if the last scrub stopped halfway.
+        #[arg(long)]
+        restart: bool,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Unmount a crest mount (refuses anything that is not a fuse.crest mount).
     Umount {
         /// The mount point.
@@ -506,6 +522,20 @@ fn main() -> ExitCode {
             (mount::mount(&req), exit::MOUNT_FAILURE)
         }
         Command::Join { addr, token } => (join(&state, &addr, &token), exit::FAILURE),
+        Command::Scrub { server, insecure, restart, json } => {
+            let done = mount::parse_addr(&server).and_then(|addr| {
+                let tls = trust::client_tls(&state, &addr, insecure)?;
+                dataset::scrub(&dataset::Target { addr: &addr, tls }, restart, json)
+            });
+            return match done {
+                Ok(false) => ExitCode::from(exit::OK),
+                Ok(true) => ExitCode::from(4),
+                Err(e) => {
+                    eprintln!("crest: {e:#}");
+                    ExitCode::from(exit::FAILURE)
+                }
+            };
+        }
         Command::Snapshot { cmd, server, insecure } => {
             let done = mount::parse_addr(&server).and_then(|addr| {
                 let tls = trust::client_tls(&state, &addr, insecure)?;

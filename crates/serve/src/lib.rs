@@ -411,7 +411,7 @@ async fn store_task(
         if let Err(e) = srv.tick(now) {
             tracing::error!("periodic commit failed: {e}");
         }
-        for (token, answer) in srv.take_admin_answers() {
+        for (token, answer) in srv.take_admin_answers(crate::now()) {
             if let Some(reply) = admin_waiting.remove(&token) {
                 let _ = reply.send(answer);
             }

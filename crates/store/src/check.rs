@@ -133,6 +133,7 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
                 next_dataset = crate::fs::inode::le_u64(v, 0);
             }
             kind::DEADLIST => dead_items.push((*k, v.clone())),
+            kind::SCRUB if *k == Key::new(0, kind::SCRUB, 0) => {}
             kind::SESSION if k.offset == 0 && v.len() <= crate::sessions::MAX_SESSION_RECORD_BYTES => {
                 c.report.sessions += 1;
             }

@@ -65,11 +65,12 @@ pub enum AdminStart {
     Pending(u64),
 }
 
-/// A snapshot waiting for the recalls it sent to be answered.
+/// A call waiting for the recalls it sent to be answered (a snapshot, a dataset made
+/// read-only): then it runs as `admin` would.
 #[derive(Debug)]
 pub(super) struct PendingSnapshot {
     token: u64,
-    names: Vec<String>,
+    call: Vec<u8>,
     waiting: HashSet<u64>,
 }
 
@@ -92,26 +93,44 @@ impl Server {
     /// acknowledged before it).
     pub fn admin_start(&mut self, call: &[u8], now: p::Time) -> AdminStart {
         let Ok(l) = NvList::decode(call) else { return AdminStart::Done(self.admin(call, now)) };
-        if l.get_str("cmd") != Some("snapshot.create") {
-            return AdminStart::Done(self.admin(call, now));
-        }
-        let names = match l.get("names") {
-            Some(Value::Strs(n)) if !n.is_empty() && n.len() <= MAX_ADMIN_NAMES => n.clone(),
-            _ => return AdminStart::Done(answer_of(Err(invalid("argument \"names\": 1 to 100,000 texts")))),
-        };
         let mut datasets = HashSet::new();
-        for n in &names {
-            match n.split_once('@').map(|(d, _)| self.store.dataset_id(d)) {
-                Some(Ok(d)) if !self.store.is_snapshot(d) => {
-                    datasets.insert(d);
+        match l.get_str("cmd") {
+            Some("snapshot.create") => {
+                let names = match l.get("names") {
+                    Some(Value::Strs(n)) if !n.is_empty() && n.len() <= MAX_ADMIN_NAMES => n.clone(),
+                    _ => return AdminStart::Done(answer_of(Err(invalid("argument \"names\": 1 to 100,000 texts")))),
+                };
+                for n in &names {
+                    match n.split_once('@').map(|(d, _)| self.store.dataset_id(d)) {
+                        Some(Ok(d)) if !self.store.is_snapshot(d) => {
+                            datasets.insert(d);
+                        }
+                        _ => {
+                            return AdminStart::Done(answer_of(Err(invalid(format!("{n}: DATASET@NAME of a dataset")))))
+                        }
+                    }
                 }
-                _ => return AdminStart::Done(answer_of(Err(invalid(format!("{n}: DATASET@NAME of a dataset"))))),
             }
+            // Made read-only: what clients acknowledged before must land first, and none
+            // may answer changes itself after.
+            Some("dataset.set")
+                if l.get_list("props")
+                    .and_then(|p| p.get_str("readonly"))
+                    .is_some_and(|v| matches!(check_prop("readonly", v), Ok(Value::Bool(true)))) =>
+            {
+                match l.get_str("name").map(|n| self.store.dataset_id(n)) {
+                    Some(Ok(d)) => {
+                        datasets.insert(d);
+                    }
+                    _ => return AdminStart::Done(self.admin(call, now)),
+                }
+            }
+            _ => return AdminStart::Done(self.admin(call, now)),
         }
         let waiting = self.recall_writers_of(&datasets, now);
         self.next_admin_token += 1;
         let token = self.next_admin_token;
-        self.pending_snapshots.push(PendingSnapshot { token, names, waiting });
+        self.pending_snapshots.push(PendingSnapshot { token, call: call.to_vec(), waiting });
         AdminStart::Pending(token)
     }
 
@@ -141,7 +160,7 @@ impl Server {
     /// Answers of calls that waited (`AdminStart::Pending`), by token, once ready: the
     /// snapshots whose recalls are all answered (or timed out, their holders fenced) are
     /// taken now.
-    pub fn take_admin_answers(&mut self) -> Vec<(u64, Vec<u8>)> {
+    pub fn take_admin_answers(&mut self, now: p::Time) -> Vec<(u64, Vec<u8>)> {
         let mut ready = Vec::new();
         let mut still = Vec::new();
         for p in std::mem::take(&mut self.pending_snapshots) {
@@ -152,19 +171,7 @@ impl Server {
             }
         }
         self.pending_snapshots = still;
-        ready
-            .into_iter()
-            .map(|p| {
-                let r = self.store.create_snapshots(&p.names).map_err(|e| err_of(&e)).and_then(|ids| {
-                    self.store.commit().map_err(|e| err_of(&e))?;
-                    tracing::info!(snapshots = ?p.names, "snapshots taken");
-                    let mut l = NvList::new();
-                    let _ = l.add("ids", Value::Strs(ids.iter().map(u64::to_string).collect()));
-                    Ok(l)
-                });
-                (p.token, answer_of(r))
-            })
-            .collect()
+        ready.into_iter().map(|p| (p.token, self.admin(&p.call, now))).collect()
     }
 
     /// Runs one administrative call (an encoded name-value list) at `now`; returns the
@@ -217,7 +224,36 @@ impl Server {
                     return Err(invalid("argument \"names\" missing or not a list of texts"));
                 };
                 let ids = self.store.create_snapshots(names).map_err(|e| err_of(&e))?;
+                tracing::info!(snapshots = ?names, "snapshots taken");
                 let _ = out.add("ids", Value::Strs(ids.iter().map(u64::to_string).collect()));
+            }
+            "scrub.step" => {
+                if call.get_bool("restart") == Some(true) {
+                    self.store.scrub_restart().map_err(|e| err_of(&e))?;
+                }
+                let max = call.get_u64("max_blocks").unwrap_or(2048).clamp(1, 65_536);
+                let st = self.store.scrub_step(max).map_err(|e| err_of(&e))?;
+                let _ = out.add("blocks", Value::U64(st.blocks));
+                let _ = out.add("done", Value::Bool(st.done));
+                let _ = out.add("dataset", Value::U64(st.dataset));
+                let _ = out.add("more_bad", Value::U64(st.more_bad));
+                // Paths only once done, and for the first hundred (each is a search).
+                let mut bad = Vec::new();
+                for (i, (ds, ino, what)) in st.bad.iter().enumerate() {
+                    let mut b = NvList::new();
+                    let _ = b.add("dataset", Value::Str(ds.clone()));
+                    let _ = b.add("ino", Value::U64(*ino));
+                    let _ = b.add("what", Value::Str(what.clone()));
+                    if st.done && i < 100 {
+                        let path =
+                            self.store.dataset_id(ds).ok().and_then(|d| self.store.path_of(d, *ino).ok().flatten());
+                        if let Some(p) = path {
+                            let _ = b.add("path", Value::Str(p));
+                        }
+                    }
+                    bad.push(b);
+                }
+                let _ = out.add("bad", Value::Lists(bad));
             }
             "snapshot.rollback" => {
                 let name = text(call, "name")?;

@@ -34,6 +34,8 @@ pub mod kind {
     /// root tree: part `offset` of the deadlist of dataset or snapshot `objectid`: blocks
     /// it stopped using that an older snapshot still reaches (`snapshots.rs`).
     pub const DEADLIST: u8 = 14;
+    /// root tree, key (0, 15, 0): where the scrub is and what it found (`scrub.rs`).
+    pub const SCRUB: u8 = 15;
     /// refcount tree: blocks `[objectid, objectid+offset)` have the stored reference count.
     pub const EXTENT_REF: u8 = 20;
 }

@@ -1352,10 +1352,10 @@ fn a_snapshot_waits_for_the_writeback_of_what_a_client_holds_in_its_dataset() {
         })
         .collect();
     assert_eq!(recalls.iter().map(|r| r.0).collect::<Vec<_>>(), vec![a], "only the holder in that dataset is recalled");
-    assert!(srv.take_admin_answers().is_empty(), "not before its answer");
+    assert!(srv.take_admin_answers(NOW).is_empty(), "not before its answer");
     assert!(srv.store.dataset("ds@one").is_err());
     srv.recall_done(a, recalls[0].1, NOW);
-    let answers = srv.take_admin_answers();
+    let answers = srv.take_admin_answers(NOW);
     assert_eq!(answers.len(), 1);
     assert_eq!(answers[0].0, token);
     let answer = NvList::decode(&answers[0].1).expect("answer");
@@ -1363,7 +1363,7 @@ fn a_snapshot_waits_for_the_writeback_of_what_a_client_holds_in_its_dataset() {
     assert!(srv.store.dataset("ds@one").is_ok(), "taken once the holder wrote back");
     // Nobody holds anything there now: the next one is taken at the next look.
     let AdminStart::Pending(_) = srv.admin_start(&call(&["ds@two"]), NOW) else { panic!("pending") };
-    assert_eq!(srv.take_admin_answers().len(), 1);
+    assert_eq!(srv.take_admin_answers(NOW).len(), 1);
     // A bad name is answered at once, and nothing is taken.
     let AdminStart::Done(bad) = srv.admin_start(&call(&["nope@x"]), NOW) else { panic!("answered at once") };
     assert!(NvList::decode(&bad).expect("answer").get_str("error").is_some());
