@@ -337,7 +337,11 @@ pub fn scrub(t: &Target, restart: bool, json: bool) -> Result<bool> {
         let st = call(t, l)?;
         let blocks = st.get_u64("blocks").unwrap_or(0);
         if tty && !json {
-            eprint!("\rcrest scrub: {} MiB checked ({:.0} s)   ", (blocks * 4096) >> 20, started.elapsed().as_secs_f64());
+            eprint!(
+                "\rcrest scrub: {} MiB checked ({:.0} s)   ",
+                (blocks * 4096) >> 20,
+                started.elapsed().as_secs_f64()
+            );
         }
         if st.get_bool("done") == Some(true) {
             if tty && !json {
