@@ -39,9 +39,9 @@ pub(crate) struct Local {
     pub(crate) replay_of: Option<(SessionId, u64)>,
     /// Applied, then taken back by a crash: it comes again only from its client.
     pub(crate) taken_back: bool,
-    /// For a create a crash took back: the handles open on its file then (opens are not
-    /// replayed, the restored sessions open them again), which keep it when a lost
-    /// unlink laid after it leaves it no name.
+    /// For a create a crash took back (a system call's or a writeback's): the handles
+    /// open on its file then (opens are not replayed, the restored sessions open them
+    /// again), which keep it when a lost unlink laid after it leaves it no name.
     pub(crate) opens: BTreeSet<(SessionId, u64)>,
 }
 
@@ -702,6 +702,10 @@ impl Checker {
             if l.applied_k.is_some_and(|k| k > kd) {
                 l.applied_k = None;
                 l.taken_back = true;
+                // (As `lost_answer` for a system call's create.)
+                if let Op::CreateAt { ino, .. } = l.op {
+                    l.opens = gone_opens.get(&ino).cloned().unwrap_or_default();
+                }
             }
         }
         let gone: Vec<SessionId> = self.dead_sessions.iter().chain(&self.fenced_sessions).copied().collect();
