@@ -10,7 +10,7 @@
 #   CREST_FUZZ_SECONDS=N     seconds per fuzz target (default 20; 0 skips fuzzing)
 #   CREST_SIM_SEEDS=N        random simulator seeds per mode: short and long outages,
 #                            without and with server crashes, and server crashes
-#                            between commits (default 100)
+#                            between commits (default 100; 50 with long outages too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -27,9 +27,10 @@ CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-s
 CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
 CREST_SIM_SERVER_CRASHES=only CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
 CREST_SIM_SERVER_CRASHES=only CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
-# Crashes between commits: 20 random seeds unless told (CREST_SIM_SEEDS), while the open
-# seeds in docs/testing.md (about 1 random seed in 100 fails here) are being fixed.
-CREST_SIM_SERVER_CRASHES=only CREST_SIM_LOST_CHANGES=on CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-20} cargo test --release --locked -p crest-sim --test coherence
+CREST_SIM_SERVER_CRASHES=only CREST_SIM_LOST_CHANGES=on CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-100} cargo test --release --locked -p crest-sim --test coherence
+# Crashes between commits with long outages: 50 random seeds unless told (CREST_SIM_SEEDS),
+# the slowest mode.
+CREST_SIM_SERVER_CRASHES=only CREST_SIM_LOST_CHANGES=on CREST_SIM_OUTAGES=long CREST_SIM_SEEDS=${CREST_SIM_SEEDS:-50} cargo test --release --locked -p crest-sim --test coherence
 
 echo "== benches (smoke)"
 cargo test --workspace --release --locked --benches

@@ -674,7 +674,7 @@ impl<R> Connection<R> {
     fn handle_response(&mut self, resp: p::Response) {
         if let Some(c) = self.pending.remove(&resp.id) {
             self.grant_rights(&c.ops, &resp.results, c.made);
-            self.held.follow(&c.ops, &resp.results, self.log.answers);
+            self.held.follow(&c.ops, &resp.results, c.id);
             if c.pos.is_some_and(|p| resp.seq != 0 && resp.seq != p) {
                 tracing::error!(id = c.id, pos = ?c.pos, seq = resp.seq, "a change came back with another place than it was sent in");
             }
@@ -701,7 +701,7 @@ impl<R> Connection<R> {
             }
             self.log.acknowledged_replay(resp.seq, Unstable { results: resp.results, pos: resp.seq, ..e });
         } else {
-            let refused = self.held.answered(resp.id, &resp.results, self.log.answers);
+            let refused = self.held.answered(resp.id, &resp.results);
             if !refused.is_empty() {
                 // As a recall nobody waits on: dropped here and in the kernel (recall id
                 // 0 is never answered).
@@ -713,10 +713,12 @@ impl<R> Connection<R> {
         }
         let kept = self.log.unstable.len();
         self.log.durable(resp.durable);
-        // (Only when changes became durable: the oldest answer is a walk over the log,
-        // too long to take at every answer.)
+        // (Only when changes became durable: the oldest change is a walk over the log,
+        // too long to take at every answer. Writeback not yet answered goes again too.)
         if self.log.unstable.len() != kept && !self.held.released.is_empty() {
-            self.held.forget_released(self.log.oldest_answer());
+            let writeback = self.pending.values().filter(|c| c.reply.answered_already()).map(|c| c.id);
+            let oldest = self.log.oldest_id().into_iter().chain(writeback).min();
+            self.held.forget_released(oldest);
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crest_proto as p;
 use crest_proto::locks::{self, LockTable};
 
-use crate::replay::{Results, Unstable};
+use crate::replay::Results;
 
 /// The locks this session holds on the server, as the server's answers said: a copy of
 /// the server's lock table for this one session (owner ids are the session's own), kept
@@ -22,10 +22,12 @@ pub struct HeldLocks {
     pub opens: BTreeSet<(u64, u64)>,
     /// Requests re-asserting locks and rights after a restart, by id, until answered.
     pub reasserting: BTreeMap<u64, Vec<p::Op>>,
-    /// Handles released (→ the log's answer count when the release was answered) while a
-    /// change answered before the release may still be lost to a restart. Releases are
-    /// not replayed, and such a change, replayed, may reach its file only through the
-    /// handle (its last name gone): the restart opens it again for the replays.
+    /// Handles released (→ the id of the request that released them) while a change made
+    /// before the release may still go again after a restart: lost (answered, not
+    /// durable), or writeback whose answer has not come (a change's answer may wait on
+    /// the server, behind another mount's recall, while a release's goes). Releases are
+    /// not replayed, and such a change, sent again, may reach its file only through the
+    /// handle (its last name gone): the restart opens it again for it.
     pub released: BTreeMap<(u64, u64), u64>,
     /// Handles whose release is on its way, unanswered. A restart opens them again
     /// before anything else (what is sent before `Replayed` — replays, writeback made
@@ -48,9 +50,8 @@ pub fn lock_request(op: &p::Op) -> Option<(u64, locks::Request)> {
 }
 
 impl HeldLocks {
-    /// Brings the copy up to date with the server's answers to `ops`, answered when the
-    /// log had counted `answers` answers.
-    pub fn follow(&mut self, ops: &[p::Op], results: &Results, answers: u64) {
+    /// Brings the copy up to date with the server's answers to `ops`, of request `id`.
+    pub fn follow(&mut self, ops: &[p::Op], results: &Results, id: u64) {
         for (op, r) in ops.iter().zip(results) {
             if let Some((ino, req)) = lock_request(op) {
                 if let Err(e) = self.table.follow(ino, &req, r.as_ref().map(|_| ()).map_err(|e| e.errno)) {
@@ -66,41 +67,52 @@ impl HeldLocks {
                 p::Op::Release { ino, handle } => {
                     self.opens.remove(&(ino, handle));
                     self.closing.remove(&(ino, handle));
-                    self.released.insert((ino, handle), answers);
+                    self.released.insert((ino, handle), id);
                 }
                 _ => {}
             }
         }
     }
 
-    /// No change answered before `oldest` (the oldest answer the log may replay; none if
-    /// `None`) can go again: the handles released before it are not needed again.
+    /// No change made before request `oldest` (the oldest change that may still go again
+    /// after a restart; none if `None`) can go again: the handles released before it are
+    /// not needed again.
     pub fn forget_released(&mut self, oldest: Option<u64>) {
         match oldest {
-            Some(oldest) => self.released.retain(|_, at| *at >= oldest),
+            Some(oldest) => self.released.retain(|_, by| *by >= oldest),
             None => self.released.clear(),
         }
         let (opens, closing, released) = (&self.opens, &self.closing, &self.released);
         self.access.retain(|h, _| opens.contains(h) || closing.contains(h) || released.contains_key(h));
     }
 
-    /// The released handles that the `lost` changes to be replayed may need: those of
-    /// files a lost change answered before the release names.
-    pub fn closed_before(&self, lost: &[Unstable]) -> BTreeSet<(u64, u64)> {
+    /// The released handles that `changes` (request id, operations), going again after a
+    /// restart (replays, writeback), may need: those of files a change made before the
+    /// release (or with it, merged) names.
+    pub fn closed_before(&self, changes: &[(u64, &[p::Op])]) -> BTreeSet<(u64, u64)> {
         self.released
             .iter()
-            .filter(|(&(ino, _), &at)| {
-                lost.iter().any(|e| e.answered <= at && e.ops.iter().any(|op| op.named_inodes().contains(&ino)))
+            .filter(|(&(ino, _), &by)| {
+                changes.iter().any(|(id, ops)| *id <= by && ops.iter().any(|op| op.named_inodes().contains(&ino)))
             })
             .map(|(&h, _)| h)
             .collect()
     }
 
-    /// Behind the replays: the releases of the handles `closed` that `reopen` opened again
-    /// for them, with fresh ids from `next_id`.
+    /// Behind the replays (and writeback): the releases of the handles `closed` that
+    /// `reopen` opened again for them, with fresh ids from `next_id`. Until answered they
+    /// count as released by these, after the replays (for a restart before the answer).
     pub fn release_again(&mut self, closed: &BTreeSet<(u64, u64)>, next_id: &AtomicU64) -> Vec<p::Request> {
         let ops = closed.iter().map(|&(ino, handle)| p::Op::Release { ino, handle }).collect();
-        self.register(ops, next_id)
+        let requests = self.register(ops, next_id);
+        for r in &requests {
+            for op in &r.ops {
+                if let p::Op::Release { ino, handle } = *op {
+                    self.released.insert((ino, handle), r.id);
+                }
+            }
+        }
+        requests
     }
 
     /// After a server restart: the requests that open every held handle again, and the
@@ -250,13 +262,13 @@ impl HeldLocks {
     /// server refused to give back. A lock the server refused is lost: another client got
     /// it while this one was away past the grace period. The process that took it still
     /// thinks it holds it; nothing can tell it, so this says so loudly and forgets the lock.
-    pub fn answered(&mut self, id: u64, results: &Results, answers: u64) -> Vec<u64> {
+    pub fn answered(&mut self, id: u64, results: &Results) -> Vec<u64> {
         let Some(ops) = self.reasserting.remove(&id) else { return Vec::new() };
         let mut refused = Vec::new();
         for (op, r) in ops.iter().zip(results) {
             if let p::Op::Release { ino, handle } = *op {
                 // (The replays it followed may be lost to another restart.)
-                self.released.insert((ino, handle), answers);
+                self.released.insert((ino, handle), id);
                 continue;
             }
             if let (p::Op::Reassert { ino, .. }, Err(e)) = (op, r) {
@@ -342,13 +354,13 @@ mod tests {
         let all = |h: &HeldLocks| -> Vec<p::Request> { h.resend(&BTreeSet::new()).into_iter().flatten().collect() };
         assert_eq!(all(&h), reqs, "unanswered re-asserts go again after a reconnect");
         // The server gives back all but the lock on 6 and the rights on 1.
-        assert!(h.answered(reqs[0].id, &vec![Ok(p::Reply::Done)], 0).is_empty());
+        assert!(h.answered(reqs[0].id, &vec![Ok(p::Reply::Done)]).is_empty());
         let answer: Results = vec![
             Ok(p::Reply::Done),
             Err(p::OpError { errno: 11, message: "taken meanwhile".into() }),
             Err(p::OpError { errno: 16, message: "held elsewhere".into() }),
         ];
-        assert_eq!(h.answered(reqs[1].id, &answer, 0), vec![1], "rights refused");
+        assert_eq!(h.answered(reqs[1].id, &answer), vec![1], "rights refused");
         let held: Vec<u64> = h.table.entries().into_iter().map(|(ino, _)| ino).collect();
         assert_eq!(held, vec![5], "the lock the server refused is forgotten");
         assert!(all(&h).is_empty(), "answered");

@@ -87,10 +87,9 @@ impl ReplayLog {
         }
     }
 
-    /// When the oldest change that may still go again was answered (`Unstable::answered`),
-    /// if any may.
-    pub fn oldest_answer(&self) -> Option<u64> {
-        self.unstable.values().chain(&self.replaying).map(|e| e.answered).min()
+    /// The request id of the oldest change that may still go again, if any may.
+    pub fn oldest_id(&self) -> Option<u64> {
+        self.unstable.values().chain(&self.replaying).map(|e| e.id).min()
     }
 
     /// The server made everything through `through` durable: no replay needed.

@@ -115,6 +115,12 @@ struct Session {
     /// Its client's identity (the certificate's name; empty for sessions told none, and
     /// for sessions restored after a restart until their client resumes).
     identity: String,
+    /// The requests that changed nothing and ran while it replayed after a restart (its
+    /// re-asserts: locks, handles and rights taken again), with their answers, by id. One
+    /// sent again after a reconnect (its answer lost) ran already and is answered from
+    /// here: run again, behind what its client sent after it (new work held for the grace
+    /// period), it would take back a lock or a handle let go of since.
+    reasserted: HashMap<u64, (Vec<Op>, p::Response)>,
 }
 
 /// Most sessions one client identity holds at once (connected or not yet fenced): a
@@ -340,7 +346,8 @@ pub struct Applied {
     pub session: SessionId,
     /// Its id.
     pub id: u64,
-    /// Answered from the reply cache: nothing ran.
+    /// Answered from the reply cache (or, for a re-assert sent again, from the answers a
+    /// session's re-asserts got): nothing ran.
     pub from_cache: bool,
     /// The store's generation just after it ran, and whether the store then held changes
     /// not yet committed: what a crash at that moment would keep (a simulator that crashes
@@ -647,6 +654,26 @@ impl Server {
             tracing::debug!(session, id = req.id, "resent while it waits parked");
             return;
         }
+        if let Some(response) =
+            self.sessions.get(&session).and_then(|s| s.reasserted.get(&req.id)).and_then(|(ops, r)| {
+                // (Its client may have taken ops out since: a handle released, rights dropped.)
+                let results: Option<Vec<_>> = req
+                    .ops
+                    .iter()
+                    .map(|op| ops.iter().position(|o| o == op).and_then(|i| r.results.get(i).cloned()))
+                    .collect();
+                Some(p::Response { results: results?, ..r.clone() })
+            })
+        {
+            tracing::debug!(session, id = req.id, "a re-assert sent again: answered again, not run");
+            if let Some(log) = &mut self.applied {
+                let (generation, dirty) = (self.store.generation(), self.store.is_dirty());
+                let grace_ended = std::mem::take(&mut self.grace_just_ended);
+                log.push(Applied { session, id: req.id, from_cache: true, generation, dirty, grace_ended, seq: 0 });
+            }
+            self.outbox.push(Outgoing::Response { session, response });
+            return;
+        }
         let write_backs = take_write_backs(&mut req);
         let in_replay = self.parked_in_replay.remove(&(session, req.id)) || self.replaying.contains(&session);
         if self.grace && !in_replay {
@@ -690,6 +717,11 @@ impl Server {
         let mut pins = self.pin(session, &victims);
         let held_for_grace = self.hold_for_grace(&victims);
         let response = self.handle_request(session, req, now);
+        if let (true, Some(ops)) = (in_replay, &retry) {
+            if let Some(s) = self.sessions.get_mut(&session) {
+                s.reasserted.insert(id, (ops.ops.clone(), response.clone()));
+            }
+        }
         if !victims.is_empty() {
             // Only what the change did remove stays pinned (it may have failed).
             let orphans: Vec<u64> =

@@ -836,6 +836,38 @@ fn a_handle_whose_release_is_unanswered_at_a_restart_opens_again_for_its_writeba
 }
 
 #[test]
+fn a_handle_released_while_a_writeback_through_it_waits_for_its_answer_opens_again_for_it() {
+    // The process wrote through the handle (answered here, written back) and closed it.
+    // The server ran the write, but its answer waited (behind another mount's recall)
+    // while the release's came; then the server restarted before committing the write,
+    // holding the file (unlinked, open) only for the grace period. Whether the write's
+    // answer never came (it goes again as writeback) or came after the release's (it is
+    // replayed), the handle opens again first and closes again behind it.
+    for answered in [false, true] {
+        let mut h = Harness::new();
+        h.connect(welcome(false, None, false));
+        h.call(1, vec![p::Op::Open { ino: 7, handle: 4, access: p::OPEN_READ | p::OPEN_WRITE }]);
+        h.sent();
+        h.hear(response(1, 1, 0, 0));
+        let now = h.now;
+        // (Two bursts: not merged into one request.)
+        h.c.submit(writeback(2, vec![change(7)], 1), now);
+        h.c.end_burst();
+        h.c.submit(writeback(3, vec![p::Op::Release { ino: 7, handle: 4 }], 1), now);
+        h.c.end_burst();
+        assert_eq!(Harness::ids(&h.sent()), vec![2, 3]);
+        h.hear(response(3, 1, 0, 0));
+        if answered {
+            h.hear(response(2, 1, 1, 0));
+        }
+        h.c.connection_lost("test");
+        let again = h.connect(welcome(true, Some(0), false));
+        let order = handles_order(&again, None);
+        assert_eq!(order, ["open 7#4", "2", "release 7#4", "replayed"], "answered: {answered}");
+    }
+}
+
+#[test]
 fn replays_go_again_in_the_order_they_ran_after_a_second_restart() {
     // Two changes lost to a restart are replayed; the first replay is answered, the
     // second not, and the server restarts again before committing either: they must go

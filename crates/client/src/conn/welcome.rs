@@ -76,28 +76,27 @@ impl<R> Connection<R> {
         // gives nothing back.
         let restored = w.resumed && w.durable_seq.is_some() && !w.fenced;
         let mut late: Vec<u64> = Vec::new();
+        let mut release_again = Vec::new();
         if let Some(through) = through {
             // The handles first: a replayed change of a file unlinked while open must
-            // find it open. But a file a lost change made exists again only once that
-            // change is replayed: its handles go right after it.
+            // find it open (and so must writeback made before the handle's release, going
+            // again before `Replayed`). But a file a lost change made exists again only
+            // once that change is replayed: its handles go right after it.
             let lost = self.log.take_lost(through, &w.durable_holes);
             let made: BTreeSet<u64> = lost.iter().flat_map(|e| made_by(&e.ops, &e.results)).collect();
-            let closed = self.held.closed_before(&lost);
+            let writeback = self.pending.values().filter(|c| restored && c.reply.answered_already());
+            let again: Vec<(u64, &[p::Op])> =
+                lost.iter().map(|e| (e.id, &e.ops[..])).chain(writeback.map(|c| (c.id, &c.ops[..]))).collect();
+            let closed = self.held.closed_before(&again);
             for r in self.held.reopen(&made, &closed, &self.ids) {
                 self.write(&ClientMessage::Request(r));
             }
             // (The changes kept without their answers before the rights: what they
             // touched is not held any more, and not asked back.)
             late = self.replay_lost(through, &w.durable_holes, lost, &closed);
-            // The handles opened again only for the replays close again behind them; until
-            // that release is answered they count as released after the replays (which
-            // took new counts as they went), for a restart before it.
-            for &h in &closed {
-                self.held.released.insert(h, self.log.answers);
-            }
-            for r in self.held.release_again(&closed, &self.ids) {
-                self.write(&ClientMessage::Request(r));
-            }
+            // The handles opened again only for them close again behind the replays and
+            // the writeback.
+            release_again = self.held.release_again(&closed, &self.ids);
             let rights_held = match self.rights() {
                 Some(r) if restored => r.restored(self.now),
                 Some(r) => {
@@ -139,6 +138,9 @@ impl<R> Connection<R> {
                 rewritten.insert(id);
             }
             late.retain(|id| !rewritten.contains(id));
+        }
+        for r in release_again {
+            self.write(&ClientMessage::Request(r));
         }
         // Said again after every reconnect of a resumed session: the first `Replayed` may
         // have been lost with the connection even when its replays and re-asserts were

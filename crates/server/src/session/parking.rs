@@ -56,7 +56,10 @@ impl Server {
 
     /// Keeps `pins`, the files a change removed while other sessions cached them, until
     /// every session the change's recall (in `out`, what the change sends) went to has
-    /// answered it (`release_pins`); with no recall they are let go at once.
+    /// answered it (`release_pins`); with no recall they are let go at once. Those
+    /// sessions get a durable record, as the sessions holding an orphan open do
+    /// (`record_openers`): each may hold the file open already, its `Open` on its way, so
+    /// a restarted server must wait for it (and keep the file for it) too.
     pub(super) fn hold_pins(&mut self, pins: Vec<u64>, out: &[Outgoing]) {
         let recall = out.iter().find_map(|o| match o {
             Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. } => Some(*recall_id),
@@ -64,12 +67,20 @@ impl Server {
         });
         match recall {
             Some(id) => {
-                let owed = out.iter().filter_map(|o| match o {
-                    Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if *recall_id == id => {
-                        Some(*session)
-                    }
-                    _ => None,
-                });
+                let owed: BTreeSet<SessionId> = out
+                    .iter()
+                    .filter_map(|o| match o {
+                        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }
+                            if *recall_id == id =>
+                        {
+                            Some(*session)
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                for &s in &owed {
+                    self.record_session(s, "a session that may hold an unlinked file open");
+                }
                 let pin = self.pins.entry(id).or_default();
                 pin.owed.extend(owed);
                 pin.inodes.extend(pins);

@@ -39,9 +39,9 @@ pub(crate) struct Local {
     pub(crate) replay_of: Option<(SessionId, u64)>,
     /// Applied, then taken back by a crash: it comes again only from its client.
     pub(crate) taken_back: bool,
-    /// For a create a crash took back: the handles open on its file then (opens are not
-    /// replayed, the restored sessions open them again), which keep it when a lost
-    /// unlink laid after it leaves it no name.
+    /// For a create a crash took back (a system call's or a writeback's): the handles
+    /// open on its file then (opens are not replayed, the restored sessions open them
+    /// again), which keep it when a lost unlink laid after it leaves it no name.
     pub(crate) opens: BTreeSet<(SessionId, u64)>,
 }
 
@@ -351,6 +351,10 @@ impl Checker {
             self.fail(format!("the server ran request {key:?}, which nobody sent"));
             return None;
         };
+        if matches!(info.purpose, Purpose::Reassert) && a.from_cache {
+            // (Sent again after a reconnect, it ran already: answered again, not run.)
+            return Some(format!("server: answers {key:?} again (a re-assert that ran)"));
+        }
         if matches!(info.purpose, Purpose::Reassert) {
             // (Changes only who holds what, and which handles are open: a handle opened
             // again after a restart, in the restored session or a new one, holds its file
@@ -367,7 +371,11 @@ impl Checker {
         }
         if a.from_cache {
             self.stats.reply_cache_hits += 1;
-            if !self.applied.contains_key(&key) {
+            // (A request that changes nothing, run while its session replayed after a
+            // restart, is answered again as it was when sent again.)
+            let read_only = !info.ops.iter().any(Op::is_mutation);
+            let ran = self.applied.contains_key(&key) || (read_only && self.first_run.contains_key(&key));
+            if !ran {
                 self.fail(format!("request {key:?} answered from the reply cache but it never ran"));
                 return None;
             }
@@ -486,7 +494,10 @@ impl Checker {
             0
         };
         let e = Expect { results, seq, listings, coherent, time: now };
-        if mutates {
+        // (And opens and locks: the server answers one sent again as it first did when it
+        // ran while its session replayed after a restart.)
+        let reopens = info.ops.iter().all(|op| matches!(op, Op::Open { .. } | Op::Release { .. } | Op::SetLock { .. }));
+        if mutates || reopens {
             self.first_run.insert(key, e.clone());
         }
         self.expect.entry(key).or_default().push_back(e);
@@ -702,6 +713,10 @@ impl Checker {
             if l.applied_k.is_some_and(|k| k > kd) {
                 l.applied_k = None;
                 l.taken_back = true;
+                // (As `lost_answer` for a system call's create.)
+                if let Op::CreateAt { ino, .. } = l.op {
+                    l.opens = gone_opens.get(&ino).cloned().unwrap_or_default();
+                }
             }
         }
         let gone: Vec<SessionId> = self.dead_sessions.iter().chain(&self.fenced_sessions).copied().collect();

@@ -698,6 +698,50 @@ fn a_pin_outlives_the_recall_timeout_until_the_holder_answers_or_is_fenced() {
 }
 
 #[test]
+fn a_session_a_pin_waits_for_is_restored_after_a_restart_and_its_open_finds_the_file() {
+    // b caches x and answered an open of it itself; the Open is stuck in a partition. a
+    // unlinks x (made durable), and the server dies while the pin waits for b. b changed
+    // nothing, but its Open is on its way: the restarted server must wait for b as for a
+    // session holding x open, and keep x for its Open.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("open"));
+    let (a, wa) = srv.handle_hello(&hello(None));
+    let (b, wb) = srv.handle_hello(&hello(None));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    let (p::ServerMessage::Welcome(wa), p::ServerMessage::Welcome(wb)) = (wa, wb) else { panic!() };
+    let Ok(Reply::Entry(x)) = run_answering_recalls(&mut srv, a, 1, create_in_root(1, "x").ops) else {
+        panic!("create")
+    };
+    let lookup = vec![Op::Lookup { parent: 1, name: b"x".to_vec() }];
+    assert!(run_answering_recalls(&mut srv, b, 1, lookup).is_ok());
+    let unlink = vec![Op::Unlink { parent: 1, name: b"x".to_vec() }, Op::Fsync { ino: 1 }];
+    srv.handle(a, req(2, unlink), NOW);
+    let out = srv.take_outgoing();
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Outgoing::Notify { session, notify: p::Notify::Recall { .. } } if *session == b)),
+        "b is recalled: {out:?}"
+    );
+    assert!(srv.is_pinned(x.ino), "b may have opened x without asking");
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open_keeping_orphans(Box::new(disk.clone())).expect("reopen"));
+    srv.tick(millis(NOW)).expect("tick");
+    let (b2, msg) = srv.handle_hello(&hello(Some(wb.session)));
+    assert_eq!(b2, Some(b));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: true, .. })), "b is restored: {msg:?}");
+    assert_eq!(srv.handle_hello(&hello(Some(wa.session))).0, Some(a));
+    srv.replayed(a, NOW);
+    // b's Open, sent behind before the restart, goes before its `Replayed`.
+    srv.handle(b, req(2, vec![Op::Open { ino: x.ino, handle: 9, access: p::OPEN_READ | p::OPEN_WRITE }]), NOW);
+    let Ok(Reply::Attr(open)) = sole_result(&mut srv) else { panic!("b's open of the unlinked x") };
+    assert_eq!(open.nlink, 0);
+    srv.replayed(b, NOW);
+    let _ = srv.take_outgoing();
+    srv.handle(b, req(3, vec![Op::Read { ino: x.ino, offset: 0, len: 1 }]), NOW);
+    assert!(sole_result(&mut srv).is_ok(), "b's descriptor works");
+}
+
+#[test]
 fn a_holder_whose_recall_timed_out_is_still_waited_for_by_a_later_unlinks_pin() {
     // b caches x and answered an open of it itself; the Open is stuck in a partition with
     // b's answers. a's chmod of x stops waiting for b at the recall timeout; then a

@@ -790,3 +790,50 @@ fn the_grace_period_lasts_until_a_replay_parked_behind_rights_has_run() {
     });
     assert!(matches!(seen, Some(Ok(Reply::Attr(a))) if a.mode & 0o777 == 0o600), "{out:?}");
 }
+
+#[test]
+fn a_reassert_resent_after_a_reconnect_does_not_run_again_after_later_lock_changes() {
+    // After a restart a takes its lock again (the answer is lost with its connection),
+    // says `Replayed`, then drops the lock: held for the grace period, c still replaying.
+    // a resends the re-assert on its next connection: run again behind the unlock, it
+    // would take back the lock a's process let go of, for as long as the session lives.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let token = |m: p::ServerMessage| match m {
+        p::ServerMessage::Welcome(w) => w.session,
+        other => panic!("{other:?}"),
+    };
+    let (a, wa) = srv.handle_hello(&hello(None));
+    let (c, wc) = srv.handle_hello(&hello(None));
+    let (a, c, ta, tc) = (a.expect("a"), c.expect("c"), token(wa), token(wc));
+    assert_eq!(srv.handle_request(a, lock_root(1, 7, p::LockKind::Write, false), NOW).results[0], Ok(Reply::Done));
+    let mut create = create_in_root(1, "x");
+    create.ops.push(Op::Fsync { ino: 1 });
+    assert!(srv.handle_request(c, create, NOW).results[0].is_ok());
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    srv.tick(millis(NOW)).expect("tick");
+    srv.handle_hello(&hello(Some(ta)));
+    srv.handle(a, lock_root(100, 7, p::LockKind::Write, false), NOW);
+    srv.replayed(a, NOW);
+    srv.handle(a, lock_root(2, 7, p::LockKind::Unlock, false), NOW);
+    let out = srv.take_outgoing();
+    assert!(matches!(&out[..], [Outgoing::Response { response, .. }] if response.id == 100), "{out:?}");
+    // a's connection breaks (the answer to 100 is lost); it resumes and sends both again.
+    srv.disconnected(a, millis(NOW));
+    srv.handle_hello(&hello(Some(ta)));
+    srv.handle(a, lock_root(100, 7, p::LockKind::Write, false), NOW);
+    let out = srv.take_outgoing();
+    let [Outgoing::Response { response, .. }] = &out[..] else { panic!("{out:?}") };
+    assert_eq!((response.id, &response.results[..]), (100, &[Ok(Reply::Done)][..]), "answered again, not run");
+    srv.replayed(a, NOW);
+    srv.handle(a, lock_root(2, 7, p::LockKind::Unlock, false), NOW);
+    // c comes back: the grace period ends, and a's unlock runs.
+    srv.handle_hello(&hello(Some(tc)));
+    srv.replayed(c, NOW);
+    let _ = srv.take_outgoing();
+    let (b, _) = srv.handle_hello(&hello(None));
+    let b = b.expect("b");
+    let r = srv.handle_request(b, lock_root(1, 9, p::LockKind::Write, false), NOW);
+    assert_eq!(r.results[0], Ok(Reply::Done), "a let go of its lock");
+}
