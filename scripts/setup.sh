@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing crest needs on a fresh Debian machine, idempotently:
 # rustfmt and clippy for the Rust toolchain (rustup; Rust itself must be present), the
-# Debian packages the build, the mount tests and the benchmarks use (fuse3, attr, bindfs,
+# Debian packages the build, the mount tests and the benchmarks use (fuse3, attr, acl, bindfs,
 # e2fsprogs and util-linux for tests/cli.sh;
 # sshfs and openssh-server for bench/headline.sh), the POSIX suites (pjdfstest, fsx) and the
 # users pjdfstest switches to.
@@ -24,6 +24,8 @@ command -v cc >/dev/null 2>&1 || need+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 command -v setfattr >/dev/null 2>&1 || need+=(attr)
+# tests/e2e/acl.py: POSIX ACLs on a crest mount against the local disk.
+command -v setfacl >/dev/null 2>&1 || need+=(acl)
 command -v bindfs >/dev/null 2>&1 || need+=(bindfs)
 command -v xz >/dev/null 2>&1 || need+=(xz-utils)
 command -v bc >/dev/null 2>&1 || need+=(bc)
