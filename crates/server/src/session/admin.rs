@@ -265,21 +265,7 @@ impl Server {
                 tracing::info!(snapshot = name, "dataset rolled back");
             }
             "snapshot.destroy" => {
-                let Some(Value::Strs(names)) = call.get("names") else {
-                    return Err(invalid("argument \"names\" missing or not a list of texts"));
-                };
-                if names.len() > MAX_ADMIN_NAMES {
-                    return Err(invalid(format!("{} names in one call (at most {MAX_ADMIN_NAMES})", names.len())));
-                }
-                let mut results = NvList::new();
-                for name in names {
-                    let r = match self.store.dataset_id(name) {
-                        Ok(s) if self.dataset_in_use(s) => Err(format!("snapshot {name} is mounted")),
-                        Ok(_) => self.store.destroy_snapshot(name).map_err(|e| e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    };
-                    let _ = results.add(name.clone(), Value::Str(r.err().unwrap_or_else(|| "ok".into())));
-                }
+                let results = self.destroy_each(call, "snapshot", |st, name| st.destroy_snapshot(name))?;
                 let _ = out.add("results", Value::List(results));
             }
             "dataset.get" => {
@@ -292,29 +278,43 @@ impl Server {
                 tracing::info!(dataset = name, "dataset properties set");
             }
             "dataset.destroy" => {
-                let Some(Value::Strs(names)) = call.get("names") else {
-                    return Err(invalid("argument \"names\" missing or not a list of texts"));
-                };
-                if names.len() > MAX_ADMIN_NAMES {
-                    return Err(invalid(format!("{} names in one call (at most {MAX_ADMIN_NAMES})", names.len())));
-                }
-                let mut results = NvList::new();
-                for name in names {
-                    let r = match self.store.dataset_id(name) {
-                        Ok(d) if self.dataset_in_use(d) => Err(format!("dataset {name} is mounted")),
-                        Ok(_) => self.store.destroy_dataset(name).map_err(|e| e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    };
-                    if r.is_ok() {
-                        tracing::info!(dataset = %name, "dataset destroyed");
-                    }
-                    // (A name given twice is answered once, for its first time.)
-                    let _ = results.add(name.clone(), Value::Str(r.err().unwrap_or_else(|| "ok".into())));
-                }
+                let results = self.destroy_each(call, "dataset", |st, name| st.destroy_dataset(name))?;
                 let _ = out.add("results", Value::List(results));
             }
             other => return Err(invalid(format!("unknown command {other:?}"))),
         }
         Ok(out)
+    }
+}
+
+impl Server {
+    /// Destroys each of a call's `names` (datasets or snapshots, `what`) with `destroy`, in
+    /// order, refusing one a session mounts; the results by name ("ok" or why not).
+    fn destroy_each(
+        &mut self,
+        call: &NvList,
+        what: &str,
+        destroy: impl Fn(&mut s::Store, &str) -> s::Result<()>,
+    ) -> Result<NvList, Failed> {
+        let Some(Value::Strs(names)) = call.get("names") else {
+            return Err(invalid("argument \"names\" missing or not a list of texts"));
+        };
+        if names.len() > MAX_ADMIN_NAMES {
+            return Err(invalid(format!("{} names in one call (at most {MAX_ADMIN_NAMES})", names.len())));
+        }
+        let mut results = NvList::new();
+        for name in names {
+            let r = match self.store.dataset_id(name) {
+                Ok(d) if self.dataset_in_use(d) => Err(format!("{what} {name} is mounted")),
+                Ok(_) => destroy(&mut self.store, name).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if r.is_ok() {
+                tracing::info!(name = %name, "{what} destroyed");
+            }
+            // (A name given twice is answered once, for its first time.)
+            let _ = results.add(name.clone(), Value::Str(r.err().unwrap_or_else(|| "ok".into())));
+        }
+        Ok(results)
     }
 }
