@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The crest command as mkfs(8), fsck(8), mount(8) and umount(8) users expect it, run
 # against the real binary, real images, a real server and real FUSE mounts (root):
-#   fsck    exit 0 clean, 4 damage (either superblock copy, both), 8 no image / not crest,
+#   fsck    exit 0 clean, 4 damage (either superblock copy, both, and their mirrors), 1 after
+#           --repair rewrote damaged copies from their mirrors, 8 no image / not crest,
 #           16 usage; --json is one valid JSON object in every case;
 #   mkfs    refuses ext4 / XFS / swap / crest / random data without --force, naming it;
 #           with --force wipes the old signature (blkid no longer sees it); empty is fine;
@@ -69,19 +70,33 @@ json fsck-clean-json "d['clean'] is True and d['exit_code'] == 0 and d['problems
 cp "$img" "$tmp/bad0"
 printf 'garbage' | dd of="$tmp/bad0" bs=1 seek=$((64 * 1024 + 40)) conv=notrunc status=none
 expect fsck-damaged-copy-1-exit-4 4 "$crest" fsck "$tmp/bad0"
-mentions fsck-damaged-copy-1-named "superblock copy 0 unusable at byte 65536"
+mentions fsck-damaged-copy-1-named "(at byte 65536)"
 json fsck-damaged-copy-1-json "d['clean'] is False and d['exit_code'] == 4 and any('byte 65536' in p for p in d['problems'])" \
   "$crest" fsck --json "$tmp/bad0"
 cp "$img" "$tmp/bad1"
 printf '\001' | dd of="$tmp/bad1" bs=1 seek=$((1024 * 1024 + 3000)) conv=notrunc status=none
 expect fsck-damaged-copy-2-exit-4 4 "$crest" fsck "$tmp/bad1"
-mentions fsck-damaged-copy-2-named "superblock copy 1 unusable at byte 1048576"
+mentions fsck-damaged-copy-2-named "(at byte 1048576)"
 json fsck-damaged-copy-2-json "d['clean'] is False and any('byte 1048576' in p for p in d['problems'])" "$crest" fsck --json "$tmp/bad1"
 cp "$tmp/bad0" "$tmp/bad01"
 printf 'garbage' | dd of="$tmp/bad01" bs=1 seek=$((1024 * 1024 + 40)) conv=notrunc status=none
+cp "$tmp/bad01" "$tmp/bad01m"
+# (Both slots damaged, their mirrors at 512 and 768 KiB too: nothing left to open.)
+for off in $((512 * 1024 + 40)) $((768 * 1024 + 40)); do
+  printf 'garbage' | dd of="$tmp/bad01" bs=1 seek=$off conv=notrunc status=none
+done
 expect fsck-both-copies-exit-4 4 "$crest" fsck "$tmp/bad01"
 mentions fsck-both-copies-named "no valid superblock"
 json fsck-both-copies-json "d['clean'] is False and d['exit_code'] == 4 and 'superblock' in d['error']" "$crest" fsck --json "$tmp/bad01"
+expect fsck-repair-nothing-to-repair-from-exit-4 4 "$crest" fsck --repair "$tmp/bad01"
+mentions fsck-repair-says-nothing-repaired "nothing repaired"
+# Both slots damaged, their mirrors intact: the mirrors open it, fsck --repair rewrites
+# the slots (exit 1, errors corrected) and the image is clean again.
+expect fsck-slots-bad-mirrors-good-exit-4 4 "$crest" fsck "$tmp/bad01m"
+expect fsck-repair-from-mirrors-exit-1 1 "$crest" fsck --repair "$tmp/bad01m"
+mentions fsck-repair-names-what "repaired: superblock copy"
+expect fsck-after-repair-exit-0 0 "$crest" fsck "$tmp/bad01m"
+json fsck-repair-clean-json "d['exit_code'] == 0 and d['repaired_count'] == 0" "$crest" fsck --repair --json "$tmp/bad01m"
 expect fsck-missing-file-exit-8 8 "$crest" fsck "$tmp/nonexistent"
 json fsck-missing-file-json "d['clean'] is False and d['exit_code'] == 8 and 'error' in d" "$crest" fsck --json "$tmp/nonexistent"
 truncate -s 16M "$tmp/zeros"

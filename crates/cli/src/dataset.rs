@@ -361,6 +361,12 @@ fn report(st: &NvList, took: Duration, json: bool) -> Result<bool> {
         _ => Vec::new(),
     };
     let more = st.get_u64("more_bad").unwrap_or(0);
+    let repaired = st.get_u64("repaired").unwrap_or(0);
+    let fixed = match st.get("fixed") {
+        Some(Value::Strs(f)) => f.clone(),
+        _ => Vec::new(),
+    };
+    let nodes = st.get_u64("nodes").unwrap_or(0);
     if json {
         let items: Vec<serde_json::Value> = bad
             .iter()
@@ -376,16 +382,20 @@ fn report(st: &NvList, took: Duration, json: bool) -> Result<bool> {
             .collect();
         let j = serde_json::json!({
             "blocks": blocks, "bytes": blocks * 4096, "seconds": took.as_secs_f64(),
+            "metadata_copies_checked": nodes, "repaired_count": repaired, "repaired": fixed,
             "unrepaired": items, "more_unrepaired": more,
         });
         println!("{j}");
     } else {
         println!(
-            "scrubbed {} MiB ({blocks} blocks) in {:.1} s: {} problem(s), none repaired (one copy of each block)",
+            "scrubbed {} MiB ({blocks} data blocks, {nodes} metadata copies) in {:.1} s: {repaired} repaired, {} not repairable",
             (blocks * 4096) >> 20,
             took.as_secs_f64(),
             bad.len() as u64 + more
         );
+        for f in &fixed {
+            println!("  repaired: {f}");
+        }
         for b in &bad {
             let at =
                 b.get_str("path").map_or_else(|| format!("inode {}", b.get_u64("ino").unwrap_or(0)), str::to_string);

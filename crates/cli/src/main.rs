@@ -6,6 +6,7 @@
 mod dataset;
 mod mount;
 mod mountinfo;
+mod repair;
 mod signature;
 mod trust;
 
@@ -23,7 +24,8 @@ mod exit {
     pub const OK: u8 = 0;
     /// mkfs, serve (mkfs(8)): failure.
     pub const FAILURE: u8 = 1;
-    // fsck(8)'s 1, "errors corrected", is never returned: crest's fsck only reads.
+    /// fsck --repair (fsck(8)): errors corrected, none left.
+    pub const FSCK_CORRECTED: u8 = 1;
     /// Usage error, except for fsck and the mount helper (clap's convention).
     pub const USAGE: u8 = 2;
     /// fsck(8): file system errors left uncorrected.
@@ -63,6 +65,10 @@ enum Command {
         /// empty or all-zero image.
         #[arg(long)]
         force: bool,
+        /// Copies of every tree node and superblock: 2 (DUP: a bad copy is read from
+        /// and repaired by its twin) or 1.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+        metadata_copies: u8,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -180,14 +186,20 @@ enum Command {
         #[arg(short = 'l', long)]
         lazy: bool,
     },
-    /// Check every checksum and structural invariant of an image (read-only). Exit 0
-    /// clean, 4 problems found, 8 the image cannot be read or is no crest image, 16 usage.
+    /// Check every checksum and structural invariant of an image (read-only unless
+    /// --repair). Exit 0 clean, 1 repaired and now clean, 4 problems left, 8 the image
+    /// cannot be read or is no crest image, 16 usage.
     Fsck {
         /// Image file or block device.
         image: PathBuf,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// First rewrite every bad copy of a superblock or tree node from its good twin
+        /// (the image must not be served); what has no good copy is reported, never
+        /// guessed.
+        #[arg(long)]
+        repair: bool,
     },
 }
 
@@ -322,7 +334,7 @@ fn check_overwrite(image: &Path, force: bool) -> Result<()> {
     signature::wipe(image)
 }
 
-fn mkfs(image: &Path, size: Option<u64>, force: bool, json: bool) -> Result<()> {
+fn mkfs(image: &Path, size: Option<u64>, force: bool, meta_copies: u8, json: bool) -> Result<()> {
     let exists = image.exists();
     if exists {
         check_overwrite(image, force)?;
@@ -333,7 +345,7 @@ fn mkfs(image: &Path, size: Option<u64>, force: bool, json: bool) -> Result<()> 
         (false, None) => bail!("{} does not exist: give --size to create it", image.display()),
     }
     .with_context(|| format!("opening {}", image.display()))?;
-    Store::mkfs(Box::new(disk), &MkfsOptions { now: now(), fsid: None, seed: None })
+    Store::mkfs(Box::new(disk), &MkfsOptions { now: now(), fsid: None, seed: None, meta_copies })
         .with_context(|| format!("creating a file system on {}", image.display()))?;
     let disk = FileDisk::open(image).with_context(|| format!("reopening {}", image.display()))?;
     let store = Store::open(Box::new(disk)).context("opening the new file system")?;
@@ -358,10 +370,23 @@ fn mkfs(image: &Path, size: Option<u64>, force: bool, json: bool) -> Result<()> 
     Ok(())
 }
 
-/// Runs fsck and reports; returns the fsck(8) exit code. With `json` exactly one JSON
-/// object goes to stdout whatever happens, so scripts can always parse it.
-fn fsck(image: &Path, json: bool) -> u8 {
+/// Runs fsck (after `--repair`'s rewrites) and reports; returns the fsck(8) exit code.
+/// With `json` exactly one JSON object goes to stdout whatever happens, so scripts can
+/// always parse it.
+fn fsck(image: &Path, json: bool, repair: bool) -> u8 {
+    // (A repair that cannot even open the image leaves it to fsck to say what is wrong.)
+    let (repaired, repair_error) = match repair.then(|| repair::repair(image)).transpose() {
+        Ok(r) => (r, None),
+        Err(e) => {
+            if !json {
+                eprintln!("crest: nothing repaired: {e:#}");
+            }
+            (None, Some(format!("{e:#}")))
+        }
+    };
+    let fixed = repaired.as_ref().map_or(0, |r| r.repaired);
     let (code, report) = match fsck_report(image) {
+        Ok(r) if r.is_clean() && fixed > 0 => (exit::FSCK_CORRECTED, r),
         Ok(r) if r.is_clean() => (exit::OK, r),
         Ok(r) => (exit::FSCK_UNCORRECTED, r),
         Err((code, e)) => {
@@ -384,9 +409,19 @@ fn fsck(image: &Path, json: bool) -> u8 {
             "inodes": report.inodes, "directories": report.directories, "nodes": report.nodes,
             "data_blocks": report.data_blocks, "used_blocks": report.used_blocks,
             "total_blocks": report.total_blocks,
+            "repaired": repaired.as_ref().map(|r| r.fixed.clone()),
+            "repaired_count": fixed, "repair_error": repair_error,
         });
         println!("{v}");
         return code;
+    }
+    if let Some(r) = &repaired {
+        for f in &r.fixed {
+            println!("repaired: {f}");
+        }
+        if r.repaired > r.fixed.len() as u64 {
+            println!("repaired: {} more", r.repaired - r.fixed.len() as u64);
+        }
     }
     for n in &report.notes {
         println!("note: {n}");
@@ -503,8 +538,10 @@ fn main() -> ExitCode {
     };
     let state = trust::state_dir(cli.state_dir.as_ref());
     let (result, failure) = match cli.command {
-        Command::Mkfs { image, size, force, json } => (mkfs(&image, size, force, json), exit::FAILURE),
-        Command::Fsck { image, json } => return ExitCode::from(fsck(&image, json)),
+        Command::Mkfs { image, size, force, metadata_copies, json } => {
+            (mkfs(&image, size, force, metadata_copies, json), exit::FAILURE)
+        }
+        Command::Fsck { image, json, repair } => return ExitCode::from(fsck(&image, json, repair)),
         Command::Mount { addr, mountpoint, options, foreground, timeout, ready_pipe, insecure, token } => {
             let voice = if helper { mount::Voice::Helper } else { mount::Voice::Crest };
             let req = mount::Request {

@@ -36,8 +36,11 @@ fn round_trip(extra: &[&str]) {
         return;
     }
     let disk = MemDisk::new(64 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1_700_000_000, 0), fsid: None, seed: None })
-        .expect("mkfs");
+    Store::mkfs(
+        Box::new(disk.clone()),
+        &MkfsOptions { now: Timespec::new(1_700_000_000, 0), fsid: None, seed: None, meta_copies: 2 },
+    )
+    .expect("mkfs");
     let store = Store::open(Box::new(disk)).expect("open");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let serving =

@@ -11,8 +11,11 @@ use crest_store::{MemDisk, MkfsOptions, Store, Timespec};
 
 fn store() -> Store {
     let disk = MemDisk::new(64 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None })
-        .expect("mkfs");
+    Store::mkfs(
+        Box::new(disk.clone()),
+        &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None, meta_copies: 2 },
+    )
+    .expect("mkfs");
     Store::open(Box::new(disk)).expect("open")
 }
 

@@ -34,8 +34,11 @@ fn server_process() {
         let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     }
     let disk = MemDisk::new(256 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None })
-        .expect("mkfs");
+    Store::mkfs(
+        Box::new(disk.clone()),
+        &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None, meta_copies: 2 },
+    )
+    .expect("mkfs");
     let store = Store::open(Box::new(disk)).expect("open");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let mut options = crest_serve::Options::default();

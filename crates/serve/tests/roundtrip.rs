@@ -11,8 +11,11 @@ use crest_store::{MemDisk, MkfsOptions, Store, Timespec};
 
 fn store() -> Store {
     let disk = MemDisk::new(64 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None })
-        .expect("mkfs");
+    Store::mkfs(
+        Box::new(disk.clone()),
+        &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None, meta_copies: 2 },
+    )
+    .expect("mkfs");
     Store::open(Box::new(disk)).expect("open")
 }
 
@@ -30,8 +33,11 @@ fn create(name: &str) -> Op {
 /// An image on a shared in-memory disk, to be killed and reopened.
 fn fresh_disk() -> MemDisk {
     let disk = MemDisk::new(64 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None })
-        .expect("mkfs");
+    Store::mkfs(
+        Box::new(disk.clone()),
+        &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None, meta_copies: 2 },
+    )
+    .expect("mkfs");
     disk
 }
 

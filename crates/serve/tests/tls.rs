@@ -31,8 +31,11 @@ fn host() -> Host {
 /// A TLS server on a fresh image, on a runtime of its own.
 fn serve(host: &Host) -> (tokio::runtime::Runtime, crest_serve::Serving) {
     let disk = MemDisk::new(64 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None })
-        .expect("mkfs");
+    Store::mkfs(
+        Box::new(disk.clone()),
+        &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: None, meta_copies: 2 },
+    )
+    .expect("mkfs");
     let store = Store::open(Box::new(disk)).expect("open");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let security = crest_serve::Security::Tls(host.auth.clone());

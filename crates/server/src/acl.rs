@@ -119,7 +119,7 @@ mod tests {
     impl T {
         fn new() -> T {
             let disk = s::MemDisk::new(16 << 20);
-            let opts = s::MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None };
+            let opts = s::MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None, meta_copies: 2 };
             s::Store::mkfs(Box::new(disk.clone()), &opts).expect("mkfs");
             let mut srv = Server::new(s::Store::open(Box::new(disk)).expect("open"));
             let hello = p::Hello {

@@ -34,7 +34,8 @@ fn xattr_fits_agrees_with_the_store() {
     let mut rng = crest_rng::Stream::from_seed_u64(0x7a77);
     for round in 0..20 {
         let disk = crest_store::MemDisk::new(64 << 20);
-        let opts = crest_store::MkfsOptions { now: crest_store::Timespec::new(1, 0), fsid: None, seed: None };
+        let opts =
+            crest_store::MkfsOptions { now: crest_store::Timespec::new(1, 0), fsid: None, seed: None, meta_copies: 2 };
         crest_store::Store::mkfs(Box::new(disk.clone()), &opts).expect("mkfs");
         let mut st = crest_store::Store::open(Box::new(disk)).expect("open");
         let now = crest_store::Timespec::new(2, 0);

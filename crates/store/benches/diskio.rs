@@ -172,7 +172,7 @@ fn store_run(io: Backend, image: &Path, shape: &Shape) -> (f64, f64) {
         prefill(image, size);
     }
     let disk = if std::env::var_os("CREST_BENCH_PREFILL").is_some() { io.open(image) } else { io.create(image, size) };
-    Store::mkfs(disk, &MkfsOptions { now, fsid: None, seed: None }).expect("mkfs");
+    Store::mkfs(disk, &MkfsOptions { now, fsid: None, seed: None, meta_copies: 2 }).expect("mkfs");
     let mut store = Store::open(io.open(image)).expect("open store");
     let payload = vec![b'x'; shape.file_bytes];
     let t0 = Instant::now();

@@ -47,7 +47,7 @@ fn crest(dir: &Path, files: usize, dirs: usize, payload: &[u8]) -> Row {
     let size = ((files * (payload.len().max(512) + 1024)) as u64 * 4).max(256 << 20);
     let disk = FileDisk::create(&image, size).expect("create image");
     let now = Timespec::new(1_700_000_000, 0);
-    Store::mkfs(Box::new(disk), &MkfsOptions { now, fsid: None, seed: None }).expect("mkfs");
+    Store::mkfs(Box::new(disk), &MkfsOptions { now, fsid: None, seed: None, meta_copies: 2 }).expect("mkfs");
     let mut store = Store::open(Box::new(FileDisk::open(&image).expect("open image"))).expect("open store");
     let before = store.stats().bytes_written;
     let t0 = Instant::now();

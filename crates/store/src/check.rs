@@ -12,18 +12,15 @@ use crate::disk::Disk;
 use crate::engine::alloc::Allocator;
 use crate::engine::btree::Tree;
 use crate::engine::key::Key;
-use crate::engine::node::{BlockPtr, Body, ChildPtr};
+use crate::engine::node::{BlockPtr, Body};
 use crate::engine::pager::Pager;
-use crate::engine::superblock::{Superblock, SUPERBLOCK_BYTES};
 use crate::error::{Error, Result};
 use crate::fs::dirent::{decode_entries, decode_index, DirEntry};
 use crate::fs::extent::Extent;
 use crate::fs::inode::{FileKind, Inode};
 use crate::fs::keys::{kind, ORPHAN_OBJECTID};
 use crate::fs::xattr;
-use crate::limits::{
-    BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_INLINE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS, XATTR_LIST_MAX,
-};
+use crate::limits::{BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, MAX_INLINE_BYTES, RESERVED_BLOCKS, XATTR_LIST_MAX};
 use crate::store::{REFCOUNT_TREE_ID, ROOT_TREE_ID};
 
 /// What fsck found.
@@ -64,25 +61,19 @@ impl Report {
 pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
     let image_blocks = disk.size_bytes() / BLOCK_SIZE_U64;
     let mut report = Report::default();
-    let mut sbs = Vec::new();
-    for (copy, off) in SUPERBLOCK_OFFSETS.iter().enumerate() {
-        let mut buf = vec![0u8; SUPERBLOCK_BYTES];
-        match disk.read_at(*off, &mut buf) {
-            Ok(()) => match Superblock::decode(&buf, copy, image_blocks) {
-                Ok(sb) => sbs.push(sb),
-                Err(e) => report.problems.push(format!("superblock copy {copy} unusable at byte {off}: {e}")),
-            },
-            Err(e) => report.problems.push(format!("superblock copy {copy} unreadable at byte {off}: {e}")),
-        }
-    }
-    // A damaged copy is a problem even though open falls back to the other one: the
-    // image has lost its second chance, and a commit only rewrites a copy every other
+    // A damaged copy (or mirror) is a problem even though open falls back to another: the
+    // image has lost a second chance, and a commit only rewrites a copy every other
     // generation (a copy one generation older is normal and is not reported).
+    let (mut sbs, damaged) = crate::store::read_superblocks(&*disk, image_blocks);
+    report.problems.extend(damaged);
     sbs.sort_by_key(|s| std::cmp::Reverse(s.generation));
     let Some(sb) = sbs.first().cloned() else {
         return Err(Error::BadImage(format!("no valid superblock: {}", report.problems.join("; "))));
     };
-    if let Some(older) = sbs.get(1) {
+    if sbs.iter().any(|o| o.generation == sb.generation && *o != sb) {
+        report.problems.push(format!("two different superblocks claim generation {}", sb.generation));
+    }
+    if let Some(older) = sbs.iter().find(|o| o.generation < sb.generation) {
         if older.fsid != sb.fsid || older.total_blocks != sb.total_blocks {
             report.problems.push("superblock copies disagree on fsid or size".into());
         }
@@ -95,6 +86,8 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
     let mut alloc = Allocator::new(sb.total_blocks, BLOCKS_PER_GROUP);
     alloc.mark_used(0, RESERVED_BLOCKS);
     let mut pager = Pager::new(disk, sb.fsid, sb.total_blocks, alloc);
+    pager.set_copies(sb.meta_copies);
+    pager.set_repairs(false);
     let mut c = Checker {
         pager: &mut pager,
         report: &mut report,
@@ -216,31 +209,68 @@ impl Checker<'_> {
         self.report.problems.push(p);
     }
 
+    /// Reads and verifies every copy of a node; each bad copy is a problem (fsck --repair
+    /// rewrites it from a good one). The node, if any copy is good.
+    fn node_copies(&mut self, ptr: &BlockPtr, owner: u64, name: &str) -> Option<crate::engine::node::Node> {
+        let mut good = None;
+        let mut errors = Vec::new();
+        for at in ptr.copies() {
+            match self.pager.read_copy(ptr, at, owner) {
+                Ok((n, _)) => good = good.or(Some(n)),
+                Err(e) => errors.push((at, e)),
+            }
+        }
+        for (at, e) in errors {
+            match &good {
+                Some(_) => self.problem(format!("{name}: copy at block {at} of node {} is bad: {e}", ptr.block)),
+                None => self.problem(format!("{name}: {e}")),
+            }
+        }
+        good
+    }
+
     /// Walks a tree checking every node and bound; returns its items in order.
     fn tree(&mut self, tree: Tree, name: &str, live: bool) -> Vec<(Key, Vec<u8>)> {
         let mut items = Vec::new();
-        let ChildPtr::Disk { block, generation } = tree.root else { return items };
-        let mut stack = vec![(BlockPtr { block, generation, level: tree.level }, Key::MIN, None::<Key>)];
+        let Some(root) = tree.root.on_disk(tree.level) else { return items };
+        let block = root.block;
+        let mut stack = vec![(root, Key::MIN, None::<Key>)];
         let mut last_key: Option<Key> = None;
         while let Some((ptr, lo, hi)) = stack.pop() {
             if ptr.block < RESERVED_BLOCKS || ptr.block >= self.pager.total_blocks() {
                 self.problem(format!("{name}: pointer to block {} outside the usable area", ptr.block));
                 continue;
             }
-            let first_time = self.seen.entry(tree.owner).or_default().insert(ptr.block);
-            if first_time && self.pager.alloc.try_mark_used(ptr.block, 1).is_err() {
-                self.problem(format!("{name}: block {} is used twice", ptr.block));
+            if ptr.twin != 0 && (ptr.twin < RESERVED_BLOCKS || ptr.twin >= self.pager.total_blocks()) {
+                self.problem(format!(
+                    "{name}: node {}'s second copy at {} is outside the usable area",
+                    ptr.block, ptr.twin
+                ));
                 continue;
             }
-            if live {
-                self.live_nodes.insert(ptr.block);
+            if (ptr.twin == 0) != (self.pager.copies() == 1) {
+                self.problem(format!(
+                    "{name}: node {} has {} copies in an image that keeps {}",
+                    ptr.block,
+                    1 + u8::from(ptr.twin != 0),
+                    self.pager.copies()
+                ));
             }
-            let node = match self.pager.read_node(&ptr, tree.owner) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.problem(format!("{name}: {e}"));
-                    continue;
-                }
+            let first_time = self.seen.entry(tree.owner).or_default().insert(ptr.block);
+            if first_time && ptr.copies().any(|b| self.pager.alloc.try_mark_used(b, 1).is_err()) {
+                self.problem(format!("{name}: block {} (or its second copy {}) is used twice", ptr.block, ptr.twin));
+                continue;
+            }
+            if ptr.twin != 0 {
+                // (A deadlist names both copies of a node a snapshot keeps.)
+                self.seen.entry(tree.owner).or_default().insert(ptr.twin);
+            }
+            if live {
+                self.live_nodes.extend(ptr.copies());
+            }
+            let node = match self.node_copies(&ptr, tree.owner, name) {
+                Some(n) => n,
+                None => continue,
             };
             self.report.nodes += 1;
             let is_root = ptr.block == block;
@@ -267,13 +297,9 @@ impl Checker<'_> {
                 }
                 Body::Internal(children) => {
                     for (i, (k, c)) in children.iter().enumerate().rev() {
-                        let ChildPtr::Disk { block, generation } = c else { continue };
+                        let Some(child) = c.on_disk(ptr.level - 1) else { continue };
                         let child_hi = children.get(i + 1).map(|n| n.0).or(hi);
-                        stack.push((
-                            BlockPtr { block: *block, generation: *generation, level: ptr.level - 1 },
-                            (*k).max(lo),
-                            child_hi,
-                        ));
+                        stack.push((child, (*k).max(lo), child_hi));
                     }
                 }
             }

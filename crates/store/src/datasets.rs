@@ -476,7 +476,7 @@ impl Store {
         let mut nodes = Vec::new();
         let mut runs = Vec::new();
         walk_nodes(&mut self.pager, &slot.fs, &mut |ptr, node| {
-            nodes.push(ptr.block);
+            nodes.extend(ptr.copies());
             if let Body::Leaf(items) = &node.body {
                 for (k, v) in items.iter() {
                     if k.kind == kind::EXTENT {

@@ -6,6 +6,8 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
 /// Byte offsets of the two superblock copies (block 16 and block 256).
 pub const SUPERBLOCK_OFFSETS: [u64; 2] = [64 * 1024, 1024 * 1024];
+/// Byte offsets of their mirrors (blocks 128 and 192), written when metadata has two copies.
+pub const SUPERBLOCK_MIRROR_OFFSETS: [u64; 2] = [512 * 1024, 768 * 1024];
 /// Blocks reserved at the start of the image (superblocks live inside this area).
 pub const RESERVED_BLOCKS: u64 = 257;
 /// Smallest image `mkfs` accepts.

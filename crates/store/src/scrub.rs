@@ -1,18 +1,28 @@
-//! Scrub, online: every data block every dataset and snapshot maps, read back and checked
-//! against its checksum, a bounded step at a time between the server's other work, with
-//! its position kept in the image (a SCRUB item) so that it resumes after a restart.
-//! Tree nodes are verified as the walk reads them (and all of them at every open). A bad
-//! block is reported by dataset and path; reads of it fail with EIO, never bad data.
-//! (Blocks have one copy each so far: nothing to repair them from yet; a bad node ends
-//! the walk of its dataset, reported.)
+//! Scrub, online: every copy of every tree node and superblock, and every data block every
+//! dataset and snapshot maps, read back and checked, a bounded step at a time between the
+//! server's other work, with its position kept in the image (a SCRUB item) so that it
+//! resumes after a restart.
+//!
+//! Metadata first: the superblock slots and their mirrors and the root and refcount trees
+//! at the first step, each dataset's tree as its data scan starts. Every copy of a node is
+//! read straight from the disk and verified against its parent's pointer; a bad copy with
+//! a good twin is rewritten from it (`Pager::rewrite_copy`: safe at any time, the block's
+//! bytes do not change meaning) and counted as repaired. What the walk checks is the last
+//! committed generation, whose blocks no allocation can reuse before the next commit.
+//! A node with no good copy, or a bad data block (one copy), is reported by dataset and
+//! path; reads of it fail with EIO, never bad data.
 
 use crest_nvlist::{NvList, Value};
 
+use crate::engine::btree::Tree;
 use crate::engine::key::Key;
+use crate::engine::node::Body;
+use crate::engine::superblock::{Superblock, SUPERBLOCK_BYTES};
 use crate::error::{Error, Result};
 use crate::fs::extent::Extent;
 use crate::fs::keys::kind;
 use crate::limits::BLOCK_SIZE;
+use crate::limits::{SUPERBLOCK_MIRROR_OFFSETS, SUPERBLOCK_OFFSETS};
 use crate::store::Store;
 
 /// Most problems a scrub keeps in memory (the count goes on).
@@ -20,6 +30,9 @@ const MAX_REPORTED: usize = 1000;
 
 /// Bytes of the SCRUB item (within the item limit): the problems beyond it are counted.
 const MAX_ITEM_USE: usize = 1700;
+
+/// Repairs described in the SCRUB item (the count goes on).
+const MAX_FIXED: usize = 8;
 
 /// Where a scrub is and what it found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -30,6 +43,12 @@ pub struct Scrub {
     pub next: (u64, u8, u64),
     /// Data blocks read and checked.
     pub blocks: u64,
+    /// Node and superblock copies read and checked.
+    pub nodes: u64,
+    /// Copies found bad and rewritten from a good twin.
+    pub repaired: u64,
+    /// What was repaired (the first few; `repaired` counts them all).
+    pub fixed: Vec<String>,
     /// Problems found: (dataset name, inode, what), the path filled in when reported.
     pub bad: Vec<(String, u64, String)>,
     /// Problems found beyond those kept.
@@ -52,6 +71,10 @@ impl Scrub {
             let _ = l.add("kind", Value::U64(u64::from(self.next.1)));
             let _ = l.add("offset", Value::U64(self.next.2));
             let _ = l.add("blocks", Value::U64(self.blocks));
+            let _ = l.add("nodes", Value::U64(self.nodes));
+            let _ = l.add("repaired", Value::U64(self.repaired));
+            let fixed = self.fixed.iter().take(MAX_FIXED).map(|f| f.chars().take(100).collect()).collect();
+            let _ = l.add("fixed", Value::Strs(fixed));
             let _ = l.add("more_bad", Value::U64(more_bad));
             let _ = l.add("done", Value::Bool(self.done));
             l
@@ -93,10 +116,24 @@ impl Scrub {
             dataset: l.get_u64("dataset")?,
             next: (l.get_u64("objectid")?, u8::try_from(l.get_u64("kind")?).ok()?, l.get_u64("offset")?),
             blocks: l.get_u64("blocks")?,
+            nodes: l.get_u64("nodes")?,
+            repaired: l.get_u64("repaired")?,
+            fixed: match l.get("fixed")? {
+                Value::Strs(f) => f.clone(),
+                _ => return None,
+            },
             bad,
             more_bad: l.get_u64("more_bad")?,
             done: l.get_bool("done")?,
         })
+    }
+
+    fn fixed(&mut self, what: String) {
+        tracing::warn!("scrub repaired {what}");
+        self.repaired += 1;
+        if self.fixed.len() < MAX_FIXED {
+            self.fixed.push(what);
+        }
     }
 
     fn found(&mut self, dataset: String, ino: u64, what: String) {
@@ -142,6 +179,12 @@ impl Store {
                 st = Scrub { dataset: d, next: (0, 0, 0), ..st };
             }
             let name = self.catalog.by_id.get(&d).map_or_else(|| d.to_string(), |e| e.name.clone());
+            if st.nodes == 0 {
+                self.scrub_metadata(None, &mut st)?;
+            }
+            if st.next == (0, 0, 0) {
+                self.scrub_metadata(Some((d, &name)), &mut st)?;
+            }
             // (A snapshot is read as the store's view of its dataset.)
             self.view = self.is_snapshot(d).then_some(d);
             let origin = self.origin_of(d);
@@ -203,6 +246,136 @@ impl Store {
         self.reserve(0, true)?;
         self.root_tree.insert(&mut self.pager, scrub_key(), st.encode())?;
         Ok(st)
+    }
+
+    /// Checks every copy of every superblock and tree node of the last committed
+    /// generation, every dataset and snapshot included, and rewrites each bad one from a
+    /// good twin (data blocks are not read, and the SCRUB item is left alone): what
+    /// `crest fsck --repair` does offline. Returns what was repaired and what could not be.
+    pub fn repair_metadata(&mut self) -> Result<Scrub> {
+        let mut st = Scrub::default();
+        self.scrub_metadata(None, &mut st)?;
+        for d in self.dataset_ids() {
+            let name = self.catalog.by_id.get(&d).map_or_else(|| d.to_string(), |e| e.name.clone());
+            self.scrub_metadata(Some((d, &name)), &mut st)?;
+        }
+        // (Also what reads rewrote before: opening the image reads every node.)
+        self.pager.flush()?;
+        st.done = true;
+        Ok(st)
+    }
+
+    /// Checks every copy of the superblocks and of the root and refcount trees' nodes
+    /// (`which` = None), or of dataset `d`'s tree's, as last committed; repairs the copies
+    /// it can. A write error while repairing ends the step (the store is poisoned).
+    fn scrub_metadata(&mut self, which: Option<(u64, &str)>, st: &mut Scrub) -> Result<()> {
+        let sb = self.sb.clone();
+        let root = Tree::on_disk(crate::store::ROOT_TREE_ID, sb.root_tree);
+        let trees: Vec<(String, Tree)> = match which {
+            None => {
+                self.scrub_superblocks(st);
+                vec![
+                    ("root tree".into(), root),
+                    ("refcount tree".into(), Tree::on_disk(crate::store::REFCOUNT_TREE_ID, sb.refcount_tree)),
+                ]
+            }
+            Some((d, name)) => match crate::store::load_datasets(&mut self.pager, &root, &sb) {
+                // (A dataset made since the last commit has nothing on disk yet.)
+                Ok((slots, _, _)) => slots.get(&d).map(|s| (name.to_string(), s.fs)).into_iter().collect(),
+                Err(e) => {
+                    st.found(name.to_string(), 0, format!("metadata: {e}"));
+                    Vec::new()
+                }
+            },
+        };
+        let before = self.pager.repaired;
+        for (name, tree) in trees {
+            self.scrub_tree(&name, &tree, st);
+        }
+        if self.pager.repaired > before {
+            self.pager.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Every copy of every node of `tree`, parents first; below a node with no good copy
+    /// nothing can be reached (reported once).
+    fn scrub_tree(&mut self, name: &str, tree: &Tree, st: &mut Scrub) {
+        let Some(root) = tree.root.on_disk(tree.level) else { return };
+        let mut stack = vec![root];
+        while let Some(ptr) = stack.pop() {
+            let mut good = None;
+            let mut bad = Vec::new();
+            for at in ptr.copies() {
+                st.nodes += 1;
+                match self.pager.read_copy(&ptr, at, tree.owner) {
+                    Ok((node, bytes)) => good = good.or(Some((node, bytes))),
+                    Err(e) => bad.push((at, e)),
+                }
+            }
+            let Some((node, bytes)) = good else {
+                let why = bad.first().map_or_else(String::new, |(_, e)| e.to_string());
+                st.found(name.to_string(), 0, format!("metadata node {} (no good copy): {why}", ptr.block));
+                continue;
+            };
+            for (at, e) in bad {
+                if self.pager.rewrite_copy(at, &bytes) {
+                    st.fixed(format!("{name}: copy at block {at} of node {} ({e})", ptr.block));
+                } else {
+                    st.found(name.to_string(), 0, format!("copy at block {at} of node {}: {e}", ptr.block));
+                }
+            }
+            if let Body::Internal(children) = &node.body {
+                stack.extend(children.iter().filter_map(|(_, c)| c.on_disk(ptr.level - 1)));
+            }
+        }
+    }
+
+    /// Both superblock slots and their mirrors: where the newest valid copy of a slot
+    /// and its other place differ, the other place is rewritten from it.
+    fn scrub_superblocks(&mut self, st: &mut Scrub) {
+        if self.sb.meta_copies < 2 {
+            return;
+        }
+        let image_blocks = self.pager.total_blocks();
+        for copy in 0..2 {
+            let places = [SUPERBLOCK_OFFSETS[copy], SUPERBLOCK_MIRROR_OFFSETS[copy]];
+            let read: Vec<(u64, std::result::Result<Superblock, String>)> = places
+                .iter()
+                .map(|&off| {
+                    let mut buf = vec![0u8; SUPERBLOCK_BYTES];
+                    let r = self.pager.disk().read_at(off, &mut buf).map_err(|e| e.to_string());
+                    (off, r.and_then(|()| Superblock::decode(&buf, copy, image_blocks).map_err(|e| e.to_string())))
+                })
+                .collect();
+            st.nodes += 2;
+            // (A newer generation than the one open settled on is one whose trees failed:
+            // not a model to copy.)
+            let newest = read
+                .iter()
+                .filter_map(|(_, r)| r.as_ref().ok())
+                .filter(|sb| sb.generation <= self.sb.generation)
+                .max_by_key(|sb| sb.generation)
+                .cloned();
+            let Some(good) = newest.filter(|sb| sb.fsid == self.sb.fsid) else {
+                st.found("-".into(), 0, format!("superblock copy {copy}: no valid copy in its slot or mirror"));
+                continue;
+            };
+            for (off, r) in &read {
+                if r.as_ref().is_ok_and(|sb| *sb == good) {
+                    continue;
+                }
+                let why = match r {
+                    Ok(sb) => format!("generation {}, its twin {}", sb.generation, good.generation),
+                    Err(e) => e.clone(),
+                };
+                if self.pager.rewrite_raw(*off, &good.encode(copy)) {
+                    st.fixed(format!("superblock copy {copy} at byte {off} ({why})"));
+                } else {
+                    st.found("-".into(), 0, format!("superblock copy {copy} at byte {off}: {why}"));
+                }
+            }
+        }
     }
 
     /// Makes dataset (or snapshot) `d`'s tree the active one to read it.

@@ -259,10 +259,10 @@ impl Store {
         // What D made since: every node born after g (below a node born at or before g,
         // everything is the snapshot's too), and in those leaves the data born after g.
         let total = self.pager.total_blocks();
-        let crate::engine::node::ChildPtr::Disk { block, generation } = self.fs.root else {
+        let Some(root) = self.fs.root.on_disk(self.fs.level) else {
             return Err(Error::Invalid("rolling back a tree with uncommitted changes".into()));
         };
-        let mut stack = vec![crate::engine::node::BlockPtr { block, generation, level: self.fs.level }];
+        let mut stack = vec![root];
         let mut runs = Vec::new();
         while let Some(ptr) = stack.pop() {
             if ptr.generation <= g {
@@ -272,12 +272,8 @@ impl Store {
             match &node.body {
                 crate::engine::node::Body::Internal(children) => {
                     for (_, c) in children.iter() {
-                        if let crate::engine::node::ChildPtr::Disk { block, generation } = c {
-                            stack.push(crate::engine::node::BlockPtr {
-                                block: *block,
-                                generation: *generation,
-                                level: ptr.level - 1,
-                            });
+                        if let Some(child) = c.on_disk(ptr.level - 1) {
+                            stack.push(child);
                         }
                     }
                 }
@@ -291,7 +287,9 @@ impl Store {
                     }
                 }
             }
-            self.pager.free_later(ptr.block, 1);
+            for b in ptr.copies() {
+                self.pager.free_later(b, 1);
+            }
         }
         for (start, len) in runs {
             self.drop_born_after(start, len, g)?;

@@ -21,13 +21,15 @@ use crate::engine::alloc::Allocator;
 use crate::engine::btree::Tree;
 use crate::engine::checksum::CSUM_CRC32C;
 use crate::engine::key::Key;
-use crate::engine::node::{BlockPtr, Body, ChildPtr};
+use crate::engine::node::{BlockPtr, Body};
 use crate::engine::pager::Pager;
 use crate::engine::superblock::{Superblock, SUPERBLOCK_BYTES};
 use crate::error::{Error, Result};
 use crate::fs::inode::{le_u64, FileKind, Inode, Timespec, ROOT_INO};
 use crate::fs::keys::kind;
-use crate::limits::{BLOCKS_PER_GROUP, BLOCK_SIZE_U64, MIN_IMAGE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_OFFSETS};
+use crate::limits::{
+    BLOCKS_PER_GROUP, BLOCK_SIZE_U64, MIN_IMAGE_BYTES, RESERVED_BLOCKS, SUPERBLOCK_MIRROR_OFFSETS, SUPERBLOCK_OFFSETS,
+};
 
 /// Inode numbers stay below this (the orphan list's objectid and its neighbours above).
 pub const MAX_INO: u64 = u64::MAX - 256;
@@ -61,6 +63,8 @@ pub struct Stats {
     pub commits: u64,
     /// Bytes written to the disk since open.
     pub bytes_written: u64,
+    /// Bad copies of tree nodes rewritten from their twins since open (by reads and scrub).
+    pub repaired: u64,
 }
 
 /// Per-dataset counters kept in its ROOT_ITEM.
@@ -76,6 +80,7 @@ fn encode_root_item(ptr: &BlockPtr, meta: &DatasetMeta) -> Vec<u8> {
     let mut b = vec![0u8; ROOT_ITEM_BYTES];
     b[0..8].copy_from_slice(&ptr.block.to_le_bytes());
     b[8..16].copy_from_slice(&ptr.generation.to_le_bytes());
+    b[40..48].copy_from_slice(&ptr.twin.to_le_bytes());
     b[16] = ptr.level;
     b[24..32].copy_from_slice(&meta.next_ino.to_le_bytes());
     b[32..40].copy_from_slice(&meta.inode_count.to_le_bytes());
@@ -83,10 +88,13 @@ fn encode_root_item(ptr: &BlockPtr, meta: &DatasetMeta) -> Vec<u8> {
 }
 
 pub(crate) fn decode_root_item(key: Key, b: &[u8], generation: u64) -> Result<(BlockPtr, DatasetMeta)> {
-    if b.len() != ROOT_ITEM_BYTES || b[17..24].iter().chain(&b[40..]).any(|&x| x != 0) {
+    if b.len() != ROOT_ITEM_BYTES || b[17..24].iter().chain(&b[48..]).any(|&x| x != 0) {
         return Err(Error::bad_item(key, 0, format!("root item of {} bytes or with reserved bytes set", b.len())));
     }
-    let ptr = BlockPtr { block: le_u64(b, 0), generation: le_u64(b, 8), level: b[16] };
+    let ptr = BlockPtr { block: le_u64(b, 0), twin: le_u64(b, 40), generation: le_u64(b, 8), level: b[16] };
+    if ptr.twin == ptr.block {
+        return Err(Error::bad_item(key, 0, "root's second copy is the block itself"));
+    }
     if ptr.generation > generation {
         return Err(Error::bad_item(
             key,
@@ -108,6 +116,9 @@ pub struct MkfsOptions {
     /// `None`, else this seed (a simulation must replay exactly: the generation travels
     /// in replies, and its encoded size with it).
     pub seed: Option<u64>,
+    /// Copies of every tree node and superblock: 2 (DUP, the default in `crest mkfs`:
+    /// a bad copy is read from and repaired by its twin) or 1.
+    pub meta_copies: u8,
 }
 
 /// An open crest image.
@@ -172,9 +183,13 @@ impl Store {
         };
         let mut alloc = Allocator::new(total_blocks, BLOCKS_PER_GROUP);
         alloc.mark_used(0, RESERVED_BLOCKS);
+        if !(1..=2).contains(&opts.meta_copies) {
+            return Err(Error::Invalid(format!("{} metadata copies (1 or 2)", opts.meta_copies)));
+        }
         let mut pager = Pager::new(disk, fsid, total_blocks, alloc);
-        // Clear both superblock slots so an older file system's copies cannot win.
-        for off in SUPERBLOCK_OFFSETS {
+        pager.set_copies(opts.meta_copies);
+        // Clear every superblock slot so an older file system's copies cannot win.
+        for off in SUPERBLOCK_OFFSETS.into_iter().chain(SUPERBLOCK_MIRROR_OFFSETS) {
             pager.write_raw(off, &[0u8; SUPERBLOCK_BYTES])?;
         }
         let root_tree = Tree::create(&mut pager, ROOT_TREE_ID);
@@ -209,6 +224,7 @@ impl Store {
             root_tree: BlockPtr::default(),
             refcount_tree: BlockPtr::default(),
             csum_type: CSUM_CRC32C,
+            meta_copies: opts.meta_copies,
         };
         let mut store = Store {
             pager,
@@ -237,9 +253,19 @@ impl Store {
         store.commit()?;
         // Both copies hold generation 1 so a fresh image has its fallback from the start.
         let other = 1 - Superblock::copy_for_generation(store.sb.generation);
-        let bytes = store.sb.encode(other);
-        store.pager.write_raw(SUPERBLOCK_OFFSETS[other], &bytes)?;
+        let sb = store.sb.clone();
+        store.write_superblock(&sb, other)?;
         store.pager.flush()?;
+        Ok(())
+    }
+
+    /// Writes copy `copy` of `sb` to its slot and, with two metadata copies, its mirror.
+    pub(crate) fn write_superblock(&mut self, sb: &Superblock, copy: usize) -> Result<()> {
+        let bytes = sb.encode(copy);
+        self.pager.write_raw(SUPERBLOCK_OFFSETS[copy], &bytes)?;
+        if sb.meta_copies == 2 {
+            self.pager.write_raw(SUPERBLOCK_MIRROR_OFFSETS[copy], &bytes)?;
+        }
         Ok(())
     }
 
@@ -260,26 +286,16 @@ impl Store {
         if size < MIN_IMAGE_BYTES {
             return Err(Error::BadImage(format!("{size} bytes is too small to be a crest image (truncated?)")));
         }
-        let mut candidates = Vec::new();
-        let mut notes = Vec::new();
-        for (copy, off) in SUPERBLOCK_OFFSETS.iter().enumerate() {
-            let mut buf = vec![0u8; SUPERBLOCK_BYTES];
-            if let Err(e) = disk.read_at(*off, &mut buf) {
-                notes.push(format!("superblock copy {copy}: read failed: {e}"));
-                continue;
-            }
-            match Superblock::decode(&buf, copy, image_blocks) {
-                Ok(sb) => candidates.push(sb),
-                Err(e) => notes.push(format!("superblock copy {copy}: {e}")),
-            }
-        }
+        let (mut candidates, mut notes) = read_superblocks(&*disk, image_blocks);
         if candidates.is_empty() {
             return Err(Error::BadImage(format!("no valid superblock: {}", notes.join("; "))));
         }
-        if candidates.len() == 2 && candidates[0].fsid != candidates[1].fsid {
-            notes.push("the two superblock copies belong to different file systems; using the newer".into());
+        if candidates.iter().any(|sb| sb.fsid != candidates[0].fsid) {
+            notes.push("the superblock copies belong to different file systems; using the newest".into());
         }
+        // Newest first; a slot's mirror (same generation, same bytes) is only a spare.
         candidates.sort_by_key(|sb| std::cmp::Reverse(sb.generation));
+        candidates.dedup();
         let mut disk = Some(disk);
         let mut last_err = None;
         for (i, sb) in candidates.iter().enumerate() {
@@ -287,7 +303,7 @@ impl Store {
             match Store::load(d, sb.clone()) {
                 Ok(mut store) => {
                     notes.extend(std::mem::take(&mut store.open_notes));
-                    if let Some(older) = candidates.get(i + 1) {
+                    if let Some(older) = candidates[i + 1..].iter().find(|o| o.generation < sb.generation) {
                         if let Err(e) = store.hold_older_generation(older) {
                             notes.push(format!(
                                 "older generation {} not fully readable ({e}); it is no fallback",
@@ -328,7 +344,7 @@ impl Store {
         let mut seen: HashMap<u64, std::collections::HashSet<u64>> = HashMap::new();
         for tree in [root, refcount].into_iter().chain(slots.values().map(|s| s.fs)) {
             walk_unseen(&mut self.pager, &tree, seen.entry(tree.owner).or_default(), &mut |ptr, _| {
-                held.push((ptr.block, 1));
+                held.extend(ptr.copies().map(|b| (b, 1)));
                 Ok(())
             })?;
         }
@@ -346,6 +362,7 @@ impl Store {
         let mut alloc = Allocator::new(sb.total_blocks, BLOCKS_PER_GROUP);
         alloc.mark_used(0, RESERVED_BLOCKS);
         let mut pager = Pager::new(disk, sb.fsid, sb.total_blocks, alloc);
+        pager.set_copies(sb.meta_copies);
         let root_tree = Tree::on_disk(ROOT_TREE_ID, sb.root_tree);
         let refcount_tree = Tree::on_disk(REFCOUNT_TREE_ID, sb.refcount_tree);
         let loaded = (|| {
@@ -429,7 +446,7 @@ impl Store {
 
     /// Counters since open.
     pub fn stats(&self) -> Stats {
-        Stats { bytes_written: self.pager.bytes_written, ..self.stats.clone() }
+        Stats { bytes_written: self.pager.bytes_written, repaired: self.pager.repaired, ..self.stats.clone() }
     }
 
     /// True when something waits to be committed.
@@ -522,8 +539,7 @@ impl Store {
             refcount_tree: refcount,
             ..self.sb.clone()
         };
-        let copy = Superblock::copy_for_generation(generation);
-        self.pager.write_raw(SUPERBLOCK_OFFSETS[copy], &sb.encode(copy))?;
+        self.write_superblock(&sb, Superblock::copy_for_generation(generation))?;
         self.pager.flush()?;
         self.sb = sb;
         self.committed_meta = self.meta;
@@ -605,6 +621,33 @@ pub(crate) fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock
     Ok((slots, catalog, dead))
 }
 
+/// Every superblock copy that verifies, from the two slots and their mirrors, and a note
+/// for each that does not (mirrors only when the image keeps them).
+pub(crate) fn read_superblocks(disk: &dyn Disk, image_blocks: u64) -> (Vec<Superblock>, Vec<String>) {
+    let mut found = Vec::new();
+    let mut notes = Vec::new();
+    let mut mirror_notes = Vec::new();
+    let places = SUPERBLOCK_OFFSETS.iter().enumerate().map(|(c, &o)| (c, o, false));
+    let mirrors = SUPERBLOCK_MIRROR_OFFSETS.iter().enumerate().map(|(c, &o)| (c, o, true));
+    for (copy, off, mirror) in places.chain(mirrors) {
+        let what = if mirror { "mirror of superblock copy" } else { "superblock copy" };
+        let mut buf = vec![0u8; SUPERBLOCK_BYTES];
+        let r = disk
+            .read_at(off, &mut buf)
+            .map_err(|e| format!("read failed: {e}"))
+            .and_then(|()| Superblock::decode(&buf, copy, image_blocks).map_err(|e| e.to_string()));
+        match r {
+            Ok(sb) => found.push(sb),
+            Err(e) if mirror => mirror_notes.push(format!("{what} {copy}: {e} (at byte {off})")),
+            Err(e) => notes.push(format!("{what} {copy}: {e} (at byte {off})")),
+        }
+    }
+    if found.iter().any(|sb| sb.meta_copies == 2) {
+        notes.extend(mirror_notes);
+    }
+    (found, notes)
+}
+
 /// What `load_datasets` finds: every dataset's tree, the catalog, the deadlists.
 pub(crate) type Loaded = (BTreeMap<u64, Slot>, Catalog, BTreeMap<u64, crate::snapshots::Deadlist>);
 
@@ -616,10 +659,10 @@ pub(crate) fn walk_unseen(
     seen: &mut std::collections::HashSet<u64>,
     visit: &mut dyn FnMut(&BlockPtr, &crate::engine::node::Node) -> Result<()>,
 ) -> Result<()> {
-    let ChildPtr::Disk { block, generation } = tree.root else {
+    let Some(root) = tree.root.on_disk(tree.level) else {
         return Err(Error::Invalid("walking a tree with uncommitted changes".into()));
     };
-    let mut stack = vec![BlockPtr { block, generation, level: tree.level }];
+    let mut stack = vec![root];
     while let Some(ptr) = stack.pop() {
         if !seen.insert(ptr.block) {
             continue;
@@ -628,8 +671,8 @@ pub(crate) fn walk_unseen(
         visit(&ptr, &node)?;
         if let Body::Internal(children) = &node.body {
             for (_, c) in children.iter().rev() {
-                if let ChildPtr::Disk { block, generation } = c {
-                    stack.push(BlockPtr { block: *block, generation: *generation, level: ptr.level - 1 });
+                if let Some(child) = c.on_disk(ptr.level - 1) {
+                    stack.push(child);
                 }
             }
         }
@@ -654,7 +697,7 @@ fn rebuild_allocation(
         let mut blocks = Vec::new();
         let mut data = 0;
         walk_unseen(pager, tree, seen.entry(tree.owner).or_default(), &mut |ptr, node| {
-            blocks.push(ptr.block);
+            blocks.extend(ptr.copies());
             if let Body::Leaf(items) = &node.body {
                 // (A damaged extent counts nothing here: a read of it fails, as it did.)
                 for (k, v) in items.iter().filter(|(k, _)| k.kind == kind::EXTENT) {

@@ -233,12 +233,19 @@ fn errno<T>(r: Result<T, Error>) -> Option<i32> {
 
 #[test]
 fn older_superblock_stays_a_valid_fallback_after_reopen() {
+    for copies in [1, 2] {
+        older_superblock_fallback(copies);
+    }
+}
+
+fn older_superblock_fallback(copies: u8) {
     use crest_store::crash::{image_at, CrashPoint, Event, RecordingDisk};
-    use crest_store::limits::SUPERBLOCK_OFFSETS;
+    use crest_store::limits::{SUPERBLOCK_MIRROR_OFFSETS, SUPERBLOCK_OFFSETS};
     // Generation 2 with a file, closed; reopened; generation 3 rewrites it. A crash before
-    // generation 3's superblock lands plus a damaged generation-2 copy must fall back to
-    // generation 1 intact: the first transaction after open must not reuse its blocks.
-    let disk = fresh(16);
+    // generation 3's superblock lands plus a damaged generation-2 copy (and mirror) must
+    // fall back to generation 1 intact: the first transaction after open must not reuse
+    // its blocks.
+    let disk = fresh_with_copies(16, copies);
     let mut s = open(&disk);
     let f = s.create(ROOT_INO, b"f", FileKind::Regular, 0o644, 0, 0, 0, t(2)).expect("f").ino;
     s.write(f, 0, &pattern(50_000, 1), t(2)).expect("write");
@@ -246,7 +253,7 @@ fn older_superblock_stays_a_valid_fallback_after_reopen() {
     drop(s);
     let gen1_view = {
         // Generation 1 (mkfs) is the copy that generation 2 did not overwrite.
-        let mut s = open(&fresh(16));
+        let mut s = open(&fresh_with_copies(16, copies));
         dump(&mut s)
     };
     let rec = RecordingDisk::new(disk.snapshot());
@@ -262,15 +269,23 @@ fn older_superblock_stays_a_valid_fallback_after_reopen() {
     let events = rec.events();
     let sb = events
         .iter()
-        .rposition(|e| matches!(e, Event::Write { offset, .. } if SUPERBLOCK_OFFSETS.contains(offset)))
+        .position(|e| {
+            matches!(e, Event::Write { offset, .. }
+                if SUPERBLOCK_OFFSETS.contains(offset) || SUPERBLOCK_MIRROR_OFFSETS.contains(offset))
+        })
         .expect("superblock write");
     // Everything of generation 3 but its superblock reached the disk.
     let mut img = image_at(rec.base(), &events, &CrashPoint { durable: sb, survivors: vec![] });
-    // And the generation-2 copy is damaged.
-    let copy2 = SUPERBLOCK_OFFSETS[2 % 2] as usize;
-    img[copy2 + 100] ^= 0xff;
+    // And the generation-2 copy is damaged, in both places when it has a mirror.
+    img[SUPERBLOCK_OFFSETS[0] as usize + 100] ^= 0xff;
+    if copies == 2 {
+        let s = Store::open(Box::new(MemDisk::from_bytes(img.clone()))).expect("open from the mirror");
+        assert_eq!(s.generation(), 2, "the mirror of the damaged copy is used");
+        drop(s);
+        img[SUPERBLOCK_MIRROR_OFFSETS[0] as usize + 100] ^= 0xff;
+    }
     let mut s = Store::open(Box::new(MemDisk::from_bytes(img))).expect("falls back to generation 1");
-    assert_eq!(s.generation(), 1);
+    assert_eq!(s.generation(), 1, "{copies} copies");
     assert_same(&dump(&mut s), &gen1_view, "generation 1 after fallback");
 }
 

@@ -55,7 +55,7 @@ use crest_store::fs::extent::Extent;
 use crest_store::fs::inode::Inode;
 use crest_store::key::{kind, Key};
 use crest_store::limits::{BLOCK_SIZE, RESERVED_BLOCKS};
-use crest_store::node::{BlockPtr, Body, ChildPtr, Node, LEAF_SPACE};
+use crest_store::node::{BlockPtr, Body, Node, LEAF_SPACE};
 use crest_store::store::{FS_TREE_ID, REFCOUNT_TREE_ID, ROOT_TREE_ID};
 use crest_store::superblock::Superblock;
 use crest_store::{Error, FileKind, MemDisk, RenameFlags, SetAttr, Store, ROOT_INO};
@@ -296,8 +296,8 @@ fn walk_tree(
             Body::Leaf(v) => items.extend(v.into_iter().map(|(k, val)| (k, val, p.block))),
             Body::Internal(c) => {
                 for (_, cp) in c.iter().rev() {
-                    if let ChildPtr::Disk { block, generation } = *cp {
-                        stack.push(BlockPtr { block, generation, level: p.level - 1 });
+                    if let Some(child) = cp.on_disk(p.level - 1) {
+                        stack.push(child);
                     }
                 }
             }
@@ -324,7 +324,7 @@ fn walk_generation(img: &[u8], copy: usize) -> R<GenLayout> {
         .map(|(_, v, _)| v.clone())
         .ok_or("no root item")?;
     ensure!(v.len() == 48, "root item of {} bytes", v.len());
-    let fs_ptr = BlockPtr { block: get_u64(&v, 0), generation: get_u64(&v, 8), level: v[16] };
+    let fs_ptr = BlockPtr { block: get_u64(&v, 0), twin: get_u64(&v, 40), generation: get_u64(&v, 8), level: v[16] };
     walk_tree(img, &sb, REFCOUNT_TREE_ID, sb.refcount_tree, &mut g)?;
     for (k, v, leaf) in walk_tree(img, &sb, FS_TREE_ID, fs_ptr, &mut g)? {
         g.fs_leaf_of.insert(k, leaf);
@@ -417,7 +417,7 @@ const BIG_FILES: usize = 200;
 
 /// The 16 MiB image: generations 2 (snapshot kept), 3, 4 and 5 (the two copies hold 5 and 4).
 fn build_main() -> Fixture {
-    let disk = fresh(16);
+    let disk = fresh_with_copies(16, 1);
     let now = t(10);
     let mut dumps = BTreeMap::new();
     let mut s = open(&disk);
@@ -494,7 +494,7 @@ fn build_main() -> Fixture {
 /// The 4 MiB image for fuzzing: generation 2 with everything, generation 3 = 2 plus an
 /// xattr on the root (invisible to the dump), so both copies show the same namespace.
 fn build_small() -> Fixture {
-    let disk = fresh(4);
+    let disk = fresh_with_copies(4, 1);
     let now = t(10);
     let mut dumps = BTreeMap::new();
     let mut s = open(&disk);
@@ -1020,8 +1020,8 @@ const CORPUS: &[Case] = &[
     case!(4, Superblock, "blank (all-zero) image → BadImage: bad magic", c004),
     case!(5, Superblock, "foreign ext4-like image → BadImage: bad magic", c005),
     case!(6, Superblock, "random noise image → BadImage: bad magic", c006),
-    case!(7, Superblock, "format version 2 in both copies (checksum fixed) → BadImage: version", c007),
-    case!(8, Superblock, "format version 2 in the newest copy only → fallback", c008),
+    case!(7, Superblock, "format version 3 in both copies (checksum fixed) → BadImage: version", c007),
+    case!(8, Superblock, "format version 3 in the newest copy only → fallback", c008),
     case!(9, Superblock, "image truncated to 12 of 16 MiB → BadImage: truncated", c009),
     case!(10, Superblock, "image truncated below the 4 MiB minimum → BadImage: too small", c010),
     case!(11, Superblock, "image length not a multiple of 4 KiB → BadImage: truncated", c011),
@@ -1169,7 +1169,7 @@ fn c001(fx: &Fixture) -> R {
     // Open falls back to the other copy, but fsck reports the damaged one.
     let rep = fsck_problem(
         &img,
-        &[&format!("superblock copy {copy} unusable at byte {}", sb_block(copy) * BS64), "checksum mismatch"],
+        &[&format!("superblock copy {copy}:"), &format!("at byte {}", sb_block(copy) * BS64), "checksum mismatch"],
     )?;
     ensure!(rep.generation == fx.old.generation, "fsck checked generation {}", rep.generation);
     ensure!(rep.problems.len() == 1, "fsck problems besides the superblock: {}", short(&rep.problems));
@@ -1186,7 +1186,7 @@ fn c002(fx: &Fixture) -> R {
     blk_mut(&mut img, sb_block(copy))[300] ^= 0x01;
     let rep = fsck_problem(
         &img,
-        &[&format!("superblock copy {copy} unusable at byte {}", sb_block(copy) * BS64), "checksum mismatch"],
+        &[&format!("superblock copy {copy}:"), &format!("at byte {}", sb_block(copy) * BS64), "checksum mismatch"],
     )?;
     ensure!(rep.generation == fx.new.generation, "fsck checked generation {}", rep.generation);
     ensure!(rep.problems.len() == 1, "fsck problems besides the superblock: {}", short(&rep.problems));
@@ -1200,7 +1200,7 @@ fn c003(fx: &Fixture) -> R {
     expect_bad_image(
         &img,
         &["no valid superblock", "superblock copy 0:", "superblock copy 1:", "checksum mismatch"],
-        &["superblock copy 0 unusable", "superblock copy 1 unusable", "checksum mismatch"],
+        &["superblock copy 0:", "superblock copy 1:", "checksum mismatch"],
     )
 }
 
@@ -1229,16 +1229,16 @@ fn c006(_: &Fixture) -> R {
 fn c007(fx: &Fixture) -> R {
     let mut img = fx.image.clone();
     for copy in 0..2 {
-        patch_sb(&mut img, copy, |b| b[SB_VERSION..SB_VERSION + 4].copy_from_slice(&2u32.to_le_bytes()));
+        patch_sb(&mut img, copy, |b| b[SB_VERSION..SB_VERSION + 4].copy_from_slice(&3u32.to_le_bytes()));
     }
-    let n = ["format version 2, this crest reads version 1", "superblock copy 0", "superblock copy 1"];
+    let n = ["format version 3, this crest reads version 2", "superblock copy 0", "superblock copy 1"];
     expect_bad_image(&img, &n, &n)
 }
 
 fn c008(fx: &Fixture) -> R {
     let mut img = fx.image.clone();
-    patch_sb(&mut img, fx.new.copy, |b| b[SB_VERSION..SB_VERSION + 4].copy_from_slice(&2u32.to_le_bytes()));
-    expect_fallback(fx, &img, &[&format!("superblock copy {}:", fx.new.copy), "format version 2"])
+    patch_sb(&mut img, fx.new.copy, |b| b[SB_VERSION..SB_VERSION + 4].copy_from_slice(&3u32.to_le_bytes()));
+    expect_fallback(fx, &img, &[&format!("superblock copy {}:", fx.new.copy), "format version 3"])
 }
 
 fn c009(fx: &Fixture) -> R {
@@ -1296,7 +1296,7 @@ fn c014(fx: &Fixture) -> R {
         fx,
         &img,
         &[
-            "the two superblock copies belong to different file systems",
+            "the superblock copies belong to different file systems",
             &format!("generation {} unusable", fx.new.generation),
             "fsid mismatch",
         ],

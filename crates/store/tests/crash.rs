@@ -13,7 +13,7 @@ mod common;
 use common::*;
 use crest_rng::Stream;
 use crest_store::crash::{image_at, CrashPoint, Event, FailingDisk, RecordingDisk};
-use crest_store::limits::SUPERBLOCK_OFFSETS;
+use crest_store::limits::{SUPERBLOCK_MIRROR_OFFSETS, SUPERBLOCK_OFFSETS};
 use crest_store::{Error, FileKind, MemDisk, RenameFlags, SetAttr, Store, ROOT_INO};
 
 const IMAGE_MIB: u64 = 8;
@@ -138,8 +138,9 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
 struct Recorded {
     base: Vec<u8>,
     events: Vec<Event>,
-    /// (event index of the commit's superblock write, namespace after the commit)
-    commits: Vec<(usize, Dump)>,
+    /// (event indexes of the commit's superblock writes — its slot and the slot's mirror —
+    /// namespace after the commit): the commit is on disk once either landed.
+    commits: Vec<(Vec<usize>, Dump)>,
     initial: Dump,
 }
 
@@ -156,11 +157,14 @@ fn record(seed: u64, ops: usize) -> Recorded {
         if s.generation() != last_gen {
             last_gen = s.generation();
             let events = rec.events();
-            let sb_write = events
+            let sb_writes: Vec<usize> = [SUPERBLOCK_OFFSETS, SUPERBLOCK_MIRROR_OFFSETS]
                 .iter()
-                .rposition(|e| matches!(e, Event::Write { offset, .. } if SUPERBLOCK_OFFSETS.contains(offset)))
-                .expect("a commit writes a superblock");
-            commits.push((sb_write, dump(s)));
+                .filter_map(|slots| {
+                    events.iter().rposition(|e| matches!(e, Event::Write { offset, .. } if slots.contains(offset)))
+                })
+                .collect();
+            assert_eq!(sb_writes.len(), 2, "a commit writes a superblock and its mirror");
+            commits.push((sb_writes, dump(s)));
         }
     });
     // Commits made inside operations (space pressure) are not tracked: the workload is
@@ -195,7 +199,7 @@ fn check_point(r: &Recorded, point: &CrashPoint, tear: Option<(usize, usize)>) -
         i < point.durable
             || (point.survivors.contains(&i) && (torn_counts_as_written || tear.is_none_or(|(t, _)| t != i)))
     };
-    let expected = r.commits.iter().rev().find(|(sb, _)| applied(*sb)).map_or(&r.initial, |(_, d)| d);
+    let expected = r.commits.iter().rev().find(|(sb, _)| sb.iter().any(|&w| applied(w))).map_or(&r.initial, |(_, d)| d);
     let report = fsck_bytes(img.clone());
     if !report.is_clean() {
         return Err(format!("fsck: {:?}", report.problems));

@@ -159,7 +159,7 @@ fn properties_are_checked_and_kept() {
 #[test]
 fn the_older_superblock_keeps_every_datasets_tree_as_a_fallback_after_reopen() {
     use crest_store::crash::{image_at, CrashPoint, Event, RecordingDisk};
-    use crest_store::limits::SUPERBLOCK_OFFSETS;
+    use crest_store::limits::{SUPERBLOCK_MIRROR_OFFSETS, SUPERBLOCK_OFFSETS};
     use crest_store::MemDisk;
     // Generation 2 holds dataset "a" with files; generation 3 removes them. Reopened, the
     // first transaction writes much new data: if a crash then loses its superblock and the
@@ -190,10 +190,15 @@ fn the_older_superblock_keeps_every_datasets_tree_as_a_fallback_after_reopen() {
     let events = rec.events();
     let sb = events
         .iter()
-        .rposition(|e| matches!(e, Event::Write { offset, .. } if SUPERBLOCK_OFFSETS.contains(offset)))
+        .position(|e| {
+            matches!(e, Event::Write { offset, .. }
+                if SUPERBLOCK_OFFSETS.contains(offset) || SUPERBLOCK_MIRROR_OFFSETS.contains(offset))
+        })
         .expect("superblock write");
     let mut img = image_at(rec.base(), &events, &CrashPoint { durable: sb, survivors: vec![] });
+    // (Generation 3's copy is damaged in its slot and in the slot's mirror.)
     img[SUPERBLOCK_OFFSETS[3 % 2] as usize + 100] ^= 0xff;
+    img[SUPERBLOCK_MIRROR_OFFSETS[3 % 2] as usize + 100] ^= 0xff;
     let mut s = Store::open(Box::new(MemDisk::from_bytes(img))).expect("falls back to generation 2");
     assert_eq!(s.generation(), 2);
     assert_same(&dump(&mut s), &gen2, "generation 2 after the fallback");

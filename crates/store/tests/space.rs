@@ -189,7 +189,9 @@ fn a_large_delete_is_freed_in_steps_and_a_crash_resumes_it() {
     let seed = seed();
     let mut rng = Stream::from_seed_u64(seed);
     for round in 0..rounds() {
-        let disk = fresh(32);
+        // (Room for both files, their rewritten blocks until the commits give the old
+        // ones back, and every node in two copies.)
+        let disk = fresh(48);
         let mut s = open(&disk);
         let n = 200 + rng.below(2500);
         let a = new_file(&mut s, "a").expect("create");

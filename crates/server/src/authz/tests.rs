@@ -11,7 +11,7 @@ const ROOT_INO: u64 = 1;
 
 pub(super) fn store() -> s::Store {
     let disk = s::MemDisk::new(16 << 20);
-    let opts = s::MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None };
+    let opts = s::MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None, meta_copies: 2 };
     s::Store::mkfs(Box::new(disk.clone()), &opts).expect("mkfs");
     let mut st = s::Store::open(Box::new(disk)).expect("open");
     // The root directory: everyone may create in it, as in /tmp (but not sticky).

@@ -234,6 +234,9 @@ impl Server {
                 let max = call.get_u64("max_blocks").unwrap_or(2048).clamp(1, 65_536);
                 let st = self.store.scrub_step(max).map_err(|e| err_of(&e))?;
                 let _ = out.add("blocks", Value::U64(st.blocks));
+                let _ = out.add("nodes", Value::U64(st.nodes));
+                let _ = out.add("repaired", Value::U64(st.repaired));
+                let _ = out.add("fixed", Value::Strs(st.fixed.clone()));
                 let _ = out.add("done", Value::Bool(st.done));
                 let _ = out.add("dataset", Value::U64(st.dataset));
                 let _ = out.add("more_bad", Value::U64(st.more_bad));

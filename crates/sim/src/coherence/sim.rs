@@ -122,8 +122,11 @@ impl Sim {
         let mut crash_rng = Stream::from_seed_u64(seed ^ 0x5e7e_c7a5_4000_0001);
         let disk = MemDisk::new(64 << 20);
         let t = crest_store::Timespec::new(EPOCH_S as i64 - 10, 0);
-        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: t, fsid: Some([7; 16]), seed: Some(seed) })
-            .expect("mkfs");
+        Store::mkfs(
+            Box::new(disk.clone()),
+            &MkfsOptions { now: t, fsid: Some([7; 16]), seed: Some(seed), meta_copies: 2 },
+        )
+        .expect("mkfs");
         let mut store = Store::open(Box::new(disk.clone())).expect("open");
         let root = crest_server::convert::attr_out(&store.getattr(ROOT_INO).expect("root"));
         let mut server = Server::new(store);

@@ -645,8 +645,11 @@ mod tests {
         use crate::{check, FileKind, MkfsOptions, Store, Timespec, ROOT_INO};
         with_each(|io, path| {
             let now = Timespec::new(1_700_000_000, 0);
-            Store::mkfs(io.create(path, 64 << 20).expect("create"), &MkfsOptions { now, fsid: None, seed: None })
-                .expect("mkfs");
+            Store::mkfs(
+                io.create(path, 64 << 20).expect("create"),
+                &MkfsOptions { now, fsid: None, seed: None, meta_copies: 2 },
+            )
+            .expect("mkfs");
             let mut store = Store::open(io.open(path).expect("open")).expect("open store");
             let mut files = Vec::new();
             for i in 0..300u64 {

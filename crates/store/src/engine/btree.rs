@@ -29,7 +29,7 @@ pub struct Tree {
 impl Tree {
     /// A tree whose root is committed at `ptr`.
     pub fn on_disk(owner: u64, ptr: BlockPtr) -> Tree {
-        Tree { owner, root: ChildPtr::Disk { block: ptr.block, generation: ptr.generation }, level: ptr.level }
+        Tree { owner, root: ptr.child(), level: ptr.level }
     }
 
     /// A new, empty tree (one dirty empty leaf).
@@ -166,7 +166,7 @@ impl Tree {
     /// Writes the tree's dirty nodes (queued in `out`) and points the handle at the new root.
     pub fn write(&mut self, pager: &mut Pager, generation: u64, out: &mut Vec<(u64, Vec<u8>)>) -> Result<BlockPtr> {
         let p = pager.write_tree(self.root, self.level, generation, out)?;
-        self.root = ChildPtr::Disk { block: p.block, generation: p.generation };
+        self.root = p.child();
         Ok(p)
     }
 }

@@ -20,8 +20,9 @@ use crate::limits::{BLOCK_SIZE, MAX_TREE_LEVEL};
 pub const HEADER_BYTES: usize = 80;
 /// Bytes per leaf item header: key, data offset (u16), data length (u16).
 pub const LEAF_ITEM_BYTES: usize = KEY_BYTES + 4;
-/// Bytes per internal entry: key, child block (u64), child generation (u64).
-pub const INTERNAL_ENTRY_BYTES: usize = KEY_BYTES + 16;
+/// Bytes per internal entry: key, child block (u64), child generation (u64), block of the
+/// child's second copy (u64, 0 when it has one copy).
+pub const INTERNAL_ENTRY_BYTES: usize = KEY_BYTES + 24;
 /// Most children an internal node holds.
 pub const INTERNAL_CAPACITY: usize = (BLOCK_SIZE - HEADER_BYTES) / INTERNAL_ENTRY_BYTES;
 /// Bytes available for leaf items (headers + data).
@@ -32,6 +33,9 @@ pub const LEAF_SPACE: usize = BLOCK_SIZE - HEADER_BYTES;
 pub struct BlockPtr {
     /// Block number.
     pub block: u64,
+    /// Block of the node's second copy (byte for byte the same block, header included), or
+    /// 0 when it has one copy (block 0 is reserved, never a node).
+    pub twin: u64,
     /// Generation the node was written in.
     pub generation: u64,
     /// Level: 0 for a leaf.
@@ -54,11 +58,35 @@ pub enum ChildPtr {
     Disk {
         /// Block number.
         block: u64,
+        /// Block of its second copy, 0 if none.
+        twin: u64,
         /// Generation expected in its header.
         generation: u64,
     },
     /// Index into the transaction's arena of dirty nodes.
     Dirty(u32),
+}
+
+impl BlockPtr {
+    /// The same node as a parent's child pointer.
+    pub fn child(&self) -> ChildPtr {
+        ChildPtr::Disk { block: self.block, twin: self.twin, generation: self.generation }
+    }
+
+    /// The blocks holding the node: its block, and its twin if it has one.
+    pub fn copies(&self) -> impl Iterator<Item = u64> {
+        [self.block, self.twin].into_iter().filter(|&b| b != 0)
+    }
+}
+
+impl ChildPtr {
+    /// The committed node this names, at `level`; `None` for a dirty one.
+    pub fn on_disk(&self, level: u8) -> Option<BlockPtr> {
+        match *self {
+            ChildPtr::Disk { block, twin, generation } => Some(BlockPtr { block, twin, generation, level }),
+            ChildPtr::Dirty(_) => None,
+        }
+    }
 }
 
 /// A decoded node.
@@ -145,11 +173,12 @@ impl Node {
                 for (i, (key, ptr)) in children.iter().enumerate() {
                     let at = HEADER_BYTES + i * INTERNAL_ENTRY_BYTES;
                     key.encode(&mut b[at..at + KEY_BYTES]);
-                    let ChildPtr::Disk { block: cb, generation: cg } = ptr else {
+                    let ChildPtr::Disk { block: cb, twin: ct, generation: cg } = ptr else {
                         panic!("encoding node {block} with an unwritten child");
                     };
                     b[at + KEY_BYTES..at + KEY_BYTES + 8].copy_from_slice(&cb.to_le_bytes());
                     b[at + KEY_BYTES + 8..at + KEY_BYTES + 16].copy_from_slice(&cg.to_le_bytes());
+                    b[at + KEY_BYTES + 16..at + KEY_BYTES + 24].copy_from_slice(&ct.to_le_bytes());
                 }
             }
         }
@@ -241,8 +270,15 @@ impl Node {
                 let key = Key::decode(&b[at..at + KEY_BYTES]);
                 let cb = get(at + KEY_BYTES);
                 let cg = get(at + KEY_BYTES + 8);
+                let ct = get(at + KEY_BYTES + 16);
                 if cb >= total_blocks {
                     return Err(bad(format!("child {i} points at block {cb}, past the end")));
+                }
+                if ct >= total_blocks {
+                    return Err(bad(format!("child {i}'s second copy is at block {ct}, past the end")));
+                }
+                if ct == cb {
+                    return Err(bad(format!("child {i}'s second copy is the block itself ({cb})")));
                 }
                 if cg > generation {
                     return Err(bad(format!("child {i} generation {cg} is newer than the node's {generation}")));
@@ -252,7 +288,7 @@ impl Node {
                         return Err(bad(format!("child {i} key {key:?} not above {prev:?}")));
                     }
                 }
-                children.push((key, ChildPtr::Disk { block: cb, generation: cg }));
+                children.push((key, ChildPtr::Disk { block: cb, twin: ct, generation: cg }));
             }
             let end = HEADER_BYTES + n * INTERNAL_ENTRY_BYTES;
             if b[end..].iter().any(|&x| x != 0) {
@@ -283,7 +319,7 @@ mod tests {
     }
 
     fn ptr(level: u8) -> BlockPtr {
-        BlockPtr { block: 500, generation: 7, level }
+        BlockPtr { block: 500, twin: 0, generation: 7, level }
     }
 
     #[test]
@@ -317,8 +353,8 @@ mod tests {
             owner: 1,
             level: 1,
             body: Body::Internal(vec![
-                (Key::MIN, ChildPtr::Disk { block: 10, generation: 3 }),
-                (Key::new(5, 0, 0), ChildPtr::Disk { block: 11, generation: 7 }),
+                (Key::MIN, ChildPtr::Disk { block: 10, twin: 0, generation: 3 }),
+                (Key::new(5, 0, 0), ChildPtr::Disk { block: 11, twin: 900, generation: 7 }),
             ]),
         };
         let b = n.encode(&FSID, 500, 7);

@@ -8,7 +8,10 @@
 //! - a committed block is never overwritten: dirty nodes get fresh blocks at commit;
 //! - a block freed in transaction `T` is handed back to the allocator only after the
 //!   commit of `T + 1` is durable, so both superblock copies always describe intact trees;
-//! - after any failed write or flush the pager is poisoned and refuses further writes.
+//! - after any failed write or flush the pager is poisoned and refuses further writes;
+//! - with two metadata copies every node is written to two blocks half an image apart
+//!   (the parent's pointer names both); a copy that fails to read or verify is replaced by
+//!   the other, which is then written over the bad one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,6 +35,14 @@ pub struct Pager {
     freed_prev_txn: Vec<(u64, u64)>,
     poisoned: Option<String>,
     meta_goal: u64,
+    /// Where the next second copy goes (half an image away from `meta_goal`).
+    twin_goal: u64,
+    /// Copies of each node: 1 or 2.
+    copies: u8,
+    /// Node copies found bad and rewritten from their twin since open.
+    pub(crate) repaired: u64,
+    /// Whether a bad copy is rewritten from its twin (not by fsck, which only reads).
+    repairs: bool,
     /// Bytes written to the disk since open (nodes, data, superblocks).
     pub(crate) bytes_written: u64,
     /// By tree owner: the newest generation a snapshot of that tree holds. A committed
@@ -56,6 +67,10 @@ impl Pager {
             freed_prev_txn: Vec::new(),
             poisoned: None,
             meta_goal: crate::limits::RESERVED_BLOCKS,
+            twin_goal: crate::limits::RESERVED_BLOCKS + total_blocks / 2,
+            copies: 1,
+            repaired: 0,
+            repairs: true,
             bytes_written: 0,
             keep: HashMap::new(),
             kept: Vec::new(),
@@ -65,6 +80,21 @@ impl Pager {
     /// The file system id every node carries.
     pub fn fsid(&self) -> &[u8; 16] {
         &self.fsid
+    }
+
+    /// Writes every node from now on in `copies` copies (1 or 2).
+    pub fn set_copies(&mut self, copies: u8) {
+        self.copies = copies.clamp(1, 2);
+    }
+
+    /// Lets reads rewrite a bad node copy from its twin (the default) or not.
+    pub fn set_repairs(&mut self, on: bool) {
+        self.repairs = on;
+    }
+
+    /// Copies of each node this pager writes.
+    pub fn copies(&self) -> u8 {
+        self.copies
     }
 
     /// Blocks in the file system.
@@ -182,7 +212,9 @@ impl Pager {
     pub fn node(&mut self, ptr: ChildPtr, owner: u64, level: u8) -> Result<NodeRef> {
         match ptr {
             ChildPtr::Dirty(id) => Ok(self.dirty[id as usize].clone()),
-            ChildPtr::Disk { block, generation } => self.read_node(&BlockPtr { block, generation, level }, owner),
+            ChildPtr::Disk { block, twin, generation } => {
+                self.read_node(&BlockPtr { block, twin, generation, level }, owner)
+            }
         }
     }
 
@@ -205,11 +237,59 @@ impl Pager {
                 ),
             ));
         }
-        let mut buf = vec![0u8; crate::limits::BLOCK_SIZE];
-        self.read_blocks(ptr.block, &mut buf)?;
-        let node = Arc::new(Node::decode(&buf, &self.fsid, ptr, owner, self.total_blocks)?);
+        let node = match self.read_copy(ptr, ptr.block, owner) {
+            Ok((node, _)) => node,
+            Err(e) if ptr.twin == 0 || !(e.is_corruption() || matches!(e, Error::Io { .. })) => return Err(e),
+            Err(e) => match self.read_copy(ptr, ptr.twin, owner) {
+                Ok((node, good)) => {
+                    tracing::warn!(block = ptr.block, copy = ptr.twin, "node copy bad ({e}); using its twin");
+                    self.rewrite_copy(ptr.block, &good);
+                    node
+                }
+                Err(_) => return Err(e),
+            },
+        };
+        let node = Arc::new(node);
         self.cache_insert(ptr.block, ptr.generation, node.clone());
         Ok(node)
+    }
+
+    /// Reads one copy of the node `ptr` names (at `at`: its block or its twin) and
+    /// verifies it against the pointer; returns it with its bytes.
+    pub(crate) fn read_copy(&self, ptr: &BlockPtr, at: u64, owner: u64) -> Result<(Node, Vec<u8>)> {
+        if at < crate::limits::RESERVED_BLOCKS || at >= self.total_blocks {
+            return Err(Error::corrupt("node", at, "copy outside the usable area"));
+        }
+        let mut buf = vec![0u8; crate::limits::BLOCK_SIZE];
+        self.read_blocks(at, &mut buf)?;
+        let node = Node::decode(&buf, &self.fsid, ptr, owner, self.total_blocks)?;
+        Ok((node, buf))
+    }
+
+    /// Writes a good copy's bytes over a bad copy of the same committed node. Safe at any
+    /// time: the bytes are the ones the block should hold, so a torn write leaves it as bad
+    /// as it was and the twin still good. A store that refuses writes leaves it be.
+    pub(crate) fn rewrite_copy(&mut self, at: u64, good: &[u8]) -> bool {
+        self.rewrite_raw(at * BLOCK_SIZE_U64, good)
+    }
+
+    /// As `rewrite_copy`, at a byte offset (a superblock's slot or mirror).
+    pub(crate) fn rewrite_raw(&mut self, offset: u64, good: &[u8]) -> bool {
+        let at = offset / BLOCK_SIZE_U64;
+        if self.poisoned.is_some() || !self.repairs {
+            return false;
+        }
+        match self.disk.write_at(offset, good) {
+            Ok(()) => {
+                self.bytes_written += good.len() as u64;
+                self.repaired += 1;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(block = at, "rewriting a bad node copy failed: {e}");
+                false
+            }
+        }
     }
 
     fn cache_insert(&mut self, block: u64, generation: u64, node: NodeRef) {
@@ -227,12 +307,15 @@ impl Pager {
     pub fn cow(&mut self, ptr: ChildPtr, owner: u64, level: u8) -> Result<u32> {
         match ptr {
             ChildPtr::Dirty(id) => Ok(id),
-            ChildPtr::Disk { block, generation } => {
-                let node = self.read_node(&BlockPtr { block, generation, level }, owner)?;
-                if self.keep.get(&owner).is_some_and(|&g| generation <= g) {
-                    self.kept.push((owner, block, generation));
-                } else {
-                    self.free_later(block, 1);
+            ChildPtr::Disk { block, twin, generation } => {
+                let node = self.read_node(&BlockPtr { block, twin, generation, level }, owner)?;
+                let shared = self.keep.get(&owner).is_some_and(|&g| generation <= g);
+                for b in [block, twin].into_iter().filter(|&b| b != 0) {
+                    if shared {
+                        self.kept.push((owner, b, generation));
+                    } else {
+                        self.free_later(b, 1);
+                    }
                 }
                 Ok(self.push_dirty(Node::clone(&node)))
             }
@@ -309,30 +392,44 @@ impl Pager {
         out: &mut Vec<(u64, Vec<u8>)>,
     ) -> Result<BlockPtr> {
         let block = match root {
-            ChildPtr::Disk { block, generation } => return Ok(BlockPtr { block, generation, level }),
+            ChildPtr::Disk { block, twin, generation } => return Ok(BlockPtr { block, twin, generation, level }),
             ChildPtr::Dirty(id) => {
                 let mut node = Node::clone(self.dirty_ref(id));
                 if let Body::Internal(children) = &mut node.body {
                     for child in children.iter_mut() {
                         let p = self.write_tree(child.1, level - 1, generation, out)?;
-                        child.1 = ChildPtr::Disk { block: p.block, generation: p.generation };
+                        child.1 = ChildPtr::Disk { block: p.block, twin: p.twin, generation: p.generation };
                     }
                 }
-                let block = match self.alloc.alloc(self.meta_goal, 1) {
-                    Some(b) => b,
-                    None => {
-                        let why = "no free block for a tree node during commit".to_string();
-                        self.poisoned = Some(why.clone());
-                        return Err(Error::NoSpace(why));
-                    }
-                };
-                self.meta_goal = block + 1;
-                out.push((block, node.encode(&self.fsid, block, generation)));
+                let block = self.alloc_node(false)?;
+                let bytes = node.encode(&self.fsid, block, generation);
+                let twin = if self.copies == 2 { self.alloc_node(true)? } else { 0 };
+                if twin != 0 {
+                    out.push((twin, bytes.clone()));
+                }
+                out.push((block, bytes));
                 self.cache_insert(block, generation, Arc::new(node));
-                block
+                (block, twin)
             }
         };
-        Ok(BlockPtr { block, generation, level })
+        Ok(BlockPtr { block: block.0, twin: block.1, generation, level })
+    }
+
+    /// A block for a node (or, `twin`, for its second copy, half an image further on so
+    /// that one bad region rarely takes both); a commit that finds none cannot complete.
+    fn alloc_node(&mut self, twin: bool) -> Result<u64> {
+        let goal = if twin { self.twin_goal } else { self.meta_goal };
+        let Some(b) = self.alloc.alloc(goal, 1) else {
+            let why = "no free block for a tree node during commit".to_string();
+            self.poisoned = Some(why.clone());
+            return Err(Error::NoSpace(why));
+        };
+        if twin {
+            self.twin_goal = b + 1;
+        } else {
+            self.meta_goal = b + 1;
+        }
+        Ok(b)
     }
 
     /// Ends a transaction after its superblock is durable: the arena is emptied and blocks

@@ -1,6 +1,8 @@
 //! The superblock: the one place a commit overwrites in place. Two copies live at fixed
 //! offsets; commit of generation `g` writes copy `g % 2` only, so the other copy always
 //! holds the previous generation intact. At open the newest copy that verifies wins.
+//! An image with two metadata copies (`meta_copies = 2`, the default) also writes each
+//! copy to a mirror slot, so a damaged copy still has a twin of the same generation.
 //!
 //! Invariants:
 //! - a superblock is written only after every node it points to is durable (flush first);
@@ -17,7 +19,7 @@ use crate::limits::{BLOCK_SIZE, SUPERBLOCK_OFFSETS};
 /// "CRESTFS1" — the magic number.
 pub const MAGIC: [u8; 8] = *b"CRESTFS1";
 /// Format version this code writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes of a superblock on disk (one block; the tail is zero).
 pub const SUPERBLOCK_BYTES: usize = BLOCK_SIZE;
 
@@ -38,6 +40,8 @@ pub struct Superblock {
     pub refcount_tree: BlockPtr,
     /// Checksum algorithm for nodes and data (`CSUM_CRC32C`).
     pub csum_type: u8,
+    /// Copies of every tree node and of each superblock copy: 1, or 2 (DUP).
+    pub meta_copies: u8,
 }
 
 // Byte layout (all little-endian): see docs/format.md.
@@ -46,6 +50,7 @@ const OFF_MAGIC: usize = 32;
 const OFF_VERSION: usize = 40;
 const OFF_COPY: usize = 44; // which copy this is (0 or 1)
 const OFF_CSUM_TYPE: usize = 45;
+const OFF_META_COPIES: usize = 46;
 const OFF_BLOCK_SIZE: usize = 48;
 const OFF_FSID: usize = 52;
 const OFF_GENERATION: usize = 68;
@@ -53,7 +58,9 @@ const OFF_TOTAL_BLOCKS: usize = 76;
 const OFF_USED_BLOCKS: usize = 84;
 const OFF_ROOT_TREE: usize = 92; // block u64, generation u64, level u8
 const OFF_REFCOUNT_TREE: usize = 109;
-const END: usize = 126;
+const OFF_ROOT_TWIN: usize = 126; // block of the root tree root's second copy (0: none)
+const OFF_REFCOUNT_TWIN: usize = 134;
+const END: usize = 142;
 
 fn get_u64(b: &[u8], off: usize) -> u64 {
     let mut a = [0u8; 8];
@@ -73,8 +80,8 @@ fn put_ptr(b: &mut [u8], off: usize, p: &BlockPtr) {
     b[off + 16] = p.level;
 }
 
-fn get_ptr(b: &[u8], off: usize) -> BlockPtr {
-    BlockPtr { block: get_u64(b, off), generation: get_u64(b, off + 8), level: b[off + 16] }
+fn get_ptr(b: &[u8], off: usize, twin_off: usize) -> BlockPtr {
+    BlockPtr { block: get_u64(b, off), twin: get_u64(b, twin_off), generation: get_u64(b, off + 8), level: b[off + 16] }
 }
 
 impl Superblock {
@@ -95,6 +102,7 @@ impl Superblock {
         b[OFF_VERSION..OFF_VERSION + 4].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         b[OFF_COPY] = copy as u8;
         b[OFF_CSUM_TYPE] = self.csum_type;
+        b[OFF_META_COPIES] = self.meta_copies;
         b[OFF_BLOCK_SIZE..OFF_BLOCK_SIZE + 4].copy_from_slice(&(BLOCK_SIZE as u32).to_le_bytes());
         b[OFF_FSID..OFF_FSID + 16].copy_from_slice(&self.fsid);
         b[OFF_GENERATION..OFF_GENERATION + 8].copy_from_slice(&self.generation.to_le_bytes());
@@ -102,6 +110,8 @@ impl Superblock {
         b[OFF_USED_BLOCKS..OFF_USED_BLOCKS + 8].copy_from_slice(&self.used_blocks.to_le_bytes());
         put_ptr(&mut b, OFF_ROOT_TREE, &self.root_tree);
         put_ptr(&mut b, OFF_REFCOUNT_TREE, &self.refcount_tree);
+        b[OFF_ROOT_TWIN..OFF_ROOT_TWIN + 8].copy_from_slice(&self.root_tree.twin.to_le_bytes());
+        b[OFF_REFCOUNT_TWIN..OFF_REFCOUNT_TWIN + 8].copy_from_slice(&self.refcount_tree.twin.to_le_bytes());
         const { assert!(END <= SUPERBLOCK_BYTES) };
         let csum = crc32c(&b[32..]);
         b[OFF_CSUM..OFF_CSUM + 4].copy_from_slice(&csum.to_le_bytes());
@@ -128,7 +138,7 @@ impl Superblock {
         if stored != computed {
             return Err(bad(format!("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")));
         }
-        if b[OFF_CSUM + 4..OFF_CSUM + 32].iter().chain(&b[46..48]).chain(&b[END..]).any(|&x| x != 0) {
+        if b[OFF_CSUM + 4..OFF_CSUM + 32].iter().chain(&b[47..48]).chain(&b[END..]).any(|&x| x != 0) {
             return Err(bad("non-zero reserved bytes".into()));
         }
         if usize::from(b[OFF_COPY]) != copy {
@@ -140,6 +150,10 @@ impl Superblock {
         let csum_type = b[OFF_CSUM_TYPE];
         if csum_type != CSUM_CRC32C {
             return Err(bad(format!("unknown checksum type {csum_type}")));
+        }
+        let meta_copies = b[OFF_META_COPIES];
+        if !(1..=2).contains(&meta_copies) {
+            return Err(bad(format!("{meta_copies} metadata copies (1 or 2)")));
         }
         let block_size = get_u32(b, OFF_BLOCK_SIZE);
         if block_size as usize != BLOCK_SIZE {
@@ -162,16 +176,22 @@ impl Superblock {
             generation: get_u64(b, OFF_GENERATION),
             total_blocks,
             used_blocks,
-            root_tree: get_ptr(b, OFF_ROOT_TREE),
-            refcount_tree: get_ptr(b, OFF_REFCOUNT_TREE),
+            root_tree: get_ptr(b, OFF_ROOT_TREE, OFF_ROOT_TWIN),
+            refcount_tree: get_ptr(b, OFF_REFCOUNT_TREE, OFF_REFCOUNT_TWIN),
             csum_type,
+            meta_copies,
         };
+        let usable = |b: u64| (crate::limits::RESERVED_BLOCKS..total_blocks).contains(&b);
         for (name, p) in [("root tree", &sb.root_tree), ("refcount tree", &sb.refcount_tree)] {
-            if p.block < crate::limits::RESERVED_BLOCKS || p.block >= total_blocks || p.generation > sb.generation {
+            if !usable(p.block) || p.generation > sb.generation {
                 return Err(bad(format!(
                     "{name} root {p:?} outside the image or newer than generation {}",
                     sb.generation
                 )));
+            }
+            let twin_ok = if meta_copies == 2 { usable(p.twin) && p.twin != p.block } else { p.twin == 0 };
+            if !twin_ok {
+                return Err(bad(format!("{name} root {p:?}: second copy wrong for {meta_copies} metadata copies")));
             }
         }
         Ok(sb)
@@ -188,9 +208,10 @@ mod tests {
             generation: 42,
             total_blocks: 10_000,
             used_blocks: 300,
-            root_tree: BlockPtr { block: 300, generation: 41, level: 0 },
-            refcount_tree: BlockPtr { block: 301, generation: 42, level: 1 },
+            root_tree: BlockPtr { block: 300, twin: 5000, generation: 41, level: 0 },
+            refcount_tree: BlockPtr { block: 301, twin: 5001, generation: 42, level: 1 },
             csum_type: CSUM_CRC32C,
+            meta_copies: 2,
         }
     }
 

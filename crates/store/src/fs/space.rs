@@ -108,9 +108,9 @@ impl Store {
         if !for_delete && data_blocks > 0 {
             self.check_quota(data_blocks)?;
         }
-        let floor = if for_delete { COMMIT_BLOCKS } else { kept_back(self.sb.total_blocks) };
+        let floor = if for_delete { self.nodes(COMMIT_BLOCKS) } else { self.kept_back() };
         self.space.floor = floor;
-        let need = |s: &Store| data_blocks + meta_estimate(data_blocks) + s.pager.dirty_nodes() as u64 + floor;
+        let need = |s: &Store| data_blocks + s.nodes(meta_estimate(data_blocks) + s.pager.dirty_nodes() as u64) + floor;
         // Freed blocks come back only after commits; two make everything pending reusable.
         let mut idle_commits = 0;
         while self.pager.alloc.free_blocks() < need(self) {
@@ -133,13 +133,28 @@ impl Store {
     /// True if data runs already taken from the allocator (`runs`) leave room above the
     /// running operation's floor for the nodes mapping them dirties and for the commit.
     pub(crate) fn data_fits(&self, runs: &[(u64, u64)]) -> bool {
-        let need = self.space.floor.max(COMMIT_BLOCKS) + self.pager.dirty_nodes() as u64 + meta_for_runs(runs);
+        let need = self.space.floor.max(self.nodes(COMMIT_BLOCKS))
+            + self.nodes(self.pager.dirty_nodes() as u64 + meta_for_runs(runs));
         self.pager.alloc.free_blocks() >= need
+    }
+
+    /// Blocks that `n` nodes take: each is written in every metadata copy.
+    pub(crate) fn nodes(&self, n: u64) -> u64 {
+        n * u64::from(self.pager.copies())
+    }
+
+    /// The reserve a non-deleting operation leaves free, its commit's nodes counted in
+    /// every metadata copy.
+    fn kept_back(&self) -> u64 {
+        let total = self.sb.total_blocks;
+        kept_back(total) + self.nodes(COMMIT_BLOCKS) - COMMIT_BLOCKS
     }
 
     /// Blocks `statfs` reports available: what a write may take, its nodes included.
     pub(crate) fn avail_blocks(&self, free: u64) -> u64 {
-        let left = free.saturating_sub(kept_back(self.sb.total_blocks) + 8);
+        let left = free.saturating_sub(self.kept_back() + 8);
+        // (A contiguous write's extent items take ~4 bytes a block: one leaf maps ~1,000
+        // blocks, so one block in 257 covers its nodes even in two copies.)
         left - left.div_ceil(257)
     }
 
@@ -178,7 +193,7 @@ impl Store {
         let mut steps = 0;
         while steps < max_steps && !self.space.doomed.is_empty() {
             let room = self.pager.alloc.free_blocks();
-            if room < self.pager.dirty_nodes() as u64 + COMMIT_BLOCKS {
+            if room < self.nodes(self.pager.dirty_nodes() as u64 + COMMIT_BLOCKS) {
                 if !self.is_dirty() && self.pager.pending_free_blocks() == 0 {
                     break; // nothing a commit could give back
                 }

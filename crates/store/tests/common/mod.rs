@@ -13,8 +13,14 @@ pub fn t(sec: i64) -> Timespec {
 
 /// A fresh image of `mib` MiB in memory.
 pub fn fresh(mib: u64) -> MemDisk {
+    fresh_with_copies(mib, 2)
+}
+
+/// A fresh image keeping `copies` copies of its metadata (1, or 2 as `crest mkfs` does).
+pub fn fresh_with_copies(mib: u64, copies: u8) -> MemDisk {
     let disk = MemDisk::new(mib << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: t(1), fsid: Some([7; 16]), seed: None }).expect("mkfs");
+    let opts = MkfsOptions { now: t(1), fsid: Some([7; 16]), seed: None, meta_copies: copies };
+    Store::mkfs(Box::new(disk.clone()), &opts).expect("mkfs");
     disk
 }
 

@@ -59,8 +59,11 @@ fn check(ops: &[Op], r: &p::Response, file_size: u64) -> usize {
 /// A server on a roomy image (for writes that are never committed).
 fn roomy_server() -> Server {
     let disk = MemDisk::new(256 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None })
-        .expect("mkfs");
+    Store::mkfs(
+        Box::new(disk.clone()),
+        &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None, meta_copies: 2 },
+    )
+    .expect("mkfs");
     Server::new(Store::open(Box::new(disk)).expect("open"))
 }
 

@@ -5,8 +5,11 @@ use record::MAX_RECORD_GRANTS;
 /// A new file system on a shared in-memory disk (to reopen after a simulated crash).
 fn fresh_disk() -> MemDisk {
     let disk = MemDisk::new(16 << 20);
-    Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None })
-        .expect("mkfs");
+    Store::mkfs(
+        Box::new(disk.clone()),
+        &MkfsOptions { now: s::Timespec::new(1, 0), fsid: None, seed: None, meta_copies: 2 },
+    )
+    .expect("mkfs");
     disk
 }
 
