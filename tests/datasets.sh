@@ -242,6 +242,40 @@ run "$crest" scrub --server "$addr" --restart --json
 [ "$rc" = 0 ] && python3 -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if d['repaired_count']>=1 and not d['unrepaired'] else 1)" <"$tmp/out" &&
   pass scrub-repairs-a-metadata-copy || fail scrub-repairs-a-metadata-copy "$(said)"
 check scrub-rewrote-the-copy copies_equal "$tmp/img" "$dup"
+# A copies=2 dataset: a file's blocks are stored twice; one bad copy reads as if nothing
+# happened, and scrub rewrites it.
+expect create-copies-2 0 ds create c2 -o copies=2
+expect mount-c2 0 "$crest" mount "$addr" "$tmp/m3" -o dataset=c2
+python3 -c "import sys; sys.stdout.buffer.write(bytes((i * 13 + 5) % 253 for i in range(65536)))" >"$tmp/m3/twice"
+sync -f "$tmp/m3/twice"
+"$crest" umount "$tmp/m3"
+sleep 0.5
+data_copies() {
+  python3 - "$@" <<'PY'
+import random, sys
+pat = bytes((i * 13 + 5) % 253 for i in range(65536))[8192:12288]
+with open(sys.argv[1], "r+b") as f:
+    data = f.read()
+    at = [i for i in range(0, len(data), 4096) if data[i:i + 4096] == pat]
+    if len(sys.argv) > 2:
+        rng = random.Random(int(sys.argv[2]))
+        victim = rng.choice(at) + rng.randrange(4096)
+        f.seek(victim)
+        f.write(bytes([data[victim] ^ 0x08]))
+        print(victim, "seed", sys.argv[2], file=sys.stderr)
+    print(len(at))
+PY
+}
+check c2-block-in-two-copies [ "$(data_copies "$tmp/img")" = 2 ]
+data_copies "$tmp/img" "$RANDOM" >/dev/null
+expect remount-c2 0 "$crest" mount "$addr" "$tmp/m3" -o dataset=c2
+python3 -c "import sys; sys.stdout.buffer.write(bytes((i * 13 + 5) % 253 for i in range(65536)))" >"$tmp/want"
+check c2-reads-right-with-one-bad-copy cmp -s "$tmp/want" "$tmp/m3/twice"
+"$crest" umount "$tmp/m3"
+run "$crest" scrub --server "$addr" --restart --json
+[ "$rc" = 0 ] && python3 -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if not d['unrepaired'] else 1)" <"$tmp/out" &&
+  pass c2-scrub-clean-after || fail c2-scrub-clean-after "$(said)"
+check c2-both-copies-good-again [ "$(data_copies "$tmp/img")" = 2 ]
 
 echo "== restart"
 "$crest" umount "$tmp/m0"

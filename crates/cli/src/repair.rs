@@ -1,9 +1,10 @@
-//! `crest fsck --repair`: rewrites every bad copy of a superblock or tree node from its
-//! good twin, offline. The image is opened as the server opens it (exclusively locked, so
-//! not while it is served); reads that meet a bad copy already use and rewrite from its
-//! twin, then every copy of every node and superblock of the last committed generation is
-//! checked (`Store::repair_metadata`). Nothing is committed: the repairs put back the
-//! bytes a block should hold, so the generation on disk stays the one that was there.
+//! `crest fsck --repair`: rewrites every bad copy of a superblock, tree node or data block
+//! (of `copies=2` files) from its good twin, offline. The image is opened as the server
+//! opens it (exclusively locked, so not while it is served); reads that meet a bad copy
+//! already use and rewrite from its twin, then every copy of everything is checked
+//! (`Store::repair_all`, a whole scrub at once). Nothing is committed: the repairs put
+//! back the bytes a block should hold, so the generation on disk stays the one that was
+//! there.
 
 use std::path::Path;
 
@@ -24,7 +25,7 @@ pub fn repair(image: &Path) -> Result<Repaired> {
     let mut store = Store::open_keeping_orphans(Box::new(disk))
         .with_context(|| format!("opening {} (no usable generation to repair from)", image.display()))?;
     let on_open = store.stats().repaired;
-    let st = store.repair_metadata().context("repairing metadata copies")?;
+    let st = store.repair_all().context("repairing bad copies")?;
     let mut fixed = st.fixed;
     if on_open > 0 {
         fixed.insert(0, format!("{on_open} node copies rewritten from their twins while opening"));

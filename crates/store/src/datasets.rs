@@ -172,7 +172,8 @@ pub fn check_name(name: &str) -> Result<()> {
 }
 
 /// Checks one property and returns it as stored: `quota` (bytes, 0 = none), `readonly`
-/// and `atime` (on/off), `copies` (1), `user:*` (any text up to 1024 bytes).
+/// and `atime` (on/off), `copies` (1 or 2: of data
+/// written from then on), `user:*` (any text up to 1024 bytes).
 pub fn check_prop(name: &str, value: &str) -> Result<Value> {
     let bad = |why: &str| Err(Error::Invalid(format!("property {name}={value:?}: {why}")));
     let flag = |v: &str| match v {
@@ -191,7 +192,8 @@ pub fn check_prop(name: &str, value: &str) -> Result<Value> {
         },
         "copies" => match value {
             "1" => Ok(Value::U64(1)),
-            _ => bad("only 1 copy of file data is supported yet (metadata DUP is a later change)"),
+            "2" => Ok(Value::U64(2)),
+            _ => bad("1 or 2 copies of each data block (metadata always keeps the image's copies)"),
         },
         n if n.starts_with("user:") && n.len() > 5 => {
             if value.len() > 1024 {
@@ -480,9 +482,7 @@ impl Store {
             if let Body::Leaf(items) = &node.body {
                 for (k, v) in items.iter() {
                     if k.kind == kind::EXTENT {
-                        if let Extent::Regular { disk_block, csums } = Extent::decode(*k, v, total)? {
-                            runs.push((disk_block, csums.len() as u64));
-                        }
+                        runs.extend(Extent::decode(*k, v, total)?.runs());
                     }
                 }
             }

@@ -167,7 +167,17 @@ impl Store {
         if st.done {
             return Ok(st);
         }
+        self.scrub_run(&mut st, max_blocks)?;
+        self.select(crate::datasets::DEFAULT_DATASET)?;
+        self.reserve(0, true)?;
+        self.root_tree.insert(&mut self.pager, scrub_key(), st.encode())?;
+        Ok(st)
+    }
+
+    /// Goes on with scrub `st` for up to `max_blocks` data blocks (at least one extent).
+    fn scrub_run(&mut self, st: &mut Scrub, max_blocks: u64) -> Result<()> {
         let before = self.view;
+        let repaired = self.pager.repaired;
         let ids = self.dataset_ids();
         let mut checked = 0;
         while checked < max_blocks.max(1) {
@@ -176,14 +186,14 @@ impl Store {
                 break;
             };
             if d != st.dataset {
-                st = Scrub { dataset: d, next: (0, 0, 0), ..st };
+                *st = Scrub { dataset: d, next: (0, 0, 0), ..std::mem::take(st) };
             }
             let name = self.catalog.by_id.get(&d).map_or_else(|| d.to_string(), |e| e.name.clone());
             if st.nodes == 0 {
-                self.scrub_metadata(None, &mut st)?;
+                self.scrub_metadata(None, st)?;
             }
             if st.next == (0, 0, 0) {
-                self.scrub_metadata(Some((d, &name)), &mut st)?;
+                self.scrub_metadata(Some((d, &name)), st)?;
             }
             // (A snapshot is read as the store's view of its dataset.)
             self.view = self.is_snapshot(d).then_some(d);
@@ -195,7 +205,7 @@ impl Store {
                 Ok(items) => items,
                 Err(e) if e.is_corruption() => {
                     st.found(name, 0, format!("metadata: {e}"));
-                    st = Scrub { dataset: d + 1, next: (0, 0, 0), ..st };
+                    *st = Scrub { dataset: d + 1, next: (0, 0, 0), ..std::mem::take(st) };
                     continue;
                 }
                 Err(e) => {
@@ -204,15 +214,15 @@ impl Store {
                 }
             };
             let Some(last) = items.last().map(|(k, _)| *k) else {
-                st = Scrub { dataset: d + 1, next: (0, 0, 0), ..st };
+                *st = Scrub { dataset: d + 1, next: (0, 0, 0), ..std::mem::take(st) };
                 continue;
             };
             for (k, v) in items {
                 if k.kind != kind::EXTENT {
                     continue;
                 }
-                let (disk_block, csums) = match Extent::decode(k, &v, self.pager.total_blocks()) {
-                    Ok(Extent::Regular { disk_block, csums }) => (disk_block, csums),
+                let (disk_block, twin, csums) = match Extent::decode(k, &v, self.pager.total_blocks()) {
+                    Ok(Extent::Regular { disk_block, twin, csums }) => (disk_block, twin, csums),
                     // (Inline data is checked with its leaf.)
                     Ok(Extent::Inline(_)) => continue,
                     Err(e) => {
@@ -220,19 +230,7 @@ impl Store {
                         continue;
                     }
                 };
-                let mut buf = vec![0u8; csums.len() * BLOCK_SIZE];
-                let bad = match self.pager.read_blocks(disk_block, &mut buf) {
-                    Err(e) => Some(format!("extent at file offset {}: {e}", k.offset)),
-                    Ok(()) => csums.iter().enumerate().find_map(|(i, c)| {
-                        let found = crate::engine::checksum::crc32c(&buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
-                        (found != *c).then(|| {
-                            format!("data checksum mismatch at file offset {}", k.offset + (i * BLOCK_SIZE) as u64)
-                        })
-                    }),
-                };
-                if let Some(what) = bad {
-                    st.found(name.clone(), k.objectid, what);
-                }
+                self.scrub_extent(&name, k, [disk_block, twin], &csums, st);
                 checked += csums.len() as u64;
                 st.blocks += csums.len() as u64;
             }
@@ -242,26 +240,62 @@ impl Store {
             };
         }
         self.view = before;
-        self.select(crate::datasets::DEFAULT_DATASET)?;
-        self.reserve(0, true)?;
-        self.root_tree.insert(&mut self.pager, scrub_key(), st.encode())?;
-        Ok(st)
+        if self.pager.repaired > repaired {
+            self.pager.flush()?;
+        }
+        Ok(())
     }
 
-    /// Checks every copy of every superblock and tree node of the last committed
-    /// generation, every dataset and snapshot included, and rewrites each bad one from a
-    /// good twin (data blocks are not read, and the SCRUB item is left alone): what
-    /// `crest fsck --repair` does offline. Returns what was repaired and what could not be.
-    pub fn repair_metadata(&mut self) -> Result<Scrub> {
-        let mut st = Scrub::default();
-        self.scrub_metadata(None, &mut st)?;
-        for d in self.dataset_ids() {
-            let name = self.catalog.by_id.get(&d).map_or_else(|| d.to_string(), |e| e.name.clone());
-            self.scrub_metadata(Some((d, &name)), &mut st)?;
+    /// Reads every copy of one extent's blocks (`copies[1]` is 0 with one copy) and checks
+    /// each against its checksum; a bad block with a good copy is rewritten from it, one
+    /// with none is reported (the first of the extent).
+    fn scrub_extent(&mut self, name: &str, k: Key, copies: [u64; 2], csums: &[u32], st: &mut Scrub) {
+        let read: Vec<Option<Vec<u8>>> = copies
+            .iter()
+            .map(|&at| {
+                let mut buf = vec![0u8; csums.len() * BLOCK_SIZE];
+                (at != 0 && self.pager.read_blocks(at, &mut buf).is_ok()).then_some(buf)
+            })
+            .collect();
+        let mut lost = None;
+        for (i, c) in csums.iter().enumerate() {
+            let block = |b: &Vec<u8>| b[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE].to_vec();
+            let good: Vec<bool> = read
+                .iter()
+                .map(|b| b.as_ref().is_some_and(|b| crate::engine::checksum::crc32c(&block(b)) == *c))
+                .collect();
+            let file_offset = k.offset + (i * BLOCK_SIZE) as u64;
+            let Some(from) = good.iter().position(|&g| g) else {
+                lost = lost.or(Some(file_offset));
+                continue;
+            };
+            let bytes = read[from].as_ref().map(block).unwrap_or_default();
+            for (j, &at) in copies.iter().enumerate() {
+                if at == 0 || good[j] {
+                    continue;
+                }
+                let bad = at + i as u64;
+                if self.pager.rewrite_copy(bad, &bytes) {
+                    st.fixed(format!("{name}: inode {} block {bad} at file offset {file_offset}", k.objectid));
+                } else {
+                    st.found(name.to_string(), k.objectid, format!("copy at block {bad} unrepairable"));
+                }
+            }
         }
+        if let Some(at) = lost {
+            st.found(name.to_string(), k.objectid, format!("data checksum mismatch at file offset {at}"));
+        }
+    }
+
+    /// A whole scrub at once, the SCRUB item left alone: every copy of every superblock,
+    /// tree node and data block of the last committed generation, every dataset and
+    /// snapshot included, each bad copy rewritten from a good one: what `crest fsck
+    /// --repair` does offline. Returns what was repaired and what could not be.
+    pub fn repair_all(&mut self) -> Result<Scrub> {
+        let mut st = Scrub::default();
+        self.scrub_run(&mut st, u64::MAX)?;
         // (Also what reads rewrote before: opening the image reads every node.)
         self.pager.flush()?;
-        st.done = true;
         Ok(st)
     }
 

@@ -279,11 +279,7 @@ impl Store {
                 }
                 crate::engine::node::Body::Leaf(items) => {
                     for (k, v) in items.iter().filter(|(k, _)| k.kind == kind::EXTENT) {
-                        if let crate::fs::extent::Extent::Regular { disk_block, csums } =
-                            crate::fs::extent::Extent::decode(*k, v, total)?
-                        {
-                            runs.push((disk_block, csums.len() as u64));
-                        }
+                        runs.extend(crate::fs::extent::Extent::decode(*k, v, total)?.runs());
                     }
                 }
             }
@@ -330,10 +326,8 @@ impl Store {
         let hi = Key::new(crate::store::MAX_INO, kind::EXTENT, u64::MAX);
         self.fs.range(&mut self.pager, &lo, &hi, &mut |k, v| {
             if k.kind == kind::EXTENT {
-                if let Ok(crate::fs::extent::Extent::Regular { csums, .. }) =
-                    crate::fs::extent::Extent::decode(*k, v, total)
-                {
-                    n += csums.len() as u64;
+                if let Ok(e) = crate::fs::extent::Extent::decode(*k, v, total) {
+                    n += e.runs().iter().map(|r| r.1).sum::<u64>();
                 }
             }
             Ok(true)

@@ -701,10 +701,8 @@ fn rebuild_allocation(
             if let Body::Leaf(items) = &node.body {
                 // (A damaged extent counts nothing here: a read of it fails, as it did.)
                 for (k, v) in items.iter().filter(|(k, _)| k.kind == kind::EXTENT) {
-                    if let Ok(crate::fs::extent::Extent::Regular { csums, .. }) =
-                        crate::fs::extent::Extent::decode(*k, v, total)
-                    {
-                        data += csums.len() as u64;
+                    if let Ok(e) = crate::fs::extent::Extent::decode(*k, v, total) {
+                        data += e.runs().iter().map(|r| r.1).sum::<u64>();
                     }
                 }
             }

@@ -329,7 +329,7 @@ fn walk_generation(img: &[u8], copy: usize) -> R<GenLayout> {
     for (k, v, leaf) in walk_tree(img, &sb, FS_TREE_ID, fs_ptr, &mut g)? {
         g.fs_leaf_of.insert(k, leaf);
         if k.kind == kind::EXTENT {
-            if let Extent::Regular { disk_block, csums } =
+            if let Extent::Regular { disk_block, csums, .. } =
                 Extent::decode(k, &v, sb.total_blocks).map_err(|e| e.to_string())?
             {
                 g.extents.entry(k.objectid).or_default().push((k.offset, disk_block, csums.len() as u64));

@@ -96,8 +96,13 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
             11 => {
                 // A dataset with a file and a directory: power cuts land in its creation
                 // and in the commits that carry its tree beside the default one's.
+                // Every other one keeps two copies of its data.
                 let name = format!("ds{i}");
-                let d = store.create_dataset(&name, Default::default(), (0, 0, 0o755), now).expect("create dataset");
+                let mut props = crest_nvlist::NvList::new();
+                if rng.below(2) == 0 {
+                    props.add("copies", crest_nvlist::Value::U64(2)).expect("copies");
+                }
+                let d = store.create_dataset(&name, props, (0, 0, 0o755), now).expect("create dataset");
                 let root = crest_store::datasets::root_of(d);
                 let f = store.create(root, b"f", FileKind::Regular, 0o644, 0, 0, 0, now).expect("create in dataset");
                 store.write(f.ino, 0, &vec![i as u8; [300, 9000][rng.below(2) as usize]], now).expect("write");

@@ -1,7 +1,7 @@
 //! Metadata in two copies (DUP, the default): every tree node is written to two blocks and
 //! every superblock copy to its slot and a mirror. One damaged copy never shows: reads use
 //! the twin and rewrite the bad copy, fsck reports it (and only it), scrub and
-//! `repair_metadata` (fsck --repair) put the original bytes back; two damaged copies of
+//! `repair_all` (fsck --repair) put the original bytes back; two damaged copies of
 //! the same node are corruption as with one copy, never wrong data.
 //!
 //! How. A seeded image with datasets, a snapshot and enough files for three-level trees is
@@ -117,7 +117,7 @@ fn one_bad_copy_of_any_node_is_read_from_its_twin_and_repaired() {
         // Offline repair puts the original bytes back and leaves fsck clean.
         let repaired = MemDisk::from_bytes(img.clone());
         let mut s = Store::open_keeping_orphans(Box::new(repaired.clone())).expect("open for repair");
-        let st = s.repair_metadata().expect("repair");
+        let st = s.repair_all().expect("repair");
         assert!(st.bad.is_empty(), "{ctx}: {:?}", st.bad);
         drop(s.abandon());
         let fixed = repaired.snapshot();
@@ -192,9 +192,148 @@ fn a_bad_superblock_copy_is_read_from_its_mirror_and_repaired() {
             let mut s = open(&online);
             assert_eq!(s.generation(), gen, "copy {copy} at {place}: the same generation opens");
             assert_same(&dump(&mut s), &want, "after a bad superblock copy");
-            let st = s.repair_metadata().expect("repair");
+            let st = s.repair_all().expect("repair");
             assert!(st.repaired >= 1 && st.bad.is_empty(), "copy {copy} at {place}: {st:?}");
             assert_eq!(online.snapshot()[at], pristine[at], "copy {copy} at {place}: rewritten");
         }
     }
+}
+
+/// Every block of a `copies=2` file's data starts with this tag, its inode and file block,
+/// so its two copies can be found in the image without the store's help.
+fn tagged_block(ino: u64, block: u64, salt: u8) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..BLOCK_SIZE).map(|i| (i as u8).wrapping_mul(31) ^ salt).collect();
+    b[..8].copy_from_slice(b"DUPDATA!");
+    b[8..16].copy_from_slice(&ino.to_le_bytes());
+    b[16..24].copy_from_slice(&block.to_le_bytes());
+    b
+}
+
+#[test]
+fn a_copies_2_file_survives_one_bad_copy_of_any_block() {
+    use crest_nvlist::Value;
+    use crest_store::{FallocateMode, SetAttr};
+    let seed = seed();
+    let mut rng = Stream::from_seed_u64(seed);
+    let disk = fresh(32);
+    let mut s = open(&disk);
+    let mut props = NvList::new();
+    props.add("copies", Value::U64(2)).expect("prop");
+    let d = s.create_dataset("c2", props, (0, 0, 0o755), t(2)).expect("dataset");
+    let root = root_of(d);
+    // Files written whole, then partly rewritten, truncated, punched and extended, so
+    // extents are split and merged with their second copies.
+    let mut files = Vec::new();
+    for f in 0..12u64 {
+        let ino =
+            s.create(root, format!("f{f}").as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create").ino;
+        let blocks = 1 + rng.below(40);
+        let data: Vec<u8> = (0..blocks).flat_map(|b| tagged_block(ino, b, 1)).collect();
+        s.write(ino, 0, &data, t(3)).expect("write");
+        files.push((ino, blocks));
+    }
+    s.commit().expect("commit");
+    s.create_snapshots(&["c2@before".to_string()]).expect("snapshot");
+    for &(ino, blocks) in &files {
+        match rng.below(4) {
+            0 => {
+                let b = rng.below(blocks);
+                s.write(ino, b * 4096, &tagged_block(ino, b, 2), t(4)).expect("rewrite");
+            }
+            1 if blocks > 2 => {
+                let attr = SetAttr { size: Some((blocks - 1) * 4096), ..SetAttr::default() };
+                s.setattr(ino, &attr, t(4)).expect("truncate");
+            }
+            2 if blocks > 3 => {
+                let punch = FallocateMode { keep_size: true, punch_hole: true, ..FallocateMode::default() };
+                s.fallocate(ino, 4096, 4096, punch, t(4)).expect("punch");
+            }
+            _ => {
+                let data: Vec<u8> = (blocks..blocks + 3).flat_map(|b| tagged_block(ino, b, 3)).collect();
+                s.write(ino, blocks * 4096, &data, t(4)).expect("extend");
+            }
+        }
+    }
+    s.commit().expect("commit");
+    let want = dump(&mut s);
+    drop(s.close().expect("close"));
+    let pristine = disk.snapshot();
+    assert!(check::fsck(Box::new(MemDisk::from_bytes(pristine.clone()))).expect("fsck").is_clean());
+    // Live data blocks of the dataset: a tag whose two copies are alike.
+    let mut by_bytes: HashMap<&[u8], Vec<u64>> = HashMap::new();
+    for (b, block) in pristine.chunks_exact(BLOCK_SIZE).enumerate() {
+        if &block[..8] == b"DUPDATA!" {
+            by_bytes.entry(block).or_default().push(b as u64);
+        }
+    }
+    let pairs: Vec<Vec<u64>> = by_bytes.into_values().filter(|v| v.len() == 2).collect();
+    assert!(pairs.len() > 50, "seed {seed}: {} data blocks in two copies", pairs.len());
+    for round in 0..rounds() {
+        let pair = &pairs[rng.below(pairs.len() as u64) as usize];
+        let victim = pair[rng.below(2) as usize];
+        let mut img = pristine.clone();
+        let at = damage(&mut img, victim, &mut rng);
+        let ctx = format!("seed {seed} round {round}: byte {at} of data block {victim} (copies {pair:?})");
+        // Reads give the original bytes (from the good copy, whichever is bad).
+        let online = MemDisk::from_bytes(img.clone());
+        let mut s = open(&online);
+        assert_same(&dump(&mut s), &want, &ctx);
+        // Scrub repairs what a read did not touch (a bad second copy), fsck is clean.
+        s.scrub_restart().expect("restart");
+        let st = loop {
+            let st = s.scrub_step(64).expect("scrub");
+            if st.done {
+                break st;
+            }
+        };
+        assert!(st.bad.is_empty(), "{ctx}: {:?}", st.bad);
+        drop(s.close().expect("close"));
+        assert_eq!(online.snapshot()[at], pristine[at], "{ctx}: repaired online");
+        let after = check::fsck(Box::new(MemDisk::from_bytes(online.snapshot()))).expect("fsck");
+        assert!(after.is_clean(), "{ctx}: after scrub: {:?}", after.problems);
+        // Offline: fsck names the bad copy; repair_all (fsck --repair) rewrites it.
+        let report = check::fsck(Box::new(MemDisk::from_bytes(img.clone()))).expect("fsck");
+        assert!(
+            !report.is_clean() && report.problems.iter().all(|p| p.contains(&format!("disk block {victim})"))),
+            "{ctx}: fsck says {:?}",
+            report.problems
+        );
+        let offline = MemDisk::from_bytes(img);
+        let mut s = Store::open_keeping_orphans(Box::new(offline.clone())).expect("open");
+        let st = s.repair_all().expect("repair");
+        assert!(st.repaired >= 1 && st.bad.is_empty(), "{ctx}: {st:?}");
+        drop(s.abandon());
+        assert_eq!(offline.snapshot()[at], pristine[at], "{ctx}: repaired offline");
+    }
+    // Both copies of a block bad: EIO (a checksum error), never wrong bytes.
+    let pair = &pairs[0];
+    let mut img = pristine.clone();
+    for &b in pair {
+        img[b as usize * BLOCK_SIZE + 100] ^= 0x10;
+    }
+    let mut s = open(&MemDisk::from_bytes(img));
+    let ino = u64::from_le_bytes(pristine[pair[0] as usize * BLOCK_SIZE + 8..][..8].try_into().expect("8 bytes"));
+    let fblock = u64::from_le_bytes(pristine[pair[0] as usize * BLOCK_SIZE + 16..][..8].try_into().expect("8 bytes"));
+    let err = s.read(ino, fblock * 4096, 4096).expect_err("both copies bad");
+    assert!(err.is_corruption(), "seed {seed}: {err}");
+}
+
+#[test]
+fn a_copies_2_dataset_counts_both_copies_against_its_quota() {
+    use crest_nvlist::Value;
+    let disk = fresh(32);
+    let mut s = open(&disk);
+    let mut props = NvList::new();
+    props.add("copies", Value::U64(2)).expect("prop");
+    props.add("quota", Value::U64(4 << 20)).expect("prop");
+    let d = s.create_dataset("q", props, (0, 0, 0o755), t(2)).expect("dataset");
+    let f = s.create(root_of(d), b"f", FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create").ino;
+    s.write(f, 0, &vec![7u8; 1536 << 10], t(3)).expect("1.5 MiB: 3 MiB of the 4 MiB quota");
+    let err = s.write(f, 1536 << 10, &vec![7u8; 1 << 20], t(3)).expect_err("1 MiB more: 5 MiB");
+    assert!(matches!(err, crest_store::Error::Quota(_)), "{err}");
+    assert_eq!(s.dataset_used_blocks(d), 2 * 384, "both copies counted");
+    s.commit().expect("commit");
+    drop(s.close().expect("close"));
+    let s = open(&disk);
+    assert_eq!(s.dataset_used_blocks(d), 2 * 384, "counted again at open");
 }

@@ -9,7 +9,11 @@
 //!   `MAX_INLINE_BYTES`; its bytes are no longer than the file;
 //! - extent items are block-aligned, never overlap, and end at or before the file's last
 //!   block; `inode.blocks` is the sum of their lengths;
-//! - every block an extent names is covered by a refcount item counting the references.
+//! - every block an extent names is covered by a refcount item counting the references;
+//! - in a dataset with `copies=2` a new extent also names a second run (`twin`) holding the
+//!   same bytes, with refcount items of its own; a read that finds a block bad takes it
+//!   from the twin and rewrites the bad one. Both runs are split, merged and freed
+//!   together.
 
 use crate::engine::key::Key;
 use crate::error::{Error, Result};
@@ -20,6 +24,8 @@ use crate::store::Store;
 
 const INLINE: u8 = 0;
 const REGULAR: u8 = 1;
+/// A regular extent with a second copy: the twin's first block follows the length.
+const REGULAR_TWIN: u8 = 2;
 
 /// What one EXTENT item says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +36,8 @@ pub enum Extent {
     Regular {
         /// First disk block.
         disk_block: u64,
+        /// First block of the second copy (as many blocks, the same bytes), 0 if none.
+        twin: u64,
         /// CRC-32C of each block.
         csums: Vec<u32>,
     },
@@ -45,11 +53,14 @@ impl Extent {
                 v.extend_from_slice(data);
                 v
             }
-            Extent::Regular { disk_block, csums } => {
-                let mut v = Vec::with_capacity(13 + 4 * csums.len());
-                v.push(REGULAR);
+            Extent::Regular { disk_block, twin, csums } => {
+                let mut v = Vec::with_capacity(21 + 4 * csums.len());
+                v.push(if *twin == 0 { REGULAR } else { REGULAR_TWIN });
                 v.extend_from_slice(&disk_block.to_le_bytes());
                 v.extend_from_slice(&(csums.len() as u32).to_le_bytes());
+                if *twin != 0 {
+                    v.extend_from_slice(&twin.to_le_bytes());
+                }
                 for c in csums {
                     v.extend_from_slice(&c.to_le_bytes());
                 }
@@ -61,32 +72,37 @@ impl Extent {
     /// Decodes and validates an EXTENT item of a file system of `total_blocks`.
     pub fn decode(key: Key, b: &[u8], total_blocks: u64) -> Result<Extent> {
         let bad = |d: String| Error::bad_item(key, 0, d);
-        match b.first() {
-            Some(&INLINE) => {
+        match b.first().copied() {
+            Some(INLINE) => {
                 if key.offset != 0 || b.len() - 1 > MAX_INLINE_BYTES {
                     return Err(bad(format!("inline extent at offset {} of {} bytes", key.offset, b.len() - 1)));
                 }
                 Ok(Extent::Inline(b[1..].to_vec()))
             }
-            Some(&REGULAR) => {
-                if b.len() < 13 {
+            Some(t @ (REGULAR | REGULAR_TWIN)) => {
+                let head = if t == REGULAR { 13 } else { 21 };
+                if b.len() < head {
                     return Err(bad("truncated extent".into()));
                 }
                 let disk_block = le_u64(b, 1);
                 let n = u64::from(le_u32(b, 9));
-                if n == 0 || n > MAX_EXTENT_BLOCKS || b.len() as u64 != 13 + 4 * n {
+                if n == 0 || n > MAX_EXTENT_BLOCKS || b.len() as u64 != head as u64 + 4 * n {
                     return Err(bad(format!("extent of {n} blocks in {} bytes", b.len())));
                 }
                 if !key.offset.is_multiple_of(BLOCK_SIZE_U64) {
                     return Err(bad("extent not block-aligned".into()));
                 }
-                if disk_block < crate::limits::RESERVED_BLOCKS
-                    || disk_block.checked_add(n).is_none_or(|e| e > total_blocks)
-                {
+                let inside =
+                    |s: u64| s >= crate::limits::RESERVED_BLOCKS && s.checked_add(n).is_some_and(|e| e <= total_blocks);
+                if !inside(disk_block) {
                     return Err(bad(format!("extent blocks {disk_block}+{n} outside the image")));
                 }
-                let csums = (0..n as usize).map(|i| le_u32(b, 13 + 4 * i)).collect();
-                Ok(Extent::Regular { disk_block, csums })
+                let twin = if t == REGULAR { 0 } else { le_u64(b, 13) };
+                if t == REGULAR_TWIN && (!inside(twin) || twin < disk_block + n && disk_block < twin + n) {
+                    return Err(bad(format!("second copy {twin}+{n} outside the image or over {disk_block}+{n}")));
+                }
+                let csums = (0..n as usize).map(|i| le_u32(b, head + 4 * i)).collect();
+                Ok(Extent::Regular { disk_block, twin, csums })
             }
             _ => Err(bad("unknown extent type".into())),
         }
@@ -97,6 +113,17 @@ impl Extent {
         match self {
             Extent::Inline(_) => 0,
             Extent::Regular { csums, .. } => csums.len() as u64,
+        }
+    }
+
+    /// The disk runs it holds, (first block, blocks): its blocks and their second copy.
+    pub fn runs(&self) -> Vec<(u64, u64)> {
+        match self {
+            Extent::Inline(_) => Vec::new(),
+            Extent::Regular { disk_block, twin, csums } => {
+                let n = csums.len() as u64;
+                [(*disk_block, n), (*twin, n)].into_iter().filter(|r| r.0 != 0).collect()
+            }
         }
     }
 }
@@ -180,24 +207,31 @@ impl Store {
                         out[..e - s].copy_from_slice(&data[s..e]);
                     }
                 }
-                Extent::Regular { disk_block, csums } => {
+                Extent::Regular { disk_block, twin, csums } => {
                     // Blocks of this extent that the request touches.
                     let first = offset.max(file_off) / BLOCK_SIZE_U64 - file_off / BLOCK_SIZE_U64;
                     let last = ((end.min(file_off + csums.len() as u64 * BLOCK_SIZE_U64) - 1) / BLOCK_SIZE_U64)
                         - file_off / BLOCK_SIZE_U64;
                     let nblocks = (last - first + 1) as usize;
                     let mut buf = vec![0u8; nblocks * BLOCK_SIZE];
-                    self.pager.read_blocks(disk_block + first, &mut buf)?;
+                    let read = self.pager.read_blocks(disk_block + first, &mut buf);
+                    if read.is_err() && twin == 0 {
+                        return read.map(|()| Vec::new());
+                    }
                     for i in 0..nblocks {
-                        let chunk = &buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-                        let found = crate::engine::checksum::crc32c(chunk);
+                        let chunk = &mut buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
                         let expected = csums[first as usize + i];
-                        if found != expected {
-                            let block = disk_block + first + i as u64;
-                            let file_offset = file_off + (first + i as u64) * BLOCK_SIZE_U64;
-                            tracing::error!(ino = inode.ino, file_offset, block, "data checksum mismatch");
-                            return Err(Error::DataChecksum { ino: inode.ino, file_offset, block, expected, found });
+                        let found = crate::engine::checksum::crc32c(chunk);
+                        if read.is_ok() && found == expected {
+                            continue;
                         }
+                        let block = disk_block + first + i as u64;
+                        let file_offset = file_off + (first + i as u64) * BLOCK_SIZE_U64;
+                        if twin != 0 && self.read_twin_block(twin + first + i as u64, expected, block, chunk) {
+                            continue;
+                        }
+                        tracing::error!(ino = inode.ino, file_offset, block, "data checksum mismatch");
+                        return Err(Error::DataChecksum { ino: inode.ino, file_offset, block, expected, found });
                     }
                     let buf_start = file_off + first * BLOCK_SIZE_U64;
                     let copy_from = offset.max(buf_start);
@@ -210,6 +244,19 @@ impl Store {
         Ok(out)
     }
 
+    /// Reads the second copy of data block `block` (at `at`) into `out` if it holds the
+    /// bytes `expected` sums, and rewrites the bad first copy from it (a log line says so).
+    fn read_twin_block(&mut self, at: u64, expected: u32, block: u64, out: &mut [u8]) -> bool {
+        let mut copy = vec![0u8; BLOCK_SIZE];
+        if self.pager.read_blocks(at, &mut copy).is_err() || crate::engine::checksum::crc32c(&copy) != expected {
+            return false;
+        }
+        tracing::warn!(block, copy = at, "data block bad; using its second copy");
+        self.pager.rewrite_copy(block, &copy);
+        out.copy_from_slice(&copy);
+        true
+    }
+
     /// Drops the mappings of file blocks `[first, end)` (block numbers), splitting extents
     /// at the edges and releasing the blocks. Returns the number of blocks unmapped.
     pub(crate) fn unmap_blocks(&mut self, ino: u64, first: u64, end: u64) -> Result<u64> {
@@ -220,27 +267,33 @@ impl Store {
         for (file_off, ext) in
             self.extents_overlapping(ino, first * BLOCK_SIZE_U64, end.saturating_mul(BLOCK_SIZE_U64))?
         {
-            let Extent::Regular { disk_block, csums } = ext else { continue };
+            let Extent::Regular { disk_block, twin, csums } = ext else { continue };
             let ext_first = file_off / BLOCK_SIZE_U64;
             let n = csums.len() as u64;
             let cut_lo = first.max(ext_first) - ext_first;
             let cut_hi = end.min(ext_first + n) - ext_first;
             self.fs.delete(&mut self.pager, &extent_key(ino, file_off))?;
             if cut_lo > 0 {
-                let left = Extent::Regular { disk_block, csums: csums[..cut_lo as usize].to_vec() };
+                let left = Extent::Regular { disk_block, twin, csums: csums[..cut_lo as usize].to_vec() };
                 self.fs.insert(&mut self.pager, extent_key(ino, file_off), left.encode())?;
             }
+            let moved = |b: u64, by: u64| if b == 0 { 0 } else { b + by };
             if cut_hi < n {
-                let right =
-                    Extent::Regular { disk_block: disk_block + cut_hi, csums: csums[cut_hi as usize..].to_vec() };
+                let right = Extent::Regular {
+                    disk_block: disk_block + cut_hi,
+                    twin: moved(twin, cut_hi),
+                    csums: csums[cut_hi as usize..].to_vec(),
+                };
                 self.fs.insert(
                     &mut self.pager,
                     extent_key(ino, (ext_first + cut_hi) * BLOCK_SIZE_U64),
                     right.encode(),
                 )?;
             }
-            self.refs_drop(disk_block + cut_lo, cut_hi - cut_lo)?;
-            self.uncharge(cut_hi - cut_lo);
+            for start in [disk_block, twin].into_iter().filter(|&b| b != 0) {
+                self.refs_drop(start + cut_lo, cut_hi - cut_lo)?;
+                self.uncharge(cut_hi - cut_lo);
+            }
             dropped += cut_hi - cut_lo;
         }
         Ok(dropped)
@@ -252,19 +305,62 @@ impl Store {
         debug_assert_eq!(data.len() % BLOCK_SIZE, 0);
         let nblocks = (data.len() / BLOCK_SIZE) as u64;
         let goal = self.goal_at(ino, first)?;
-        let runs = self.take_runs(ino, goal, nblocks)?;
+        let runs = self.take_copies(ino, goal, nblocks)?;
         let unmapped = self.unmap_blocks(ino, first, first + nblocks)?;
         let mut done = 0u64;
-        for (start, got) in runs {
+        for (start, twin, got) in runs {
             let bytes = &data[(done as usize) * BLOCK_SIZE..((done + got) as usize) * BLOCK_SIZE];
-            self.pager.write_blocks(start, bytes)?;
+            for at in [start, twin].into_iter().filter(|&b| b != 0) {
+                self.pager.write_blocks(at, bytes)?;
+                self.refs_add(at, got)?;
+                self.charge(got);
+            }
             let csums: Vec<u32> = bytes.chunks(BLOCK_SIZE).map(crate::engine::checksum::crc32c).collect();
-            self.refs_add(start, got)?;
-            self.charge(got);
-            self.map_extent(ino, first + done, start, csums)?;
+            self.map_extent(ino, first + done, start, twin, csums)?;
             done += got;
         }
         Ok((unmapped, nblocks))
+    }
+
+    /// Copies of each data block the active dataset keeps (its `copies` property).
+    pub(crate) fn data_copies(&self) -> u8 {
+        let copies = self.dataset_props(self.active).and_then(|p| p.get_u64("copies"));
+        if copies == Some(2) {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// `take_runs`, and with `copies=2` as many blocks again half an image away for the
+    /// second copy: (first block, first block of its copy or 0, blocks), cut where either
+    /// run list breaks so each piece is contiguous in both.
+    fn take_copies(&mut self, ino: u64, goal: u64, nblocks: u64) -> Result<Vec<(u64, u64, u64)>> {
+        let runs = self.take_runs(ino, goal, nblocks)?;
+        if self.data_copies() < 2 {
+            return Ok(runs.into_iter().map(|(s, n)| (s, 0, n)).collect());
+        }
+        let total = self.pager.total_blocks();
+        let far = crate::limits::RESERVED_BLOCKS + (goal + total / 2) % (total - crate::limits::RESERVED_BLOCKS);
+        let twins = match self.take_runs(ino, far, nblocks) {
+            Ok(t) => t,
+            Err(e) => {
+                for (start, len) in runs {
+                    self.pager.alloc.mark_free(start, len);
+                }
+                return Err(e);
+            }
+        };
+        let mut out = Vec::new();
+        let (mut a, mut b) = (runs.into_iter(), twins.into_iter());
+        let (mut x, mut y) = (a.next(), b.next());
+        while let (Some((s, n)), Some((t, m))) = (x, y) {
+            let k = n.min(m);
+            out.push((s, t, k));
+            x = if n > k { Some((s + k, n - k)) } else { a.next() };
+            y = if m > k { Some((t + k, m - k)) } else { b.next() };
+        }
+        Ok(out)
     }
 
     /// Where blocks for file block `first` of `ino` should go: right after the extent that
@@ -275,7 +371,7 @@ impl Store {
             None => None,
         };
         Ok(match prev {
-            Some((off, Extent::Regular { disk_block, csums }))
+            Some((off, Extent::Regular { disk_block, csums, .. }))
                 if off / BLOCK_SIZE_U64 + csums.len() as u64 == first =>
             {
                 disk_block + csums.len() as u64
@@ -312,24 +408,26 @@ impl Store {
     }
 
     /// Inserts an extent item, merging with the previous one when the disk blocks continue it.
-    fn map_extent(&mut self, ino: u64, file_block: u64, disk_block: u64, csums: Vec<u32>) -> Result<()> {
+    fn map_extent(&mut self, ino: u64, file_block: u64, disk_block: u64, twin: u64, csums: Vec<u32>) -> Result<()> {
         if file_block > 0 {
             let prev =
                 self.extents_overlapping(ino, (file_block - 1) * BLOCK_SIZE_U64, file_block * BLOCK_SIZE_U64)?.pop();
-            if let Some((off, Extent::Regular { disk_block: pd, csums: mut pc })) = prev {
+            if let Some((off, Extent::Regular { disk_block: pd, twin: pt, csums: mut pc })) = prev {
                 let pn = pc.len() as u64;
+                let twins_continue = if pt == 0 { twin == 0 } else { twin == pt + pn };
                 if off / BLOCK_SIZE_U64 + pn == file_block
                     && pd + pn == disk_block
+                    && twins_continue
                     && pn + csums.len() as u64 <= MAX_EXTENT_BLOCKS
                 {
                     pc.extend(csums);
-                    let merged = Extent::Regular { disk_block: pd, csums: pc };
+                    let merged = Extent::Regular { disk_block: pd, twin: pt, csums: pc };
                     self.fs.insert(&mut self.pager, extent_key(ino, off), merged.encode())?;
                     return Ok(());
                 }
             }
         }
-        let e = Extent::Regular { disk_block, csums };
+        let e = Extent::Regular { disk_block, twin, csums };
         self.fs.insert(&mut self.pager, extent_key(ino, file_block * BLOCK_SIZE_U64), e.encode())?;
         Ok(())
     }
@@ -576,14 +674,16 @@ impl Store {
     /// Maps `count` zeroed blocks at file block `first` (all unmapped).
     fn map_zero_blocks(&mut self, inode: &mut Inode, first: u64, count: u64) -> Result<()> {
         let goal = self.goal_at(inode.ino, first)?;
-        let runs = self.take_runs(inode.ino, goal, count)?;
+        let runs = self.take_copies(inode.ino, goal, count)?;
         let zero_csum = crate::engine::checksum::crc32c(&[0u8; BLOCK_SIZE]);
         let mut done = 0;
-        for (start, got) in runs {
-            self.pager.write_zero_blocks(start, got)?;
-            self.refs_add(start, got)?;
-            self.charge(got);
-            self.map_extent(inode.ino, first + done, start, vec![zero_csum; got as usize])?;
+        for (start, twin, got) in runs {
+            for at in [start, twin].into_iter().filter(|&b| b != 0) {
+                self.pager.write_zero_blocks(at, got)?;
+                self.refs_add(at, got)?;
+                self.charge(got);
+            }
+            self.map_extent(inode.ino, first + done, start, twin, vec![zero_csum; got as usize])?;
             done += got;
         }
         inode.blocks += count;

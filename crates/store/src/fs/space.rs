@@ -105,6 +105,8 @@ impl Store {
         if self.is_snapshot(self.active) {
             return Err(Error::ReadOnly("a snapshot".into()));
         }
+        // (A dataset with `copies=2` writes each block twice.)
+        let data_blocks = data_blocks * u64::from(self.data_copies());
         if !for_delete && data_blocks > 0 {
             self.check_quota(data_blocks)?;
         }
