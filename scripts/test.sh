@@ -49,8 +49,8 @@ echo "== real mounts: pjdfstest, fsx, kernel-tree round trip, kill -9 (tests/e2e
 bash scripts/install.sh
 bash tests/e2e/run.sh
 
-echo "== snapshot benchmark tooling (smoke: 1,000 snapshots)"
-bash bench/snapshots.sh --count 1000
+echo "== snapshot and scrub benchmark tooling (smoke: 1,000 snapshots, 64 MiB scrubbed)"
+bash bench/snapshots.sh --count 1000 --scrub-mib 64
 
 echo "== headline benchmark tooling (smoke: tiny tar, 500 files; sshfs only in full runs)"
 bash bench/headline.sh --quick --only local,bindfs,crest,crest-rtt

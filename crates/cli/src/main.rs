@@ -162,8 +162,10 @@ enum Command {
         #[arg(long, global = true)]
         insecure: bool,
     },
-    /// Read and check every data block of a running server's datasets and snapshots,
-    /// while clients work; resumes where the last one stopped. Exit 0 clean, 4 problems.
+    /// Read and check every copy of every superblock, tree node and data block of a
+    /// running server's datasets and snapshots while clients work, rewriting a bad copy
+    /// from a good one; resumes where the last one stopped. Exit 0 clean or all repaired,
+    /// 4 problems left.
     Scrub {
         /// The server (HOST[:PORT]; default: this host's).
         #[arg(long, default_value = DEFAULT_LISTEN)]
