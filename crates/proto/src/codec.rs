@@ -182,6 +182,42 @@ mod tests {
         assert_eq!(d.buffered(), 0);
     }
 
+    /// Flips bits of the file data inside an encoded frame and expects the decoder to refuse
+    /// the frame (the bytes are opaque: without their checksum it would decode, wrong).
+    fn damaged_data_is_refused<T: serde::de::DeserializeOwned + Serialize>(msg: &T, data: &[u8]) {
+        let mut wire = Vec::new();
+        encode_frame(msg, &mut wire).expect("encode");
+        let at = wire.windows(data.len()).position(|w| w == data).expect("the data in the frame");
+        for i in [0, data.len() / 3, data.len() - 1] {
+            for bit in [0, 3, 7] {
+                let mut bad = wire.clone();
+                bad[at + i] ^= 1 << bit;
+                assert!(decode_frame::<T>(&bad[FRAME_HEADER_BYTES..]).is_err(), "byte {i} bit {bit} accepted");
+            }
+        }
+        assert!(decode_frame::<T>(&wire[FRAME_HEADER_BYTES..]).is_ok(), "the undamaged frame decodes");
+    }
+
+    #[test]
+    fn file_data_damaged_on_the_wire_is_refused_both_ways() {
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 1) as u8).collect();
+        let write = ClientMessage::Request(Request {
+            id: 1,
+            ops: vec![Op::Write { ino: 9, offset: 12, data: data.clone() }, Op::Append { ino: 9, data: data.clone() }],
+            time: None,
+            caller: Caller { uid: 0, gid: 0, groups: vec![] },
+        });
+        damaged_data_is_refused(&write, &data);
+        let read = ServerMessage::Response(Response {
+            id: 1,
+            results: vec![Ok(Reply::Data(data.clone()))],
+            seq: 0,
+            durable: 0,
+            time: None,
+        });
+        damaged_data_is_refused(&read, &data);
+    }
+
     #[test]
     fn encoded_len_is_the_frame_bodys_length() {
         for m in [sample(), ClientMessage::Goodbye] {

@@ -12,6 +12,7 @@
 //! primes the client's cache.
 
 pub mod acl;
+mod checked;
 pub mod codec;
 pub mod errno;
 mod inos;

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 /// `Op::Open` access bits: the open's access mode as the kernel checks it (the values
 /// of `acl::MAY_READ`, `MAY_WRITE`, `MAY_EXEC`).
 pub const OPEN_READ: u32 = crate::acl::MAY_READ;
@@ -335,12 +335,14 @@ pub enum Op {
     Write {
         ino: u64,
         offset: u64,
+        #[serde(with = "crate::checked")]
         data: Vec<u8>,
     },
     /// Writes `data` at the end of the file as the server sees it (O_APPEND: the writer's
     /// idea of the size may be stale when other clients append too).
     Append {
         ino: u64,
+        #[serde(with = "crate::checked")]
         data: Vec<u8>,
     },
     Fallocate {
@@ -610,8 +612,8 @@ pub enum Reply {
         end: bool,
         next_index: u64,
     },
-    /// File bytes or an xattr value.
-    Data(Vec<u8>),
+    /// File bytes or an xattr value (with their CRC-32C on the wire: `checked`).
+    Data(#[serde(with = "crate::checked")] Vec<u8>),
     /// Xattr names.
     Names(Vec<Vec<u8>>),
     StatFs(StatFs),

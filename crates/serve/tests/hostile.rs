@@ -247,7 +247,21 @@ impl Raw {
 /// A frame that breaks the protocol after the hello, chosen by `rng`, and what it is.
 fn bad_frame(rng: &mut u64) -> (Vec<u8>, &'static str) {
     let mut frame = Vec::new();
-    match next(rng) % 5 {
+    match next(rng) % 6 {
+        5 => {
+            // File data that does not match the checksum it travels with.
+            let data: Vec<u8> = (0..1 + next(rng) % 9000).map(|_| next(rng) as u8).collect();
+            let req = p::Request {
+                id: next(rng),
+                ops: vec![Op::Write { ino: 2, offset: 0, data: data.clone() }],
+                time: None,
+                caller: p::Caller::ROOT,
+            };
+            p::encode_frame(&ClientMessage::Request(req), &mut frame).expect("encode");
+            let at = frame.windows(data.len()).position(|w| w == data).expect("data in the frame");
+            frame[at + (next(rng) as usize % data.len())] ^= 1 << (next(rng) % 8);
+            (frame, "file data damaged after its checksum was taken")
+        }
         0 => {
             let len = p::MAX_FRAME_BYTES as u32 + 1 + (next(rng) % 1000) as u32;
             frame.extend_from_slice(&len.to_le_bytes());

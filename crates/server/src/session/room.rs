@@ -19,8 +19,8 @@ pub(super) const SMALL_RESULT_BYTES: usize = 192;
 const ENVELOPE_BYTES: usize = 64;
 /// Bytes of an error message kept when the whole would not fit.
 const SHORT_MESSAGE_BYTES: usize = 128;
-/// Encoded bytes of a read's reply besides its data (tags and length).
-const READ_OVERHEAD_BYTES: usize = 8;
+/// Encoded bytes of a read's reply besides its data (tags, length and checksum).
+const READ_OVERHEAD_BYTES: usize = 16;
 
 // A lone read of the largest size fits, and so do the promises to a full request.
 const _: () = assert!(MAX_RESULTS_BYTES >= p::MAX_IO_BYTES as usize + READ_OVERHEAD_BYTES);
