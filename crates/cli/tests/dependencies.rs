@@ -16,6 +16,20 @@ const RULES: &[(&str, &[&str])] = &[
     ("crest-proto", &["crest-server", "crest-serve", "crest-store", "io-uring", "fuser", "tokio"]),
     // Credentials serve both sides, so they hold no part of either.
     ("crest-tls", &["crest-server", "crest-serve", "crest-store", "crest-net", "crest-fuse", "tokio", "fuser"]),
+    // The byte stream both shells share holds no part of either, nor any credentials.
+    (
+        "crest-stream",
+        &[
+            "crest-server",
+            "crest-serve",
+            "crest-store",
+            "crest-net",
+            "crest-fuse",
+            "crest-client",
+            "crest-tls",
+            "fuser",
+        ],
+    ),
     ("crest-server", &["tokio", "fuser", "crest-net", "crest-fuse"]),
     ("crest-store", &["tokio", "fuser", "crest-proto", "crest-net", "crest-fuse", "crest-server"]),
     // The simulators run the cores, never the shells around them.

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use crest_client::conn::{Call, Connection, Event, RightsHook, State, HANDSHAKE_WAIT};
 use crest_proto as p;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use crest_stream::{read_burst, Reader, Writer};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -578,7 +579,7 @@ impl Driver {
         while self.core.state() == State::Handshaking {
             let deadline = tokio::time::Instant::from_std(self.core.poll_timeout());
             tokio::select! {
-                r = rd.read(buf) => {
+                r = read_burst(rd, buf) => {
                     match r {
                         Ok(n) => self.core.handle_bytes(Instant::now(), &buf[..n]),
                         Err(e) if certificates_refused(&e) && !self.core.has_connected() => {
@@ -621,24 +622,19 @@ impl Driver {
     }
 }
 
-type Reader = Box<dyn AsyncRead + Unpin + Send>;
-type Writer = Box<dyn AsyncWrite + Unpin + Send>;
-
 impl Driver {
-    /// The connection's two halves: plain, or after a TLS handshake (within
-    /// `HANDSHAKE_WAIT`, the lease kept meanwhile). Why not, if the handshake failed.
+    /// The connection's two halves (`crest_stream`): plain, or after a TLS handshake
+    /// (within `HANDSHAKE_WAIT`, the lease kept meanwhile). Why not, if the handshake failed.
     async fn secure(&mut self, stream: TcpStream) -> Result<(Reader, Writer), ClientError> {
         let Some(config) = self.opts.tls.clone() else {
-            let (rd, wr) = stream.into_split();
-            return Ok((Box::new(rd), Box::new(wr)));
+            return Ok(crest_stream::plain(stream));
         };
         let tls = self
             .with_timers(tokio::time::timeout(HANDSHAKE_WAIT, tls_connect(config, stream)))
             .await
             .map_err(|_| ClientError::NotCrest { addr: self.addr.clone(), detail: "no TLS handshake in time".into() })?
             .map_err(|e| tls_error(&self.addr, e))?;
-        let (rd, wr) = tokio::io::split(tls);
-        Ok((Box::new(rd), Box::new(wr)))
+        Ok(crest_stream::tls(tls))
     }
 }
 
@@ -646,9 +642,9 @@ impl Driver {
 async fn tls_connect(
     config: Arc<rustls::ClientConfig>,
     stream: TcpStream,
-) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+) -> std::io::Result<tokio_rustls::client::TlsStream<crest_stream::Socket>> {
     let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).map_err(std::io::Error::other)?;
-    tokio_rustls::TlsConnector::from(config).connect(name, stream).await
+    tokio_rustls::TlsConnector::from(config).connect(name, crest_stream::socket(stream)).await
 }
 
 /// Whether `e` is TLS saying the certificates do not match: the server's is not from the
@@ -742,18 +738,10 @@ fn exchange(
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| err(e.to_string()))?;
     let exchange = async {
         let stream = TcpStream::connect(addr).await.map_err(|e| err(e.to_string()))?;
-        let _ = stream.set_nodelay(true);
         let not_crest = |detail: String| ClientError::NotCrest { addr: addr.to_string(), detail };
-        let (mut rd, mut wr): (Reader, Writer) = match tls {
-            Some(config) => {
-                let tls = tls_connect(config, stream).await.map_err(|e| tls_error(addr, e))?;
-                let (rd, wr) = tokio::io::split(tls);
-                (Box::new(rd), Box::new(wr))
-            }
-            None => {
-                let (rd, wr) = stream.into_split();
-                (Box::new(rd), Box::new(wr))
-            }
+        let (mut rd, mut wr) = match tls {
+            Some(config) => crest_stream::tls(tls_connect(config, stream).await.map_err(|e| tls_error(addr, e))?),
+            None => crest_stream::plain(stream),
         };
         let mut buf = Vec::new();
         p::encode_frame(&msg, &mut buf).map_err(|e| err(e.to_string()))?;
@@ -767,7 +755,7 @@ fn exchange(
                 Ok(None) => {}
                 Err(e) => return Err(not_crest(e.to_string())),
             }
-            match rd.read(&mut chunk).await {
+            match read_burst(&mut rd, &mut chunk).await {
                 Ok(0) => return Err(err("the server closed the connection".into())),
                 Ok(n) => decoder.handle_bytes(&chunk[..n]),
                 Err(e) => return Err(err(e.to_string())),
@@ -783,7 +771,7 @@ fn exchange(
 async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
     let mut backoff = Duration::from_millis(20);
     let started = Instant::now();
-    let mut buf = vec![0u8; 256 * 1024];
+    let mut buf = vec![0u8; crest_stream::BUFFER_BYTES];
     loop {
         d.core.connecting(Instant::now());
         let addr = d.addr.clone();
@@ -803,8 +791,7 @@ async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
-        let (mut rd, wr) = match d.secure(stream).await {
+        let (mut rd, mut wr) = match d.secure(stream).await {
             Ok(halves) => halves,
             Err(e) => {
                 if !d.core.has_connected() {
@@ -820,7 +807,6 @@ async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
                 continue;
             }
         };
-        let mut wr = BufWriter::with_capacity(256 * 1024, wr);
         d.core.connected(Instant::now());
         if d.transmit(&mut wr).await {
             d.handshake(&mut rd, &mut buf).await;
@@ -855,7 +841,7 @@ async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
                         return;
                     }
                 }
-                r = rd.read(&mut buf) => match r {
+                r = read_burst(&mut rd, &mut buf) => match r {
                     Ok(n) => d.core.handle_bytes(Instant::now(), &buf[..n]),
                     Err(e) => d.core.connection_lost(&e.to_string()),
                 },

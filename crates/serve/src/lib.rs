@@ -34,9 +34,10 @@ use crest_proto::{self as p, ClientMessage, FrameDecoder, ServerMessage};
 use crest_server::authz::Policy;
 use crest_server::{Outgoing, Server, SessionId};
 use crest_store::Store;
+use crest_stream::{read_burst, Reader, Writer};
 use crest_tls::{Authority, Fingerprint};
 use limits::{Counters, Key, Slot};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -78,8 +79,6 @@ impl Outbox {
 /// counts as heard then, even while its requests wait in the store task's queue behind
 /// another session's flood (its lease must not lapse for that).
 type Arrivals = Arc<std::sync::Mutex<HashMap<SessionId, u64>>>;
-type Reader = Box<dyn AsyncRead + Unpin + Send>;
-type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 
 /// How connections are secured.
 #[derive(Clone)]
@@ -618,16 +617,15 @@ async fn connection(
     early: Slot,
     counters: Counters,
 ) -> Result<(), ConnError> {
-    let _ = stream.set_nodelay(true);
     let Some(gate) = gate else {
-        let (rd, wr) = stream.into_split();
-        return serve(Box::new(rd), Box::new(wr), peer, shell, None, None, early).await;
+        let (rd, wr) = crest_stream::plain(stream);
+        return serve(rd, wr, peer, shell, None, None, early).await;
     };
-    let tls = tokio::time::timeout(HELLO_TIMEOUT, gate.acceptor.accept(stream))
+    let tls = tokio::time::timeout(HELLO_TIMEOUT, gate.acceptor.accept(crest_stream::socket(stream)))
         .await
         .map_err(|_| ConnError::Other("no TLS handshake in time".into()))??;
     let fingerprint = crest_tls::peer_fingerprint(tls.get_ref().1);
-    let (rd, wr) = tokio::io::split(tls);
+    let (rd, wr) = crest_stream::tls(tls);
     let admitted = match fingerprint {
         None => None,
         Some(fingerprint) => match gate.authority.admit(&fingerprint) {
@@ -635,7 +633,7 @@ async fn connection(
                 let Some(slot) = counters.take(Key::Identity(fingerprint), limits::MAX_CONNECTIONS_PER_IDENTITY) else {
                     let reason =
                         format!("{} has {} connections already", who.name, limits::MAX_CONNECTIONS_PER_IDENTITY);
-                    refuse(Box::new(wr), reason.clone()).await;
+                    refuse(wr, reason.clone()).await;
                     return Err(ConnError::Other(reason));
                 };
                 Some(Admitted {
@@ -647,12 +645,12 @@ async fn connection(
                 })
             }
             Err(reason) => {
-                refuse(Box::new(wr), reason.clone()).await;
+                refuse(wr, reason.clone()).await;
                 return Err(ConnError::Other(format!("refused: {reason}")));
             }
         },
     };
-    serve(Box::new(rd), Box::new(wr), peer, shell, Some(gate), admitted, early).await
+    serve(rd, wr, peer, shell, Some(gate), admitted, early).await
 }
 
 /// Refuses the connection with `reason` (its client reports it) and closes it.
@@ -713,7 +711,7 @@ async fn first_message(
             if let Some(m) = decoder.poll_message::<ClientMessage>()? {
                 return Ok::<_, ConnError>(m);
             }
-            let n = rd.read(buf).await?;
+            let n = read_burst(rd, buf).await?;
             if n == 0 {
                 return Err(ConnError::Other("closed before hello".into()));
             }
@@ -739,7 +737,7 @@ async fn serve(
     early: Slot,
 ) -> Result<(), ConnError> {
     let mut decoder = FrameDecoder::new();
-    let mut buf = vec![0u8; 256 * 1024];
+    let mut buf = vec![0u8; crest_stream::BUFFER_BYTES];
     let first = first_message(&mut rd, &mut decoder, &mut buf, gate.is_none()).await;
     // Through its hello (or on its way out): it no longer counts against its address.
     drop(early);
@@ -853,14 +851,14 @@ async fn serve(
     ended.map(|_| ())
 }
 
-/// A connection's writer: sends what the store task queues, a burst per flush, and counts
-/// it off the connection's backlog.
+/// A connection's writer: sends what the store task queues, a burst per write (encoded
+/// into one buffer: no second buffer, and over TLS as few records as the burst fills),
+/// and counts it off the connection's backlog.
 async fn write_messages(
-    wr: Writer,
+    mut wr: Writer,
     mut out_rx: mpsc::UnboundedReceiver<(usize, ServerMessage)>,
     backlog: sched::Backlog,
 ) {
-    let mut wr = BufWriter::with_capacity(256 * 1024, wr);
     let mut buf = Vec::new();
     while let Some((mut bytes, m)) = out_rx.recv().await {
         buf.clear();
@@ -968,7 +966,7 @@ async fn session_messages(
         }
         wait_for_room(conn).await?;
         tokio::select! {
-            r = tokio::time::timeout(conn.shell.idle, rd.read(buf)) => match r {
+            r = tokio::time::timeout(conn.shell.idle, read_burst(rd, buf)) => match r {
                 Err(_) => return Err(ConnError::Other(format!("silent for {:?}", conn.shell.idle))),
                 Ok(r) => match r? {
                     0 => return Ok(Ended::Closed),
