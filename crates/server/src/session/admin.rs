@@ -71,7 +71,13 @@ pub enum AdminStart {
 pub(super) struct PendingSnapshot {
     token: u64,
     call: Vec<u8>,
+    /// The datasets whose writers must write back first.
+    datasets: HashSet<u64>,
+    /// Recalls not yet answered.
     waiting: HashSet<u64>,
+    /// Asked for in a grace period: restored sessions may still replay changes they
+    /// were told were done, and take back rights; the recalls go out once it is over.
+    after_grace: bool,
 }
 
 fn answer_of(r: Result<NvList, Failed>) -> Vec<u8> {
@@ -90,7 +96,8 @@ impl Server {
     /// Starts an administrative call: answered at once, or, for a snapshot, once every
     /// client that may hold acknowledged changes of its datasets has written them back
     /// (module doc of `snapshots` in the store: a snapshot holds exactly what was
-    /// acknowledged before it).
+    /// acknowledged before it) — and, after a restart, once the grace period is over:
+    /// until then a restored session may still replay a change it was told was done.
     pub fn admin_start(&mut self, call: &[u8], now: p::Time) -> AdminStart {
         let Ok(l) = NvList::decode(call) else { return AdminStart::Done(self.admin(call, now)) };
         let mut datasets = HashSet::new();
@@ -127,10 +134,11 @@ impl Server {
             }
             _ => return AdminStart::Done(self.admin(call, now)),
         }
-        let waiting = self.recall_writers_of(&datasets, now);
+        let after_grace = self.in_grace();
+        let waiting = if after_grace { HashSet::new() } else { self.recall_writers_of(&datasets, now) };
         self.next_admin_token += 1;
         let token = self.next_admin_token;
-        self.pending_snapshots.push(PendingSnapshot { token, call: call.to_vec(), waiting });
+        self.pending_snapshots.push(PendingSnapshot { token, call: call.to_vec(), datasets, waiting, after_grace });
         AdminStart::Pending(token)
     }
 
@@ -163,7 +171,15 @@ impl Server {
     pub fn take_admin_answers(&mut self, now: p::Time) -> Vec<(u64, Vec<u8>)> {
         let mut ready = Vec::new();
         let mut still = Vec::new();
-        for p in std::mem::take(&mut self.pending_snapshots) {
+        for mut p in std::mem::take(&mut self.pending_snapshots) {
+            if p.after_grace {
+                if self.in_grace() {
+                    still.push(p);
+                    continue;
+                }
+                p.after_grace = false;
+                p.waiting = self.recall_writers_of(&p.datasets, now);
+            }
             if p.waiting.iter().any(|&id| self.caps.recall_pending(id)) {
                 still.push(p);
             } else {

@@ -837,3 +837,56 @@ fn a_reassert_resent_after_a_reconnect_does_not_run_again_after_later_lock_chang
     let r = srv.handle_request(b, lock_root(1, 9, p::LockKind::Write, false), NOW);
     assert_eq!(r.results[0], Ok(Reply::Done), "a let go of its lock");
 }
+
+/// A snapshot asked for after a restart, before a restored session has replayed a change
+/// it was told was done (the server died before committing it): the snapshot holds
+/// exactly what was acknowledged before it, so it waits for the replay (and then for the
+/// writeback of the rights the replay gives back), and holds the change.
+#[test]
+fn a_snapshot_taken_while_a_session_replays_after_a_restart_holds_its_replayed_change() {
+    use crest_nvlist::{NvList, Value};
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, wa) = srv.handle_hello(&hello(None));
+    let p::ServerMessage::Welcome(wa) = wa else { panic!("{wa:?}") };
+    let a = a.expect("a");
+    let lost = srv.handle_request(a, create_in_root(1, "x"), NOW);
+    assert!(lost.results[0].is_ok() && lost.seq > lost.durable, "acknowledged, not durable: {lost:?}");
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    srv.tick(millis(NOW)).expect("tick");
+    assert!(srv.in_grace());
+    let mut call = NvList::new();
+    call.add("cmd", Value::Str("snapshot.create".into())).expect("add");
+    call.add("names", Value::Strs(vec!["default@s".into()])).expect("add");
+    let AdminStart::Pending(token) = srv.admin_start(&call.encode(), NOW) else { panic!("the snapshot waits") };
+    assert!(srv.take_admin_answers(NOW).is_empty(), "not while a restored session may replay");
+    assert!(srv.store.dataset("default@s").is_err());
+    // a comes back and replays its create, then says so.
+    let (_, w) = srv.handle_hello(&hello(Some(wa.session)));
+    assert!(matches!(w, p::ServerMessage::Welcome(p::Welcome { durable_seq: Some(0), .. })), "{w:?}");
+    srv.handle(a, create_in_root(1, "x"), NOW);
+    srv.replayed(a, NOW);
+    srv.tick(millis(NOW) + 10).expect("tick");
+    // What a holds now (x, made by its replay) is written back before the snapshot.
+    let mut answers = Vec::new();
+    for _ in 0..10 {
+        for o in srv.take_outgoing() {
+            if let Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } = o {
+                srv.recall_done(session, recall_id, NOW);
+            }
+        }
+        answers.extend(srv.take_admin_answers(NOW));
+        if !answers.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(answers.len(), 1, "the snapshot is taken once the replay is in");
+    assert_eq!(answers[0].0, token);
+    let answer = NvList::decode(&answers[0].1).expect("answer");
+    assert!(answer.get("error").is_none(), "{answer:?}");
+    let snap = srv.store.dataset_id("default@s").expect("taken");
+    srv.store.set_view(Some(snap));
+    assert!(srv.store.lookup(1, b"x").is_ok(), "the snapshot holds the replayed, acknowledged create");
+    srv.store.set_view(None);
+}
