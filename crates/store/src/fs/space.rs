@@ -112,7 +112,11 @@ impl Store {
         }
         let floor = if for_delete { self.nodes(COMMIT_BLOCKS) } else { self.kept_back() };
         self.space.floor = floor;
-        let need = |s: &Store| data_blocks + s.nodes(meta_estimate(data_blocks) + s.pager.dirty_nodes() as u64) + floor;
+        // (`meta_estimate` is four times what contiguous data's leaves take, so it covers
+        // them in two copies too: counting it once keeps this in step with `statfs`'s
+        // available blocks, all of which one write must be able to take. `data_fits`
+        // checks the real runs, every node in every copy.)
+        let need = |s: &Store| data_blocks + meta_estimate(data_blocks) + s.nodes(s.pager.dirty_nodes() as u64) + floor;
         // Freed blocks come back only after commits; two make everything pending reusable.
         let mut idle_commits = 0;
         while self.pager.alloc.free_blocks() < need(self) {
