@@ -87,6 +87,7 @@ impl Template {
                 let total = total % input.blocks.saturating_add(1);
                 let ptr = |(b, g, l): (u64, u64, u8)| BlockPtr {
                     block: b % total.max(1),
+                    twin: (b >> 7) % total.max(1),
                     generation: g % generation.saturating_add(1),
                     level: l,
                 };
@@ -98,6 +99,7 @@ impl Template {
                     root_tree: ptr(roots[0]),
                     refcount_tree: ptr(roots[1]),
                     csum_type: crest_store::checksum::CSUM_CRC32C,
+                    meta_copies: 1 + (generation % 2) as u8,
                 }
                 .encode(usize::from(input.second_copy))
             }
@@ -165,7 +167,7 @@ impl Template {
                     csums.push(0);
                 }
                 let room = input.blocks.saturating_sub(RESERVED_BLOCKS + csums.len() as u64).saturating_add(1);
-                Extent::Regular { disk_block: RESERVED_BLOCKS + disk_block % room, csums }.encode()
+                Extent::Regular { disk_block: RESERVED_BLOCKS + disk_block % room, twin: 0, csums }.encode()
             }
         })
     }
@@ -276,9 +278,12 @@ fn extent(input: &Input) {
     let b = &input.bytes;
     let key = Key::new(input.objectid, input.kind, input.offset);
     let Ok(ext) = Extent::decode(key, b, input.blocks) else { return };
-    if let Extent::Regular { disk_block, csums } = &ext {
+    if let Extent::Regular { disk_block, twin, csums } = &ext {
         assert!(!csums.is_empty());
-        assert!(disk_block.checked_add(csums.len() as u64).is_some_and(|e| e <= input.blocks));
+        let n = csums.len() as u64;
+        assert!(disk_block.checked_add(n).is_some_and(|e| e <= input.blocks));
+        // A second copy lies inside the image and apart from the first.
+        assert!(*twin == 0 || (twin + n <= input.blocks && (twin + n <= *disk_block || disk_block + n <= *twin)));
     }
     let again = ext.encode();
     match Extent::decode(key, &again, input.blocks) {

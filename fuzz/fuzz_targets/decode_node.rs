@@ -91,14 +91,18 @@ fn build(
         let mut kids: Vec<(Key, ChildPtr)> = children
             .into_iter()
             .map(|((o, k, f), b, g)| {
-                (Key::new(o, k, f), ChildPtr::Disk { block: b % total, generation: g % e.generation.saturating_add(1) })
+                (Key::new(o, k, f), ChildPtr::Disk {
+                        block: b % total,
+                        twin: Some((b >> 7) % total).filter(|&t| t != b % total).unwrap_or(0),
+                        generation: g % e.generation.saturating_add(1),
+                    })
             })
             .collect();
         kids.sort_by_key(|a| a.0);
         kids.dedup_by(|a, b| a.0 == b.0);
         kids.truncate(INTERNAL_CAPACITY);
         if kids.is_empty() {
-            kids.push((Key::MIN, ChildPtr::Disk { block: 0, generation: 0 }));
+            kids.push((Key::MIN, ChildPtr::Disk { block: 0, twin: 0, generation: 0 }));
         }
         Body::Internal(kids)
     };
@@ -118,18 +122,18 @@ fuzz_target!(|input: Input| {
             if expect_from_header && bytes.len() >= 80 {
                 let mut fsid = [0u8; 16];
                 fsid.copy_from_slice(&bytes[32..48]);
-                let ptr = BlockPtr { block: le_u64(&bytes, 48), generation: le_u64(&bytes, 56), level: bytes[72] };
+                let ptr = BlockPtr { block: le_u64(&bytes, 48), twin: 0, generation: le_u64(&bytes, 56), level: bytes[72] };
                 let owner = le_u64(&bytes, 64);
                 (bytes, fsid, ptr, owner)
             } else {
-                (bytes, e.fsid, BlockPtr { block: e.block, generation: e.generation, level: e.level }, e.owner)
+                (bytes, e.fsid, BlockPtr { block: e.block, twin: 0, generation: e.generation, level: e.level }, e.owner)
             }
         }
         Source::Encoded { level, leaf_items, children, flips, fix_checksum: fix, use_other_level } => {
             let node = build(level, leaf_items, children, &e);
             let mut bytes = node.encode(&e.fsid, e.block, e.generation);
             // The undamaged encoding must decode to the node it came from.
-            let ptr = BlockPtr { block: e.block, generation: e.generation, level: node.level };
+            let ptr = BlockPtr { block: e.block, twin: 0, generation: e.generation, level: node.level };
             match Node::decode(&bytes, &e.fsid, &ptr, e.owner, e.total_blocks.max(1)) {
                 Ok(back) => assert_eq!(back, node, "encode/decode roundtrip of a built node"),
                 Err(err) => panic!("a node built to be valid does not decode: {err}\nnode: {node:?}"),

@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
     let Ok(actions) = Vec::<Action>::arbitrary(&mut u) else { return };
     let disk = MemDisk::new(64 << 20);
-    if Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: Some(1) }).is_err() {
+    if Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: None, seed: Some(1), meta_copies: 2 }).is_err() {
         return;
     }
     let Ok(store) = Store::open(Box::new(disk.clone())) else { return };

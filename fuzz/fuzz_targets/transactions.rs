@@ -414,7 +414,7 @@ fn base_image() -> Vec<u8> {
     static BASE: OnceLock<Vec<u8>> = OnceLock::new();
     BASE.get_or_init(|| {
         let disk = MemDisk::new(IMAGE_BYTES);
-        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: Some([7; 16]), seed: None })
+        Store::mkfs(Box::new(disk.clone()), &MkfsOptions { now: Timespec::new(1, 0), fsid: Some([7; 16]), seed: None, meta_copies: 2 })
             .expect("mkfs");
         disk.snapshot()
     })

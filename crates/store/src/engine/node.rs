@@ -277,7 +277,7 @@ impl Node {
                 if ct >= total_blocks {
                     return Err(bad(format!("child {i}'s second copy is at block {ct}, past the end")));
                 }
-                if ct == cb {
+                if ct != 0 && ct == cb {
                     return Err(bad(format!("child {i}'s second copy is the block itself ({cb})")));
                 }
                 if cg > generation {
