@@ -71,6 +71,17 @@ fn newest_superblock(img: &[u8]) -> Superblock {
         .expect("a superblock")
 }
 
+/// A scrub from the start to its end, `step` data blocks at a time.
+fn full_scrub(s: &mut Store, step: u64) -> crest_store::scrub::Scrub {
+    s.scrub_restart().expect("restart");
+    loop {
+        let st = s.scrub_step(step).expect("scrub");
+        if st.done {
+            return st;
+        }
+    }
+}
+
 fn seed() -> u64 {
     let seed = std::env::var("CREST_DUP_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(crest_rng::next_u64);
     println!("CREST_DUP_SEED={seed}");
@@ -130,13 +141,7 @@ fn one_bad_copy_of_any_node_is_read_from_its_twin_and_repaired() {
         let online = MemDisk::from_bytes(img);
         let mut s = open(&online);
         assert_same(&dump(&mut s), &want, &ctx);
-        s.scrub_restart().expect("restart");
-        let st = loop {
-            let st = s.scrub_step(500).expect("scrub");
-            if st.done {
-                break st;
-            }
-        };
+        let st = full_scrub(&mut s, 500);
         assert!(st.bad.is_empty(), "{ctx}: scrub {:?}", st.bad);
         drop(s.close().expect("close"));
         let after = check::fsck(Box::new(MemDisk::from_bytes(online.snapshot()))).expect("fsck");
@@ -279,13 +284,7 @@ fn a_copies_2_file_survives_one_bad_copy_of_any_block() {
         let mut s = open(&online);
         assert_same(&dump(&mut s), &want, &ctx);
         // Scrub repairs what a read did not touch (a bad second copy), fsck is clean.
-        s.scrub_restart().expect("restart");
-        let st = loop {
-            let st = s.scrub_step(64).expect("scrub");
-            if st.done {
-                break st;
-            }
-        };
+        let st = full_scrub(&mut s, 64);
         assert!(st.bad.is_empty(), "{ctx}: {:?}", st.bad);
         drop(s.close().expect("close"));
         assert_eq!(online.snapshot()[at], pristine[at], "{ctx}: repaired online");
