@@ -127,6 +127,7 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
             }
             kind::DEADLIST => dead_items.push((*k, v.clone())),
             kind::SCRUB if *k == Key::new(0, kind::SCRUB, 0) => {}
+            kind::RECEIVE if k.offset == 0 && v.len() == 9 && v[0] <= 1 => {}
             kind::SESSION if k.offset == 0 && v.len() <= crate::sessions::MAX_SESSION_RECORD_BYTES => {
                 c.report.sessions += 1;
             }

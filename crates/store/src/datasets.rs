@@ -240,18 +240,26 @@ pub(crate) fn decode_entry(key: Key, b: &[u8]) -> Result<Entry> {
     let l = NvList::decode(b).map_err(|e| Error::bad_item(key, 0, format!("dataset record: {e}")))?;
     // Exactly what `encode_entry` writes: the name, then the properties if any.
     let names: Vec<&str> = l.iter().map(|(n, _)| n).collect();
-    if names != ["name"] && names != ["name", "props"] && names != ["name", "origin", "gen"] {
+    let snapshot_fields = names == ["name", "origin", "gen"] || names == ["name", "origin", "gen", "guid"];
+    if names != ["name"] && names != ["name", "props"] && !snapshot_fields {
         return Err(Error::bad_item(key, 0, format!("dataset record with fields {names:?}")));
     }
     let name = l.get_str("name").ok_or_else(|| Error::bad_item(key, 0, "dataset record without a name"))?;
     let props = match l.get("props") {
+        // A snapshot's guid (`send.rs`) shows among its properties.
+        None if names.len() == 4 => {
+            let guid = l.get_u64("guid").ok_or_else(|| Error::bad_item(key, 0, "snapshot guid is not a number"))?;
+            let mut p = NvList::new();
+            p.add("guid", Value::U64(guid)).map_err(|e| Error::bad_item(key, 0, e.to_string()))?;
+            p
+        }
         None => NvList::new(),
         Some(Value::List(p)) if !p.is_empty() => p.clone(),
         Some(_) => return Err(Error::bad_item(key, 0, "dataset properties that are not a non-empty list")),
     };
-    let snap = match (names.len(), l.get_u64("origin"), l.get_u64("gen")) {
-        (3, Some(o), Some(g)) => Some((o, g)),
-        (3, ..) => return Err(Error::bad_item(key, 0, "snapshot record without its origin and generation")),
+    let snap = match (snapshot_fields, l.get_u64("origin"), l.get_u64("gen")) {
+        (true, Some(o), Some(g)) => Some((o, g)),
+        (true, ..) => return Err(Error::bad_item(key, 0, "snapshot record without its origin and generation")),
         _ => None,
     };
     match snap {
@@ -267,6 +275,9 @@ pub(crate) fn encode_entry(e: &Entry) -> Result<Vec<u8>> {
     if let Some((origin, gen)) = e.snap {
         l.add("origin", Value::U64(origin)).map_err(|x| Error::Invalid(x.to_string()))?;
         l.add("gen", Value::U64(gen)).map_err(|x| Error::Invalid(x.to_string()))?;
+        if let Some(guid) = e.props.get_u64("guid") {
+            l.add("guid", Value::U64(guid)).map_err(|x| Error::Invalid(x.to_string()))?;
+        }
     } else if !e.props.is_empty() {
         l.add("props", Value::List(e.props.clone())).map_err(|x| Error::Invalid(x.to_string()))?;
     }

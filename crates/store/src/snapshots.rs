@@ -130,6 +130,12 @@ impl Store {
     /// none: a name that is bad, taken, or of a missing dataset (or of a snapshot) fails
     /// the whole call before anything changes. Returns their ids.
     pub fn create_snapshots(&mut self, names: &[String]) -> Result<Vec<u64>> {
+        self.create_snapshots_with(names, None)
+    }
+
+    /// `create_snapshots`, each snapshot taking the guid given for it (a received one
+    /// takes its sender's) or, without `guids`, a new one.
+    pub(crate) fn create_snapshots_with(&mut self, names: &[String], guids: Option<&[u64]>) -> Result<Vec<u64>> {
         let mut origins = Vec::with_capacity(names.len());
         for (i, full) in names.iter().enumerate() {
             check_snapshot_name(full)?;
@@ -150,14 +156,18 @@ impl Store {
         self.drain_kept();
         let g = self.sb.generation;
         let mut ids = Vec::with_capacity(names.len());
-        for (full, &d) in names.iter().zip(&origins) {
+        for (i, (full, &d)) in names.iter().zip(&origins).enumerate() {
             let s = self.catalog.next_id.max(1);
             let live = if d == self.active { self.fs } else { self.parked.get(&d).map(|s| s.fs).unwrap_or(self.fs) };
             let meta = if d == self.active { self.meta } else { self.parked.get(&d).map_or(self.meta, |s| s.meta) };
             if live.is_dirty() {
                 return Err(Error::Invalid(format!("dataset {d} changed during its snapshot")));
             }
-            let entry = Entry { name: full.clone(), props: Default::default(), snap: Some((d, g)) };
+            // Which snapshot this is, wherever a stream takes it (`send.rs`): never 0.
+            let guid = guids.and_then(|g| g.get(i).copied()).unwrap_or_else(|| self.rng.next_u64()) | 1;
+            let mut props = crest_nvlist::NvList::new();
+            props.set("guid", crest_nvlist::Value::U64(guid)).map_err(|e| Error::Invalid(e.to_string()))?;
+            let entry = Entry { name: full.clone(), props, snap: Some((d, g)) };
             self.root_tree.insert(&mut self.pager, record_key(s), crate::datasets::encode_entry(&entry)?)?;
             let zero = DatasetMeta { next_ino: 0, inode_count: 0 };
             self.parked.insert(s, Slot { fs: Tree { owner: tree_id(d), ..live }, meta, committed_meta: zero });

@@ -311,6 +311,11 @@ impl Store {
                             ));
                         }
                     }
+                    if store.pager.check_writable().is_ok() {
+                        if let Err(e) = store.undo_interrupted_receives() {
+                            notes.push(format!("an unfinished receive could not be undone: {e}"));
+                        }
+                    }
                     store.open_notes = notes;
                     for n in &store.open_notes {
                         tracing::warn!("{n}");

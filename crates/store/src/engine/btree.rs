@@ -102,6 +102,51 @@ impl Tree {
         }
     }
 
+    /// Collects up to `limit` items with `lo <= key <= hi` from the nodes `skip` does not
+    /// rule out: a committed subtree `skip` is true for is not read at all. With `skip`
+    /// true for what another tree shares, this is what the two trees do not share (a send
+    /// stream's diff, `send.rs`), read in time proportional to that.
+    pub fn collect_unshared(
+        &self,
+        pager: &mut Pager,
+        lo: &Key,
+        hi: &Key,
+        skip: &dyn Fn(&BlockPtr) -> bool,
+        limit: usize,
+    ) -> Result<Vec<(Key, Vec<u8>)>> {
+        let mut out = Vec::new();
+        if limit == 0 || lo > hi || self.root.on_disk(self.level).is_some_and(|p| skip(&p)) {
+            return Ok(out);
+        }
+        unshared_rec(pager, self.owner, self.root, self.level, lo, hi, skip, limit, &mut out)?;
+        Ok(out)
+    }
+
+    /// The blocks of the committed subtrees `skip` is true for that the tree reaches
+    /// without passing through another such subtree (the frontier of what it shares).
+    pub fn frontier(
+        &self,
+        pager: &mut Pager,
+        skip: &dyn Fn(&BlockPtr) -> bool,
+    ) -> Result<std::collections::HashSet<u64>> {
+        let mut out = std::collections::HashSet::new();
+        let mut stack = vec![(self.root, self.level)];
+        while let Some((ptr, level)) = stack.pop() {
+            if let Some(p) = ptr.on_disk(level).filter(|p| skip(p)) {
+                out.insert(p.block);
+                continue;
+            }
+            if level == 0 {
+                continue;
+            }
+            let node = pager.node(ptr, self.owner, level)?;
+            if let Body::Internal(children) = &node.body {
+                stack.extend(children.iter().map(|(_, c)| (*c, level - 1)));
+            }
+        }
+        Ok(out)
+    }
+
     /// Collects the items with `lo <= key <= hi`, at most `limit` of them.
     pub fn collect(&self, pager: &mut Pager, lo: &Key, hi: &Key, limit: usize) -> Result<Vec<(Key, Vec<u8>)>> {
         let mut out = Vec::new();
@@ -206,6 +251,51 @@ fn range_rec(
                     return Ok(false);
                 }
                 if !range_rec(pager, owner, *child, level - 1, lo, hi, visit)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn unshared_rec(
+    pager: &mut Pager,
+    owner: u64,
+    ptr: ChildPtr,
+    level: u8,
+    lo: &Key,
+    hi: &Key,
+    skip: &dyn Fn(&BlockPtr) -> bool,
+    limit: usize,
+    out: &mut Vec<(Key, Vec<u8>)>,
+) -> Result<bool> {
+    let node = pager.node(ptr, owner, level)?;
+    match &node.body {
+        Body::Leaf(items) => {
+            let start = items.partition_point(|(k, _)| k < lo);
+            for (k, v) in &items[start..] {
+                if k > hi {
+                    return Ok(false);
+                }
+                out.push((*k, v.clone()));
+                if out.len() >= limit {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+        Body::Internal(children) => {
+            let start = child_index(children, lo);
+            for (k, child) in &children[start..] {
+                if k > hi {
+                    return Ok(false);
+                }
+                if child.on_disk(level - 1).is_some_and(|p| skip(&p)) {
+                    continue;
+                }
+                if !unshared_rec(pager, owner, *child, level - 1, lo, hi, skip, limit, out)? {
                     return Ok(false);
                 }
             }

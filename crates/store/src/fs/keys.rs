@@ -36,6 +36,10 @@ pub mod kind {
     pub const DEADLIST: u8 = 14;
     /// root tree, key (0, 15, 0): where the scrub is and what it found (`scrub.rs`).
     pub const SCRUB: u8 = 15;
+    /// root tree: a receive into dataset `objectid` is under way (`receive.rs`); offset 0.
+    /// The value says how to undo it: kind (u8: 0 destroy the dataset, 1 roll it back)
+    /// and the snapshot to roll back to (u64).
+    pub const RECEIVE: u8 = 16;
     /// refcount tree: blocks `[objectid, objectid+offset)` have the stored reference count.
     pub const EXTENT_REF: u8 = 20;
 }
