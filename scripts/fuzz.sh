@@ -2,9 +2,11 @@
 # Fuzzes crest-store and crest-proto with the cargo-fuzz targets in fuzz/ (decode_node,
 # decode_items, transactions; decode_frame for the wire; server_ops: the server core under
 # arbitrary sessions and requests, fsck after; client_core: the client core under a
-# hostile server; decode_records: session records and root items read back at open). First replays every saved reproducer in fuzz/regressions/ through its
-# target (a file named <target>-<n> belongs to <target>), then runs each target for
-# CREST_FUZZ_SECONDS seconds (default 30: CI's smoke run; give more for a real hunt).
+# hostile server; decode_records: session records and root items read back at open;
+# receive_stream: send streams from a hostile sender, undone cleanly when refused).
+# First replays every saved reproducer in fuzz/regressions/ through its target (a file
+# named <target>-<n> belongs to <target>), then runs each target for CREST_FUZZ_SECONDS
+# seconds (default 30: CI's smoke run; give more for a real hunt).
 #
 # Needs the nightly toolchain; installs cargo-fuzz if it is missing.
 #
@@ -29,7 +31,7 @@ cd "$root/fuzz"
 seconds="${CREST_FUZZ_SECONDS:-30}"
 sanitizer="${CREST_FUZZ_SANITIZER:-none}"
 jobs="${CREST_FUZZ_JOBS:-1}"
-all_targets=(decode_node decode_items transactions decode_frame server_ops client_core decode_records)
+all_targets=(decode_node decode_items transactions decode_frame server_ops client_core decode_records receive_stream)
 read -r -a targets <<<"${CREST_FUZZ_TARGETS:-${all_targets[*]}}"
 
 if ! rustup toolchain list 2>/dev/null | grep '^nightly' >/dev/null; then

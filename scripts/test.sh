@@ -42,6 +42,9 @@ bash tests/cli.sh
 echo "== datasets as users meet them: create, mount one, quota, readonly, atime, destroy (tests/datasets.sh)"
 bash tests/datasets.sh
 
+echo "== backup between two servers: send | receive, full and incremental, bad streams (tests/sendrecv.sh)"
+bash tests/sendrecv.sh
+
 echo "== security as users meet it: TLS by default, join tokens, revocation, --insecure (tests/security.sh)"
 bash tests/security.sh
 

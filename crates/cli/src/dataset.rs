@@ -100,7 +100,7 @@ pub struct Target<'a> {
     pub tls: Option<std::sync::Arc<crest_tls::ClientConfig>>,
 }
 
-fn call(t: &Target, l: NvList) -> Result<NvList> {
+pub(crate) fn call(t: &Target, l: NvList) -> Result<NvList> {
     let bytes =
         crest_net::admin(t.addr, t.tls.clone(), l.encode(), Duration::from_secs(600)).map_err(|e| anyhow!(e))?;
     let answer = NvList::decode(&bytes).map_err(|e| anyhow!("{}: a garbled answer: {e}", t.addr))?;
@@ -110,13 +110,13 @@ fn call(t: &Target, l: NvList) -> Result<NvList> {
     Ok(answer)
 }
 
-fn command(cmd: &str) -> NvList {
+pub(crate) fn command(cmd: &str) -> NvList {
     let mut l = NvList::new();
     let _ = l.add("cmd", Value::Str(cmd.to_string()));
     l
 }
 
-fn add(l: &mut NvList, name: &str, v: Value) -> Result<()> {
+pub(crate) fn add(l: &mut NvList, name: &str, v: Value) -> Result<()> {
     l.add(name, v).map_err(|e| anyhow!(e))
 }
 

@@ -7,6 +7,7 @@ mod dataset;
 mod mount;
 mod mountinfo;
 mod repair;
+mod sendrecv;
 mod signature;
 mod trust;
 
@@ -160,6 +161,38 @@ enum Command {
         server: String,
         /// Talk to a server run with --insecure.
         #[arg(long, global = true)]
+        insecure: bool,
+    },
+    /// Write a snapshot as a checksummed stream to standard output: whole, or with -i what
+    /// changed since an older snapshot (to `crest receive` on another server).
+    Send {
+        /// The snapshot, DATASET@NAME.
+        snapshot: String,
+        /// Incremental from this older snapshot of the same dataset (@NAME or DATASET@NAME).
+        #[arg(short = 'i')]
+        base: Option<String>,
+        /// The server (HOST[:PORT]; default: this host's).
+        #[arg(long, default_value = DEFAULT_LISTEN)]
+        server: String,
+        /// Talk to a server run with --insecure.
+        #[arg(long)]
+        insecure: bool,
+    },
+    /// Apply a send stream from standard input: a full stream makes DATASET, an
+    /// incremental one moves DATASET from the stream's base to its snapshot. A damaged or
+    /// cut-short stream is refused and leaves DATASET as it was.
+    Receive {
+        /// The dataset to receive into.
+        dataset: String,
+        /// Roll DATASET back to its newest snapshot first if it changed since (discarding
+        /// those changes).
+        #[arg(short = 'F', long)]
+        force: bool,
+        /// The server (HOST[:PORT]; default: this host's).
+        #[arg(long, default_value = DEFAULT_LISTEN)]
+        server: String,
+        /// Talk to a server run with --insecure.
+        #[arg(long)]
         insecure: bool,
     },
     /// Read and check every copy of every superblock, tree node and data block of a
@@ -574,6 +607,20 @@ fn main() -> ExitCode {
                     ExitCode::from(exit::FAILURE)
                 }
             };
+        }
+        Command::Send { snapshot, base, server, insecure } => {
+            let done = mount::parse_addr(&server).and_then(|addr| {
+                let tls = trust::client_tls(&state, &addr, insecure)?;
+                sendrecv::send(&dataset::Target { addr: &addr, tls }, &snapshot, base.as_deref())
+            });
+            (done, exit::FAILURE)
+        }
+        Command::Receive { dataset, force, server, insecure } => {
+            let done = mount::parse_addr(&server).and_then(|addr| {
+                let tls = trust::client_tls(&state, &addr, insecure)?;
+                sendrecv::receive(&dataset::Target { addr: &addr, tls }, &dataset, force)
+            });
+            (done, exit::FAILURE)
         }
         Command::Snapshot { cmd, server, insecure } => {
             let done = mount::parse_addr(&server).and_then(|addr| {

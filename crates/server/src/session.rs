@@ -31,6 +31,7 @@ pub(crate) use record::fuzz_record;
 mod replies;
 mod restart;
 mod room;
+mod sendrecv;
 #[cfg(test)]
 mod tests;
 
@@ -334,6 +335,8 @@ pub struct Server {
     pending_snapshots: Vec<admin::PendingSnapshot>,
     /// The last token given to a call that waits.
     next_admin_token: u64,
+    /// Receives under way (`crest receive`), by token.
+    receives: sendrecv::Receives,
 }
 
 /// A request the server ran, or answered from its reply cache, in the order the effects
@@ -465,6 +468,7 @@ impl Server {
             rng: None,
             pending_snapshots: Vec::new(),
             next_admin_token: 0,
+            receives: Default::default(),
             sessions,
             next_session,
             seen_generation,
@@ -1219,6 +1223,7 @@ impl Server {
         let r = self.store.tick(now_ms);
         self.note_commits();
         self.watch_space(now_ms);
+        self.abort_idle_receives(now_ms);
         r
     }
 

@@ -280,14 +280,16 @@ impl Store {
                     b.origin, b.base_guid, r.target
                 )));
             };
+            if !r.force && self.changed_beyond_atime(d, s, g)? {
+                return Err(Error::Busy(format!(
+                    "{} changed since its snapshot {}; receive --force rolls it back first",
+                    r.target,
+                    self.catalog.by_id.get(&s).map_or("", |e| e.name.as_str())
+                )));
+            }
+            // Changed (forced), or only read since (access times): back to the base, so
+            // that the received snapshot is exactly the sender's.
             if self.changed_since(d, g)? {
-                if !r.force {
-                    return Err(Error::Busy(format!(
-                        "{} changed since its snapshot {}; receive --force rolls it back first",
-                        r.target,
-                        self.catalog.by_id.get(&s).map_or("", |e| e.name.as_str())
-                    )));
-                }
                 let name = self.catalog.by_id.get(&s).map(|e| e.name.clone()).unwrap_or_default();
                 self.rollback(&name)?;
             }

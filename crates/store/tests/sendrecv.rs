@@ -378,8 +378,21 @@ fn damaged_cut_and_misapplied_streams_leave_the_target_as_it_was() {
         assert_equal(&full_dump(&mut p.d, "b"), &before, &format!("after a cut at {cut}"));
     }
     assert_clean(&p.dst);
-    // A target changed since its base is refused unless forced.
+    // Read since (access times moved, nothing else): the stream applies as it is.
     let root = root_of(p.d.dataset("b").expect("b").id);
+    let read =
+        p.d.readdir(root, 0, 1000).expect("readdir").into_iter().map(|(_, i)| i).find(|i| i.kind == FileKind::Regular);
+    if let Some(i) = read {
+        let atime_only = SetAttr { atime: Some(t(999)), ctime: Some(i.ctime), ..Default::default() };
+        p.d.setattr(i.ino, &atime_only, t(999)).expect("atime");
+        p.d.commit().expect("commit");
+        receive(&mut p.d, "b", &incr, false, &mut rng).expect("receive after reads");
+        assert_equal(&full_dump(&mut p.d, "b"), &full_dump(&mut p.s, "a@s1"), "after reads");
+        p.d.destroy_snapshot("b@s1").expect("destroy");
+        p.d.rollback("b@s0").expect("rollback");
+        p.d.commit().expect("commit");
+    }
+    // A target changed since its base is refused unless forced.
     p.d.create(root, b"local", FileKind::Regular, 0o644, 0, 0, 0, t(60)).expect("create");
     p.d.commit().expect("commit");
     let err = receive(&mut p.d, "b", &incr, false, &mut rng).expect_err("changed target");

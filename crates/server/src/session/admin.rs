@@ -11,17 +11,17 @@ use s::datasets::{check_prop, show_prop, DatasetInfo};
 pub const MAX_ADMIN_NAMES: usize = 100_000;
 
 /// A call's failure: errno and message.
-type Failed = (i32, String);
+pub(super) type Failed = (i32, String);
 
-fn err_of(e: &s::Error) -> Failed {
+pub(super) fn err_of(e: &s::Error) -> Failed {
     (e.errno(), e.to_string())
 }
 
-fn invalid(msg: impl Into<String>) -> Failed {
+pub(super) fn invalid(msg: impl Into<String>) -> Failed {
     (22, msg.into())
 }
 
-fn text<'a>(call: &'a NvList, name: &str) -> Result<&'a str, Failed> {
+pub(super) fn text<'a>(call: &'a NvList, name: &str) -> Result<&'a str, Failed> {
     call.get_str(name).ok_or_else(|| invalid(format!("argument {name:?} missing or not text")))
 }
 
@@ -299,6 +299,9 @@ impl Server {
             "dataset.destroy" => {
                 let results = self.destroy_each(call, "dataset", |st, name| st.destroy_dataset(name))?;
                 let _ = out.add("results", Value::List(results));
+            }
+            cmd @ ("send" | "receive.start" | "receive.chunk" | "receive.finish" | "receive.abort") => {
+                out = self.send_receive(cmd, call, now)?;
             }
             other => return Err(invalid(format!("unknown command {other:?}"))),
         }

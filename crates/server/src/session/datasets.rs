@@ -39,6 +39,9 @@ impl Server {
     pub(super) fn dataset_for(&self, hello: &p::Hello, policy: &Policy) -> Result<u64, String> {
         let name = if hello.dataset.is_empty() { s::datasets::DEFAULT_NAME } else { hello.dataset.as_str() };
         let d = self.store.dataset_id(name).map_err(|_| format!("no dataset named {name:?} on this server"))?;
+        if self.receiving_into(d) {
+            return Err(format!("dataset {name:?} is being received (crest receive); try again when it is done"));
+        }
         // A snapshot is exported with its dataset.
         if !policy.may_mount(name.split('@').next().unwrap_or(name)) {
             return Err(format!("dataset {name:?} is not exported to this client"));
