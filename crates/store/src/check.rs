@@ -101,6 +101,9 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
     let mut roots = BTreeMap::new();
     let mut entries: BTreeMap<u64, crate::datasets::Entry> = BTreeMap::new();
     let mut dead_items = Vec::new();
+    // Datasets a receive is writing (`receive.rs`): their namespace is whatever part of
+    // the stream had arrived, and `open` undoes it.
+    let mut receiving = std::collections::HashSet::new();
     let mut next_dataset = 1;
     for (k, v) in &root_items {
         match k.kind {
@@ -127,7 +130,9 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
             }
             kind::DEADLIST => dead_items.push((*k, v.clone())),
             kind::SCRUB if *k == Key::new(0, kind::SCRUB, 0) => {}
-            kind::RECEIVE if k.offset == 0 && v.len() == 9 && v[0] <= 1 => {}
+            kind::RECEIVE if k.offset == 0 && v.len() == 9 && v[0] <= 1 => {
+                receiving.insert(k.objectid);
+            }
             kind::SESSION if k.offset == 0 && v.len() <= crate::sessions::MAX_SESSION_RECORD_BYTES => {
                 c.report.sessions += 1;
             }
@@ -164,11 +169,20 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
             None => (d, tree, true),
         };
         let items = c.tree(Tree::on_disk(owner, ptr), &format!("fs tree of dataset {d}"), live);
+        let before = c.report.problems.len();
         let (inodes, extents) = c.namespace(&items, ns, next_ino, inode_count);
         c.report.inodes += inodes.len() as u64;
         c.report.directories += inodes.values().filter(|i| i.kind == FileKind::Directory).count() as u64;
         c.report.datasets += 1;
         c.extents(&inodes, &extents);
+        if live && receiving.contains(&d) {
+            let partial = c.report.problems.split_off(before);
+            c.report.notes.push(format!(
+                "dataset {d}: a receive was interrupted; opening the image undoes it ({} inconsistencies of the \
+                 partial stream not counted)",
+                partial.len()
+            ));
+        }
     }
     c.refcounts_match(&refs);
     c.deadlists(dead_items, &entries, sb.generation);

@@ -20,7 +20,9 @@ const IMAGE_MIB: u64 = 8;
 
 /// Runs a random workload; returns the dumps after each commit with the event count at
 /// which that commit's superblock write was issued.
-fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl FnMut(&mut Store)) {
+/// `on_commit(store, receiving)` after each commit; `receiving`: a receive is under way,
+/// so what `open` makes of this commit is the namespace before it (it undoes the receive).
+fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl FnMut(&mut Store, bool)) {
     let now = t(100);
     let mut files: Vec<(u64, Vec<u8>)> = Vec::new(); // (dir, name)
     let mut dirs = vec![ROOT_INO];
@@ -29,7 +31,7 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
     let mut snapshots: Vec<String> = Vec::new();
     for i in 0..ops {
         let dir = dirs[rng.below(dirs.len() as u64) as usize];
-        match rng.below(15) {
+        match rng.below(16) {
             0..=3 => {
                 let name = format!("f{i}").into_bytes();
                 if let Ok(inode) = store.create(dir, &name, FileKind::Regular, 0o644, 1, 1, 0, now) {
@@ -117,27 +119,63 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
                     store.destroy_snapshot(&name).expect("destroy snapshot");
                 } else {
                     store.commit().expect("commit");
-                    on_commit(store);
+                    on_commit(store, false);
                     let name = format!("default@s{i}");
                     store.create_snapshots(std::slice::from_ref(&name)).expect("snapshot");
                     snapshots.push(name);
                 }
             }
+            14 if !snapshots.is_empty() && 3 * store.dataset_used_blocks(0) + 200 < store.statfs().avail_blocks => {
+                // A snapshot sent and received into a new dataset of the same image: a
+                // crash before the received snapshot's commit leaves no trace of it (open
+                // undoes the receive), after it the whole dataset; a cut stream, nothing.
+                store.commit().expect("commit");
+                on_commit(store, false);
+                let snap = snapshots[rng.below(snapshots.len() as u64) as usize].clone();
+                let mut stream = Vec::new();
+                let mut cursor = Vec::new();
+                loop {
+                    let c = store.send_chunk(&snap, None, &cursor, 1 << 16).expect("send");
+                    stream.extend_from_slice(&c.data);
+                    cursor = c.cursor;
+                    if c.done {
+                        break;
+                    }
+                }
+                let cut = rng.below(3) == 0;
+                if cut {
+                    stream.truncate(rng.below(stream.len() as u64) as usize);
+                }
+                let target = format!("r{i}");
+                let mut r = store.receive_start(&target, false, now).expect("receive");
+                store.receive_feed(&mut r, &stream).expect("feed");
+                store.commit().expect("commit");
+                on_commit(store, true);
+                if cut {
+                    assert!(store.receive_finish(&mut r).is_err(), "a cut stream finished");
+                    store.receive_abort(r).expect("abort");
+                } else {
+                    store.receive_finish(&mut r).expect("finish");
+                    let _ = target; // (kept: a dataset with a snapshot is not destroyed by op 12)
+                }
+                store.commit().expect("commit");
+                on_commit(store, false);
+            }
             12 if !datasets.is_empty() => {
                 // Destroyed in one transaction: a crash keeps all of it or none.
                 let name = datasets.swap_remove(rng.below(datasets.len() as u64) as usize);
                 store.commit().expect("commit");
-                on_commit(store);
+                on_commit(store, false);
                 store.destroy_dataset(&name).expect("destroy dataset");
             }
             _ => {
                 store.commit().expect("commit");
-                on_commit(store);
+                on_commit(store, false);
             }
         }
     }
     store.commit().expect("final commit");
-    on_commit(store);
+    on_commit(store, false);
 }
 
 struct Recorded {
@@ -158,7 +196,7 @@ fn record(seed: u64, ops: usize) -> Recorded {
     let mut rng = Stream::from_seed_u64(seed);
     let mut commits = Vec::new();
     let mut last_gen = store.generation();
-    workload(&mut store, &mut rng, ops, |s| {
+    workload(&mut store, &mut rng, ops, |s, receiving| {
         if s.generation() != last_gen {
             last_gen = s.generation();
             let events = rec.events();
@@ -169,7 +207,11 @@ fn record(seed: u64, ops: usize) -> Recorded {
                 })
                 .collect();
             assert_eq!(sb_writes.len(), 2, "a commit writes a superblock and its mirror");
-            commits.push((sb_writes, dump(s)));
+            let namespace = match (receiving, commits.last()) {
+                (true, Some((_, before))) => Dump::clone(before),
+                _ => dump(s),
+            };
+            commits.push((sb_writes, namespace));
         }
     });
     // Commits made inside operations (space pressure) are not tracked: the workload is
@@ -298,7 +340,7 @@ fn an_io_failure_poisons_the_store_and_reopen_recovers() {
         let mut store = Store::open(Box::new(failing)).expect("open");
         let mut rng = Stream::from_seed_u64(countdown);
         let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| workload(&mut store, &mut rng, 80, |_| {})));
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| workload(&mut store, &mut rng, 80, |_, _| {})));
         if result.is_ok() {
             continue; // the workload finished before the countdown
         }
