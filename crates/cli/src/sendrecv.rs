@@ -1,7 +1,7 @@
 //! `crest send` and `crest receive`: a snapshot as a checksummed stream on standard output,
 //! and such a stream applied to a dataset of another (or the same) server, as `zfs send`
-//! and `zfs receive` do. The stream passes through this process in parts of about a
-//! megabyte; the servers do the work (docs/protocol.md §5, docs/format.md §7).
+//! and `zfs receive` do. The stream passes through this process in parts of about two
+//! megabytes; the servers do the work (docs/protocol.md §5, docs/format.md §9).
 
 use std::io::{IsTerminal, Read, Write};
 
@@ -10,8 +10,8 @@ use crest_nvlist::{NvList, Value};
 
 use crate::dataset::{add, call, command, Target};
 
-/// Bytes of stream one call asks for or carries.
-const PART_BYTES: usize = 1 << 20;
+/// Bytes of stream one call asks for or carries (the most a server takes).
+const PART_BYTES: usize = 2 << 20;
 
 /// Writes the stream of `snapshot` (incremental from `base`: `@NAME` or `DATASET@NAME`)
 /// to standard output.

@@ -70,3 +70,39 @@ impl<'de> Deserialize<'de> for OwnedBytes {
         d.deserialize_byte_buf(V)
     }
 }
+
+/// Bytes that carry their own checks (administrative calls: name-value lists, send
+/// streams), written and read as one block: `#[serde(with = "crate::checked::plain")]`.
+/// The encoding is postcard's for a `Vec<u8>`, so the wire does not change.
+pub mod plain {
+    use super::*;
+
+    /// Writes `data` as one block.
+    pub fn serialize<S: Serializer>(data: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        Bytes(data).serialize(s)
+    }
+
+    /// Reads what `serialize` wrote.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let OwnedBytes(data) = Deserialize::deserialize(d)?;
+        Ok(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn plain_bytes_are_encoded_as_a_vec_of_bytes_was() {
+        for len in [0usize, 1, 127, 128, 300, 70_000] {
+            let call: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let admin = crate::Admin { magic: crate::HELLO_MAGIC, version: 3, call: call.clone() };
+            let new = postcard::to_allocvec(&admin).unwrap();
+            let old = postcard::to_allocvec(&(crate::HELLO_MAGIC, 3u32, call.clone())).unwrap();
+            assert_eq!(new, old, "len {len}");
+            let back: crate::Admin = postcard::from_bytes(&new).unwrap();
+            assert_eq!(back.call, call);
+        }
+    }
+}

@@ -821,6 +821,7 @@ pub struct Admin {
     /// The client's `PROTOCOL_VERSION`.
     pub version: u32,
     /// The encoded name-value list.
+    #[serde(with = "crate::checked::plain")]
     pub call: Vec<u8>,
 }
 
@@ -870,7 +871,7 @@ pub enum ServerMessage {
     Joined(Joined),
     /// The answer to an `Admin` call: an encoded name-value list (`error` and `errno` when
     /// it failed; per-item results for calls on many names).
-    Administered(Vec<u8>),
+    Administered(#[serde(with = "crate::checked::plain")] Vec<u8>),
 }
 
 /// Checks a hello and says why it is refused.

@@ -127,17 +127,17 @@ fn put_name(out: &mut Vec<u8>, name: &[u8]) {
 }
 
 impl Record {
-    fn encode_payload(&self) -> (u8, Vec<u8>) {
-        let mut p = Vec::new();
-        let t = match self {
+    /// Appends the payload to `p`; returns the record's type.
+    fn encode_payload(&self, p: &mut Vec<u8>) -> u8 {
+        match self {
             Record::Begin(b) => {
                 p.extend_from_slice(&STREAM_MAGIC);
                 p.extend_from_slice(&STREAM_VERSION.to_le_bytes());
                 p.extend_from_slice(&b.guid.to_le_bytes());
                 p.extend_from_slice(&b.base_guid.to_le_bytes());
                 p.extend_from_slice(&b.next_ino.to_le_bytes());
-                put_name(&mut p, b.snapshot.as_bytes());
-                put_name(&mut p, b.origin.as_bytes());
+                put_name(p, b.snapshot.as_bytes());
+                put_name(p, b.origin.as_bytes());
                 rec::BEGIN
             }
             Record::Inode(i) => {
@@ -160,7 +160,7 @@ impl Record {
             }
             Record::Xattr { ino, name, value } => {
                 p.extend_from_slice(&ino.to_le_bytes());
-                put_name(&mut p, name);
+                put_name(p, name);
                 p.extend_from_slice(value);
                 rec::XATTR
             }
@@ -190,8 +190,7 @@ impl Record {
                 p.extend_from_slice(&check.to_le_bytes());
                 rec::END
             }
-        };
-        (t, p)
+        }
     }
 }
 
@@ -313,11 +312,13 @@ pub(crate) struct StreamOut {
 
 impl StreamOut {
     pub(crate) fn push(&mut self, r: &Record) {
-        let (t, payload) = r.encode_payload();
+        // The payload goes straight after a header whose length is filled in after.
         let start = self.out.len();
-        self.out.push(t);
-        self.out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        self.out.extend_from_slice(&payload);
+        self.out.extend_from_slice(&[0; 5]);
+        let t = r.encode_payload(&mut self.out);
+        let len = (self.out.len() - start - 5) as u32;
+        self.out[start] = t;
+        self.out[start + 1..start + 5].copy_from_slice(&len.to_le_bytes());
         let crc = crc32c(&self.out[start..]);
         self.out.extend_from_slice(&crc.to_le_bytes());
         self.records += 1;
@@ -888,7 +889,9 @@ pub mod fuzzing {
     /// A BEGIN record's payload for a full stream of snapshot `snap`.
     pub fn begin(snap: &str, next_ino: u64) -> Vec<u8> {
         let b = Begin { guid: 1, base_guid: 0, next_ino, snapshot: snap.into(), origin: "fuzz".into() };
-        Record::Begin(b).encode_payload().1
+        let mut p = Vec::new();
+        Record::Begin(b).encode_payload(&mut p);
+        p
     }
 
     /// Records (type, payload) framed with their checksums, then END.

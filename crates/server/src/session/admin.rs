@@ -194,10 +194,16 @@ impl Server {
     /// encoded answer. Never fails: a bad call is answered with `error`. (A snapshot taken
     /// this way does not wait for clients: `admin_start` does.)
     pub fn admin(&mut self, call: &[u8], now: p::Time) -> Vec<u8> {
-        let answer = match NvList::decode(call) {
-            Ok(call) => self.admin_call(&call, now),
-            Err(e) => Err(invalid(format!("not a name-value list: {e}"))),
+        let (answer, commit) = match NvList::decode(call) {
+            // The parts of a receive need no commit of their own: nothing in them is
+            // acknowledged until `receive.finish`, which commits (the store still commits
+            // on its own schedule meanwhile).
+            Ok(call) => (self.admin_call(&call, now), call.get_str("cmd") != Some("receive.chunk")),
+            Err(e) => (Err(invalid(format!("not a name-value list: {e}"))), true),
         };
+        if !commit {
+            return answer_of(answer);
+        }
         answer_of(answer.and_then(|a| match self.store.commit() {
             Ok(()) => Ok(a),
             Err(e) => Err(err_of(&e)),

@@ -14,8 +14,9 @@ use s::receive::Receiving;
 
 /// A receive with no chunk for this long is abandoned and undone.
 pub const RECEIVE_IDLE_MS: u64 = 60_000;
-/// Largest stream part one call carries either way (under the frame limit).
-pub const MAX_STREAM_CHUNK: usize = 2 << 20;
+/// Largest stream part one call carries either way (under the frame limit, 4 MiB: a send
+/// answer is its budget and at most one more DATA record of 1 MiB).
+pub const MAX_STREAM_CHUNK: usize = 3 << 20;
 /// Receives at once.
 const MAX_RECEIVES: usize = 16;
 
@@ -76,7 +77,7 @@ impl Server {
                     None => Vec::new(),
                     Some(_) => return Err(invalid("cursor must be bytes")),
                 };
-                let budget = call.get_u64("budget").unwrap_or(1 << 20).clamp(4096, MAX_STREAM_CHUNK as u64 / 2);
+                let budget = call.get_u64("budget").unwrap_or(1 << 20).clamp(4096, 2 << 20);
                 let c = self.store.send_chunk(snapshot, base, &cursor, budget as usize).map_err(|e| err_of(&e))?;
                 let _ = out.add("data", Value::Bytes(c.data));
                 let _ = out.add("cursor", Value::Bytes(c.cursor));
