@@ -10,7 +10,8 @@
 #   mount   waits for the mount (readiness pipe): a dead port, an already mounted
 #           directory and a peer that is no crest server fail non-zero without "mounted";
 #           mount.fuse.crest is silent on success and exits 32 on failure; spaces in
-#           paths; HOST alone means port 7410; syntax errors fail at once.
+#           paths; HOST alone means port 7410; syntax errors fail at once;
+#   bench   every phase measured on a crest mount (--json, the table), nothing left behind.
 # Each check prints PASS/FAIL; exits non-zero if any failed.
 #   CREST_BIN   the crest binary (default target/release/crest)
 set -uo pipefail
@@ -169,6 +170,22 @@ expect mount-spaces 0 "$crest" mount "127.0.0.1:$port" "$mnt"
 mentions mount-says-mounted "mounted on $mnt"
 crest_mounted "$mnt" && pass mount-spaces-in-mountinfo || fail mount-spaces-in-mountinfo "$(grep crest /proc/self/mountinfo)"
 echo hello >"$mnt/file" && [ "$(cat "$mnt/file")" = hello ] && pass mount-spaces-works || fail mount-spaces-works "no round trip"
+# crest bench on the mount: every phase measured, nothing left behind.
+run "$crest" bench "$mnt" --big-size 3M --block-size 64K --small-size 3000 --small-count 40 --fsync-count 5 -p 2 --json
+python3 - "$tmp/out" <<'PY' && pass bench-json || fail bench-json "$(said)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+phases = {r["phase"]: r for r in d["results"]}
+want = {"write big file": 96, "read big file": 96, "write small files": 80, "read small files": 80,
+        "stat small files": 80, "4 KiB write + fsync": 10, "delete small files": 80}
+assert {k: v["ops"] for k, v in phases.items()} == want, phases
+assert phases["read big file"]["bytes"] == 2 * 3 * 1024 * 1024
+assert all(v["ops_per_s"] > 0 and v["latency_us"]["max"] >= v["latency_us"]["p50"] for v in phases.values())
+PY
+[ "$(ls -A "$mnt")" = file ] && pass bench-cleans-up || fail bench-cleans-up "$(ls -A "$mnt")"
+run "$crest" bench "$mnt" --big-size 1M --small-count 3 --fsync-count 1
+grep -q "^write big file" "$tmp/out" && grep -q "^delete small files" "$tmp/out" && pass bench-table || fail bench-table "$(said)"
+expect bench-bad-size 1 "$crest" bench "$mnt" --big-size 3Q
 expect mount-already-mounted 32 "$crest" mount "127.0.0.1:$port" "$mnt"
 mentions mount-already-mounted-named "already mounted"
 silent_about_mounted mount-already-mounted-no-mounted

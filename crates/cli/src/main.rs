@@ -3,6 +3,7 @@
 //! default and JSON with `--json`; exit codes follow mkfs(8), fsck(8) and mount(8), since
 //! scripts and fstab treat crest as they treat those (see `exit`).
 
+mod bench;
 mod dataset;
 mod mount;
 mod mountinfo;
@@ -163,6 +164,10 @@ enum Command {
         #[arg(long, global = true)]
         insecure: bool,
     },
+    /// Measure a mounted file system (any: crest, NFS, a local disk) as a user sees it:
+    /// big-file write/read throughput, small-file create/read/stat/delete rates, fsync,
+    /// with latencies; a table, or JSON.
+    Bench(bench::BenchArgs),
     /// Write a snapshot as a checksummed stream to standard output: whole, or with -i what
     /// changed since an older snapshot (to `crest receive` on another server).
     Send {
@@ -608,6 +613,7 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Command::Bench(args) => (bench::bench(&args), exit::FAILURE),
         Command::Send { snapshot, base, server, insecure } => {
             let done = mount::parse_addr(&server).and_then(|addr| {
                 let tls = trust::client_tls(&state, &addr, insecure)?;
