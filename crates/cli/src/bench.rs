@@ -159,7 +159,7 @@ fn phase(
     let mut latencies = Vec::new();
     let mut bytes = 0;
     for r in results {
-        let (b, l) = r.with_context(|| format!("{name}"))?;
+        let (b, l) = r.context(name)?;
         bytes += b;
         latencies.extend(l);
     }
