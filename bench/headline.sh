@@ -7,7 +7,8 @@
 #   crest-insecure  crest on loopback with --insecure: what TLS costs
 # Workload per target: untar the kernel tar (+ sync -f), read every file back cold
 # (unmount/remount and drop caches first), rm -rf (+ sync -f), then in one directory N
-# creates (+ syncfs), N stats (cold) and N unlinks (cold, + syncfs) with crest-metabench.
+# creates (+ syncfs), N stats (cold) and N unlinks (cold, + syncfs) with crest-metabench;
+# 1,000 durable 4 KiB writes (crest bench), a 2 GiB file written (to durable) and read cold.
 # Then round trips: a raw TCP ping-pong (4 B, 64 B, 1 KiB) against crest requests (getattr;
 # writes carrying 4 B, 64 B, 1 KiB) on loopback and through the delay proxy.
 # The delay proxy (crest-delay-proxy) adds half of --rtt-us to each direction of crest's and
@@ -61,6 +62,7 @@ if [ -n "$only" ]; then
 fi
 has() { [[ " $targets " == *" $1 "* ]]; }
 if [ $quick = 1 ]; then count=${count:-500}; pings=500; else count=${count:-10000}; pings=10000; fi
+if [ $quick = 1 ]; then fsyncs=50; seq_mib=64; else fsyncs=1000; seq_mib=2048; fi
 if ! [[ $count =~ ^[1-9][0-9]*$ ]]; then echo "headline: --count wants a positive number" >&2; exit 2; fi
 
 # The workload's tar.
@@ -120,6 +122,14 @@ for t in $targets; do
   bench_cold "$t"
   bench_time "unlink $t" "'$meta' '$d/meta' --count $count --phase unlink --sync"
   rmdir "$d/meta" 2>/dev/null || rm -rf "$d/meta"
+  # Durable small writes, then one big file written to durable and read back cold.
+  bench_time "fsync $t" "'$BENCH_BIN/crest' bench '$d' --big-size 0 --small-count 0 --fsync-count $fsyncs --json >'$BENCH_LOGS/fsync-$t.json'"
+  BENCH_OPS[fsync $t]=$(python3 -c 'import json,sys; print("%.0f" % json.load(open(sys.argv[1]))["results"][0]["ops_per_s"])' \
+    "$BENCH_LOGS/fsync-$t.json" 2>/dev/null || echo -)
+  bench_time "seqwrite $t" "dd if=/dev/zero of='$d/big' bs=1M count=$seq_mib conv=fsync status=none"
+  bench_cold "$t"
+  bench_time "seqread $t" "dd if='$d/big' of=/dev/null bs=1M status=none"
+  rm -f "$d/big"
   bench_umount "$t"
 done
 
@@ -160,8 +170,10 @@ if has sshfs || has sshfs-rtt; then
     "$(sshfs --version 2>&1 | sed -n 's/^SSHFS version //p')" "$(bench_sshfs_opts | sed "s|$BENCH_BASE|SCRATCH|g")"
 fi
 printf 'real/user/sys: seconds, of the workload processes (tar, cat, rm, metabench); "x bindfs": real / bindfs real;\n'
-printf '"!": the command reported errors (its time is still shown; what it said is below the table)\n\n'
-bench_table "untar read rm create stat unlink" "$targets"
+printf '"!": the command reported errors (its time is still shown; what it said is below the table)\n'
+printf 'fsync: %s x (4 KiB write + fsync) with crest bench; seqwrite: %s MiB (dd, conv=fsync); seqread: it, cold\n\n' \
+  "$fsyncs" "$seq_mib"
+bench_table "untar read rm create stat unlink fsync seqwrite seqread" "$targets"
 
 printf '\nround trips, one at a time on one connection (median / p99 us; "x tcp" = crest median / tcp median)\n'
 printf '%-14s %19s %19s %7s   %19s %19s %7s\n' "" "tcp loopback" "crest loopback" "x tcp" \
