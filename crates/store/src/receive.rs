@@ -44,7 +44,7 @@ pub struct Receiving {
     into: Option<(u64, Begin, Option<u64>)>,
     /// The object whose records are being applied: as it is now, and the attributes it
     /// ends with (its INODE record's, or those it had).
-    object: Option<(Inode, Option<Inode>)>,
+    object: Option<(Inode, Inode)>,
     /// Bytes received.
     pub bytes: u64,
 }
@@ -193,7 +193,7 @@ impl Store {
                     Err(e) => return Err(e),
                 };
                 self.put_inode(&Inode { size: cur.size, blocks: cur.blocks, ..sent.clone() })?;
-                r.object = Some((cur, Some(sent)));
+                r.object = Some((cur, sent));
             }
             Record::Dirent { dir, entry } => {
                 let e = DirEntry { ino: ino(entry.ino)?, ..entry };
@@ -322,7 +322,7 @@ impl Store {
         // Without an INODE record its attributes did not change: they are these, whatever
         // the records' operations (xattr changes) do to them here.
         let cur = self.getattr(ino).map_err(|_| unfit(format!("inode {ino} is not here")))?;
-        r.object = Some((cur.clone(), Some(cur.clone())));
+        r.object = Some((cur.clone(), cur.clone()));
         Ok(cur)
     }
 
@@ -338,12 +338,7 @@ impl Store {
         if r.object.as_ref().is_some_and(|(cur, _)| cur.ino == ino) {
             return Ok(());
         }
-        let Some((mut cur, sent)) = r.object.take() else { return Ok(()) };
-        let attrs = match sent {
-            Some(s) => s,
-            None => self.getattr(cur.ino)?,
-        };
-
+        let Some((mut cur, attrs)) = r.object.take() else { return Ok(()) };
         if cur.kind.has_data() && cur.size != attrs.size {
             self.reserve(2, true)?;
             self.truncate_data(&mut cur, attrs.size)?;
