@@ -57,6 +57,7 @@ impl Local {
                 // moves on again.)
                 m.next_ino = m.next_ino.max(ino + 1);
             }
+            m.reopened(self.session);
             let _ = m.apply(self.session, &self.op, self.time);
             if let (Op::CreateAt { ino, .. }, false) = (&self.op, self.opens.is_empty()) {
                 if let Some(i) = m.inodes.get_mut(ino) {
@@ -815,6 +816,8 @@ impl Checker {
             return std::borrow::Cow::Borrowed(&self.snaps[&k]);
         }
         let mut m = (*self.snaps[&k]).clone();
+        // (The handles to open again are the server's now, whatever the state.)
+        m.reopen.clone_from(&self.model().reopen);
         for l in ov {
             l.lay_on(&mut m);
         }

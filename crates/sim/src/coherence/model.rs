@@ -91,6 +91,10 @@ pub(crate) struct Model {
     /// (`opened_early`): when the request runs, they are not opened again (a release may
     /// have come in between), and answer with the file as it is.
     pub(crate) early: BTreeSet<(SessionId, u64, u64)>,
+    /// Handles of restored sessions the restarted server forgot, `(session, ino, handle)`,
+    /// until their client opens them again: it does so before it replays any change, so
+    /// its changes not yet replayed are laid on with these handles held (`Local::lay_on`).
+    pub(crate) reopen: BTreeSet<(SessionId, u64, u64)>,
     /// Every session's fcntl and flock locks, as the server must hold them: kept across
     /// server restarts (restored sessions take theirs again), gone with their session.
     pub(crate) locks: crest_proto::locks::LockTable,
@@ -298,6 +302,16 @@ impl Model {
             .collect();
         for (ino, handle) in held {
             let _ = self.apply(s, &Op::Release { ino, handle }, p::Time::default());
+            self.reopen.insert((s, ino, handle));
+        }
+    }
+
+    /// Puts back session `s`'s forgotten handles (`reopen`) on the files that are here.
+    pub(crate) fn reopened(&mut self, s: SessionId) {
+        for &(o, ino, handle) in self.reopen.iter().filter(|(o, _, _)| *o == s) {
+            if let Some(i) = self.inodes.get_mut(&ino) {
+                i.opens.insert((o, handle));
+            }
         }
     }
 
@@ -308,6 +322,7 @@ impl Model {
             self.side += 1;
         }
         self.forget_handles(s);
+        self.reopen.retain(|(o, _, _)| *o != s);
     }
 
     /// Inodes some name reaches (the root included): orphans are not among them.
@@ -472,6 +487,7 @@ impl Model {
         match op {
             Op::Open { ino, handle, .. } => {
                 self.side += 1;
+                self.reopen.remove(&(session, *ino, *handle));
                 if self.early.remove(&(session, *ino, *handle)) {
                     return self.attr(*ino).map(Out::Attr).ok_or(ENOENT);
                 }
@@ -504,6 +520,7 @@ impl Model {
             }
             Op::Release { ino, handle } => {
                 self.side += 1;
+                self.reopen.remove(&(session, *ino, *handle));
                 if let Some(i) = self.inodes.get_mut(ino) {
                     if i.opens.remove(&(session, *handle)) && i.opens.is_empty() && i.nlink == 0 {
                         // (Still kept while the server pins it: `sync_pins`.)

@@ -101,8 +101,7 @@ pub(crate) struct Sim {
     pub(crate) procs: usize,
     /// Hash of every event so far.
     pub(crate) trace_hash: u64,
-    /// `CREST_SIM_LEASE=exact` (see `check_lease_now`).
-    pub(crate) exact_lease: bool,
+    pub(crate) modes: Modes,
     /// Draws of the server crashes, apart from `rng` so that a seed without them runs as
     /// it did before they existed.
     pub(crate) crash_rng: Stream,
@@ -117,7 +116,7 @@ pub(crate) struct Sim {
 }
 
 impl Sim {
-    pub(crate) fn new(seed: u64, max_steps: usize, server_crashes: bool) -> Sim {
+    pub(crate) fn new(seed: u64, max_steps: usize, server_crashes: bool, modes: Modes) -> Sim {
         let mut rng = Stream::from_seed_u64(seed);
         let mut crash_rng = Stream::from_seed_u64(seed ^ 0x5e7e_c7a5_4000_0001);
         let disk = MemDisk::new(64 << 20);
@@ -148,14 +147,15 @@ impl Sim {
         };
         let server_crash = if server_crashes { [0.0003, 0.001, 0.003][crash_rng.below(3) as usize] } else { 0.0 };
         let faults = Faults { server_crash, ..faults };
-        let faults = match std::env::var("CREST_SIM_OUTAGES").as_deref() {
-            Ok("long") => Faults {
+        let faults = if modes.long_outages {
+            Faults {
                 max_partition_us: LONG_PARTITION_US,
                 max_reconnect_us: LONG_RECONNECT_US,
                 partition_drops: 0.5,
                 ..faults
-            },
-            _ => faults,
+            }
+        } else {
+            faults
         };
         let n = 2 + rng.below(4) as usize;
         let locality = 30 + rng.below(65);
@@ -187,6 +187,7 @@ impl Sim {
             pinned: BTreeMap::new(),
             grace: None,
             early: BTreeSet::new(),
+            reopen: BTreeSet::new(),
             locks: Default::default(),
             side: 0,
         };
@@ -219,7 +220,7 @@ impl Sim {
             acquire_pct,
             procs,
             trace_hash: 0xcbf2_9ce4_8422_2325,
-            exact_lease: std::env::var("CREST_SIM_LEASE").as_deref() == Ok("exact"),
+            modes,
             crash_rng,
             server_life: 0,
             max_session: 0,
@@ -666,7 +667,7 @@ impl Sim {
     /// With `CREST_SIM_LEASE=exact`: the client also checks its lease before it answers
     /// anything itself (as `crest-net`, which wakes the core at the lease's deadline).
     pub(crate) fn check_lease_now(&mut self, c: usize) {
-        if self.exact_lease {
+        if self.modes.exact_lease {
             self.beat(c);
         }
     }
@@ -1087,7 +1088,7 @@ impl Sim {
     pub(crate) fn server_crash(&mut self) {
         self.ck.stats.server_crashes += 1;
         self.server_life += 1;
-        let committed = !lost_changes_on() || self.crash_rng.below(2) == 0;
+        let committed = !self.modes.lost_changes || self.crash_rng.below(2) == 0;
         if committed {
             if let Err(e) = self.server.store_mut().commit() {
                 return self.ck.fail(format!("commit before the crash: {e}"));
@@ -1296,22 +1297,15 @@ impl Sim {
 
     pub(crate) fn report(&self, what: &str) -> String {
         format!(
-            "\n=== crest sim: seed {} failed at system call {} (t = {:.6} s) ===\n{what}\n--- last events ---\n{}\n--- reproduce (with the same CREST_SIM_* mode variables): cargo run --release -p crest-sim -- coherence {} --steps {}{} ---\n",
+            "\n=== crest sim: seed {} failed at system call {} (t = {:.6} s) ===\n{what}\n--- last events ---\n{}\n--- reproduce: {}cargo run --release -p crest-sim -- coherence {} --steps {}{} ---\n",
             self.seed,
             self.steps,
             (self.now - EPOCH_S * 1_000_000) as f64 / 1e6,
             self.trace.iter().cloned().collect::<Vec<_>>().join("\n"),
+            self.modes.env_prefix(),
             self.seed,
             self.max_steps,
             if self.server_crashes { " --server-crashes" } else { "" },
         )
     }
-}
-
-/// Whether server crashes may fall between commits (`CREST_SIM_LOST_CHANGES=on`): the
-/// changes applied since the last commit are lost, and their clients replay what they
-/// were answered. Not yet in CI's batches (docs/testing.md lists the seeds still failing).
-fn lost_changes_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CREST_SIM_LOST_CHANGES").as_deref() == Ok("on"))
 }
