@@ -50,6 +50,7 @@ use crate::caller::{self, Caller};
 mod answer;
 mod local;
 mod privs;
+mod readahead;
 mod recall;
 use crate::convert::{self, XattrAnswer};
 use crate::dir::{DirStream, Entry, READDIR_BATCH};
@@ -57,6 +58,7 @@ use crate::error::Error;
 use crate::inodes::Inodes;
 use crate::locks::{self, LockCall, Owners};
 use crate::options::Atime;
+use crate::prefetch::Prefetch;
 use answer::{nth, unexpected, want_attr, want_data, want_done};
 pub use recall::KernelEpoch;
 
@@ -146,6 +148,8 @@ pub struct CrestFs {
     lock_owners: Arc<Mutex<Owners>>,
     /// Directories this mount last asked to hold whole (`Op::Acquire`), and when.
     acquire_tried: Mutex<HashMap<u64, Instant>>,
+    /// Small files' data read ahead with their directory (`crate::prefetch`).
+    prefetch: Mutex<Prefetch>,
     /// Reads and writes in progress here, by inode: the kernel holds page locks for them.
     page_io: Arc<PageIo>,
     /// Set when the kernel can drop every cached name at once without a lock: then it
@@ -282,6 +286,7 @@ impl CrestFs {
             pool: Mutex::new((0, 0, 0)),
             lock_owners: Arc::new(Mutex::new(Owners::default())),
             acquire_tried: Mutex::new(HashMap::new()),
+            prefetch: Mutex::new(Prefetch::default()),
             page_io: Arc::default(),
             kernel_epoch: Arc::default(),
             shared_kernel_names: true,
@@ -502,6 +507,7 @@ impl CrestFs {
                         t.learn(ino, &i.attr);
                     }
                     drop(t);
+                    lock(&self.prefetch).listed(ino, &items, from == 0);
                     if from == 0 && end {
                         // The whole directory in one reply: every lookup in it can be answered here.
                         lock(&self.names).absorb_listing(ino, &items, epoch, Instant::now());
@@ -602,6 +608,7 @@ impl Filesystem for CrestFs {
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         // The kernel sends forget when it evicts the inode, with its whole lookup count.
         lock(&self.inodes).forget(ino.0);
+        lock(&self.prefetch).forget(ino.0);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -862,7 +869,12 @@ impl Filesystem for CrestFs {
         let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         let op = Op::Read { ino: ino.0, offset, len: size.min(MAX_IO_BYTES) };
         let io = self.page_io.begin(ino.0);
-        let r = self.one("read", op).and_then(|r| want_data("read", r));
+        if let Some(d) = self.read_kept(ino.0, offset, size) {
+            drop(io);
+            self.accessed(ino.0);
+            return reply.data(&d);
+        }
+        let r = self.read_at_server(ino.0, op);
         // Not counted once answered: the kernel unlocks the pages as it takes the answer,
         // and the reader may go on at once to what a recall must not pass by.
         drop(io);
@@ -996,7 +1008,6 @@ impl Filesystem for CrestFs {
 
     fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
-        let ttl = self.ttl;
         let r = self.readdir_into(ino.0, fh.0, offset, |e, parent| match e {
             // The kernel takes no attributes or lookup reference from "." and "..".
             Entry::Dot => {
@@ -1007,14 +1018,19 @@ impl Filesystem for CrestFs {
                 let a = convert::placeholder_attr(parent, FileType::Directory);
                 reply.add(INodeNo(parent), convert::DOTDOT_OFFSET, "..", &Duration::ZERO, &a, Generation(0))
             }
-            Entry::Item(i) => reply.add(
-                INodeNo(i.attr.ino),
-                convert::entry_offset(i.index),
-                OsStr::from_bytes(&i.name),
-                &ttl,
-                &convert::file_attr(&i.attr),
-                Generation(i.attr.generation),
-            ),
+            // (One timeout for the entry and its attributes: the shorter of what a
+            // lookup's reply would give them.)
+            Entry::Item(i) => {
+                let (entry, attr) = self.kernel_ttls(ino.0, &i.name, i.attr.ino);
+                reply.add(
+                    INodeNo(i.attr.ino),
+                    convert::entry_offset(i.index),
+                    OsStr::from_bytes(&i.name),
+                    &entry.min(attr),
+                    &convert::file_attr(&i.attr),
+                    Generation(i.attr.generation),
+                )
+            }
         });
         match r {
             Ok(()) => reply.ok(),

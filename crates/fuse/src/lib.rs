@@ -20,6 +20,7 @@ mod fs;
 mod inodes;
 mod locks;
 mod options;
+mod prefetch;
 
 use std::io;
 use std::path::{Path, PathBuf};
