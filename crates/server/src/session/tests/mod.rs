@@ -172,6 +172,26 @@ fn the_protocol_hash_is_the_stores_hash() {
 }
 
 #[test]
+fn a_name_read_lossily_is_not_taken_for_the_bytes_before_it() {
+    // A grant count ending in 0xef, then a name length of 0xbf and a name that starts with
+    // a stray 0xbd: read lossily, the name starts with U+FFFD (ef bf bd), which the bytes
+    // just before it spell too. The fuzz check must not take it for a name stored whole.
+    let mut b = vec![3];
+    b.extend_from_slice(&42u64.to_le_bytes());
+    b.extend_from_slice(&7u64.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&[0, 1]);
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.extend_from_slice(&0xef00_0000u32.to_le_bytes());
+    b.push(0xbf);
+    b.push(0xbd);
+    b.extend_from_slice(&[b'a'; 0xbe]);
+    let r = decode_record(&b).expect("a record with a damaged name is still read");
+    assert!(r.name.starts_with('\u{fffd}'));
+    assert!(record::fuzz_record(&b));
+}
+
+#[test]
 fn session_records_round_trip_and_bad_ones_are_refused() {
     let rec = |seq, holes: &[u64], grants: Option<Vec<std::ops::Range<u64>>>, name: &str| Record {
         secret: 42,
