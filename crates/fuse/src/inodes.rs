@@ -82,10 +82,11 @@ impl Inodes {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn attr(ino: u64, kind: p::FileType, mtime: i64, size: u64) -> p::Attr {
+    /// Attributes for tests (also `crate::prefetch`'s).
+    pub(crate) fn attr(ino: u64, kind: p::FileType, mtime: i64, size: u64) -> p::Attr {
         p::Attr {
             ino,
             generation: 1,

@@ -170,23 +170,7 @@ mod tests {
         p::DirItem {
             name: format!("f{ino}").into_bytes(),
             index: ino,
-            attr: p::Attr {
-                ino,
-                generation: 1,
-                kind,
-                mode: 0o644,
-                nlink: 1,
-                uid: 0,
-                gid: 0,
-                size_bytes: size,
-                blocks_4k: 0,
-                rdev: 0,
-                atime: p::Time::default(),
-                mtime: p::Time { sec: mtime, nsec: 0 },
-                ctime: p::Time { sec: mtime, nsec: 0 },
-                crtime: p::Time::default(),
-                flags: 0,
-            },
+            attr: crate::inodes::tests::attr(ino, kind, mtime, size),
         }
     }
 
