@@ -427,13 +427,14 @@ impl NameCache {
         if self.ttl.is_zero() {
             return;
         }
-        // The tombstone stays while it refuses: the same reply may grant the inode twice
-        // (a hard link named twice in an acquired directory), and every grant sent before
-        // the recall is as stale as the first.
+        // The tombstone outlives the grant: the same reply may grant the inode twice (a
+        // hard link named twice in an acquired directory), and every grant sent before the
+        // recall is as stale as the first; so are the attributes in any reply to a request
+        // sent before it, which the server may have held back until after this grant
+        // (`stale_since`).
         if self.tombstones.get(&ino).is_some_and(|&at| at >= sent) || self.rights_reset.is_some_and(|at| at >= sent) {
             return;
         }
-        self.tombstones.remove(&ino);
         if !self.exclusive.contains(&ino) {
             if self.attrs.get(&ino).is_some_and(|a| a.expires <= now) {
                 self.attrs.remove(&ino);
@@ -1015,6 +1016,34 @@ mod tests {
         let dir = attr(269, p::FileType::Directory);
         c.created_by_reply(1, b"e", &dir, later, later);
         assert_eq!(c.lookup(269, b"f", later), Some(Cached::Absent), "made here, empty");
+    }
+
+    #[test]
+    fn a_held_back_reply_does_not_undo_a_grant_taken_after_its_recall() {
+        // A link's reply held back by the server behind another mount's recall; meanwhile
+        // this mount's inode was recalled (another mount chmodded it), and then granted
+        // again, with current attributes, by an acquire sent after the recall. The reply,
+        // arriving last, carries attributes from before the chmod: they must not replace
+        // what the grant brought, nor be answered from while the inode is exclusive.
+        let sent = Instant::now();
+        let recall = sent + Duration::from_millis(35);
+        let acquired = sent + Duration::from_millis(62);
+        let replied = sent + Duration::from_millis(720);
+        let mut c = NameCache::new(TTL);
+        c.recall_rights(70, recall);
+        c.recalled(70);
+        let epoch = c.epoch();
+        let mut current = attr(70, p::FileType::Regular);
+        current.mode = 0o600;
+        c.absorb_listing(67, &[item("g", 70)], epoch, acquired);
+        c.grant_exclusive(70, acquired, acquired);
+        c.hold_attr(&current, c.epoch(), acquired);
+        assert_eq!(c.attr(70, acquired).map(|a| a.mode), Some(0o600));
+        let mut old = attr(70, p::FileType::Regular);
+        old.mode = 0o644;
+        c.added_by_reply(9, b"e", &old, sent, replied);
+        assert_ne!(c.attr(70, replied).map(|a| a.mode), Some(0o644), "the held-back reply's mode is older");
+        assert!(c.is_exclusive(70), "the grant after the recall stands");
     }
 
     #[test]

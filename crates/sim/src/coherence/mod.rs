@@ -194,11 +194,16 @@ pub(crate) const REGRESSION_SEEDS: [u64; 3] = [
 /// `SERVER_CRASH_REGRESSION_SEEDS`.
 pub(crate) const FIXED_SERVER_CRASH_SEEDS: u64 = 40;
 /// (Each with the modes it needs, whatever the environment says.)
-pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 1] = [
+pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 2] = [
     // A change lost by the crash, an unlink of a file its client still held open, laid on
     // the model without the handles the restarted server had forgotten until the client
     // opened them again (`Model::reopen`): the checker took the file for gone.
     (4_134_063_326_002_975_702, Modes { long_outages: true, lost_changes: true, exact_lease: false }),
+    // A link's reply held back behind a partitioned mount's recall, arriving after its
+    // inode was recalled (a chmod elsewhere) and granted again by an acquire: its older
+    // attributes replaced the grant's (names.rs:
+    // a_held_back_reply_does_not_undo_a_grant_taken_after_its_recall).
+    (14_810_303_267_754_399_247, Modes { long_outages: false, lost_changes: false, exact_lease: false }),
 ];
 /// System calls per seed (over all clients).
 pub const DEFAULT_STEPS: usize = 4_000;
