@@ -17,9 +17,11 @@
 # except sshfs's own errors (tar's utime/chown of symlinks and "directory renamed" through
 # sshfs), which are reported as results.
 #
-#   bench/headline.sh [--full] [--quick] [--rtt-us N] [--only T1,T2,...] [--count N] [--tar PATH]
+#   bench/headline.sh [--full] [--quick] [--rounds N] [--rtt-us N] [--only T1,T2,...] [--count N] [--tar PATH]
 #     --full      the whole kernel tree (linux-6.1-full.tar, ~80K files) instead of the ~20K subset
 #     --quick     smoke run (~30 s): a ~200-file tar cut from the subset, 500 files, short pings
+#     --rounds N  run the workload N times, every target once a round (default 3; --quick: 1):
+#                 medians, and ratios taken against the same round's baseline
 #     --rtt-us N  emulated round trip of the *-rtt targets and the proxied pings (default 200)
 #     --only L    comma-separated targets (default: all seven)
 #     --count N   files for the metadata phases (default 10000; --quick: 500)
@@ -32,13 +34,15 @@ source "$(dirname "$0")/lib.sh"
 
 all_targets="local bindfs sshfs sshfs-rtt crest crest-insecure crest-rtt"
 tar_dir=/dev/shm/crest-bench
-tarball='' full=0 quick=0 rtt_us=200 only='' count=''
+tarball='' full=0 quick=0 rtt_us=200 only='' count='' rounds=''
 while [ $# -gt 0 ]; do
   case $1 in
     --full) full=1 ;;
     --quick) quick=1 ;;
     --rtt-us) rtt_us=$2; shift ;;
     --rtt-us=*) rtt_us=${1#*=} ;;
+    --rounds) rounds=$2; shift ;;
+    --rounds=*) rounds=${1#*=} ;;
     --only) only=$2; shift ;;
     --only=*) only=${1#*=} ;;
     --count) count=$2; shift ;;
@@ -64,6 +68,8 @@ has() { [[ " $targets " == *" $1 "* ]]; }
 if [ $quick = 1 ]; then count=${count:-500}; pings=500; else count=${count:-10000}; pings=10000; fi
 if [ $quick = 1 ]; then fsyncs=50; seq_mib=64; else fsyncs=1000; seq_mib=2048; fi
 if ! [[ $count =~ ^[1-9][0-9]*$ ]]; then echo "headline: --count wants a positive number" >&2; exit 2; fi
+if [ $quick = 1 ]; then rounds=${rounds:-1}; else rounds=${rounds:-3}; fi
+if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then echo "headline: --rounds wants a positive number" >&2; exit 2; fi
 
 # The workload's tar.
 subset=$tar_dir/linux-6.1-small.tar
@@ -104,33 +110,37 @@ if has crest-rtt; then
   BENCH_ADDR[crest-rtt]=127.0.0.1:${BENCH_PORT[crest-rtt-proxy]}
 fi
 
-# The file system workload.
+# The file system workload, every target once a round (targets in the same order each
+# round: the machine's drift moves a round's targets together).
 meta="$BENCH_BIN/crest-metabench"
+for ((round = 1; round <= rounds; round++)); do
 for t in $targets; do
-  echo "headline: [${SECONDS}s] $t" >&2
+  echo "headline: [${SECONDS}s] round $round/$rounds: $t" >&2
+  k="$t@$round"
   bench_mount "$t"; d=$(bench_dir "$t")
   bench_drop
-  bench_time "untar $t" "tar -xf '$tarball' -C '$d' && sync -f '$d'"
+  bench_time "untar $k" "tar -xf '$tarball' -C '$d' && sync -f '$d'"
   bench_cold "$t"
-  bench_time "read $t" "cd '$d' && find . -type f -print0 | xargs -0 -r cat >/dev/null"
-  bench_time "rm $t" "rm -rf '$d'/* && sync -f '$d' && [ -z \"\$(ls -A '$d')\" ]"
+  bench_time "read $k" "cd '$d' && find . -type f -print0 | xargs -0 -r cat >/dev/null"
+  bench_time "rm $k" "rm -rf '$d'/* && sync -f '$d' && [ -z \"\$(ls -A '$d')\" ]"
   mkdir -p "$d/meta"
   bench_drop
-  bench_time "create $t" "'$meta' '$d/meta' --count $count --phase create --sync"
+  bench_time "create $k" "'$meta' '$d/meta' --count $count --phase create --sync"
   bench_cold "$t"
-  bench_time "stat $t" "'$meta' '$d/meta' --count $count --phase stat"
+  bench_time "stat $k" "'$meta' '$d/meta' --count $count --phase stat"
   bench_cold "$t"
-  bench_time "unlink $t" "'$meta' '$d/meta' --count $count --phase unlink --sync"
+  bench_time "unlink $k" "'$meta' '$d/meta' --count $count --phase unlink --sync"
   rmdir "$d/meta" 2>/dev/null || rm -rf "$d/meta"
   # Durable small writes, then one big file written to durable and read back cold.
-  bench_time "fsync $t" "'$BENCH_BIN/crest' bench '$d' --big-size 0 --small-count 0 --fsync-count $fsyncs --json >'$BENCH_LOGS/fsync-$t.json'"
-  BENCH_OPS[fsync $t]=$(python3 -c 'import json,sys; print("%.0f" % json.load(open(sys.argv[1]))["results"][0]["ops_per_s"])' \
-    "$BENCH_LOGS/fsync-$t.json" 2>/dev/null || echo -)
-  bench_time "seqwrite $t" "dd if=/dev/zero of='$d/big' bs=1M count=$seq_mib conv=fsync status=none"
+  bench_time "fsync $k" "'$BENCH_BIN/crest' bench '$d' --big-size 0 --small-count 0 --fsync-count $fsyncs --json >'$BENCH_LOGS/fsync-$k.json'"
+  BENCH_OPS[fsync $k]=$(python3 -c 'import json,sys; print("%.0f" % json.load(open(sys.argv[1]))["results"][0]["ops_per_s"])' \
+    "$BENCH_LOGS/fsync-$k.json" 2>/dev/null || echo -)
+  bench_time "seqwrite $k" "dd if=/dev/zero of='$d/big' bs=1M count=$seq_mib conv=fsync status=none"
   bench_cold "$t"
-  bench_time "seqread $t" "dd if='$d/big' of=/dev/null bs=1M status=none"
+  bench_time "seqread $k" "dd if='$d/big' of=/dev/null bs=1M status=none"
   rm -f "$d/big"
   bench_umount "$t"
+done
 done
 
 # Round trips: raw TCP against crest requests, on loopback and through a delay proxy.
@@ -173,7 +183,13 @@ printf 'real/user/sys: seconds, of the workload processes (tar, cat, rm, metaben
 printf '"!": the command reported errors (its time is still shown; what it said is below the table)\n'
 printf 'fsync: %s x (4 KiB write + fsync) with crest bench; seqwrite: %s MiB (dd, conv=fsync); seqread: it, cold\n\n' \
   "$fsyncs" "$seq_mib"
-bench_table "untar read rm create stat unlink fsync seqwrite seqread" "$targets"
+phases="untar read rm create stat unlink fsync seqwrite seqread"
+printf 'rounds: %s; each figure is the median over them, each ratio the median of the rounds'"'"' ratios\n\n' "$rounds"
+bench_table "$phases" "$targets" "$rounds"
+if has crest && has crest-insecure; then
+  printf '\nwhat TLS costs: crest (mutual TLS) real / crest-insecure real, per round and median\n'
+  bench_pairs "$phases" crest crest-insecure "$rounds"
+fi
 
 printf '\nround trips, one at a time on one connection (median / p99 us; "x tcp" = crest median / tcp median)\n'
 printf '%-14s %19s %19s %7s   %19s %19s %7s\n' "" "tcp loopback" "crest loopback" "x tcp" \

@@ -300,31 +300,78 @@ bench_ratio() {
   if [ "$(echo "$2 == 0" | bc)" = 1 ]; then echo "-"; else printf '%.2f' "$(echo "$1 / $2" | bc -l)"; fi
 }
 
-# bench_table "PHASES" "TARGETS": real/user/sys per phase and target, real time against
-# bindfs and local (when they ran), and ops/s where the workload counted operations. A "!"
-# marks a command that failed (its time is still shown); the reasons follow the table.
+# bench_median V...: the median of the numbers given (the mean of the middle two for an even
+# count), "-" when there are none.
+bench_median() {
+  [ $# -gt 0 ] || { echo -; return; }
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
+    if (NR % 2) printf "%.2f\n", v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# bench_table "PHASES" "TARGETS" [ROUNDS]: real/user/sys per phase and target, real time
+# against bindfs and local (when they ran), and ops/s where the workload counted operations.
+# With ROUNDS, the keys are "phase target@round" for rounds 1..ROUNDS: each figure is the
+# median over the rounds, and each ratio the median of the rounds' ratios (a target against
+# the baseline of its own round, as machine noise moves both), with the spread of those
+# ratios (min-max) beside it when there is more than one round. A "!" marks a command that
+# failed (its time is still shown); the reasons follow the table.
 bench_table() {
-  local phase t r u s br lr mark key
-  printf '%-8s %-14s %10s %8s %8s %9s %9s %10s\n' phase target real user sys "x bindfs" "x local" "ops/s"
+  local phase t r u s mark key n rounds=${3:-} reals users syss br lr bx lx ops
+  local -a suffixes=("")
+  if [ -n "$rounds" ]; then suffixes=(); for ((n = 1; n <= rounds; n++)); do suffixes+=("@$n"); done; fi
+  printf '%-8s %-14s %10s %8s %8s %9s %11s %9s %11s %10s\n' phase target real user sys "x bindfs" "(spread)" "x local" "(spread)" "ops/s"
   for phase in $1; do
-    read -r br _ <<<"${BENCH_T[$phase bindfs]:-}"
-    read -r lr _ <<<"${BENCH_T[$phase local]:-}"
     for t in $2; do
-      r=- u=- s=-
-      [ -z "${BENCH_T[$phase $t]:-}" ] || read -r r u s <<<"${BENCH_T[$phase $t]}"
-      [ -n "$r" ] || r=-
-      [ -n "$u" ] || u=-
-      [ -n "$s" ] || s=-
-      mark=' '
-      [ -z "${BENCH_ERR[$phase $t]:-}" ] || mark='!'
-      printf '%-8s %-14s %9s%s %8s %8s %9s %9s %10s\n' "$phase" "$t" "$r" "$mark" "$u" "$s" \
-        "$(bench_ratio "$r" "${br:-}")" "$(bench_ratio "$r" "${lr:-}")" "${BENCH_OPS[$phase $t]:--}"
+      reals=() users=() syss=() bx=() lx=() ops=() mark=' '
+      for n in "${suffixes[@]}"; do
+        key="$phase $t$n"
+        [ -z "${BENCH_ERR[$key]:-}" ] || mark='!'
+        [ -n "${BENCH_OPS[$key]:-}" ] && [ "${BENCH_OPS[$key]}" != - ] && ops+=("${BENCH_OPS[$key]}")
+        [ -n "${BENCH_T[$key]:-}" ] || continue
+        read -r r u s <<<"${BENCH_T[$key]}"
+        [ -n "$r" ] || continue
+        reals+=("$r"); users+=("${u:-0}"); syss+=("${s:-0}")
+        read -r br _ <<<"${BENCH_T[$phase bindfs$n]:-}"
+        read -r lr _ <<<"${BENCH_T[$phase local$n]:-}"
+        r=$(bench_ratio "$r" "${br:--}"); [ "$r" = - ] || bx+=("$r")
+        r=$(bench_ratio "${reals[-1]}" "${lr:--}"); [ "$r" = - ] || lx+=("$r")
+      done
+      printf '%-8s %-14s %9s%s %8s %8s %9s %11s %9s %11s %10s\n' "$phase" "$t" \
+        "$(bench_median "${reals[@]}")" "$mark" "$(bench_median "${users[@]}")" "$(bench_median "${syss[@]}")" \
+        "$(bench_median "${bx[@]}")" "$(bench_spread "${bx[@]}")" "$(bench_median "${lx[@]}")" "$(bench_spread "${lx[@]}")" \
+        "$(if [ ${#ops[@]} = 0 ]; then echo -; else printf '%.0f' "$(bench_median "${ops[@]}")"; fi)"
     done
   done
   for phase in $1; do
     for t in $2; do
-      key="$phase $t"
-      [ -z "${BENCH_ERR[$key]:-}" ] || printf '! %s: %s\n' "$key" "${BENCH_ERR[$key]}"
+      for n in "${suffixes[@]}"; do
+        key="$phase $t$n"
+        [ -z "${BENCH_ERR[$key]:-}" ] || printf '! %s: %s\n' "$key" "${BENCH_ERR[$key]}"
+      done
     done
+  done
+}
+
+# bench_spread V...: "min-max" of two or more numbers; empty otherwise.
+bench_spread() {
+  [ $# -gt 1 ] || return 0
+  printf '%s\n' "$@" | sort -g | sed -n '1h;${H;x;s/\n/-/;p}'
+}
+
+# bench_pairs PHASES A B ROUNDS: for each phase, A's real time over B's in each round (B the
+# baseline of A's own round), and their median: what A costs over B (crest's TLS against
+# --insecure, say).
+bench_pairs() {
+  local phase n a b r
+  local -a ratios
+  printf '%-8s %9s %11s   %s\n' phase median "(spread)" "per round"
+  for phase in $1; do
+    ratios=()
+    for ((n = 1; n <= $4; n++)); do
+      read -r a _ <<<"${BENCH_T[$phase $2@$n]:-}"
+      read -r b _ <<<"${BENCH_T[$phase $3@$n]:-}"
+      r=$(bench_ratio "${a:--}" "${b:--}"); [ "$r" = - ] || ratios+=("$r")
+    done
+    printf '%-8s %9s %11s   %s\n' "$phase" "$(bench_median "${ratios[@]}")" "$(bench_spread "${ratios[@]}")" "${ratios[*]:-}"
   done
 }
