@@ -19,8 +19,21 @@ use crate::{addr_key, Error, Fingerprint, StateDir};
 /// reached by any address, and authenticated by the CA the client pins.
 pub const SERVER_NAME: &str = "crest";
 
+/// ring's cryptography with the TLS 1.3 suites only, AES-128-GCM first: every byte of file
+/// data is sealed once and opened once, and on the CPUs crest runs on (AES-NI, carry-less
+/// multiply) AES-128-GCM costs ~15 % less per byte than AES-256-GCM (the default's first)
+/// at the security level TLS 1.3 asks of every suite; ChaCha20-Poly1305 stays for peers
+/// without AES instructions.
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite;
+    Arc::new(CryptoProvider {
+        cipher_suites: vec![
+            cipher_suite::TLS13_AES_128_GCM_SHA256,
+            cipher_suite::TLS13_AES_256_GCM_SHA384,
+            cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
+        ],
+        ..rustls::crypto::ring::default_provider()
+    })
 }
 
 /// What a client presents and trusts.

@@ -73,6 +73,16 @@ fn the_host_mounts_its_own_server_and_the_server_knows_who_it_is() {
 }
 
 #[test]
+fn connections_seal_with_aes_128_gcm() {
+    let (_tmp, auth) = host();
+    let local = Credentials::local(auth.dir()).expect("read").expect("local credentials made");
+    let (r, server) = connect(client_config(&local).expect("config"), &auth);
+    r.expect("handshake");
+    let suite = server.negotiated_cipher_suite().expect("a suite").suite();
+    assert_eq!(suite, rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+}
+
+#[test]
 fn a_token_joins_once_and_its_certificate_is_admitted_until_revoked() {
     let (_tmp, auth) = host();
     let token = auth.create_token(600, None).expect("token").encode();
