@@ -4,13 +4,18 @@
 # started server (same image), with the CPU seconds the server and the mount daemon
 # used and the operations the server served, by kind (from its shutdown log).
 #   bench/cost.sh [TAR]      (default: the ~20K-file kernel subset)
+# CREST_BIN=PATH measures that crest binary instead of building this tree's.
 # Needs root (mounts, drop_caches). Scratch under CREST_BENCH_DIR (default /var/tmp).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tar=${1:-/dev/shm/crest-bench/linux-6.1-small.tar}
 [ -f "$tar" ] || bash "$root/../shared/bench/kernel-tars.sh" >&2
-(cd "$root" && cargo build --release --locked -q -p crest)
-crest=$root/target/release/crest
+if [ -n "${CREST_BIN:-}" ]; then
+  crest=$CREST_BIN # a build to compare (A/B runs against another)
+else
+  (cd "$root" && cargo build --release --locked -q -p crest)
+  crest=$root/target/release/crest
+fi
 work=$(mktemp -d "${CREST_BENCH_DIR:-/var/tmp}/crest-cost.XXXXXX")
 mnt=$work/mnt img=$work/img port=$((20000 + RANDOM % 20000)) server=
 mkdir -p "$mnt"

@@ -1,7 +1,8 @@
 //! Writeback batching rules: what may join a batch of writeback calls before it is sent.
 //! The connection driver's merger takes consecutive writeback calls into one request;
-//! these decide whether a write joins the one before it (`join_write`) and whether a
-//! create and its removal cancel (`cancel_pair`).
+//! these decide whether a write joins the one before it (`join_write`), whether a create
+//! and its removal cancel (`cancel_pair`), and whether an open and its release do
+//! (`cancel_open`).
 
 use crest_proto as p;
 
@@ -183,5 +184,53 @@ pub fn cancel_pair(ops: &mut [p::Op], time: Option<p::Time>) -> bool {
         }
     }
     ops[last] = p::Op::SetAttr { ino: parent, set: p::SetAttr { mtime: Some(p::SetTime::Now), ..Default::default() } };
+    true
+}
+
+/// True when the server checks no permission for any of `ops` (releases of handles, clock
+/// changes): they may run under any caller's credentials, so join any caller's batch.
+pub fn caller_free(ops: &[p::Op]) -> bool {
+    ops.iter().all(|op| matches!(op, p::Op::Release { .. } | p::Op::At { .. }))
+}
+
+/// When the last operation of `ops` releases a handle whose `Open` is earlier in `ops`,
+/// cancels both: the server needs to know of an open only while it lasts, and here it
+/// would last inside one request. A file read and closed (`cat`, a compiler's headers)
+/// then costs the server no open and no release. Not when an operation between them may
+/// remove a name (the inode may lose its last one, and the server keeps a nameless inode
+/// only for its open handles: what follows may reach it through this one) or takes a
+/// lock on the inode. Both become `Op::At` of the clock in force there, so every result
+/// slot stays (answered `Done`) and every completion runs. Returns true when it
+/// cancelled.
+pub fn cancel_open(ops: &mut [p::Op], time: Option<p::Time>) -> bool {
+    let Some(last) = ops.len().checked_sub(1) else { return false };
+    let p::Op::Release { ino, handle } = ops[last] else { return false };
+    let mut open = None;
+    let mut clock = time;
+    for (i, op) in ops[..last].iter().enumerate().rev() {
+        match op {
+            p::Op::Open { ino: x, handle: h, .. } if *x == ino && *h == handle => {
+                open = Some(i);
+                break;
+            }
+            p::Op::Unlink { .. } | p::Op::Rmdir { .. } | p::Op::Rename { .. } => return false,
+            p::Op::SetLock { ino: x, .. } if *x == ino => return false,
+            _ => {}
+        }
+    }
+    let Some(open) = open else { return false };
+    // The clock in force at the open, and at the release (the last one set).
+    let mut at_open = time;
+    for (i, op) in ops.iter().enumerate() {
+        if let p::Op::At { time } = op {
+            clock = Some(*time);
+            if i < open {
+                at_open = Some(*time);
+            }
+        }
+    }
+    let (Some(at_open), Some(at_release)) = (at_open, clock) else { return false };
+    ops[open] = p::Op::At { time: at_open };
+    ops[last] = p::Op::At { time: at_release };
     true
 }

@@ -378,8 +378,15 @@ impl CrestFs {
         }
     }
 
-    fn fh(&self) -> FileHandle {
-        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
+    /// A new handle; `ships` marks it as one whose close hands the held writeback to the
+    /// connection (`flush`): every handle that may write, and every one a create made.
+    fn fh(&self, ships: bool) -> FileHandle {
+        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed) << 1 | u64::from(ships))
+    }
+
+    /// Whether closing `fh` ships held writeback (`fh`).
+    fn ships_at_close(fh: FileHandle) -> bool {
+        fh.0 & 1 != 0
     }
 
     fn one(&self, op: &'static str, o: Op) -> Result<Reply, Error> {
@@ -837,15 +844,13 @@ impl Filesystem for CrestFs {
         let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         // O_TRUNC never arrives here (no ATOMIC_O_TRUNC: the kernel truncates by setattr);
         // O_DIRECT needs nothing: the kernel sends such I/O straight through.
-        let fh = self.fh();
-        if let Some(keep) = self.open_locally(ino.0, fh, open_access(flags.0)) {
+        let access = open_access(flags.0);
+        let fh = self.fh(access & p::OPEN_WRITE != 0);
+        if let Some(keep) = self.open_locally(ino.0, fh, access) {
             return reply.opened(fh, open_reply_flags(flags.0, keep, self.atime));
         }
         let since = self.stamp();
-        match self
-            .one("open", Op::Open { ino: ino.0, handle: fh.0, access: open_access(flags.0) })
-            .and_then(|r| want_attr("open", r))
-        {
+        match self.one("open", Op::Open { ino: ino.0, handle: fh.0, access }).and_then(|r| want_attr("open", r)) {
             Ok(a) => {
                 self.attr_changed(&a, since);
                 let keep = lock(&self.inodes).keep_cache_on_open(&a);
@@ -935,7 +940,7 @@ impl Filesystem for CrestFs {
         }
     }
 
-    fn flush(&self, req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
         // Synchronous writes are on the server when acknowledged. Writeback ones are not
         // waited for — a local disk's close does not wait for its write-back either, and
@@ -943,11 +948,15 @@ impl Filesystem for CrestFs {
         // them that has already come back is reported here; a later one, by the next
         // fsync or close of the file. Pages dirtied through a shared mapping were written
         // back by the kernel before it sent this. A process's POSIX locks end at each of
-        // its closes.
+        // its closes. A read-only descriptor wrote nothing to ship: what is held (its own
+        // open and access time among it) goes within `HELD_FOR`, with its release, and an
+        // open and its release in one batch never reach the server (`cancel_open`).
         if let Err(e) = self.unlock_at_close(ino.0, lock_owner.0) {
             return reply.error(self.fail(&e));
         }
-        self.client.flush_writeback();
+        if Self::ships_at_close(fh) {
+            self.client.flush_writeback();
+        }
         let r = match lock(&self.names).take_error(ino.0) {
             Some(e) => Err(Error::server("flush", e)),
             None => Ok(()),
@@ -982,7 +991,7 @@ impl Filesystem for CrestFs {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // The server learns of the open without a round trip: a directory removed while
         // open stays (empty, nlink 0) until its last close, as fstat on it expects.
-        let fh = self.fh();
+        let fh = self.fh(false);
         // (Reading it is checked by each readdir: the open asks for nothing.)
         self.send_behind("opendir", ino.0, Op::Open { ino: ino.0, handle: fh.0, access: 0 });
         reply.opened(fh, FopenFlags::empty());
@@ -1171,7 +1180,7 @@ impl Filesystem for CrestFs {
         let kind = p::FileType::Regular;
         let mode = convert::create_mode(mode);
         let cred = cred(req, umask);
-        let fh = self.fh();
+        let fh = self.fh(true);
         let access = open_access(flags);
         let local = || self.create_locally(cred, parent.0, name.as_bytes(), kind, mode, 0, None, Some((fh, access)));
         if let Some(a) = local().or_else(|| if self.acquire(parent.0) { local() } else { None }) {

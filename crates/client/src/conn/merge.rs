@@ -2,7 +2,7 @@
 //! the rules of `crate::batch`.
 
 use super::*;
-use crate::batch::{cancel_pair, join_write};
+use crate::batch::{caller_free, cancel_open, cancel_pair, join_write};
 use crate::replay::op_bytes;
 
 /// Most operations, and bytes of them, merged into one compound writeback request (well
@@ -14,7 +14,8 @@ pub(super) const MAX_MERGED_BYTES: usize = 2 << 20;
 /// compound request: the server applies it as one unit (one transaction, one session
 /// record), and each part keeps the clock its caller was answered at (`Op::At`).
 /// Only consecutive ones: merging across a waiting call would reorder them. A create
-/// whose removal joins the same batch is cancelled with it (`cancel_pair`).
+/// whose removal joins the same batch is cancelled with it (`cancel_pair`), and so is an
+/// open whose release does (`cancel_open`).
 pub(super) struct Merger<R> {
     pub(super) base: Option<Call<R>>,
     pub(super) parts: Vec<Part<R>>,
@@ -39,9 +40,14 @@ impl<R> Merger<R> {
             self.base = Some(c);
             return None;
         };
-        // A request runs for one caller, whose permissions the server checks.
+        // A request runs for one caller, whose permissions the server checks; a release
+        // (sent for nobody: the kernel's has no caller) needs none and joins any batch.
         if base.caller != c.caller {
-            return Some(c);
+            if caller_free(&base.ops) {
+                base.caller = c.caller.clone();
+            } else if !caller_free(&c.ops) {
+                return Some(c);
+            }
         }
         let prefix = usize::from(c.time != self.clock);
         if base.ops.len() + prefix + c.ops.len() > MAX_MERGED_OPS || self.bytes + bytes > MAX_MERGED_BYTES {
@@ -68,6 +74,8 @@ impl<R> Merger<R> {
         self.parts.push(Part { answer: c.reply, skip: prefix, len });
         if cancel_pair(&mut base.ops, base.time) {
             tracing::trace!(id = base.id, "a create and its removal cancelled before sending");
+        } else if cancel_open(&mut base.ops, base.time) {
+            tracing::trace!(id = base.id, "an open and its release cancelled before sending");
         }
         None
     }

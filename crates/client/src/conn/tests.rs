@@ -105,6 +105,55 @@ fn merged(subs: Vec<(Vec<p::Op>, i64)>) -> (Vec<p::Op>, Vec<(u64, Results)>, usi
     (ops, answer(call, results), n)
 }
 
+fn atime(ino: u64) -> p::Op {
+    p::Op::SetAttr { ino, set: p::SetAttr { atime: Some(p::SetTime::Now), ..Default::default() } }
+}
+
+#[test]
+fn an_open_and_its_release_in_one_batch_never_reach_the_server() {
+    // cat of two files: each opened and read under the caller's credentials, an access
+    // time moved, then released by nobody (the kernel's release has no caller).
+    let alice = p::Caller { uid: 1000, gid: 1000, groups: vec![27] };
+    let mut m = Merger::new();
+    let subs = vec![
+        (vec![p::Op::Open { ino: 20, handle: 4, access: p::OPEN_READ }], 5, alice.clone()),
+        (vec![atime(20)], 5, alice.clone()),
+        (vec![p::Op::Release { ino: 20, handle: 4 }], 6, p::Caller::ROOT),
+        (vec![p::Op::Open { ino: 21, handle: 6, access: 0 }], 6, alice.clone()),
+        (vec![p::Op::Release { ino: 21, handle: 6 }], 7, p::Caller::ROOT),
+    ];
+    let n = subs.len();
+    for (i, (ops, sec, caller)) in subs.into_iter().enumerate() {
+        assert!(m.offer(writeback(i as u64 + 1, ops, sec).with_caller(caller)).is_none(), "submission {i} joins");
+    }
+    let call = m.flush().expect("a batch");
+    assert_eq!(call.caller, alice);
+    assert_eq!(call.ops, vec![at(5), atime(20), at(6), at(6), at(6), at(7), at(7)], "only the access time is left");
+    let results: Results = call.ops.iter().map(|_| Ok(p::Reply::Done)).collect();
+    let got = answer(call, results);
+    assert_eq!(got.len(), n, "every completion still runs");
+    assert!(got.iter().all(|(_, r)| r.len() == 1));
+}
+
+#[test]
+fn an_open_stays_when_a_name_may_go_or_a_lock_is_taken_before_its_release() {
+    let open = p::Op::Open { ino: 30, handle: 9, access: p::OPEN_READ };
+    let release = p::Op::Release { ino: 30, handle: 9 };
+    let lock =
+        p::Op::SetLock { ino: 30, owner: 3, start: 0, end: u64::MAX, kind: p::LockKind::Read, flock: true, pid: 1 };
+    let rename = p::Op::Rename { parent: 1, name: b"a".to_vec(), new_parent: 1, new_name: b"b".to_vec(), flags: 0 };
+    for between in [unlink(1, "f"), rmdir(1, "d"), rename, lock] {
+        let (ops, _, _) = merged(vec![(vec![open.clone()], 5), (vec![between.clone()], 5), (vec![release.clone()], 5)]);
+        assert_eq!(ops, vec![open.clone(), between.clone(), release.clone()], "kept around {between:?}");
+    }
+    // Another handle's release, or a release whose open went in an earlier request.
+    let other = p::Op::Release { ino: 30, handle: 10 };
+    let (ops, _, _) = merged(vec![(vec![open.clone()], 5), (vec![other.clone()], 5)]);
+    assert_eq!(ops, vec![open.clone(), other]);
+    let (ops, _, _) = merged(vec![(vec![atime(30)], 5), (vec![release.clone()], 5)]);
+    assert_eq!(ops, vec![atime(30), release]);
+}
+
 #[test]
 fn a_mkdir_and_its_rmdir_in_one_batch_never_reach_the_server() {
     let (ops, got, n) = merged(vec![
