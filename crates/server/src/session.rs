@@ -990,6 +990,7 @@ impl Server {
             }
         }
         let mutates = req.ops.iter().any(Op::is_mutation);
+        let acquires = req.ops.iter().any(|op| matches!(op, Op::Acquire { .. }));
         let mut involved = settle_inodes(&req.ops);
         let mut seq = 0;
         let results = if req.ops.len() > p::MAX_OPS_PER_REQUEST {
@@ -1003,7 +1004,7 @@ impl Server {
             vec![Err(errno(7, format!("{} operations in one request (max {})", req.ops.len(), p::MAX_OPS_PER_REQUEST)))]
         } else {
             let fsyncs: Vec<bool> = req.ops.iter().map(|op| matches!(op, Op::Fsync { .. })).collect();
-            if req.ops.iter().any(|op| matches!(op, Op::Acquire { .. })) {
+            if acquires {
                 // An acquire grants exclusive rights, under which the client answers changes
                 // itself: after a restart its session must be restored (and waited for), or
                 // that writeback would arrive as a stranger's new work.
@@ -1020,7 +1021,7 @@ impl Server {
         };
         involved.extend(&self.changed);
         involved.extend(&self.carried);
-        self.settle(session, mutates, &involved);
+        self.settle(session, mutates, acquires, &involved);
         let durable = self.sessions.get(&session).map_or(0, |s| s.durable);
         let time = mutates.then_some(now);
         let resp = p::Response { id: req.id, results, seq, durable, time };

@@ -88,11 +88,14 @@ impl Server {
         }
     }
 
-    /// After `session`'s request that involved `inodes` ran: if it changed something and
-    /// one of them holds another session's change not yet durable, commits before it is
-    /// answered; then counts what the request left not durable as `session`'s.
-    pub(super) fn settle(&mut self, session: SessionId, mutates: bool, inodes: &[u64]) {
-        let builds_on_other = mutates && inodes.iter().any(|i| self.unsettled.get(i).is_some_and(|&s| s != session));
+    /// After `session`'s request that involved `inodes` ran: if it changed something, or
+    /// granted exclusive rights (`grants`: an acquire, under whose rights its client
+    /// answers changes itself from what the reply carried), and one of them holds another
+    /// session's change not yet durable, commits before it is answered; then counts what
+    /// the request left not durable as `session`'s.
+    pub(super) fn settle(&mut self, session: SessionId, mutates: bool, grants: bool, inodes: &[u64]) {
+        let builds_on_other =
+            (mutates || grants) && inodes.iter().any(|i| self.unsettled.get(i).is_some_and(|&s| s != session));
         if builds_on_other {
             self.settling_commits += 1;
             if let Err(e) = self.store.commit() {

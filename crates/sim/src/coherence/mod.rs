@@ -194,7 +194,7 @@ pub(crate) const REGRESSION_SEEDS: [u64; 3] = [
 /// `SERVER_CRASH_REGRESSION_SEEDS`.
 pub(crate) const FIXED_SERVER_CRASH_SEEDS: u64 = 40;
 /// (Each with the modes it needs, whatever the environment says.)
-pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 2] = [
+pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 3] = [
     // A change lost by the crash, an unlink of a file its client still held open, laid on
     // the model without the handles the restarted server had forgotten until the client
     // opened them again (`Model::reopen`): the checker took the file for gone.
@@ -204,6 +204,11 @@ pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 2] = [
     // attributes replaced the grant's (names.rs:
     // a_held_back_reply_does_not_undo_a_grant_taken_after_its_recall).
     (14_810_303_267_754_399_247, Modes { long_outages: false, lost_changes: false, exact_lease: false }),
+    // An acquire answered with another session's write not yet durable; a crash took the
+    // write back, and the acquirer's writeback built on it ran before the write's replay
+    // (session::tests::restart::
+    // an_acquire_that_carries_another_sessions_change_not_yet_durable_commits_it_first).
+    (7_045_526_083_117_268_673, Modes { long_outages: false, lost_changes: true, exact_lease: false }),
 ];
 /// System calls per seed (over all clients).
 pub const DEFAULT_STEPS: usize = 4_000;

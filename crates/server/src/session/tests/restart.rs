@@ -890,3 +890,60 @@ fn a_snapshot_taken_while_a_session_replays_after_a_restart_holds_its_replayed_c
     assert!(srv.store.lookup(1, b"x").is_ok(), "the snapshot holds the replayed, acknowledged create");
     srv.store.set_view(None);
 }
+
+#[test]
+fn an_acquire_that_carries_another_sessions_change_not_yet_durable_commits_it_first() {
+    // b's acquire grants it exclusive rights on what the directory names, under which its
+    // client answers changes itself, computed from what the acquire carried. Had that
+    // included a's write not yet durable, and a crash taken the write back, b's writeback
+    // (sent again before its `Replayed`) would run ahead of a's replay of the write, and
+    // come out differently from what b's client answered.
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, _) = srv.handle_hello(&hello(None));
+    let (b, _) = srv.handle_hello(&hello(None));
+    let (a, b) = (a.expect("a"), b.expect("b"));
+    srv.handle(a, create_in_root(1, "f"), NOW);
+    let Ok(Reply::Entry(f)) = sole_result(&mut srv) else { panic!("create") };
+    // (b's first change records its session, committing: out of the way first.)
+    srv.handle(
+        b,
+        req(9, vec![Op::SetAttr { ino: 1, set: p::SetAttr { mode: Some(0o755), ..Default::default() } }]),
+        NOW,
+    );
+    assert!(sole_result(&mut srv).is_ok());
+    srv.handle(a, req(2, vec![Op::Fsync { ino: f.ino }]), NOW);
+    assert!(sole_result(&mut srv).is_ok());
+    srv.handle(a, req(3, vec![Op::Write { ino: f.ino, offset: 0, data: vec![7; 300] }]), NOW);
+    assert!(sole_result(&mut srv).is_ok());
+    let settled = srv.settling_commits;
+    srv.handle(b, req(1, vec![Op::Acquire { ino: 1 }]), NOW);
+    // (The acquire recalls a's exclusive rights on the file it made first.)
+    for _ in 0..4 {
+        let out = srv.take_outgoing();
+        let mut answered = false;
+        for o in &out {
+            match o {
+                Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } => {
+                    srv.recall_done(*session, *recall_id, NOW)
+                }
+                Outgoing::Response { response, .. } => {
+                    assert!(matches!(&response.results[0], Ok(Reply::Lookup { .. })), "{response:?}");
+                    answered = true;
+                }
+                _ => {}
+            }
+        }
+        if answered {
+            break;
+        }
+    }
+    assert_eq!(srv.caps.exclusive_elsewhere(a, f.ino), Some(b), "b holds the file");
+    assert_eq!(srv.settling_commits, settled + 1, "a's write was committed before b was answered");
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    let (c, _) = srv.handle_hello(&hello(None));
+    let c = c.expect("c");
+    let r = srv.handle_request(c, req(1, vec![Op::GetAttr { ino: f.ino }]), NOW);
+    assert!(matches!(&r.results[0], Ok(Reply::Attr(x)) if x.size_bytes == 300), "{r:?}");
+}
