@@ -1,8 +1,8 @@
 //! Writeback batching rules: what may join a batch of writeback calls before it is sent.
 //! The connection driver's merger takes consecutive writeback calls into one request;
-//! these decide whether a write joins the one before it (`join_write`), whether a create
-//! and its removal cancel (`cancel_pair`), and whether an open and its release do
-//! (`cancel_open`).
+//! these decide whether a write or a setattr joins the one before it (`join_write`,
+//! `join_setattr`), whether a create and its removal cancel (`cancel_pair`), and whether
+//! an open and its release do (`cancel_open`).
 
 use crest_proto as p;
 
@@ -58,7 +58,6 @@ pub fn join_write(
     next_time: Option<p::Time>,
 ) -> bool {
     let [p::Op::Write { ino, offset, data }] = next else { return false };
-    let n = ops.len();
     let Some(p::Op::Write { ino: last_ino, offset: last_offset, data: last_data }) = ops.last() else {
         return false;
     };
@@ -66,23 +65,84 @@ pub fn join_write(
     if *last_ino != *ino || !continues || last_data.len() + data.len() > p::MAX_IO_BYTES as usize {
         return false;
     }
-    // Where the last write's clock is set, if it must change: the request's own (it is
-    // the only operation) or an `At` just before it. Elsewhere an `At` would have to be
-    // inserted, shifting the results of the part it lies in: not joined then.
-    if next_time != *clock {
-        let Some(time) = next_time else { return false };
-        if n == 1 {
-            *base_time = Some(time);
-        } else if let p::Op::At { time: t } = &mut ops[n - 2] {
-            *t = time;
-        } else {
-            return false;
-        }
-        *clock = Some(time);
+    if !retime_last(ops, base_time, clock, next_time) {
+        return false;
     }
     if let Some(p::Op::Write { data: last_data, .. }) = ops.last_mut() {
         last_data.extend_from_slice(data);
     }
+    true
+}
+
+/// Joins `next` (at `next_time`), a lone setattr of the inode whose attributes the batch's
+/// last operation sets too, into that operation: the times, owner and mode tar gives each
+/// file it makes (three calls, answered by the mount) then cost the server one change. The
+/// joined setattr runs at `next`'s clock and leaves the inode as the two in turn would:
+/// each field as the later one set it, the change time `next`'s. Not when that could
+/// differ: a size change in either (it moves data and times); `next` changing the owner or
+/// group after the last set the mode (a change of hands drops the set-user-ID bit the mode
+/// may have set, which the server does only for a chown without a mode); a time the last
+/// set to "now" under another clock than `next`'s.
+pub fn join_setattr(
+    ops: &mut [p::Op],
+    base_time: &mut Option<p::Time>,
+    clock: &mut Option<p::Time>,
+    next: &[p::Op],
+    next_time: Option<p::Time>,
+) -> bool {
+    let [p::Op::SetAttr { ino, set: b }] = next else { return false };
+    let Some(p::Op::SetAttr { ino: last_ino, set: a }) = ops.last() else { return false };
+    if last_ino != ino || a.size_bytes.is_some() || b.size_bytes.is_some() {
+        return false;
+    }
+    if a.mode.is_some() && (b.uid.is_some() || b.gid.is_some()) {
+        return false;
+    }
+    let now = Some(p::SetTime::Now);
+    if (a.atime == now || a.mtime == now) && next_time != *clock {
+        return false;
+    }
+    let joined = p::SetAttr {
+        mode: b.mode.or(a.mode),
+        uid: b.uid.or(a.uid),
+        gid: b.gid.or(a.gid),
+        size_bytes: None,
+        atime: b.atime.or(a.atime),
+        mtime: b.mtime.or(a.mtime),
+        ctime: b.ctime,
+    };
+    if !retime_last(ops, base_time, clock, next_time) {
+        return false;
+    }
+    if let Some(p::Op::SetAttr { set, .. }) = ops.last_mut() {
+        *set = joined;
+    }
+    true
+}
+
+/// Moves the clock the batch's last operation runs at to `next_time`: the request's own
+/// (when it is the only operation) or that of an `At` just before it. Elsewhere an `At`
+/// would have to be inserted, shifting the results of the part it lies in: false then,
+/// and nothing changed.
+fn retime_last(
+    ops: &mut [p::Op],
+    base_time: &mut Option<p::Time>,
+    clock: &mut Option<p::Time>,
+    next_time: Option<p::Time>,
+) -> bool {
+    if next_time == *clock {
+        return true;
+    }
+    let Some(time) = next_time else { return false };
+    let n = ops.len();
+    if n == 1 {
+        *base_time = Some(time);
+    } else if let Some(p::Op::At { time: t }) = n.checked_sub(2).and_then(|i| ops.get_mut(i)) {
+        *t = time;
+    } else {
+        return false;
+    }
+    *clock = Some(time);
     true
 }
 

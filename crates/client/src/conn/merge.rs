@@ -2,7 +2,7 @@
 //! the rules of `crate::batch`.
 
 use super::*;
-use crate::batch::{caller_free, cancel_open, cancel_pair, join_write};
+use crate::batch::{caller_free, cancel_open, cancel_pair, join_setattr, join_write};
 use crate::replay::op_bytes;
 
 /// Most operations, and bytes of them, merged into one compound writeback request (well
@@ -58,8 +58,10 @@ impl<R> Merger<R> {
             let reply = std::mem::replace(&mut base.reply, Answer::Batch(Vec::new()));
             self.parts.push(Part { answer: reply, skip: 0, len: base.ops.len() });
         }
-        if join_write(&mut base.ops, &mut base.time, &mut self.clock, &c.ops, c.time) {
-            // Its answer is the joined write's, which the part that wrote first gets.
+        if join_write(&mut base.ops, &mut base.time, &mut self.clock, &c.ops, c.time)
+            || join_setattr(&mut base.ops, &mut base.time, &mut self.clock, &c.ops, c.time)
+        {
+            // Its answer is the joined operation's, which the part that made it first gets.
             self.bytes += bytes;
             self.parts.push(Part { answer: c.reply, skip: 0, len: 0 });
             return None;

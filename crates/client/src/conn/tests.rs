@@ -135,6 +135,62 @@ fn an_open_and_its_release_in_one_batch_never_reach_the_server() {
     assert!(got.iter().all(|(_, r)| r.len() == 1));
 }
 
+fn setattr(ino: u64, set: p::SetAttr) -> p::Op {
+    p::Op::SetAttr { ino, set }
+}
+
+#[test]
+fn tars_times_owner_and_mode_of_a_file_go_as_one_setattr() {
+    let t = |sec| p::SetTime::At(p::Time { sec, nsec: 0 });
+    let times = p::SetAttr { mtime: Some(t(1_000)), ..Default::default() };
+    let owner = p::SetAttr { uid: Some(0), gid: Some(0), ..Default::default() };
+    let mode = p::SetAttr { mode: Some(0o4755), ..Default::default() };
+    let (ops, got, n) = merged(vec![
+        (vec![p::Op::Write { ino: 40, offset: 0, data: vec![1; 5] }], 5),
+        (vec![setattr(40, times)], 6),
+        (vec![setattr(40, owner)], 7),
+        (vec![setattr(40, mode)], 7),
+    ]);
+    let joined =
+        p::SetAttr { mode: Some(0o4755), uid: Some(0), gid: Some(0), mtime: Some(t(1_000)), ..Default::default() };
+    assert_eq!(
+        ops,
+        vec![p::Op::Write { ino: 40, offset: 0, data: vec![1; 5] }, at(7), setattr(40, joined)],
+        "one setattr, at the last one's clock"
+    );
+    assert_eq!(got.len(), n, "every completion still runs");
+    assert_eq!(got.iter().map(|(_, r)| r.len()).collect::<Vec<_>>(), vec![1, 1, 0, 0], "the first gets the answer");
+}
+
+#[test]
+fn setattrs_that_would_come_out_differently_joined_stay_apart() {
+    let mode = p::SetAttr { mode: Some(0o4755), ..Default::default() };
+    let owner = p::SetAttr { uid: Some(7), ..Default::default() };
+    let group = p::SetAttr { gid: Some(7), ..Default::default() };
+    let size = p::SetAttr { size_bytes: Some(3), ..Default::default() };
+    let touch = p::SetAttr { mtime: Some(p::SetTime::Now), ..Default::default() };
+    let cases = [
+        // A change of hands after the mode drops its set-user-ID bit.
+        (vec![(setattr(50, mode.clone()), 5), (setattr(50, owner.clone()), 5)], 2),
+        (vec![(setattr(50, mode.clone()), 5), (setattr(50, group), 5)], 2),
+        // A size moves data and times.
+        (vec![(setattr(50, size.clone()), 5), (setattr(50, mode.clone()), 5)], 2),
+        (vec![(setattr(50, mode.clone()), 5), (setattr(50, size), 5)], 2),
+        // "Now" under the first clock, joined at the second's.
+        (vec![(setattr(50, touch.clone()), 5), (setattr(50, mode.clone()), 6)], 3),
+        // Another inode.
+        (vec![(setattr(50, owner.clone()), 5), (setattr(51, mode.clone()), 5)], 2),
+    ];
+    for (subs, len) in cases {
+        let subs: Vec<(Vec<p::Op>, i64)> = subs.into_iter().map(|(op, sec)| (vec![op], sec)).collect();
+        let (ops, _, _) = merged(subs.clone());
+        assert_eq!(ops.len(), len, "not joined: {subs:?} -> {ops:?}");
+    }
+    // "Now" under one clock joins: the server's now is that clock.
+    let (ops, _, _) = merged(vec![(vec![setattr(50, touch)], 5), (vec![setattr(50, mode)], 5)]);
+    assert_eq!(ops.len(), 1);
+}
+
 #[test]
 fn an_open_stays_when_a_name_may_go_or_a_lock_is_taken_before_its_release() {
     let open = p::Op::Open { ino: 30, handle: 9, access: p::OPEN_READ };
