@@ -266,7 +266,6 @@ pub fn cancel_open(ops: &mut [p::Op], time: Option<p::Time>) -> bool {
     let Some(last) = ops.len().checked_sub(1) else { return false };
     let p::Op::Release { ino, handle } = ops[last] else { return false };
     let mut open = None;
-    let mut clock = time;
     for (i, op) in ops[..last].iter().enumerate().rev() {
         match op {
             p::Op::Open { ino: x, handle: h, .. } if *x == ino && *h == handle => {
@@ -279,18 +278,16 @@ pub fn cancel_open(ops: &mut [p::Op], time: Option<p::Time>) -> bool {
         }
     }
     let Some(open) = open else { return false };
-    // The clock in force at the open, and at the release (the last one set).
-    let mut at_open = time;
-    for (i, op) in ops.iter().enumerate() {
-        if let p::Op::At { time } = op {
-            clock = Some(*time);
-            if i < open {
-                at_open = Some(*time);
-            }
-        }
-    }
-    let (Some(at_open), Some(at_release)) = (at_open, clock) else { return false };
+    let (Some(at_open), Some(at_release)) = (clock_at(ops, open, time), clock_at(ops, last, time)) else {
+        return false;
+    };
     ops[open] = p::Op::At { time: at_open };
     ops[last] = p::Op::At { time: at_release };
     true
+}
+
+/// The clock operation `i` of `ops` runs at: the last `Op::At` before it, else the
+/// request's own `time`.
+fn clock_at(ops: &[p::Op], i: usize, time: Option<p::Time>) -> Option<p::Time> {
+    ops[..i].iter().rev().find_map(|op| if let p::Op::At { time } = op { Some(*time) } else { None }).or(time)
 }
