@@ -80,9 +80,10 @@ pub fn join_write(
 /// joined setattr runs at `next`'s clock and leaves the inode as the two in turn would:
 /// each field as the later one set it, the change time `next`'s. Not when that could
 /// differ: a size change in either (it moves data and times); `next` changing the owner or
-/// group after the last set the mode (a change of hands drops the set-user-ID bit the mode
-/// may have set, which the server does only for a chown without a mode); a time the last
-/// set to "now" under another clock than `next`'s.
+/// group after the last set the mode or the owner or group (each change of hands drops the
+/// set-user-ID bit, which the server does only for a chown without a mode, and only when
+/// the owner or group it is given differs from the one before: two joined would skip the
+/// one in between); a time the last set to "now" under another clock than `next`'s.
 pub fn join_setattr(
     ops: &mut [p::Op],
     base_time: &mut Option<p::Time>,
@@ -95,7 +96,7 @@ pub fn join_setattr(
     if last_ino != ino || a.size_bytes.is_some() || b.size_bytes.is_some() {
         return false;
     }
-    if a.mode.is_some() && (b.uid.is_some() || b.gid.is_some()) {
+    if (b.uid.is_some() || b.gid.is_some()) && (a.mode.is_some() || a.uid.is_some() || a.gid.is_some()) {
         return false;
     }
     let now = Some(p::SetTime::Now);

@@ -172,7 +172,9 @@ fn setattrs_that_would_come_out_differently_joined_stay_apart() {
     let cases = [
         // A change of hands after the mode drops its set-user-ID bit.
         (vec![(setattr(50, mode.clone()), 5), (setattr(50, owner.clone()), 5)], 2),
-        (vec![(setattr(50, mode.clone()), 5), (setattr(50, group), 5)], 2),
+        (vec![(setattr(50, mode.clone()), 5), (setattr(50, group.clone()), 5)], 2),
+        // Two changes of hands: the one in between may drop the set-user-ID bit.
+        (vec![(setattr(50, group), 5), (setattr(50, owner.clone()), 5)], 2),
         // A size moves data and times.
         (vec![(setattr(50, size.clone()), 5), (setattr(50, mode.clone()), 5)], 2),
         (vec![(setattr(50, mode.clone()), 5), (setattr(50, size), 5)], 2),
