@@ -217,11 +217,14 @@ def change_one(rng, d, content):
 
 
 def read_ahead_is_coherent():
-    """B lists a directory of small files and reads one, which brings the others' data
-    along (read-ahead); A changes some of them before or after that read, in each way a
-    copy read ahead could miss (same size, same size with the mtime set back, shorter,
-    longer, unlinked, renamed over), at varied delays; every read on B must give A's
-    bytes. Seeded (CREST_E2E_SEED), the seed printed."""
+    """B lists a directory of small files and reads one, which brings the next ones' data
+    along and has the batch after them read behind it (read-ahead); A changes some of them
+    before that read, after it, and between B's reads of the others (which B makes in
+    listing order, where each batch read ahead asks for the next, or in another), in each
+    way a copy read ahead could miss (same size, same size with the mtime set back,
+    shorter, longer, unlinked, renamed over), at varied delays; every read on B must give
+    A's bytes. Directories of up to 700 files span several batches. Seeded
+    (CREST_E2E_SEED), the seed printed."""
     seed = int(os.environ.get("CREST_E2E_SEED") or random.SystemRandom().randrange(1 << 32))
     print(f"read-ahead: seed {seed}")
     rng = random.Random(seed)
@@ -230,25 +233,34 @@ def read_ahead_is_coherent():
         d = f"ra{rnd}"
         os.mkdir(a(d))
         content = {}
-        for i in range(rng.randrange(3, 80)):
-            size = rng.choice([1, rng.randrange(1, 4096), rng.randrange(4096, 65537), rng.randrange(65537, 150000)])
+        many = rng.random() < 0.3
+        for i in range(rng.randrange(200, 700) if many else rng.randrange(3, 80)):
+            small = rng.randrange(1, 4096)
+            size = small if many else rng.choice([1, small, rng.randrange(4096, 65537), rng.randrange(65537, 300000)])
             content[f"f{i}"] = rng.randbytes(size)
             write(a(d, f"f{i}"), content[f"f{i}"])
         # B lists the directory (readdirplus) and stats what it lists.
-        for n in sorted(os.listdir(b(d))):
+        listed = os.listdir(b(d))
+        for n in listed:
             os.stat(b(d, n))
         done = [change_one(rng, d, content) for _ in range(rng.choice([0, 0, 1, 3]))]
         first = rng.choice(sorted(n for n, c in content.items() if c is not None) or ["f0"])
         if content.get(first) is not None and read(b(d, first)) != content[first]:
             bad.append((rnd, "first", first, done))
-        time.sleep(rng.choice([0, 0, 0.001, 0.02, 0.3]))
+        time.sleep(rng.choice([0, 0, 0, 0.001, 0.02, 0.3]))
         done += [change_one(rng, d, content) for _ in range(rng.randrange(0, 8))]
-        for n, c in sorted(content.items()):
+        order = [n for n in listed if n in content] if rng.random() < 0.5 else sorted(content)
+        order += sorted(n for n in content if n not in order)
+        changing = rng.choice([0, 0.01, 0.05])
+        for n in order:
+            if rng.random() < changing:
+                done.append(change_one(rng, d, content))
+            c = content[n]
             if c is None:
                 if exists(b(d, n)):
-                    bad.append((rnd, "still there", n, done))
+                    bad.append((rnd, "still there", n, done[-3:]))
             elif read(b(d, n)) != c:
-                bad.append((rnd, n, len(c), done))
+                bad.append((rnd, n, len(c), done[-3:]))
     check(f"read-ahead: B reads A's bytes whatever A changed after B listed (seed {seed})", not bad, str(bad[:3]))
 
 

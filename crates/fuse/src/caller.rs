@@ -48,6 +48,13 @@ impl Drop for Caller {
     }
 }
 
+/// The thread id, fs uid and fs gid this thread serves (zeros: nobody), to serve the same
+/// caller from another thread (`Caller::enter`).
+pub fn serving() -> (u32, u32, u32) {
+    let s = CALLER.with(Cell::get);
+    (s.pid, s.uid, s.gid)
+}
+
 /// The credentials of the caller this thread serves, for the server to check: root on a
 /// thread serving nobody (the daemon's own work: releases, write-back, recalls).
 pub fn current() -> p::Caller {

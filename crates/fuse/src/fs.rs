@@ -58,7 +58,6 @@ use crate::error::Error;
 use crate::inodes::Inodes;
 use crate::locks::{self, LockCall, Owners};
 use crate::options::Atime;
-use crate::prefetch::Prefetch;
 use answer::{nth, unexpected, want_attr, want_data, want_done};
 pub use recall::KernelEpoch;
 
@@ -149,7 +148,9 @@ pub struct CrestFs {
     /// Directories this mount last asked to hold whole (`Op::Acquire`), and when.
     acquire_tried: Mutex<HashMap<u64, Instant>>,
     /// Small files' data read ahead with their directory (`crate::prefetch`).
-    prefetch: Mutex<Prefetch>,
+    prefetch: Arc<readahead::ReadAhead>,
+    /// The thread that reads batches ahead behind reads (`None`: it could not start).
+    behind: Option<readahead::Behind>,
     /// Reads and writes in progress here, by inode: the kernel holds page locks for them.
     page_io: Arc<PageIo>,
     /// Set when the kernel can drop every cached name at once without a lock: then it
@@ -275,8 +276,11 @@ impl CrestFs {
         client.set_rights(Arc::new(CacheRights { names: names.clone() }));
         client.set_interrupt_check(Box::new(caller::interrupted));
         client.set_caller_source(Box::new(caller::current));
+        let client = Arc::new(client);
+        let prefetch = Arc::new(readahead::ReadAhead::default());
+        let behind = readahead::Behind::spawn(&client, &names, &prefetch);
         CrestFs {
-            client: Arc::new(client),
+            client,
             ttl: Duration::ZERO,
             next_fh: AtomicU64::new(1),
             inodes: Mutex::new(Inodes::default()),
@@ -286,7 +290,8 @@ impl CrestFs {
             pool: Mutex::new((0, 0, 0)),
             lock_owners: Arc::new(Mutex::new(Owners::default())),
             acquire_tried: Mutex::new(HashMap::new()),
-            prefetch: Mutex::new(Prefetch::default()),
+            prefetch,
+            behind,
             page_io: Arc::default(),
             kernel_epoch: Arc::default(),
             shared_kernel_names: true,
@@ -514,7 +519,7 @@ impl CrestFs {
                         t.learn(ino, &i.attr);
                     }
                     drop(t);
-                    lock(&self.prefetch).listed(ino, &items, from == 0);
+                    self.prefetch.state().listed(ino, &items, from == 0);
                     if from == 0 && end {
                         // The whole directory in one reply: every lookup in it can be answered here.
                         lock(&self.names).absorb_listing(ino, &items, epoch, Instant::now());
@@ -615,7 +620,7 @@ impl Filesystem for CrestFs {
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         // The kernel sends forget when it evicts the inode, with its whole lookup count.
         lock(&self.inodes).forget(ino.0);
-        lock(&self.prefetch).forget(ino.0);
+        self.prefetch.state().forget(ino.0);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

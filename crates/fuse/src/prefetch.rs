@@ -11,16 +11,24 @@
 //!   keeps its page cache at open — and it goes at the first read that reaches the end
 //!   of the file (the kernel's page cache has it from then on), at a mismatch, or when
 //!   the kernel forgets the inode;
-//! - a directory is read ahead once per listing; what is kept is bounded
-//!   (`MAX_KEPT_BYTES`, the oldest going first; `MAX_TRACKED`), and overflowing only
-//!   costs round trips.
+//! - a file is read ahead at most once per listing of its directory: a read that goes to
+//!   the server takes the files listed after it (then those before it) not yet read
+//!   ahead, so a directory larger than one batch costs a round trip per batch, not one per
+//!   file beyond the first batch; what is kept is bounded (`MAX_KEPT_BYTES`, the oldest
+//!   going first; `MAX_TRACKED`), and overflowing only costs round trips;
+//! - the read that goes to the server waits only for its own file and the next few
+//!   (`NOW_FILES`); the next batch is read *ahead*, behind it, by a thread of its own, and
+//!   the batch after that when the first file of the last one is read (so a reader going
+//!   through a directory in listing order finds its files here and the server reads the
+//!   next ones meanwhile). A file being read ahead is *pending*: its reader waits for it
+//!   (at most `PENDING_WAIT`) rather than asking the server a second time.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crest_proto as p;
 
 /// Largest file read ahead with its directory.
-pub const MAX_FILE_BYTES: u64 = 64 * 1024;
+pub const MAX_FILE_BYTES: u64 = 256 * 1024;
 /// Most bytes of files one read-ahead request asks for (its reply is one frame).
 pub const MAX_BATCH_BYTES: u64 = 1 << 20;
 /// Most files one read-ahead request asks for (two operations each).
@@ -29,6 +37,17 @@ pub const MAX_BATCH_FILES: usize = 256;
 pub const MAX_KEPT_BYTES: usize = 64 << 20;
 /// Most directories' listings and files remembered (cleared beyond).
 pub const MAX_TRACKED: usize = 1 << 20;
+/// Most files, and bytes, the read that goes to the server waits for besides its own.
+pub const NOW_FILES: usize = 8;
+pub const NOW_BYTES: u64 = 128 * 1024;
+/// Longest a read waits for its file to be read ahead before it asks the server itself.
+pub const PENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Most listed files one batch looks at past those already read ahead (a directory read
+/// in no order must not cost a scan of its whole listing per read).
+const MAX_SCANNED: usize = 4 * MAX_BATCH_FILES;
+
+/// Files to read ahead: each inode with its size when listed (what its read asks for).
+pub type Batch = Vec<(u64, u64)>;
 
 /// What a read of kept data must find the file to be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,10 +69,16 @@ impl Version {
 pub struct Prefetch {
     /// Each listed directory's small regular files (inode, size), in listing order.
     listed: HashMap<u64, Vec<(u64, u64)>>,
-    /// The directory each of those files was listed in.
-    dir_of: HashMap<u64, u64>,
-    /// Directories read ahead since their last listing.
-    done: HashSet<u64>,
+    /// The directory each of those files was listed in, and its place in that listing.
+    place: HashMap<u64, (u64, usize)>,
+    /// Files read ahead (or being read) since their directory's last listing.
+    fetched: HashSet<u64>,
+    /// Each directory's place in its listing after the last file batched.
+    cursor: HashMap<u64, usize>,
+    /// Files being read ahead.
+    pending: HashSet<u64>,
+    /// The first file of a batch read ahead → its directory: reading it reads the next.
+    trigger: HashMap<u64, u64>,
     kept: HashMap<u64, (Version, Vec<u8>)>,
     kept_bytes: usize,
     /// Kept files, oldest first (some may have gone since).
@@ -63,17 +88,19 @@ pub struct Prefetch {
 impl Prefetch {
     /// A page of directory `dir`'s listing (`first`: it starts the listing).
     pub fn listed(&mut self, dir: u64, items: &[p::DirItem], first: bool) {
-        if self.dir_of.len() >= MAX_TRACKED || self.listed.len() >= MAX_TRACKED {
+        if self.place.len() >= MAX_TRACKED || self.listed.len() >= MAX_TRACKED || self.fetched.len() >= MAX_TRACKED {
             self.listed.clear();
-            self.dir_of.clear();
-            self.done.clear();
+            self.place.clear();
+            self.fetched.clear();
+            self.cursor.clear();
+            self.trigger.clear();
         }
         if first {
-            self.done.remove(&dir);
             if let Some(old) = self.listed.remove(&dir) {
                 for (ino, _) in old {
-                    if self.dir_of.get(&ino) == Some(&dir) {
-                        self.dir_of.remove(&ino);
+                    if self.place.get(&ino).is_some_and(|&(d, _)| d == dir) {
+                        self.place.remove(&ino);
+                        self.fetched.remove(&ino);
                     }
                 }
             }
@@ -82,30 +109,78 @@ impl Prefetch {
         for i in items {
             let a = &i.attr;
             if a.kind == p::FileType::Regular && a.size_bytes > 0 && a.size_bytes <= MAX_FILE_BYTES {
+                self.place.insert(a.ino, (dir, files.len()));
+                self.fetched.remove(&a.ino);
                 files.push((a.ino, a.size_bytes));
-                self.dir_of.insert(a.ino, dir);
             }
         }
     }
 
     /// A read of `ino` is going to the server: the other files of its directory to read
-    /// with it, if that directory has not been read ahead since it was listed (and marks
-    /// it read ahead). Files already kept are left out.
-    pub fn batch_for(&mut self, ino: u64) -> Vec<u64> {
-        let Some(&dir) = self.dir_of.get(&ino) else { return Vec::new() };
-        if !self.done.insert(dir) {
-            return Vec::new();
+    /// with it (`now`, at most `NOW_FILES`) and, if `ahead`, the batch to read behind it
+    /// (marked pending) — those listed after it, then those before, that were not read
+    /// ahead since the listing (they are marked so now) and are not kept.
+    pub fn batch_for(&mut self, ino: u64, ahead: bool) -> (Batch, Batch) {
+        let Some(&(dir, at)) = self.place.get(&ino) else { return (Vec::new(), Vec::new()) };
+        self.fetched.insert(ino);
+        let now = self.take(dir, at + 1, ino, NOW_FILES, NOW_BYTES);
+        let ahead = if ahead { self.ahead(dir, ino) } else { Vec::new() };
+        (now, ahead)
+    }
+
+    /// A read of `ino` was answered here: the next batch of its directory to read ahead
+    /// (marked pending), when `ino` was the first of the last one.
+    pub fn hit(&mut self, ino: u64) -> Batch {
+        match self.trigger.remove(&ino) {
+            Some(dir) => self.ahead(dir, ino),
+            None => Vec::new(),
         }
-        let (mut bytes, mut v) = (0u64, Vec::new());
-        for &(f, size) in self.listed.get(&dir).into_iter().flatten() {
-            if f == ino || self.kept.contains_key(&f) {
-                continue;
-            }
-            if v.len() == MAX_BATCH_FILES || bytes + size > MAX_BATCH_BYTES {
+    }
+
+    /// A batch read ahead came back (or failed): its files are no longer pending.
+    pub fn landed(&mut self, files: &[(u64, u64)]) {
+        for (f, _) in files {
+            self.pending.remove(f);
+        }
+    }
+
+    /// Whether `ino` is being read ahead.
+    pub fn pending(&self, ino: u64) -> bool {
+        self.pending.contains(&ino)
+    }
+
+    fn ahead(&mut self, dir: u64, from: u64) -> Batch {
+        let start = self.cursor.get(&dir).copied().unwrap_or(0);
+        let v = self.take(dir, start, from, MAX_BATCH_FILES, MAX_BATCH_BYTES);
+        if let Some(&(first, _)) = v.first() {
+            self.trigger.insert(first, dir);
+        }
+        self.pending.extend(v.iter().map(|&(f, _)| f));
+        v
+    }
+
+    /// Up to `max_files` files (`max_bytes`) of `dir` not read ahead since the listing,
+    /// nor kept, nor `skip`, looking from place `start` on, then from the listing's start;
+    /// marks them read ahead and moves the directory's cursor past the last.
+    fn take(&mut self, dir: u64, start: usize, skip: u64, max_files: usize, max_bytes: u64) -> Batch {
+        let Some(files) = self.listed.get(&dir) else { return Vec::new() };
+        let start = start.min(files.len());
+        let (mut bytes, mut v, mut last) = (0u64, Vec::new(), None);
+        let order = (start..files.len()).chain(0..start).take(MAX_SCANNED);
+        for i in order {
+            let (f, size) = files[i];
+            if v.len() == max_files || bytes + size > max_bytes {
                 break;
             }
+            if f == skip || self.kept.contains_key(&f) || !self.fetched.insert(f) {
+                continue;
+            }
             bytes += size;
-            v.push(f);
+            v.push((f, size));
+            last = Some(i);
+        }
+        if let Some(i) = last {
+            self.cursor.insert(dir, i + 1);
         }
         v
     }
@@ -175,7 +250,7 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_is_read_ahead_once_per_listing_and_only_its_small_files() {
+    fn a_file_is_read_ahead_once_per_listing_and_only_small_files_are() {
         let mut p = Prefetch::default();
         let items = [
             item(10, p::FileType::Regular, 100, 1),
@@ -186,12 +261,81 @@ mod tests {
         ];
         p.listed(2, &items[..2], true);
         p.listed(2, &items[2..], false);
-        assert_eq!(p.batch_for(99), Vec::<u64>::new(), "never listed");
-        assert_eq!(p.batch_for(10), vec![14]);
-        assert_eq!(p.batch_for(14), Vec::<u64>::new(), "once per listing");
+        assert_eq!(p.batch_for(99, true), (Vec::new(), Vec::new()), "never listed");
+        assert_eq!(p.batch_for(10, true), (vec![(14, MAX_FILE_BYTES)], Vec::new()));
+        assert_eq!(p.batch_for(14, true), (Vec::new(), Vec::new()), "once per listing");
         p.listed(2, &items, true);
         p.keep(10, Version::of(&items[0].attr), vec![7; 100]);
-        assert_eq!(p.batch_for(14), Vec::<u64>::new(), "10 is kept already");
+        assert_eq!(p.batch_for(14, false).0, Vec::new(), "10 is kept already");
+        p.forget(10);
+        p.listed(2, &items, true);
+        assert_eq!(
+            p.batch_for(14, false).0,
+            vec![(10, 100)],
+            "listed again: read ahead again, from the start after the end"
+        );
+    }
+
+    #[test]
+    fn a_directory_larger_than_a_batch_is_read_ahead_batch_by_batch_in_any_order() {
+        // Seeded and printed: which file misses first, and the order of the misses after.
+        let seed = std::env::var("CREST_PREFETCH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+        });
+        eprintln!("CREST_PREFETCH_SEED={seed}");
+        let mut rng = seed | 1;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let n = 1000 + next(2000);
+        let items: Vec<p::DirItem> =
+            (0..n).map(|i| item(100 + i, p::FileType::Regular, 1 + next(MAX_FILE_BYTES), 1)).collect();
+        let mut p = Prefetch::default();
+        for (k, page) in items.chunks(1 + next(300) as usize).enumerate() {
+            p.listed(3, page, k == 0);
+        }
+        let sizes: HashMap<u64, u64> = items.iter().map(|i| (i.attr.ino, i.attr.size_bytes)).collect();
+        let in_order = next(2) == 0;
+        let ahead = next(3) != 0;
+        eprintln!("{n} files, in order: {in_order}, read ahead: {ahead}");
+        // Every file comes once: as a read that goes to the server, or read with one, or
+        // ahead (landing at once here).
+        let mut seen = HashSet::new();
+        let fetch = |p: &mut Prefetch, seen: &mut HashSet<u64>, b: Batch, max: (usize, u64), pending: bool| {
+            let (max_files, max_bytes) = max;
+            let bytes: u64 = b.iter().map(|&(_, size)| size).sum();
+            assert!(b.len() <= max_files && bytes <= max_bytes, "seed {seed}: batch too large");
+            for &(f, size) in &b {
+                assert_eq!(size, sizes[&f], "seed {seed}: {f}'s size as listed");
+                assert!(seen.insert(f), "seed {seed}: {f} read ahead twice");
+                assert_eq!(p.pending(f), pending, "seed {seed}: {f} pending");
+            }
+            p.landed(&b);
+        };
+        let mut trips = 0;
+        for k in 0..n {
+            let ino = if in_order { 100 + k } else { 100 + next(n) };
+            if seen.contains(&ino) {
+                let b = p.hit(ino);
+                fetch(&mut p, &mut seen, b, (MAX_BATCH_FILES, MAX_BATCH_BYTES), true);
+                continue;
+            }
+            trips += 1;
+            seen.insert(ino);
+            let (now, behind) = p.batch_for(ino, ahead);
+            fetch(&mut p, &mut seen, now, (NOW_FILES, NOW_BYTES), false);
+            fetch(&mut p, &mut seen, behind, (MAX_BATCH_FILES, MAX_BATCH_BYTES), true);
+        }
+        if in_order {
+            // Read in listing order, only the first read goes to the server when batches
+            // are read ahead; without, each batch is full but for the last.
+            let total: u64 = sizes.values().sum();
+            let most = if ahead { 1 } else { (total / (NOW_BYTES / 2) + n / NOW_FILES as u64 + 2) as usize };
+            assert!(trips <= most, "seed {seed}: {trips} round trips for {n} files, want at most {most}");
+        }
     }
 
     #[test]
@@ -199,12 +343,14 @@ mod tests {
         let mut p = Prefetch::default();
         let items: Vec<p::DirItem> = (0..2000).map(|i| item(100 + i, p::FileType::Regular, 60_000, 1)).collect();
         p.listed(3, &items, true);
-        let b = p.batch_for(100);
+        let (now, b) = p.batch_for(100, true);
+        assert_eq!(now.len() as u64, NOW_BYTES / 60_000);
         assert_eq!(b.len() as u64, MAX_BATCH_BYTES / 60_000);
-        assert!(!b.contains(&100));
+        assert!(b.iter().chain(&now).all(|&(f, _)| f != 100));
         let items: Vec<p::DirItem> = (0..2000).map(|i| item(5000 + i, p::FileType::Regular, 1, 1)).collect();
         p.listed(4, &items, true);
-        assert_eq!(p.batch_for(5000).len(), MAX_BATCH_FILES);
+        let (now, b) = p.batch_for(5000, true);
+        assert_eq!((now.len(), b.len()), (NOW_FILES, MAX_BATCH_FILES));
     }
 
     #[test]
