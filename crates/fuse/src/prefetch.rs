@@ -23,7 +23,7 @@
 //!   next ones meanwhile). A file being read ahead is *pending*: its reader waits for it
 //!   (at most `PENDING_WAIT`) rather than asking the server a second time.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use crest_proto as p;
 
@@ -42,6 +42,8 @@ pub const NOW_FILES: usize = 8;
 pub const NOW_BYTES: u64 = 128 * 1024;
 /// Longest a read waits for its file to be read ahead before it asks the server itself.
 pub const PENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Most directories a batch read ahead looks through for files left to read.
+const MAX_DIRS_SCANNED: usize = 16;
 /// Most listed files one batch looks at past those already read ahead (a directory read
 /// in no order must not cost a scan of its whole listing per read).
 const MAX_SCANNED: usize = 4 * MAX_BATCH_FILES;
@@ -79,6 +81,12 @@ pub struct Prefetch {
     pending: HashSet<u64>,
     /// The first file of a batch read ahead → its directory: reading it reads the next.
     trigger: HashMap<u64, u64>,
+    /// Directories in the order they were last listed (sequence number → directory), and
+    /// each one's number: a directory read to its end is followed by the next listed, as
+    /// `find` lists directories in the order it then prints their files in.
+    sequence: BTreeMap<u64, u64>,
+    seq_of: HashMap<u64, u64>,
+    next_seq: u64,
     kept: HashMap<u64, (Version, Vec<u8>)>,
     kept_bytes: usize,
     /// Kept files, oldest first (some may have gone since).
@@ -94,8 +102,16 @@ impl Prefetch {
             self.fetched.clear();
             self.cursor.clear();
             self.trigger.clear();
+            self.sequence.clear();
+            self.seq_of.clear();
         }
         if first {
+            if let Some(old) = self.seq_of.insert(dir, self.next_seq) {
+                self.sequence.remove(&old);
+            }
+            self.sequence.insert(self.next_seq, dir);
+            self.next_seq += 1;
+            self.cursor.remove(&dir);
             if let Some(old) = self.listed.remove(&dir) {
                 for (ino, _) in old {
                     if self.place.get(&ino).is_some_and(|&(d, _)| d == dir) {
@@ -149,14 +165,24 @@ impl Prefetch {
         self.pending.contains(&ino)
     }
 
+    /// The next batch of `dir` to read ahead — or, when nothing of it is left, of the
+    /// first directory listed after it that has something — marked pending, its first
+    /// file the trigger of the next.
     fn ahead(&mut self, dir: u64, from: u64) -> Batch {
-        let start = self.cursor.get(&dir).copied().unwrap_or(0);
-        let v = self.take(dir, start, from, MAX_BATCH_FILES, MAX_BATCH_BYTES);
-        if let Some(&(first, _)) = v.first() {
-            self.trigger.insert(first, dir);
+        let mut d = dir;
+        for _ in 0..MAX_DIRS_SCANNED {
+            let start = self.cursor.get(&d).copied().unwrap_or(0);
+            let v = self.take(d, start, from, MAX_BATCH_FILES, MAX_BATCH_BYTES);
+            if let Some(&(first, _)) = v.first() {
+                self.trigger.insert(first, d);
+                self.pending.extend(v.iter().map(|&(f, _)| f));
+                return v;
+            }
+            let Some(&seq) = self.seq_of.get(&d) else { break };
+            let Some((_, &next)) = self.sequence.range(seq + 1..).next() else { break };
+            d = next;
         }
-        self.pending.extend(v.iter().map(|&(f, _)| f));
-        v
+        Vec::new()
     }
 
     /// Up to `max_files` files (`max_bytes`) of `dir` not read ahead since the listing,
@@ -262,7 +288,8 @@ mod tests {
         p.listed(2, &items[..2], true);
         p.listed(2, &items[2..], false);
         assert_eq!(p.batch_for(99, true), (Vec::new(), Vec::new()), "never listed");
-        assert_eq!(p.batch_for(10, true), (vec![(14, MAX_FILE_BYTES)], Vec::new()));
+        // (Larger than what the read that goes to the server waits for: read behind it.)
+        assert_eq!(p.batch_for(10, true), (Vec::new(), vec![(14, MAX_FILE_BYTES)]));
         assert_eq!(p.batch_for(14, true), (Vec::new(), Vec::new()), "once per listing");
         p.listed(2, &items, true);
         p.keep(10, Version::of(&items[0].attr), vec![7; 100]);
@@ -294,13 +321,21 @@ mod tests {
         let items: Vec<p::DirItem> =
             (0..n).map(|i| item(100 + i, p::FileType::Regular, 1 + next(MAX_FILE_BYTES), 1)).collect();
         let mut p = Prefetch::default();
-        for (k, page) in items.chunks(1 + next(300) as usize).enumerate() {
-            p.listed(3, page, k == 0);
+        // Split among directories listed one after the other (as `find` lists them), each
+        // in pages; another directory listed before them all, and one after.
+        let dirs = 1 + next(5) as usize;
+        p.listed(2, &[item(1, p::FileType::Regular, 10, 1)], true);
+        for (d, files) in items.chunks(items.len().div_ceil(dirs)).enumerate() {
+            for (k, page) in files.chunks(1 + next(300) as usize).enumerate() {
+                p.listed(3 + d as u64, page, k == 0);
+            }
         }
-        let sizes: HashMap<u64, u64> = items.iter().map(|i| (i.attr.ino, i.attr.size_bytes)).collect();
+        p.listed(1, &[item(2, p::FileType::Regular, 10, 1)], true);
+        let mut sizes: HashMap<u64, u64> = items.iter().map(|i| (i.attr.ino, i.attr.size_bytes)).collect();
+        sizes.extend([(1, 10), (2, 10)]);
         let in_order = next(2) == 0;
         let ahead = next(3) != 0;
-        eprintln!("{n} files, in order: {in_order}, read ahead: {ahead}");
+        eprintln!("{n} files in {dirs} directories, in order: {in_order}, read ahead: {ahead}");
         // Every file comes once: as a read that goes to the server, or read with one, or
         // ahead (landing at once here).
         let mut seen = HashSet::new();
@@ -331,9 +366,10 @@ mod tests {
         }
         if in_order {
             // Read in listing order, only the first read goes to the server when batches
-            // are read ahead; without, each batch is full but for the last.
+            // are read ahead, the next directory's behind the last; without, each batch
+            // is full but for the last of each directory.
             let total: u64 = sizes.values().sum();
-            let most = if ahead { 1 } else { (total / (NOW_BYTES / 2) + n / NOW_FILES as u64 + 2) as usize };
+            let most = if ahead { 1 } else { (total / (NOW_BYTES / 2) + n / NOW_FILES as u64 + 2) as usize + dirs };
             assert!(trips <= most, "seed {seed}: {trips} round trips for {n} files, want at most {most}");
         }
     }
