@@ -24,6 +24,7 @@
 //! decides: `NameCache::take_kernel_invalidations`).
 
 pub mod batch;
+mod changes;
 pub mod conn;
 pub mod held;
 pub mod lease;

@@ -63,9 +63,8 @@ pub enum Cached {
     Absent,
 }
 
-/// A mutation epoch: taken before a fetch, handed back with its reply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Epoch(u64);
+use crate::changes::Changes;
+pub use crate::changes::Epoch;
 
 #[derive(Debug)]
 struct Range {
@@ -90,7 +89,8 @@ struct Attr {
 #[derive(Debug)]
 pub struct NameCache {
     ttl: Duration,
-    epoch: u64,
+    /// What changed through this mount since each fetch was sent (`crate::changes`).
+    changes: Changes,
     /// Counts attributes taken in (`Attr::stamp`).
     stamp: u64,
     /// Counts the times the server forgot this client's rights (`reset_rights`): a new
@@ -144,7 +144,7 @@ impl NameCache {
     pub fn new(ttl: Duration) -> NameCache {
         NameCache {
             ttl,
-            epoch: 0,
+            changes: Changes::default(),
             stamp: 0,
             dirs: HashMap::new(),
             attrs: HashMap::new(),
@@ -168,7 +168,7 @@ impl NameCache {
 
     /// The epoch to hand to `absorb_*` with the reply of a fetch sent now.
     pub fn epoch(&self) -> Epoch {
-        Epoch(self.epoch)
+        self.changes.epoch()
     }
 
     /// How many attributes were taken in so far: taken before a request is sent, it tells
@@ -181,6 +181,11 @@ impl NameCache {
     fn put_attr(&mut self, attr: p::Attr, expires: Instant) {
         self.stamp += 1;
         self.attrs.insert(attr.ino, Attr { attr, expires, stamp: self.stamp });
+    }
+
+    /// Whether a reply to a fetch sent at `epoch` may be taken in for `dir` and `items`.
+    fn current(&self, epoch: Epoch, dir: u64, items: &[p::DirItem]) -> bool {
+        self.changes.current(epoch, std::iter::once(dir).chain(items.iter().map(|i| i.attr.ino)))
     }
 
     /// Answers a lookup from held state, or `None` when the server must be asked.
@@ -201,9 +206,10 @@ impl NameCache {
     }
 
     /// Takes in a stretch of `dir` the server sent in reply to a fetch started at `epoch`.
-    /// Ignored when a change made through this mount completed in between.
+    /// Ignored when a change made through this mount to `dir` or to an inode the stretch
+    /// names completed in between.
     pub fn absorb_leaf(&mut self, dir: u64, leaf: &DirLeaf, epoch: Epoch, now: Instant) {
-        if epoch.0 != self.epoch || leaf.hash_lo > leaf.hash_hi || self.ttl.is_zero() {
+        if !self.current(epoch, dir, &leaf.items) || leaf.hash_lo > leaf.hash_hi || self.ttl.is_zero() {
             return;
         }
         self.hold(dir, leaf.hash_lo, leaf.hash_hi, &leaf.items, now);
@@ -212,7 +218,7 @@ impl NameCache {
     /// Takes in a complete listing of `dir` (a readdir that started at the beginning and
     /// reached the end in one reply), fetched at `epoch`.
     pub fn absorb_listing(&mut self, dir: u64, items: &[p::DirItem], epoch: Epoch, now: Instant) {
-        if epoch.0 != self.epoch || self.ttl.is_zero() {
+        if !self.current(epoch, dir, items) || self.ttl.is_zero() {
             return;
         }
         self.hold(dir, 0, u64::MAX, items, now);
@@ -223,7 +229,11 @@ impl NameCache {
     /// them. False (nothing taken) when a change made through this mount, or a recall,
     /// came in between, or `leaf` does not cover every name.
     pub fn absorb_acquired(&mut self, dir: &p::Attr, leaf: &DirLeaf, epoch: Epoch, now: Instant) -> bool {
-        if epoch.0 != self.epoch || self.ttl.is_zero() || leaf.hash_lo != 0 || leaf.hash_hi != u64::MAX {
+        if !self.current(epoch, dir.ino, &leaf.items)
+            || self.ttl.is_zero()
+            || leaf.hash_lo != 0
+            || leaf.hash_hi != u64::MAX
+        {
             return false;
         }
         self.hold(dir.ino, 0, u64::MAX, &leaf.items, now);
@@ -286,7 +296,7 @@ impl NameCache {
     /// done through this mount. Also records `attr` and forgets `dir`'s attributes (its
     /// times changed).
     pub fn added(&mut self, dir: u64, name: &[u8], attr: &p::Attr, now: Instant) {
-        self.epoch += 1;
+        self.changes.bump([dir, attr.ino]);
         self.attrs.remove(&dir);
         let h = name_hash(name);
         if let Some(r) = self.dirs.get_mut(&dir).and_then(|v| v.iter_mut().find(|r| r.lo <= h && h <= r.hi)) {
@@ -333,9 +343,10 @@ impl NameCache {
     /// descriptors, and must not show its old link count.
     pub fn unlinked(&mut self, dir: u64, name: &[u8], victim: Option<u64>) {
         let Some(victim) = victim else { return self.removed(dir, name) };
-        self.epoch += 1;
+        let named = self.take_name(dir, name);
+        self.changes.bump(named.into_iter().chain([dir, victim]));
         self.attrs.remove(&dir);
-        for ino in self.take_name(dir, name).into_iter().chain([victim]) {
+        for ino in named.into_iter().chain([victim]) {
             self.attrs.remove(&ino);
             self.drop_dir(ino);
         }
@@ -352,17 +363,20 @@ impl NameCache {
     /// `name` in `dir` was removed through this mount (unlink, rmdir, rename source or
     /// replaced target). The inode it named loses its attributes (link count, ctime).
     pub fn removed(&mut self, dir: u64, name: &[u8]) {
-        self.epoch += 1;
         self.attrs.remove(&dir);
         match self.take_name(dir, name) {
             Some(ino) => {
+                self.changes.bump([dir, ino]);
                 self.attrs.remove(&ino);
                 self.drop_dir(ino);
             }
             // Unknown inode: any might have been the victim and lost a link (a file
             // unlinked while open is still reached through its descriptors, so even one
             // with a single link must not show it).
-            None => self.attrs.clear(),
+            None => {
+                self.changes.bump_all();
+                self.attrs.clear();
+            }
         }
     }
 
@@ -376,7 +390,7 @@ impl NameCache {
     /// taken in after that (another process's reply, a listing, after a recall) may be
     /// newer than the reply, or older: neither is kept, and the next call asks.
     pub fn attr_changed_since(&mut self, attr: &p::Attr, since: u64) {
-        self.epoch += 1;
+        self.changes.bump([attr.ino]);
         match self.attrs.get(&attr.ino).map(|a| (a.stamp, a.expires)) {
             Some((stamp, _)) if stamp > since => _ = self.attrs.remove(&attr.ino),
             Some((_, expires)) => self.put_attr(attr.clone(), expires),
@@ -388,8 +402,8 @@ impl NameCache {
     pub fn hold_attr(&mut self, attr: &p::Attr, epoch: Epoch, now: Instant) {
         // An exclusive inode changes only through this mount: with no writeback of it in
         // flight, the server's answer is current whatever else changed meanwhile.
-        let current =
-            epoch.0 == self.epoch || (self.exclusive.contains(&attr.ino) && !self.writeback_pending(attr.ino));
+        let current = self.changes.current(epoch, [attr.ino])
+            || (self.exclusive.contains(&attr.ino) && !self.writeback_pending(attr.ino));
         if !current || self.ttl.is_zero() {
             return;
         }
@@ -411,7 +425,7 @@ impl NameCache {
     /// Attributes this mount computed itself for an operation it answered (writeback):
     /// held as if the server had sent them.
     pub fn set_attr(&mut self, attr: &p::Attr, now: Instant) {
-        self.epoch += 1;
+        self.changes.bump([attr.ino]);
         self.put_attr(attr.clone(), now + self.ttl);
     }
 
@@ -517,11 +531,11 @@ impl NameCache {
         victim: Option<&p::Attr>,
         now: Instant,
     ) {
-        self.epoch += 1;
         self.attrs.remove(&dir);
         self.attrs.remove(&new_dir);
-        self.take_name(dir, name);
+        let took = self.take_name(dir, name);
         let replaced = self.take_name(new_dir, new_name);
+        self.changes.bump([dir, new_dir, moved.ino].into_iter().chain(took).chain(replaced));
         if let Some(v) = replaced.filter(|&v| v != moved.ino) {
             self.attrs.remove(&v);
             match victim {
@@ -812,14 +826,14 @@ impl NameCache {
     /// Another client changed `ino` (a recall): its attributes go, and if it is a
     /// directory, everything held of its entries.
     pub fn recalled(&mut self, ino: u64) {
-        self.epoch += 1;
+        self.changes.bump([ino]);
         self.attrs.remove(&ino);
         self.drop_dir(ino);
     }
 
     /// Something about `ino` changed in a way its reply did not show (xattrs: ctime).
     pub fn attr_stale(&mut self, ino: u64) {
-        self.epoch += 1;
+        self.changes.bump([ino]);
         self.attrs.remove(&ino);
     }
 
@@ -832,7 +846,7 @@ impl NameCache {
     /// Forgets everything (memory cap; or a reconnect to a restarted server).
     pub fn clear(&mut self) {
         self.kernel_epoch_due |= !self.kernel_shared_dirs.is_empty();
-        self.epoch += 1;
+        self.changes.bump_all();
         self.dirs.retain(|d, _| self.exclusive.contains(d));
         self.attrs.retain(|i, _| self.exclusive.contains(i));
         self.entries = self.dirs.values().flatten().map(|r| r.names.len()).sum();
