@@ -91,6 +91,99 @@ mod tests {
         assert!(c.current(c.epoch(), [1, 2]));
     }
 
+    mod through_the_name_cache {
+        use crate::names::NameCache;
+        use crest_proto as p;
+        use std::time::{Duration, Instant};
+
+        fn attr(ino: u64, size: u64) -> p::Attr {
+            p::Attr {
+                ino,
+                generation: 1,
+                kind: if ino < 10 { p::FileType::Directory } else { p::FileType::Regular },
+                mode: 0o644,
+                nlink: 1,
+                uid: 0,
+                gid: 0,
+                size_bytes: size,
+                blocks_4k: 0,
+                rdev: 0,
+                atime: p::Time::default(),
+                mtime: p::Time::default(),
+                ctime: p::Time::default(),
+                crtime: p::Time::default(),
+                flags: 0,
+            }
+        }
+
+        fn item(name: &str, ino: u64) -> p::DirItem {
+            p::DirItem { name: name.as_bytes().to_vec(), index: ino, attr: attr(ino, 1) }
+        }
+
+        /// Directory 1 holds a → 10, b → 11; directory 2 is empty; 99 is held too.
+        fn cache(now: Instant) -> NameCache {
+            let mut c = NameCache::new(Duration::from_secs(60));
+            c.absorb_listing(1, &[item("a", 10), item("b", 11)], c.epoch(), now);
+            c.absorb_listing(2, &[], c.epoch(), now);
+            for i in [1, 2, 99] {
+                c.hold_attr(&attr(i, 1), c.epoch(), now);
+            }
+            c
+        }
+
+        #[test]
+        fn each_change_refuses_replies_about_what_it_touched_and_only_that() {
+            let now = Instant::now();
+            type Change = fn(&mut NameCache, Instant);
+            let changes: [(&str, Change, &[u64]); 10] = [
+                ("create", |c, now| c.added(1, b"c", &attr(12, 1), now), &[1, 12]),
+                ("unlink", |c, _| c.unlinked(1, b"a", Some(10)), &[1, 10]),
+                ("remove", |c, _| c.removed(1, b"b"), &[1, 11]),
+                ("rename", |c, now| c.renamed(1, b"a", 2, b"x", &attr(10, 1), None, now), &[1, 2, 10]),
+                ("rename over", |c, now| c.renamed(1, b"a", 1, b"b", &attr(10, 1), None, now), &[1, 10, 11]),
+                ("writeback", |c, now| c.set_attr(&attr(11, 5), now), &[11]),
+                ("answered", |c, _| c.attr_changed(&attr(11, 5)), &[11]),
+                ("recall", |c, _| c.recalled(10), &[10]),
+                ("stale", |c, _| c.attr_stale(10), &[10]),
+                ("remove unknown", |c, _| c.removed(1, b"zz"), &[1, 2, 10, 11, 12, 99]),
+            ];
+            for (what, change, touched) in changes {
+                let mut c = cache(now);
+                let e = c.epoch();
+                change(&mut c, now);
+                for ino in [1, 2, 10, 11, 12, 99] {
+                    c.hold_attr(&attr(ino, 777), e, now);
+                    let taken = c.attr(ino, now).is_some_and(|a| a.size_bytes == 777);
+                    assert_eq!(taken, !touched.contains(&ino), "{what}: reply about {ino}");
+                }
+            }
+            let mut c = cache(now);
+            let e = c.epoch();
+            c.clear();
+            c.hold_attr(&attr(99, 777), e, now);
+            assert!(c.attr(99, now).is_none_or(|a| a.size_bytes != 777), "clear: everything");
+        }
+
+        #[test]
+        fn a_stretch_is_refused_when_its_directory_changed_and_leaves_out_changed_inodes() {
+            let now = Instant::now();
+            let mut c = cache(now);
+            let e = c.epoch();
+            c.set_attr(&attr(21, 5), now);
+            c.added(4, b"new", &attr(30, 1), now);
+            let leaf = |items| p::DirLeaf { hash_lo: 0, hash_hi: u64::MAX, items };
+            c.absorb_leaf(3, &leaf(vec![item("p", 20), item("q", 21)]), e, now);
+            assert!(matches!(c.lookup(3, b"p", now), Some(crate::Cached::Found(a)) if a.ino == 20));
+            assert!(
+                matches!(c.lookup(3, b"q", now), Some(crate::Cached::Found(a)) if a.size_bytes == 5),
+                "21 changed since: the stretch's older attributes of it are left out"
+            );
+            assert!(matches!(c.lookup(3, b"nope", now), Some(crate::Cached::Absent)));
+            c.absorb_leaf(4, &leaf(vec![item("r", 22)]), e, now);
+            assert!(c.lookup(4, b"r", now).is_none() && c.lookup(4, b"nope", now).is_none(), "4 changed since");
+        }
+    }
+
     #[test]
     fn forgotten_changes_refuse_older_fetches_whole() {
         // Seeded and printed: how many changes, and which inodes.

@@ -206,22 +206,22 @@ impl NameCache {
     }
 
     /// Takes in a stretch of `dir` the server sent in reply to a fetch started at `epoch`.
-    /// Ignored when a change made through this mount to `dir` or to an inode the stretch
-    /// names completed in between.
+    /// Ignored when a change made through this mount to `dir`'s names completed in
+    /// between; the attributes of an inode that changed in between are left out.
     pub fn absorb_leaf(&mut self, dir: u64, leaf: &DirLeaf, epoch: Epoch, now: Instant) {
-        if !self.current(epoch, dir, &leaf.items) || leaf.hash_lo > leaf.hash_hi || self.ttl.is_zero() {
+        if !self.changes.current(epoch, [dir]) || leaf.hash_lo > leaf.hash_hi || self.ttl.is_zero() {
             return;
         }
-        self.hold(dir, leaf.hash_lo, leaf.hash_hi, &leaf.items, now);
+        self.hold(dir, leaf.hash_lo, leaf.hash_hi, &leaf.items, now, Some(epoch));
     }
 
     /// Takes in a complete listing of `dir` (a readdir that started at the beginning and
     /// reached the end in one reply), fetched at `epoch`.
     pub fn absorb_listing(&mut self, dir: u64, items: &[p::DirItem], epoch: Epoch, now: Instant) {
-        if !self.current(epoch, dir, items) || self.ttl.is_zero() {
+        if !self.changes.current(epoch, [dir]) || self.ttl.is_zero() {
             return;
         }
-        self.hold(dir, 0, u64::MAX, items, now);
+        self.hold(dir, 0, u64::MAX, items, now, Some(epoch));
     }
 
     /// Takes in a directory this mount acquired (`Op::Acquire`, fetched at `epoch`): its
@@ -236,7 +236,7 @@ impl NameCache {
         {
             return false;
         }
-        self.hold(dir.ino, 0, u64::MAX, &leaf.items, now);
+        self.hold(dir.ino, 0, u64::MAX, &leaf.items, now, None);
         self.put_attr(dir.clone(), now + self.ttl);
         self.acquired.insert(dir.ino);
         true
@@ -253,10 +253,14 @@ impl NameCache {
         !self.ttl.is_zero()
     }
 
-    fn hold(&mut self, dir: u64, lo: u64, hi: u64, items: &[p::DirItem], now: Instant) {
+    fn hold(&mut self, dir: u64, lo: u64, hi: u64, items: &[p::DirItem], now: Instant, fetched: Option<Epoch>) {
         if self.entries + items.len() > MAX_ENTRIES {
             self.clear();
         }
+        // Attributes of inodes changed since the fetch was sent are left out (a lookup of
+        // their names then asks the server).
+        let fresh: Vec<bool> =
+            items.iter().map(|i| fetched.is_none_or(|e| self.changes.current(e, [i.attr.ino]))).collect();
         let expires = now + self.ttl;
         let ranges = self.dirs.entry(dir).or_default();
         // The new stretch replaces whatever it overlaps (it is at least as fresh).
@@ -270,10 +274,12 @@ impl NameCache {
         });
         let mut names = HashMap::with_capacity(items.len());
         let mut attrs = Vec::with_capacity(items.len());
-        for i in items {
+        for (i, fresh) in items.iter().zip(fresh) {
             if lo <= name_hash(&i.name) && name_hash(&i.name) <= hi {
                 names.insert(i.name.clone(), i.attr.ino);
-                attrs.push(i.attr.clone());
+                if fresh {
+                    attrs.push(i.attr.clone());
+                }
             }
         }
         self.entries = self.entries - dropped + names.len();

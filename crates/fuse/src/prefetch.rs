@@ -42,6 +42,9 @@ pub const NOW_FILES: usize = 8;
 pub const NOW_BYTES: u64 = 128 * 1024;
 /// Longest a read waits for its file to be read ahead before it asks the server itself.
 pub const PENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Files of a batch per lookup of their names sent with it (a lookup brings up to 64
+/// names around the one asked for).
+const PROBE_EVERY: usize = 24;
 /// Most directories a batch read ahead looks through for files left to read.
 const MAX_DIRS_SCANNED: usize = 16;
 /// Most listed files one batch looks at past those already read ahead (a directory read
@@ -71,6 +74,9 @@ impl Version {
 pub struct Prefetch {
     /// Each listed directory's small regular files (inode, size), in listing order.
     listed: HashMap<u64, Vec<(u64, u64)>>,
+    /// Their names (a batch looks some up again, to hold their directory's names when its
+    /// files are read: `lookups_for`).
+    names: HashMap<u64, Vec<u8>>,
     /// The directory each of those files was listed in, and its place in that listing.
     place: HashMap<u64, (u64, usize)>,
     /// Files read ahead (or being read) since their directory's last listing.
@@ -99,6 +105,7 @@ impl Prefetch {
         if self.place.len() >= MAX_TRACKED || self.listed.len() >= MAX_TRACKED || self.fetched.len() >= MAX_TRACKED {
             self.listed.clear();
             self.place.clear();
+            self.names.clear();
             self.fetched.clear();
             self.cursor.clear();
             self.trigger.clear();
@@ -116,6 +123,7 @@ impl Prefetch {
                 for (ino, _) in old {
                     if self.place.get(&ino).is_some_and(|&(d, _)| d == dir) {
                         self.place.remove(&ino);
+                        self.names.remove(&ino);
                         self.fetched.remove(&ino);
                     }
                 }
@@ -126,6 +134,7 @@ impl Prefetch {
             let a = &i.attr;
             if a.kind == p::FileType::Regular && a.size_bytes > 0 && a.size_bytes <= MAX_FILE_BYTES {
                 self.place.insert(a.ino, (dir, files.len()));
+                self.names.insert(a.ino, i.name.clone());
                 self.fetched.remove(&a.ino);
                 files.push((a.ino, a.size_bytes));
             }
@@ -151,6 +160,23 @@ impl Prefetch {
             Some(dir) => self.ahead(dir, ino),
             None => Vec::new(),
         }
+    }
+
+    /// Names to look up with `batch` (directory, name): the first file of each directory
+    /// in it, and one in every `PROBE_EVERY` listed after — a lookup's reply brings the
+    /// stretch of names around the one asked for (docs/protocol.md §3), so the reader's
+    /// own lookups of these files, when it comes to them, are answered by the mount.
+    pub fn lookups_for(&self, batch: &[(u64, u64)]) -> Vec<(u64, Vec<u8>)> {
+        let mut v = Vec::new();
+        let mut last: Option<(u64, usize)> = None;
+        for (f, _) in batch {
+            let (Some(&(dir, at)), Some(name)) = (self.place.get(f), self.names.get(f)) else { continue };
+            if last.is_none_or(|(d, probed)| d != dir || at >= probed + PROBE_EVERY || at < probed) {
+                v.push((dir, name.clone()));
+                last = Some((dir, at));
+            }
+        }
+        v
     }
 
     /// A batch read ahead came back (or failed): its files are no longer pending.
@@ -372,6 +398,27 @@ mod tests {
             let most = if ahead { 1 } else { (total / (NOW_BYTES / 2) + n / NOW_FILES as u64 + 2) as usize + dirs };
             assert!(trips <= most, "seed {seed}: {trips} round trips for {n} files, want at most {most}");
         }
+    }
+
+    #[test]
+    fn a_batch_looks_up_a_name_per_stretch_of_each_directory() {
+        let mut p = Prefetch::default();
+        let a: Vec<p::DirItem> = (0..60).map(|i| item(100 + i, p::FileType::Regular, 10, 1)).collect();
+        let b: Vec<p::DirItem> = (0..5).map(|i| item(200 + i, p::FileType::Regular, 10, 1)).collect();
+        p.listed(1, &a, true);
+        p.listed(2, &b, true);
+        let batch: Vec<(u64, u64)> = (100..160).chain(200..205).map(|f| (f, 10)).collect();
+        let got: Vec<(u64, Vec<u8>)> = p.lookups_for(&batch);
+        let want: Vec<(u64, Vec<u8>)> =
+            [(1, 100), (1, 100 + PROBE_EVERY as u64), (1, 100 + 2 * PROBE_EVERY as u64), (2, 200)]
+                .into_iter()
+                .map(|(d, f)| (d, format!("f{f}").into_bytes()))
+                .collect();
+        assert_eq!(got, want);
+        // Out of listing order: a file before the last probe is probed again.
+        let got = p.lookups_for(&[(130, 10), (101, 10), (102, 10)]);
+        assert_eq!(got.len(), 2);
+        assert!(p.lookups_for(&[(999, 1)]).is_empty(), "never listed");
     }
 
     #[test]

@@ -75,8 +75,9 @@ impl Behind {
 
 /// Runs `first` (a read the kernel asked for), if any, together with a `GetAttr` and a
 /// `Read` of each of `files` (as large as it was listed: a file that grew since is not
-/// kept, its data not being the whole of its version), keeping what comes back of those with its
-/// version and holding their attributes as a getattr's are; returns `first`'s result.
+/// kept, its data not being the whole of its version) and a `Lookup` of some of their
+/// names (`Prefetch::lookups_for`), keeping what comes back with its version and holding
+/// attributes and names as a getattr's and a lookup's are; returns `first`'s result.
 fn read_with(
     client: &Client,
     names: &Mutex<NameCache>,
@@ -84,14 +85,18 @@ fn read_with(
     first: Option<Op>,
     files: &[(u64, u64)],
 ) -> Result<Results, ClientError> {
+    let lookups = ahead.state().lookups_for(files);
     let epoch = lock(names).epoch();
     let n = usize::from(first.is_some());
-    let mut ops = Vec::with_capacity(n + 2 * files.len());
+    let mut ops = Vec::with_capacity(n + 2 * files.len() + lookups.len());
     ops.extend(first);
     for &(f, size) in files {
         let len = size.min(crate::prefetch::MAX_FILE_BYTES) as u32;
         ops.push(Op::GetAttr { ino: f });
         ops.push(Op::Read { ino: f, offset: 0, len });
+    }
+    for (dir, name) in &lookups {
+        ops.push(Op::Lookup { parent: *dir, name: name.clone() });
     }
     let mut results = client.call(ops)?;
     let rest = results.split_off(n.min(results.len()));
@@ -103,6 +108,11 @@ fn read_with(
                 lock(names).hold_attr(&a, epoch, now);
                 ahead.state().keep(f, Version::of(&a), d);
             }
+        }
+    }
+    for (dir, _) in lookups {
+        if let Some(Ok(Reply::Lookup { leaf, .. })) = rest.next() {
+            lock(names).absorb_leaf(dir, &leaf, epoch, now);
         }
     }
     Ok(results)
