@@ -318,6 +318,12 @@ pub struct Server {
     grace_just_ended: bool,
     /// Requests held for the grace period, oldest first.
     grace_parked: VecDeque<(SessionId, p::Request)>,
+    /// Sessions that answered a recall in the grace period while requests of theirs,
+    /// sent before the answer, were held for it: theirs run first when it ends. In wire
+    /// order they came before the answer (an exclusive holder's writeback, which it
+    /// answered itself, before the answer that gives the inode up), and another
+    /// session's request that waited for that answer must not overtake them.
+    grace_answered: BTreeSet<SessionId>,
     /// Requests that arrived while their session replayed and were parked (behind
     /// rights, or a flush): part of its replay, they do not wait for the grace period
     /// when they run after its `Replayed`, and the session's new work waits behind them
@@ -493,6 +499,7 @@ impl Server {
             replaying,
             grace_until: None,
             grace_parked: VecDeque::new(),
+            grace_answered: BTreeSet::new(),
             parked_in_replay: HashSet::new(),
             grace_just_ended: false,
             locks: LockTable::default(),
@@ -825,6 +832,9 @@ impl Server {
     /// `session` dropped what recall `recall_id` named (and, for exclusive rights, sent
     /// everything it had answered itself first).
     pub fn recall_done(&mut self, session: SessionId, recall_id: u64, now: p::Time) {
+        if self.grace && self.grace_parked.iter().any(|(s, _)| *s == session) {
+            self.grace_answered.insert(session);
+        }
         if self.sessions.contains_key(&session) {
             self.heard(session, millis(now));
             self.confirm_resume(session);

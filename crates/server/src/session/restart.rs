@@ -107,8 +107,70 @@ impl Server {
         let held = std::mem::take(&mut self.grace_orphans);
         self.unpin(held);
         reclaim_orphans(&mut self.store);
-        for (session, req) in std::mem::take(&mut self.grace_parked) {
+        let answered = std::mem::take(&mut self.grace_answered);
+        let parked = std::mem::take(&mut self.grace_parked);
+        for (session, req) in self.grace_order(parked, &answered) {
             self.handle(session, req, now);
+        }
+    }
+
+    /// The order the requests held for the grace period run in: each session's in the
+    /// order they came, but none before the requests still to run of a session in
+    /// `answered` that involve an inode it involves — those came, in wire order, before
+    /// that session's answer to a recall, which let the other one through (its writeback
+    /// of an inode it held exclusively, then the answer that gives the inode up). A
+    /// session held back holds back its later requests too. (A cycle, which no wire
+    /// order can make, falls back to the order they came in.)
+    fn grace_order(
+        &mut self,
+        parked: VecDeque<(SessionId, p::Request)>,
+        answered: &BTreeSet<SessionId>,
+    ) -> Vec<(SessionId, p::Request)> {
+        if answered.is_empty() {
+            return parked.into_iter().collect();
+        }
+        let mut queue: Vec<(SessionId, p::Request, Vec<u64>)> = parked
+            .into_iter()
+            .map(|(s, r)| {
+                let involved = self.involved(&r);
+                (s, r, involved)
+            })
+            .collect();
+        let mut order = Vec::with_capacity(queue.len());
+        loop {
+            let before = queue.len();
+            let mut held_back = BTreeSet::new();
+            let mut next = Vec::new();
+            for i in 0..queue.len() {
+                let (session, _, involved) = &queue[i];
+                let waits = held_back.contains(session)
+                    || queue[i + 1..].iter().any(|(other, _, theirs)| {
+                        other != session
+                            && answered.contains(other)
+                            && !held_back.contains(other)
+                            && theirs.iter().any(|ino| involved.contains(ino))
+                    });
+                if waits {
+                    held_back.insert(*session);
+                    next.push(i);
+                }
+            }
+            let mut kept = Vec::with_capacity(next.len());
+            for (i, item) in std::mem::take(&mut queue).into_iter().enumerate() {
+                if next.binary_search(&i).is_ok() {
+                    kept.push(item);
+                } else {
+                    order.push((item.0, item.1));
+                }
+            }
+            queue = kept;
+            if queue.is_empty() {
+                return order;
+            }
+            if queue.len() == before {
+                order.extend(queue.into_iter().map(|(s, r, _)| (s, r)));
+                return order;
+            }
         }
     }
 

@@ -194,7 +194,7 @@ pub(crate) const REGRESSION_SEEDS: [u64; 3] = [
 /// `SERVER_CRASH_REGRESSION_SEEDS`.
 pub(crate) const FIXED_SERVER_CRASH_SEEDS: u64 = 40;
 /// (Each with the modes it needs, whatever the environment says.)
-pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 3] = [
+pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 4] = [
     // A change lost by the crash, an unlink of a file its client still held open, laid on
     // the model without the handles the restarted server had forgotten until the client
     // opened them again (`Model::reopen`): the checker took the file for gone.
@@ -209,6 +209,12 @@ pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 3] = [
     // (session::tests::restart::
     // an_acquire_that_carries_another_sessions_change_not_yet_durable_commits_it_first).
     (7_045_526_083_117_268_673, Modes { long_outages: false, lost_changes: true, exact_lease: false }),
+    // In the grace period, an exclusive holder's writeback of a file, held for it, ran
+    // after another session's unlink of the file, also held, that its answer to the
+    // file's recall (sent after the writeback) had let through (restart.rs:
+    // `grace_order`; session::tests::restart::
+    // a_holders_writeback_held_for_the_grace_period_runs_before_what_its_recall_answer_let_through).
+    (7_099_886_517_668_339_672, Modes { long_outages: false, lost_changes: false, exact_lease: false }),
 ];
 /// System calls per seed (over all clients).
 pub const DEFAULT_STEPS: usize = 4_000;

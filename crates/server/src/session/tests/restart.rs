@@ -947,3 +947,52 @@ fn an_acquire_that_carries_another_sessions_change_not_yet_durable_commits_it_fi
     let r = srv.handle_request(c, req(1, vec![Op::GetAttr { ino: f.ino }]), NOW);
     assert!(matches!(&r.results[0], Ok(Reply::Attr(x)) if x.size_bytes == 300), "{r:?}");
 }
+
+#[test]
+fn a_holders_writeback_held_for_the_grace_period_runs_before_what_its_recall_answer_let_through() {
+    // After a restart a holds y exclusively again; b has replayed and unlinks y (new
+    // work: held for the grace period); a, which answered a truncate of y itself under
+    // its rights, ships it (held too). c's replay opens y: a is recalled, and answers —
+    // after its writeback, in wire order. When the grace period ends, a's truncate must
+    // run before b's unlink, which waited on a's rights: a's client answered it with y
+    // still linked.
+    let (mut srv, sessions, files) = restarted(&["y", "x", "z"]);
+    let (&[a, b, c], &[y, ..]) = (&sessions[..], &files[..]) else { panic!("three sessions") };
+    take_back(&mut srv, a, y);
+    srv.replayed(b, NOW);
+    let _ = srv.take_outgoing();
+    srv.handle(b, req(10, vec![Op::Unlink { parent: 1, name: b"y".to_vec() }]), NOW);
+    let truncate = Op::SetAttr { ino: y, set: p::SetAttr { size_bytes: Some(7), ..Default::default() } };
+    srv.handle(a, p::Request { id: 11, ops: vec![truncate], time: Some(NOW), caller: p::Caller::ROOT }, NOW);
+    srv.handle(c, req(12, vec![Op::Open { ino: y, handle: 1, access: p::OPEN_READ }]), NOW);
+    let out = srv.take_outgoing();
+    let recall = out.iter().find_map(|o| match o {
+        Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if *session == a => Some(*recall_id),
+        _ => None,
+    });
+    let recall = recall.expect("c's reopen waits for a to give y up");
+    srv.recall_done(a, recall, NOW);
+    srv.replayed(c, NOW);
+    // Every recall answered at once, until nothing more comes.
+    let mut order = Vec::new();
+    for _ in 0..10 {
+        for o in srv.take_outgoing() {
+            match o {
+                Outgoing::Response { session, response } => {
+                    if session == a && response.id == 11 {
+                        let Ok(Reply::Attr(at)) = &response.results[0] else { panic!("{response:?}") };
+                        assert_eq!(at.nlink, 1, "a's truncate ran on y still linked, as a answered it");
+                    }
+                    order.push((session, response.id));
+                }
+                Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } => {
+                    srv.recall_done(session, recall_id, NOW);
+                }
+                _ => {}
+            }
+        }
+    }
+    let at = |s, id| order.iter().position(|&o| o == (s, id));
+    assert!(at(a, 11).is_some() && at(b, 10).is_some(), "both ran: {order:?}");
+    assert!(at(a, 11) < at(b, 10), "a's writeback first: {order:?}");
+}
