@@ -97,27 +97,12 @@ mod tests {
         use std::time::{Duration, Instant};
 
         fn attr(ino: u64, size: u64) -> p::Attr {
-            p::Attr {
-                ino,
-                generation: 1,
-                kind: if ino < 10 { p::FileType::Directory } else { p::FileType::Regular },
-                mode: 0o644,
-                nlink: 1,
-                uid: 0,
-                gid: 0,
-                size_bytes: size,
-                blocks_4k: 0,
-                rdev: 0,
-                atime: p::Time::default(),
-                mtime: p::Time::default(),
-                ctime: p::Time::default(),
-                crtime: p::Time::default(),
-                flags: 0,
-            }
+            let kind = if ino < 10 { p::FileType::Directory } else { p::FileType::Regular };
+            p::Attr { size_bytes: size, ..crate::names::tests::attr(ino, kind) }
         }
 
         fn item(name: &str, ino: u64) -> p::DirItem {
-            p::DirItem { name: name.as_bytes().to_vec(), index: ino, attr: attr(ino, 1) }
+            p::DirItem { attr: attr(ino, 1), ..crate::names::tests::item(name, ino) }
         }
 
         /// Directory 1 holds a → 10, b → 11; directory 2 is empty; 99 is held too.

@@ -870,10 +870,10 @@ impl NameCache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn attr(ino: u64, kind: p::FileType) -> p::Attr {
+    pub(crate) fn attr(ino: u64, kind: p::FileType) -> p::Attr {
         p::Attr {
             ino,
             generation: 1,
@@ -893,7 +893,7 @@ mod tests {
         }
     }
 
-    fn item(name: &str, ino: u64) -> p::DirItem {
+    pub(crate) fn item(name: &str, ino: u64) -> p::DirItem {
         p::DirItem { name: name.as_bytes().to_vec(), index: ino, attr: attr(ino, p::FileType::Regular) }
     }
 
