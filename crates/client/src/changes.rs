@@ -172,17 +172,11 @@ mod tests {
     #[test]
     fn forgotten_changes_refuse_older_fetches_whole() {
         // Seeded and printed: how many changes, and which inodes.
-        let seed: u64 = std::env::var("CREST_CHANGES_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-        });
+        let seed: u64 =
+            std::env::var("CREST_CHANGES_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(crest_rng::next_u64);
         eprintln!("CREST_CHANGES_SEED={seed}");
-        let mut x = seed | 1;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crest_rng::Stream::from_seed_u64(seed);
+        let mut next = |n: u64| rng.below(n);
         let mut c = Changes::default();
         // A model: every change ever made, with its epoch.
         let mut all: Vec<(u64, u64)> = Vec::new();

@@ -257,10 +257,6 @@ impl NameCache {
         if self.entries + items.len() > MAX_ENTRIES {
             self.clear();
         }
-        // Attributes of inodes changed since the fetch was sent are left out (a lookup of
-        // their names then asks the server).
-        let fresh: Vec<bool> =
-            items.iter().map(|i| fetched.is_none_or(|e| self.changes.current(e, [i.attr.ino]))).collect();
         let expires = now + self.ttl;
         let ranges = self.dirs.entry(dir).or_default();
         // The new stretch replaces whatever it overlaps (it is at least as fresh).
@@ -274,10 +270,12 @@ impl NameCache {
         });
         let mut names = HashMap::with_capacity(items.len());
         let mut attrs = Vec::with_capacity(items.len());
-        for (i, fresh) in items.iter().zip(fresh) {
+        for i in items {
             if lo <= name_hash(&i.name) && name_hash(&i.name) <= hi {
                 names.insert(i.name.clone(), i.attr.ino);
-                if fresh {
+                // Attributes of inodes changed since the fetch was sent are left out (a
+                // lookup of their names then asks the server).
+                if fetched.is_none_or(|e| self.changes.current(e, [i.attr.ino])) {
                     attrs.push(i.attr.clone());
                 }
             }

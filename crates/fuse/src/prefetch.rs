@@ -74,11 +74,10 @@ impl Version {
 pub struct Prefetch {
     /// Each listed directory's small regular files (inode, size), in listing order.
     listed: HashMap<u64, Vec<(u64, u64)>>,
-    /// Their names (a batch looks some up again, to hold their directory's names when its
+    /// The directory each of those files was listed in, its place in that listing, and
+    /// its name (a batch looks some up again, to hold their directory's names when its
     /// files are read: `lookups_for`).
-    names: HashMap<u64, Vec<u8>>,
-    /// The directory each of those files was listed in, and its place in that listing.
-    place: HashMap<u64, (u64, usize)>,
+    place: HashMap<u64, (u64, usize, Vec<u8>)>,
     /// Files read ahead (or being read) since their directory's last listing.
     fetched: HashSet<u64>,
     /// Each directory's place in its listing after the last file batched.
@@ -105,7 +104,6 @@ impl Prefetch {
         if self.place.len() >= MAX_TRACKED || self.listed.len() >= MAX_TRACKED || self.fetched.len() >= MAX_TRACKED {
             self.listed.clear();
             self.place.clear();
-            self.names.clear();
             self.fetched.clear();
             self.cursor.clear();
             self.trigger.clear();
@@ -121,9 +119,8 @@ impl Prefetch {
             self.cursor.remove(&dir);
             if let Some(old) = self.listed.remove(&dir) {
                 for (ino, _) in old {
-                    if self.place.get(&ino).is_some_and(|&(d, _)| d == dir) {
+                    if self.place.get(&ino).is_some_and(|&(d, ..)| d == dir) {
                         self.place.remove(&ino);
-                        self.names.remove(&ino);
                         self.fetched.remove(&ino);
                     }
                 }
@@ -133,8 +130,7 @@ impl Prefetch {
         for i in items {
             let a = &i.attr;
             if a.kind == p::FileType::Regular && a.size_bytes > 0 && a.size_bytes <= MAX_FILE_BYTES {
-                self.place.insert(a.ino, (dir, files.len()));
-                self.names.insert(a.ino, i.name.clone());
+                self.place.insert(a.ino, (dir, files.len(), i.name.clone()));
                 self.fetched.remove(&a.ino);
                 files.push((a.ino, a.size_bytes));
             }
@@ -146,7 +142,7 @@ impl Prefetch {
     /// (marked pending) — those listed after it, then those before, that were not read
     /// ahead since the listing (they are marked so now) and are not kept.
     pub fn batch_for(&mut self, ino: u64, ahead: bool) -> (Batch, Batch) {
-        let Some(&(dir, at)) = self.place.get(&ino) else { return (Vec::new(), Vec::new()) };
+        let Some(&(dir, at, _)) = self.place.get(&ino) else { return (Vec::new(), Vec::new()) };
         self.fetched.insert(ino);
         let now = self.take(dir, at + 1, ino, NOW_FILES, NOW_BYTES);
         let ahead = if ahead { self.ahead(dir, ino) } else { Vec::new() };
@@ -170,7 +166,8 @@ impl Prefetch {
         let mut v = Vec::new();
         let mut last: Option<(u64, usize)> = None;
         for (f, _) in batch {
-            let (Some(&(dir, at)), Some(name)) = (self.place.get(f), self.names.get(f)) else { continue };
+            let Some((dir, at, name)) = self.place.get(f) else { continue };
+            let (dir, at) = (*dir, *at);
             if last.is_none_or(|(d, probed)| d != dir || at >= probed + PROBE_EVERY || at < probed) {
                 v.push((dir, name.clone()));
                 last = Some((dir, at));
@@ -332,17 +329,11 @@ mod tests {
     #[test]
     fn a_directory_larger_than_a_batch_is_read_ahead_batch_by_batch_in_any_order() {
         // Seeded and printed: which file misses first, and the order of the misses after.
-        let seed = std::env::var("CREST_PREFETCH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-        });
+        let seed =
+            std::env::var("CREST_PREFETCH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(crest_rng::next_u64);
         eprintln!("CREST_PREFETCH_SEED={seed}");
-        let mut rng = seed | 1;
-        let mut next = |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut rng = crest_rng::Stream::from_seed_u64(seed);
+        let mut next = |n: u64| rng.below(n);
         let n = 1000 + next(2000);
         let items: Vec<p::DirItem> =
             (0..n).map(|i| item(100 + i, p::FileType::Regular, 1 + next(MAX_FILE_BYTES), 1)).collect();

@@ -98,24 +98,14 @@ mod tests {
     #[test]
     fn the_checksum_is_crc32c() {
         // Seeded and printed: lengths and offsets that straddle the fast path's blocks.
-        let seed =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        let seed = crest_rng::next_u64();
         eprintln!("seed {seed}");
-        let mut x = seed | 1;
-        let buf: Vec<u8> = (0..70_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let mut rng = crest_rng::Stream::from_seed_u64(seed);
+        let mut buf = vec![0u8; 70_000];
+        rng.fill_bytes(&mut buf);
         for _ in 0..200 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let start = (x % 64) as usize;
-            let len = ((x >> 8) % (buf.len() as u64 - 64)) as usize;
+            let start = rng.below(64) as usize;
+            let len = rng.below(buf.len() as u64 - 64) as usize;
             let data = &buf[start..start + len];
             assert_eq!(crc_fast::crc32_iscsi(data), crc32c::crc32c(data), "seed {seed}: {start}+{len}");
         }

@@ -30,7 +30,7 @@ struct Job {
 
 /// Where batches to read ahead go: a thread of the mount's own, which ends with the mount.
 #[derive(Debug)]
-pub(crate) struct Behind(Mutex<mpsc::Sender<Job>>);
+pub(crate) struct Behind(mpsc::Sender<Job>);
 
 impl Behind {
     /// Starts the thread; `None` if it cannot be (then nothing is read ahead behind reads,
@@ -53,7 +53,7 @@ impl Behind {
             }
         });
         match spawned {
-            Ok(_) => Some(Behind(Mutex::new(tx))),
+            Ok(_) => Some(Behind(tx)),
             Err(e) => {
                 tracing::warn!("no read-ahead thread: {e}");
                 None
@@ -66,7 +66,7 @@ impl Behind {
             return;
         }
         let (pid, uid, gid) = caller::serving();
-        if let Err(mpsc::SendError(job)) = lock(&self.0).send(Job { files, pid, uid, gid }) {
+        if let Err(mpsc::SendError(job)) = self.0.send(Job { files, pid, uid, gid }) {
             ahead.state().landed(&job.files);
             ahead.landed.notify_all();
         }
