@@ -19,20 +19,22 @@ use crate::{addr_key, Error, Fingerprint, StateDir};
 /// reached by any address, and authenticated by the CA the client pins.
 pub const SERVER_NAME: &str = "crest";
 
-/// ring's cryptography with the TLS 1.3 suites only, AES-128-GCM first: every byte of file
+/// aws-lc's cryptography (its AES-GCM uses the 512-bit vector AES and carry-less multiply
+/// instructions where the CPU has them: ~11 GB/s per core here against ring's ~7) with
+/// the TLS 1.3 suites only, AES-128-GCM first: every byte of file
 /// data is sealed once and opened once, and on the CPUs crest runs on (AES-NI, carry-less
 /// multiply) AES-128-GCM costs ~15 % less per byte than AES-256-GCM (the default's first)
 /// at the security level TLS 1.3 asks of every suite; ChaCha20-Poly1305 stays for peers
 /// without AES instructions.
 fn provider() -> Arc<CryptoProvider> {
-    use rustls::crypto::ring::cipher_suite;
+    use rustls::crypto::aws_lc_rs::cipher_suite;
     Arc::new(CryptoProvider {
         cipher_suites: vec![
             cipher_suite::TLS13_AES_128_GCM_SHA256,
             cipher_suite::TLS13_AES_256_GCM_SHA384,
             cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
         ],
-        ..rustls::crypto::ring::default_provider()
+        ..rustls::crypto::aws_lc_rs::default_provider()
     })
 }
 

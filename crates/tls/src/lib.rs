@@ -41,7 +41,7 @@ pub struct Fingerprint(pub [u8; 32]);
 impl Fingerprint {
     /// The fingerprint of `der`.
     pub fn of(der: &[u8]) -> Fingerprint {
-        let d = ring::digest::digest(&ring::digest::SHA256, der);
+        let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, der);
         let mut out = [0u8; 32];
         out.copy_from_slice(d.as_ref());
         Fingerprint(out)
