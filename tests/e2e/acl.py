@@ -220,9 +220,26 @@ def python_action(path, kind, args):
     return None
 
 
-def execute(root, op):
-    """Runs `op` with paths under `root`; returns its outcome."""
+def held_write(path, other, off, n):
+    """Writes through one descriptor twice; in between, the file gets capabilities
+    through `other` (the other mount's path to it): the kernel of the writing mount,
+    which took the file to have nothing to lose at the first write, does not look again."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"h" * n, off)
+        os.setxattr(other, "security.capability", CAPS, follow_symlinks=False)
+        os.pwrite(fd, b"i" * n, off + n)
+    finally:
+        os.close(fd)
+
+
+def execute(root, op, other_root=None):
+    """Runs `op` with paths under `root` (and `other_root`: the other mount's, for an
+    operation that uses both); returns its outcome."""
     _mount, who, kind, rel, *args = op
+    if kind == "held-write":
+        path, other = os.path.join(root, rel), os.path.join(other_root or root, rel)
+        return outcome(lambda: held_write(path, other, *args))
     if kind == "setfacl":
         cmd = (SETPRIV if who == "nobody" else []) + ["setfacl", *args[0], rel]
         r = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
@@ -240,7 +257,8 @@ def describe(op):
     elif kind in ("chmod",):
         text = f"chmod {args[0]:04o} {rel}"
     elif kind == "setxattr":
-        text = f"setxattr {rel} {args[0]} {acl_text(args[1])}"
+        value = capabilities_text(args[1]) if args[0] == "security.capability" else acl_text(args[1])
+        text = f"setxattr {rel} {args[0]} {value}"
     else:
         text = f"{kind} {rel} " + " ".join(str(a) for a in args)
     return f"[m{mount}] " + ("(as nobody) " if who == "nobody" else "") + text.rstrip()
@@ -257,6 +275,21 @@ def xattr(path, name):
         return "-" if e.errno == errno.ENODATA else err_name(e.errno)
 
 
+# cap_net_bind_service+ep, as setcap writes it (VFS_CAP_REVISION_2).
+CAPS = (0x02000001).to_bytes(4, "little") + (1 << 10).to_bytes(4, "little") + bytes(12)
+
+
+def capabilities_text(raw):
+    return "cap_net_bind_service+ep" if raw == CAPS else "bad:" + raw.hex()
+
+
+def capabilities(path):
+    try:
+        return capabilities_text(os.getxattr(path, "security.capability", follow_symlinks=False))
+    except OSError as e:
+        return "-" if e.errno == errno.ENODATA else err_name(e.errno)
+
+
 def record(path):
     """What must match of one path (None: it does not exist)."""
     try:
@@ -266,6 +299,7 @@ def record(path):
     rec = {"mode": f"{st.st_mode:07o}", "uid": st.st_uid, "gid": st.st_gid}
     if stat.S_ISREG(st.st_mode):
         rec["size"] = st.st_size
+        rec["caps"] = capabilities(path)
     if stat.S_ISLNK(st.st_mode):
         rec["target"] = os.readlink(path)
     else:
@@ -410,7 +444,7 @@ class Round:
         mount, rel = op[0], op[3]
         before = record(os.path.join(self.roots[0], rel))
         want = execute(self.roots[0], op)
-        got = execute(self.roots[mount], op)
+        got = execute(self.roots[mount], op, self.roots[3 - mount])
         after = record(os.path.join(self.roots[0], rel))
         change = ""
         if before and after and before["mode"] != after["mode"] and op[2] != "chmod":
@@ -542,6 +576,26 @@ class Round:
         self.do((1, "root", "chmod", f, mode))
         if rng.random() < 0.3:
             self.do((1, "root", "setfacl", f, ["-m", f"u:{NOBODY}:{rng.choice(['rw-', 'rwx', 'r--'])}"]))
+        if rng.random() < 0.4:
+            # File capabilities: every write, truncate, fallocate or chown takes them away.
+            # Often a mount has written the file first (its kernel then takes the file to
+            # have nothing to lose and leaves it all to the daemon), and the capabilities
+            # come from the other mount.
+            m = rng.choice([1, 2])
+            if rng.random() < 0.5:
+                # (A kernel never takes a setuid or setgid file to have nothing to lose.)
+                self.do((1, "root", "chmod", f, rng.choice([0o666, 0o646, 0o664, 0o755])))
+            if rng.random() < 0.6:
+                self.do((m, "root", "write", f, rng.randint(0, 4000), rng.randint(1, 100)))
+            self.do((3 - m if rng.random() < 0.6 else m, "root", "setxattr", f, "security.capability", CAPS))
+            if rng.random() < 0.5:
+                self.do((m, "root", "held-write", f, rng.randint(0, 4000), rng.randint(1, 100)))
+            if rng.random() < 0.5:
+                who = rng.choice(["root", "nobody"])
+                if rng.random() < 0.7:
+                    self.do((m, who, "write", f, rng.randint(0, 4000), rng.randint(1, 100)))
+                else:
+                    self.do((m, who, "truncate", f, rng.randint(0, 9000)))
         for _ in range(rng.choice([1, 1, 2, 3])):
             self.nobody_changes(f, own)
 

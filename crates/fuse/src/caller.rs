@@ -137,22 +137,43 @@ const CAP_FSETID_BIT: u64 = 1 << 4;
 /// (gone, hidepid) counts as in the group: setgid is then left alone, as the kernel
 /// alone would.
 pub fn in_group_or_capable(tid: u32, gid: u32) -> bool {
-    if tid == 0 {
-        return true;
-    }
-    match std::fs::read_to_string(format!("/proc/{tid}/status")) {
-        Ok(status) => status_in_group_or_capable(&status, gid),
-        Err(_) => true,
-    }
+    status_of(tid).is_none_or(|s| status_capable(&s) || status_in_group(&s, gid))
 }
 
-fn status_in_group_or_capable(status: &str, gid: u32) -> bool {
-    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).unwrap_or("");
-    let cap_eff = u64::from_str_radix(field("CapEff:").trim(), 16).unwrap_or(0);
+/// Whether thread `tid`'s fsgid or one of its supplementary groups is `gid` (unknown:
+/// yes, as `in_group_or_capable`).
+pub fn in_group(tid: u32, gid: u32) -> bool {
+    status_of(tid).is_none_or(|s| status_in_group(&s, gid))
+}
+
+/// Whether thread `tid` holds CAP_FSETID (keeps setuid and setgid through its writes).
+/// Unknown: no, so that a write by a caller this daemon cannot see still clears them.
+pub fn capable_fsetid(tid: u32) -> bool {
+    status_of(tid).is_some_and(|s| status_capable(&s))
+}
+
+fn status_of(tid: u32) -> Option<String> {
+    (tid != 0).then(|| std::fs::read_to_string(format!("/proc/{tid}/status")).ok()).flatten()
+}
+
+fn status_field<'a>(status: &'a str, name: &str) -> &'a str {
+    status.lines().find_map(|l| l.strip_prefix(name)).unwrap_or("")
+}
+
+fn status_capable(status: &str) -> bool {
+    u64::from_str_radix(status_field(status, "CapEff:").trim(), 16).unwrap_or(0) & CAP_FSETID_BIT != 0
+}
+
+fn status_in_group(status: &str, gid: u32) -> bool {
     // Gid: real, effective, saved, filesystem.
-    let fsgid = field("Gid:").split_whitespace().nth(3).and_then(|g| g.parse::<u32>().ok());
-    let groups = field("Groups:").split_whitespace().filter_map(|g| g.parse::<u32>().ok());
-    cap_eff & CAP_FSETID_BIT != 0 || fsgid == Some(gid) || groups.into_iter().any(|g| g == gid)
+    let fsgid = status_field(status, "Gid:").split_whitespace().nth(3).and_then(|g| g.parse::<u32>().ok());
+    let mut groups = status_field(status, "Groups:").split_whitespace().filter_map(|g| g.parse::<u32>().ok());
+    fsgid == Some(gid) || groups.any(|g| g == gid)
+}
+
+#[cfg(test)]
+fn status_in_group_or_capable(status: &str, gid: u32) -> bool {
+    status_capable(status) || status_in_group(status, gid)
 }
 
 #[cfg(test)]

@@ -565,6 +565,10 @@ impl Filesystem for CrestFs {
             // generation, both the server's: valid on every mount and after a remount
             // (`lookup_for_handle`).
             InitFlags::FUSE_EXPORT_SUPPORT,
+            // This daemon takes setuid, setgid and file capabilities away on a write,
+            // truncate, fallocate or chown (`privs`), so the kernel stops asking for
+            // security.capability before every write (SB_NOSEC).
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ];
         // The kernel enforces POSIX ACLs; the server keeps them with the mode. The umask
         // comes apart from the mode (DONT_MASK), because a parent's default ACL replaces
@@ -666,21 +670,7 @@ impl Filesystem for CrestFs {
             mtime: mtime.map(convert::set_time),
             ctime: ctime.map(convert::setattr_time),
         };
-        self.kill_sgid(req.pid(), ino.0, &mut set);
-        let local = self.change_locally(ino.0, 0, |c, clock| c.setattr_here(ino.0, &set, clock));
-        if let Some(a) = local {
-            return self.reply_attr(reply, Ok(a));
-        }
-        let chmod = set.mode.is_some();
-        let since = self.stamp();
-        let r = self.one("setattr", Op::SetAttr { ino: ino.0, set }).and_then(|r| want_attr("setattr", r));
-        if let Ok(a) = &r {
-            lock(&self.inodes).changed_here(a);
-            self.attr_changed(a, since);
-            if chmod && a.flags & acl::HAS_ACCESS != 0 {
-                lock(&self.names).xattrs_changed(a.ino);
-            }
-        }
+        let r = self.setattr_privs(req.pid(), ino.0, &mut set).and_then(|()| self.set_attr(ino.0, set));
         self.reply_attr(reply, r);
     }
 
@@ -913,6 +903,13 @@ impl Filesystem for CrestFs {
         let Ok(len) = u32::try_from(data.len()) else {
             return reply.error(Errno::EFBIG);
         };
+        // (Pages of a shared mapping written back: the kernel took no privileges for them.)
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        if !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            if let Err(e) = self.remove_privs(req.pid(), ino.0, kill) {
+                return reply.error(self.fail(&e));
+            }
+        }
         let io = self.page_io.begin(ino.0);
         // O_APPEND: the kernel picked the offset from its idea of the size, which another
         // client's append may have outdated; the server appends at the real end, or, under
@@ -1160,10 +1157,7 @@ impl Filesystem for CrestFs {
         if acl::flag_of(name.as_bytes()) != 0 {
             return self.reply_empty(reply, self.acl_change("removexattr", ino.0, op, name.as_bytes(), None));
         }
-        lock(&self.names).xattrs_changed(ino.0);
-        let r = self.one("removexattr", op).and_then(|r| want_done("removexattr", r));
-        lock(&self.names).attr_stale(ino.0);
-        self.reply_empty(reply, r);
+        self.reply_empty(reply, self.remove_xattr_on_server(op));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -1272,6 +1266,9 @@ impl Filesystem for CrestFs {
         reply: ReplyEmpty,
     ) {
         let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
+        if let Err(e) = self.remove_privs(req.pid(), ino.0, true) {
+            return reply.error(self.fail(&e));
+        }
         let op = Op::Fallocate { ino: ino.0, offset, len: length, flags: convert::fallocate_flags(mode) };
         let since = self.stamp();
         let r = self.one("fallocate", op).and_then(|r| want_attr("fallocate", r));

@@ -162,6 +162,15 @@ impl Checker<'_> {
                 }
                 self.need_on(&inode, acl::MAY_WRITE)
             }
+            // Taking a file's capabilities away only lowers privilege, and a write of the
+            // file does it anyway (a mount does it first, for the writer, as the kernel
+            // does): whoever may write the file, or writes it through a handle, may.
+            Space::Security if name == b"security.capability" && flags.is_none() && !self.root() => {
+                if self.owns(&inode) || self.opened & acl::MAY_WRITE != 0 {
+                    return Ok(());
+                }
+                self.need_on(&inode, acl::MAY_WRITE)
+            }
             Space::Security if name == b"security.capability" && !self.policy.allow_suid => {
                 Err(not_permitted(ino, "file capabilities (setuid is not allowed to this host)"))
             }

@@ -200,6 +200,16 @@ fn xattr_namespaces() {
     assert!(t(&mut st, &Caller::ROOT, set("security.capability")).is_ok());
     let no_suid = Policy { root_squash: false, ..Policy::joined() };
     assert_eq!(run(&mut st, &no_suid, &Caller::ROOT, set("security.capability")), Err(1));
+    // Capabilities go with a write: whoever may write the file may take them away
+    // (the group may here), the owner too; not a reader, and nobody may set them.
+    let writer = Caller { uid: 1001, gid: 1000, groups: vec![] };
+    st.setattr(f, &s::SetAttr { mode: Some(0o660), ..Default::default() }, time_in(NOW)).expect("chmod");
+    assert!(t(&mut st, &writer, rm("security.capability")).is_ok());
+    assert!(t(&mut st, &owner, rm("security.capability")).is_ok());
+    assert_eq!(t(&mut st, &stranger, rm("security.capability")), Err(13), "may not write it");
+    assert!(through(&mut st, &stranger, p::OPEN_WRITE, rm("security.capability")).is_ok(), "through a handle");
+    assert_eq!(t(&mut st, &writer, set("security.capability")), Err(1));
+    assert!(run(&mut st, &no_suid, &writer, rm("security.capability")).is_ok());
     assert_eq!(t(&mut st, &stranger, set("system.posix_acl_access")), Err(1), "ACLs are the owner's");
     assert_eq!(t(&mut st, &stranger, rm("system.posix_acl_default")), Err(1));
     let flags_of = |r: Result<Op, i32>| match ok(r) {
