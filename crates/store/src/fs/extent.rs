@@ -213,8 +213,20 @@ impl Store {
                     let last = ((end.min(file_off + csums.len() as u64 * BLOCK_SIZE_U64) - 1) / BLOCK_SIZE_U64)
                         - file_off / BLOCK_SIZE_U64;
                     let nblocks = (last - first + 1) as usize;
-                    let mut buf = vec![0u8; nblocks * BLOCK_SIZE];
-                    let read = self.pager.read_blocks(disk_block + first, &mut buf);
+                    let buf_start = file_off + first * BLOCK_SIZE_U64;
+                    let buf_len = nblocks * BLOCK_SIZE;
+                    // Blocks wholly inside the request (a big read's) are read straight
+                    // into the reply; a block the request cuts, through a copy.
+                    let direct = buf_start >= offset && buf_start + buf_len as u64 <= end;
+                    let mut copy = Vec::new();
+                    let buf: &mut [u8] = if direct {
+                        let at = (buf_start - offset) as usize;
+                        &mut out[at..at + buf_len]
+                    } else {
+                        copy = vec![0u8; buf_len];
+                        &mut copy
+                    };
+                    let read = self.pager.read_blocks(disk_block + first, buf);
                     if read.is_err() && twin == 0 {
                         return read.map(|()| Vec::new());
                     }
@@ -233,11 +245,12 @@ impl Store {
                         tracing::error!(ino = inode.ino, file_offset, block, "data checksum mismatch");
                         return Err(Error::DataChecksum { ino: inode.ino, file_offset, block, expected, found });
                     }
-                    let buf_start = file_off + first * BLOCK_SIZE_U64;
-                    let copy_from = offset.max(buf_start);
-                    let copy_to = end.min(buf_start + buf.len() as u64);
-                    out[(copy_from - offset) as usize..(copy_to - offset) as usize]
-                        .copy_from_slice(&buf[(copy_from - buf_start) as usize..(copy_to - buf_start) as usize]);
+                    if !direct {
+                        let copy_from = offset.max(buf_start);
+                        let copy_to = end.min(buf_start + buf_len as u64);
+                        out[(copy_from - offset) as usize..(copy_to - offset) as usize]
+                            .copy_from_slice(&copy[(copy_from - buf_start) as usize..(copy_to - buf_start) as usize]);
+                    }
                 }
             }
         }
