@@ -417,7 +417,8 @@ fn creates_at_reserved_inode_numbers() {
 }
 
 /// Reads at any offset and length return the bytes written, across inline data, extents
-/// made by writes of every size (so extent edges fall anywhere), overwrites and holes:
+/// made by writes of every size, aligned to blocks or not (so extent edges fall
+/// anywhere), overwrites and holes:
 /// a read covers whole blocks of one extent and cuts blocks of another. Seeded
 /// (`CREST_READ_SEED` replays).
 #[test]
@@ -432,9 +433,14 @@ fn reads_at_any_offset_and_length_return_what_was_written() {
         let mut model: Vec<u8> = Vec::new();
         for w in 0..(2 + rng.below(12)) {
             let span = if rng.below(4) == 0 { 3 << 20 } else { 300_000 };
-            let off = rng.below(span) as usize;
+            let mut off = rng.below(span) as usize;
             let size_class = [100, 5_000, 70_000, 1 << 20][rng.below(4) as usize];
-            let len = 1 + rng.below(size_class) as usize;
+            let mut len = 1 + rng.below(size_class) as usize;
+            if rng.below(3) == 0 {
+                // Whole blocks, as a big sequential write's.
+                off -= off % 4096;
+                len = len.div_ceil(4096) * 4096;
+            }
             let data = pattern(len, (u64::from(f) * 31 + w) as u8);
             s.write(ino, off as u64, &data, t(3)).expect("write");
             if model.len() < off + len {

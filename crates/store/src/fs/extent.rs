@@ -554,6 +554,13 @@ impl Store {
         inode.blocks += self.uninline(inode.ino)?;
         let first = offset / BLOCK_SIZE_U64;
         let last = (end - 1) / BLOCK_SIZE_U64;
+        if offset.is_multiple_of(BLOCK_SIZE_U64) && end.is_multiple_of(BLOCK_SIZE_U64) {
+            // Whole blocks (a big write's): written as they came, no copy.
+            let (unmapped, mapped) = self.write_blocks(inode.ino, first, data)?;
+            inode.blocks = inode.blocks + mapped - unmapped;
+            inode.size = new_size;
+            return Ok(());
+        }
         let mut buf = vec![0u8; ((last - first + 1) as usize) * BLOCK_SIZE];
         let head = (offset - first * BLOCK_SIZE_U64) as usize;
         // Read-modify-write of partial edge blocks (only what exists below the old size).
