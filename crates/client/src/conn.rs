@@ -553,8 +553,22 @@ impl<R> Connection<R> {
 
     /// Bytes arrived (none: the server closed the connection).
     pub fn handle_bytes(&mut self, now: Instant, bytes: &[u8]) {
+        self.read_room(bytes.len()).copy_from_slice(bytes);
+        self.handle_read(now, bytes.len());
+    }
+
+    /// Room for the next `want` bytes from the server, to read into: the driver reads
+    /// straight into the frame decoder (a big read's data is not copied once more), then
+    /// says how many came (`handle_read`).
+    pub fn read_room(&mut self, want: usize) -> &mut [u8] {
+        self.decoder.spare(want)
+    }
+
+    /// `n` bytes came into `read_room`'s room (0: the server closed the connection); as
+    /// `handle_bytes`.
+    pub fn handle_read(&mut self, now: Instant, n: usize) {
         self.now = now;
-        if bytes.is_empty() {
+        if n == 0 {
             if self.state == State::Handshaking {
                 let why = format!("it closed the connection after {} bytes, without a crest welcome", self.received);
                 return self.handshake_failed(why);
@@ -566,8 +580,8 @@ impl<R> Connection<R> {
         if self.state == State::Open {
             self.lease.heard(now);
         }
-        self.received += bytes.len();
-        self.decoder.handle_bytes(bytes);
+        self.received += n;
+        self.decoder.filled(n);
         while matches!(self.state, State::Handshaking | State::Open) {
             match self.decoder.poll_message::<ServerMessage>() {
                 Ok(Some(m)) if self.state == State::Handshaking => self.handshake(m),

@@ -768,6 +768,13 @@ fn exchange(
 
 /// The connection loop: connect, handshake, resend what is pending, then move requests
 /// and responses until the connection breaks; repeat.
+/// What woke the connection loop.
+enum Woke {
+    Timer,
+    Call(Option<Outbound>),
+    Read(std::io::Result<usize>),
+}
+
 async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
     let mut backoff = Duration::from_millis(20);
     let started = Instant::now();
@@ -828,23 +835,29 @@ async fn run(mut d: Driver, mut calls: mpsc::UnboundedReceiver<Outbound>) {
                 break;
             }
             let deadline = tokio::time::Instant::from_std(d.core.poll_timeout());
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => d.core.handle_timeout(Instant::now()),
-                c = calls.recv() => {
-                    let Some(c) = c else {
-                        d.core.goodbye();
-                        d.transmit(&mut wr).await;
-                        d.deliver();
-                        return;
-                    };
+            // (Replies are read straight into the core's frame decoder: a big read's data
+            // is not copied once more. So the branches only say what woke the loop.)
+            let room = d.core.read_room(crest_stream::BUFFER_BYTES);
+            let woke = tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => Woke::Timer,
+                c = calls.recv() => Woke::Call(c),
+                r = read_burst(&mut rd, room) => Woke::Read(r),
+            };
+            match woke {
+                Woke::Timer => d.core.handle_timeout(Instant::now()),
+                Woke::Call(None) => {
+                    d.core.goodbye();
+                    d.transmit(&mut wr).await;
+                    d.deliver();
+                    return;
+                }
+                Woke::Call(Some(c)) => {
                     if !d.burst(c, &mut calls, &mut wr).await {
                         return;
                     }
                 }
-                r = read_burst(&mut rd, &mut buf) => match r {
-                    Ok(n) => d.core.handle_bytes(Instant::now(), &buf[..n]),
-                    Err(e) => d.core.connection_lost(&e.to_string()),
-                },
+                Woke::Read(Ok(n)) => d.core.handle_read(Instant::now(), n),
+                Woke::Read(Err(e)) => d.core.connection_lost(&e.to_string()),
             }
             d.deliver();
         }

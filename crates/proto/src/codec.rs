@@ -77,12 +77,16 @@ pub fn decode_frame<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
 /// instead, and the undecoded tail is shifted to the front only when new bytes come and
 /// the consumed prefix is at least as long as the tail: each byte is shifted at most once
 /// per byte consumed before it, so the work stays linear in the bytes fed
-/// (`bytes_moved`).
+/// (`bytes_moved`). A reader reads into the buffer itself (`spare`, `filled`): a big
+/// write's bytes are not copied once more on their way in.
 #[derive(Debug, Default)]
 pub struct FrameDecoder {
+    /// Initialised storage: `start..end` holds the bytes not yet decoded, `end..` room.
     buf: Vec<u8>,
     /// Start of the bytes not yet decoded.
     start: usize,
+    /// End of the bytes fed.
+    end: usize,
     /// Bytes shifted by compaction so far.
     moved: u64,
 }
@@ -95,22 +99,39 @@ impl FrameDecoder {
 
     /// Adds bytes read from the peer.
     pub fn handle_bytes(&mut self, bytes: &[u8]) {
-        if self.start == self.buf.len() {
-            self.buf.clear();
+        self.spare(bytes.len())[..bytes.len()].copy_from_slice(bytes);
+        self.filled(bytes.len());
+    }
+
+    /// Room for `want` bytes behind those buffered, to read into; `filled` says how many
+    /// came. (Compacts first, by the rule above; grows the buffer, zeroing only what it
+    /// had never used.)
+    pub fn spare(&mut self, want: usize) -> &mut [u8] {
+        if self.start == self.end {
             self.start = 0;
-        } else if self.start > 0 && self.start >= self.buf.len() - self.start {
-            let tail = self.buf.len() - self.start;
-            self.buf.copy_within(self.start.., 0);
-            self.buf.truncate(tail);
+            self.end = 0;
+        } else if self.start > 0 && self.start >= self.end - self.start {
+            let tail = self.end - self.start;
+            self.buf.copy_within(self.start..self.end, 0);
             self.start = 0;
+            self.end = tail;
             self.moved += tail as u64;
         }
-        self.buf.extend_from_slice(bytes);
+        let need = self.end.saturating_add(want);
+        if self.buf.len() < need {
+            self.buf.resize(need, 0);
+        }
+        &mut self.buf[self.end..need]
+    }
+
+    /// `n` bytes were read into the room `spare` gave (at most what it gave).
+    pub fn filled(&mut self, n: usize) {
+        self.end = self.end.saturating_add(n).min(self.buf.len());
     }
 
     /// Bytes buffered and not yet decoded.
     pub fn buffered(&self) -> usize {
-        self.buf.len() - self.start
+        self.end - self.start
     }
 
     /// Bytes shifted inside the buffer so far: at most the bytes fed (for tests and the
@@ -121,7 +142,7 @@ impl FrameDecoder {
 
     /// The next complete message, `Ok(None)` if more bytes are needed.
     pub fn poll_message<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ProtoError> {
-        let pending = &self.buf[self.start..];
+        let pending = &self.buf[self.start..self.end];
         let Some(header) = pending.first_chunk::<FRAME_HEADER_BYTES>() else {
             return Ok(None);
         };
@@ -371,7 +392,16 @@ mod tests {
                     _ => 1 + next(&mut rng) % (1 << 20),
                 };
                 let n = (cut as usize).min(rest.len());
-                d.handle_bytes(&rest[..n]);
+                if next(&mut rng).is_multiple_of(2) {
+                    d.handle_bytes(&rest[..n]);
+                } else {
+                    // Read into the decoder: a room of some size, filled with what came
+                    // (often less, as a socket's read).
+                    let room = d.spare(n + (next(&mut rng) % 3 * (1 << 16)) as usize);
+                    room[..n].copy_from_slice(&rest[..n]);
+                    room[n..].fill(0xA5);
+                    d.filled(n);
+                }
                 rest = &rest[n..];
                 while let Some(m) = d.poll_message::<ClientMessage>().expect("decode") {
                     got.push(m);

@@ -702,7 +702,6 @@ async fn join(wr: Writer, gate: &Gate, join: p::Join, peer: SocketAddr) -> Resul
 async fn first_message(
     rd: &mut Reader,
     decoder: &mut FrameDecoder,
-    buf: &mut [u8],
     plaintext: bool,
 ) -> Result<ClientMessage, ConnError> {
     tokio::time::timeout(HELLO_TIMEOUT, async {
@@ -711,14 +710,15 @@ async fn first_message(
             if let Some(m) = decoder.poll_message::<ClientMessage>()? {
                 return Ok::<_, ConnError>(m);
             }
-            let n = read_burst(rd, buf).await?;
+            let room = decoder.spare(crest_stream::BUFFER_BYTES);
+            let n = read_burst(rd, room).await?;
             if n == 0 {
                 return Err(ConnError::Other("closed before hello".into()));
             }
-            if std::mem::take(&mut first) && plaintext && buf[..n].starts_with(&[0x16, 0x03]) {
+            if std::mem::take(&mut first) && plaintext && room[..n].starts_with(&[0x16, 0x03]) {
                 return Err(ConnError::Other("a TLS client; this server runs --insecure".into()));
             }
-            decoder.handle_bytes(&buf[..n]);
+            decoder.filled(n);
         }
     })
     .await
@@ -737,8 +737,7 @@ async fn serve(
     early: Slot,
 ) -> Result<(), ConnError> {
     let mut decoder = FrameDecoder::new();
-    let mut buf = vec![0u8; crest_stream::BUFFER_BYTES];
-    let first = first_message(&mut rd, &mut decoder, &mut buf, gate.is_none()).await;
+    let first = first_message(&mut rd, &mut decoder, gate.is_none()).await;
     // Through its hello (or on its way out): it no longer counts against its address.
     drop(early);
     let first = first?;
@@ -824,7 +823,7 @@ async fn serve(
     tracing::debug!(%peer, session, client = who, "client connected");
     let mut revoked = admitted.map(|a| (a.fingerprint, a.revoked));
     let conn = Conn { shell: &shell, inbox: &inbox, session, out: &out_tx };
-    let ended = session_messages(&mut rd, &mut decoder, &mut buf, &conn, &mut revoked).await;
+    let ended = session_messages(&mut rd, &mut decoder, &conn, &mut revoked).await;
     match ended {
         Ok(Ended::Goodbye) => {
             drop(out_tx);
@@ -938,7 +937,6 @@ async fn revocation(revoked: &mut Option<(Fingerprint, watch::Receiver<Arc<HashS
 async fn session_messages(
     rd: &mut Reader,
     decoder: &mut FrameDecoder,
-    buf: &mut [u8],
     conn: &Conn<'_>,
     revoked: &mut Option<(Fingerprint, watch::Receiver<Arc<HashSet<Fingerprint>>>)>,
 ) -> Result<Ended, ConnError> {
@@ -965,19 +963,20 @@ async fn session_messages(
             }
         }
         wait_for_room(conn).await?;
-        tokio::select! {
-            r = tokio::time::timeout(conn.shell.idle, read_burst(rd, buf)) => match r {
+        // (Read straight into the decoder: a big write's bytes are copied once less.)
+        let room = decoder.spare(crest_stream::BUFFER_BYTES);
+        let n = tokio::select! {
+            r = tokio::time::timeout(conn.shell.idle, read_burst(rd, room)) => match r {
                 Err(_) => return Err(ConnError::Other(format!("silent for {:?}", conn.shell.idle))),
                 Ok(r) => match r? {
                     0 => return Ok(Ended::Closed),
-                    n => {
-                        conn.shell.arrivals.lock().unwrap_or_else(|e| e.into_inner()).insert(session, now_ms());
-                        decoder.handle_bytes(&buf[..n]);
-                    }
+                    n => n,
                 },
             },
             () = revocation(revoked) => return Ok(Ended::Revoked),
-        }
+        };
+        conn.shell.arrivals.lock().unwrap_or_else(|e| e.into_inner()).insert(session, now_ms());
+        decoder.filled(n);
     }
 }
 
