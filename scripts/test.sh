@@ -58,6 +58,9 @@ bash bench/snapshots.sh --count 1000 --scrub-mib 64
 echo "== headline benchmark tooling (smoke: tiny tar, 500 files; sshfs only in full runs)"
 bash bench/headline.sh --quick --only local,bindfs,crest,crest-rtt
 
+echo "== many-mounts benchmark tooling (smoke: 1 and 2 mounts, 100 files each)"
+bash bench/scale.sh --mounts 2 --count 100 --rounds 1
+
 if [ "${CREST_FUZZ_SECONDS:-20}" != 0 ] && [ -f scripts/fuzz.sh ]; then
   echo "== fuzz (smoke)"
   CREST_FUZZ_SECONDS=${CREST_FUZZ_SECONDS:-20} bash scripts/fuzz.sh

@@ -33,19 +33,20 @@ impl Phase {
     }
 }
 
-/// The path of file `i` in `dir`.
-pub fn file_name(dir: &Path, i: usize) -> PathBuf {
-    dir.join(format!("f{i:06}"))
+/// The path of file `i` in `dir`, its name led by `prefix` (several writers in one
+/// directory each take their own).
+pub fn file_name(dir: &Path, prefix: &str, i: usize) -> PathBuf {
+    dir.join(format!("{prefix}f{i:06}"))
 }
 
 /// Runs one phase over files `0..count`; returns how long it took. With `sync`, a
 /// `syncfs` of the directory's file system ends the phase (and is timed), like the
 /// `sync -f` after an untar. Stops at the first failure, naming the file.
-pub fn run_phase(dir: &Path, phase: Phase, count: usize, sync: bool) -> io::Result<Duration> {
+pub fn run_phase(dir: &Path, prefix: &str, phase: Phase, count: usize, sync: bool) -> io::Result<Duration> {
     let named = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
     let t = Instant::now();
     for i in 0..count {
-        let p = file_name(dir, i);
+        let p = file_name(dir, prefix, i);
         match phase {
             Phase::Create => {
                 OpenOptions::new().write(true).create_new(true).open(&p).map_err(|e| named(&p, e))?;
@@ -73,11 +74,12 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).expect("mkdir");
         for phase in [Phase::Create, Phase::Stat, Phase::Unlink] {
-            run_phase(&dir, phase, 50, phase != Phase::Stat).expect("phase");
+            run_phase(&dir, "", phase, 50, phase != Phase::Stat).expect("phase");
+            run_phase(&dir, "m2-", phase, 20, false).expect("phase, prefixed");
         }
         assert_eq!(fs::read_dir(&dir).expect("readdir").count(), 0);
         // Stat of files that are gone fails and names the file.
-        let e = run_phase(&dir, Phase::Stat, 1, false).expect_err("missing");
+        let e = run_phase(&dir, "", Phase::Stat, 1, false).expect_err("missing");
         assert!(e.to_string().contains("f000000"), "{e}");
         fs::remove_dir_all(&dir).expect("cleanup");
         assert_eq!(Phase::parse("stat"), Some(Phase::Stat));

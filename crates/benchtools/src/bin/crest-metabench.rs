@@ -13,7 +13,7 @@ use crest_benchtools::metabench::{run_phase, Phase};
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// The directory (must exist; files f000000… are created in it).
+    /// The directory (must exist; files f000000…, after `--prefix`, are created in it).
     dir: PathBuf,
     /// Files per phase.
     #[arg(long, default_value_t = 10_000)]
@@ -24,6 +24,9 @@ struct Args {
     /// End the create and unlink phases with a syncfs (timed), like `sync -f`.
     #[arg(long)]
     sync: bool,
+    /// What the file names start with (several runs in one directory take one each).
+    #[arg(long, default_value = "")]
+    prefix: String,
 }
 
 fn main() -> ExitCode {
@@ -44,7 +47,7 @@ fn run(args: Args) -> Result<()> {
     };
     for phase in phases {
         let sync = args.sync && phase != Phase::Stat;
-        let took = run_phase(&args.dir, phase, args.count, sync).with_context(|| phase.name())?;
+        let took = run_phase(&args.dir, &args.prefix, phase, args.count, sync).with_context(|| phase.name())?;
         let secs = took.as_secs_f64();
         println!(
             "metabench phase={} n={} secs={secs:.3} ops_per_s={:.0}",
