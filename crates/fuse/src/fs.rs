@@ -1153,11 +1153,11 @@ impl Filesystem for CrestFs {
             Some(Err(e)) => return reply.error(e),
             None => {}
         }
-        let op = Op::RemoveXattr { ino: ino.0, name: name_of(name) };
         if acl::flag_of(name.as_bytes()) != 0 {
+            let op = Op::RemoveXattr { ino: ino.0, name: name_of(name) };
             return self.reply_empty(reply, self.acl_change("removexattr", ino.0, op, name.as_bytes(), None));
         }
-        self.reply_empty(reply, self.remove_xattr_on_server(op));
+        self.reply_empty(reply, self.remove_xattr_on_server(ino.0, name_of(name)));
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {

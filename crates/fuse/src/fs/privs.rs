@@ -58,7 +58,7 @@ impl CrestFs {
             return Ok(());
         }
         if let Some(attr) = &attr {
-            if let Some(mode) = killed_mode(attr, || caller::capable_fsetid(pid), |gid| caller::in_group(pid, gid)) {
+            if let Some(mode) = write_killed_mode(pid, attr) {
                 let set = p::SetAttr { mode: Some(mode), ..Default::default() };
                 self.set_attr(ino, set)?;
             }
@@ -82,7 +82,7 @@ impl CrestFs {
                     self.remove_capability(ino)?;
                 }
             } else if !chown && attr.kind == p::FileType::Regular {
-                set.mode = killed_mode(&attr, || caller::capable_fsetid(pid), |gid| caller::in_group(pid, gid));
+                set.mode = write_killed_mode(pid, &attr);
                 self.remove_capability(ino)?;
             }
         }
@@ -108,7 +108,7 @@ impl CrestFs {
         match self.xattr_locally(ino, CAPABILITY, None, 0) {
             Some(Ok(())) => Ok(()),
             Some(Err(e)) => Err(Error::Server { op: "removexattr", errno: e.code(), message: "capability".into() }),
-            None => match self.remove_xattr_on_server(Op::RemoveXattr { ino, name: CAPABILITY.to_vec() }) {
+            None => match self.remove_xattr_on_server(ino, CAPABILITY.to_vec()) {
                 Err(Error::Server { errno, .. }) if errno == libc::ENODATA => Ok(()),
                 r => r,
             },
@@ -126,20 +126,17 @@ impl CrestFs {
         if let Ok(a) = &r {
             lock(&self.inodes).changed_here(a);
             self.attr_changed(a, since);
-            if chmod && a.flags & crest_proto::acl::HAS_ACCESS != 0 {
+            if chmod && a.flags & p::acl::HAS_ACCESS != 0 {
                 lock(&self.names).xattrs_changed(a.ino);
             }
         }
         r
     }
 
-    /// A removexattr (`op`) of a name that is not an ACL's, by the server.
-    pub(super) fn remove_xattr_on_server(&self, op: Op) -> Result<(), Error> {
-        let Op::RemoveXattr { ino, .. } = op else {
-            return Err(Error::Invalid { op: "removexattr", why: "not one".into() });
-        };
+    /// A removexattr of `name`, not an ACL's, by the server.
+    pub(super) fn remove_xattr_on_server(&self, ino: u64, name: Vec<u8>) -> Result<(), Error> {
         lock(&self.names).xattrs_changed(ino);
-        let r = self.one("removexattr", op).and_then(|r| want_done("removexattr", r));
+        let r = self.one("removexattr", Op::RemoveXattr { ino, name }).and_then(|r| want_done("removexattr", r));
         lock(&self.names).attr_stale(ino);
         r
     }
@@ -160,6 +157,11 @@ impl CrestFs {
             fetch.then(|| self.one("getattr", Op::GetAttr { ino }).and_then(|r| want_attr("getattr", r)).ok()).flatten()
         })
     }
+}
+
+/// `killed_mode` for a write by thread `pid`, its capability and groups from /proc.
+fn write_killed_mode(pid: u32, attr: &p::Attr) -> Option<u32> {
+    killed_mode(attr, || caller::capable_fsetid(pid), |gid| caller::in_group(pid, gid))
 }
 
 /// The mode `attr`'s file is left with after a write by a caller, if the write changes it:
