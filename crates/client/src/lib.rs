@@ -32,5 +32,6 @@ pub mod local;
 pub mod names;
 pub mod replay;
 pub mod rights;
+mod tombstones;
 
 pub use names::*;

@@ -50,9 +50,7 @@ pub const MAX_ENTRIES: usize = 1 << 20;
 /// Longest name the server accepts; longer ones always go to the server (for its error).
 pub const NAME_MAX: usize = 255;
 
-/// How long a recall is remembered against a grant that raced with it (far longer than a
-/// response can be held back by the server: `RECALL_TIMEOUT_MS`, 2 s).
-pub const TOMBSTONE_LIFETIME: Duration = Duration::from_secs(10);
+pub use crate::tombstones::TOMBSTONE_LIFETIME;
 
 /// What the cache knows about a name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,6 +63,7 @@ pub enum Cached {
 
 use crate::changes::Changes;
 pub use crate::changes::Epoch;
+use crate::tombstones::Tombstones;
 
 #[derive(Debug)]
 struct Range {
@@ -101,7 +100,7 @@ pub struct NameCache {
     attrs: HashMap<u64, Attr>,
     entries: usize,
     exclusive: HashSet<u64>,
-    tombstones: HashMap<u64, Instant>,
+    tombstones: Tombstones,
     in_flight: HashMap<u64, u32>,
     deferred: HashMap<u64, p::OpError>,
     kernel_entries: HashMap<u64, HashSet<Vec<u8>>>,
@@ -150,7 +149,7 @@ impl NameCache {
             attrs: HashMap::new(),
             entries: 0,
             exclusive: HashSet::new(),
-            tombstones: HashMap::new(),
+            tombstones: Tombstones::default(),
             in_flight: HashMap::new(),
             deferred: HashMap::new(),
             kernel_entries: HashMap::new(),
@@ -361,7 +360,7 @@ impl NameCache {
     /// the server may have stopped counting this mount as a holder, and answer a resend
     /// from its reply cache with what it found before).
     fn stale_since(&self, ino: u64, sent: Instant) -> bool {
-        self.tombstones.get(&ino).is_some_and(|&at| at >= sent) || self.shared_dropped.is_some_and(|at| at >= sent)
+        self.tombstones.since(ino, sent) || self.shared_dropped.is_some_and(|at| at >= sent)
     }
 
     /// `name` in `dir` was removed through this mount (unlink, rmdir, rename source or
@@ -450,7 +449,7 @@ impl NameCache {
         // recall is as stale as the first; so are the attributes in any reply to a request
         // sent before it, which the server may have held back until after this grant
         // (`stale_since`).
-        if self.tombstones.get(&ino).is_some_and(|&at| at >= sent) || self.rights_reset.is_some_and(|at| at >= sent) {
+        if self.tombstones.since(ino, sent) || self.rights_reset.is_some_and(|at| at >= sent) {
             return;
         }
         if !self.exclusive.contains(&ino) {
@@ -465,7 +464,6 @@ impl NameCache {
             }
         }
         self.exclusive.insert(ino);
-        self.purge_tombstones(now);
     }
 
     /// This mount created `ino`: it has no extended attributes.
@@ -716,7 +714,6 @@ impl NameCache {
         self.exclusive.remove(&ino);
         self.tombstones.insert(ino, now);
         self.release_kernel_entries(ino);
-        self.purge_tombstones(now);
     }
 
     /// May the kernel cache the entry `name` in `dir` (negative when `ino` is 0) for a
@@ -785,12 +782,6 @@ impl NameCache {
     /// Names the kernel caches that it must now forget (drained by the recall thread).
     pub fn take_kernel_invalidations(&mut self) -> Vec<(u64, Vec<u8>)> {
         std::mem::take(&mut self.kernel_inval)
-    }
-
-    fn purge_tombstones(&mut self, now: Instant) {
-        if self.tombstones.len() > 4096 {
-            self.tombstones.retain(|_, at| now.duration_since(*at) < TOMBSTONE_LIFETIME);
-        }
     }
 
     /// A writeback request touching `ino` was sent.
