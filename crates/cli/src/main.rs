@@ -5,12 +5,15 @@
 
 mod bench;
 mod dataset;
+mod helpfiles;
+mod logging;
 mod mount;
 mod mountinfo;
 mod repair;
 mod sendrecv;
 mod signature;
 mod trust;
+mod version;
 
 use std::path::Path;
 use std::path::PathBuf;
@@ -42,11 +45,32 @@ mod exit {
     pub const MOUNT_FAILURE: u8 = 32;
 }
 
+/// What `crest --help` says after the commands: how to make crest say more or less, and
+/// where the other ways in are.
+const AFTER_HELP: &str = "\
+Logs: warnings and errors go to standard error; -q logs errors only, -v, -vv and -vvv add
+crest's info, debug and trace lines. --log-file PATH appends them to PATH instead (mode
+0600). Colour codes only on a terminal (none with NO_COLOR set); under systemd, lines carry
+journald priorities and no timestamps. CREST_LOG, filter directives as tracing's EnvFilter
+reads them (CREST_LOG=debug, CREST_LOG=crest_server=debug,fuser=info), wins over -v and
+-q. A background mount logs to log/ in the state directory, or to --log-file.
+
+crest --version names the commit, the protocol and the on-disk format. Shell completions:
+crest completions SHELL; man pages: crest man DIR (docs/operations.md).";
+
 #[derive(Parser, Debug)]
-#[command(name = "crest", version, about = "crest: a coherent remote file system")]
+#[command(
+    name = "crest",
+    version = version::short(),
+    long_version = version::long(),
+    about = "A coherent remote file system",
+    after_help = AFTER_HELP
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: logging::LogArgs,
     /// Where this host keeps its credentials (CA, certificates, tokens): default
     /// $CREST_STATE_DIR, else /var/lib/crest for root, else ~/.local/state/crest.
     #[arg(long, global = true)]
@@ -240,6 +264,26 @@ enum Command {
         /// guessed.
         #[arg(long)]
         repair: bool,
+    },
+    /// Print the release, the git commit it was built from, and the protocol, on-disk
+    /// format and send stream versions it speaks (as --version).
+    Version {
+        /// As one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a completion script for SHELL to standard output (e.g. into
+    /// /usr/share/bash-completion/completions/crest).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write a man page for crest and each of its commands into DIR (crest.1,
+    /// crest-mount.1, ...; e.g. /usr/local/share/man/man1).
+    Man {
+        /// Where to write them (created if missing).
+        dir: PathBuf,
     },
 }
 
@@ -561,11 +605,17 @@ fn usage_exit(args: &[std::ffi::OsString], helper: bool) -> u8 {
     }
 }
 
+/// The exit code of a command that failed: mount(8)'s for mount and umount, fsck(8)'s
+/// operational error for fsck, 1 for the rest (mkfs(8)).
+fn failure_code(command: &Command) -> u8 {
+    match command {
+        Command::Mount { .. } | Command::Umount { .. } => exit::MOUNT_FAILURE,
+        Command::Fsck { .. } => exit::FSCK_OPERATIONAL,
+        _ => exit::FAILURE,
+    }
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CREST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let (args, helper) = arguments();
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
@@ -576,11 +626,15 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let state = trust::state_dir(cli.state_dir.as_ref());
-    let (result, failure) = match cli.command {
-        Command::Mkfs { image, size, force, metadata_copies, json } => {
-            (mkfs(&image, size, force, metadata_copies, json), exit::FAILURE)
-        }
+    let Cli { command, log, state_dir } = cli;
+    let failure = failure_code(&command);
+    if let Err(e) = logging::init(&log) {
+        eprintln!("crest: {e:#}");
+        return ExitCode::from(failure);
+    }
+    let state = trust::state_dir(state_dir.as_ref());
+    let result = match command {
+        Command::Mkfs { image, size, force, metadata_copies, json } => mkfs(&image, size, force, metadata_copies, json),
         Command::Fsck { image, json, repair } => return ExitCode::from(fsck(&image, json, repair)),
         Command::Mount { addr, mountpoint, options, foreground, timeout, ready_pipe, insecure, token } => {
             let voice = if helper { mount::Voice::Helper } else { mount::Voice::Crest };
@@ -595,10 +649,11 @@ fn main() -> ExitCode {
                 insecure,
                 token: token.as_deref(),
                 state: &state,
+                log: &log,
             };
-            (mount::mount(&req), exit::MOUNT_FAILURE)
+            mount::mount(&req)
         }
-        Command::Join { addr, token } => (join(&state, &addr, &token), exit::FAILURE),
+        Command::Join { addr, token } => join(&state, &addr, &token),
         Command::Scrub { server, insecure, restart, json } => {
             let done = mount::parse_addr(&server).and_then(|addr| {
                 let tls = trust::client_tls(&state, &addr, insecure)?;
@@ -609,47 +664,42 @@ fn main() -> ExitCode {
                 Ok(true) => ExitCode::from(4),
                 Err(e) => {
                     eprintln!("crest: {e:#}");
-                    ExitCode::from(exit::FAILURE)
+                    ExitCode::from(failure)
                 }
             };
         }
-        Command::Bench(args) => (bench::bench(&args), exit::FAILURE),
-        Command::Send { snapshot, base, server, insecure } => {
-            let done = mount::parse_addr(&server).and_then(|addr| {
-                let tls = trust::client_tls(&state, &addr, insecure)?;
-                sendrecv::send(&dataset::Target { addr: &addr, tls }, &snapshot, base.as_deref())
-            });
-            (done, exit::FAILURE)
-        }
-        Command::Receive { dataset, force, server, insecure } => {
-            let done = mount::parse_addr(&server).and_then(|addr| {
-                let tls = trust::client_tls(&state, &addr, insecure)?;
-                sendrecv::receive(&dataset::Target { addr: &addr, tls }, &dataset, force)
-            });
-            (done, exit::FAILURE)
-        }
-        Command::Snapshot { cmd, server, insecure } => {
-            let done = mount::parse_addr(&server).and_then(|addr| {
-                let tls = trust::client_tls(&state, &addr, insecure)?;
-                dataset::run_snapshot(&dataset::Target { addr: &addr, tls }, cmd)
-            });
-            (done, exit::FAILURE)
-        }
-        Command::Dataset { cmd, server, insecure } => {
-            let done = mount::parse_addr(&server).and_then(|addr| {
-                let tls = trust::client_tls(&state, &addr, insecure)?;
-                dataset::run(&dataset::Target { addr: &addr, tls }, cmd)
-            });
-            (done, exit::FAILURE)
-        }
-        Command::Token { cmd } => (trust::token(&state, cmd), exit::FAILURE),
-        Command::Cert { cmd } => (trust::cert(&state, cmd), exit::FAILURE),
-        Command::Umount { mountpoint, lazy } => (mount::umount(&mountpoint, lazy), exit::MOUNT_FAILURE),
+        Command::Bench(args) => bench::bench(&args),
+        Command::Send { snapshot, base, server, insecure } => mount::parse_addr(&server).and_then(|addr| {
+            let tls = trust::client_tls(&state, &addr, insecure)?;
+            sendrecv::send(&dataset::Target { addr: &addr, tls }, &snapshot, base.as_deref())
+        }),
+        Command::Receive { dataset, force, server, insecure } => mount::parse_addr(&server).and_then(|addr| {
+            let tls = trust::client_tls(&state, &addr, insecure)?;
+            sendrecv::receive(&dataset::Target { addr: &addr, tls }, &dataset, force)
+        }),
+        Command::Snapshot { cmd, server, insecure } => mount::parse_addr(&server).and_then(|addr| {
+            let tls = trust::client_tls(&state, &addr, insecure)?;
+            dataset::run_snapshot(&dataset::Target { addr: &addr, tls }, cmd)
+        }),
+        Command::Dataset { cmd, server, insecure } => mount::parse_addr(&server).and_then(|addr| {
+            let tls = trust::client_tls(&state, &addr, insecure)?;
+            dataset::run(&dataset::Target { addr: &addr, tls }, cmd)
+        }),
+        Command::Token { cmd } => trust::token(&state, cmd),
+        Command::Cert { cmd } => trust::cert(&state, cmd),
+        Command::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
         Command::Serve { image, listen, commit_interval_ms, disk_io, insecure } => {
-            let served = trust::server_security(&state, &listen, insecure)
-                .and_then(|security| serve(&image, &listen, commit_interval_ms, disk_io.into(), security));
-            (served, exit::FAILURE)
+            trust::server_security(&state, &listen, insecure)
+                .and_then(|security| serve(&image, &listen, commit_interval_ms, disk_io.into(), security))
         }
+        Command::Version { json } => {
+            version::print(json);
+            Ok(())
+        }
+        Command::Completions { shell } => helpfiles::completions(shell),
+        Command::Man { dir } => helpfiles::man_pages(&dir).map(|pages| {
+            println!("crest: wrote {} man pages to {}", pages.len(), dir.display());
+        }),
     };
     match result {
         Ok(()) => ExitCode::from(exit::OK),

@@ -104,6 +104,8 @@ pub struct Request<'a> {
     pub token: Option<&'a str>,
     /// Where the credentials are.
     pub state: &'a crest_tls::StateDir,
+    /// How much to log, and where (the background daemon logs alike).
+    pub log: &'a crate::logging::LogArgs,
 }
 
 /// `-o timeout=SECONDS` (fstab's way to say `--timeout`), taken out of `opts`: how long
@@ -279,19 +281,30 @@ fn create_log(path: &Path) -> Result<std::fs::File> {
 /// (ClientOptions::connect_timeout), a handshake after 10 s more.
 const READY_WAIT: Duration = Duration::from_secs(60);
 
-/// Re-runs `crest mount --foreground` detached (own process group, log file as stderr),
-/// its stdout a pipe on which it writes "ok" once the kernel has the mount or why it
-/// failed; returns when that word comes (or the daemon dies without one).
+/// Re-runs `crest mount --foreground` detached (own process group, log file as stderr:
+/// `--log-file`, appended to, or a fresh one in the state directory), its stdout a pipe
+/// on which it writes "ok" once the kernel has the mount or why it failed; returns when
+/// that word comes (or the daemon dies without one). The daemon logs at this command's
+/// level, and without colour codes (its stderr is no terminal).
 fn mount_in_background(addr: &str, target: &Path, req: &Request) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("finding the crest binary")?;
-    let log = log_path(req.state, target)?;
-    let log_file = create_log(&log)?;
+    let (log, log_file) = match &req.log.log_file {
+        Some(path) => (path.clone(), crate::logging::open_log_file(path)?),
+        None => {
+            let path = log_path(req.state, target)?;
+            let file = create_log(&path)?;
+            (path, file)
+        }
+    };
+    // What the daemon writes starts here (a --log-file may hold older runs).
+    let log_start = log_file.metadata().map_or(0, |m| m.len());
     let (reader, writer) = std::io::pipe().context("creating the readiness pipe")?;
     let mut cmd = std::process::Command::new(exe);
     // The mount point stays the last argument (tests find the daemon by it).
     cmd.arg("mount").arg("--foreground").arg("--ready-pipe").arg("--timeout").arg(req.timeout.to_string());
     cmd.arg("--state-dir").arg(req.state.path());
+    cmd.args(req.log.level_args());
     if req.insecure {
         cmd.arg("--insecure");
     }
@@ -345,7 +358,8 @@ fn mount_in_background(addr: &str, target: &Path, req: &Request) -> Result<()> {
     if !word.trim().is_empty() {
         bail!("{}", word.trim());
     }
-    let msg = std::fs::read_to_string(&log).unwrap_or_default();
+    let msg = std::fs::read(&log).unwrap_or_default();
+    let msg = String::from_utf8_lossy(msg.get(log_start as usize..).unwrap_or_default());
     bail!("the mount daemon exited ({status}) without mounting: {}", msg.trim())
 }
 
