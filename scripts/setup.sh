@@ -2,7 +2,7 @@
 # Installs what building and testing crest needs on a fresh Debian machine, idempotently:
 # rustfmt and clippy for the Rust toolchain (rustup; Rust itself must be present), the
 # Debian packages the build, the mount tests and the benchmarks use (fuse3, attr, acl, bindfs,
-# e2fsprogs and util-linux for tests/cli.sh;
+# e2fsprogs and util-linux for tests/cli.sh; groff-base and man-db for tests/ops.sh;
 # sshfs and openssh-server for bench/headline.sh), the POSIX suites (pjdfstest, fsx) and the
 # users pjdfstest switches to.
 set -euo pipefail
@@ -33,6 +33,9 @@ command -v bc >/dev/null 2>&1 || need+=(bc)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v blkid >/dev/null 2>&1 || need+=(util-linux)
 command -v mkswap >/dev/null 2>&1 || need+=(util-linux)
+# tests/ops.sh: the man pages rendered (groff) and read (man).
+command -v groff >/dev/null 2>&1 || need+=(groff-base)
+command -v man >/dev/null 2>&1 || need+=(man-db)
 command -v sshfs >/dev/null 2>&1 || need+=(sshfs)
 command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)

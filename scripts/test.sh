@@ -39,6 +39,9 @@ echo "== cli on a real image file: mkfs, fsck, serve, mount, umount, mount.fuse.
 cargo build --release --locked -p crest
 bash tests/cli.sh
 
+echo "== what operators use: --version, -v/-q/--log-file/CREST_LOG, completions, man pages (tests/ops.sh)"
+bash tests/ops.sh
+
 echo "== datasets as users meet them: create, mount one, quota, readonly, atime, destroy (tests/datasets.sh)"
 bash tests/datasets.sh
 
