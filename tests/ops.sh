@@ -17,7 +17,8 @@
 #   man          `crest man DIR` writes crest.1, crest-mount.1, crest-dataset-create.1...,
 #                each renders with groff without a warning, and they carry the options.
 # Each check prints PASS/FAIL; exits non-zero if any failed.
-#   CREST_BIN   the crest binary (default target/release/crest)
+#   CREST_BIN        the crest binary (default target/release/crest)
+#   CREST_OPS_KEEP=1 keep the scratch directory (logs, man pages) to look at
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 crest=${CREST_BIN:-$root/target/release/crest}
@@ -36,7 +37,7 @@ cleanup() {
   done
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
-  [ -n "${KEEP:-}" ] || rm -rf "$tmp"
+  [ -n "${CREST_OPS_KEEP:-}" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
 
