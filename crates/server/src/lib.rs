@@ -20,6 +20,7 @@
 mod acl;
 pub mod authz;
 pub mod caps;
+pub mod contention;
 pub mod convert;
 pub use crest_proto::locks;
 pub mod session;

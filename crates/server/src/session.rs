@@ -14,6 +14,7 @@ use crest_store::{self as s, Store};
 use crate::acl;
 use crate::authz::{self, Policy};
 use crate::caps::{Caps, Outgoing};
+use crate::contention::Contention;
 use crate::convert::{attr_out, error_out, kind_in, time_in};
 use crate::locks::{self, LockTable};
 use crate::space::SpaceWatch;
@@ -337,6 +338,8 @@ pub struct Server {
     served: BTreeMap<&'static str, u64>,
     /// Whether the image is short of space (then no session holds exclusive rights).
     space: SpaceWatch,
+    /// Directories several sessions change at once: not handed to one whole.
+    contention: Contention,
     /// Snapshots waiting for clients to write back (`admin_start`).
     pending_snapshots: Vec<admin::PendingSnapshot>,
     /// The last token given to a call that waits.
@@ -506,7 +509,15 @@ impl Server {
             applied: None,
             served: BTreeMap::new(),
             space: SpaceWatch::default(),
+            contention: Contention::default(),
         }
+    }
+
+    /// How recently another session must have changed a directory for this server to
+    /// refuse to hand it to a session whole (`contention::CONTENTION_MS` by default; 0:
+    /// never). Simulators vary it, to exercise acquires racing with other sessions too.
+    pub fn set_contention_window(&mut self, ms: u64) {
+        self.contention = Contention::new(ms);
     }
 
     /// From now on, remember every request run or answered from the reply cache, for
@@ -701,7 +712,14 @@ impl Server {
                 s.reserve_place(req.id);
             }
         }
-        let involved = self.involved(&req);
+        // Whatever it changes counts from its arrival: a change parked behind the holder of
+        // its directory is the very sign that the directory is shared.
+        for op in req.ops.iter().filter(|op| op.is_mutation()) {
+            for (dir, _) in op.named_entries() {
+                self.contention.used(dir, session, now_ms);
+            }
+        }
+        let involved = self.involved(&req, Some((session, now_ms)));
         if self.park_behind_own_replays(session, &req, in_replay)
             || self.park_behind_own_writeback(session, &req)
             || self.park_if_exclusive(session, &req, &involved, now_ms)
@@ -1096,6 +1114,13 @@ impl Server {
                     continue;
                 }
             }
+            if let Op::Acquire { ino } = op {
+                if self.contention.shared(ino, session, millis(who.server_now)) {
+                    let e = errno(16, format!("directory {ino} is shared with another client: changes go one by one"));
+                    results.push(room.place(Err(e)));
+                    continue;
+                }
+            }
             if let Op::CreateAt { ino, .. } | Op::SymlinkAt { ino, .. } = op {
                 if !self.sessions.get_mut(&session).is_some_and(|s| s.use_granted(ino)) {
                     let e = errno(1, format!("inode number {ino} was not granted to this session"));
@@ -1195,6 +1220,7 @@ impl Server {
                 }
             }
             if let (Some(dir), Reply::Lookup { leaf, .. }) = (acquires, &*reply) {
+                self.contention.used(dir, session, millis(now));
                 self.caps.grant_exclusive(session, dir);
                 for i in &leaf.items {
                     self.caps.grant_exclusive(session, i.attr.ino);

@@ -124,9 +124,10 @@ impl CrestFs {
     /// Asks the server for `dir` whole — exclusive rights on it and on everything it names,
     /// with every entry — before a change in it that this mount would otherwise send and
     /// wait for. Then this change and the ones after it (an `rm -rf`, a build's outputs)
-    /// are answered here. At most once per `ACQUIRE_RETRY` per directory, so two mounts
-    /// working in one directory trade it at that pace at most. True when `dir` is now held
-    /// whole.
+    /// are answered here. At most once per `ACQUIRE_RETRY` per directory; the server
+    /// refuses (EBUSY) while another mount is changing the directory too, so mounts
+    /// working in one directory do not trade it (docs/protocol.md §4.1, "Shared
+    /// directories"). True when `dir` is now held whole.
     pub(super) fn acquire(&self, dir: u64) -> bool {
         let epoch = {
             let c = lock(&self.names);

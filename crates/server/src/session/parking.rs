@@ -286,9 +286,17 @@ impl Server {
 
     /// Every inode a request names (and the victims of its unlinks and renames): what
     /// must not be held exclusively by another session while it runs.
-    pub(super) fn involved(&mut self, req: &p::Request) -> Vec<u64> {
+    /// With `by` (the session, and now), an acquire of a directory shared with other
+    /// sessions (`Contention`) involves nothing: it is refused when it runs, and must not
+    /// first recall anything.
+    pub(super) fn involved(&mut self, req: &p::Request, by: Option<(SessionId, u64)>) -> Vec<u64> {
         let mut v = Vec::new();
         for op in &req.ops {
+            if let (Op::Acquire { ino }, Some((session, now_ms))) = (op, by) {
+                if self.contention.shared(*ino, session, now_ms) {
+                    continue;
+                }
+            }
             v.extend(op_inodes(op));
             if matches!(op, Op::Unlink { .. } | Op::Rmdir { .. } | Op::Rename { .. } | Op::Acquire { .. }) {
                 v.extend(self.touches(op));

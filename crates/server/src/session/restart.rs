@@ -132,7 +132,7 @@ impl Server {
         let mut queue: Vec<(SessionId, p::Request, Vec<u64>)> = parked
             .into_iter()
             .map(|(s, r)| {
-                let involved = self.involved(&r);
+                let involved = self.involved(&r, None);
                 (s, r, involved)
             })
             .collect();

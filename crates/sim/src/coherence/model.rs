@@ -112,6 +112,8 @@ pub(crate) const ENOENT: i32 = 2;
 pub(crate) const EEXIST: i32 = 17;
 pub(crate) const ENOTDIR: i32 = 20;
 pub(crate) const EISDIR: i32 = 21;
+/// An acquire of a directory other sessions are changing (the server's choice).
+pub(crate) const EBUSY: i32 = 16;
 pub(crate) const EINVAL: i32 = 22;
 pub(crate) const ENOTEMPTY: i32 = 39;
 pub(crate) const ENODATA: i32 = 61;

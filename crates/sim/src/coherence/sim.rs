@@ -97,6 +97,9 @@ pub(crate) struct Sim {
     /// Percent of the unlinks, rmdirs and creates in a directory not held whole before
     /// which a client asks for it (`Op::Acquire`; per seed).
     pub(crate) acquire_pct: u64,
+    /// The server's contention window (`Server::set_contention_window`): 0 in half the
+    /// seeds, so acquires also race with other sessions' changes of the directory.
+    pub(crate) contention_ms: u64,
     /// Processes per client: how many of its system calls may wait on the server at once.
     pub(crate) procs: usize,
     /// Hash of every event so far.
@@ -132,6 +135,10 @@ impl Sim {
         server.record_applied();
         // (Session secrets travel in the client cores' hellos: drawn from the seed.)
         server.seed_randomness(seed ^ 0x5e55_1015);
+        // (Drawn apart from `rng`: every other choice of a seed stays as it was.)
+        let contention_ms =
+            [0, crest_server::contention::CONTENTION_MS][Stream::from_seed_u64(seed ^ 0xc0_17e5).below(2) as usize];
+        server.set_contention_window(contention_ms);
         let t0 = Instant::now();
         let pick = |rng: &mut Stream, v: &[f64]| v[rng.below(v.len() as u64) as usize];
         let faults = Faults {
@@ -218,6 +225,7 @@ impl Sim {
             trace_events: crate::env_u64("CREST_SIM_TRACE").ok().flatten().map_or(TRACE_EVENTS, |n| n as usize),
             locality,
             acquire_pct,
+            contention_ms,
             procs,
             trace_hash: 0xcbf2_9ce4_8422_2325,
             modes,
@@ -226,7 +234,7 @@ impl Sim {
             max_session: 0,
         };
         sim.log(format!(
-            "seed {seed}: {n} clients of {procs} processes, locality {locality}%, acquires {acquire_pct}%, faults {:?}",
+            "seed {seed}: {n} clients of {procs} processes, locality {locality}%, acquires {acquire_pct}%, contention window {contention_ms} ms, faults {:?}",
             sim.faults
         ));
         for c in 0..n {
@@ -1138,6 +1146,7 @@ impl Sim {
         }
         self.ck.seen_generation = self.server.store_mut().generation();
         self.server.record_applied();
+        self.server.set_contention_window(self.contention_ms);
         self.server.seed_randomness(self.seed ^ 0x5e55_1015 ^ (self.server_life << 32));
         // (So that a session number names one session in the checker's books.)
         self.server.number_sessions_from(self.max_session + 1);

@@ -1,0 +1,86 @@
+//! Directories several sessions change at once (`contention`): not handed to one whole.
+
+use super::*;
+
+/// `ms` milliseconds after `NOW`.
+fn after(ms: u64) -> p::Time {
+    let t = u64::try_from(NOW.sec).expect("NOW") * 1_000 + ms;
+    p::Time { sec: i64::try_from(t / 1_000).expect("time"), nsec: u32::try_from(t % 1_000).expect("ms") * 1_000_000 }
+}
+
+fn refused_busy(r: &Result<Reply, p::OpError>) -> bool {
+    matches!(r, Err(e) if e.errno == 16)
+}
+
+#[test]
+fn a_directory_two_sessions_change_at_once_is_handed_to_neither_whole() {
+    let (mut srv, a, b) = two_sessions();
+    srv.handle(a, create_in_root(1, "f"), after(0));
+    let Ok(Reply::Entry(f)) = sole_result(&mut srv) else { panic!("create f") };
+    // a changed the root a moment ago: b's acquire is refused at once, recalling nothing
+    // (a still holds f, which it made).
+    srv.handle(b, req(1, vec![Op::Acquire { ino: 1 }]), after(200));
+    let r = sole_result(&mut srv);
+    assert!(refused_busy(&r), "{r:?}");
+    assert_eq!(srv.caps.exclusive_elsewhere(b, f.ino), Some(a));
+    // b creates through the server instead; now a's acquire is refused too.
+    srv.handle(b, create_in_root(2, "g"), after(300));
+    let Ok(Reply::Entry(g)) = sole_result(&mut srv) else { panic!("create g") };
+    srv.handle(a, req(2, vec![Op::Acquire { ino: 1 }]), after(400));
+    assert!(refused_busy(&sole_result(&mut srv)));
+    // b has been quiet a whole window: a takes the root whole (b gives up g first).
+    srv.handle(a, req(3, vec![Op::Acquire { ino: 1 }]), after(1_300 + 1));
+    let out = srv.take_outgoing();
+    let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, inodes } }] = &out[..] else {
+        panic!("expected a recall to b: {out:?}")
+    };
+    assert_eq!((*session, inodes.as_slice()), (b, &[g.ino][..]));
+    srv.recall_done(b, *recall_id, after(1_302));
+    let r = sole_result(&mut srv);
+    assert!(matches!(&r, Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 2), "{r:?}");
+    // Taken whole just now: b may not take it straight back.
+    srv.handle(b, req(4, vec![Op::Acquire { ino: 1 }]), after(1_500));
+    assert!(refused_busy(&sole_result(&mut srv)));
+    assert_eq!(srv.caps.exclusive_elsewhere(b, 1), Some(a));
+}
+
+#[test]
+fn writeback_of_a_holder_keeps_its_directory_shared_for_others() {
+    // a holds the root whole and answers creates itself; its writeback arrives. b, whose
+    // acquire would recall the root and every entry and stall both, is refused; b's
+    // change through the server takes the root from a as it always did.
+    let (mut srv, a, b) = two_sessions();
+    srv.handle(a, req(1, vec![Op::Acquire { ino: 1 }]), after(0));
+    assert!(matches!(sole_result(&mut srv), Ok(Reply::Lookup { .. })));
+    srv.handle(a, req(2, vec![Op::AllocInodes { count: 4 }]), after(1_100));
+    let Ok(Reply::Inodes { first, .. }) = sole_result(&mut srv) else { panic!("alloc") };
+    let wb = p::Request {
+        id: 3,
+        ops: vec![Op::CreateAt {
+            parent: 1,
+            name: b"w".to_vec(),
+            ino: first,
+            generation: 9,
+            kind: p::FileType::Regular,
+            mode: 0o644,
+            rdev: 0,
+            cred: p::Cred::default(),
+        }],
+        time: Some(after(1_150)),
+        caller: p::Caller::ROOT,
+    };
+    srv.handle(a, wb, after(1_200));
+    assert!(sole_result(&mut srv).is_ok());
+    srv.handle(b, req(1, vec![Op::Acquire { ino: 1 }]), after(1_900));
+    let r = sole_result(&mut srv);
+    assert!(refused_busy(&r), "{r:?}");
+    assert_eq!(srv.caps.exclusive_elsewhere(b, 1), Some(a), "nothing was recalled");
+    // A window after a's last writeback, the root is b's for the asking.
+    srv.handle(b, req(2, vec![Op::Acquire { ino: 1 }]), after(2_300));
+    let out = srv.take_outgoing();
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Outgoing::Notify { session, notify: p::Notify::Recall { .. } } if *session == a)),
+        "{out:?}"
+    );
+}
