@@ -340,6 +340,8 @@ pub struct Server {
     space: SpaceWatch,
     /// Directories several sessions change at once: not handed to one whole.
     contention: Contention,
+    /// The last request had an acquire refused for that (`Applied::busy`).
+    refused_busy: bool,
     /// Snapshots waiting for clients to write back (`admin_start`).
     pending_snapshots: Vec<admin::PendingSnapshot>,
     /// The last token given to a call that waits.
@@ -373,6 +375,9 @@ pub struct Applied {
     /// taken as changes arrive, so one that ran may hold a place above changes still
     /// parked.
     pub seq: u64,
+    /// An acquire in it was refused (EBUSY) because its directory is shared
+    /// (`contention`): the server's choice, which no model of the file system predicts.
+    pub busy: bool,
 }
 
 /// A request that involves inodes another session holds exclusively: it runs once that
@@ -510,6 +515,7 @@ impl Server {
             served: BTreeMap::new(),
             space: SpaceWatch::default(),
             contention: Contention::default(),
+            refused_busy: false,
         }
     }
 
@@ -691,7 +697,16 @@ impl Server {
             if let Some(log) = &mut self.applied {
                 let (generation, dirty) = (self.store.generation(), self.store.is_dirty());
                 let grace_ended = std::mem::take(&mut self.grace_just_ended);
-                log.push(Applied { session, id: req.id, from_cache: true, generation, dirty, grace_ended, seq: 0 });
+                log.push(Applied {
+                    session,
+                    id: req.id,
+                    from_cache: true,
+                    generation,
+                    dirty,
+                    grace_ended,
+                    seq: 0,
+                    busy: false,
+                });
             }
             self.outbox.push(Outgoing::Response { session, response });
             return;
@@ -780,7 +795,8 @@ impl Server {
         if let Some(log) = &mut self.applied {
             let (generation, dirty) = (self.store.generation(), self.store.is_dirty());
             let grace_ended = std::mem::take(&mut self.grace_just_ended);
-            log.push(Applied { session, id, from_cache, generation, dirty, grace_ended, seq: response.seq });
+            let busy = std::mem::take(&mut self.refused_busy);
+            log.push(Applied { session, id, from_cache, generation, dirty, grace_ended, seq: response.seq, busy });
         }
         let changed = std::mem::take(&mut self.changed);
         let out = self.caps.changed(session, &changed, response, now_ms);
@@ -1001,6 +1017,7 @@ impl Server {
         self.confirm_resume(session);
         self.changed.clear();
         self.carried.clear();
+        self.refused_busy = false;
         let replaying = self.replaying.contains(&session);
         let policy = self.sessions.get(&session).and_then(|s| s.policy.clone());
         let mut policy = policy.unwrap_or_else(|| TRUSTED.clone());
@@ -1117,6 +1134,7 @@ impl Server {
             if let Op::Acquire { ino } = op {
                 if self.contention.shared(ino, session, millis(who.server_now)) {
                     let e = errno(16, format!("directory {ino} is shared with another client: changes go one by one"));
+                    self.refused_busy = true;
                     results.push(room.place(Err(e)));
                     continue;
                 }
