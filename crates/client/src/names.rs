@@ -52,6 +52,10 @@ pub const NAME_MAX: usize = 255;
 
 pub use crate::tombstones::TOMBSTONE_LIFETIME;
 
+/// How long after a recall of a directory the kernel is not let cache its names
+/// (`kernel_shared_entry`).
+pub const SHARED_DIR_QUIET: Duration = Duration::from_secs(1);
+
 /// What the cache knows about a name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Cached {
@@ -671,7 +675,11 @@ impl NameCache {
     /// drop of shared state) makes `take_kernel_epoch` say so before the recall is
     /// answered.
     pub fn kernel_shared_entry(&mut self, dir: u64, name: &[u8], now: Instant) -> Duration {
-        if !cacheable(name) {
+        // A directory recalled a moment ago is being changed elsewhere: its names are not
+        // the kernel's to keep, or each recall of it would make the kernel drop every name
+        // it caches and look each path up again (a shared parent's own name included).
+        let contended = now.checked_sub(SHARED_DIR_QUIET).is_some_and(|t| self.tombstones.since(dir, t));
+        if !cacheable(name) || contended {
             return Duration::ZERO;
         }
         let valid = self.stretch(dir, name).map_or(Duration::ZERO, |r| r.expires.saturating_duration_since(now));
@@ -1125,6 +1133,14 @@ pub(crate) mod tests {
         c.kernel_shared_entry(1, b"a", now);
         c.drop_shared(now);
         assert!(c.take_kernel_epoch(&[]), "shared state dropped without a recall");
+        // Recalled a moment ago, a directory's names stay out of the kernel (each recall
+        // would drop them all), until it has been quiet a while.
+        let later = now + Duration::from_secs(5);
+        c.recall_rights(1, later);
+        c.absorb_leaf(1, &leaf_around(&[("a", 10)]), c.epoch(), later + SHARED_DIR_QUIET / 2);
+        assert_eq!(c.kernel_shared_entry(1, b"a", later + SHARED_DIR_QUIET / 2), Duration::ZERO);
+        assert!(!c.take_kernel_epoch(&[1]), "nothing to drop");
+        assert!(c.kernel_shared_entry(1, b"a", later + SHARED_DIR_QUIET + Duration::from_millis(1)) > Duration::ZERO);
     }
 
     #[test]

@@ -1195,16 +1195,24 @@ impl Filesystem for CrestFs {
                 open_reply_flags(flags, false, self.atime),
             );
         }
-        // Two calls: Open names its inode, which exists only once Create has answered. The
-        // kernel holds the directory locked in between, so nothing can unlink the new name.
+        // Through the server: one request when the file can have a number from this
+        // mount's range (the Open names it); else two calls, as Open names its inode, which
+        // exists only once Create has answered. The kernel holds the directory locked in
+        // between, so nothing can unlink the new name.
         let mut since = 0;
-        let created = self.create_node(cred, parent, name, kind, mode, 0).and_then(|a| {
-            since = self.stamp();
-            let opened = self
-                .one("create", Op::Open { ino: a.ino, handle: fh.0, access })
-                .and_then(|r| want_attr("create", r))?;
-            Ok((a, opened))
-        });
+        let created = match self.create_open_on_server(cred, parent.0, name, mode, fh, access) {
+            Some(r) => r.map(|(a, opened, stamp)| {
+                since = stamp;
+                (a, opened)
+            }),
+            None => self.create_node(cred, parent, name, kind, mode, 0).and_then(|a| {
+                since = self.stamp();
+                let opened = self
+                    .one("create", Op::Open { ino: a.ino, handle: fh.0, access })
+                    .and_then(|r| want_attr("create", r))?;
+                Ok((a, opened))
+            }),
+        };
         match created {
             Ok((a, opened)) => {
                 let mut t = lock(&self.inodes);

@@ -32,6 +32,52 @@ impl CrestFs {
         }
     }
 
+    /// Creates and opens a regular file through the server in one request, under a
+    /// number from this mount's range (`Op::CreateAt`) that the `Open` can name: a create
+    /// in a directory another mount is changing too costs one round trip, not two.
+    /// Returns the created and the opened attributes, and the stamp the opened ones are
+    /// newer than. `None`: no number at hand, or the server did not know the grant (a
+    /// restart forgot it; EPERM): make the two calls.
+    pub(super) fn create_open_on_server(
+        &self,
+        cred: p::Cred,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        fh: FileHandle,
+        access: u32,
+    ) -> Option<Result<(p::Attr, p::Attr, u64), Error>> {
+        let ino = self.next_ino()?;
+        let create = Op::CreateAt {
+            ino,
+            generation: crest_rng::next_u64(),
+            parent,
+            name: name.as_bytes().to_vec(),
+            kind: p::FileType::Regular,
+            mode,
+            rdev: 0,
+            cred,
+        };
+        let sent = Instant::now();
+        let mut r = match self.many("create", vec![create, Op::Open { ino, handle: fh.0, access }]) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let a = match nth("create", &mut r, 0).and_then(|x| want_attr("create", x)) {
+            Ok(a) => a,
+            Err(e) if e.errno() == Errno::EPERM => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        // (Stamped after the create's attributes are in, as if the open went next: nobody
+        // else can have had the new inode's attributes to take in before its reply.)
+        let stamp = {
+            let mut c = lock(&self.names);
+            c.created_by_reply(parent, name.as_bytes(), &a, sent, Instant::now());
+            c.stamp()
+        };
+        Some(nth("create", &mut r, 1).and_then(|x| want_attr("create", x)).map(|opened| (a, opened, stamp)))
+    }
+
     /// What runs when writeback `what` touching `inodes` is answered: the cache settles
     /// it (`NameCache::writeback_answered`), and whoever waits for the inodes is woken.
     pub(super) fn completion(&self, what: &'static str, inodes: Vec<u64>) -> Completion {
