@@ -524,8 +524,10 @@ async fn accept_loop(
                     let gate = gate.clone();
                     let counters = counters.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = connection(stream, peer, shell, gate, early, counters).await {
-                            tracing::warn!(%peer, "connection closed: {e}");
+                        match connection(stream, peer, shell, gate, early, counters).await {
+                            Ok(()) => {}
+                            Err(ConnError::ClosedBeforeHello) => tracing::debug!(%peer, "connection closed before hello"),
+                            Err(e) => tracing::warn!(%peer, "connection closed: {e}"),
                         }
                     });
                 }
@@ -582,6 +584,10 @@ enum ConnError {
     Proto(#[from] p::ProtoError),
     #[error("{0}")]
     Other(String),
+    /// The peer closed before sending anything that could be a hello: a port probe or a
+    /// health check, not worth a warning.
+    #[error("closed before hello")]
+    ClosedBeforeHello,
 }
 
 /// Appends `m`'s frame to `buf`. A response too large for a frame (the server core keeps
@@ -713,7 +719,11 @@ async fn first_message(
             let room = decoder.spare(crest_stream::BUFFER_BYTES);
             let n = read_burst(rd, room).await?;
             if n == 0 {
-                return Err(ConnError::Other("closed before hello".into()));
+                return Err(if decoder.buffered() == 0 {
+                    ConnError::ClosedBeforeHello
+                } else {
+                    ConnError::Other("closed in the middle of its hello".into())
+                });
             }
             if std::mem::take(&mut first) && plaintext && room[..n].starts_with(&[0x16, 0x03]) {
                 return Err(ConnError::Other("a TLS client; this server runs --insecure".into()));
