@@ -41,6 +41,7 @@ bash tests/cli.sh
 
 echo "== what operators use: --version, -v/-q/--log-file/CREST_LOG, completions, man pages (tests/ops.sh)"
 bash tests/ops.sh
+bash tests/config.sh   # /etc/crest/crest.toml and --config: keys, flags win, errors named
 
 echo "== datasets as users meet them: create, mount one, quota, readonly, atime, destroy (tests/datasets.sh)"
 bash tests/datasets.sh

@@ -4,6 +4,7 @@
 //! scripts and fstab treat crest as they treat those (see `exit`).
 
 mod bench;
+mod config;
 mod dataset;
 mod helpfiles;
 mod logging;
@@ -75,6 +76,10 @@ struct Cli {
     /// $CREST_STATE_DIR, else /var/lib/crest for root, else ~/.local/state/crest.
     #[arg(long, global = true)]
     state_dir: Option<PathBuf>,
+    /// The configuration file (docs/operations.md): keys for serve, mount and the logs,
+    /// under the flags given here. Default /etc/crest/crest.toml, if it exists.
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -288,7 +293,9 @@ enum Command {
 }
 
 /// `crest serve --disk-io`: the image backend (benches/diskio.rs in crest-store measures them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+/// The configuration file names them as the flag does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum DiskIoArg {
     /// io_uring (crest_store::UringDisk).
     Uring,
@@ -615,18 +622,38 @@ fn failure_code(command: &Command) -> u8 {
     }
 }
 
-fn main() -> ExitCode {
-    let (args, helper) = arguments();
-    let cli = match Cli::try_parse_from(&args) {
-        Ok(cli) => cli,
+/// The command line, with the configuration file under it (config.rs); on failure, says
+/// why and returns the exit code. A broken file is a usage error: the command as given
+/// cannot run, and nothing was started.
+fn parse_cli(args: &[std::ffi::OsString], helper: bool) -> Result<Cli, u8> {
+    use clap::{CommandFactory, FromArgMatches};
+    let parsed = Cli::command().try_get_matches_from(args).and_then(|m| Ok((Cli::from_arg_matches(&m)?, m)));
+    let (mut cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) => {
             // --help and --version are no errors (clap prints them to stdout).
-            let code = if e.use_stderr() { usage_exit(&args, helper) } else { exit::OK };
+            let code = if e.use_stderr() { usage_exit(args, helper) } else { exit::OK };
             let _ = e.print();
-            return ExitCode::from(code);
+            return Err(code);
         }
     };
-    let Cli { command, log, state_dir } = cli;
+    match config::load(cli.config.as_deref()) {
+        Ok(file) => config::apply(&mut cli, &matches, &file),
+        Err(e) => {
+            eprintln!("crest: {e:#}");
+            return Err(usage_exit(args, helper));
+        }
+    }
+    Ok(cli)
+}
+
+fn main() -> ExitCode {
+    let (args, helper) = arguments();
+    let cli = match parse_cli(&args, helper) {
+        Ok(cli) => cli,
+        Err(code) => return ExitCode::from(code),
+    };
+    let Cli { command, log, state_dir, config } = cli;
     let failure = failure_code(&command);
     if let Err(e) = logging::init(&log) {
         eprintln!("crest: {e:#}");
@@ -650,6 +677,7 @@ fn main() -> ExitCode {
                 token: token.as_deref(),
                 state: &state,
                 log: &log,
+                config: config.as_deref(),
             };
             mount::mount(&req)
         }

@@ -106,6 +106,8 @@ pub struct Request<'a> {
     pub state: &'a crest_tls::StateDir,
     /// How much to log, and where (the background daemon logs alike).
     pub log: &'a crate::logging::LogArgs,
+    /// `--config`, handed on to the background daemon so that it reads the same file.
+    pub config: Option<&'a Path>,
 }
 
 /// `-o timeout=SECONDS` (fstab's way to say `--timeout`), taken out of `opts`: how long
@@ -305,6 +307,11 @@ fn mount_in_background(addr: &str, target: &Path, req: &Request) -> Result<()> {
     cmd.arg("mount").arg("--foreground").arg("--ready-pipe").arg("--timeout").arg(req.timeout.to_string());
     cmd.arg("--state-dir").arg(req.state.path());
     cmd.args(req.log.level_args());
+    // What the file said is among the flags above already; the daemon reads it again
+    // for what is not (its [log] file), and must read this one, not the default.
+    if let Some(config) = req.config {
+        cmd.arg("--config").arg(config);
+    }
     if req.insecure {
         cmd.arg("--insecure");
     }
