@@ -53,13 +53,6 @@ json() {
     fail "$name" "JSON not valid or not ($cond); $(said)"
   fi
 }
-wait_listen() {
-  for _ in $(seq 100); do
-    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
 # crest_mounted DIR: DIR is a fuse.crest mount point (mountinfo escapes spaces as \040).
 crest_mounted() { grep -F " $(printf '%s' "$1" | sed 's/ /\\040/g') " /proc/self/mountinfo | grep -q " - fuse.crest "; }
 

@@ -33,12 +33,6 @@ trap cleanup EXIT
 
 # shellcheck source=tests/lib.sh
 source "$root/tests/lib.sh"
-# listening PORT: something accepts connections on 127.0.0.1:PORT.
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_listen() {
-  for _ in $(seq 100); do listening "$1" && return 0; sleep 0.05; done
-  return 1
-}
 # soon_grep PATTERN FILE: PATTERN shows up in FILE within 2 s (the server says where it
 # serves just after it starts listening).
 soon_grep() {

@@ -34,13 +34,6 @@ trap cleanup EXIT
 # shellcheck source=tests/lib.sh
 source "$root/tests/lib.sh"
 check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "$*"; fi; }
-wait_listen() {
-  for _ in $(seq 100); do
-    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
 # Damages one random byte of one copy of the (never changed, so never copied again) leaf
 # of dataset $2's tree in image $1: its two copies are the only blocks of this file
 # system whose header names that tree. Prints the damaged byte's offset.

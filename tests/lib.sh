@@ -1,4 +1,4 @@
-# Checks shared by the shell test suites (tests/cli.sh, tests/security.sh). Source it
+# Checks shared by the shell test suites (tests/*.sh). Source it
 # after setting `tmp` (a scratch directory) and `fails=0`.
 
 pass() { echo "PASS $1"; }
@@ -15,3 +15,10 @@ expect() {
 # mentions NAME TEXT: the last command's stdout or stderr contains TEXT (case-insensitive).
 mentions() { if grep -qiF -- "$2" "$tmp/out" "$tmp/err"; then pass "$1"; else fail "$1" "no \"$2\"; $(said)"; fi; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# listening PORT: something accepts connections on 127.0.0.1:PORT.
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# wait_listen PORT: something listens there within 10 s.
+wait_listen() {
+  for _ in $(seq 200); do listening "$1" && return 0; sleep 0.05; done
+  return 1
+}

@@ -43,13 +43,6 @@ trap cleanup EXIT
 
 # shellcheck source=tests/lib.sh
 source "$root/tests/lib.sh"
-wait_listen() {
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  return 1
-}
 # has_esc FILE: FILE holds an ESC byte (the start of every ANSI colour code).
 has_esc() { LC_ALL=C grep -q $'\x1b' "$1"; }
 # soon_grep PATTERN FILE: PATTERN shows up in FILE within 2 s (a daemon writes it after

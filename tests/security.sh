@@ -39,13 +39,6 @@ trap cleanup EXIT
 # shellcheck source=tests/lib.sh
 source "$root/tests/lib.sh"
 check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "not true: $*"; fi; }
-wait_listen() {
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
 # as HOST CMD...: crest with HOST's state directory.
 as() { local h=$1; shift; CREST_STATE_DIR=$tmp/$h "$crest" "$@"; }
 serve() { # HOST IMAGE PORT [ARGS]

@@ -34,13 +34,6 @@ trap cleanup EXIT
 # shellcheck source=tests/lib.sh
 source "$root/tests/lib.sh"
 check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "$*"; fi; }
-wait_listen() {
-  for _ in $(seq 100); do
-    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
 # Everything a user can see of a tree, one line per path, hard links as groups.
 signature() {
   python3 - "$1" <<'PY'
