@@ -95,17 +95,37 @@ mkdir -m 1777 "$m_host/pub"
 expect other-mounts 0 as other mount "$addr" "$m_other"
 check other-sees-host [ "$(cat "$m_other/a" 2>/dev/null)" = "from host" ]
 # Its root is nobody on the server: the root directory (0755, root's) is not its to write
-# in, and the refusal reaches the writer: at once while the host's change to the root
-# makes it shared (the create goes to the server); once the root has been quiet long
-# enough for the mount to take it whole and answer the create itself, with the writeback,
-# by fsync at the latest. (A close does not wait for writeback: a refusal that has not
-# come back by then is not reported there.)
+# in, and the refusal reaches the writer at once, at open: whether the create goes to the
+# server while the host's change to the root makes it shared, or a second later, when the
+# mount could take the root whole and answer creates itself (it answers none of a caller
+# the server squashes: the kernel let root through).
 writes() { python3 -c 'import sys; f = open(sys.argv[1], "w"); f.write(sys.argv[2]); f.close()' "$@" 2>/dev/null; }
-syncs() { python3 -c 'import os, sys; f = open(sys.argv[1], "w"); f.write(sys.argv[2]); f.flush(); os.fsync(f.fileno()); f.close()' "$@" 2>/dev/null; }
 check squashed-root-refused bash -c "$(declare -f writes); ! writes '$m_other/b' 'x'"
 sleep 1.2
-check squashed-root-refused-when-held bash -c "$(declare -f syncs); ! syncs '$m_other/b2' 'x'"
+check squashed-root-refused-later bash -c "$(declare -f writes); ! writes '$m_other/b2' 'x'"
 check squashed-root-left-nothing bash -c "[ ! -e '$m_host/b' ] && [ ! -e '$m_host/b2' ]"
+# Directories of uid 1000's that the other host's mount holds whole, because uid 1000
+# made a file in each there: that user's changes are answered by the mount, its squashed
+# root's are refused at once (create, chmod, rename, unlink), not later by the writeback.
+# One directory per change: a refused writeback costs the mount its hold.
+chmod 711 "$tmp"  # uid 1000 reaches the mounts, not what is beside them
+for d in create chmod rename unlink; do
+  mkdir "$m_host/pub/$d" && chown 1000:1000 "$m_host/pub/$d"
+done
+sleep 1.2
+as1000() { setpriv --reuid 1000 --regid 1000 --clear-groups "$@"; }
+for d in create chmod rename unlink; do
+  check "unsquashed-user-writes-$d" as1000 bash -c "$(declare -f writes); writes '$m_other/pub/$d/mine' 'x'"
+done
+h=$m_other/pub
+check squashed-root-create-refused-in-held bash -c "$(declare -f writes); ! writes '$h/create/root' 'x'"
+check squashed-root-chmod-refused-in-held bash -c "! chmod 777 '$h/chmod/mine' 2>/dev/null"
+check squashed-root-rename-refused-in-held bash -c "! mv '$h/rename/mine' '$h/rename/moved' 2>/dev/null"
+check squashed-root-unlink-refused-in-held bash -c "! rm -f '$h/unlink/mine' 2>/dev/null"
+sleep 0.5
+for d in create chmod rename unlink; do
+  check "held-directory-as-user-left-it-$d" bash -c "[ \"\$(ls '$m_host/pub/$d')\" = mine ] && [ \"\$(stat -c %a '$m_host/pub/$d/mine')\" = 644 ]"
+done
 writes "$m_other/pub/b" "from other"
 check host-sees-other [ "$(cat "$m_host/pub/b" 2>/dev/null)" = "from other" ]
 check squashed-owner [ "$(stat -c %u "$m_host/pub/b" 2>/dev/null)" = 65534 ]

@@ -222,6 +222,9 @@ pub enum Event<R> {
     Recall(Recall),
     /// The first handshake's outcome: the server's file system id, or why not.
     Ready(Result<[u8; 16], ClientError>),
+    /// Whom the server takes this session's callers for (`Welcome::identity`): at the
+    /// first welcome, before `Ready`, and at every later one that says otherwise.
+    Identity(p::IdentityMap),
 }
 
 /// Where the connection stands.
@@ -245,6 +248,8 @@ pub struct Connection<R> {
     dataset: String,
     /// The dataset keeps no access times (`Welcome::noatime`).
     noatime: bool,
+    /// What the last welcome said of whom the server takes this session's callers for.
+    identity: Option<p::IdentityMap>,
     state: State,
     decoder: FrameDecoder,
     /// Bytes received during this handshake (for the message when it fails).
@@ -301,6 +306,7 @@ impl<R> Connection<R> {
             client_name: p::clip_client_name(client_name),
             dataset: String::new(),
             noatime: false,
+            identity: None,
             state: State::Away,
             decoder: FrameDecoder::new(),
             received: 0,

@@ -265,6 +265,7 @@ pub struct Client {
     /// The dataset keeps no access times (its `atime` property was off at the first
     /// welcome).
     noatime: bool,
+    identity: Identity,
 }
 
 impl std::fmt::Debug for Client {
@@ -286,7 +287,15 @@ impl Client {
         let next_id = Arc::new(AtomicU64::new(1));
         let core = Connection::new(addr, &opts.client_name, next_id.clone(), rights.clone(), Instant::now())
             .with_dataset(&opts.dataset);
-        let driver = Driver { core, addr: addr.to_string(), opts: opts.clone(), ready: ready_tx, recalls: sink };
+        let identity = Identity::default();
+        let driver = Driver {
+            core,
+            addr: addr.to_string(),
+            opts: opts.clone(),
+            ready: ready_tx,
+            recalls: sink,
+            identity: identity.clone(),
+        };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -321,6 +330,7 @@ impl Client {
             addr: addr.into(),
             fsid,
             noatime,
+            identity,
         })
     }
 
@@ -370,6 +380,12 @@ impl Client {
     /// Whether the mounted dataset keeps no access times (`atime=off` when mounted).
     pub fn dataset_noatime(&self) -> bool {
         self.noatime
+    }
+
+    /// Whom the server takes this session's callers for (`p::Welcome::identity`, from
+    /// the last welcome).
+    pub fn identity_map(&self) -> Arc<p::IdentityMap> {
+        self.identity.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The server address.
@@ -493,7 +509,11 @@ struct Driver {
     opts: ClientOptions,
     ready: std_mpsc::SyncSender<Result<([u8; 16], bool), ClientError>>,
     recalls: RecallSink,
+    identity: Identity,
 }
+
+/// Whom the server takes this session's callers for, as its last welcome said.
+type Identity = Arc<Mutex<Arc<p::IdentityMap>>>;
 
 impl Driver {
     /// Tells callers what the core has for them. A recall nobody takes is answered at
@@ -511,6 +531,7 @@ impl Driver {
                 Event::Ready(r) => {
                     let _ = self.ready.try_send(r.map(|fsid| (fsid, self.core.noatime())));
                 }
+                Event::Identity(m) => *self.identity.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(m),
             }
         }
     }

@@ -15,6 +15,7 @@ pub mod acl;
 mod checked;
 pub mod codec;
 pub mod errno;
+mod identity;
 mod inos;
 pub mod locks;
 pub mod message;
@@ -24,4 +25,5 @@ pub mod timing;
 pub use codec::{
     decode_frame, encode_frame, encoded_len, FrameDecoder, ProtoError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES,
 };
+pub use identity::{IdentityMap, MAX_ID_MAP_ENTRIES};
 pub use message::*;

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// Protocol version this code speaks. A peer with another version is refused with a
 /// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 12;
+pub const PROTOCOL_VERSION: u32 = 13;
 /// `Op::Open` access bits: the open's access mode as the kernel checks it (the values
 /// of `acl::MAY_READ`, `MAY_WRITE`, `MAY_EXEC`).
 pub const OPEN_READ: u32 = crate::acl::MAY_READ;
@@ -690,6 +690,10 @@ pub struct Welcome {
     /// The dataset keeps no access times (its `atime` property is off when the session
     /// starts): the client moves none, as under `noatime`.
     pub noatime: bool,
+    /// Whom the server takes this session's callers for (its export policy's squashing
+    /// and id maps): a mount answers a change itself only for a caller the server takes
+    /// for who it is, as the kernel judged that caller's permissions with its own ids.
+    pub identity: crate::IdentityMap,
 }
 
 /// A compound request.

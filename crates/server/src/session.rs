@@ -623,7 +623,7 @@ impl Server {
                 // Recalls it may have missed while away (sent after the welcome).
                 let again = self.caps.resumed(t.id);
                 self.outbox.extend(again);
-                return (Some(t.id), self.welcome(t.id, true, durable_seq, holes, false));
+                return (Some(t.id), self.welcome(t.id, true, durable_seq, holes, false, policy.identity_map()));
             }
         }
         let id = self.next_session;
@@ -641,7 +641,7 @@ impl Server {
         };
         self.sessions.insert(id, fresh);
         tracing::info!(session = id, client = %hello.client_name, fenced_before = fenced, "session started");
-        (Some(id), self.welcome(id, false, None, Vec::new(), fenced))
+        (Some(id), self.welcome(id, false, None, Vec::new(), fenced, policy.identity_map()))
     }
 
     /// Applies a request and queues what to send: its response, or recalls to other

@@ -347,6 +347,7 @@ struct Harness {
     now: Instant,
     answers: Vec<(u64, Result<Results, ClientError>)>,
     recalls: Vec<Recall>,
+    identities: Vec<p::IdentityMap>,
     /// Size of the pieces the next frame arrives in (each frame a different one).
     piece: usize,
 }
@@ -363,7 +364,24 @@ fn welcome(resumed: bool, durable_seq: Option<u64>, fenced: bool) -> ServerMessa
         fsid: FSID,
         fenced,
         noatime: false,
+        identity: p::IdentityMap::default(),
     })
+}
+
+#[test]
+fn whom_the_server_takes_callers_for_is_told_at_the_first_welcome_and_when_it_changes() {
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    assert_eq!(h.identities, vec![p::IdentityMap::default()], "told before anything else");
+    h.c.connection_lost("test");
+    h.connect(welcome(true, None, false));
+    assert_eq!(h.identities.len(), 1, "a welcome that says the same is not news");
+    h.c.connection_lost("test");
+    let squash = p::IdentityMap { root_squash: true, anon_uid: 9, anon_gid: 9, ..p::IdentityMap::default() };
+    let ServerMessage::Welcome(mut w) = welcome(true, None, false) else { unreachable!() };
+    w.identity = squash.clone();
+    h.connect(ServerMessage::Welcome(w));
+    assert_eq!(h.identities, vec![p::IdentityMap::default(), squash], "an export policy edited meanwhile");
 }
 
 fn response(id: u64, n: usize, seq: u64, durable: u64) -> ServerMessage {
@@ -374,7 +392,7 @@ impl Harness {
     fn new() -> Harness {
         let t0 = Instant::now();
         let c = Connection::new("test", "t", Arc::new(AtomicU64::new(1000)), RightsHook::default(), t0);
-        Harness { c, t0, now: t0, answers: Vec::new(), recalls: Vec::new(), piece: 1 }
+        Harness { c, t0, now: t0, answers: Vec::new(), recalls: Vec::new(), identities: Vec::new(), piece: 1 }
     }
 
     fn at(&mut self, ms: u64) -> Instant {
@@ -410,6 +428,7 @@ impl Harness {
                 Event::Answer(id, r) => self.answers.push((id, r)),
                 Event::Recall(r) => self.recalls.push(r),
                 Event::Ready(r) => assert_eq!(r, Ok(FSID)),
+                Event::Identity(m) => self.identities.push(m),
             }
         }
     }
@@ -774,7 +793,7 @@ fn a_first_answer_that_is_not_crest_fails_everything_at_once() {
         match e {
             Event::Ready(r) => ready = Some(r),
             Event::Answer(id, r) => h.answers.push((id, r)),
-            Event::Recall(_) => {}
+            Event::Recall(_) | Event::Identity(_) => {}
         }
     }
     assert!(matches!(ready, Some(Err(ClientError::NotCrest { .. }))), "{ready:?}");

@@ -47,6 +47,10 @@ impl<R> Connection<R> {
         }
         self.session = Some(w.session);
         self.noatime = w.noatime;
+        if self.identity.as_ref() != Some(&w.identity) {
+            self.identity = Some(w.identity.clone());
+            self.events.push_back(Event::Identity(w.identity));
+        }
         if self.fsid.is_none() {
             self.fsid = Some(w.fsid);
             self.events.push_back(Event::Ready(Ok(w.fsid)));

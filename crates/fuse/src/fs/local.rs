@@ -121,6 +121,17 @@ impl CrestFs {
         }
     }
 
+    /// Whether the calling process's change may be answered here. The kernel checked it
+    /// with the caller's own ids (`default_permissions`); that is the server's check only
+    /// for a caller the server takes for who it is (`p::IdentityMap::keeps`). A squashed
+    /// root, or anyone under all_squash or an id map, goes to the server, which judges
+    /// and refuses at once what the kernel let through. (Writes are not asked: an open
+    /// handle, which the server judged, is what permits them.)
+    pub(super) fn judged_here(&self) -> bool {
+        let map = self.client.identity_map();
+        map.is_identity() || map.keeps(&caller::current())
+    }
+
     /// The clock a local answer is made on.
     pub(super) fn clock() -> Clock {
         Clock { at: Instant::now(), time: now_time() }
@@ -140,6 +151,9 @@ impl CrestFs {
         target: Option<&[u8]>,
         open: Option<(FileHandle, u32)>,
     ) -> Option<p::Attr> {
+        if !self.judged_here() {
+            return None;
+        }
         if !lock(&self.names).may_create_here(parent, name) {
             return None;
         }
@@ -175,6 +189,9 @@ impl CrestFs {
     /// working in one directory do not trade it (docs/protocol.md §4.1, "Shared
     /// directories"). True when `dir` is now held whole.
     pub(super) fn acquire(&self, dir: u64) -> bool {
+        if !self.judged_here() {
+            return false;
+        }
         let epoch = {
             let c = lock(&self.names);
             // (A directory held through its parent's acquire still has to be listed.)
@@ -229,6 +246,9 @@ impl CrestFs {
     /// Opens a regular file whose attributes are held without waiting
     /// (`NameCache::open_here`). Returns keep-cache, or `None` to open synchronously.
     pub(super) fn open_locally(&self, ino: u64, fh: FileHandle, access: u32) -> Option<bool> {
+        if !self.judged_here() {
+            return None;
+        }
         let permit = self.client.async_permit(0);
         let clock = Self::clock();
         let mut c = lock(&self.names);
@@ -247,6 +267,9 @@ impl CrestFs {
     /// Answers an unlink (or, `dir`, an rmdir) here (`NameCache::remove_here`); false:
     /// do it the synchronous way.
     pub(super) fn remove_locally(&self, parent: u64, name: &[u8], dir: bool) -> bool {
+        if !self.judged_here() {
+            return false;
+        }
         if !lock(&self.names).is_exclusive(parent) {
             return false;
         }
@@ -267,6 +290,9 @@ impl CrestFs {
         new_name: &[u8],
         flags: u32,
     ) -> bool {
+        if !self.judged_here() {
+            return false;
+        }
         {
             let c = lock(&self.names);
             if !c.is_exclusive(parent) || !c.is_exclusive(new_parent) {
@@ -288,6 +314,9 @@ impl CrestFs {
     /// Answers a hard link here (`NameCache::link_here`). `None`: do it the synchronous
     /// way.
     pub(super) fn link_locally(&self, ino: u64, parent: u64, name: &[u8]) -> Option<p::Attr> {
+        if !self.judged_here() {
+            return None;
+        }
         {
             let c = lock(&self.names);
             if !c.is_exclusive(parent) || !c.is_exclusive(ino) {
@@ -311,6 +340,9 @@ impl CrestFs {
         value: Option<&[u8]>,
         flags: u32,
     ) -> Option<Result<(), Errno>> {
+        if !self.judged_here() {
+            return None;
+        }
         // Not held: the synchronous way (checked again under the lock below).
         lock(&self.names).held_xattrs(ino)?;
         let permit = self.client.async_permit(name.len() + value.map_or(0, <[u8]>::len));

@@ -117,8 +117,10 @@ impl CrestFs {
 
     /// A setattr, answered here when the mount holds the inode, else by the server.
     pub(super) fn set_attr(&self, ino: u64, set: p::SetAttr) -> Result<p::Attr, Error> {
-        if let Some(a) = self.change_locally(ino, 0, |c, clock| c.setattr_here(ino, &set, clock)) {
-            return Ok(a);
+        if self.judged_here() {
+            if let Some(a) = self.change_locally(ino, 0, |c, clock| c.setattr_here(ino, &set, clock)) {
+                return Ok(a);
+            }
         }
         let chmod = set.mode.is_some();
         let since = self.stamp();

@@ -104,29 +104,22 @@ impl Policy {
         Policy { root_squash: true, allow_suid: false, allow_dev: false, admin: false, ..Policy::trusted() }
     }
 
-    /// The caller a request from this host runs as: ids mapped (`uid_map`, `gid_map`),
-    /// then squashed (`all_squash`, `root_squash`). Supplementary groups beyond
-    /// `MAX_CALLER_GROUPS` are dropped (a request naming more is refused before this).
+    /// Whom the server takes this host's callers for (told to its sessions in the
+    /// welcome).
+    pub fn identity_map(&self) -> p::IdentityMap {
+        p::IdentityMap {
+            root_squash: self.root_squash,
+            all_squash: self.all_squash,
+            anon_uid: self.anon_uid,
+            anon_gid: self.anon_gid,
+            uid_map: self.uid_map.clone(),
+            gid_map: self.gid_map.clone(),
+        }
+    }
+
+    /// The caller a request from this host runs as (`IdentityMap::map`).
     pub fn map(&self, caller: &p::Caller) -> p::Caller {
-        let look = |map: &[(u32, u32)], id: u32| map.iter().find(|(from, _)| *from == id).map_or(id, |(_, to)| *to);
-        let mut c = p::Caller {
-            uid: look(&self.uid_map, caller.uid),
-            gid: look(&self.gid_map, caller.gid),
-            groups: caller.groups.iter().take(p::MAX_CALLER_GROUPS).map(|&g| look(&self.gid_map, g)).collect(),
-        };
-        if self.all_squash {
-            c = p::Caller { uid: self.anon_uid, gid: self.anon_gid, groups: Vec::new() };
-        }
-        if self.root_squash {
-            if c.uid == 0 {
-                c.uid = self.anon_uid;
-            }
-            if c.gid == 0 {
-                c.gid = self.anon_gid;
-            }
-            c.groups.retain(|&g| g != 0);
-        }
-        c
+        self.identity_map().map(caller)
     }
 }
 

@@ -31,6 +31,7 @@ impl Server {
         durable_seq: Option<u64>,
         durable_holes: Vec<u64>,
         fenced: bool,
+        identity: p::IdentityMap,
     ) -> p::ServerMessage {
         let secret = self.sessions.get(&id).map_or(0, |s| s.secret);
         p::ServerMessage::Welcome(p::Welcome {
@@ -42,6 +43,7 @@ impl Server {
             fsid: self.store.fsid(),
             fenced,
             noatime: self.dataset_noatime(id),
+            identity,
         })
     }
 

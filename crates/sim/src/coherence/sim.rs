@@ -347,7 +347,7 @@ impl Sim {
                     self.log(format!("client {c}: rights on {:?} not given back", r.inodes));
                 }
                 Event::Recall(r) => self.clients[c].core.recall_done(r.recall_id),
-                Event::Ready(_) => {}
+                Event::Ready(_) | Event::Identity(_) => {}
             }
         }
         self.transmit(c);
