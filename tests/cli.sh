@@ -193,6 +193,31 @@ kill "$busy" 2>/dev/null
 expect mount-again-after-lazy 0 "$crest" mount "127.0.0.1:$port" "$mnt"
 expect umount-spaces 0 "$crest" umount "$mnt"
 crest_mounted "$mnt" && fail umount-spaces-gone "still in mountinfo" || pass umount-spaces-gone
+# crest umount returns once the mount's daemon has ended its session (what it wrote made
+# durable, goodbye said): a server restarted right after has no session to wait for.
+daemon_of() {  # the pids whose last argument is $1 (a mount daemon's is its mount point)
+  for c in /proc/[0-9]*/cmdline; do
+    [ "$(tr '\0' '\n' <"$c" 2>/dev/null | tail -n 1)" = "$1" ] && basename "$(dirname "$c")"
+  done
+}
+expect mount-to-leave 0 "$crest" mount "127.0.0.1:$port" "$mnt"
+head -c 3M /dev/urandom >"$mnt/last"
+sum=$(md5sum <"$mnt/last")
+expect umount-waits 0 "$crest" umount "$mnt"
+kill "$server"
+left=$(daemon_of "$mnt")
+[ -z "$left" ] && pass umount-daemon-gone || fail umount-daemon-gone "still running: $left"
+wait "$server" 2>/dev/null
+"$crest" -v serve "$img" --listen "127.0.0.1:$port" >"$tmp/serve2.log" 2>&1 &
+server=$!
+pids+=("$server")
+wait_listen "$port" || { cat "$tmp/serve2.log" >&2; echo "server did not start again" >&2; exit 1; }
+grep -q "session restored" "$tmp/serve2.log" && fail umount-session-ended "$(grep restored "$tmp/serve2.log")" ||
+  pass umount-session-ended
+expect mount-after-restart 0 "$crest" mount "127.0.0.1:$port" "$mnt"
+[ "$(md5sum <"$mnt/last")" = "$sum" ] && pass umount-kept-last-write || fail umount-kept-last-write "differs"
+rm -f "$mnt/last"
+expect umount-after-restart 0 "$crest" umount "$mnt"
 
 echo "== mount helper (argv[0] mount.fuse.crest, as mount(8) runs it)"
 mkdir -p "$tmp/bin"

@@ -5,6 +5,7 @@
 
 mod bench;
 mod config;
+mod daemons;
 mod dataset;
 mod helpfiles;
 mod logging;

@@ -395,6 +395,8 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
             m.source
         );
     }
+    // (A lazy unmount leaves the daemon serving whoever still uses the mount.)
+    let daemons = if lazy { Vec::new() } else { crate::daemons::serving(&target) };
     let mut tries = Vec::new();
     for (tool, flag) in [("fusermount3", "-z"), ("umount", "-l")] {
         let mut cmd = std::process::Command::new(tool);
@@ -405,7 +407,16 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
             cmd.arg(flag);
         }
         match cmd.arg("--").arg(&target).output() {
-            Ok(out) if out.status.success() => return Ok(()),
+            Ok(out) if out.status.success() => {
+                for pid in crate::daemons::wait_ended(&daemons, crate::daemons::GOODBYE_WAIT) {
+                    eprintln!(
+                        "crest: the daemon of {} (pid {pid}) is still ending its session after {} s",
+                        target.display(),
+                        crate::daemons::GOODBYE_WAIT.as_secs()
+                    );
+                }
+                return Ok(());
+            }
             Ok(out) => tries.push(format!("{tool}: {}", String::from_utf8_lossy(&out.stderr).trim())),
             Err(e) => tries.push(format!("{tool}: {e}")),
         }
