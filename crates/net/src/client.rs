@@ -16,7 +16,7 @@ use crest_proto as p;
 use crest_stream::{read_burst, Reader, Writer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 pub use crest_client::conn::{ClientError, Recall, Rights, HEARTBEAT};
 pub use crest_client::lease::CLIENT_LEASE;
@@ -112,6 +112,9 @@ struct Held {
 struct Outbox {
     tx: mpsc::UnboundedSender<Outbound>,
     held: Arc<Mutex<Held>>,
+    /// Told when a submission is held with none before it: `HELD_FOR` from then, the
+    /// held ones go (an idle client's connection thread sleeps until then).
+    due: Arc<Notify>,
 }
 
 /// Hands `held`'s submissions to the connection task, in order; one the task can no
@@ -148,6 +151,8 @@ impl Outbox {
         h.bytes += bytes;
         if h.calls.len() >= HELD_MAX_CALLS || h.bytes >= HELD_MAX_BYTES {
             release_held(&mut h, &self.tx);
+        } else if h.calls.len() == 1 {
+            self.due.notify_one();
         }
     }
 
@@ -156,13 +161,13 @@ impl Outbox {
     }
 }
 
-/// Ships held submissions every `HELD_FOR` (so a lone one is not held for long); ends
-/// with the client.
-async fn release_held_periodically(held: Arc<Mutex<Held>>, tx: mpsc::WeakUnboundedSender<Outbound>) {
-    let mut tick = tokio::time::interval(HELD_FOR);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Ships held submissions `HELD_FOR` after the first of them was held (so a lone one is
+/// not held for long), and sleeps while nothing is held: an idle client does not wake.
+/// Ends with the client.
+async fn release_held_when_due(held: Arc<Mutex<Held>>, due: Arc<Notify>, tx: mpsc::WeakUnboundedSender<Outbound>) {
     loop {
-        tick.tick().await;
+        due.notified().await;
+        tokio::time::sleep(HELD_FOR).await;
         let Some(tx) = tx.upgrade() else { return };
         let mut h = held.lock().unwrap_or_else(|e| e.into_inner());
         if !h.calls.is_empty() {
@@ -301,12 +306,13 @@ impl Client {
             .build()
             .map_err(|e| ClientError::Connect { addr: addr.into(), detail: e.to_string() })?;
         let held = Arc::new(Mutex::new(Held::default()));
-        let (task_held, weak_tx) = (held.clone(), tx.downgrade());
+        let due = Arc::new(Notify::new());
+        let (task_held, task_due, weak_tx) = (held.clone(), due.clone(), tx.downgrade());
         std::thread::Builder::new()
             .name("crest-conn".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    tokio::spawn(release_held_periodically(task_held, weak_tx));
+                    tokio::spawn(release_held_when_due(task_held, task_due, weak_tx));
                     run(driver, rx).await
                 })
             })
@@ -319,7 +325,7 @@ impl Client {
         Ok(Client {
             interrupted: std::sync::OnceLock::new(),
             caller_source: std::sync::OnceLock::new(),
-            out: Outbox { tx, held },
+            out: Outbox { tx, held, due },
             recalls: Mutex::new(Some(recall_rx)),
             recalls_taken,
             next_id,

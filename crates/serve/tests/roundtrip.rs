@@ -344,6 +344,29 @@ fn writeback_submissions_each_get_their_own_results_at_their_own_time() {
 }
 
 #[test]
+fn a_lone_writeback_submission_goes_by_itself_and_so_does_the_next() {
+    // Held on the client for a moment in case more come; with nothing else sent and
+    // nobody waiting, it must still go (the connection thread sleeps while none is held,
+    // so the first one held is what wakes it), and again after an idle spell.
+    let rt = rt();
+    let serving =
+        rt.block_on(crest_serve::start(store(), "127.0.0.1:0", crest_serve::Security::Insecure)).expect("serve");
+    let client = Client::connect(&serving.local_addr.to_string(), ClientOptions::default()).expect("connect");
+    let Ok(Reply::Entry(f)) = client.call_one(create("lone")) else { panic!("create") };
+    for (round, idle_ms) in [(0u8, 0u64), (1, 70), (2, 3)] {
+        std::thread::sleep(std::time::Duration::from_millis(idle_ms));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let time = p::Time { sec: wall_secs(), nsec: 0 };
+        let ops = vec![Op::Write { ino: f.ino, offset: u64::from(round), data: vec![round] }];
+        client.async_permit(1).submit(ops, time, Box::new(move |r| tx.send(r).expect("send"))).expect("submit");
+        let r = rx.recv_timeout(std::time::Duration::from_secs(5));
+        assert!(matches!(r, Ok(Ok(_))), "round {round}: the held submission never went: {r:?}");
+    }
+    drop(client);
+    rt.block_on(serving.shutdown()).expect("shutdown");
+}
+
+#[test]
 fn after_a_restart_another_client_waits_for_the_replay_of_what_it_may_have_seen() {
     // a's create is acknowledged (and seen by b) but not durable when the server dies.
     // After the restart, b's first look must not find it missing: the server holds b's
