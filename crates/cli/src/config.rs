@@ -81,6 +81,7 @@ pub struct ServeSection {
     pub commit_interval_ms: Option<u64>,
     pub disk_io: Option<DiskIoArg>,
     pub insecure: Option<bool>,
+    pub max_sessions_per_client: Option<usize>,
 }
 
 /// `[mount]`: `crest mount`'s flags. `options` is `-o` (a command line's `-o` replaces
@@ -132,8 +133,12 @@ pub fn apply(cli: &mut Cli, m: &ArgMatches, file: &Config) {
         set(&mut cli.state_dir, file.state_dir.clone().map(Some).as_ref(), m, "state_dir");
     }
     match (&mut cli.command, m.subcommand()) {
-        (Command::Serve { listen, commit_interval_ms, disk_io, insecure, .. }, Some((_, sub))) => {
+        (
+            Command::Serve { listen, commit_interval_ms, disk_io, insecure, max_sessions_per_client, .. },
+            Some((_, sub)),
+        ) => {
             let f = &file.serve;
+            set(max_sessions_per_client, f.max_sessions_per_client.as_ref(), sub, "max_sessions_per_client");
             set(listen, f.listen.as_ref(), sub, "listen");
             set(commit_interval_ms, f.commit_interval_ms.as_ref(), sub, "commit_interval_ms");
             set(disk_io, f.disk_io.as_ref(), sub, "disk_io");
@@ -171,12 +176,14 @@ mod tests {
     }
 
     const SERVE: &str =
-        "state-dir = \"/file/state\"\n[serve]\nlisten = \"127.0.0.1:9999\"\ninsecure = true\ndisk-io = \"sync\"\ncommit-interval-ms = 7\n";
+        "state-dir = \"/file/state\"\n[serve]\nlisten = \"127.0.0.1:9999\"\ninsecure = true\ndisk-io = \"sync\"\ncommit-interval-ms = 7\n\
+         max-sessions-per-client = 9\n";
 
     #[test]
     fn parses_every_key() -> Result<()> {
         let text = "state-dir = \"/srv/state\"\n[log]\nlevel = \"debug\"\nfile = \"/var/log/crest.log\"\n\
                     [serve]\nlisten = \"0.0.0.0:7410\"\ncommit-interval-ms = 100\ndisk-io = \"pool\"\ninsecure = false\n\
+                    max-sessions-per-client = 1000\n\
                     [mount]\noptions = \"ro,noatime\"\ntimeout = 30\ninsecure = true\n";
         let c = parse(text)?;
         assert_eq!(c.state_dir, Some(PathBuf::from("/srv/state")));
@@ -186,6 +193,7 @@ mod tests {
             (c.serve.commit_interval_ms, c.serve.disk_io, c.serve.insecure),
             (Some(100), Some(DiskIoArg::Pool), Some(false))
         );
+        assert_eq!(c.serve.max_sessions_per_client, Some(1000));
         assert_eq!(
             c.mount,
             MountSection { options: Some("ro,noatime".into()), timeout: Some(30), insecure: Some(true) }
@@ -194,10 +202,10 @@ mod tests {
         Ok(())
     }
 
-    fn serve_of(cli: &Cli) -> (&str, u64, DiskIoArg, bool) {
+    fn serve_of(cli: &Cli) -> (&str, u64, DiskIoArg, bool, usize) {
         match &cli.command {
-            Command::Serve { listen, commit_interval_ms, disk_io, insecure, .. } => {
-                (listen, *commit_interval_ms, *disk_io, *insecure)
+            Command::Serve { listen, commit_interval_ms, disk_io, insecure, max_sessions_per_client, .. } => {
+                (listen, *commit_interval_ms, *disk_io, *insecure, *max_sessions_per_client)
             }
             other => panic!("not serve: {other:?}"),
         }
@@ -206,14 +214,24 @@ mod tests {
     #[test]
     fn flag_beats_file_beats_default() -> Result<()> {
         let none = cli(&["serve", "img"], "")?;
-        assert_eq!(serve_of(&none), (crate::DEFAULT_LISTEN, 5000, DiskIoArg::Uring, false));
+        assert_eq!(serve_of(&none), (crate::DEFAULT_LISTEN, 5000, DiskIoArg::Uring, false, 256));
         let file = cli(&["serve", "img"], SERVE)?;
-        assert_eq!(serve_of(&file), ("127.0.0.1:9999", 7, DiskIoArg::Sync, true));
+        assert_eq!(serve_of(&file), ("127.0.0.1:9999", 7, DiskIoArg::Sync, true, 9));
         // Given on the command line, the default values still win over the file's.
-        let args =
-            ["serve", "img", "--listen", crate::DEFAULT_LISTEN, "--disk-io", "uring", "--commit-interval-ms", "5000"];
+        let args = [
+            "serve",
+            "img",
+            "--listen",
+            crate::DEFAULT_LISTEN,
+            "--disk-io",
+            "uring",
+            "--commit-interval-ms",
+            "5000",
+            "--max-sessions-per-client",
+            "256",
+        ];
         let flags = cli(&args, SERVE)?;
-        assert_eq!(serve_of(&flags), (crate::DEFAULT_LISTEN, 5000, DiskIoArg::Uring, true));
+        assert_eq!(serve_of(&flags), (crate::DEFAULT_LISTEN, 5000, DiskIoArg::Uring, true, 256));
         let state = cli(&["serve", "img", "--state-dir", "/flag/state"], SERVE)?;
         assert_eq!(state.state_dir, Some(PathBuf::from("/flag/state")));
         // (Without the flag, CREST_STATE_DIR beats the file: only checked where it is unset.)

@@ -125,6 +125,10 @@ enum Command {
         /// only. Without it every connection is mutual TLS (docs/security.md).
         #[arg(long)]
         insecure: bool,
+        /// Most sessions (mounts) one client certificate holds at once (all of
+        /// `--insecure`'s clients count as one).
+        #[arg(long, default_value_t = crest_serve::MAX_SESSIONS_PER_IDENTITY, value_parser = clap::value_parser!(usize))]
+        max_sessions_per_client: usize,
     },
     /// Mount a crest server on a directory (in the background unless --foreground).
     Mount {
@@ -338,6 +342,7 @@ fn serve(
     commit_interval_ms: u64,
     disk_io: DiskIo,
     security: crest_serve::Security,
+    options: crest_serve::Options,
 ) -> Result<()> {
     let disk = open_disk(image, disk_io)?;
     let mut store =
@@ -352,8 +357,9 @@ fn serve(
         .build()
         .context("starting the runtime")?;
     rt.block_on(async {
-        let serving =
-            crest_serve::start(store, listen, security).await.with_context(|| format!("listening on {listen}"))?;
+        let serving = crest_serve::start_with(store, listen, security, options)
+            .await
+            .with_context(|| format!("listening on {listen}"))?;
         eprintln!("crest: serving {} on {}", image.display(), serving.local_addr);
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
@@ -717,9 +723,12 @@ fn main() -> ExitCode {
         Command::Token { cmd } => trust::token(&state, cmd),
         Command::Cert { cmd } => trust::cert(&state, cmd),
         Command::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
-        Command::Serve { image, listen, commit_interval_ms, disk_io, insecure } => {
-            trust::server_security(&state, &listen, insecure)
-                .and_then(|security| serve(&image, &listen, commit_interval_ms, disk_io.into(), security))
+        Command::Serve { image, listen, commit_interval_ms, disk_io, insecure, max_sessions_per_client } => {
+            trust::server_security(&state, &listen, insecure).and_then(|security| {
+                let options =
+                    crest_serve::Options { sessions_per_identity: max_sessions_per_client, ..Default::default() };
+                serve(&image, &listen, commit_interval_ms, disk_io.into(), security, options)
+            })
         }
         Command::Version { json } => {
             version::print(json);

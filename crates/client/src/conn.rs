@@ -559,15 +559,16 @@ impl<R> Connection<R> {
 
     /// Bytes arrived (none: the server closed the connection).
     pub fn handle_bytes(&mut self, now: Instant, bytes: &[u8]) {
-        self.read_room(bytes.len()).copy_from_slice(bytes);
+        self.decoder.spare(bytes.len()).copy_from_slice(bytes);
         self.handle_read(now, bytes.len());
     }
 
-    /// Room for the next `want` bytes from the server, to read into: the driver reads
-    /// straight into the frame decoder (a big read's data is not copied once more), then
-    /// says how many came (`handle_read`).
-    pub fn read_room(&mut self, want: usize) -> &mut [u8] {
-        self.decoder.spare(want)
+    /// Room for the next bytes from the server (at most `max`, sized by the reads before:
+    /// `FrameDecoder::read_room`), to read into: the driver reads straight into the frame
+    /// decoder (a big read's data is not copied once more), then says how many came
+    /// (`handle_read`).
+    pub fn read_room(&mut self, max: usize) -> &mut [u8] {
+        self.decoder.read_room(max)
     }
 
     /// `n` bytes came into `read_room`'s room (0: the server closed the connection); as

@@ -77,8 +77,13 @@ pub fn decode_frame<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
 /// instead, and the undecoded tail is shifted to the front only when new bytes come and
 /// the consumed prefix is at least as long as the tail: each byte is shifted at most once
 /// per byte consumed before it, so the work stays linear in the bytes fed
-/// (`bytes_moved`). A reader reads into the buffer itself (`spare`, `filled`): a big
-/// write's bytes are not copied once more on their way in.
+/// (`bytes_moved`). A reader reads into the buffer itself (`spare` or `read_room`, then
+/// `filled`): a big write's bytes are not copied once more on their way in.
+///
+/// `read_room` sizes each read by the last ones: it doubles while reads fill it (up to the
+/// caller's maximum) and halves when they bring less than a quarter, and an empty decoder
+/// whose reads are small again gives its memory back. A connection that moves big writes
+/// reads in big bites; an idle one, or one of small requests, holds `MIN_READ_BYTES`.
 #[derive(Debug, Default)]
 pub struct FrameDecoder {
     /// Initialised storage: `start..end` holds the bytes not yet decoded, `end..` room.
@@ -89,7 +94,14 @@ pub struct FrameDecoder {
     end: usize,
     /// Bytes shifted by compaction so far.
     moved: u64,
+    /// What `read_room` gives next (0: `MIN_READ_BYTES`).
+    read_size: usize,
+    /// What the last `read_room` gave, until `filled` says how much came.
+    asked: usize,
 }
+
+/// The smallest read `FrameDecoder::read_room` asks for.
+pub const MIN_READ_BYTES: usize = 16 * 1024;
 
 impl FrameDecoder {
     /// An empty decoder.
@@ -124,9 +136,39 @@ impl FrameDecoder {
         &mut self.buf[self.end..need]
     }
 
-    /// `n` bytes were read into the room `spare` gave (at most what it gave).
+    /// Room for the next read, sized by the reads before it (see the type's doc), at most
+    /// `max` bytes; `filled` says how many came.
+    pub fn read_room(&mut self, max: usize) -> &mut [u8] {
+        let least = MIN_READ_BYTES.min(max);
+        let want = self.read_size.clamp(least, max.max(least));
+        if self.start == self.end && want == least && self.buf.len() > 4 * least {
+            self.buf = Vec::new();
+            self.start = 0;
+            self.end = 0;
+        }
+        self.asked = want;
+        self.spare(want)
+    }
+
+    /// `n` bytes were read into the room `spare` or `read_room` gave (at most what it
+    /// gave).
     pub fn filled(&mut self, n: usize) {
         self.end = self.end.saturating_add(n).min(self.buf.len());
+        let asked = std::mem::take(&mut self.asked);
+        if asked > 0 {
+            self.read_size = if n >= asked {
+                asked.saturating_mul(2)
+            } else if n < asked / 4 {
+                asked / 2
+            } else {
+                asked
+            };
+        }
+    }
+
+    /// Bytes of memory the decoder holds (for tests: an idle connection holds little).
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// Bytes buffered and not yet decoded.
@@ -184,6 +226,101 @@ mod tests {
             time: Some(Time { sec: 5, nsec: 6 }),
             caller: Caller { uid: 1000, gid: 100, groups: vec![4, 27] },
         })
+    }
+
+    /// Reads from `wire` as a socket would: at most `room` bytes, and at most `avail` of
+    /// them (what has arrived).
+    fn read_into(room: &mut [u8], wire: &[u8], at: &mut usize, avail: usize) -> usize {
+        let n = room.len().min(avail).min(wire.len() - *at);
+        room[..n].copy_from_slice(&wire[*at..*at + n]);
+        *at += n;
+        n
+    }
+
+    #[test]
+    fn read_room_grows_with_big_reads_and_an_idle_decoder_gives_its_memory_back() {
+        let max = 256 * 1024;
+        let big = ClientMessage::Request(Request {
+            id: 1,
+            ops: vec![Op::Write { ino: 9, offset: 0, data: vec![7; 3 << 20] }],
+            time: None,
+            caller: Caller::default(),
+        });
+        let mut wire = Vec::new();
+        encode_frame(&big, &mut wire).expect("encode");
+        let mut d = FrameDecoder::new();
+        let (mut at, mut rooms) = (0, Vec::new());
+        while at < wire.len() {
+            let room = d.read_room(max);
+            rooms.push(room.len());
+            let n = read_into(room, &wire, &mut at, usize::MAX);
+            d.filled(n);
+        }
+        assert_eq!(rooms[0], MIN_READ_BYTES, "a new connection starts small");
+        assert!(rooms.windows(2).all(|w| w[1] == (w[0] * 2).min(max)), "doubles while reads fill it: {rooms:?}");
+        assert_eq!(d.poll_message::<ClientMessage>().expect("decode"), Some(big));
+        // Then small requests only: reads shrink back, and the empty decoder lets go.
+        let mut small = Vec::new();
+        encode_frame(&ClientMessage::Goodbye, &mut small).expect("encode");
+        for _ in 0..12 {
+            let mut at = 0;
+            let room = d.read_room(max);
+            let n = read_into(room, &small, &mut at, usize::MAX);
+            d.filled(n);
+            assert_eq!(d.poll_message::<ClientMessage>().expect("decode"), Some(ClientMessage::Goodbye));
+        }
+        assert_eq!(d.read_room(max).len(), MIN_READ_BYTES);
+        assert!(d.capacity() <= 4 * MIN_READ_BYTES, "an idle decoder holds {} bytes", d.capacity());
+    }
+
+    #[test]
+    fn frames_come_out_whole_whatever_the_reads_bring() {
+        // Seeded, printed: frames of random sizes, read as random amounts arrive.
+        let seed = std::env::var("CREST_CODEC_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+        });
+        println!("CREST_CODEC_SEED={seed}");
+        let mut x = seed | 1;
+        let mut next = |bound: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % bound
+        };
+        let mut sent = Vec::new();
+        let mut wire = Vec::new();
+        for id in 0..200 {
+            let len = match next(4) {
+                0 => next(64),
+                1 => next(20_000),
+                2 => next(300_000),
+                _ => 1 << next(22),
+            } as usize;
+            let m = ClientMessage::Request(Request {
+                id,
+                ops: vec![Op::Write { ino: id, offset: 0, data: vec![id as u8; len] }],
+                time: None,
+                caller: Caller::default(),
+            });
+            encode_frame(&m, &mut wire).expect("encode");
+            sent.push(m);
+        }
+        let mut d = FrameDecoder::new();
+        let (mut at, mut got) = (0, Vec::new());
+        while at < wire.len() {
+            let max = [4096, MIN_READ_BYTES, 256 * 1024][next(3) as usize];
+            let avail = 1 + next(400_000) as usize;
+            let room = d.read_room(max);
+            assert!(room.len() <= max.max(MIN_READ_BYTES.min(max)), "room {} over {max}", room.len());
+            let n = read_into(room, &wire, &mut at, avail);
+            d.filled(n);
+            while let Some(m) = d.poll_message::<ClientMessage>().expect("decode") {
+                got.push(m);
+            }
+        }
+        assert_eq!(got.len(), sent.len(), "seed {seed}");
+        assert!(got == sent, "seed {seed}: a frame came out changed");
+        assert!(d.bytes_moved() <= wire.len() as u64, "seed {seed}: compaction not linear");
     }
 
     #[test]

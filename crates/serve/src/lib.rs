@@ -48,6 +48,8 @@ mod exports;
 pub mod limits;
 mod sched;
 
+pub use crest_server::MAX_SESSIONS_PER_IDENTITY;
+
 /// A connection's outbox: the store task queues messages for its writer, counting their
 /// bytes (`sched::Backlog`).
 #[derive(Clone)]
@@ -102,10 +104,12 @@ struct Gate {
 #[derive(Clone)]
 struct Shell {
     ctrl: mpsc::UnboundedSender<Ctrl>,
-    ready: Arc<tokio::sync::Notify>,
+    ready: Arc<sched::Ready>,
     arrivals: Arrivals,
     /// How long a session's connection may stay silent (`Options::idle_timeout`).
     idle: Duration,
+    /// Connections one client identity may hold (`Options::sessions_per_identity`).
+    per_identity: usize,
 }
 
 /// What a server may be told beyond its store, address and security.
@@ -114,11 +118,14 @@ pub struct Options {
     /// A session's connection silent this long (or whose replies go unread this long) is
     /// closed. Clients send a heartbeat every second.
     pub idle_timeout: Duration,
+    /// Most sessions, and connections, one client identity holds at once (all of
+    /// `--insecure`'s clients are one identity).
+    pub sessions_per_identity: usize,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { idle_timeout: limits::IDLE_TIMEOUT }
+        Options { idle_timeout: limits::IDLE_TIMEOUT, sessions_per_identity: limits::MAX_CONNECTIONS_PER_IDENTITY }
     }
 }
 
@@ -144,7 +151,7 @@ enum Ctrl {
         identity: String,
         out: Outbox,
         /// The connection's queue, served once the session exists.
-        queue: mpsc::UnboundedReceiver<sched::Queued<Cmd>>,
+        queue: Box<sched::Receiver<Cmd>>,
         reply: oneshot::Sender<(Option<SessionId>, ServerMessage)>,
     },
     /// An administrative call (from a host allowed to make one); the answer's bytes.
@@ -252,7 +259,7 @@ impl StoreTask {
                 out.send(msg.clone());
                 match sid {
                     Some(sid) => {
-                        self.queues.add(queue, out.backlog.clone());
+                        self.queues.add(*queue, out.backlog.clone());
                         self.outboxes.insert(sid, out);
                     }
                     None => tracing::warn!(%peer, "handshake refused: {msg:?}"),
@@ -449,7 +456,8 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
     let (cmds, rx) = mpsc::unbounded_channel();
     let queues = sched::Queues::new();
     let ready = queues.ready();
-    let server = Server::new(store);
+    let mut server = Server::new(store);
+    server.set_sessions_per_identity(options.sessions_per_identity);
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (accept_done_tx, accept_done_rx) = oneshot::channel::<()>();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -464,7 +472,13 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
             });
             match TcpListener::from_std(listener) {
                 Ok(listener) => {
-                    let shell = Shell { ctrl: accept_cmds, ready, arrivals, idle: options.idle_timeout };
+                    let shell = Shell {
+                        ctrl: accept_cmds,
+                        ready,
+                        arrivals,
+                        idle: options.idle_timeout,
+                        per_identity: options.sessions_per_identity,
+                    };
                     tokio::spawn(accept_loop(listener, shell, gate, stop_rx, accept_done_tx));
                 }
                 Err(e) => tracing::error!("cannot listen: {e}"),
@@ -636,9 +650,8 @@ async fn connection(
         None => None,
         Some(fingerprint) => match gate.authority.admit(&fingerprint) {
             Ok(who) => {
-                let Some(slot) = counters.take(Key::Identity(fingerprint), limits::MAX_CONNECTIONS_PER_IDENTITY) else {
-                    let reason =
-                        format!("{} has {} connections already", who.name, limits::MAX_CONNECTIONS_PER_IDENTITY);
+                let Some(slot) = counters.take(Key::Identity(fingerprint), shell.per_identity) else {
+                    let reason = format!("{} has {} connections already", who.name, shell.per_identity);
                     refuse(wr, reason.clone()).await;
                     return Err(ConnError::Other(reason));
                 };
@@ -716,7 +729,7 @@ async fn first_message(
             if let Some(m) = decoder.poll_message::<ClientMessage>()? {
                 return Ok::<_, ConnError>(m);
             }
-            let room = decoder.spare(crest_stream::BUFFER_BYTES);
+            let room = decoder.read_room(crest_stream::BUFFER_BYTES);
             let n = read_burst(rd, room).await?;
             if n == 0 {
                 return Err(if decoder.buffered() == 0 {
@@ -807,9 +820,9 @@ async fn serve(
     };
     let who = admitted.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| "(insecure)".into());
     let (tx, out_rx) = mpsc::unbounded_channel::<(usize, ServerMessage)>();
-    let out_tx = Outbox { tx, backlog: sched::Backlog::new(&shell.ready) };
+    let (inbox, queue, wake) = sched::queue(&shell.ready);
+    let out_tx = Outbox { tx, backlog: sched::Backlog::new(&wake) };
     let writer = tokio::spawn(write_messages(wr, out_rx, out_tx.backlog.clone()));
-    let (inbox, queue) = sched::queue(&shell.ready);
     let (reply, rx) = oneshot::channel();
     shell
         .ctrl
@@ -819,7 +832,7 @@ async fn serve(
             policy: Box::new(policy),
             identity: who.clone(),
             out: out_tx.clone(),
-            queue,
+            queue: Box::new(queue),
             reply,
         })
         .map_err(|_| ConnError::Other("server stopping".into()))?;
@@ -974,7 +987,7 @@ async fn session_messages(
         }
         wait_for_room(conn).await?;
         // (Read straight into the decoder: a big write's bytes are copied once less.)
-        let room = decoder.spare(crest_stream::BUFFER_BYTES);
+        let room = decoder.read_room(crest_stream::BUFFER_BYTES);
         let n = tokio::select! {
             r = tokio::time::timeout(conn.shell.idle, read_burst(rd, room)) => match r {
                 Err(_) => return Err(ConnError::Other(format!("silent for {:?}", conn.shell.idle))),

@@ -14,7 +14,7 @@ use crest_tls::Fingerprint;
 /// Connections from one address that have not said hello (or joined) yet.
 pub const MAX_UNAUTHENTICATED_PER_ADDRESS: usize = 64;
 /// Connections of one client certificate at once (a mount holds one).
-pub const MAX_CONNECTIONS_PER_IDENTITY: usize = 256;
+pub const MAX_CONNECTIONS_PER_IDENTITY: usize = crest_server::MAX_SESSIONS_PER_IDENTITY;
 /// A session's connection silent this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -7,7 +7,10 @@
 //! `BURST` messages from each per round, so another session's request, recall answer or
 //! goodbye waits behind at most a burst of each flood, never behind the whole of it. A
 //! connection's own messages stay in the order they arrived (the protocol relies on it:
-//! an `Open` ahead of its `RecallDone`).
+//! an `Open` ahead of its `RecallDone`). Only queues with something to take are visited:
+//! a queue lists itself (`Ready`) when a message comes, when its connection goes, and
+//! when its writer catches up, so a thousand idle sessions cost a heartbeat nothing more
+//! than one.
 //!
 //! Outbound, a connection's outbox counts the bytes queued for its writer; while they
 //! exceed `MAX_OUTBOX_BYTES` (a peer that does not read its replies) its queue is not
@@ -17,9 +20,9 @@
 //! `MAX_WAITING_REQUESTS` of its requests are in the core unanswered (parked behind other
 //! sessions' rights, held for the grace period): those are bounded too.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -44,11 +47,63 @@ pub struct Queued<T> {
 #[derive(Debug)]
 pub struct Closed;
 
+/// The queues that have something for the store task, in the order they asked, and the
+/// store task's wake-up.
+#[derive(Default)]
+pub struct Ready {
+    list: Mutex<VecDeque<u64>>,
+    notify: Notify,
+    ids: AtomicU64,
+}
+
+impl Ready {
+    /// Wakes when a queue was listed (or `notify_one`) since the last wake.
+    pub async fn notified(&self) {
+        self.notify.notified().await;
+    }
+
+    /// Wakes the store task.
+    pub fn notify_one(&self) {
+        self.notify.notify_one();
+    }
+
+    fn list(&self) -> std::sync::MutexGuard<'_, VecDeque<u64>> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One queue's place in `Ready`.
+#[derive(Clone)]
+pub struct Wake {
+    id: u64,
+    /// In `Ready`'s list (set by whoever lists it, cleared by the store task as it takes
+    /// it): a queue is listed at most once at a time.
+    listed: Arc<AtomicBool>,
+    ready: Arc<Ready>,
+}
+
+impl Wake {
+    /// Lists the queue, unless it is listed already, and wakes the store task.
+    pub fn wake(&self) {
+        if !self.listed.swap(true, Ordering::AcqRel) {
+            self.ready.list().push_back(self.id);
+        }
+        self.ready.notify_one();
+    }
+}
+
 /// A connection's end of its queue.
 pub struct Inbox<T> {
     tx: mpsc::UnboundedSender<Queued<T>>,
     room: Arc<Semaphore>,
-    ready: Arc<Notify>,
+    wake: Wake,
+}
+
+impl<T> Drop for Inbox<T> {
+    /// The store task learns the connection went (and drops its queue once empty).
+    fn drop(&mut self) {
+        self.wake.wake();
+    }
 }
 
 impl<T> Inbox<T> {
@@ -58,22 +113,34 @@ impl<T> Inbox<T> {
         let bytes = bytes.clamp(1, MAX_QUEUED_BYTES) as u32;
         let permit = self.room.clone().acquire_many_owned(bytes).await.map_err(|_| Closed)?;
         self.tx.send(Queued { item, _bytes: permit }).map_err(|_| Closed)?;
-        self.ready.notify_one();
+        self.wake.wake();
         Ok(())
     }
 }
 
-/// A new connection's queue, waking `ready` (`Queues::ready`) as messages come: its end,
-/// and the store task's (to `add` when the connection's hello is applied, before anything
-/// else can be queued on it).
-pub fn queue<T>(ready: &Arc<Notify>) -> (Inbox<T>, mpsc::UnboundedReceiver<Queued<T>>) {
+/// The store task's end of a connection's queue (to `Queues::add` when the connection's
+/// hello is applied).
+pub struct Receiver<T> {
+    rx: mpsc::UnboundedReceiver<Queued<T>>,
+    wake: Wake,
+}
+
+/// A new connection's queue, listed in `ready` (`Queues::ready`) as messages come: its
+/// end, the store task's, and its place in `ready` (for its `Backlog`).
+pub fn queue<T>(ready: &Arc<Ready>) -> (Inbox<T>, Receiver<T>, Wake) {
     let (tx, rx) = mpsc::unbounded_channel();
-    (Inbox { tx, room: Arc::new(Semaphore::new(MAX_QUEUED_BYTES)), ready: ready.clone() }, rx)
+    let wake = Wake { id: ready.ids.fetch_add(1, Ordering::Relaxed), listed: Arc::default(), ready: ready.clone() };
+    (
+        Inbox { tx, room: Arc::new(Semaphore::new(MAX_QUEUED_BYTES)), wake: wake.clone() },
+        Receiver { rx, wake: wake.clone() },
+        wake,
+    )
 }
 
 /// One connection's queue, as the store task serves it.
 struct Entry<T> {
     rx: mpsc::UnboundedReceiver<Queued<T>>,
+    wake: Wake,
     /// Its connection's unsent replies: over `MAX_OUTBOX_BYTES`, the queue waits (unless
     /// the connection is gone: what it queued last, its disconnection, must be applied).
     backlog: Backlog,
@@ -85,37 +152,50 @@ impl<T> Entry<T> {
     }
 }
 
-/// The store task's end: every connection's queue, served in turn.
+/// The store task's end: every connection's queue, those listed served in turn.
 pub struct Queues<T> {
-    turn: VecDeque<Entry<T>>,
-    ready: Arc<Notify>,
+    entries: HashMap<u64, Entry<T>>,
+    ready: Arc<Ready>,
+    /// Queues looked at so far (for tests: idle ones are not).
+    visits: u64,
 }
 
 impl<T> Queues<T> {
     pub fn new() -> Queues<T> {
-        Queues { turn: VecDeque::new(), ready: Arc::new(Notify::new()) }
+        Queues { entries: HashMap::new(), ready: Arc::default(), visits: 0 }
     }
 
-    /// Wakes when a message was queued since the last wake.
-    pub fn ready(&self) -> Arc<Notify> {
+    /// Where queues list themselves, and the store task's wake-up.
+    pub fn ready(&self) -> Arc<Ready> {
         self.ready.clone()
     }
 
-    /// Serves `rx` from now on, while its connection's `backlog` allows.
-    pub fn add(&mut self, rx: mpsc::UnboundedReceiver<Queued<T>>, backlog: Backlog) {
-        self.turn.push_back(Entry { rx, backlog });
+    /// Serves `q` from now on, while its connection's `backlog` allows.
+    pub fn add(&mut self, q: Receiver<T>, backlog: Backlog) {
+        let wake = q.wake.clone();
+        self.entries.insert(q.wake.id, Entry { rx: q.rx, wake: q.wake, backlog });
+        // Listed again, whether or not it was (what came before this was lost on a list
+        // that had no entry for it yet; a second listing costs a look at an empty queue).
+        wake.listed.store(false, Ordering::Release);
+        wake.wake();
     }
 
-    /// One round: up to `BURST` messages from each queue in turn (but for those waiting
-    /// for their writer), each given to `apply` (which returns false to stop at once).
-    /// Queues whose connection is gone and that are empty are dropped. Returns how many
-    /// messages were applied, and whether `apply` asked to stop.
+    /// One round: up to `BURST` messages from each listed queue in turn (but for those
+    /// waiting for their writer), each given to `apply` (which returns false to stop at
+    /// once). A queue with more is listed again behind the others; queues whose
+    /// connection is gone and that are empty are dropped. Returns how many messages were
+    /// applied, and whether `apply` asked to stop.
     pub fn round(&mut self, mut apply: impl FnMut(T) -> bool) -> (usize, bool) {
         let mut applied = 0;
-        for _ in 0..self.turn.len() {
-            let Some(mut e) = self.turn.pop_front() else { break };
-            let mut open = true;
-            for _ in 0..BURST {
+        let listed = self.ready.list().len();
+        for _ in 0..listed {
+            let Some(id) = self.ready.list().pop_front() else { break };
+            let Some(mut e) = self.entries.remove(&id) else { continue };
+            self.visits += 1;
+            // From here a message, a goodbye or a writer catching up lists it again.
+            e.wake.listed.store(false, Ordering::Release);
+            let (mut open, mut more) = (true, false);
+            for taken in 1..=BURST {
                 if e.waits() {
                     break;
                 }
@@ -123,9 +203,13 @@ impl<T> Queues<T> {
                     Ok(q) => {
                         applied += 1;
                         if !apply(q.item) {
-                            self.turn.push_front(e);
+                            if !e.wake.listed.swap(true, Ordering::AcqRel) {
+                                self.ready.list().push_front(id);
+                            }
+                            self.entries.insert(id, e);
                             return (applied, true);
                         }
+                        more = taken == BURST;
                     }
                     Err(mpsc::error::TryRecvError::Empty) => break,
                     Err(mpsc::error::TryRecvError::Disconnected) => {
@@ -135,7 +219,10 @@ impl<T> Queues<T> {
                 }
             }
             if open {
-                self.turn.push_back(e);
+                if more && !e.waits() {
+                    e.wake.wake();
+                }
+                self.entries.insert(id, e);
             }
         }
         (applied, false)
@@ -161,13 +248,13 @@ pub struct Backlog {
     bytes: Arc<AtomicUsize>,
     requests: Arc<AtomicUsize>,
     drained: Arc<Notify>,
-    /// The store task's wake-up (`Queues::ready`): a queue that waited may go on.
-    ready: Arc<Notify>,
+    /// Its connection's queue's place in `Ready`: a queue that waited may go on.
+    wake: Wake,
 }
 
 impl Backlog {
-    pub fn new(ready: &Arc<Notify>) -> Backlog {
-        Backlog { bytes: Arc::default(), requests: Arc::default(), drained: Arc::default(), ready: ready.clone() }
+    pub fn new(wake: &Wake) -> Backlog {
+        Backlog { bytes: Arc::default(), requests: Arc::default(), drained: Arc::default(), wake: wake.clone() }
     }
 
     /// Too much waits: the connection's queue is not served.
@@ -184,7 +271,7 @@ impl Backlog {
     pub fn answered(&self) {
         let before = self.requests.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
         if before.is_ok_and(|n| n >= MAX_WAITING_REQUESTS) {
-            self.ready.notify_one();
+            self.wake.wake();
         }
     }
 
@@ -197,7 +284,7 @@ impl Backlog {
         let before = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_sub(bytes)));
         self.drained.notify_one();
         if before.is_ok_and(|b| b > MAX_OUTBOX_BYTES) {
-            self.ready.notify_one();
+            self.wake.wake();
         }
     }
 
@@ -219,8 +306,8 @@ mod tests {
 
     /// A new connection's queue, served by `q`: its inbox, and its outbox's backlog.
     fn served<T>(q: &mut Queues<T>) -> (Inbox<T>, Backlog) {
-        let (inbox, rx) = queue(&q.ready());
-        let backlog = Backlog::new(&q.ready());
+        let (inbox, rx, wake) = queue(&q.ready());
+        let backlog = Backlog::new(&wake);
         q.add(rx, backlog.clone());
         (inbox, backlog)
     }
@@ -261,6 +348,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_message_costs_a_look_at_its_own_queue_not_at_every_idle_one() {
+        let mut q = Queues::new();
+        let idle: Vec<_> = (0..10_000).map(|_| served(&mut q)).collect();
+        drain_into(&mut q, &mut Vec::new());
+        for (i, at) in [7_000, 3, 9_999].into_iter().enumerate() {
+            let before = q.visits;
+            idle[at].0.send(at as u32, 1).await.expect("queued");
+            let mut got = Vec::new();
+            drain_into(&mut q, &mut got);
+            assert_eq!(got, vec![at as u32], "message {i}");
+            assert_eq!(q.visits - before, 1, "message {i}: queues looked at");
+        }
+    }
+
+    #[tokio::test]
+    async fn what_is_queued_before_its_queue_is_served_is_applied_once_it_is() {
+        let mut q = Queues::new();
+        let (inbox, rx, wake) = queue(&q.ready());
+        inbox.send(9u32, 1).await.expect("queued");
+        assert_eq!(q.round(|_| true), (0, false), "not served yet");
+        q.add(rx, Backlog::new(&wake));
+        let mut got = Vec::new();
+        drain_into(&mut q, &mut got);
+        assert_eq!(got, vec![9], "applied once served, before anything else comes");
+        inbox.send(10, 1).await.expect("queued");
+        drain_into(&mut q, &mut got);
+        assert_eq!(got, vec![9, 10]);
+    }
+
+    #[tokio::test]
     async fn a_full_queue_makes_its_sender_wait_until_its_messages_are_applied() {
         let mut q = Queues::new();
         let (inbox, _) = served(&mut q);
@@ -287,13 +404,14 @@ mod tests {
         let mut got = Vec::new();
         assert!(!drain_into(&mut q, &mut got));
         assert_eq!(got, vec![7], "what it queued before it went is applied, its writer behind or not");
-        assert!(q.turn.is_empty());
+        assert!(q.entries.is_empty());
     }
 
     #[tokio::test]
     async fn a_reader_waits_while_its_writer_is_behind() {
-        let ready = Arc::new(Notify::new());
-        let b = Backlog::new(&ready);
+        let ready = Arc::new(Ready::default());
+        let (_inbox, _rx, wake) = queue::<u32>(&ready);
+        let b = Backlog::new(&wake);
         b.add(MAX_OUTBOX_BYTES + 1);
         let room = b.room();
         tokio::pin!(room);

@@ -27,7 +27,9 @@ pub mod session;
 mod space;
 
 pub use caps::Outgoing;
-pub use session::{AdminStart, Applied, Server, SessionId, REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES};
+pub use session::{
+    AdminStart, Applied, Server, SessionId, MAX_SESSIONS_PER_IDENTITY, REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES,
+};
 
 /// Entry points for the fuzz targets (fuzz/): decoders of what the disk holds.
 #[doc(hidden)]

@@ -340,6 +340,8 @@ pub struct Server {
     space: SpaceWatch,
     /// Directories several sessions change at once: not handed to one whole.
     contention: Contention,
+    /// Most sessions one client identity holds at once (`set_sessions_per_identity`).
+    sessions_per_identity: usize,
     /// The last request had an acquire refused for that (`Applied::busy`).
     refused_busy: bool,
     /// Snapshots waiting for clients to write back (`admin_start`).
@@ -515,6 +517,7 @@ impl Server {
             served: BTreeMap::new(),
             space: SpaceWatch::default(),
             contention: Contention::default(),
+            sessions_per_identity: MAX_SESSIONS_PER_IDENTITY,
             refused_busy: false,
         }
     }
@@ -524,6 +527,12 @@ impl Server {
     /// never). Simulators vary it, to exercise acquires racing with other sessions too.
     pub fn set_contention_window(&mut self, ms: u64) {
         self.contention = Contention::new(ms);
+    }
+
+    /// Lets one client identity hold up to `n` sessions at once (a server's operator may
+    /// raise or lower `MAX_SESSIONS_PER_IDENTITY`).
+    pub fn set_sessions_per_identity(&mut self, n: usize) {
+        self.sessions_per_identity = n;
     }
 
     /// From now on, remember every request run or answered from the reply cache, for
@@ -572,7 +581,8 @@ impl Server {
 
     /// `handle_hello` for a client under `policy` (its export policy) whose certificate
     /// names `identity`: it runs its requests under the policy, may mount only the datasets
-    /// it names, and holds at most `MAX_SESSIONS_PER_IDENTITY` sessions at once.
+    /// it names, and holds at most `sessions_per_identity` sessions at once
+    /// (`MAX_SESSIONS_PER_IDENTITY` unless `set_sessions_per_identity` says otherwise).
     pub fn handle_hello_as(
         &mut self,
         hello: &p::Hello,
@@ -580,9 +590,10 @@ impl Server {
         identity: &str,
     ) -> (Option<SessionId>, p::ServerMessage) {
         let resuming = hello.resume.is_some_and(|t| self.sessions.get(&t.id).is_some_and(|s| s.secret == t.secret));
-        if !resuming && self.sessions.values().filter(|s| s.identity == identity).count() >= MAX_SESSIONS_PER_IDENTITY {
+        let most = self.sessions_per_identity;
+        if !resuming && self.sessions.values().filter(|s| s.identity == identity).count() >= most {
             tracing::warn!(identity, "session refused: too many sessions of one client identity");
-            let reason = format!("{identity} holds {MAX_SESSIONS_PER_IDENTITY} sessions already");
+            let reason = format!("{identity} holds {most} sessions already");
             return (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
         }
         let (sid, msg) = self.hello_inner(hello, &policy);
