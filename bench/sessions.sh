@@ -37,7 +37,7 @@ mnts=()
 cleanup() {
   for m in "${mnts[@]}"; do umount -l "$m" 2>/dev/null || true; done
   [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null
-  cp "$tmp/serve.log" /tmp/bench-serve.log 2>/dev/null; rm -rf "$tmp"
+  rm -rf "$tmp"
 }
 trap cleanup EXIT
 most=$(tr ',' '\n' <<<"$sessions,$mounts" | sort -n | tail -1)
