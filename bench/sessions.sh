@@ -4,7 +4,8 @@
 #      (one connection and one session each, as a mount has), lets them idle, and reads
 #      the server's CPU and resident memory meanwhile (and its own CPU: the clients' timers);
 #   2. mounts: real FUSE mounts of one server (crest mount), left idle: the server's CPU
-#      and memory, and what each mount process holds.
+#      and memory, and what each mount process holds of its own (anonymous memory: its
+#      pages of the crest binary are shared by all of them).
 # Prints a table per part. Mutual TLS by default (the host's own certificate, so the
 # server runs with --max-sessions-per-client above the largest count).
 #
@@ -55,6 +56,8 @@ start_server() {
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+# A mount process's own memory (its pages of the crest binary are shared by all mounts).
+anon_kib() { awk '/^RssAnon:/ {print $2}' "/proc/$1/status"; }
 hz=$(getconf CLK_TCK)
 
 echo "crest idle-client cost, $(date -u '+%Y-%m-%d %H:%M UTC'), $(cd "$root" && git rev-parse --short HEAD), $(nproc) cores, ${insecure:-mutual TLS}, idle ${idle} s"
@@ -74,7 +77,7 @@ echo
 echo "mounts (crest mount: FUSE, left idle)"
 start_server
 base=$(rss_kib "$server")
-printf '%-10s %16s %16s %20s %18s\n' mounts "server CPU %core" "server RSS MiB" "server KiB/mount" "RSS MiB/mount"
+printf '%-10s %16s %16s %20s %18s\n' mounts "server CPU %core" "server RSS MiB" "server KiB/mount" "anon MiB/mount"
 have=0
 for want in ${mounts//,/ }; do
   while [ "$have" -lt "$want" ]; do
@@ -94,7 +97,7 @@ for want in ${mounts//,/ }; do
     for c in /proc/[0-9]*/cmdline; do
       if [ "$(tr '\0' '\n' <"$c" 2>/dev/null | tail -n 1)" = "$m" ]; then
         p=$(basename "$(dirname "$c")")
-        mount_rss=$((mount_rss + $(rss_kib "$p")))
+        mount_rss=$((mount_rss + $(anon_kib "$p")))
       fi
     done
   done
