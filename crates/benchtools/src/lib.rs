@@ -16,6 +16,20 @@ pub mod pingpong;
 pub mod proxy;
 pub mod stats;
 
+/// Client options for a server at `addr`: plaintext with `insecure` (a server run
+/// `--insecure`), else mutual TLS with this host's own certificate, as `crest mount` uses
+/// on the server's host.
+pub fn client_options(addr: &str, insecure: bool) -> anyhow::Result<crest_net::ClientOptions> {
+    let tls = if insecure {
+        None
+    } else {
+        let dir = crest_tls::StateDir::new(crest_tls::StateDir::default_path());
+        let creds = crest_tls::Credentials::for_server(&dir, addr)?;
+        Some(crest_tls::client_config(&creds)?)
+    };
+    Ok(crest_net::ClientOptions { tls, ..Default::default() })
+}
+
 /// Asks the kernel to wake this thread's sleeps as close to their deadline as it can
 /// (Linux timer slack: 50 µs by default, which would blur a 100 µs delay). Threads started
 /// afterwards from this thread inherit the setting. Best effort: failure is ignored.

@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use crest_benchtools::stats::Summary;
 use crest_benchtools::Sizes;
-use crest_net::{Client, ClientOptions};
+use crest_net::Client;
 use crest_proto::{Cred, FileType, Op, Reply};
 
 /// crest request round trips.
@@ -66,15 +66,8 @@ fn measure(client: &Client, warmup: usize, count: usize, op: impl Fn() -> Op) ->
 }
 
 fn run(args: Args) -> Result<()> {
-    let tls = if args.insecure {
-        None
-    } else {
-        let dir = crest_tls::StateDir::new(crest_tls::StateDir::default_path());
-        let creds = crest_tls::Credentials::for_server(&dir, &args.addr)?;
-        Some(crest_tls::client_config(&creds)?)
-    };
-    let client = Client::connect(&args.addr, ClientOptions { tls, ..Default::default() })
-        .with_context(|| format!("connecting to {}", args.addr))?;
+    let opts = crest_benchtools::client_options(&args.addr, args.insecure)?;
+    let client = Client::connect(&args.addr, opts).with_context(|| format!("connecting to {}", args.addr))?;
     let s = measure(&client, args.warmup, args.count, || Op::GetAttr { ino: 1 }).context("getattr")?;
     println!("crest-rpc op=getattr size_bytes=0 {s}");
 

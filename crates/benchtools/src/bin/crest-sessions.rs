@@ -79,13 +79,7 @@ fn cpu_share(pids: &[&str], idle: Duration) -> Result<Vec<f64>> {
 }
 
 fn run(args: Args) -> Result<()> {
-    let tls = if args.insecure {
-        None
-    } else {
-        let dir = crest_tls::StateDir::new(crest_tls::StateDir::default_path());
-        let creds = crest_tls::Credentials::for_server(&dir, &args.addr)?;
-        Some(crest_tls::client_config(&creds)?)
-    };
+    let base = crest_benchtools::client_options(&args.addr, args.insecure)?;
     let server = args.server_pid.to_string();
     let me = std::process::id().to_string();
     // (A server just started still sets itself up: its first commit, its disk queues.)
@@ -98,11 +92,7 @@ fn run(args: Args) -> Result<()> {
             bail!("session counts must rise ({want} after {})", clients.len());
         }
         while clients.len() < want {
-            let opts = ClientOptions {
-                client_name: format!("crest-sessions-{}", clients.len()),
-                tls: tls.clone(),
-                ..Default::default()
-            };
+            let opts = ClientOptions { client_name: format!("crest-sessions-{}", clients.len()), ..base.clone() };
             let c = Client::connect(&args.addr, opts)
                 .with_context(|| format!("session {} of {want} to {}", clients.len() + 1, args.addr))?;
             clients.push(c);
