@@ -163,6 +163,20 @@ expect mount-spaces 0 "$crest" mount "127.0.0.1:$port" "$mnt"
 mentions mount-says-mounted "mounted on $mnt"
 crest_mounted "$mnt" && pass mount-spaces-in-mountinfo || fail mount-spaces-in-mountinfo "$(grep crest /proc/self/mountinfo)"
 echo hello >"$mnt/file" && [ "$(cat "$mnt/file")" = hello ] && pass mount-spaces-works || fail mount-spaces-works "no round trip"
+# crest status: the server names this mount's session, its certificate and dataset.
+run "$crest" status --server "127.0.0.1:$port" --json
+python3 - "$tmp/out" "$mnt" <<'PY' && pass status-json || fail status-json "$(said)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+mine = [s for s in d["sessions"] if s["client"].endswith(":" + sys.argv[2])]
+assert len(mine) == 1, d["sessions"]
+assert mine[0]["connected"] and mine[0]["identity"] == "local" and mine[0]["dataset"] == "default", mine
+assert d["sessions_total"] == len(d["sessions"]) >= 1 and d["commits"] >= 0 and not d["grace"], d
+assert sum(d["served"].values()) >= 1, d["served"]
+PY
+run "$crest" status --server "127.0.0.1:$port"
+mentions status-table "(1 connected)"
+mentions status-table-client "$mnt"
 # crest bench on the mount: every phase measured, nothing left behind.
 run "$crest" bench "$mnt" --big-size 3M --block-size 64K --small-size 3000 --small-count 40 --fsync-count 5 -p 2 --json
 python3 - "$tmp/out" <<'PY' && pass bench-json || fail bench-json "$(said)"

@@ -14,6 +14,7 @@ mod mountinfo;
 mod repair;
 mod sendrecv;
 mod signature;
+mod status;
 mod trust;
 mod version;
 
@@ -249,6 +250,19 @@ enum Command {
         #[arg(long)]
         restart: bool,
         /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What a running server is doing: its sessions (client, certificate, dataset,
+    /// connected), its commits and the operations it served since it started.
+    Status {
+        /// The server (HOST[:PORT]; default: this host's).
+        #[arg(long, default_value = DEFAULT_LISTEN)]
+        server: String,
+        /// Talk to a server run with --insecure.
+        #[arg(long)]
+        insecure: bool,
+        /// Print one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -704,6 +718,10 @@ fn main() -> ExitCode {
             };
         }
         Command::Bench(args) => bench::bench(&args),
+        Command::Status { server, insecure, json } => mount::parse_addr(&server).and_then(|addr| {
+            let tls = trust::client_tls(&state, &addr, insecure)?;
+            status::status(&dataset::Target { addr: &addr, tls }, json)
+        }),
         Command::Send { snapshot, base, server, insecure } => mount::parse_addr(&server).and_then(|addr| {
             let tls = trust::client_tls(&state, &addr, insecure)?;
             sendrecv::send(&dataset::Target { addr: &addr, tls }, &snapshot, base.as_deref())

@@ -9,6 +9,8 @@ use s::datasets::{check_prop, show_prop, DatasetInfo};
 
 /// Most names one call may carry.
 pub const MAX_ADMIN_NAMES: usize = 100_000;
+/// Most sessions `server.status` lists one by one (it counts them all).
+pub const MAX_STATUS_SESSIONS: usize = 10_000;
 
 /// A call's failure: errno and message.
 pub(super) type Failed = (i32, String);
@@ -198,7 +200,11 @@ impl Server {
             // The parts of a receive need no commit of their own: nothing in them is
             // acknowledged until `receive.finish`, which commits (the store still commits
             // on its own schedule meanwhile).
-            Ok(call) => (self.admin_call(&call, now), call.get_str("cmd") != Some("receive.chunk")),
+            // (Nor does a status: it changes nothing.)
+            Ok(call) => {
+                let commit = !matches!(call.get_str("cmd"), Some("receive.chunk" | "server.status"));
+                (self.admin_call(&call, now), commit)
+            }
             Err(e) => (Err(invalid(format!("not a name-value list: {e}"))), true),
         };
         if !commit {
@@ -210,9 +216,45 @@ impl Server {
         }))
     }
 
+    /// `crest status`: the store's counters, the sessions (who, which dataset, whether
+    /// connected) and the operations served since start, by kind.
+    fn status_into(&self, out: &mut NvList) {
+        let st = self.store.stats();
+        let _ = out.add("generation", Value::U64(self.store.generation()));
+        let _ = out.add("commits", Value::U64(st.commits));
+        let _ = out.add("bytes_written", Value::U64(st.bytes_written));
+        let _ = out.add("repaired", Value::U64(st.repaired));
+        let _ = out.add("grace", Value::Bool(self.in_grace()));
+        let names: HashMap<u64, String> = self.store.datasets().into_iter().map(|d| (d.id, d.name)).collect();
+        let mut ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+        ids.sort_unstable();
+        let _ = out.add("sessions_total", Value::U64(ids.len() as u64));
+        let listed = ids
+            .iter()
+            .take(MAX_STATUS_SESSIONS)
+            .filter_map(|id| self.sessions.get(id).map(|s| (id, s)))
+            .map(|(&id, s)| {
+                let mut l = NvList::new();
+                let _ = l.add("id", Value::U64(id));
+                let _ = l.add("client", Value::Str(s.client_name.clone()));
+                let _ = l.add("identity", Value::Str(s.identity.clone()));
+                let _ = l.add("dataset", Value::Str(names.get(&s.dataset).cloned().unwrap_or_default()));
+                let _ = l.add("connected", Value::Bool(!self.disconnected.contains_key(&id)));
+                l
+            })
+            .collect();
+        let _ = out.add("sessions", Value::Lists(listed));
+        let mut served = NvList::new();
+        for (kind, n) in &self.served {
+            let _ = served.add(*kind, Value::U64(*n));
+        }
+        let _ = out.add("served", Value::List(served));
+    }
+
     fn admin_call(&mut self, call: &NvList, now: p::Time) -> Result<NvList, Failed> {
         let mut out = NvList::new();
         match text(call, "cmd")? {
+            "server.status" => self.status_into(&mut out),
             "dataset.create" => {
                 let name = text(call, "name")?;
                 let mut props = NvList::new();
