@@ -82,6 +82,7 @@ pub struct ServeSection {
     pub disk_io: Option<DiskIoArg>,
     pub insecure: Option<bool>,
     pub max_sessions_per_client: Option<usize>,
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// `[mount]`: `crest mount`'s flags. `options` is `-o` (a command line's `-o` replaces
@@ -134,11 +135,12 @@ pub fn apply(cli: &mut Cli, m: &ArgMatches, file: &Config) {
     }
     match (&mut cli.command, m.subcommand()) {
         (
-            Command::Serve { listen, commit_interval_ms, disk_io, insecure, max_sessions_per_client, .. },
+            Command::Serve { listen, commit_interval_ms, disk_io, insecure, max_sessions_per_client, metrics, .. },
             Some((_, sub)),
         ) => {
             let f = &file.serve;
             set(max_sessions_per_client, f.max_sessions_per_client.as_ref(), sub, "max_sessions_per_client");
+            set(metrics, f.metrics.map(Some).as_ref(), sub, "metrics");
             set(listen, f.listen.as_ref(), sub, "listen");
             set(commit_interval_ms, f.commit_interval_ms.as_ref(), sub, "commit_interval_ms");
             set(disk_io, f.disk_io.as_ref(), sub, "disk_io");
@@ -183,7 +185,7 @@ mod tests {
     fn parses_every_key() -> Result<()> {
         let text = "state-dir = \"/srv/state\"\n[log]\nlevel = \"debug\"\nfile = \"/var/log/crest.log\"\n\
                     [serve]\nlisten = \"0.0.0.0:7410\"\ncommit-interval-ms = 100\ndisk-io = \"pool\"\ninsecure = false\n\
-                    max-sessions-per-client = 1000\n\
+                    max-sessions-per-client = 1000\nmetrics = \"127.0.0.1:9477\"\n\
                     [mount]\noptions = \"ro,noatime\"\ntimeout = 30\ninsecure = true\n";
         let c = parse(text)?;
         assert_eq!(c.state_dir, Some(PathBuf::from("/srv/state")));
@@ -194,6 +196,7 @@ mod tests {
             (Some(100), Some(DiskIoArg::Pool), Some(false))
         );
         assert_eq!(c.serve.max_sessions_per_client, Some(1000));
+        assert_eq!(c.serve.metrics, Some("127.0.0.1:9477".parse()?));
         assert_eq!(
             c.mount,
             MountSection { options: Some("ro,noatime".into()), timeout: Some(30), insecure: Some(true) }

@@ -130,6 +130,10 @@ enum Command {
         /// `--insecure`'s clients count as one).
         #[arg(long, default_value_t = crest_serve::MAX_SESSIONS_PER_IDENTITY, value_parser = clap::value_parser!(usize))]
         max_sessions_per_client: usize,
+        /// Answer Prometheus scrapes at http://ADDR/metrics (what `crest status` shows;
+        /// plain HTTP: keep it on loopback or a monitoring network).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Mount a crest server on a directory (in the background unless --foreground).
     Mount {
@@ -741,10 +745,13 @@ fn main() -> ExitCode {
         Command::Token { cmd } => trust::token(&state, cmd),
         Command::Cert { cmd } => trust::cert(&state, cmd),
         Command::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
-        Command::Serve { image, listen, commit_interval_ms, disk_io, insecure, max_sessions_per_client } => {
+        Command::Serve { image, listen, commit_interval_ms, disk_io, insecure, max_sessions_per_client, metrics } => {
             trust::server_security(&state, &listen, insecure).and_then(|security| {
-                let options =
-                    crest_serve::Options { sessions_per_identity: max_sessions_per_client, ..Default::default() };
+                let options = crest_serve::Options {
+                    sessions_per_identity: max_sessions_per_client,
+                    metrics,
+                    ..Default::default()
+                };
                 serve(&image, &listen, commit_interval_ms, disk_io.into(), security, options)
             })
         }

@@ -46,6 +46,7 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 mod exports;
 pub mod limits;
+pub mod metrics;
 mod sched;
 
 pub use crest_server::MAX_SESSIONS_PER_IDENTITY;
@@ -121,11 +122,17 @@ pub struct Options {
     /// Most sessions, and connections, one client identity holds at once (all of
     /// `--insecure`'s clients are one identity).
     pub sessions_per_identity: usize,
+    /// Where to answer Prometheus scrapes (`metrics`), if anywhere.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { idle_timeout: limits::IDLE_TIMEOUT, sessions_per_identity: limits::MAX_CONNECTIONS_PER_IDENTITY }
+        Options {
+            idle_timeout: limits::IDLE_TIMEOUT,
+            sessions_per_identity: limits::MAX_CONNECTIONS_PER_IDENTITY,
+            metrics: None,
+        }
     }
 }
 
@@ -430,6 +437,8 @@ async fn store_task(
 pub struct Serving {
     /// Address actually bound (useful with port 0).
     pub local_addr: SocketAddr,
+    /// Where Prometheus scrapes are answered (`Options::metrics`, as bound).
+    pub metrics_addr: Option<SocketAddr>,
     cmds: mpsc::UnboundedSender<Ctrl>,
     stop: Option<oneshot::Sender<()>>,
     accept: Option<oneshot::Receiver<()>>,
@@ -453,6 +462,15 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
             Some((tokio_rustls::TlsAcceptor::from(config), authority.clone()))
         }
     };
+    let metrics = match options.metrics {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr)?;
+            l.set_nonblocking(true)?;
+            Some(l)
+        }
+        None => None,
+    };
+    let metrics_addr = metrics.as_ref().map(std::net::TcpListener::local_addr).transpose()?;
     let (cmds, rx) = mpsc::unbounded_channel();
     let queues = sched::Queues::new();
     let ready = queues.ready();
@@ -462,6 +480,7 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
     let (accept_done_tx, accept_done_rx) = oneshot::channel::<()>();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let accept_cmds = cmds.clone();
+    let metrics_cmds = cmds.clone();
     let arrivals = Arrivals::default();
     let store_arrivals = arrivals.clone();
     std::thread::Builder::new().name("crest-server".into()).spawn(move || {
@@ -483,11 +502,20 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
                 }
                 Err(e) => tracing::error!("cannot listen: {e}"),
             }
+            if let Some(l) = metrics {
+                match TcpListener::from_std(l) {
+                    Ok(l) => drop(tokio::spawn(metrics::serve(l, metrics_cmds))),
+                    Err(e) => tracing::error!("cannot listen for metrics: {e}"),
+                }
+            }
             store_task(server, rx, queues, store_arrivals).await;
         });
     })?;
     tracing::info!(%local_addr, tls = matches!(security, Security::Tls(_)), "serving");
-    Ok(Serving { local_addr, cmds, stop: Some(stop_tx), accept: Some(accept_done_rx) })
+    if let Some(addr) = metrics_addr {
+        tracing::info!(%addr, "answering Prometheus scrapes at /metrics");
+    }
+    Ok(Serving { local_addr, metrics_addr, cmds, stop: Some(stop_tx), accept: Some(accept_done_rx) })
 }
 
 /// How often the register of clients is looked at for revocations.

@@ -1,0 +1,190 @@
+//! A Prometheus endpoint (`crest serve --metrics ADDR`): `GET /metrics` answers what
+//! `crest status` shows, in Prometheus's text format. Plain HTTP/1.1, one request per
+//! connection. A scraper may be anyone who reaches the address, so: the request line and
+//! headers must come within `REQUEST_WAIT` and fit `MAX_REQUEST_BYTES`, at most
+//! `MAX_SCRAPES` connections are served at once (others are closed), and nothing but
+//! `GET /metrics` is answered (404, 405). The status is the store task's answer to an
+//! administrative `server.status` call, which changes nothing.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crest_nvlist::{NvList, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::Ctrl;
+
+/// The most bytes of a request's line and headers.
+pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
+/// How long a scraper has to send its request.
+pub const REQUEST_WAIT: Duration = Duration::from_secs(5);
+/// Scrapes served at once.
+pub const MAX_SCRAPES: usize = 16;
+
+/// Serves scrapes on `listener` for as long as the server thread runs.
+pub(super) async fn serve(listener: TcpListener, ctrl: mpsc::UnboundedSender<Ctrl>) {
+    let slots = Arc::new(Semaphore::new(MAX_SCRAPES));
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "metrics: too many scrapes at once; closed");
+            continue;
+        };
+        let ctrl = ctrl.clone();
+        tokio::spawn(async move {
+            if let Err(e) = scrape(stream, &ctrl).await {
+                tracing::debug!(%peer, "metrics: {e}");
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// Reads one request and answers it.
+async fn scrape(mut stream: TcpStream, ctrl: &mpsc::UnboundedSender<Ctrl>) -> std::io::Result<()> {
+    let mut buf = vec![0u8; MAX_REQUEST_BYTES];
+    let mut have = 0;
+    let head = tokio::time::timeout(REQUEST_WAIT, async {
+        loop {
+            if let Some(end) = buf[..have].windows(4).position(|w| w == b"\r\n\r\n") {
+                return Ok(Some(end));
+            }
+            if have == buf.len() {
+                return Ok(None);
+            }
+            match stream.read(&mut buf[have..]).await? {
+                0 => return Err(std::io::Error::other("closed before a whole request")),
+                n => have += n,
+            }
+        }
+    })
+    .await
+    .map_err(|_| std::io::Error::other("no request in time"))??;
+    let Some(end) = head else {
+        return respond(&mut stream, "431 Request Header Fields Too Large", "").await;
+    };
+    let line = buf[..end].split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    let (method, path) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+    if path != b"/metrics" {
+        return respond(&mut stream, "404 Not Found", "not found: try /metrics\n").await;
+    }
+    if method != b"GET" {
+        return respond(&mut stream, "405 Method Not Allowed", "GET only\n").await;
+    }
+    let mut call = NvList::new();
+    let _ = call.add("cmd", Value::Str("server.status".into()));
+    let (reply, rx) = oneshot::channel();
+    if ctrl.send(Ctrl::Admin { call: call.encode(), reply }).is_err() {
+        return respond(&mut stream, "503 Service Unavailable", "the server is stopping\n").await;
+    }
+    let Ok(answer) = rx.await else {
+        return respond(&mut stream, "503 Service Unavailable", "the server is stopping\n").await;
+    };
+    match NvList::decode(&answer) {
+        Ok(st) if st.get("error").is_none() => respond(&mut stream, "200 OK", &render(&st)).await,
+        _ => respond(&mut stream, "500 Internal Server Error", "no status\n").await,
+    }
+}
+
+async fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// A label value as the text format wants it: backslash, quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The status as Prometheus metrics.
+pub fn render(st: &NvList) -> String {
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in samples {
+            let _ = writeln!(out, "{name}{labels} {v}");
+        }
+    };
+    let one = |k: &str| vec![(String::new(), st.get_u64(k).unwrap_or(0))];
+    metric("crest_generation", "gauge", "The image's commit generation.", &one("generation"));
+    metric("crest_commits_total", "counter", "Commits since the server started.", &one("commits"));
+    metric("crest_written_bytes_total", "counter", "Bytes written to the image since start.", &one("bytes_written"));
+    metric("crest_repaired_nodes_total", "counter", "Tree node copies rewritten from their twins.", &one("repaired"));
+    let grace = vec![(String::new(), u64::from(st.get_bool("grace").unwrap_or(false)))];
+    metric("crest_grace_period", "gauge", "1 while the server waits for clients to replay after a restart.", &grace);
+    let sessions = match st.get("sessions") {
+        Some(Value::Lists(s)) => s.as_slice(),
+        _ => &[],
+    };
+    let connected = sessions.iter().filter(|s| s.get_bool("connected") == Some(true)).count() as u64;
+    let total = st.get_u64("sessions_total").unwrap_or(sessions.len() as u64);
+    let by_state = vec![
+        ("{state=\"connected\"}".to_string(), connected),
+        ("{state=\"disconnected\"}".to_string(), total.saturating_sub(connected)),
+    ];
+    metric("crest_sessions", "gauge", "Sessions held, connected or kept for a reconnect.", &by_state);
+    let served: Vec<(String, u64)> = match st.get("served") {
+        Some(Value::List(l)) => l
+            .iter()
+            .filter_map(|(k, v)| match v {
+                Value::U64(n) => Some((format!("{{kind=\"{}\"}}", label(k)), *n)),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    metric("crest_operations_total", "counter", "Operations served since start, by kind.", &served);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_renders_as_prometheus_text() {
+        let mut st = NvList::new();
+        let _ = st.add("generation", Value::U64(7));
+        let _ = st.add("commits", Value::U64(3));
+        let _ = st.add("grace", Value::Bool(true));
+        let _ = st.add("sessions_total", Value::U64(3));
+        let session = |connected| {
+            let mut s = NvList::new();
+            let _ = s.add("connected", Value::Bool(connected));
+            s
+        };
+        let _ = st.add("sessions", Value::Lists(vec![session(true), session(false), session(true)]));
+        let mut served = NvList::new();
+        let _ = served.add("lookup", Value::U64(5));
+        let _ = served.add("odd\"kind", Value::U64(1));
+        let _ = st.add("served", Value::List(served));
+        let text = render(&st);
+        for line in [
+            "# TYPE crest_generation gauge",
+            "crest_generation 7",
+            "crest_commits_total 3",
+            "crest_grace_period 1",
+            "crest_sessions{state=\"connected\"} 2",
+            "crest_sessions{state=\"disconnected\"} 1",
+            "crest_operations_total{kind=\"lookup\"} 5",
+            "crest_operations_total{kind=\"odd\\\"kind\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        }
+        // Every sample line is a name, optional labels and an integer.
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            let (name, value) = l.rsplit_once(' ').expect("name and value");
+            assert!(name.starts_with("crest_") && value.parse::<u64>().is_ok(), "{l:?}");
+        }
+    }
+}
