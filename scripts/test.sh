@@ -65,6 +65,9 @@ bash bench/headline.sh --quick --only local,bindfs,crest,crest-rtt
 echo "== many-mounts benchmark tooling (smoke: 1 and 2 mounts, 100 files each)"
 bash bench/scale.sh --mounts 2 --count 100 --rounds 1
 
+echo "== idle-client benchmark tooling (smoke: 10 sessions, 2 mounts, 1 s idle)"
+bash bench/sessions.sh --sessions 1,10 --mounts 2 --idle-secs 1
+
 if [ "${CREST_FUZZ_SECONDS:-20}" != 0 ] && [ -f scripts/fuzz.sh ]; then
   echo "== fuzz (smoke)"
   CREST_FUZZ_SECONDS=${CREST_FUZZ_SECONDS:-20} bash scripts/fuzz.sh
