@@ -13,19 +13,34 @@ use std::time::{Duration, Instant};
 /// server to make its changes durable and 1 s for the goodbye's answer.
 pub const GOODBYE_WAIT: Duration = Duration::from_secs(8);
 
-/// The processes serving the mount at `target` (as `mountinfo::resolve` gives it): a
-/// mount daemon runs `crest mount … ADDR DIR`, its mount point last, whether started
-/// in the background by `crest mount` or the mount helper, or in the foreground.
-pub fn serving(target: &Path) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+/// The daemon that served the mount at `target` (as `mountinfo::resolve` gives it), asked
+/// once it is unmounted: a mount daemon runs `crest mount … ADDR DIR`, its mount point
+/// last, whether started in the background by `crest mount` or the mount helper, or in
+/// the foreground. The newest such process: an older one serves a mount detached lazily
+/// from the same place. Only processes named `crest` have their command line read (that
+/// read can wait on a process stuck on a hung mount), and paths are compared as written,
+/// never looked up.
+pub fn serving(target: &Path) -> Option<u32> {
+    let dir = std::fs::read_dir("/proc").ok()?;
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != std::process::id())
+        .filter(|&pid| std::fs::read(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_ascii_end() == b"crest"))
         .filter(|&pid| {
             let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
             mount_point_of(&cmdline).is_some_and(|dir| resolve_for(pid, dir).as_deref() == Some(target))
         })
-        .collect()
+        .filter_map(|pid| Some((started(pid)?, pid)))
+        .max()
+        .map(|(_, pid)| pid)
+}
+
+/// When process `pid` started (clock ticks since boot: /proc/PID/stat's 22nd field).
+fn started(pid: u32) -> Option<u64> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// The mount point a `crest mount` command line (NUL-separated, as /proc shows it) names:
@@ -36,20 +51,15 @@ fn mount_point_of(cmdline: &[u8]) -> Option<&Path> {
     rest.iter().skip(1).any(|a| *a == b"mount").then(|| Path::new(OsStr::from_bytes(last)))
 }
 
-/// `dir` as process `pid` means it (relative to its working directory), resolved as
-/// `mountinfo::resolve` does but without looking into the mount itself (it may hang):
-/// its parent's real path, then its name.
+/// `dir` as process `pid` means it: relative to its working directory, `.` and trailing
+/// slashes dropped, nothing looked up (any of it may be on a hung mount).
 fn resolve_for(pid: u32, dir: &Path) -> Option<PathBuf> {
     let abs = if dir.is_absolute() {
         dir.to_path_buf()
     } else {
         std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?.join(dir)
     };
-    let abs = std::path::absolute(abs).ok()?;
-    match (abs.parent(), abs.file_name()) {
-        (Some(parent), Some(name)) => Some(parent.canonicalize().ok()?.join(name)),
-        _ => Some(abs),
-    }
+    std::path::absolute(abs).ok()
 }
 
 /// Waits until every process of `pids` has ended (or is a zombie nobody reaped), for at
@@ -107,9 +117,23 @@ mod tests {
 
     #[test]
     fn a_relative_mount_point_is_resolved_against_the_process_directory() {
-        let here = std::env::current_dir().expect("cwd").canonicalize().expect("canonical");
+        let here = std::fs::read_link("/proc/self/cwd").expect("cwd");
         assert_eq!(resolve_for(std::process::id(), Path::new("m")), Some(here.join("m")));
-        assert_eq!(resolve_for(std::process::id(), Path::new("./m")), Some(here.join("m")));
-        assert_eq!(resolve_for(std::process::id(), Path::new("/nonexistent-crest/m")), None, "no such parent");
+        assert_eq!(resolve_for(std::process::id(), Path::new("./m/")), Some(here.join("m")));
+        assert_eq!(
+            resolve_for(std::process::id(), Path::new("/nonexistent-crest/m")),
+            Some(PathBuf::from("/nonexistent-crest/m")),
+            "nothing is looked up"
+        );
+    }
+
+    #[test]
+    fn a_process_start_time_is_read() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("spawn sleep");
+        let (me, it) = (started(std::process::id()), started(child.id()));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(me.is_some() && it.is_some() && it >= me, "{me:?} {it:?}");
+        assert_eq!(started(u32::MAX), None);
     }
 }

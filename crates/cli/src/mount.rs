@@ -395,8 +395,6 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
             m.source
         );
     }
-    // (A lazy unmount leaves the daemon serving whoever still uses the mount.)
-    let daemons = if lazy { Vec::new() } else { crate::daemons::serving(&target) };
     let mut tries = Vec::new();
     for (tool, flag) in [("fusermount3", "-z"), ("umount", "-l")] {
         let mut cmd = std::process::Command::new(tool);
@@ -408,7 +406,9 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
         }
         match cmd.arg("--").arg(&target).output() {
             Ok(out) if out.status.success() => {
-                for pid in crate::daemons::wait_ended(&daemons, crate::daemons::GOODBYE_WAIT) {
+                // (A lazy unmount leaves the daemon serving whoever still uses the mount.)
+                let daemon = if lazy { None } else { crate::daemons::serving(&target) };
+                for pid in crate::daemons::wait_ended(daemon.as_slice(), crate::daemons::GOODBYE_WAIT) {
                     eprintln!(
                         "crest: the daemon of {} (pid {pid}) is still ending its session after {} s",
                         target.display(),

@@ -82,7 +82,7 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
     if n("repaired") > 0 {
         println!("bad copies of tree nodes rewritten from their twins: {}", n("repaired"));
     }
-    let connected = sessions.iter().filter(|s| s.connected).count();
+    let connected = st.get_u64("sessions_connected").unwrap_or(sessions.iter().filter(|s| s.connected).count() as u64);
     println!("sessions: {total} ({connected} connected)");
     if !sessions.is_empty() {
         println!("  {:>6}  {:<12} {:<12} {:<9} CLIENT", "ID", "IDENTITY", "DATASET", "CONNECTED");

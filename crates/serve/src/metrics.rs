@@ -4,7 +4,8 @@
 //! headers must come within `REQUEST_WAIT` and fit `MAX_REQUEST_BYTES`, at most
 //! `MAX_SCRAPES` connections are served at once (others are closed), and nothing but
 //! `GET /metrics` is answered (404, 405). The status is the store task's answer to an
-//! administrative `server.status` call, which changes nothing.
+//! administrative `server.status` call, which changes nothing; one answer serves every
+//! scrape for `FRESH_FOR`, so scrapers cannot keep the store task busy.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -23,19 +24,33 @@ pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
 pub const REQUEST_WAIT: Duration = Duration::from_secs(5);
 /// Scrapes served at once.
 pub const MAX_SCRAPES: usize = 16;
+/// How long one status serves scrapes.
+pub const FRESH_FOR: Duration = Duration::from_secs(1);
+
+/// The last page rendered, and when.
+type Page = Arc<tokio::sync::Mutex<Option<(std::time::Instant, String)>>>;
 
 /// Serves scrapes on `listener` for as long as the server thread runs.
 pub(super) async fn serve(listener: TcpListener, ctrl: mpsc::UnboundedSender<Ctrl>) {
     let slots = Arc::new(Semaphore::new(MAX_SCRAPES));
+    let page = Page::default();
     loop {
-        let Ok((stream, peer)) = listener.accept().await else { continue };
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // (Out of descriptors, say: not a loop on the server's thread.)
+                tracing::debug!("metrics: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             tracing::debug!(%peer, "metrics: too many scrapes at once; closed");
             continue;
         };
-        let ctrl = ctrl.clone();
+        let (ctrl, page) = (ctrl.clone(), page.clone());
         tokio::spawn(async move {
-            if let Err(e) = scrape(stream, &ctrl).await {
+            if let Err(e) = scrape(stream, &ctrl, &page).await {
                 tracing::debug!(%peer, "metrics: {e}");
             }
             drop(slot);
@@ -44,20 +59,23 @@ pub(super) async fn serve(listener: TcpListener, ctrl: mpsc::UnboundedSender<Ctr
 }
 
 /// Reads one request and answers it.
-async fn scrape(mut stream: TcpStream, ctrl: &mpsc::UnboundedSender<Ctrl>) -> std::io::Result<()> {
+async fn scrape(mut stream: TcpStream, ctrl: &mpsc::UnboundedSender<Ctrl>, page: &Page) -> std::io::Result<()> {
     let mut buf = vec![0u8; MAX_REQUEST_BYTES];
     let mut have = 0;
     let head = tokio::time::timeout(REQUEST_WAIT, async {
         loop {
-            if let Some(end) = buf[..have].windows(4).position(|w| w == b"\r\n\r\n") {
-                return Ok(Some(end));
-            }
             if have == buf.len() {
                 return Ok(None);
             }
-            match stream.read(&mut buf[have..]).await? {
+            let n = match stream.read(&mut buf[have..]).await? {
                 0 => return Err(std::io::Error::other("closed before a whole request")),
-                n => have += n,
+                n => n,
+            };
+            // Only where the new bytes could end the headers: linear in what comes.
+            let from = have.saturating_sub(3);
+            have += n;
+            if let Some(end) = buf[from..have].windows(4).position(|w| w == b"\r\n\r\n") {
+                return Ok(Some(from + end));
             }
         }
     })
@@ -75,6 +93,12 @@ async fn scrape(mut stream: TcpStream, ctrl: &mpsc::UnboundedSender<Ctrl>) -> st
     if method != b"GET" {
         return respond(&mut stream, "405 Method Not Allowed", "GET only\n").await;
     }
+    let mut last = page.lock().await;
+    if let Some((_, text)) = last.as_ref().filter(|(at, _)| at.elapsed() < FRESH_FOR) {
+        let text = text.clone();
+        drop(last);
+        return respond(&mut stream, "200 OK", &text).await;
+    }
     let mut call = NvList::new();
     let _ = call.add("cmd", Value::Str("server.status".into()));
     let (reply, rx) = oneshot::channel();
@@ -85,7 +109,12 @@ async fn scrape(mut stream: TcpStream, ctrl: &mpsc::UnboundedSender<Ctrl>) -> st
         return respond(&mut stream, "503 Service Unavailable", "the server is stopping\n").await;
     };
     match NvList::decode(&answer) {
-        Ok(st) if st.get("error").is_none() => respond(&mut stream, "200 OK", &render(&st)).await,
+        Ok(st) if st.get("error").is_none() => {
+            let text = render(&st);
+            *last = Some((std::time::Instant::now(), text.clone()));
+            drop(last);
+            respond(&mut stream, "200 OK", &text).await
+        }
         _ => respond(&mut stream, "500 Internal Server Error", "no status\n").await,
     }
 }
@@ -126,7 +155,8 @@ pub fn render(st: &NvList) -> String {
         Some(Value::Lists(s)) => s.as_slice(),
         _ => &[],
     };
-    let connected = sessions.iter().filter(|s| s.get_bool("connected") == Some(true)).count() as u64;
+    let listed = sessions.iter().filter(|s| s.get_bool("connected") == Some(true)).count() as u64;
+    let connected = st.get_u64("sessions_connected").unwrap_or(listed);
     let total = st.get_u64("sessions_total").unwrap_or(sessions.len() as u64);
     let by_state = vec![
         ("{state=\"connected\"}".to_string(), connected),

@@ -192,8 +192,10 @@ impl<T> Queues<T> {
             let Some(id) = self.ready.list().pop_front() else { break };
             let Some(mut e) = self.entries.remove(&id) else { continue };
             self.visits += 1;
-            // From here a message, a goodbye or a writer catching up lists it again.
-            e.wake.listed.store(false, Ordering::Release);
+            // From here a message, a goodbye or a writer catching up lists it again. (A
+            // swap, not a store: ordered before the `try_recv`s below, so a sender that
+            // saw it listed has its message seen by them, on any number of threads.)
+            e.wake.listed.swap(false, Ordering::AcqRel);
             let (mut open, mut more) = (true, false);
             for taken in 1..=BURST {
                 if e.waits() {

@@ -55,6 +55,18 @@ fn a_scrape_shows_sessions_and_operations_and_only_a_scrape_is_answered() {
     let length = page.lines().find_map(|l| l.strip_prefix("Content-Length: ")).and_then(|n| n.parse::<usize>().ok());
     assert_eq!(length, Some(body.len()), "the length says what comes");
 
+    // A request that comes a byte at a time is read whole (the end of its headers found
+    // wherever the bytes fall).
+    let mut slow = TcpStream::connect(metrics).expect("connect");
+    slow.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" {
+        slow.write_all(&[*b]).expect("send");
+        slow.flush().expect("flush");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut answer = String::new();
+    let _ = slow.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     assert!(ask(metrics, b"GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 "));
     assert!(ask(metrics, b"POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405 "));
     let long = [b"GET /metrics HTTP/1.1\r\nX: ".as_slice(), &vec![b'a'; MAX_REQUEST_BYTES]].concat();

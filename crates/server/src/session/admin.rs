@@ -229,6 +229,8 @@ impl Server {
         let mut ids: Vec<SessionId> = self.sessions.keys().copied().collect();
         ids.sort_unstable();
         let _ = out.add("sessions_total", Value::U64(ids.len() as u64));
+        let connected = ids.iter().filter(|id| !self.disconnected.contains_key(id)).count();
+        let _ = out.add("sessions_connected", Value::U64(connected as u64));
         let listed = ids
             .iter()
             .take(MAX_STATUS_SESSIONS)
