@@ -23,6 +23,12 @@ pub struct IdentityMap {
     pub uid_map: Vec<(u32, u32)>,
     /// Client gid → server gid (primary and supplementary groups), as `uid_map`.
     pub gid_map: Vec<(u32, u32)>,
+    /// The server keeps the set-user-ID bit, and set-group-ID on files, that callers set
+    /// (else it drops them): where not, a mount answers no change that sets them.
+    pub allow_setid: bool,
+    /// The server makes character and block devices for root (else it refuses): where
+    /// not, a mount answers no such create.
+    pub allow_devices: bool,
 }
 
 /// The most entries of each of `IdentityMap`'s id maps a client takes a welcome's map
@@ -52,6 +58,15 @@ impl IdentityMap {
             c.groups.retain(|&g| g != 0);
         }
         c
+    }
+
+    /// Whether the server keeps `mode` as a caller sets it on an inode (`dir`: a
+    /// directory, whose set-group-ID bit is always kept).
+    pub fn keeps_mode(&self, mode: u32, dir: bool) -> bool {
+        const S_ISUID: u32 = 0o4000;
+        const S_ISGID: u32 = 0o2000;
+        let setid = if dir { S_ISUID } else { S_ISUID | S_ISGID };
+        self.allow_setid || mode & setid == 0
     }
 
     /// Whether the server takes every caller for who it is (`MAX_CALLER_GROUPS` allowing).
@@ -114,6 +129,17 @@ mod tests {
         let long: Vec<(u32, u32)> = (0..=MAX_ID_MAP_ENTRIES as u32).map(|i| (i + 100_000, i)).collect();
         assert!(!IdentityMap { uid_map: long.clone(), ..IdentityMap::default() }.keeps(&caller(1, 1, &[])));
         assert!(!IdentityMap { gid_map: long, ..IdentityMap::default() }.keeps(&caller(1, 1, &[])));
+    }
+
+    #[test]
+    fn setid_bits_are_kept_only_where_allowed() {
+        let strict = IdentityMap::default();
+        assert!(strict.keeps_mode(0o755, false) && strict.keeps_mode(0o2755, true), "plain modes, setgid directories");
+        assert!(
+            !strict.keeps_mode(0o4755, false) && !strict.keeps_mode(0o2755, false) && !strict.keeps_mode(0o4755, true)
+        );
+        let open = IdentityMap { allow_setid: true, ..IdentityMap::default() };
+        assert!(open.keeps_mode(0o6755, false) && open.keeps_mode(0o4755, true));
     }
 
     #[test]

@@ -154,6 +154,13 @@ impl CrestFs {
         if !self.judged_here() {
             return None;
         }
+        // What the server would change (setuid bits dropped) or refuse (a device) is not
+        // answered here either.
+        let map = self.client.identity_map();
+        let device = matches!(kind, p::FileType::CharDevice | p::FileType::BlockDevice) && rdev != 0;
+        if (device && !map.allow_devices) || !map.keeps_mode(mode, kind == p::FileType::Directory) {
+            return None;
+        }
         if !lock(&self.names).may_create_here(parent, name) {
             return None;
         }

@@ -114,6 +114,8 @@ impl Policy {
             anon_gid: self.anon_gid,
             uid_map: self.uid_map.clone(),
             gid_map: self.gid_map.clone(),
+            allow_setid: self.allow_suid,
+            allow_devices: self.allow_dev,
         }
     }
 
