@@ -128,8 +128,13 @@ impl CrestFs {
     /// and refuses at once what the kernel let through. (Writes are not asked: an open
     /// handle, which the server judged, is what permits them.)
     pub(super) fn judged_here(&self) -> bool {
+        self.judged_map().is_some()
+    }
+
+    /// `judged_here`, with the identity map it judged by.
+    pub(super) fn judged_map(&self) -> Option<Arc<p::IdentityMap>> {
         let map = self.client.identity_map();
-        map.is_identity() || map.keeps(&caller::current())
+        (map.is_identity() || map.keeps(&caller::current())).then_some(map)
     }
 
     /// The clock a local answer is made on.
@@ -151,12 +156,9 @@ impl CrestFs {
         target: Option<&[u8]>,
         open: Option<(FileHandle, u32)>,
     ) -> Option<p::Attr> {
-        if !self.judged_here() {
-            return None;
-        }
         // What the server would change (setuid bits dropped) or refuse (a device) is not
         // answered here either.
-        let map = self.client.identity_map();
+        let map = self.judged_map()?;
         let device = matches!(kind, p::FileType::CharDevice | p::FileType::BlockDevice) && rdev != 0;
         if (device && !map.allow_devices) || !map.keeps_mode(mode, kind == p::FileType::Directory) {
             return None;

@@ -118,8 +118,8 @@ impl CrestFs {
     /// A setattr, answered here when the mount holds the inode, else by the server.
     pub(super) fn set_attr(&self, ino: u64, set: p::SetAttr) -> Result<p::Attr, Error> {
         // (A mode the server would not keep as set goes to it: it answers what it kept.)
-        let kept = set.mode.is_none_or(|m| self.client.identity_map().keeps_mode(m, false));
-        if kept && self.judged_here() {
+        let local = self.judged_map().is_some_and(|map| set.mode.is_none_or(|m| map.keeps_mode(m, false)));
+        if local {
             if let Some(a) = self.change_locally(ino, 0, |c, clock| c.setattr_here(ino, &set, clock)) {
                 return Ok(a);
             }
