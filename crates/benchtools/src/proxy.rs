@@ -283,7 +283,10 @@ fn read_side(mut src: TcpStream, tx: SyncSender<Chunk>, chunk: usize) {
 fn recv_stamped(src: &TcpStream, buf: &mut [u8], cmsg: &mut [u8]) -> io::Result<(usize, Option<Instant>)> {
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<()>(src.as_raw_fd(), &mut iov, Some(cmsg), MsgFlags::empty()).map_err(io::Error::from)?;
-    let (now, wall) = (Instant::now(), SystemTime::now());
+    // The wall clock is read first: a pause between the two reads then makes the arrival
+    // look later (a longer delay), never earlier than it was.
+    let wall = SystemTime::now();
+    let now = Instant::now();
     let mut at = None;
     if let Ok(cmsgs) = msg.cmsgs() {
         for c in cmsgs {
