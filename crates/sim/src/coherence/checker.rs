@@ -134,6 +134,8 @@ pub(crate) struct Checker {
     pub(crate) stats: Stats,
     /// Requests whose opens took effect on the server at some run.
     pub(crate) opens_taken: BTreeSet<(SessionId, u64)>,
+    /// Locks across server restarts: what restored sessions must take again.
+    pub(crate) relock: super::relock::Relock,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -368,6 +370,7 @@ impl Checker {
             for op in info.ops.iter().filter(reasserts) {
                 let _ = model.apply(key.0, op, server_now);
             }
+            self.relock.reasserted(key.0, &info.ops);
             return Some(format!("server: runs {key:?} (re-assert)"));
         }
         if a.from_cache {
@@ -423,6 +426,7 @@ impl Checker {
         // (A lookup's leaf is the directory as the operations before it in the request
         // left it.)
         let model = self.model.as_mut().expect("model");
+        self.relock.before_run(key, &info.ops, &model.locks);
         let mut listings = Vec::new();
         let mut results: Vec<Res> = Vec::new();
         for op in &info.ops {
@@ -639,7 +643,8 @@ impl Checker {
 
     /// The server died with changes after state `k_durable` not committed: they are
     /// gone. The model goes back to that state, with the handles and locks of now (the
-    /// restored sessions open theirs again, and take their locks again) and the image's
+    /// restored sessions open theirs again; the locks were emptied by the crash, to be
+    /// taken again: `Checker::locks_lost`) and the image's
     /// orphans nobody holds kept as the restarted server keeps them (for the grace);
     /// `in_store` says which inodes the image has (an orphan's end may have been
     /// committed since). Lost changes whose callers were answered must come again.

@@ -129,7 +129,9 @@
 //! `Open` sent behind) and keep using them while others unlink or rename over them, and
 //! take, test and drop fcntl and flock locks on them, dropping their locks before the
 //! last close; the model keeps orphans until the last handle or the session goes, and
-//! every session's locks across restarts (taken again by their clients) until it ends.
+//! every session's locks until it ends. A restarted server holds what the restored
+//! sessions re-assert, and so does the model; what each must re-assert is checked
+//! (`relock.rs`).
 //!
 //! Left out: symlinks,
 //! fsync, directories held open; xattr reads and the errors the client answers itself from the
@@ -194,7 +196,7 @@ pub(crate) const REGRESSION_SEEDS: [u64; 3] = [
 /// `SERVER_CRASH_REGRESSION_SEEDS`.
 pub(crate) const FIXED_SERVER_CRASH_SEEDS: u64 = 40;
 /// (Each with the modes it needs, whatever the environment says.)
-pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 4] = [
+pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 5] = [
     // A change lost by the crash, an unlink of a file its client still held open, laid on
     // the model without the handles the restarted server had forgotten until the client
     // opened them again (`Model::reopen`): the checker took the file for gone.
@@ -215,6 +217,11 @@ pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 4] = [
     // `grace_order`; session::tests::restart::
     // a_holders_writeback_held_for_the_grace_period_runs_before_what_its_recall_answer_let_through).
     (7_099_886_517_668_339_672, Modes { long_outages: false, lost_changes: false, exact_lease: false }),
+    // A lock the old server granted, its answer lost in the crash: its client did not
+    // re-assert it (it sends the request again after `Replayed`), and the model, which
+    // kept every lock across restarts, refused another session's lock the restarted server
+    // rightly granted (relock.rs).
+    (5_938_164_792_189_521_012, Modes { long_outages: false, lost_changes: true, exact_lease: false }),
 ];
 /// System calls per seed (over all clients).
 pub const DEFAULT_STEPS: usize = 4_000;
@@ -257,6 +264,7 @@ mod calls;
 mod checker;
 mod client;
 mod model;
+mod relock;
 mod sim;
 mod workload;
 

@@ -95,8 +95,9 @@ pub(crate) struct Model {
     /// until their client opens them again: it does so before it replays any change, so
     /// its changes not yet replayed are laid on with these handles held (`Local::lay_on`).
     pub(crate) reopen: BTreeSet<(SessionId, u64, u64)>,
-    /// Every session's fcntl and flock locks, as the server must hold them: kept across
-    /// server restarts (restored sessions take theirs again), gone with their session.
+    /// Every session's fcntl and flock locks, as the server must hold them: gone with
+    /// their session, and emptied by a server restart, then filled again by the restored
+    /// sessions' re-asserts (`relock.rs`).
     pub(crate) locks: crest_proto::locks::LockTable,
     /// During the grace period after a restart: the orphans nobody holds open, which the
     /// server keeps, as they are, for the restored sessions' replays (and re-opens)

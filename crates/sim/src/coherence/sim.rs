@@ -772,6 +772,9 @@ impl Sim {
             ClientMessage::Replayed => {
                 let sid = session.expect("hello first");
                 self.log(format!("server: session {sid} has replayed"));
+                if let Err(e) = self.ck.relock.replayed(sid) {
+                    return self.ck.fail(e);
+                }
                 self.server.replayed(sid, now);
                 self.flush_server(now);
             }
@@ -1118,6 +1121,11 @@ impl Sim {
         };
         let old = std::mem::replace(&mut self.server, Server::new(store));
         drop(old.into_store().abandon());
+        let restored = self.clients.iter().filter_map(|cl| cl.sid()).filter(|&s| self.server.has_session(s)).collect();
+        let clients = &self.clients;
+        let unanswered =
+            |(s, id): (SessionId, u64)| clients.iter().any(|cl| cl.pending.get(&id).is_some_and(|pd| pd.session == s));
+        self.ck.locks_lost(unanswered, restored);
         if lost > 0 {
             self.ck.stats.changes_lost += lost;
             let store = self.server.store_mut();
