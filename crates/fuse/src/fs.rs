@@ -540,8 +540,14 @@ impl CrestFs {
 
 impl Filesystem for CrestFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Wanted: big requests, readdirplus when the kernel thinks it helps, lookups and
-        // readdirs in one directory in parallel, symlink targets cached (they never change).
+        // Wanted: big requests, readdirplus for every listing, lookups and readdirs in one
+        // directory in parallel, symlink targets cached (they never change). Readdirplus
+        // always (not READDIRPLUS_AUTO): a listing's leaf carries every entry's attributes
+        // anyway, and the kernel's heuristic turns it off after the first batch when the
+        // lister has not looked anything up yet — as `rm -rf`, `find` and `tar` do, which
+        // read a whole directory first and then pay a LOOKUP per entry (20,000 in one
+        // directory: rm -rf 1.47 s with the heuristic, 1.03 s without; a bare `ls -f`
+        // costs ~1.5 us more per entry).
         // Locks are the server's, so they hold across clients (POSIX_LOCKS, FLOCK_LOCKS).
         // Deliberately absent: WRITEBACK_CACHE (several clients will share files; data is
         // buffered by the daemon), ATOMIC_O_TRUNC (with it the kernel skips the truncating
@@ -551,7 +557,7 @@ impl Filesystem for CrestFs {
             InitFlags::FUSE_ASYNC_READ,
             InitFlags::FUSE_BIG_WRITES,
             InitFlags::FUSE_MAX_PAGES,
-            InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
             // With attributes never cached in the kernel, every read revalidates them
