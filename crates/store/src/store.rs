@@ -262,11 +262,11 @@ impl Store {
     /// Writes copy `copy` of `sb` to its slot and, with two metadata copies, its mirror.
     pub(crate) fn write_superblock(&mut self, sb: &Superblock, copy: usize) -> Result<()> {
         let bytes = sb.encode(copy);
-        self.pager.write_raw(SUPERBLOCK_OFFSETS[copy], &bytes)?;
+        let mut writes = vec![(SUPERBLOCK_OFFSETS[copy], &bytes[..])];
         if sb.meta_copies == 2 {
-            self.pager.write_raw(SUPERBLOCK_MIRROR_OFFSETS[copy], &bytes)?;
+            writes.push((SUPERBLOCK_MIRROR_OFFSETS[copy], &bytes[..]));
         }
-        Ok(())
+        self.pager.write_raw_batch(&writes)
     }
 
     /// Opens an image: newest valid superblock wins; falls back to the other copy when

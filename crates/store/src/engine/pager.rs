@@ -187,6 +187,20 @@ impl Pager {
         }
     }
 
+    /// Writes raw byte ranges at byte offsets (a superblock and its mirror) now, in one
+    /// batch: a small batch goes straight to the file, where a queued write would make the
+    /// flush after it wait for the ring.
+    pub fn write_raw_batch(&mut self, writes: &[(u64, &[u8])]) -> Result<()> {
+        self.check_writable()?;
+        match self.disk.write_batch(writes) {
+            Ok(()) => {
+                self.bytes_written += writes.iter().map(|w| w.1.len() as u64).sum::<u64>();
+                Ok(())
+            }
+            Err(e) => self.poison("write", writes.first().map_or(0, |w| w.0), e),
+        }
+    }
+
     /// Writes raw bytes at a byte offset (superblocks).
     pub fn write_raw(&mut self, offset: u64, buf: &[u8]) -> Result<()> {
         self.check_writable()?;
