@@ -510,6 +510,7 @@ impl Store {
                 self.pager.free_later(b, 1);
             }
             self.root_tree.delete(&mut self.pager, &Key::new(tree_id(d), kind::ROOT_ITEM, 0))?;
+            self.root_tree.delete(&mut self.pager, &crate::store::usage_key(tree_id(d)))?;
             self.root_tree.delete(&mut self.pager, &record_key(d))?;
             Ok(())
         })();

@@ -294,7 +294,8 @@ impl Store {
     pub fn repair_all(&mut self) -> Result<Scrub> {
         let mut st = Scrub::default();
         self.scrub_run(&mut st, u64::MAX)?;
-        // (Also what reads rewrote before: opening the image reads every node.)
+        // (Also what reads rewrote before: opening the image reads its internal nodes and
+        // newest leaves.)
         self.pager.flush()?;
         Ok(st)
     }

@@ -225,6 +225,7 @@ impl Store {
         self.drop_deadlist_items(s)?;
         self.parked.remove(&s);
         self.root_tree.delete(&mut self.pager, &Key::new(tree_id(s), kind::ROOT_ITEM, 0))?;
+        self.root_tree.delete(&mut self.pager, &crate::store::usage_key(tree_id(s)))?;
         self.root_tree.delete(&mut self.pager, &record_key(s))?;
         self.catalog.remove(s);
         self.update_keep(d);

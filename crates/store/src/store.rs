@@ -105,6 +105,21 @@ pub(crate) fn decode_root_item(key: Key, b: &[u8], generation: u64) -> Result<(B
     Ok((ptr, DatasetMeta { next_ino: le_u64(b, 24), inode_count: le_u64(b, 32) }))
 }
 
+/// The USAGE item of the dataset whose tree is `tree`.
+pub(crate) fn usage_key(tree: u64) -> Key {
+    Key::new(tree, kind::USAGE, 0)
+}
+
+/// A USAGE item's value: `blocks` counted when the dataset's tree had root `ptr`.
+fn encode_usage(ptr: &BlockPtr, blocks: u64) -> Vec<u8> {
+    [ptr.block, ptr.generation, blocks].iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// A USAGE item's (root block, root generation, blocks), if it is one.
+pub(crate) fn decode_usage(b: &[u8]) -> Option<(u64, u64, u64)> {
+    (b.len() == 24).then(|| (le_u64(b, 0), le_u64(b, 8), le_u64(b, 16)))
+}
+
 /// Options for `Store::mkfs`.
 #[derive(Clone, Debug)]
 pub struct MkfsOptions {
@@ -348,7 +363,7 @@ impl Store {
         let mut held = Vec::new();
         let mut seen: HashMap<u64, std::collections::HashSet<u64>> = HashMap::new();
         for tree in [root, refcount].into_iter().chain(slots.values().map(|s| s.fs)) {
-            walk_unseen(&mut self.pager, &tree, seen.entry(tree.owner).or_default(), &mut |ptr, _| {
+            walk_unseen(&mut self.pager, &tree, seen.entry(tree.owner).or_default(), Leaves::None, &mut |ptr, _| {
                 held.extend(ptr.copies().map(|b| (b, 1)));
                 Ok(())
             })?;
@@ -376,7 +391,8 @@ impl Store {
                 return Err(Error::corrupt("root tree", sb.root_tree.block, "no root item for dataset 5"));
             };
             let mut notes = Vec::new();
-            // Live trees first (their usage is counted), then the snapshots sharing them.
+            // Live trees first (their usage is counted, unless a USAGE item says it), then
+            // the snapshots sharing them.
             let live = |d: &u64| catalog.by_id.get(d).is_some_and(|e| e.snap.is_none());
             let trees: Vec<(Option<u64>, Tree)> =
                 [(None, root_tree), (None, refcount_tree), (Some(DEFAULT_DATASET), default.fs)]
@@ -384,7 +400,17 @@ impl Store {
                     .chain(slots.iter().filter(|(d, _)| live(d)).map(|(&d, s)| (Some(d), s.fs)))
                     .chain(slots.iter().filter(|(d, _)| !live(d)).map(|(_, s)| (None, s.fs)))
                     .collect();
-            let usage = rebuild_allocation(&mut pager, &trees, &refcount_tree, &mut notes)?;
+            let mut known = HashMap::new();
+            for (d, tree) in trees.iter().filter_map(|(d, t)| Some((d.as_ref()?, t))) {
+                let Some(root) = tree.root.on_disk(tree.level) else { continue };
+                let stored = root_tree.get(&mut pager, &usage_key(tree.owner))?;
+                if let Some((block, generation, blocks)) = stored.as_deref().and_then(decode_usage) {
+                    if (block, generation) == (root.block, root.generation) {
+                        known.insert(*d, blocks);
+                    }
+                }
+            }
+            let usage = rebuild_allocation(&mut pager, sb.generation, &trees, &known, &refcount_tree, &mut notes)?;
             if pager.alloc.used_blocks() != sb.used_blocks {
                 notes.push(format!(
                     "superblock says {} blocks used, the trees reach {} (run crest fsck)",
@@ -532,6 +558,13 @@ impl Store {
             if self.root_tree.get(&mut self.pager, &root_key)?.as_deref() != Some(item.as_slice()) {
                 self.root_tree.insert(&mut self.pager, root_key, item)?;
             }
+            if self.catalog.by_id.get(&d).is_none_or(|e| e.snap.is_none()) {
+                let usage = encode_usage(&ptr, self.dataset_used_blocks(d));
+                let key = usage_key(datasets::tree_id(d));
+                if self.root_tree.get(&mut self.pager, &key)?.as_deref() != Some(usage.as_slice()) {
+                    self.root_tree.insert(&mut self.pager, key, usage)?;
+                }
+            }
         }
         let refcount = self.refcount_tree.write(&mut self.pager, generation, &mut writes)?;
         let root = self.root_tree.write(&mut self.pager, generation, &mut writes)?;
@@ -656,28 +689,52 @@ pub(crate) fn read_superblocks(disk: &dyn Disk, image_blocks: u64) -> (Vec<Super
 /// What `load_datasets` finds: every dataset's tree, the catalog, the deadlists.
 pub(crate) type Loaded = (BTreeMap<u64, Slot>, Catalog, BTreeMap<u64, crate::snapshots::Deadlist>);
 
+/// Which leaves a walk reads (every internal node is read: it holds its children's places).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Leaves {
+    All,
+    /// Those written at this generation or later (an open verifies what the last commit
+    /// wrote: damage there makes it fall back to the generation before), and each tree's
+    /// last leaf (where an fs tree keeps its orphan list, which an open reads).
+    Since(u64),
+    None,
+}
+
 /// Visits every node of `tree` (parents before children) not in `seen`, adding each; a
-/// node seen before is skipped with everything below it (a snapshot shares it).
+/// node seen before is skipped with everything below it (a snapshot shares it). A leaf
+/// `leaves` does not want is visited by its pointer alone (`None` for the node).
 pub(crate) fn walk_unseen(
     pager: &mut Pager,
     tree: &Tree,
     seen: &mut std::collections::HashSet<u64>,
-    visit: &mut dyn FnMut(&BlockPtr, &crate::engine::node::Node) -> Result<()>,
+    leaves: Leaves,
+    visit: &mut dyn FnMut(&BlockPtr, Option<&crate::engine::node::Node>) -> Result<()>,
 ) -> Result<()> {
     let Some(root) = tree.root.on_disk(tree.level) else {
         return Err(Error::Invalid("walking a tree with uncommitted changes".into()));
     };
-    let mut stack = vec![root];
-    while let Some(ptr) = stack.pop() {
+    // (Each with whether it is the tree's last node at its level.)
+    let mut stack = vec![(root, true)];
+    while let Some((ptr, last)) = stack.pop() {
         if !seen.insert(ptr.block) {
             continue;
         }
+        let wanted = match leaves {
+            Leaves::All => true,
+            Leaves::Since(generation) => ptr.generation >= generation || last,
+            Leaves::None => false,
+        };
+        if ptr.level == 0 && !wanted {
+            // (Its place is in its parent's pointer; what it holds is not wanted.)
+            visit(&ptr, None)?;
+            continue;
+        }
         let node = pager.read_node(&ptr, tree.owner)?;
-        visit(&ptr, &node)?;
+        visit(&ptr, Some(&node))?;
         if let Body::Internal(children) = &node.body {
-            for (_, c) in children.iter().rev() {
+            for (i, (_, c)) in children.iter().enumerate().rev() {
                 if let Some(child) = c.on_disk(ptr.level - 1) {
-                    stack.push(child);
+                    stack.push((child, last && i + 1 == children.len()));
                 }
             }
         }
@@ -686,11 +743,16 @@ pub(crate) fn walk_unseen(
 }
 
 /// Marks every block the trees reach as used: all nodes of `trees`, and every data extent
-/// listed in the refcount tree. A block reached twice is corruption. Returns, by tree id,
-/// the data blocks its extent items map (each dataset's usage).
+/// listed in the refcount tree. A block reached twice is corruption. Returns, by dataset,
+/// the data blocks its extent items map (its usage): from `known` (USAGE items), else
+/// counted in its leaves. Of the other leaves only those the last commit (`generation`)
+/// wrote are read and verified: every node's place is in its parent's pointer, and an
+/// older leaf is verified when it is read (and by scrub and fsck).
 fn rebuild_allocation(
     pager: &mut Pager,
+    generation: u64,
     trees: &[(Option<u64>, Tree)],
+    known: &HashMap<u64, u64>,
     refcount: &Tree,
     notes: &mut Vec<String>,
 ) -> Result<HashMap<u64, u64>> {
@@ -701,9 +763,11 @@ fn rebuild_allocation(
     for (live, tree) in trees {
         let mut blocks = Vec::new();
         let mut data = 0;
-        walk_unseen(pager, tree, seen.entry(tree.owner).or_default(), &mut |ptr, node| {
+        let count = live.is_some_and(|d| !known.contains_key(&d));
+        let leaves = if count { Leaves::All } else { Leaves::Since(generation) };
+        walk_unseen(pager, tree, seen.entry(tree.owner).or_default(), leaves, &mut |ptr, node| {
             blocks.extend(ptr.copies());
-            if let Body::Leaf(items) = &node.body {
+            if let Some(Body::Leaf(items)) = node.filter(|_| count).map(|n| &n.body) {
                 // (A damaged extent counts nothing here: a read of it fails, as it did.)
                 for (k, v) in items.iter().filter(|(k, _)| k.kind == kind::EXTENT) {
                     if let Ok(e) = crate::fs::extent::Extent::decode(*k, v, total) {
@@ -714,7 +778,7 @@ fn rebuild_allocation(
             Ok(())
         })?;
         if let Some(d) = live {
-            mapped.insert(*d, data);
+            mapped.insert(*d, known.get(d).copied().unwrap_or(data));
         }
         for b in blocks {
             if pager.alloc.try_mark_used(b, 1).is_err() {
@@ -751,7 +815,10 @@ pub(crate) fn walk_nodes(
     visit: &mut dyn FnMut(&BlockPtr, &crate::engine::node::Node) -> Result<()>,
 ) -> Result<()> {
     // (Within one tree every node is reached once: nothing is ever skipped.)
-    walk_unseen(pager, tree, &mut std::collections::HashSet::new(), visit)
+    walk_unseen(pager, tree, &mut std::collections::HashSet::new(), Leaves::All, &mut |ptr, node| match node {
+        Some(n) => visit(ptr, n),
+        None => Ok(()),
+    })
 }
 
 impl Store {

@@ -111,6 +111,8 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
     // the stream had arrived, and `open` undoes it.
     let mut receiving = std::collections::HashSet::new();
     let mut next_dataset = 1;
+    // USAGE items by tree id: (root block, root generation, data blocks).
+    let mut usages: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
     for (k, v) in &root_items {
         match k.kind {
             kind::ROOT_ITEM if k.offset == 0 => match crate::datasets::dataset_of_tree(k.objectid) {
@@ -139,10 +141,23 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
             kind::RECEIVE if k.offset == 0 && v.len() == 9 && v[0] <= 1 => {
                 receiving.insert(k.objectid);
             }
+            kind::USAGE if k.offset == 0 => match crate::store::decode_usage(v) {
+                Some(u) => {
+                    usages.insert(k.objectid, u);
+                }
+                None => c.problem(format!("root tree: bad usage item {k:?}")),
+            },
             kind::SESSION if k.offset == 0 && v.len() <= crate::sessions::MAX_SESSION_RECORD_BYTES => {
                 c.report.sessions += 1;
             }
             _ => c.problem(format!("root tree: unexpected item {k:?}")),
+        }
+    }
+    for t in usages.keys() {
+        let live = crate::datasets::dataset_of_tree(*t)
+            .filter(|d| roots.contains_key(d) && entries.get(d).is_none_or(|e| e.snap.is_none()));
+        if live.is_none() {
+            c.problem(format!("root tree: a usage item of tree {t}, which is no live dataset's"));
         }
     }
     if !roots.contains_key(&DEFAULT_DATASET) {
@@ -181,6 +196,12 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
         c.report.inodes += space.inode_count();
         c.report.directories += space.directories;
         c.report.datasets += 1;
+        if let Some(&(block, generation, blocks)) = usages.get(&tree.owner).filter(|_| live) {
+            let counted: u64 = space.runs.iter().map(|r| r.1).sum();
+            if (block, generation) == (ptr.block, ptr.generation) && blocks != counted {
+                c.problem(format!("dataset {d}: its usage item says {blocks} data blocks; its extents map {counted}"));
+            }
+        }
         c.mapped(std::mem::take(&mut space.runs));
         if live && receiving.contains(&d) {
             let partial = c.report.problems.split_off(before);

@@ -192,3 +192,59 @@ fn an_xattr_of_no_inode_is_reported() {
     put(&mut s, Key::new(777_777, kind::XATTR, key.offset), v);
     finds(&disk, s, &["xattr of missing inode 777777"]);
 }
+
+/// A dataset `ds` with a file of `blocks` blocks, committed, and the default dataset
+/// active again (so `ds` is parked: a commit leaves its items as they are).
+fn parked_dataset(blocks: usize) -> (MemDisk, Store, u64) {
+    let (disk, mut s, _) = image();
+    let d = s.create_dataset("ds", Default::default(), (0o755, 0, 0), now()).unwrap();
+    let root = crate::datasets::root_of(d);
+    let f = s.create(root, b"big", FileKind::Regular, 0o644, 0, 0, 0, now()).unwrap().ino;
+    s.write(f, 0, &vec![1u8; blocks * 4096], now()).unwrap();
+    s.commit().unwrap();
+    s.getattr(ROOT_INO).unwrap();
+    (disk, s, d)
+}
+
+fn usage_of(s: &mut Store, d: u64) -> (u64, u64, u64) {
+    let key = crate::store::usage_key(crate::datasets::tree_id(d));
+    crate::store::decode_usage(&s.root_tree.get(&mut s.pager, &key).unwrap().unwrap()).unwrap()
+}
+
+#[test]
+fn each_commit_keeps_a_live_datasets_usage_with_its_root_and_open_takes_it() {
+    let (disk, mut s, d) = parked_dataset(3);
+    let (_, _, blocks) = usage_of(&mut s, d);
+    assert_eq!(blocks, 3);
+    drop(s);
+    let s = Store::open(Box::new(disk.clone())).unwrap();
+    assert_eq!(s.dataset_used_blocks(d), 3);
+    let report = super::fsck(Box::new(disk)).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.problems);
+}
+
+#[test]
+fn a_usage_item_of_another_root_is_not_trusted() {
+    // As a crest that predates USAGE items leaves one: its commits moved the root.
+    let (disk, mut s, d) = parked_dataset(3);
+    let (block, generation, _) = usage_of(&mut s, d);
+    let key = crate::store::usage_key(crate::datasets::tree_id(d));
+    let stale: Vec<u8> = [block + 1, generation, 999].iter().flat_map(|v| v.to_le_bytes()).collect();
+    s.root_tree.insert(&mut s.pager, key, stale).unwrap();
+    s.commit().unwrap();
+    drop(s);
+    let s = Store::open(Box::new(disk.clone())).unwrap();
+    assert_eq!(s.dataset_used_blocks(d), 3, "counted in the leaves, not taken from the stale item");
+    let report = super::fsck(Box::new(disk)).unwrap();
+    assert!(report.is_clean(), "a stale usage item is no damage: {:#?}", report.problems);
+}
+
+#[test]
+fn a_usage_item_that_disagrees_with_the_extents_is_reported() {
+    let (disk, mut s, d) = parked_dataset(3);
+    let (block, generation, _) = usage_of(&mut s, d);
+    let key = crate::store::usage_key(crate::datasets::tree_id(d));
+    let wrong: Vec<u8> = [block, generation, 7].iter().flat_map(|v| v.to_le_bytes()).collect();
+    s.root_tree.insert(&mut s.pager, key, wrong).unwrap();
+    finds(&disk, s, &[&format!("dataset {d}: its usage item says 7 data blocks; its extents map 3")]);
+}

@@ -40,6 +40,12 @@ pub mod kind {
     /// The value says how to undo it: kind (u8: 0 destroy the dataset, 1 roll it back)
     /// and the snapshot to roll back to (u64).
     pub const RECEIVE: u8 = 16;
+    /// root tree: how many data blocks the files of live dataset `objectid` (its tree id)
+    /// map, and the root of its tree when that was counted (u64 block, u64 generation,
+    /// u64 blocks); offset 0. Opening trusts it only while the dataset's ROOT_ITEM still
+    /// names that root (a commit by a crest that predates it leaves it stale), and then
+    /// need not read the tree's leaves.
+    pub const USAGE: u8 = 17;
     /// refcount tree: blocks `[objectid, objectid+offset)` have the stored reference count.
     pub const EXTENT_REF: u8 = 20;
 }
