@@ -304,6 +304,10 @@ impl Store {
         let next_ino = self.meta.next_ino;
         self.fs = Tree { owner: self.fs.owner, ..snap_tree.0 };
         self.meta = DatasetMeta { next_ino: next_ino.max(snap_tree.1.next_ino), ..snap_tree.1 };
+        // The tree is the snapshot's, clean, and the counters may be as they were: marked
+        // as never committed, so the next commit writes its ROOT_ITEM (and USAGE) even when
+        // another dataset is active by then.
+        self.committed_meta = DatasetMeta { next_ino: 0, inode_count: 0 };
         let used = self.dataset_used_blocks_of_tree()?;
         self.usage.insert(d, used);
         // What D had stopped using since the snapshot is D's again.

@@ -216,3 +216,26 @@ fn a_rollback_returns_to_the_snapshot_and_frees_what_came_after() {
         assert_clean(&disk);
     }
 }
+
+#[test]
+fn a_rollback_committed_while_another_dataset_is_active_keeps_the_snapshots_tree() {
+    // The rolled-back tree is the snapshot's (nothing dirty), and with only file contents
+    // changed since, the dataset's counters are the same: its ROOT_ITEM must still move.
+    let disk = fresh(64);
+    let mut s = open(&disk);
+    let d = s.create_dataset("d", NvList::new(), (0, 0, 0o755), t(2)).expect("dataset");
+    let root = root_of(d);
+    let f = s.create(root, b"f", FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create").ino;
+    s.write(f, 0, &[1u8; 9000], t(3)).expect("write");
+    snap(&mut s, &["d@s"]);
+    s.write(f, 0, &[2u8; 9000], t(4)).expect("overwrite");
+    s.commit().expect("commit");
+    s.rollback("d@s").expect("rollback");
+    // Another dataset active, then the commit.
+    s.getattr(ROOT_INO).expect("default dataset");
+    s.commit().expect("commit");
+    drop(s.close().expect("close"));
+    assert_clean(&disk);
+    let mut s = open(&disk);
+    assert_eq!(s.read(f, 0, 9000).expect("read"), vec![1u8; 9000], "the snapshot's contents");
+}
