@@ -478,17 +478,18 @@ impl Store {
         }
         self.select(DEFAULT_DATASET)?;
         self.reserve(0, true)?;
-        let slot = if d == self.active {
+        if d == self.active {
             self.select(DEFAULT_DATASET)?;
-            self.parked.remove(&d)
-        } else {
-            self.parked.remove(&d)
+        }
+        let Some(fs) = self.parked.get(&d).map(|slot| slot.fs) else {
+            return Err(Error::NotFound(format!("dataset {name}")));
         };
-        let Some(slot) = slot else { return Err(Error::NotFound(format!("dataset {name}"))) };
         let total = self.pager.total_blocks();
         let mut nodes = Vec::new();
         let mut runs = Vec::new();
-        walk_nodes(&mut self.pager, &slot.fs, &mut |ptr, node| {
+        // (Walked before anything changes: a leaf that cannot be read leaves the dataset
+        // as it was, still there.)
+        walk_nodes(&mut self.pager, &fs, &mut |ptr, node| {
             nodes.extend(ptr.copies());
             if let Body::Leaf(items) = &node.body {
                 for (k, v) in items.iter() {
@@ -499,6 +500,7 @@ impl Store {
             }
             Ok(())
         })?;
+        self.parked.remove(&d);
         let saved = self.policy.max_dirty_nodes;
         self.policy.max_dirty_nodes = usize::MAX; // one transaction
         let result = (|| {

@@ -275,6 +275,9 @@ impl Store {
         };
         let mut stack = vec![root];
         let mut runs = Vec::new();
+        // (Freed only once the whole walk has succeeded: a leaf that cannot be read leaves
+        // the dataset as it was.)
+        let mut born = Vec::new();
         while let Some(ptr) = stack.pop() {
             if ptr.generation <= g {
                 continue;
@@ -294,9 +297,10 @@ impl Store {
                     }
                 }
             }
-            for b in ptr.copies() {
-                self.pager.free_later(b, 1);
-            }
+            born.extend(ptr.copies());
+        }
+        for b in born {
+            self.pager.free_later(b, 1);
         }
         for (start, len) in runs {
             self.drop_born_after(start, len, g)?;

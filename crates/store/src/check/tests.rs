@@ -248,3 +248,46 @@ fn a_usage_item_that_disagrees_with_the_extents_is_reported() {
     s.root_tree.insert(&mut s.pager, key, wrong).unwrap();
     finds(&disk, s, &[&format!("dataset {d}: its usage item says 7 data blocks; its extents map 3")]);
 }
+
+#[test]
+fn an_orphan_in_a_damaged_older_leaf_stays_on_the_orphan_list_when_the_image_opens() {
+    use crate::disk::Disk;
+    let disk = MemDisk::new(16 << 20);
+    let opts = MkfsOptions { now: now(), fsid: Some([4; 16]), seed: None, meta_copies: 1 };
+    Store::mkfs(Box::new(disk.clone()), &opts).unwrap();
+    let mut s = Store::open(Box::new(disk.clone())).unwrap();
+    // Items sort by inode: the fillers' directory, the victim, the fillers, then `late`,
+    // where the later commits work, far from the victim's leaf.
+    let sub = s.create(ROOT_INO, b"sub", FileKind::Directory, 0o755, 0, 0, 0, now()).unwrap().ino;
+    let victim = s.create(ROOT_INO, b"victim", FileKind::Regular, 0o644, 0, 0, 0, now()).unwrap().ino;
+    for i in 0..400 {
+        s.create(sub, format!("filler-{i:04}").as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, now()).unwrap();
+    }
+    let late = s.create(ROOT_INO, b"late", FileKind::Directory, 0o755, 0, 0, 0, now()).unwrap().ino;
+    s.open_handle(victim).unwrap();
+    s.unlink(ROOT_INO, b"victim", now()).unwrap();
+    s.commit().unwrap();
+    for i in 0..3 {
+        s.create(late, format!("later-{i}").as_bytes(), FileKind::Regular, 0o644, 0, 0, 0, now()).unwrap();
+        s.commit().unwrap();
+    }
+    let mut leaf = None;
+    crate::store::walk_nodes(&mut s.pager, &s.fs.clone(), &mut |ptr, node| {
+        if let crate::engine::node::Body::Leaf(items) = &node.body {
+            if items.iter().any(|(k, _)| *k == Inode::key(victim)) {
+                leaf = Some((ptr.block, ptr.generation));
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
+    let (block, born) = leaf.unwrap();
+    assert!(born < s.generation(), "the victim's leaf must be older than the last commit");
+    drop(s);
+    let mut raw = disk.clone();
+    let mut byte = [0u8; 1];
+    raw.read_at(block * 4096 + 2000, &mut byte).unwrap();
+    raw.write_at(block * 4096 + 2000, &[byte[0] ^ 0x40]).unwrap();
+    let mut s = Store::open(Box::new(disk.clone())).unwrap();
+    assert!(s.orphans().unwrap().contains(&victim), "the orphan's record is kept for fsck");
+}

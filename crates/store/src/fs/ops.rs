@@ -1160,7 +1160,16 @@ impl Store {
 
     /// Destroys inodes left on the orphan lists (open files unlinked before a crash).
     pub fn reclaim_orphans(&mut self) -> Result<usize> {
-        let orphans = self.orphans()?;
+        // An orphan (or the list) that cannot be read is left as it is, for fsck: open does
+        // not verify every leaf (`Leaves::Since`), and one bad leaf must neither keep the
+        // image from opening nor lose the record of what is to be freed.
+        let orphans = match self.orphans() {
+            Err(e) if e.is_corruption() => {
+                tracing::error!("the orphan list cannot be read; orphans are not reclaimed (run crest fsck): {e}");
+                return Ok(0);
+            }
+            r => r?,
+        };
         let mut n = 0;
         for ino in orphans {
             if self.open_handles.contains_key(&ino) {
@@ -1170,6 +1179,9 @@ impl Store {
                 Ok(inode) if inode.nlink == 0 => {
                     self.destroy_inode(&inode)?;
                     n += 1;
+                }
+                Err(e) if e.is_corruption() => {
+                    tracing::error!(ino, "an orphan cannot be read; not reclaimed (run crest fsck): {e}");
                 }
                 _ => {
                     self.enter(ino)?;
