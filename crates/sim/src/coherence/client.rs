@@ -39,6 +39,9 @@ pub(crate) struct Pending {
     /// The session it was made in (calls that change nothing go on in the next one
     /// when that one is fenced).
     pub(crate) session: SessionId,
+    /// The client dropped every right (its lease ran out, its session was fenced or
+    /// forgotten) while this was not answered yet.
+    pub(crate) rights_lapsed: bool,
 }
 
 /// What the client core told the cache through its `Rights` hook, in order, for the

@@ -196,7 +196,7 @@ pub(crate) const REGRESSION_SEEDS: [u64; 3] = [
 /// `SERVER_CRASH_REGRESSION_SEEDS`.
 pub(crate) const FIXED_SERVER_CRASH_SEEDS: u64 = 40;
 /// (Each with the modes it needs, whatever the environment says.)
-pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 5] = [
+pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 7] = [
     // A change lost by the crash, an unlink of a file its client still held open, laid on
     // the model without the handles the restarted server had forgotten until the client
     // opened them again (`Model::reopen`): the checker took the file for gone.
@@ -222,6 +222,14 @@ pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 5] = [
     // kept every lock across restarts, refused another session's lock the restarted server
     // rightly granted (relock.rs).
     (5_938_164_792_189_521_012, Modes { long_outages: false, lost_changes: true, exact_lease: false }),
+    // An open answered locally, its writeback lost with the connection, then two
+    // restarts that kept no record of the session: sent again in the third session after
+    // another mount had unlinked and closed the file, it failed (ENOENT) — as with a
+    // fenced session, the handle had gone with the rights, not a broken promise.
+    (18_007_956_650_541_466_877, Modes { long_outages: true, lost_changes: false, exact_lease: false }),
+    // The same with the session kept: an open answered locally just before a 7 s
+    // partition; its lease ran out, another mount unlinked and closed the file.
+    (4_060_192_904_525_257_636, Modes { long_outages: true, lost_changes: true, exact_lease: false }),
 ];
 /// System calls per seed (over all clients).
 pub const DEFAULT_STEPS: usize = 4_000;

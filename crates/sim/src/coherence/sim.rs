@@ -360,7 +360,10 @@ impl Sim {
         match t {
             Told::Recalled(_) | Told::Disconnected => {}
             Told::Reset => {
-                self.log(format!("client {c}: drops every right (lease over, fenced, or session forgotten)"))
+                self.log(format!("client {c}: drops every right (lease over, fenced, or session forgotten)"));
+                for pd in self.clients[c].pending.values_mut() {
+                    pd.rights_lapsed = true;
+                }
             }
             Told::Restored(rights) => {
                 self.ck.stats.reasserted += rights.len() as u64;
@@ -1024,6 +1027,18 @@ impl Sim {
                     Some(Err(e)) if self.ck.fenced_sessions.contains(&pd.session) => {
                         self.log(format!("client {c}: writeback {n} lost with its fenced session: {e:?}"));
                     }
+                    // The same for an open answered here whose client then lost every
+                    // right (its lease ran out while it was cut off, or a restarted server
+                    // forgot its session) before the open reached the server: nothing held
+                    // the file for it meanwhile, and another mount may have unlinked and
+                    // closed it (ENOENT). Its descriptor reports the failure.
+                    Some(Err(e))
+                        if pd.rights_lapsed
+                            && e.errno == 2
+                            && pd.req.ops.iter().all(|o| matches!(o, Op::Open { .. })) =>
+                    {
+                        self.log(format!("client {c}: writeback {n}, an open whose rights lapsed first: {e:?}"));
+                    }
                     // An open that took effect, whose answer a broken connection lost, sent
                     // again after its descriptor was closed (the release goes again behind
                     // it): the file may be gone by then, and nobody is left to tell.
@@ -1072,7 +1087,15 @@ impl Sim {
             (names.epoch(), names.stamp())
         };
         let session = cl.sid().expect("a client sends only once welcomed");
-        let pending = Pending { req: req.clone(), purpose: purpose.clone(), t0_us: self.now, epoch, stamp, session };
+        let pending = Pending {
+            req: req.clone(),
+            purpose: purpose.clone(),
+            t0_us: self.now,
+            epoch,
+            stamp,
+            session,
+            rights_lapsed: false,
+        };
         cl.pending.insert(id, pending);
         let sid = cl.sid().expect("a client sends only once welcomed");
         self.ck.reqs.insert((sid, id), ReqInfo { client: c, ops: req.ops.clone(), time, purpose, t0_lc });

@@ -97,6 +97,7 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
         referenced: BlockSet::new(sb.total_blocks),
         seen: HashMap::new(),
         live_nodes: Default::default(),
+        partial: None,
     };
 
     let root_items = c.tree(Tree::on_disk(ROOT_TREE_ID, sb.root_tree), "root tree", true);
@@ -188,7 +189,8 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
             }
             None => (d, tree, true),
         };
-        let before = c.report.problems.len();
+        // (A receive's partial namespace is noted, not counted; its tree's own damage is.)
+        c.partial = (live && receiving.contains(&d)).then(Vec::new);
         let tree = Tree::on_disk(owner, ptr);
         let mut space = Namespace::new(ns, tree);
         c.walk(tree, &format!("fs tree of dataset {d}"), live, &mut |c, k, v| space.item(c, k, v));
@@ -203,8 +205,7 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
             }
         }
         c.mapped(std::mem::take(&mut space.runs));
-        if live && receiving.contains(&d) {
-            let partial = c.report.problems.split_off(before);
+        if let Some(partial) = c.partial.take() {
             c.report.notes.push(format!(
                 "dataset {d}: a receive was interrupted; opening the image undoes it ({} inconsistencies of the \
                  partial stream not counted)",
@@ -231,10 +232,22 @@ struct Checker<'a> {
     seen: HashMap<u64, std::collections::HashSet<u64>>,
     /// Nodes each live tree reaches (a deadlist must name none of them).
     live_nodes: std::collections::HashSet<u64>,
+    /// While checking the namespace a receive left half written: its problems, kept
+    /// apart (`problem`). Damage to the tree itself is counted all the same (`damage`).
+    partial: Option<Vec<String>>,
 }
 
 impl Checker<'_> {
+    /// A problem of what items say.
     fn problem(&mut self, p: String) {
+        match &mut self.partial {
+            Some(partial) => partial.push(p),
+            None => self.report.problems.push(p),
+        }
+    }
+
+    /// A problem of the nodes and blocks themselves: always counted.
+    fn damage(&mut self, p: String) {
         self.report.problems.push(p);
     }
 
@@ -251,8 +264,8 @@ impl Checker<'_> {
         }
         for (at, e) in errors {
             match &good {
-                Some(_) => self.problem(format!("{name}: copy at block {at} of node {} is bad: {e}", ptr.block)),
-                None => self.problem(format!("{name}: {e}")),
+                Some(_) => self.damage(format!("{name}: copy at block {at} of node {} is bad: {e}", ptr.block)),
+                None => self.damage(format!("{name}: {e}")),
             }
         }
         good
@@ -274,18 +287,18 @@ impl Checker<'_> {
         let mut last_key: Option<Key> = None;
         while let Some((ptr, lo, hi)) = stack.pop() {
             if ptr.block < RESERVED_BLOCKS || ptr.block >= self.pager.total_blocks() {
-                self.problem(format!("{name}: pointer to block {} outside the usable area", ptr.block));
+                self.damage(format!("{name}: pointer to block {} outside the usable area", ptr.block));
                 continue;
             }
             if ptr.twin != 0 && (ptr.twin < RESERVED_BLOCKS || ptr.twin >= self.pager.total_blocks()) {
-                self.problem(format!(
+                self.damage(format!(
                     "{name}: node {}'s second copy at {} is outside the usable area",
                     ptr.block, ptr.twin
                 ));
                 continue;
             }
             if (ptr.twin == 0) != (self.pager.copies() == 1) {
-                self.problem(format!(
+                self.damage(format!(
                     "{name}: node {} has {} copies in an image that keeps {}",
                     ptr.block,
                     1 + u8::from(ptr.twin != 0),
@@ -294,7 +307,7 @@ impl Checker<'_> {
             }
             let first_time = self.seen.entry(tree.owner).or_default().insert(ptr.block);
             if first_time && ptr.copies().any(|b| self.pager.alloc.try_mark_used(b, 1).is_err()) {
-                self.problem(format!("{name}: block {} (or its second copy {}) is used twice", ptr.block, ptr.twin));
+                self.damage(format!("{name}: block {} (or its second copy {}) is used twice", ptr.block, ptr.twin));
                 continue;
             }
             if ptr.twin != 0 {
@@ -311,21 +324,21 @@ impl Checker<'_> {
             self.report.nodes += 1;
             let is_root = ptr.block == block;
             if node.is_empty() && !is_root {
-                self.problem(format!("{name}: empty non-root node at block {}", ptr.block));
+                self.damage(format!("{name}: empty non-root node at block {}", ptr.block));
             }
             if let Some(first) = node.first_key() {
                 if first < lo || hi.is_some_and(|h| first >= h) {
-                    self.problem(format!("{name}: node {} first key {first:?} outside its parent's range", ptr.block));
+                    self.damage(format!("{name}: node {} first key {first:?} outside its parent's range", ptr.block));
                 }
             }
             match &node.body {
                 Body::Leaf(leaf) => {
                     for (k, v) in leaf {
                         if k < &lo || hi.is_some_and(|h| *k >= h) {
-                            self.problem(format!("{name}: leaf {} key {k:?} outside its parent's range", ptr.block));
+                            self.damage(format!("{name}: leaf {} key {k:?} outside its parent's range", ptr.block));
                         }
                         if last_key.is_some_and(|l| l >= *k) {
-                            self.problem(format!("{name}: key {k:?} in leaf {} out of order", ptr.block));
+                            self.damage(format!("{name}: key {k:?} in leaf {} out of order", ptr.block));
                         }
                         last_key = Some(*k);
                         visit(self, *k, v);
