@@ -7,6 +7,8 @@
 #              [log] level = "info" shows the server's info lines;
 #   flags win  --listen on the command line beats the file's address (which stays
 #              closed), -q beats its level;
+#   SIGHUP     a running server takes the file's log level again (its debug lines appear),
+#              and keeps going as it was when the file no longer parses;
 #   errors     an unknown key, a value of the wrong type: exit 2, naming the file, the key
 #              and the line, and nothing served; --config of a missing file: exit 2,
 #              naming it.
@@ -84,6 +86,28 @@ if wait_listen "$port2"; then pass listen-flag-wins; else fail listen-flag-wins 
 listening "$port" && fail file-address-unused "something listens on $port" || pass file-address-unused
 stop "$server"
 grep -q "INFO crest" "$tmp/serve2.err" && fail quiet-flag-wins "$(cat "$tmp/serve2.err")" || pass quiet-flag-wins
+
+echo "== SIGHUP takes the file again, under the flags"
+port3=$(free_port)
+printf '[log]\nlevel = "warn"\n[serve]\nlisten = "127.0.0.1:%s"\ninsecure = true\n' "$port3" >"$tmp/hup.toml"
+"$crest" serve "$img" --config "$tmp/hup.toml" >"$tmp/hup.out" 2>"$tmp/hup.err" &
+server=$!
+pids+=("$server")
+wait_listen "$port3" || fail hup-serves "$(cat "$tmp/hup.err")"
+sed -i 's/level = "warn"/level = "debug"/' "$tmp/hup.toml"
+kill -HUP "$server"
+soon_grep "reloaded: log warn,crest=debug" "$tmp/hup.err" && pass hup-reloads-level || fail hup-reloads-level "$(cat "$tmp/hup.err")"
+# Now at debug: a client's connection is logged (it was not at warn).
+mkdir -p "$mnt"
+"$crest" mount --insecure "127.0.0.1:$port3" "$mnt" >/dev/null 2>&1
+soon_grep "client connected" "$tmp/hup.err" && pass hup-level-applies || fail hup-level-applies "$(cat "$tmp/hup.err")"
+"$crest" umount "$mnt" >/dev/null 2>&1
+# A file broken meanwhile changes nothing: the server says so and goes on.
+printf '[serve]\nlisten-on = "x"\n' >"$tmp/hup.toml"
+kill -HUP "$server"
+soon_grep "not reloaded" "$tmp/hup.err" && pass hup-broken-file-kept || fail hup-broken-file-kept "$(cat "$tmp/hup.err")"
+kill -0 "$server" 2>/dev/null && pass hup-server-goes-on || fail hup-server-goes-on "$(cat "$tmp/hup.err")"
+stop "$server"
 
 echo "== a broken file is refused, naming the file, the key and the line"
 printf '[serve]\nlisten = "127.0.0.1:%s"\nlisten-on = "0.0.0.0:7410"\n' "$port" >"$tmp/bad.toml"

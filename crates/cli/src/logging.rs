@@ -82,19 +82,58 @@ pub fn open_log_file(path: &Path) -> Result<File> {
         .with_context(|| format!("opening the log file {}", path.display()))
 }
 
+/// Swaps the installed logger's filter (`reload`).
+type Reloader = Box<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>;
+
+/// How to change the installed logger's filter, once `init` has installed it.
+static RELOAD: std::sync::OnceLock<Reloader> = std::sync::OnceLock::new();
+
 /// Installs the logger for this process. Fails only if `--log-file` cannot be opened.
 pub fn init(args: &LogArgs) -> Result<()> {
     let env = std::env::var(ENV).ok();
     let builder = tracing_subscriber::fmt().with_env_filter(filter(args, env.as_deref()));
     // A second logger (a test that runs main twice) is refused: the first one stays.
     let _ = match &args.log_file {
-        Some(path) => builder.with_ansi(false).with_writer(std::sync::Mutex::new(open_log_file(path)?)).try_init(),
-        None if stderr_is_journal() => {
-            builder.with_ansi(false).event_format(Journal).with_writer(std::io::stderr).try_init()
+        Some(path) => {
+            let writer = std::sync::Mutex::new(open_log_file(path)?);
+            let b = builder.with_ansi(false).with_writer(writer).with_filter_reloading();
+            keep(b.reload_handle());
+            b.try_init()
         }
-        None => builder.with_ansi(colour_on_stderr()).with_writer(std::io::stderr).try_init(),
+        None if stderr_is_journal() => {
+            let b = builder.with_ansi(false).event_format(Journal).with_writer(std::io::stderr).with_filter_reloading();
+            keep(b.reload_handle());
+            b.try_init()
+        }
+        None => {
+            let b = builder.with_ansi(colour_on_stderr()).with_writer(std::io::stderr).with_filter_reloading();
+            keep(b.reload_handle());
+            b.try_init()
+        }
     };
     Ok(())
+}
+
+/// Keeps how to swap the filter of the logger `handle` belongs to (each writer makes a
+/// logger of another type: the handle is kept behind a closure).
+fn keep<S>(handle: tracing_subscriber::reload::Handle<EnvFilter, S>)
+where
+    S: Subscriber + Send + Sync + 'static,
+    EnvFilter: tracing_subscriber::Layer<S>,
+{
+    let _ = RELOAD.set(Box::new(move |f| handle.reload(f).map_err(|e| e.to_string())));
+}
+
+/// Logs from now on at `args`' level (a reloaded configuration file), unless `CREST_LOG`
+/// says otherwise: it wins, as at start. The directives in force.
+pub fn reload(args: &LogArgs) -> Result<String, String> {
+    let env = std::env::var(ENV).ok().filter(|d| !d.trim().is_empty());
+    if let Some(directives) = env {
+        return Ok(format!("{ENV}={directives}"));
+    }
+    let reload = RELOAD.get().ok_or("no logger installed")?;
+    reload(EnvFilter::new(args.directives()))?;
+    Ok(args.directives())
 }
 
 /// Colour only for a person at a terminal, and not if they asked for none

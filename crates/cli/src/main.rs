@@ -361,6 +361,7 @@ fn serve(
     disk_io: DiskIo,
     security: crest_serve::Security,
     options: crest_serve::Options,
+    reread: &dyn Fn() -> Result<Reloaded, String>,
 ) -> Result<()> {
     let disk = open_disk(image, disk_io)?;
     let mut store =
@@ -379,17 +380,60 @@ fn serve(
             .await
             .with_context(|| format!("listening on {listen}"))?;
         eprintln!("crest: serving {} on {}", image.display(), serving.local_addr);
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+                _ = hup.recv() => reload(&serving, reread),
+            }
         }
         eprintln!("crest: shutting down: finishing requests and committing");
         let store = serving.shutdown().await.context("committing at shutdown")?;
         eprintln!("crest: {} closed cleanly at generation {}", image.display(), store.generation());
         Ok(())
     })
+}
+
+/// What a SIGHUP takes again from the configuration file (under the command line's flags,
+/// as at start): the log level and the sessions one client may hold.
+struct Reloaded {
+    log: logging::LogArgs,
+    sessions_per_client: usize,
+}
+
+/// Applies the configuration as it is now to the running server, and has it read the
+/// export policies again (crest_serve::Reload). What cannot change live (the address, the
+/// disk I/O, the log file, --metrics...) waits for a restart.
+fn reload(serving: &crest_serve::Serving, reread: &dyn Fn() -> Result<Reloaded, String>) {
+    match reread() {
+        Ok(r) => {
+            let log = logging::reload(&r.log).unwrap_or_else(|e| format!("unchanged ({e})"));
+            serving.reload(crest_serve::Reload { sessions_per_identity: Some(r.sessions_per_client) });
+            eprintln!(
+                "crest: reloaded: log {log}, {} sessions per client; export policies read again",
+                r.sessions_per_client
+            );
+        }
+        Err(e) => eprintln!("crest: not reloaded (the server goes on as it was): {e}"),
+    }
+}
+
+/// The command line `args` again, with the configuration file as it is now under it.
+fn reread_serve(args: &[std::ffi::OsString]) -> Result<Reloaded, String> {
+    use clap::{CommandFactory, FromArgMatches};
+    let m = Cli::command().try_get_matches_from(args).map_err(|e| e.to_string())?;
+    let mut cli = Cli::from_arg_matches(&m).map_err(|e| e.to_string())?;
+    let file = config::load(cli.config.as_deref()).map_err(|e| format!("{e:#}"))?;
+    config::apply(&mut cli, &m, &file);
+    match cli.command {
+        Command::Serve { max_sessions_per_client, .. } => {
+            Ok(Reloaded { log: cli.log, sessions_per_client: max_sessions_per_client })
+        }
+        _ => Err("not a serve command line".into()),
+    }
 }
 
 /// `crest join`: says what it got.
@@ -752,7 +796,8 @@ fn main() -> ExitCode {
                     metrics,
                     ..Default::default()
                 };
-                serve(&image, &listen, commit_interval_ms, disk_io.into(), security, options)
+                let reread = || reread_serve(&args);
+                serve(&image, &listen, commit_interval_ms, disk_io.into(), security, options, &reread)
             })
         }
         Command::Version { json } => {

@@ -1,6 +1,7 @@
 //! Export policies: the `Policy` a client identity gets, from the state directory's
 //! `exports.json` (docs/security.md), read at each session's hello so that an edit
-//! reaches the next session without a restart.
+//! reaches the next session without a restart, and again for connected sessions on a
+//! reload (`reload.rs`).
 
 use std::collections::HashMap;
 

@@ -27,6 +27,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -47,7 +48,10 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 mod exports;
 pub mod limits;
 pub mod metrics;
+mod reload;
 mod sched;
+
+pub use reload::Reload;
 
 pub use crest_server::MAX_SESSIONS_PER_IDENTITY;
 
@@ -98,6 +102,8 @@ struct Gate {
     authority: Arc<Authority>,
     /// Revoked certificates, as the authority's register last said.
     revoked: watch::Receiver<Arc<HashSet<Fingerprint>>>,
+    /// Bumped when the export policies are to be read again (`Serving::reload`).
+    policies: watch::Receiver<u64>,
 }
 
 /// What a connection's tasks hold of the server thread: its control queue, the wake-up of
@@ -109,8 +115,9 @@ struct Shell {
     arrivals: Arrivals,
     /// How long a session's connection may stay silent (`Options::idle_timeout`).
     idle: Duration,
-    /// Connections one client identity may hold (`Options::sessions_per_identity`).
-    per_identity: usize,
+    /// Connections one client identity may hold (`Options::sessions_per_identity`; a
+    /// reload may change it).
+    per_identity: Arc<AtomicUsize>,
 }
 
 /// What a server may be told beyond its store, address and security.
@@ -169,6 +176,8 @@ enum Ctrl {
     Shutdown {
         done: oneshot::Sender<Result<Store, crest_store::Error>>,
     },
+    /// The most sessions one identity may hold, as reloaded.
+    SessionsPerIdentity(usize),
     Kill {
         done: oneshot::Sender<Store>,
     },
@@ -299,6 +308,11 @@ impl StoreTask {
                     let _ = done.send(r);
                 }
                 return Step::Stop;
+            }
+            Ctrl::SessionsPerIdentity(n) => {
+                if let Some(srv) = self.server.as_mut() {
+                    srv.set_sessions_per_identity(n);
+                }
             }
             Ctrl::Kill { done } => {
                 if let Some(srv) = self.server.take() {
@@ -442,6 +456,9 @@ pub struct Serving {
     cmds: mpsc::UnboundedSender<Ctrl>,
     stop: Option<oneshot::Sender<()>>,
     accept: Option<oneshot::Receiver<()>>,
+    /// Bumped to have connected sessions' export policies read again.
+    policies: watch::Sender<u64>,
+    per_identity: Arc<AtomicUsize>,
 }
 
 /// Binds `listen` and starts serving `store` on a thread of its own, securing connections
@@ -483,11 +500,14 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
     let metrics_cmds = cmds.clone();
     let arrivals = Arrivals::default();
     let store_arrivals = arrivals.clone();
+    let (policies_tx, policies) = watch::channel(0u64);
+    let per_identity = Arc::new(AtomicUsize::new(options.sessions_per_identity));
+    let accept_per_identity = per_identity.clone();
     std::thread::Builder::new().name("crest-server".into()).spawn(move || {
         runtime.block_on(async move {
             let gate = tls.map(|(acceptor, authority)| {
                 let revoked = watch_revocations(authority.clone());
-                Arc::new(Gate { acceptor, authority, revoked })
+                Arc::new(Gate { acceptor, authority, revoked, policies })
             });
             match TcpListener::from_std(listener) {
                 Ok(listener) => {
@@ -496,7 +516,7 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
                         ready,
                         arrivals,
                         idle: options.idle_timeout,
-                        per_identity: options.sessions_per_identity,
+                        per_identity: accept_per_identity,
                     };
                     tokio::spawn(accept_loop(listener, shell, gate, stop_rx, accept_done_tx));
                 }
@@ -515,7 +535,15 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
     if let Some(addr) = metrics_addr {
         tracing::info!(%addr, "answering Prometheus scrapes at /metrics");
     }
-    Ok(Serving { local_addr, metrics_addr, cmds, stop: Some(stop_tx), accept: Some(accept_done_rx) })
+    Ok(Serving {
+        local_addr,
+        metrics_addr,
+        cmds,
+        stop: Some(stop_tx),
+        accept: Some(accept_done_rx),
+        policies: policies_tx,
+        per_identity,
+    })
 }
 
 /// How often the register of clients is looked at for revocations.
@@ -678,8 +706,9 @@ async fn connection(
         None => None,
         Some(fingerprint) => match gate.authority.admit(&fingerprint) {
             Ok(who) => {
-                let Some(slot) = counters.take(Key::Identity(fingerprint), shell.per_identity) else {
-                    let reason = format!("{} has {} connections already", who.name, shell.per_identity);
+                let per_identity = shell.per_identity.load(Ordering::Relaxed);
+                let Some(slot) = counters.take(Key::Identity(fingerprint), per_identity) else {
+                    let reason = format!("{} has {per_identity} connections already", who.name);
                     refuse(wr, reason.clone()).await;
                     return Err(ConnError::Other(reason));
                 };
@@ -846,6 +875,7 @@ async fn serve(
             return Err(ConnError::Other(e));
         }
     };
+    let policy_now = policy.clone();
     let who = admitted.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| "(insecure)".into());
     let (tx, out_rx) = mpsc::unbounded_channel::<(usize, ServerMessage)>();
     let (inbox, queue, wake) = sched::queue(&shell.ready);
@@ -872,9 +902,10 @@ async fn serve(
         return Ok(());
     };
     tracing::debug!(%peer, session, client = who, "client connected");
-    let mut revoked = admitted.map(|a| (a.fingerprint, a.revoked));
+    let mut watched =
+        reload::Watched::new(admitted.map(|a| (a.fingerprint, a.revoked, a.name, a.local)), gate, policy_now);
     let conn = Conn { shell: &shell, inbox: &inbox, session, out: &out_tx };
-    let ended = session_messages(&mut rd, &mut decoder, &conn, &mut revoked).await;
+    let ended = session_messages(&mut rd, &mut decoder, &conn, &mut watched).await;
     match ended {
         Ok(Ended::Goodbye) => {
             drop(out_tx);
@@ -887,6 +918,10 @@ async fn serve(
             let _ = inbox.send(Cmd::Revoked { session, out: out_tx.clone() }, 1).await;
             writer.abort();
             return Ok(());
+        }
+        Ok(Ended::PolicyChanged) => {
+            // (The client connects again at once; its hello takes the new policy.)
+            tracing::info!(%peer, session, client = who, "export policy changed: connection closed");
         }
         Ok(Ended::Closed) => {}
         Err(ConnError::Proto(ref e)) => tracing::error!(%peer, session, "bad frame: {e}"),
@@ -965,6 +1000,8 @@ enum Ended {
     Stopping,
     /// The client's certificate was revoked.
     Revoked,
+    /// Its export policy is not what it was at the hello (`Serving::reload`).
+    PolicyChanged,
 }
 
 /// Waits until `fp` is among the revoked certificates (never, for an insecure connection
@@ -989,7 +1026,7 @@ async fn session_messages(
     rd: &mut Reader,
     decoder: &mut FrameDecoder,
     conn: &Conn<'_>,
-    revoked: &mut Option<(Fingerprint, watch::Receiver<Arc<HashSet<Fingerprint>>>)>,
+    watched: &mut reload::Watched,
 ) -> Result<Ended, ConnError> {
     let session = conn.session;
     loop {
@@ -1024,7 +1061,8 @@ async fn session_messages(
                     n => n,
                 },
             },
-            () = revocation(revoked) => return Ok(Ended::Revoked),
+            () = revocation(&mut watched.revoked) => return Ok(Ended::Revoked),
+            () = reload::policy_changed(&mut watched.policy) => return Ok(Ended::PolicyChanged),
         };
         conn.shell.arrivals.lock().unwrap_or_else(|e| e.into_inner()).insert(session, now_ms());
         decoder.filled(n);

@@ -362,3 +362,37 @@ fn only_the_datasets_a_policy_lists_are_mounted_and_only_admins_administer() {
         }
     }
 }
+
+#[test]
+fn a_reload_reaches_connected_hosts_policies_and_the_per_client_limit() {
+    let h = host();
+    let (_rt, serving) = serve(&h);
+    let addr = serving.local_addr;
+    let creds = join(addr, &h.auth.create_token(600, None).expect("token").encode()).expect("join");
+    let c = connect(addr, &creds).expect("connect");
+    // (Root squashed by the joined policy: the root directory refuses it, 13, until it is
+    // read-only, 30.)
+    assert_eq!(errno(c.call_one(create(1, "before", p::FileType::Regular, 0o644, 0))), 13);
+    // Made read-only while connected: after the reload its session is put out, connects
+    // again, and its hello takes the new policy.
+    h.dir.write("exports.json", br#"{"clients": {"joiner": {"read_only": true}}}"#).expect("exports");
+    serving.reload(crest_serve::Reload::default());
+    let start = Instant::now();
+    let mut last = 0;
+    for i in 0.. {
+        last = errno(c.call_one(create(1, &format!("after-{i}"), p::FileType::Regular, 0o644, 0)));
+        if last == 30 || start.elapsed() > HANG_GUARD {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(last, 30, "still writable {:?} after the reload", start.elapsed());
+    assert!(works(&c), "it still reads");
+    // One connection per client from now on: a second one is refused.
+    serving.reload(crest_serve::Reload { sessions_per_identity: Some(1) });
+    match connect(addr, &creds) {
+        Err(ClientError::Refused { reason, .. }) => assert!(reason.contains("already"), "{reason}"),
+        other => panic!("a second connection: {:?}", other.map(|_| "connected")),
+    }
+    assert!(works(&c), "the first goes on");
+}
