@@ -15,7 +15,10 @@
 #   completions  every shell's script is made; bash's passes `bash -n`, registers
 #                `complete -p crest` and completes "crest mo" to mount;
 #   man          `crest man DIR` writes crest.1, crest-mount.1, crest-dataset-create.1...,
-#                each renders with groff without a warning, and they carry the options.
+#                each renders with groff without a warning, and they carry the options;
+#   systemd      under a stand-in notification socket a server says READY=1 once it
+#                listens, feeds a 0.4 s watchdog, says RELOADING=1 and READY=1 around a
+#                SIGHUP and STOPPING=1 on SIGTERM.
 # Each check prints PASS/FAIL; exits non-zero if any failed.
 #   CREST_BIN        the crest binary (default target/release/crest)
 #   CREST_OPS_KEEP=1 keep the scratch directory (logs, man pages) to look at
@@ -218,6 +221,37 @@ rc=$?
 MANWIDTH=100 man -l "$tmp/man/crest.1" >"$tmp/out" 2>"$tmp/err"
 rc=$?
 grep -q "CREST_LOG" "$tmp/out" && grep -q "crest-mount(1)" "$tmp/out" && pass man-crest-notes || fail man-crest-notes "$(said)"
+
+echo "== systemd: Type=notify and the watchdog"
+# A stand-in for systemd's notification socket: every datagram, one line each.
+cat >"$tmp/notify.py" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(sys.argv[1])
+with open(sys.argv[2], "a", buffering=1) as out:
+    while True:
+        out.write(s.recv(4096).decode().replace("\n", " ") + "\n")
+PY
+python3 "$tmp/notify.py" "$tmp/notify.sock" "$tmp/notify.log" &
+pids+=($!)
+for _ in $(seq 50); do [ -S "$tmp/notify.sock" ] && break; sleep 0.05; done
+"$crest" mkfs --size 64M "$tmp/sd.img" >/dev/null
+sd_port=$(free_port)
+NOTIFY_SOCKET=$tmp/notify.sock WATCHDOG_USEC=400000 "$crest" serve "$tmp/sd.img" --listen "127.0.0.1:$sd_port" \
+  --insecure -q 2>"$tmp/sd.err" &
+sd=$!
+pids+=("$sd")
+soon_grep "^READY=1 STATUS=serving" "$tmp/notify.log" && pass sd-ready || fail sd-ready "$(cat "$tmp/notify.log" "$tmp/sd.err")"
+listening "$sd_port" && pass sd-ready-means-listening || fail sd-ready-means-listening "nothing on $sd_port"
+sleep 1
+[ "$(grep -c '^WATCHDOG=1' "$tmp/notify.log")" -ge 3 ] && pass sd-watchdog-fed || fail sd-watchdog-fed "$(cat "$tmp/notify.log")"
+kill -HUP "$sd"
+soon_grep "^RELOADING=1" "$tmp/notify.log" && pass sd-reloading || fail sd-reloading "$(cat "$tmp/notify.log")"
+[ "$(grep -c '^READY=1' "$tmp/notify.log")" -ge 2 ] || sleep 0.5
+[ "$(grep -c '^READY=1' "$tmp/notify.log")" -ge 2 ] && pass sd-ready-after-reload || fail sd-ready-after-reload "$(cat "$tmp/notify.log")"
+kill -TERM "$sd"
+wait "$sd"
+grep -q "^STOPPING=1" "$tmp/notify.log" && pass sd-stopping || fail sd-stopping "$(cat "$tmp/notify.log")"
 
 echo "== ops: $fails failed"
 [ "$fails" = 0 ]

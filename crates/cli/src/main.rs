@@ -15,6 +15,7 @@ mod repair;
 mod sendrecv;
 mod signature;
 mod status;
+mod systemd;
 mod trust;
 mod version;
 
@@ -380,6 +381,10 @@ fn serve(
             .await
             .with_context(|| format!("listening on {listen}"))?;
         eprintln!("crest: serving {} on {}", image.display(), serving.local_addr);
+        systemd::notify(&format!("READY=1\nSTATUS=serving {} on {}", image.display(), serving.local_addr));
+        // (Fed only while the store task answers; never, without a systemd watchdog.)
+        let every = systemd::watchdog_every();
+        let mut watchdog = tokio::time::interval(every.unwrap_or(std::time::Duration::from_secs(3600)));
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
@@ -387,9 +392,21 @@ fn serve(
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => break,
                 _ = term.recv() => break,
-                _ = hup.recv() => reload(&serving, reread),
+                _ = hup.recv() => {
+                    systemd::notify("RELOADING=1");
+                    reload(&serving, reread);
+                    systemd::notify("READY=1");
+                }
+                _ = watchdog.tick(), if every.is_some() => {
+                    if serving.responsive(every.unwrap_or_default()).await {
+                        systemd::notify("WATCHDOG=1");
+                    } else {
+                        tracing::error!("the store task does not answer: the watchdog is not fed");
+                    }
+                }
             }
         }
+        systemd::notify("STOPPING=1");
         eprintln!("crest: shutting down: finishing requests and committing");
         let store = serving.shutdown().await.context("committing at shutdown")?;
         eprintln!("crest: {} closed cleanly at generation {}", image.display(), store.generation());

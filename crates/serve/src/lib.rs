@@ -178,6 +178,8 @@ enum Ctrl {
     },
     /// The most sessions one identity may hold, as reloaded.
     SessionsPerIdentity(usize),
+    /// Answered by the store task when it gets to it (`Serving::responsive`).
+    Ping(oneshot::Sender<()>),
     Kill {
         done: oneshot::Sender<Store>,
     },
@@ -308,6 +310,9 @@ impl StoreTask {
                     let _ = done.send(r);
                 }
                 return Step::Stop;
+            }
+            Ctrl::Ping(reply) => {
+                let _ = reply.send(());
             }
             Ctrl::SessionsPerIdentity(n) => {
                 if let Some(srv) = self.server.as_mut() {
