@@ -278,9 +278,21 @@ impl<R> Connection<R> {
                 self.reply_lost(c);
             }
         }
+        let mut unsure = Vec::new();
         for &id in &plan.late {
             if let Some(c) = self.pending.get_mut(&id) {
                 c.pos = None;
+                // It may have run before the crash took it back, and its effects reached
+                // this cache meanwhile in other replies (a listing's attributes): what it
+                // touches is not sure until it runs again.
+                if !c.reply.answered_already() && c.ops.iter().any(p::Op::is_mutation) {
+                    unsure.push(c.ops.clone());
+                }
+            }
+        }
+        if let Some(r) = self.rights() {
+            for ops in &unsure {
+                r.reply_lost(ops, self.now);
             }
         }
         if !lost.is_empty() {
