@@ -370,7 +370,9 @@ impl Checker {
             for op in info.ops.iter().filter(reasserts) {
                 let _ = model.apply(key.0, op, server_now);
             }
-            self.relock.reasserted(key.0, &info.ops);
+            if let Err(e) = self.relock.reasserted(key.0, key.1, &info.ops) {
+                self.fail(e);
+            }
             return Some(format!("server: runs {key:?} (re-assert)"));
         }
         if a.from_cache {

@@ -196,7 +196,7 @@ pub(crate) const REGRESSION_SEEDS: [u64; 3] = [
 /// `SERVER_CRASH_REGRESSION_SEEDS`.
 pub(crate) const FIXED_SERVER_CRASH_SEEDS: u64 = 40;
 /// (Each with the modes it needs, whatever the environment says.)
-pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 8] = [
+pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 9] = [
     // A change lost by the crash, an unlink of a file its client still held open, laid on
     // the model without the handles the restarted server had forgotten until the client
     // opened them again (`Model::reopen`): the checker took the file for gone.
@@ -235,6 +235,9 @@ pub(crate) const SERVER_CRASH_REGRESSION_SEEDS: [(u64, Modes); 8] = [
     // the mount, holding the directory exclusively, went on showing the lost mtime
     // (conn/welcome.rs: what an unanswered change sent again touches is not sure).
     (936_045_903_138_424_362, Modes { long_outages: true, lost_changes: true, exact_lease: false }),
+    // A session's lock re-assert queued behind its replays, which waited for a recall:
+    // it ran after `Replayed` arrived, where the checker looked for it (relock.rs).
+    (16_298_833_889_778_781_918, Modes { long_outages: true, lost_changes: true, exact_lease: false }),
 ];
 /// System calls per seed (over all clients).
 pub const DEFAULT_STEPS: usize = 4_000;

@@ -7,8 +7,8 @@
 //!
 //! What each client must re-assert is checked: the model's locks at the crash with every
 //! unanswered lock request undone (its holder's locks on that file as they were before
-//! it ran). A session that re-asserts more or less than that, by the time it says
-//! `Replayed`, fails the run. When a second crash comes before a session has said it, the
+//! it ran). A session that re-asserts more or less than that, once it has said
+//! `Replayed` and its re-asserts have all run, fails the run. When a second crash comes before a session has said it, the
 //! answers to its re-asserts may or may not have reached it, and what it must claim the
 //! next time is not known: that session is not checked in that life.
 
@@ -38,9 +38,22 @@ pub(crate) struct Undo {
 pub(crate) struct Relock {
     /// Lock requests run in this server life, by request: how to undo each.
     undo: BTreeMap<(SessionId, u64), Vec<Undo>>,
-    /// Sessions restored by the last restart that have not said `Replayed` yet: the locks
-    /// each must claim (`None`: not known), and those claimed so far.
-    claims: BTreeMap<SessionId, (Option<BTreeSet<Claim>>, BTreeSet<Claim>)>,
+    /// Sessions restored by the last restart whose re-asserts have not all run yet.
+    claims: BTreeMap<SessionId, Claims>,
+}
+
+/// One restored session's re-asserts of locks.
+#[derive(Default)]
+struct Claims {
+    /// The locks it must claim (`None`: not known).
+    want: Option<BTreeSet<Claim>>,
+    /// Those claimed so far.
+    seen: BTreeSet<Claim>,
+    /// It said `Replayed`: every re-assert has been sent.
+    replayed: bool,
+    /// Its re-assert requests with locks sent and not run yet (a re-assert queued behind
+    /// replays that wait for recalls runs after `Replayed` arrives).
+    running: BTreeSet<u64>,
 }
 
 fn claim(ino: u64, holder: Holder, flock: bool, start: u64, end: u64, kind: p::LockKind) -> Claim {
@@ -68,14 +81,25 @@ impl Relock {
         }
     }
 
-    /// A re-assert request of `session` ran: what it claims.
-    pub(crate) fn reasserted(&mut self, session: SessionId, ops: &[Op]) {
-        let Some((_, seen)) = self.claims.get_mut(&session) else { return };
-        for op in ops {
-            if let Op::SetLock { ino, owner, flock, start, end, kind, .. } = *op {
-                seen.insert(claim(ino, Holder { session, owner }, flock, start, end, kind));
+    /// The client of `session` sent re-assert request `id`.
+    pub(crate) fn sent(&mut self, session: SessionId, id: u64, ops: &[Op]) {
+        if let Some(c) = self.claims.get_mut(&session) {
+            if ops.iter().any(|op| matches!(op, Op::SetLock { .. })) {
+                c.running.insert(id);
             }
         }
+    }
+
+    /// Re-assert request `id` of `session` ran: what it claims. `Err` as `settle`.
+    pub(crate) fn reasserted(&mut self, session: SessionId, id: u64, ops: &[Op]) -> Result<(), String> {
+        let Some(c) = self.claims.get_mut(&session) else { return Ok(()) };
+        for op in ops {
+            if let Op::SetLock { ino, owner, flock, start, end, kind, .. } = *op {
+                c.seen.insert(claim(ino, Holder { session, owner }, flock, start, end, kind));
+            }
+        }
+        c.running.remove(&id);
+        self.settle(session)
     }
 
     /// The server died. `locks` is the model's table, which empties (the restarted server
@@ -106,16 +130,25 @@ impl Relock {
             .into_iter()
             .map(|s| {
                 let want = (!unsure.contains_key(&s)).then(|| held.remove(&s).unwrap_or_default());
-                (s, (want, BTreeSet::new()))
+                (s, Claims { want, ..Claims::default() })
             })
             .collect();
     }
 
-    /// Session `session` says its replays (and re-asserts) are all sent: they all ran
-    /// (they went before it on one connection). `Err` when it claimed other locks than
-    /// it held.
+    /// Session `session` says its replays (and re-asserts) are all sent. `Err` as `settle`.
     pub(crate) fn replayed(&mut self, session: SessionId) -> Result<(), String> {
-        let Some((want, seen)) = self.claims.remove(&session) else { return Ok(()) };
+        let Some(c) = self.claims.get_mut(&session) else { return Ok(()) };
+        c.replayed = true;
+        self.settle(session)
+    }
+
+    /// Once every re-assert of `session` has been sent and has run: `Err` when it claimed
+    /// other locks than it held.
+    fn settle(&mut self, session: SessionId) -> Result<(), String> {
+        if self.claims.get(&session).is_none_or(|c| !c.replayed || !c.running.is_empty()) {
+            return Ok(());
+        }
+        let Some(Claims { want, seen, .. }) = self.claims.remove(&session) else { return Ok(()) };
         match want {
             Some(want) if want != seen => Err(format!(
                 "session {session} re-asserted the locks {:?} but held {:?} (missing {:?}, extra {:?})",

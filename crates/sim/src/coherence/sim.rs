@@ -396,6 +396,7 @@ impl Sim {
                     let info =
                         ReqInfo { client: c, ops: r.ops.clone(), time: r.time, purpose: Purpose::Reassert, t0_lc };
                     self.ck.reqs.insert((sid, r.id), info);
+                    self.ck.relock.sent(sid, r.id, &r.ops);
                     self.ck.stats.to_server += 1;
                 }
             }
