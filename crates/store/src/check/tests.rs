@@ -45,6 +45,18 @@ fn set_inode(s: &mut Store, i: &Inode) {
     put(s, Inode::key(i.ino), i.encode());
 }
 
+/// Adds an entry `name` → `ino` (said to be a `kind`) to directory `d`, with its index
+/// item and the directory's size and next index, as a real entry would be.
+fn add_entry(s: &mut Store, d: u64, name: &[u8], ino: u64, kind: FileKind) {
+    let mut dir = inode(s, d);
+    let e = DirEntry { name: name.to_vec(), ino, kind, index: dir.next_index };
+    put(s, entry_key(d, name), encode_entries(std::slice::from_ref(&e)));
+    put(s, index_key(d, e.index), encode_index(&e));
+    dir.next_index += 1;
+    dir.size += 1;
+    set_inode(s, &dir);
+}
+
 /// Commits the damage and runs fsck: it must name a problem containing every needle.
 fn finds(disk: &MemDisk, mut s: Store, needles: &[&str]) {
     s.commit().unwrap();
@@ -69,26 +81,14 @@ fn an_undamaged_image_is_clean() {
 #[test]
 fn an_entry_naming_no_inode_is_reported_with_its_name() {
     let (disk, mut s, [d, ..]) = image();
-    let mut dir = inode(&mut s, d);
-    let e = DirEntry { name: b"ghost".to_vec(), ino: 999_999, kind: FileKind::Regular, index: dir.next_index };
-    put(&mut s, entry_key(d, b"ghost"), encode_entries(std::slice::from_ref(&e)));
-    put(&mut s, index_key(d, e.index), encode_index(&e));
-    dir.next_index += 1;
-    dir.size += 1;
-    set_inode(&mut s, &dir);
+    add_entry(&mut s, d, b"ghost", 999_999, FileKind::Regular);
     finds(&disk, s, &[&format!("dir {d}: entry \"ghost\" names missing inode 999999")]);
 }
 
 #[test]
 fn an_entry_of_the_wrong_kind_is_reported() {
     let (disk, mut s, [d, _, g, ..]) = image();
-    let mut dir = inode(&mut s, d);
-    let e = DirEntry { name: b"alias".to_vec(), ino: g, kind: FileKind::Directory, index: dir.next_index };
-    put(&mut s, entry_key(d, b"alias"), encode_entries(std::slice::from_ref(&e)));
-    put(&mut s, index_key(d, e.index), encode_index(&e));
-    dir.next_index += 1;
-    dir.size += 1;
-    set_inode(&mut s, &dir);
+    add_entry(&mut s, d, b"alias", g, FileKind::Directory);
     finds(&disk, s, &[&format!("entry \"alias\" says Directory, inode {g} is Regular")]);
 }
 
@@ -96,13 +96,7 @@ fn an_entry_of_the_wrong_kind_is_reported() {
 fn link_counts_are_counted_across_directories() {
     // A second name for /g in /d, its nlink left at 1.
     let (disk, mut s, [d, _, g, ..]) = image();
-    let mut dir = inode(&mut s, d);
-    let e = DirEntry { name: b"g2".to_vec(), ino: g, kind: FileKind::Regular, index: dir.next_index };
-    put(&mut s, entry_key(d, b"g2"), encode_entries(std::slice::from_ref(&e)));
-    put(&mut s, index_key(d, e.index), encode_index(&e));
-    dir.next_index += 1;
-    dir.size += 1;
-    set_inode(&mut s, &dir);
+    add_entry(&mut s, d, b"g2", g, FileKind::Regular);
     finds(&disk, s, &[&format!("inode {g}: nlink 1 but 2 entries name it")]);
 }
 
