@@ -635,6 +635,13 @@ impl Serving {
 }
 
 impl Serving {
+    /// True if the store task answers within `wait`: it is not stuck (a service manager's
+    /// watchdog is fed only then).
+    pub async fn responsive(&self, wait: Duration) -> bool {
+        let (reply, answered) = oneshot::channel();
+        self.cmds.send(Ctrl::Ping(reply)).is_ok() && matches!(tokio::time::timeout(wait, answered).await, Ok(Ok(())))
+    }
+
     /// Stops at once without committing, as `kill -9` would, and hands back the store
     /// with its uncommitted transaction (for crash tests: `Store::abandon` it and reopen
     /// the disk). Connections see the server vanish.

@@ -33,15 +33,6 @@ impl Serving {
     }
 }
 
-impl Serving {
-    /// True if the store task answers within `wait`: it is not stuck (a service manager's
-    /// watchdog is fed only then).
-    pub async fn responsive(&self, wait: std::time::Duration) -> bool {
-        let (reply, answered) = tokio::sync::oneshot::channel();
-        self.cmds.send(Ctrl::Ping(reply)).is_ok() && matches!(tokio::time::timeout(wait, answered).await, Ok(Ok(())))
-    }
-}
-
 /// The news of revocations, as each connection holds it.
 pub(crate) type Revocations = watch::Receiver<Arc<HashSet<Fingerprint>>>;
 

@@ -111,7 +111,7 @@ pub(crate) fn usage_key(tree: u64) -> Key {
 }
 
 /// A USAGE item's value: `blocks` counted when the dataset's tree had root `ptr`.
-fn encode_usage(ptr: &BlockPtr, blocks: u64) -> Vec<u8> {
+pub(crate) fn encode_usage(ptr: &BlockPtr, blocks: u64) -> Vec<u8> {
     [ptr.block, ptr.generation, blocks].iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
@@ -204,9 +204,10 @@ impl Store {
         let mut pager = Pager::new(disk, fsid, total_blocks, alloc);
         pager.set_copies(opts.meta_copies);
         // Clear every superblock slot so an older file system's copies cannot win.
-        for off in SUPERBLOCK_OFFSETS.into_iter().chain(SUPERBLOCK_MIRROR_OFFSETS) {
-            pager.write_raw(off, &[0u8; SUPERBLOCK_BYTES])?;
-        }
+        let zeros = [0u8; SUPERBLOCK_BYTES];
+        let slots: Vec<(u64, &[u8])> =
+            SUPERBLOCK_OFFSETS.into_iter().chain(SUPERBLOCK_MIRROR_OFFSETS).map(|off| (off, &zeros[..])).collect();
+        pager.write_raw(&slots)?;
         let root_tree = Tree::create(&mut pager, ROOT_TREE_ID);
         let refcount_tree = Tree::create(&mut pager, REFCOUNT_TREE_ID);
         let mut fs = Tree::create(&mut pager, FS_TREE_ID);
@@ -281,7 +282,7 @@ impl Store {
         if sb.meta_copies == 2 {
             writes.push((SUPERBLOCK_MIRROR_OFFSETS[copy], &bytes[..]));
         }
-        self.pager.write_raw_batch(&writes)
+        self.pager.write_raw(&writes)
     }
 
     /// Opens an image: newest valid superblock wins; falls back to the other copy when

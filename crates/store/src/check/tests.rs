@@ -205,16 +205,27 @@ fn usage_of(s: &mut Store, d: u64) -> (u64, u64, u64) {
     crate::store::decode_usage(&s.root_tree.get(&mut s.pager, &key).unwrap().unwrap()).unwrap()
 }
 
+/// Writes dataset `d`'s USAGE item as counted at root `(block, generation)`.
+fn set_usage(s: &mut Store, d: u64, block: u64, generation: u64, blocks: u64) {
+    let root = crate::engine::node::BlockPtr { block, generation, ..Default::default() };
+    let key = crate::store::usage_key(crate::datasets::tree_id(d));
+    s.root_tree.insert(&mut s.pager, key, crate::store::encode_usage(&root, blocks)).unwrap();
+}
+
+/// Dataset `d`'s usage as the image opens, once fsck has found it clean.
+fn usage_when_reopened(disk: &MemDisk, d: u64) -> u64 {
+    let report = super::fsck(Box::new(disk.clone())).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.problems);
+    Store::open(Box::new(disk.clone())).unwrap().dataset_used_blocks(d)
+}
+
 #[test]
 fn each_commit_keeps_a_live_datasets_usage_with_its_root_and_open_takes_it() {
     let (disk, mut s, d) = parked_dataset(3);
     let (_, _, blocks) = usage_of(&mut s, d);
     assert_eq!(blocks, 3);
     drop(s);
-    let s = Store::open(Box::new(disk.clone())).unwrap();
-    assert_eq!(s.dataset_used_blocks(d), 3);
-    let report = super::fsck(Box::new(disk)).unwrap();
-    assert!(report.is_clean(), "{:#?}", report.problems);
+    assert_eq!(usage_when_reopened(&disk, d), 3);
 }
 
 #[test]
@@ -222,24 +233,18 @@ fn a_usage_item_of_another_root_is_not_trusted() {
     // As a crest that predates USAGE items leaves one: its commits moved the root.
     let (disk, mut s, d) = parked_dataset(3);
     let (block, generation, _) = usage_of(&mut s, d);
-    let key = crate::store::usage_key(crate::datasets::tree_id(d));
-    let stale: Vec<u8> = [block + 1, generation, 999].iter().flat_map(|v| v.to_le_bytes()).collect();
-    s.root_tree.insert(&mut s.pager, key, stale).unwrap();
+    set_usage(&mut s, d, block + 1, generation, 999);
     s.commit().unwrap();
     drop(s);
-    let s = Store::open(Box::new(disk.clone())).unwrap();
-    assert_eq!(s.dataset_used_blocks(d), 3, "counted in the leaves, not taken from the stale item");
-    let report = super::fsck(Box::new(disk)).unwrap();
-    assert!(report.is_clean(), "a stale usage item is no damage: {:#?}", report.problems);
+    // (fsck clean: a stale usage item is no damage.)
+    assert_eq!(usage_when_reopened(&disk, d), 3, "counted in the leaves, not taken from the stale item");
 }
 
 #[test]
 fn a_usage_item_that_disagrees_with_the_extents_is_reported() {
     let (disk, mut s, d) = parked_dataset(3);
     let (block, generation, _) = usage_of(&mut s, d);
-    let key = crate::store::usage_key(crate::datasets::tree_id(d));
-    let wrong: Vec<u8> = [block, generation, 7].iter().flat_map(|v| v.to_le_bytes()).collect();
-    s.root_tree.insert(&mut s.pager, key, wrong).unwrap();
+    set_usage(&mut s, d, block, generation, 7);
     finds(&disk, s, &[&format!("dataset {d}: its usage item says 7 data blocks; its extents map 3")]);
 }
 

@@ -187,10 +187,10 @@ impl Pager {
         }
     }
 
-    /// Writes raw byte ranges at byte offsets (a superblock and its mirror) now, in one
+    /// Writes raw byte ranges at byte offsets (superblock slots and mirrors) now, in one
     /// batch: a small batch goes straight to the file, where a queued write would make the
     /// flush after it wait for the ring.
-    pub fn write_raw_batch(&mut self, writes: &[(u64, &[u8])]) -> Result<()> {
+    pub fn write_raw(&mut self, writes: &[(u64, &[u8])]) -> Result<()> {
         self.check_writable()?;
         match self.disk.write_batch(writes) {
             Ok(()) => {
@@ -198,18 +198,6 @@ impl Pager {
                 Ok(())
             }
             Err(e) => self.poison("write", writes.first().map_or(0, |w| w.0), e),
-        }
-    }
-
-    /// Writes raw bytes at a byte offset (superblocks).
-    pub fn write_raw(&mut self, offset: u64, buf: &[u8]) -> Result<()> {
-        self.check_writable()?;
-        match self.disk.write_at(offset, buf) {
-            Ok(()) => {
-                self.bytes_written += buf.len() as u64;
-                Ok(())
-            }
-            Err(e) => self.poison("write", offset, e),
         }
     }
 
