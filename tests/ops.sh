@@ -61,6 +61,7 @@ echo "== version"
 release=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")
 protocol=$(source_const crates/proto/src/message.rs PROTOCOL_VERSION)
 format=$(source_const crates/store/src/engine/superblock.rs FORMAT_VERSION)
+oldest_format=$(source_const crates/store/src/engine/superblock.rs OLDEST_FORMAT_VERSION)
 [ -n "$release" ] && [ -n "$protocol" ] && [ -n "$format" ] ||
   { echo "cannot read the versions from the source (release '$release', protocol '$protocol', format '$format')" >&2; exit 2; }
 expect version-exit-0 0 "$crest" --version
@@ -81,7 +82,7 @@ else
 fi
 grep -qE "^protocol: ([0-9]+, )*$protocol(, [0-9]+)*$" "$tmp/version" && pass version-protocol ||
   fail version-protocol "want protocol $protocol (crates/proto); $(said)"
-grep -qx "on-disk format: $format" "$tmp/version" && pass version-format ||
+grep -qx "on-disk format: $format (opens $oldest_format to $format)" "$tmp/version" && pass version-format ||
   fail version-format "want on-disk format $format (crates/store); $(said)"
 expect version-short-exit-0 0 "$crest" -V
 [ "$(wc -l <"$tmp/out")" = 1 ] && grep -qx "crest $release (${commit})" "$tmp/out" && pass version-short ||
@@ -96,6 +97,21 @@ release, commit, protocol, format_ = sys.argv[2:]
 assert d["version"] == release and d["commit"] == commit, d
 assert int(protocol) in d["protocols"] and d["format"] == int(format_), d
 PY
+
+echo "== on-disk format: an older image opens, and upgrades on request"
+expect mkfs-old-format 0 "$crest" mkfs --size 64M --format-version "$oldest_format" "$tmp/old.img"
+expect fsck-old-format 0 "$crest" fsck "$tmp/old.img"
+expect upgrade 0 "$crest" upgrade "$tmp/old.img"
+grep -q "upgraded from on-disk format $oldest_format to $format" "$tmp/out" && pass upgrade-says ||
+  fail upgrade-says "$(said)"
+expect upgrade-again 0 "$crest" upgrade "$tmp/old.img"
+grep -q "already in on-disk format $format" "$tmp/out" && pass upgrade-idempotent || fail upgrade-idempotent "$(said)"
+expect fsck-upgraded 0 "$crest" fsck "$tmp/old.img"
+for off in 65576 1048616; do   # each superblock slot's version field (byte 40)
+  v=$(od -An -tu4 -j "$off" -N4 "$tmp/old.img" | tr -d ' ')
+  [ "$v" = "$format" ] && pass "upgraded-slot-$off" || fail "upgraded-slot-$off" "version $v"
+done
+expect mkfs-unknown-format 2 "$crest" mkfs --size 64M --format-version 9 "$tmp/new.img"
 
 echo "== logs: -v, -q, CREST_LOG, --log-file, colour"
 img=$tmp/img

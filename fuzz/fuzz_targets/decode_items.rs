@@ -21,7 +21,7 @@ use crest_store::fs::xattr;
 use crest_store::key::{name_hash, Key};
 use crest_store::limits::{MAX_EXTENT_BLOCKS, MAX_INLINE_BYTES, RESERVED_BLOCKS};
 use crest_store::node::BlockPtr;
-use crest_store::superblock::{Superblock, SUPERBLOCK_BYTES};
+use crest_store::superblock::{Superblock, MANIFEST_MAX_BLOCKS, SUPERBLOCK_BYTES};
 use crest_store::{FileKind, Inode, Timespec};
 use libfuzzer_sys::fuzz_target;
 
@@ -52,7 +52,15 @@ struct Input {
 #[derive(Arbitrary, Debug)]
 enum Template {
     None,
-    Superblock { fsid: [u8; 16], generation: u64, total: u64, used: u64, roots: [(u64, u64, u8); 2] },
+    Superblock {
+        fsid: [u8; 16],
+        generation: u64,
+        total: u64,
+        used: u64,
+        roots: [(u64, u64, u8); 2],
+        version3: bool,
+        manifest: Option<Vec<(u64, u32)>>,
+    },
     Inode { fields: [u64; 6], small: [u32; 5], times: [(i64, u32); 4], kind: u8 },
     Entries(Vec<(u64, u64, u8, Vec<u8>)>),
     Index { ino: u64, kind: u8, name: Vec<u8> },
@@ -83,7 +91,7 @@ impl Template {
     fn encode(self, input: &Input) -> Option<Vec<u8>> {
         Some(match self {
             Template::None => return None,
-            Template::Superblock { fsid, generation, total, used, roots } => {
+            Template::Superblock { fsid, generation, total, used, roots, version3, manifest } => {
                 let total = total % input.blocks.saturating_add(1);
                 let ptr = |(b, g, l): (u64, u64, u8)| BlockPtr {
                     block: b % total.max(1),
@@ -100,6 +108,11 @@ impl Template {
                     refcount_tree: ptr(roots[1]),
                     csum_type: crest_store::checksum::CSUM_CRC32C,
                     meta_copies: 1 + (generation % 2) as u8,
+                    version: if version3 { 3 } else { 2 },
+                    features: u32::from(version3),
+                    manifest: manifest.filter(|_| version3).map(|m| {
+                        m.into_iter().take(MANIFEST_MAX_BLOCKS).map(|(b, c)| (b % total.max(1), c)).collect()
+                    }),
                 }
                 .encode(usize::from(input.second_copy))
             }
@@ -195,6 +208,8 @@ fn superblock(input: &Input) {
     // compared byte for byte.
     assert_eq!(again[32..46], b[32..46], "superblock fields re-encode differently");
     assert_eq!(again[48..126], b[48..126], "superblock fields re-encode differently");
+    // Version 3's features and manifest (every field is in the first sector).
+    assert_eq!(again[126..512], b[126..512], "superblock fields re-encode differently");
 }
 
 fn inode(input: &Input) {

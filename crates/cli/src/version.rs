@@ -29,8 +29,10 @@ pub fn long() -> &'static str {
     LONG.get_or_init(|| {
         let protocols: Vec<String> = protocols().iter().map(u32::to_string).collect();
         format!(
-            "{RELEASE}\ncommit: {COMMIT}\nprotocol: {}\non-disk format: {}\nsend stream: {}",
+            "{RELEASE}\ncommit: {COMMIT}\nprotocol: {}\non-disk format: {} (opens {} to {})\nsend stream: {}",
             protocols.join(", "),
+            crest_store::superblock::FORMAT_VERSION,
+            crest_store::superblock::OLDEST_FORMAT_VERSION,
             crest_store::superblock::FORMAT_VERSION,
             crest_store::send::STREAM_VERSION,
         )
@@ -43,6 +45,7 @@ pub fn print(json: bool) {
         let v = serde_json::json!({
             "version": RELEASE, "commit": COMMIT, "protocols": protocols(),
             "format": crest_store::superblock::FORMAT_VERSION,
+            "formats_opened": [crest_store::superblock::OLDEST_FORMAT_VERSION, crest_store::superblock::FORMAT_VERSION],
             "send_stream": crest_store::send::STREAM_VERSION,
         });
         println!("{v}");
@@ -69,7 +72,12 @@ mod tests {
         for line in [
             format!("commit: {COMMIT}"),
             format!("protocol: {}", crest_proto::PROTOCOL_VERSION),
-            format!("on-disk format: {}", crest_store::superblock::FORMAT_VERSION),
+            format!(
+                "on-disk format: {} (opens {} to {})",
+                crest_store::superblock::FORMAT_VERSION,
+                crest_store::superblock::OLDEST_FORMAT_VERSION,
+                crest_store::superblock::FORMAT_VERSION
+            ),
         ] {
             assert!(long.lines().any(|l| l == line), "no {line:?} in {long:?}");
         }

@@ -4,13 +4,17 @@
 //!
 //! Commit protocol (docs/format.md has the byte-level version):
 //! 1. every dirty node is written to a block that was free in the last durable generation;
-//! 2. flush;
+//! 2. flush — unless the image is format 3 and the transaction wrote few data blocks:
+//!    then the superblock lists them (its manifest) and this flush is left out;
 //! 3. the superblock copy `(generation + 1) % 2` is written, pointing at the new roots;
 //! 4. flush. Only now does the commit count, and only now are blocks freed one
 //!    transaction earlier handed back to the allocator.
 //!
 //! A crash before step 4 completes leaves the previous generation (the other copy is
-//! untouched and every block it reaches is intact); after it, the new one.
+//! untouched and every block it reaches is intact); after it, the new one. Without step
+//! 2 the new superblock may land without some of what it reaches: `open` checks every
+//! block a one-flush commit wrote (`verify_one_flush_commit`) before trusting it, and
+//! takes the previous generation if any is missing.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -23,7 +27,9 @@ use crate::engine::checksum::CSUM_CRC32C;
 use crate::engine::key::Key;
 use crate::engine::node::{BlockPtr, Body};
 use crate::engine::pager::Pager;
-use crate::engine::superblock::{Superblock, SUPERBLOCK_BYTES};
+use crate::engine::superblock::{
+    Superblock, FEATURE_ONE_FLUSH, FORMAT_VERSION, OLDEST_FORMAT_VERSION, SUPERBLOCK_BYTES,
+};
 use crate::error::{Error, Result};
 use crate::fs::inode::{le_u64, FileKind, Inode, Timespec, ROOT_INO};
 use crate::fs::keys::kind;
@@ -180,6 +186,17 @@ pub struct Store {
 impl Store {
     /// Writes a fresh, empty file system onto `disk`.
     pub fn mkfs(disk: Box<dyn Disk>, opts: &MkfsOptions) -> Result<()> {
+        Store::mkfs_in_format(disk, opts, FORMAT_VERSION)
+    }
+
+    /// As `mkfs`, in on-disk format `version` (`OLDEST_FORMAT_VERSION` makes an image an
+    /// older crest can open; `upgrade_format` moves it on later).
+    pub fn mkfs_in_format(disk: Box<dyn Disk>, opts: &MkfsOptions, version: u32) -> Result<()> {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
+            return Err(Error::Invalid(format!(
+                "on-disk format version {version} (this crest writes {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})"
+            )));
+        }
         let size = disk.size_bytes();
         if size < MIN_IMAGE_BYTES {
             return Err(Error::BadImage(format!(
@@ -241,6 +258,9 @@ impl Store {
             refcount_tree: BlockPtr::default(),
             csum_type: CSUM_CRC32C,
             meta_copies: opts.meta_copies,
+            version,
+            features: if version >= 3 { FEATURE_ONE_FLUSH } else { 0 },
+            manifest: None,
         };
         let mut store = Store {
             pager,
@@ -302,7 +322,7 @@ impl Store {
         if size < MIN_IMAGE_BYTES {
             return Err(Error::BadImage(format!("{size} bytes is too small to be a crest image (truncated?)")));
         }
-        let (mut candidates, mut notes) = read_superblocks(&*disk, image_blocks);
+        let (mut candidates, mut notes) = read_superblocks(&*disk, image_blocks)?;
         if candidates.is_empty() {
             return Err(Error::BadImage(format!("no valid superblock: {}", notes.join("; "))));
         }
@@ -319,6 +339,12 @@ impl Store {
             match Store::load(d, sb.clone()) {
                 Ok(mut store) => {
                     notes.extend(std::mem::take(&mut store.open_notes));
+                    store.overwrite_cut_short(&candidates[..i], &mut notes)?;
+                    // The data blocks the manifests list stay put until the next commit
+                    // is durable: the check above (and of the fallback) reads them.
+                    for (block, _) in candidates[i..].iter().filter_map(|c| c.manifest.as_ref()).flatten() {
+                        store.pager.hold_until_next_commit(*block, 1);
+                    }
                     if let Some(older) = candidates[i + 1..].iter().find(|o| o.generation < sb.generation) {
                         if let Err(e) = store.hold_older_generation(older) {
                             notes.push(format!(
@@ -350,6 +376,31 @@ impl Store {
             Some(e) => Err(e),
             None => Err(Error::BadImage(notes.join("; "))),
         }
+    }
+
+    /// Writes the generation open chose over each newer superblock it passed over whose
+    /// one-flush commit did not fully land, and flushes. Left in place, such a copy would
+    /// name blocks the next commits reuse, under the generation number the next commit
+    /// takes again: a later crash that lost that commit's superblock could make the stale
+    /// one verify against the new commit's nodes.
+    fn overwrite_cut_short(&mut self, newer: &[Superblock], notes: &mut Vec<String>) -> Result<()> {
+        let own = Superblock::copy_for_generation(self.sb.generation);
+        let mut slots: Vec<usize> = newer
+            .iter()
+            .filter(|c| c.manifest.is_some() && c.generation > self.sb.generation)
+            .map(|c| Superblock::copy_for_generation(c.generation))
+            .filter(|&copy| copy != own)
+            .collect();
+        slots.dedup();
+        if slots.is_empty() || self.pager.check_writable().is_err() {
+            return Ok(());
+        }
+        let sb = self.sb.clone();
+        for copy in slots {
+            self.write_superblock(&sb, copy)?;
+            notes.push(format!("superblock copy {copy} (a commit cut short) now holds generation {}", sb.generation));
+        }
+        self.pager.flush()
     }
 
     /// Keeps every block the older superblock copy reaches allocated until the next commit
@@ -387,11 +438,14 @@ impl Store {
         let root_tree = Tree::on_disk(ROOT_TREE_ID, sb.root_tree);
         let refcount_tree = Tree::on_disk(REFCOUNT_TREE_ID, sb.refcount_tree);
         let loaded = (|| {
+            let mut notes = Vec::new();
+            for (at, e) in verify_one_flush_commit(&mut pager, &sb, true)? {
+                notes.push(format!("a node copy the last commit wrote did not land (block {at}: {e}); rewritten"));
+            }
             let (mut slots, catalog, dead) = load_datasets(&mut pager, &root_tree, &sb)?;
             let Some(default) = slots.remove(&DEFAULT_DATASET) else {
                 return Err(Error::corrupt("root tree", sb.root_tree.block, "no root item for dataset 5"));
             };
-            let mut notes = Vec::new();
             // Live trees first (their usage is counted, unless a USAGE item says it), then
             // the snapshots sharing them.
             let live = |d: &u64| catalog.by_id.get(d).is_some_and(|e| e.snap.is_none());
@@ -539,8 +593,32 @@ impl Store {
 
     /// Makes everything done so far durable (see the module doc for the protocol).
     pub fn commit(&mut self) -> Result<()> {
+        self.commit_now(false)
+    }
+
+    /// Moves an image of an older on-disk format to this crest's (version 2 to 3: commits
+    /// made with one flush where they can be); false if it was already there. Both
+    /// superblock copies are rewritten, so that an older crest refuses the image instead of
+    /// falling back to a copy of the old format.
+    pub fn upgrade_format(&mut self) -> Result<bool> {
+        if self.sb.version == FORMAT_VERSION {
+            return Ok(false);
+        }
+        self.sb.version = FORMAT_VERSION;
+        self.sb.features = FEATURE_ONE_FLUSH;
+        self.commit_now(true)?;
+        self.commit_now(true)?;
+        Ok(true)
+    }
+
+    /// The on-disk format version the image is in.
+    pub fn format_version(&self) -> u32 {
+        self.sb.version
+    }
+
+    fn commit_now(&mut self, even_if_clean: bool) -> Result<()> {
         self.pager.check_writable()?;
-        if !self.is_dirty() && self.pager.pending_free_blocks() == 0 && self.sb.generation > 0 {
+        if !even_if_clean && !self.is_dirty() && self.pager.pending_free_blocks() == 0 && self.sb.generation > 0 {
             return Ok(());
         }
         let generation = self.sb.generation + 1;
@@ -569,13 +647,19 @@ impl Store {
         }
         let refcount = self.refcount_tree.write(&mut self.pager, generation, &mut writes)?;
         let root = self.root_tree.write(&mut self.pager, generation, &mut writes)?;
+        // One flush where the image allows it and the data written fits the manifest: the
+        // superblock goes with the nodes, and `open` checks that all of them landed.
+        let manifest = if self.sb.features & FEATURE_ONE_FLUSH != 0 { self.pager.manifest() } else { None };
         self.pager.write_batch(writes)?;
-        self.pager.flush()?;
+        if manifest.is_none() {
+            self.pager.flush()?;
+        }
         let sb = Superblock {
             generation,
             used_blocks: self.pager.alloc.used_blocks() - self.pager.pending_free_blocks(),
             root_tree: root,
             refcount_tree: refcount,
+            manifest,
             ..self.sb.clone()
         };
         self.write_superblock(&sb, Superblock::copy_for_generation(generation))?;
@@ -661,8 +745,11 @@ pub(crate) fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock
 }
 
 /// Every superblock copy that verifies, from the two slots and their mirrors, and a note
-/// for each that does not (mirrors only when the image keeps them).
-pub(crate) fn read_superblocks(disk: &dyn Disk, image_blocks: u64) -> (Vec<Superblock>, Vec<String>) {
+/// for each that does not (mirrors only when the image keeps them). An intact copy of a
+/// format or feature this crest does not know refuses the whole image: falling back to an
+/// older copy would silently undo what a newer crest did.
+pub(crate) fn read_superblocks(disk: &dyn Disk, image_blocks: u64) -> Result<(Vec<Superblock>, Vec<String>)> {
+    let mut newer = None;
     let mut found = Vec::new();
     let mut notes = Vec::new();
     let mut mirror_notes = Vec::new();
@@ -671,20 +758,31 @@ pub(crate) fn read_superblocks(disk: &dyn Disk, image_blocks: u64) -> (Vec<Super
     for (copy, off, mirror) in places.chain(mirrors) {
         let what = if mirror { "mirror of superblock copy" } else { "superblock copy" };
         let mut buf = vec![0u8; SUPERBLOCK_BYTES];
-        let r = disk
-            .read_at(off, &mut buf)
-            .map_err(|e| format!("read failed: {e}"))
-            .and_then(|()| Superblock::decode(&buf, copy, image_blocks).map_err(|e| e.to_string()));
+        let r = match disk.read_at(off, &mut buf) {
+            Ok(()) => Superblock::decode(&buf, copy, image_blocks),
+            Err(e) => Err(Error::BadImage(format!("read failed: {e}"))),
+        };
+        let r = match r {
+            Err(Error::NotSupported(why)) => {
+                newer.get_or_insert(format!("{what} {copy}: {why}"));
+                continue;
+            }
+            Err(Error::BadImage(why)) => Err(why),
+            other => other.map_err(|e| e.to_string()),
+        };
         match r {
             Ok(sb) => found.push(sb),
             Err(e) if mirror => mirror_notes.push(format!("{what} {copy}: {e} (at byte {off})")),
             Err(e) => notes.push(format!("{what} {copy}: {e} (at byte {off})")),
         }
     }
+    if let Some(why) = newer {
+        return Err(Error::BadImage(format!("{why}; upgrade crest to open it")));
+    }
     if found.iter().any(|sb| sb.meta_copies == 2) {
         notes.extend(mirror_notes);
     }
-    (found, notes)
+    Ok((found, notes))
 }
 
 /// What `load_datasets` finds: every dataset's tree, the catalog, the deadlists.
@@ -807,6 +905,64 @@ fn rebuild_allocation(
         }
     }
     Ok(mapped)
+}
+
+/// Checks that a generation committed with one flush (a superblock with a manifest) fully
+/// reached the disk: every data block its manifest lists, and a good copy of every node its
+/// commit wrote (the nodes whose pointers carry its generation, reached from the roots
+/// through such nodes alone). Anything missing or torn means the power failed before that
+/// commit's flush returned: the generation is unusable and the one before is what the last
+/// completed commit left (`open` and fsck then both use it). A copy that did not land
+/// beside a good one is rewritten from it when `repair` (open), else returned (fsck notes
+/// them). A generation committed with two flushes has nothing to check here.
+pub(crate) fn verify_one_flush_commit(pager: &mut Pager, sb: &Superblock, repair: bool) -> Result<Vec<(u64, Error)>> {
+    let Some(listed) = &sb.manifest else { return Ok(Vec::new()) };
+    let mut buf = vec![0u8; crate::limits::BLOCK_SIZE];
+    for &(block, crc) in listed {
+        pager.read_blocks(block, &mut buf)?;
+        if crate::engine::checksum::crc32c(&buf) != crc {
+            return Err(Error::corrupt("data block", block, "written by the last commit, not on disk"));
+        }
+    }
+    let mut stack = vec![(sb.root_tree, ROOT_TREE_ID), (sb.refcount_tree, REFCOUNT_TREE_ID)];
+    let mut seen = std::collections::HashSet::new();
+    let mut bad_copies = Vec::new();
+    let mut rewrites = Vec::new();
+    while let Some((ptr, owner)) = stack.pop() {
+        if ptr.generation != sb.generation || !seen.insert((owner, ptr.block)) {
+            continue;
+        }
+        let mut good = None;
+        let mut bad = Vec::new();
+        for at in ptr.copies() {
+            match pager.read_copy(&ptr, at, owner) {
+                Ok(copy) => good = good.or(Some(copy)),
+                Err(e) => bad.push((at, e)),
+            }
+        }
+        let Some((node, bytes)) = good else {
+            return Err(bad.pop().map_or_else(|| Error::corrupt("node", ptr.block, "no copy"), |b| b.1));
+        };
+        rewrites.extend(bad.iter().map(|(at, _)| (*at, bytes.clone())));
+        bad_copies.extend(bad);
+        match node.body {
+            Body::Internal(children) => {
+                stack.extend(children.iter().filter_map(|(_, c)| Some((c.on_disk(ptr.level - 1)?, owner))));
+            }
+            Body::Leaf(items) if owner == ROOT_TREE_ID => {
+                for (k, v) in items.iter().filter(|(k, _)| k.kind == kind::ROOT_ITEM) {
+                    stack.push((decode_root_item(*k, v, sb.generation)?.0, k.objectid));
+                }
+            }
+            Body::Leaf(_) => {}
+        }
+    }
+    if repair {
+        for (at, bytes) in rewrites {
+            pager.rewrite_copy(at, &bytes);
+        }
+    }
+    Ok(bad_copies)
 }
 
 /// Visits every node of a tree (parents before children) with its pointer and level.

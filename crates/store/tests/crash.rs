@@ -246,7 +246,13 @@ fn check_point(r: &Recorded, point: &CrashPoint, tear: Option<(usize, usize)>) -
         i < point.durable
             || (point.survivors.contains(&i) && (torn_counts_as_written || tear.is_none_or(|(t, _)| t != i)))
     };
-    let expected = r.commits.iter().rev().find(|(sb, _)| sb.iter().any(|&w| applied(w))).map_or(&r.initial, |(_, d)| d);
+    let newest = r.commits.iter().rposition(|(sb, _)| sb.iter().any(|&w| applied(w)));
+    // A commit made with one flush (no flush between its writes and its superblock's)
+    // counts only if every write since the flush before it is on disk as written: else
+    // open must fall back to the commit before, which that flush made durable.
+    let newest =
+        newest.and_then(|i| if one_flush_commit_landed(r, &r.commits[i].0, &img) { Some(i) } else { i.checked_sub(1) });
+    let expected = newest.map_or(&r.initial, |i| &r.commits[i].1);
     let report = fsck_bytes(img.clone());
     if !report.is_clean() {
         return Err(format!("fsck: {:?}", report.problems));
@@ -265,6 +271,40 @@ fn check_point(r: &Recorded, point: &CrashPoint, tear: Option<(usize, usize)>) -
         return Err(format!("fsck after reopen: {:?}", report.problems));
     }
     Ok(())
+}
+
+/// Whether the commit whose superblock writes are `sb` is whole in `img`: a commit made
+/// with two flushes is (its other writes were durable before its superblock's); one made
+/// with one flush is when every write since the flush before it holds what was written.
+fn one_flush_commit_landed(r: &Recorded, sb: &[usize], img: &[u8]) -> bool {
+    let first_sb = sb.iter().copied().min().unwrap_or(0);
+    let Some(start) = r.events[..first_sb].iter().rposition(|e| matches!(e, Event::Flush)).map(|f| f + 1).or(Some(0))
+    else {
+        return true;
+    };
+    if start == first_sb {
+        return true;
+    }
+    let is_sb = |off: u64| SUPERBLOCK_OFFSETS.contains(&off) || SUPERBLOCK_MIRROR_OFFSETS.contains(&off);
+    let writes: Vec<(u64, &Vec<u8>)> = r.events[start..first_sb]
+        .iter()
+        .filter_map(|e| match e {
+            Event::Write { offset, data } if !is_sb(*offset) => Some((*offset, data)),
+            _ => None,
+        })
+        .collect();
+    let landed = |off: u64, data: &[u8]| img[off as usize..off as usize + data.len()] == data[..];
+    writes.iter().enumerate().all(|(i, (off, data))| {
+        let (s, e) = (*off as usize, *off as usize + data.len());
+        // (Only the last write to a place must be there.)
+        let overwritten = writes[i + 1..].iter().any(|(o, d)| (*o as usize) < e && s < *o as usize + d.len());
+        // A node's two copies are the same bytes, its header naming the first copy's block:
+        // one good copy is enough (open rewrites the other). Each data block must be there.
+        let copies: Vec<&(u64, &Vec<u8>)> = writes.iter().filter(|(_, d)| *d == *data).collect();
+        let node = data.len() >= 56
+            && copies.iter().any(|(o, _)| u64::from_le_bytes(data[48..56].try_into().unwrap_or_default()) * 4096 == *o);
+        overwritten || landed(*off, data) || (node && copies.iter().any(|(o, d)| landed(*o, d)))
+    })
 }
 
 fn crash_points(r: &Recorded, rng: &mut Stream, thorough: bool) -> Vec<(CrashPoint, Option<(usize, usize)>)> {

@@ -18,9 +18,11 @@ use std::sync::Arc;
 
 use crate::disk::Disk;
 use crate::engine::alloc::Allocator;
+use crate::engine::checksum::crc32c;
 use crate::engine::node::{BlockPtr, Body, ChildPtr, Node, NodeRef};
+use crate::engine::superblock::MANIFEST_MAX_BLOCKS;
 use crate::error::{Error, Result};
-use crate::limits::{BLOCK_SIZE_U64, NODE_CACHE_ENTRIES};
+use crate::limits::{BLOCK_SIZE, BLOCK_SIZE_U64, NODE_CACHE_ENTRIES};
 
 /// The node store under every tree of one image.
 pub struct Pager {
@@ -51,6 +53,10 @@ pub struct Pager {
     pub(crate) keep: HashMap<u64, u64>,
     /// (owner, block, birth) of the shared nodes the running transaction stopped using.
     pub(crate) kept: Vec<(u64, u64, u64)>,
+    /// The data blocks the running transaction wrote, with the CRC-32C of what each holds
+    /// now, while they fit a superblock's manifest (`None` once they do not, or after a
+    /// write the manifest cannot describe): what a one-flush commit lists.
+    tx_data: Option<std::collections::BTreeMap<u64, u32>>,
 }
 
 impl Pager {
@@ -74,6 +80,7 @@ impl Pager {
             bytes_written: 0,
             keep: HashMap::new(),
             kept: Vec::new(),
+            tx_data: Some(Default::default()),
         }
     }
 
@@ -154,16 +161,37 @@ impl Pager {
         match self.disk.write_at(offset, buf) {
             Ok(()) => {
                 self.bytes_written += buf.len() as u64;
+                self.note_data(block, buf);
                 Ok(())
             }
             Err(e) => self.poison("write", offset, e),
         }
     }
 
+    /// Adds a data write to the transaction's manifest while it fits.
+    fn note_data(&mut self, block: u64, buf: &[u8]) {
+        let Some(listed) = &mut self.tx_data else { return };
+        let n = buf.len() / BLOCK_SIZE;
+        if !buf.len().is_multiple_of(BLOCK_SIZE) || listed.len() + n > MANIFEST_MAX_BLOCKS {
+            self.tx_data = None;
+            return;
+        }
+        for (i, b) in buf.chunks(BLOCK_SIZE).enumerate() {
+            listed.insert(block + i as u64, crc32c(b));
+        }
+    }
+
+    /// The data blocks this transaction wrote and their checksums, if they fit a manifest.
+    pub(crate) fn manifest(&self) -> Option<Vec<(u64, u32)>> {
+        self.tx_data.as_ref().map(|m| m.iter().map(|(&b, &c)| (b, c)).collect())
+    }
+
     /// Makes `count` blocks from `block` read as zeros.
     pub fn write_zero_blocks(&mut self, block: u64, count: u64) -> Result<()> {
         self.check_writable()?;
         let offset = block * BLOCK_SIZE_U64;
+        // (Zeroed ranges can be long: such a transaction commits with two flushes.)
+        self.tx_data = None;
         match self.disk.write_zeroes(offset, count * BLOCK_SIZE_U64) {
             Ok(()) => Ok(()),
             Err(e) => self.poison("write", offset, e),
@@ -446,5 +474,6 @@ impl Pager {
             self.alloc.mark_free(start, len);
         }
         self.freed_prev_txn = std::mem::take(&mut self.freed_this_txn);
+        self.tx_data = Some(Default::default());
     }
 }

@@ -4,8 +4,15 @@
 //! An image with two metadata copies (`meta_copies = 2`, the default) also writes each
 //! copy to a mirror slot, so a damaged copy still has a twin of the same generation.
 //!
+//! Version 3 adds feature flags and the commit manifest: a generation committed with one
+//! flush (its nodes, data and superblock written together, then flushed) lists the data
+//! blocks it wrote, with their checksums, so `open` can tell whether all of it reached the
+//! disk before trusting it (docs/format.md §7.3).
+//!
 //! Invariants:
-//! - a superblock is written only after every node it points to is durable (flush first);
+//! - a superblock without a manifest is written only after every node it points to is
+//!   durable (flush first); one with a manifest names every data block its generation
+//!   wrote, and its nodes are those whose pointers carry its generation;
 //! - both copies share magic, version, fsid and size; they differ only in generation,
 //!   roots and counters;
 //! - a copy whose checksum, magic, version, own copy index or geometry is wrong is ignored
@@ -18,10 +25,26 @@ use crate::limits::{BLOCK_SIZE, SUPERBLOCK_OFFSETS};
 
 /// "CRESTFS1" — the magic number.
 pub const MAGIC: [u8; 8] = *b"CRESTFS1";
-/// Format version this code writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// Format version this code writes (`crest mkfs`, `Store::upgrade_format`).
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest format version this code reads (and keeps writing until upgraded).
+pub const OLDEST_FORMAT_VERSION: u32 = 2;
+/// Version-3 incompatible feature: commits may be made durable with one flush, their
+/// superblock carrying a manifest (a reader that does not check it could trust a
+/// generation that only partly reached the disk).
+pub const FEATURE_ONE_FLUSH: u32 = 1;
+/// Every incompatible feature this code understands.
+pub const KNOWN_FEATURES: u32 = FEATURE_ONE_FLUSH;
+/// The most data blocks a manifest lists: what fits in the superblock's first 512-byte
+/// sector, where all of its fields are, so that a write torn at a sector boundary leaves
+/// a copy whole or as it was, never half new (a commit that wrote more data flushes twice).
+pub const MANIFEST_MAX_BLOCKS: usize = (SECTOR_BYTES - OFF_MANIFEST) / MANIFEST_ENTRY_BYTES;
+const SECTOR_BYTES: usize = 512;
 /// Bytes of a superblock on disk (one block; the tail is zero).
 pub const SUPERBLOCK_BYTES: usize = BLOCK_SIZE;
+
+/// A one-flush commit's data blocks and their CRC-32C.
+pub type Manifest = Vec<(u64, u32)>;
 
 /// Decoded superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +65,15 @@ pub struct Superblock {
     pub csum_type: u8,
     /// Copies of every tree node and of each superblock copy: 1, or 2 (DUP).
     pub meta_copies: u8,
+    /// The format version this image is written in: `OLDEST_FORMAT_VERSION` until
+    /// upgraded, then `FORMAT_VERSION`.
+    pub version: u32,
+    /// Incompatible features (version 3; 0 in version 2).
+    pub features: u32,
+    /// Set when this generation was committed with one flush: each data block it wrote,
+    /// with the CRC-32C of its 4096 bytes (`open` checks them, and the nodes whose
+    /// pointers carry this generation, both copies, before trusting it).
+    pub manifest: Option<Manifest>,
 }
 
 // Byte layout (all little-endian): see docs/format.md.
@@ -60,7 +92,12 @@ const OFF_ROOT_TREE: usize = 92; // block u64, generation u64, level u8
 const OFF_REFCOUNT_TREE: usize = 109;
 const OFF_ROOT_TWIN: usize = 126; // block of the root tree root's second copy (0: none)
 const OFF_REFCOUNT_TWIN: usize = 134;
-const END: usize = 142;
+const END_V2: usize = 142;
+const OFF_FEATURES: usize = 142; // u32, incompatible features (version 3)
+const OFF_ONE_FLUSH: usize = 146; // u8: 1 = committed with one flush, a manifest follows
+const OFF_MANIFEST_LEN: usize = 148; // u16, entries
+const OFF_MANIFEST: usize = 150; // entries: block u64, crc32c u32
+const MANIFEST_ENTRY_BYTES: usize = 12;
 
 fn get_u64(b: &[u8], off: usize) -> u64 {
     let mut a = [0u8; 8];
@@ -99,7 +136,7 @@ impl Superblock {
     pub fn encode(&self, copy: usize) -> Vec<u8> {
         let mut b = vec![0u8; SUPERBLOCK_BYTES];
         b[OFF_MAGIC..OFF_MAGIC + 8].copy_from_slice(&MAGIC);
-        b[OFF_VERSION..OFF_VERSION + 4].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[OFF_VERSION..OFF_VERSION + 4].copy_from_slice(&self.version.to_le_bytes());
         b[OFF_COPY] = copy as u8;
         b[OFF_CSUM_TYPE] = self.csum_type;
         b[OFF_META_COPIES] = self.meta_copies;
@@ -112,7 +149,21 @@ impl Superblock {
         put_ptr(&mut b, OFF_REFCOUNT_TREE, &self.refcount_tree);
         b[OFF_ROOT_TWIN..OFF_ROOT_TWIN + 8].copy_from_slice(&self.root_tree.twin.to_le_bytes());
         b[OFF_REFCOUNT_TWIN..OFF_REFCOUNT_TWIN + 8].copy_from_slice(&self.refcount_tree.twin.to_le_bytes());
-        const { assert!(END <= SUPERBLOCK_BYTES) };
+        if self.version >= 3 {
+            b[OFF_FEATURES..OFF_FEATURES + 4].copy_from_slice(&self.features.to_le_bytes());
+            if let Some(list) = &self.manifest {
+                b[OFF_ONE_FLUSH] = 1;
+                // (The committer keeps a manifest within MANIFEST_MAX_BLOCKS.)
+                let list = &list[..list.len().min(MANIFEST_MAX_BLOCKS)];
+                b[OFF_MANIFEST_LEN..OFF_MANIFEST_LEN + 2].copy_from_slice(&(list.len() as u16).to_le_bytes());
+                for (i, (block, crc)) in list.iter().enumerate() {
+                    let at = OFF_MANIFEST + i * MANIFEST_ENTRY_BYTES;
+                    b[at..at + 8].copy_from_slice(&block.to_le_bytes());
+                    b[at + 8..at + 12].copy_from_slice(&crc.to_le_bytes());
+                }
+            }
+        }
+        const { assert!(OFF_MANIFEST + MANIFEST_MAX_BLOCKS * MANIFEST_ENTRY_BYTES <= SECTOR_BYTES) };
         let csum = crc32c(&b[32..]);
         b[OFF_CSUM..OFF_CSUM + 4].copy_from_slice(&csum.to_le_bytes());
         b
@@ -129,16 +180,28 @@ impl Superblock {
         if b[OFF_MAGIC..OFF_MAGIC + 8] != MAGIC {
             return Err(bad(format!("bad magic {:02x?} (not a crest image?)", &b[OFF_MAGIC..OFF_MAGIC + 8])));
         }
-        let version = get_u32(b, OFF_VERSION);
-        if version != FORMAT_VERSION {
-            return Err(bad(format!("format version {version}, this crest reads version {FORMAT_VERSION}")));
-        }
         let stored = get_u32(b, OFF_CSUM);
         let computed = crc32c(&b[32..]);
         if stored != computed {
             return Err(bad(format!("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")));
         }
-        if b[OFF_CSUM + 4..OFF_CSUM + 32].iter().chain(&b[47..48]).chain(&b[END..]).any(|&x| x != 0) {
+        // (After the checksum: a torn copy is damage, a valid one of a newer format is an
+        // image this crest must not open at all — `Error::NotSupported`.)
+        let version = get_u32(b, OFF_VERSION);
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
+            return Err(Error::NotSupported(format!(
+                "the image is in on-disk format version {version}; this crest reads versions \
+                 {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION} (a newer crest made or upgraded it)"
+            )));
+        }
+        let unknown = if version >= 3 { get_u32(b, OFF_FEATURES) & !KNOWN_FEATURES } else { 0 };
+        if unknown != 0 {
+            return Err(Error::NotSupported(format!(
+                "the image uses on-disk features {unknown:#x} this crest does not know (a newer crest made it)"
+            )));
+        }
+        let (features, manifest, end) = if version >= 3 { decode_v3(b).map_err(bad)? } else { (0, None, END_V2) };
+        if b[OFF_CSUM + 4..OFF_CSUM + 32].iter().chain(&b[47..48]).chain(&b[end..]).any(|&x| x != 0) {
             return Err(bad("non-zero reserved bytes".into()));
         }
         if usize::from(b[OFF_COPY]) != copy {
@@ -180,8 +243,14 @@ impl Superblock {
             refcount_tree: get_ptr(b, OFF_REFCOUNT_TREE, OFF_REFCOUNT_TWIN),
             csum_type,
             meta_copies,
+            version,
+            features,
+            manifest,
         };
         let usable = |b: u64| (crate::limits::RESERVED_BLOCKS..total_blocks).contains(&b);
+        if let Some(bad_block) = sb.manifest.iter().flatten().map(|e| e.0).find(|&b| !usable(b)) {
+            return Err(bad(format!("manifest names block {bad_block}, outside the image's data blocks")));
+        }
         for (name, p) in [("root tree", &sb.root_tree), ("refcount tree", &sb.refcount_tree)] {
             if !usable(p.block) || p.generation > sb.generation {
                 return Err(bad(format!(
@@ -195,6 +264,30 @@ impl Superblock {
             }
         }
         Ok(sb)
+    }
+}
+
+/// A version-3 superblock's features and manifest, and where its used bytes end.
+fn decode_v3(b: &[u8]) -> std::result::Result<(u32, Option<Manifest>, usize), String> {
+    let features = get_u32(b, OFF_FEATURES);
+    let one_flush = b[OFF_ONE_FLUSH];
+    if b[OFF_ONE_FLUSH + 1] != 0 {
+        return Err("non-zero reserved bytes".into());
+    }
+    let len = usize::from(u16::from_le_bytes([b[OFF_MANIFEST_LEN], b[OFF_MANIFEST_LEN + 1]]));
+    match one_flush {
+        0 if len == 0 => Ok((features, None, OFF_ONE_FLUSH)),
+        1 if features & FEATURE_ONE_FLUSH == 0 => Err("a manifest without the one-flush feature".into()),
+        1 if len <= MANIFEST_MAX_BLOCKS => {
+            let list = (0..len)
+                .map(|i| {
+                    let at = OFF_MANIFEST + i * MANIFEST_ENTRY_BYTES;
+                    (get_u64(b, at), get_u32(b, at + 8))
+                })
+                .collect();
+            Ok((features, Some(list), OFF_MANIFEST + len * MANIFEST_ENTRY_BYTES))
+        }
+        _ => Err(format!("manifest flag {one_flush} with {len} entries")),
     }
 }
 
@@ -212,7 +305,68 @@ mod tests {
             refcount_tree: BlockPtr { block: 301, twin: 5001, generation: 42, level: 1 },
             csum_type: CSUM_CRC32C,
             meta_copies: 2,
+            version: FORMAT_VERSION,
+            features: FEATURE_ONE_FLUSH,
+            manifest: Some(vec![(400, 0xdead_beef), (9_999, 7)]),
         }
+    }
+
+    #[test]
+    fn versions_two_and_three_round_trip_with_and_without_a_manifest() {
+        let v2 = Superblock { version: 2, features: 0, manifest: None, ..sample() };
+        let v3_two_flushes = Superblock { manifest: None, ..sample() };
+        let full = (0..MANIFEST_MAX_BLOCKS as u64).map(|i| (300 + i, i as u32 * 31)).collect();
+        let v3_full = Superblock { manifest: Some(full), ..sample() };
+        let v3_empty = Superblock { manifest: Some(Vec::new()), ..sample() };
+        for sb in [v2, v3_two_flushes, v3_full, v3_empty, sample()] {
+            for copy in 0..2 {
+                assert_eq!(Superblock::decode(&sb.encode(copy), copy, 10_000).ok(), Some(sb.clone()));
+            }
+        }
+    }
+
+    /// Re-seals `b` after an edit (a valid checksum over wrong contents).
+    fn reseal(b: &mut [u8]) {
+        let csum = crc32c(&b[32..]);
+        b[OFF_CSUM..OFF_CSUM + 4].copy_from_slice(&csum.to_le_bytes());
+    }
+
+    #[test]
+    fn a_newer_format_or_unknown_feature_is_not_supported_and_bad_manifests_are_damage() {
+        let mut b = sample().encode(0);
+        b[OFF_VERSION..OFF_VERSION + 4].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+        reseal(&mut b);
+        assert!(matches!(Superblock::decode(&b, 0, 10_000), Err(Error::NotSupported(m)) if m.contains("version 4")));
+        let mut b = sample().encode(0);
+        b[OFF_FEATURES] |= 0x80;
+        reseal(&mut b);
+        assert!(matches!(Superblock::decode(&b, 0, 10_000), Err(Error::NotSupported(m)) if m.contains("0x80")));
+        // Damage, not a newer format: the copy is passed over.
+        let edits: [(usize, u8); 5] = [
+            (OFF_MANIFEST_LEN, 0xff),                     // more entries than fit
+            (OFF_ONE_FLUSH, 2),                           // an unknown flag value
+            (OFF_ONE_FLUSH + 1, 1),                       // reserved
+            (OFF_MANIFEST + 2 * MANIFEST_ENTRY_BYTES, 1), // past the last entry
+            (OFF_MANIFEST + MANIFEST_ENTRY_BYTES + 7, 1), // a block past the image
+        ];
+        for (at, v) in edits {
+            let mut b = sample().encode(0);
+            b[at] = v;
+            reseal(&mut b);
+            assert!(
+                matches!(Superblock::decode(&b, 0, 10_000), Err(Error::Corrupt { .. })),
+                "byte {at} = {v} accepted"
+            );
+        }
+        let mut no_feature = sample().encode(0);
+        no_feature[OFF_FEATURES] = 0;
+        reseal(&mut no_feature);
+        assert!(matches!(Superblock::decode(&no_feature, 0, 10_000), Err(Error::Corrupt { .. })));
+        // Version 2 keeps every byte past its fields zero.
+        let mut v2 = Superblock { version: 2, features: 0, manifest: None, ..sample() }.encode(0);
+        v2[OFF_FEATURES] = 1;
+        reseal(&mut v2);
+        assert!(matches!(Superblock::decode(&v2, 0, 10_000), Err(Error::Corrupt { .. })));
     }
 
     #[test]
