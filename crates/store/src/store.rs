@@ -362,6 +362,7 @@ impl Store {
                     for n in &store.open_notes {
                         tracing::warn!("{n}");
                     }
+                    give_back_freed_memory();
                     return Ok(store);
                 }
                 Err((e, d)) => {
@@ -414,12 +415,15 @@ impl Store {
         let (slots, _, _) = load_datasets(&mut self.pager, &root, older)?;
         let mut held = Vec::new();
         let mut seen: HashMap<u64, std::collections::HashSet<u64>> = HashMap::new();
-        for tree in [root, refcount].into_iter().chain(slots.values().map(|s| s.fs)) {
+        self.pager.set_caching(false);
+        let walked = [root, refcount].into_iter().chain(slots.values().map(|s| s.fs)).try_for_each(|tree| {
             walk_unseen(&mut self.pager, &tree, seen.entry(tree.owner).or_default(), Leaves::None, &mut |ptr, _| {
                 held.extend(ptr.copies().map(|b| (b, 1)));
                 Ok(())
-            })?;
-        }
+            })
+        });
+        self.pager.set_caching(true);
+        walked?;
         refcount.range(&mut self.pager, &Key::MIN, &Key::MAX, &mut |k, _| {
             held.push((k.objectid, k.offset));
             Ok(true)
@@ -465,7 +469,10 @@ impl Store {
                     }
                 }
             }
-            let usage = rebuild_allocation(&mut pager, sb.generation, &trees, &known, &refcount_tree, &mut notes)?;
+            pager.set_caching(false);
+            let usage = rebuild_allocation(&mut pager, sb.generation, &trees, &known, &refcount_tree, &mut notes);
+            pager.set_caching(true);
+            let usage = usage?;
             if pager.alloc.used_blocks() != sb.used_blocks {
                 notes.push(format!(
                     "superblock says {} blocks used, the trees reach {} (run crest fsck)",
@@ -742,6 +749,19 @@ pub(crate) fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock
         return Err(Error::corrupt("root tree", sb.root_tree.block, "a deadlist of no dataset"));
     }
     Ok((slots, catalog, dead))
+}
+
+/// Returns to the system the heap memory freed at the end of an open: rebuilding the
+/// free-space bitmaps of a big image holds a set of every internal node it walked, and
+/// glibc would otherwise keep those pages for the life of the server (~10 bytes an inode).
+fn give_back_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only hands free heap pages back to the kernel; it has no
+    // preconditions and touches no memory in use.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Every superblock copy that verifies, from the two slots and their mirrors, and a note

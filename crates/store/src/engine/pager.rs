@@ -57,6 +57,9 @@ pub struct Pager {
     /// now, while they fit a superblock's manifest (`None` once they do not, or after a
     /// write the manifest cannot describe): what a one-flush commit lists.
     tx_data: Option<std::collections::BTreeMap<u64, u32>>,
+    /// Whether nodes read are kept in `cache` (not during open's walk of every internal
+    /// node: the cache would keep the whole upper tree of a big image, most of it unused).
+    caching: bool,
 }
 
 impl Pager {
@@ -81,7 +84,13 @@ impl Pager {
             keep: HashMap::new(),
             kept: Vec::new(),
             tx_data: Some(Default::default()),
+            caching: true,
         }
+    }
+
+    /// Whether nodes read from now on are cached (see `caching`).
+    pub(crate) fn set_caching(&mut self, on: bool) {
+        self.caching = on;
     }
 
     /// The file system id every node carries.
@@ -280,7 +289,9 @@ impl Pager {
             },
         };
         let node = Arc::new(node);
-        self.cache_insert(ptr.block, ptr.generation, node.clone());
+        if self.caching {
+            self.cache_insert(ptr.block, ptr.generation, node.clone());
+        }
         Ok(node)
     }
 
