@@ -90,6 +90,10 @@ impl Reply {
     }
 }
 
+/// A burst stops taking queued calls once this much is encoded: it is sent, and the rest
+/// follows in the next burst (the core reuses buffers up to about this size).
+const BURST_BYTES: usize = 8 << 20;
+
 /// Writeback submissions held on the client before they go to the connection task: up
 /// to this many, or this many bytes, or `HELD_FOR`, whichever comes first.
 const HELD_MAX_CALLS: usize = 64;
@@ -572,6 +576,7 @@ impl Driver {
                 self.core.connection_lost(&e.to_string());
                 return false;
             }
+            self.core.recycle(out);
         }
     }
 
@@ -631,7 +636,12 @@ impl Driver {
         wr: &mut W,
     ) -> bool {
         let mut next = Some(first);
-        while let Some(o) = next.take().or_else(|| calls.try_recv().ok()) {
+        // (What is queued past BURST_BYTES waits for the next burst: the buffer the core
+        // encodes into stays a size it can keep and reuse.)
+        let more = |core: &Connection<_>, calls: &mut mpsc::UnboundedReceiver<Outbound>| {
+            (core.queued_bytes() < BURST_BYTES).then(|| calls.try_recv().ok()).flatten()
+        };
+        while let Some(o) = next.take().or_else(|| more(&self.core, calls)) {
             match o {
                 Outbound::Call(c) => self.core.submit(c, Instant::now()),
                 Outbound::RecallDone(id) => self.core.recall_done(id),

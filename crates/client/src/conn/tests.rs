@@ -1119,3 +1119,40 @@ fn a_recall_in_parts_drops_every_part_and_is_answered_once_after_the_last() {
     let answers: Vec<ClientMessage> = h.sent();
     assert_eq!(answers, vec![ClientMessage::RecallDone { recall_id: 9 }], "answered once");
 }
+
+#[test]
+fn a_written_buffer_is_reused_for_the_next_frames_and_given_back_when_idle() {
+    // Sizes vary (seeded, printed): the next frames land in a buffer already that big,
+    // not in memory grown (and faulted in) afresh for each request.
+    let seed = 0xB0F5u64 ^ std::env::var("CREST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    println!("seed {seed}");
+    let mut rng = crest_rng::Stream::from_seed_u64(seed);
+    let mut h = Harness::new();
+    h.connect(welcome(false, None, false));
+    let mut id = 1;
+    let mut write = |h: &mut Harness, len: usize| {
+        id += 1;
+        h.call(id, vec![p::Op::Write { ino: 40, offset: 0, data: vec![7; len] }]);
+    };
+    let big = 256 * 1024 + rng.below(768 * 1024) as usize;
+    write(&mut h, big);
+    let first = h.c.poll_transmit();
+    assert!(first.len() > big);
+    let (cap, at) = (first.capacity(), first.as_ptr() as usize);
+    h.c.recycle(first);
+    // A smaller frame, then one as big: each goes into the buffer given back.
+    for len in [1 + rng.below(4096) as usize, big] {
+        write(&mut h, len);
+        let out = h.c.poll_transmit();
+        assert_eq!((out.as_ptr() as usize, out.capacity()), (at, cap), "frame of {len} bytes in a new buffer");
+        h.c.recycle(out);
+    }
+    // Idle for a heartbeat: the buffer goes, and the heartbeat is small.
+    let t = h.at(HEARTBEAT.as_millis() as u64 * 2);
+    h.c.handle_timeout(t);
+    let beat = h.c.poll_transmit();
+    assert!(!beat.is_empty() && beat.capacity() < cap, "the idle connection kept {} bytes", beat.capacity());
+    h.c.recycle(beat);
+    write(&mut h, 10);
+    assert!(h.c.poll_transmit().capacity() < cap, "kept after the idle heartbeat");
+}
