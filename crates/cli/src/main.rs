@@ -377,6 +377,7 @@ fn serve(
     options: crest_serve::Options,
     reread: &dyn Fn() -> Result<Reloaded, String>,
 ) -> Result<()> {
+    crest_store::memory::keep_freed_buffers();
     let disk = open_disk(image, disk_io)?;
     let mut store =
         Store::open_keeping_orphans(disk).with_context(|| format!("opening the file system on {}", image.display()))?;

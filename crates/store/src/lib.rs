@@ -29,6 +29,7 @@ pub mod disk;
 pub mod error;
 pub mod fs;
 pub mod limits;
+pub mod memory;
 pub mod receive;
 pub mod scrub;
 pub mod send;

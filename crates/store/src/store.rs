@@ -362,7 +362,7 @@ impl Store {
                     for n in &store.open_notes {
                         tracing::warn!("{n}");
                     }
-                    give_back_freed_memory();
+                    crate::memory::give_back_freed();
                     return Ok(store);
                 }
                 Err((e, d)) => {
@@ -749,19 +749,6 @@ pub(crate) fn load_datasets(pager: &mut Pager, root_tree: &Tree, sb: &Superblock
         return Err(Error::corrupt("root tree", sb.root_tree.block, "a deadlist of no dataset"));
     }
     Ok((slots, catalog, dead))
-}
-
-/// Returns to the system the heap memory freed at the end of an open: rebuilding the
-/// free-space bitmaps of a big image holds a set of every internal node it walked, and
-/// glibc would otherwise keep those pages for the life of the server (~10 bytes an inode).
-fn give_back_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only hands free heap pages back to the kernel; it has no
-    // preconditions and touches no memory in use.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// Every superblock copy that verifies, from the two slots and their mirrors, and a note
