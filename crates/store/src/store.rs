@@ -334,12 +334,22 @@ impl Store {
         candidates.dedup();
         let mut disk = Some(disk);
         let mut last_err = None;
+        // One-flush generations passed over for damage (not for an I/O error, which may
+        // pass): commits cut short.
+        let mut cut_short = Vec::new();
         for (i, sb) in candidates.iter().enumerate() {
             let Some(d) = disk.take() else { break };
             match Store::load(d, sb.clone()) {
                 Ok(mut store) => {
                     notes.extend(std::mem::take(&mut store.open_notes));
-                    store.overwrite_cut_short(&candidates[..i], &mut notes)?;
+                    // The first commit after an open flushes twice. A commit cut short
+                    // may have left nodes that carry the generation number this one takes,
+                    // in the very blocks it allocates (it starts from the same free space):
+                    // one of its own nodes lost under its superblock would then be taken
+                    // for the old one. Made durable before its superblock is written, it
+                    // cannot be, and every later number is new.
+                    store.pager.flush_twice_next();
+                    store.overwrite_cut_short(&cut_short, &mut notes)?;
                     // The data blocks the manifests list stay put until the next commit
                     // is durable: the check above (and of the fallback) reads them.
                     for (block, _) in candidates[i..].iter().filter_map(|c| c.manifest.as_ref()).flatten() {
@@ -367,6 +377,9 @@ impl Store {
                 }
                 Err((e, d)) => {
                     notes.push(format!("generation {} unusable: {e}", sb.generation));
+                    if e.is_corruption() && sb.manifest.is_some() {
+                        cut_short.push(sb.clone());
+                    }
                     disk = Some(d);
                     last_err = Some(e);
                 }
@@ -384,14 +397,14 @@ impl Store {
     /// name blocks the next commits reuse, under the generation number the next commit
     /// takes again: a later crash that lost that commit's superblock could make the stale
     /// one verify against the new commit's nodes.
-    fn overwrite_cut_short(&mut self, newer: &[Superblock], notes: &mut Vec<String>) -> Result<()> {
-        let own = Superblock::copy_for_generation(self.sb.generation);
-        let mut slots: Vec<usize> = newer
+    fn overwrite_cut_short(&mut self, cut_short: &[Superblock], notes: &mut Vec<String>) -> Result<()> {
+        // (Its own slot too: the generation chosen may have come from the slot's mirror.)
+        let mut slots: Vec<usize> = cut_short
             .iter()
-            .filter(|c| c.manifest.is_some() && c.generation > self.sb.generation)
+            .filter(|c| c.generation > self.sb.generation)
             .map(|c| Superblock::copy_for_generation(c.generation))
-            .filter(|&copy| copy != own)
             .collect();
+        slots.sort_unstable();
         slots.dedup();
         if slots.is_empty() || self.pager.check_writable().is_err() {
             return Ok(());

@@ -190,11 +190,15 @@ impl Pager {
         }
     }
 
+    /// Makes the running transaction commit with two flushes (see `Store::open`).
+    pub(crate) fn flush_twice_next(&mut self) {
+        self.tx_data = None;
+    }
+
     /// The data blocks this transaction wrote and their checksums, if they fit a manifest.
     pub(crate) fn manifest(&self) -> Option<Vec<(u64, u32)>> {
         self.tx_data.as_ref().map(|m| m.iter().map(|(&b, &c)| (b, c)).collect())
     }
-
     /// Makes `count` blocks from `block` read as zeros.
     pub fn write_zero_blocks(&mut self, block: u64, count: u64) -> Result<()> {
         self.check_writable()?;
