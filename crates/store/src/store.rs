@@ -297,12 +297,20 @@ impl Store {
 
     /// Writes copy `copy` of `sb` to its slot and, with two metadata copies, its mirror.
     pub(crate) fn write_superblock(&mut self, sb: &Superblock, copy: usize) -> Result<()> {
+        let writes = self.superblock_writes(sb, copy);
+        let refs: Vec<(u64, &[u8])> = writes.iter().map(|(o, b)| (*o, b.as_slice())).collect();
+        self.pager.write_raw(&refs)
+    }
+
+    /// Copy `copy` of `sb`: (byte offset, bytes) for its slot and, with two metadata
+    /// copies, its mirror.
+    fn superblock_writes(&self, sb: &Superblock, copy: usize) -> Vec<(u64, Vec<u8>)> {
         let bytes = sb.encode(copy);
-        let mut writes = vec![(SUPERBLOCK_OFFSETS[copy], &bytes[..])];
+        let mut writes = vec![(SUPERBLOCK_OFFSETS[copy], bytes.clone())];
         if sb.meta_copies == 2 {
-            writes.push((SUPERBLOCK_MIRROR_OFFSETS[copy], &bytes[..]));
+            writes.push((SUPERBLOCK_MIRROR_OFFSETS[copy], bytes));
         }
-        self.pager.write_raw(&writes)
+        writes
     }
 
     /// Opens an image: newest valid superblock wins; falls back to the other copy when
@@ -682,8 +690,18 @@ impl Store {
             manifest,
             ..self.sb.clone()
         };
-        self.write_superblock(&sb, Superblock::copy_for_generation(generation))?;
-        self.pager.flush()?;
+        let copy = Superblock::copy_for_generation(generation);
+        self.write_superblock(&sb, copy)?;
+        if let Err(e) = self.pager.flush() {
+            if sb.manifest.is_some() {
+                // The one flush failed (a block written back in error, say), yet the new
+                // superblock may reach the disk, and until a reboot the page cache serves
+                // what failed as if it were there: the last good generation goes back in
+                // its place (best effort: the store is poisoned either way).
+                self.pager.restore_raw(&self.superblock_writes(&self.sb.clone(), copy));
+            }
+            return Err(e);
+        }
         self.sb = sb;
         self.committed_meta = self.meta;
         for slot in self.parked.values_mut() {

@@ -9,7 +9,7 @@ use crest_rng::Stream;
 use crest_store::crash::{image_at, CrashPoint, Event, RecordingDisk};
 use crest_store::limits::{SUPERBLOCK_MIRROR_OFFSETS, SUPERBLOCK_OFFSETS};
 use crest_store::superblock::{FORMAT_VERSION, MANIFEST_MAX_BLOCKS, OLDEST_FORMAT_VERSION};
-use crest_store::{FileKind, MemDisk, MkfsOptions, Store, ROOT_INO};
+use crest_store::{Disk, FileKind, MemDisk, MkfsOptions, Store, ROOT_INO};
 
 /// Flushes the disk saw while `f` ran.
 fn flushes_during(rec: &RecordingDisk, f: impl FnOnce()) -> usize {
@@ -208,4 +208,50 @@ fn nodes_of_a_commit_whose_superblock_never_landed_are_not_taken_for_the_next_on
         let report = fsck_bytes(disk2.snapshot());
         assert!(report.is_clean(), "after reopening: {:?}", report.problems);
     }
+}
+
+/// A disk whose next flush fails once `fail` is set (every write lands, as in a page cache
+/// that keeps serving what failed to go back to the device).
+#[derive(Clone)]
+struct FlushFails {
+    inner: MemDisk,
+    fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Disk for FlushFails {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.fail.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected: a block's write-back failed"));
+        }
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+#[test]
+fn a_one_flush_commit_whose_flush_fails_puts_the_last_good_superblock_back() {
+    let disk = image(FORMAT_VERSION);
+    let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut store = Store::open(Box::new(FlushFails { inner: disk.clone(), fail: fail.clone() })).expect("open");
+    store.create(ROOT_INO, b"a", FileKind::Directory, 0o755, 0, 0, 0, t(2)).expect("mkdir a");
+    store.commit().expect("first commit after open (two flushes)");
+    let good = store.generation();
+    let ino = store.create(ROOT_INO, b"b", FileKind::Regular, 0o644, 0, 0, 0, t(3)).expect("create b").ino;
+    store.write(ino, 0, &[5; 4096], t(3)).expect("write b");
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(store.commit().is_err(), "the commit's one flush failed");
+    drop(store);
+    // Every write of the failed commit is in the image (the page cache, until a reboot,
+    // serves it so), yet it must not open as committed.
+    let mut again = Store::open(Box::new(MemDisk::from_bytes(disk.snapshot()))).expect("reopen");
+    assert_eq!(again.generation(), good, "the failed commit's superblock was left in place");
+    assert!(again.lookup(ROOT_INO, b"b").is_err() && again.lookup(ROOT_INO, b"a").is_ok());
 }

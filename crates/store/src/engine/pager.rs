@@ -242,6 +242,16 @@ impl Pager {
         }
     }
 
+    /// Writes `writes` (byte offset, bytes) and flushes, even in a poisoned store, ignoring
+    /// failures: to put back what a failed commit may have left (`Store::commit`).
+    pub(crate) fn restore_raw(&mut self, writes: &[(u64, Vec<u8>)]) {
+        let refs: Vec<(u64, &[u8])> = writes.iter().map(|(o, b)| (*o, b.as_slice())).collect();
+        let restored = self.disk.write_batch(&refs).and_then(|()| self.disk.flush());
+        if let Err(e) = restored {
+            tracing::warn!("putting the last good superblock back after a failed commit: {e}");
+        }
+    }
+
     /// Makes every earlier write durable.
     pub fn flush(&mut self) -> Result<()> {
         self.check_writable()?;
