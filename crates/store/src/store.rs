@@ -464,7 +464,7 @@ impl Store {
         let refcount_tree = Tree::on_disk(REFCOUNT_TREE_ID, sb.refcount_tree);
         let loaded = (|| {
             let mut notes = Vec::new();
-            for (at, e) in verify_one_flush_commit(&mut pager, &sb, true)? {
+            for (at, e) in verify_one_flush_commit(&mut pager, &sb)? {
                 notes.push(format!("a node copy the last commit wrote did not land (block {at}: {e}); rewritten"));
             }
             let (mut slots, catalog, dead) = load_datasets(&mut pager, &root_tree, &sb)?;
@@ -797,16 +797,14 @@ pub(crate) fn read_superblocks(disk: &dyn Disk, image_blocks: u64) -> Result<(Ve
         let what = if mirror { "mirror of superblock copy" } else { "superblock copy" };
         let mut buf = vec![0u8; SUPERBLOCK_BYTES];
         let r = match disk.read_at(off, &mut buf) {
-            Ok(()) => Superblock::decode(&buf, copy, image_blocks),
-            Err(e) => Err(Error::BadImage(format!("read failed: {e}"))),
-        };
-        let r = match r {
-            Err(Error::NotSupported(why)) => {
-                newer.get_or_insert(format!("{what} {copy}: {why}"));
-                continue;
-            }
-            Err(Error::BadImage(why)) => Err(why),
-            other => other.map_err(|e| e.to_string()),
+            Err(e) => Err(format!("read failed: {e}")),
+            Ok(()) => match Superblock::decode(&buf, copy, image_blocks) {
+                Err(Error::NotSupported(why)) => {
+                    newer.get_or_insert(format!("{what} {copy}: {why}"));
+                    continue;
+                }
+                other => other.map_err(|e| e.to_string()),
+            },
         };
         match r {
             Ok(sb) => found.push(sb),
@@ -951,9 +949,9 @@ fn rebuild_allocation(
 /// through such nodes alone). Anything missing or torn means the power failed before that
 /// commit's flush returned: the generation is unusable and the one before is what the last
 /// completed commit left (`open` and fsck then both use it). A copy that did not land
-/// beside a good one is rewritten from it when `repair` (open), else returned (fsck notes
-/// them). A generation committed with two flushes has nothing to check here.
-pub(crate) fn verify_one_flush_commit(pager: &mut Pager, sb: &Superblock, repair: bool) -> Result<Vec<(u64, Error)>> {
+/// beside a good one is rewritten from it where the pager repairs (open, not fsck), and
+/// returned. A generation committed with two flushes has nothing to check here.
+pub(crate) fn verify_one_flush_commit(pager: &mut Pager, sb: &Superblock) -> Result<Vec<(u64, Error)>> {
     let Some(listed) = &sb.manifest else { return Ok(Vec::new()) };
     let mut buf = vec![0u8; crate::limits::BLOCK_SIZE];
     for &(block, crc) in listed {
@@ -995,10 +993,8 @@ pub(crate) fn verify_one_flush_commit(pager: &mut Pager, sb: &Superblock, repair
             Body::Leaf(_) => {}
         }
     }
-    if repair {
-        for (at, bytes) in rewrites {
-            pager.rewrite_copy(at, &bytes);
-        }
+    for (at, bytes) in rewrites {
+        pager.rewrite_copy(at, &bytes);
     }
     Ok(bad_copies)
 }

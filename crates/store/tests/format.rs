@@ -99,20 +99,41 @@ fn mkfs_refuses_a_format_it_cannot_write() {
     }
 }
 
+/// The events after the last flush but one, up to the last: what a power cut
+/// during the last commit's final flush may have lost.
+fn last_window(events: &[Event]) -> std::ops::Range<usize> {
+    let last = events.iter().rposition(|e| matches!(e, Event::Flush)).expect("the commit's flush");
+    let durable = events[..last].iter().rposition(|e| matches!(e, Event::Flush)).map_or(0, |f| f + 1);
+    durable..last
+}
+
 /// The image a crash leaves if, of what the last commit in `rec` wrote after its last
 /// flush but one, only the writes `keep` says yes to landed.
 fn crash_image(rec: &RecordingDisk, base: &[u8], keep: impl Fn(u64, &[u8]) -> bool) -> Vec<u8> {
     let events = rec.events();
-    let last = events.iter().rposition(|e| matches!(e, Event::Flush)).expect("the commit's flush");
-    let durable = events[..last].iter().rposition(|e| matches!(e, Event::Flush)).map_or(0, |f| f + 1);
-    let survivors = (durable..last)
-        .filter(|&i| matches!(&events[i], Event::Write { offset, data } if keep(*offset, data)))
-        .collect();
+    let window = last_window(&events);
+    let durable = window.start;
+    let survivors =
+        window.filter(|&i| matches!(&events[i], Event::Write { offset, data } if keep(*offset, data))).collect();
     image_at(base, &events, &CrashPoint { durable, survivors })
 }
 
 fn is_superblock(offset: u64) -> bool {
     SUPERBLOCK_OFFSETS.contains(&offset) || SUPERBLOCK_MIRROR_OFFSETS.contains(&offset)
+}
+
+/// A fresh image (both copies at generation 1, nothing older held) and its recording,
+/// which holds the first commit after an open (two flushes) and then directory "b"
+/// committed with one flush.
+fn b_committed_with_one_flush() -> (Vec<u8>, RecordingDisk) {
+    let base = image(FORMAT_VERSION).snapshot();
+    let rec = RecordingDisk::new(base.clone());
+    let mut store = Store::open(Box::new(rec.clone())).expect("open");
+    store.create(ROOT_INO, b"first", FileKind::Directory, 0o755, 0, 0, 0, t(3)).expect("mkdir");
+    assert_eq!(flushes_during(&rec, || store.commit().expect("first commit")), 2, "first after open");
+    store.create(ROOT_INO, b"b", FileKind::Directory, 0o755, 0, 0, 0, t(3)).expect("mkdir b");
+    assert_eq!(flushes_during(&rec, || store.commit().expect("commit b")), 1);
+    (base, rec)
 }
 
 fn names(store: &mut Store) -> Vec<String> {
@@ -127,18 +148,9 @@ fn names(store: &mut Store) -> Vec<String> {
 
 #[test]
 fn a_commit_lost_after_one_cut_short_leaves_the_generation_before_both() {
-    // From a fresh image (both copies at generation 1, nothing older held), commit "b"
-    // with one flush; the power fails with its superblock on disk but both copies of one
-    // of its nodes lost: open must fall back to generation 1.
-    let disk = image(FORMAT_VERSION);
-    let base = disk.snapshot();
-    let rec = RecordingDisk::new(base.clone());
-    let mut store = Store::open(Box::new(rec.clone())).expect("open");
-    store.create(ROOT_INO, b"first", FileKind::Directory, 0o755, 0, 0, 0, t(3)).expect("mkdir");
-    assert_eq!(flushes_during(&rec, || store.commit().expect("first commit")), 2, "first after open");
-    store.create(ROOT_INO, b"b", FileKind::Directory, 0o755, 0, 0, 0, t(3)).expect("mkdir b");
-    assert_eq!(flushes_during(&rec, || store.commit().expect("commit b")), 1);
-    drop(store);
+    // "b" committed with one flush; the power fails with its superblock on disk but both
+    // copies of one of its nodes lost: open must fall back to the generation before.
+    let (base, rec) = b_committed_with_one_flush();
     let lost = rec.events().iter().rev().find_map(|e| match e {
         Event::Write { offset, data } if !is_superblock(*offset) => Some(data.clone()),
         _ => None,
@@ -168,15 +180,7 @@ fn nodes_of_a_commit_whose_superblock_never_landed_are_not_taken_for_the_next_on
     // not. The next commit after reopening ("c") takes the same generation number and,
     // allocating the same way, the same blocks; the power fails again with its superblock
     // on disk and one of its nodes lost, where b's node of that generation still is.
-    let disk = image(FORMAT_VERSION);
-    let base = disk.snapshot();
-    let rec = RecordingDisk::new(base.clone());
-    let mut store = Store::open(Box::new(rec.clone())).expect("open");
-    store.create(ROOT_INO, b"first", FileKind::Directory, 0o755, 0, 0, 0, t(3)).expect("mkdir");
-    store.commit().expect("first commit");
-    store.create(ROOT_INO, b"b", FileKind::Directory, 0o755, 0, 0, 0, t(3)).expect("mkdir b");
-    assert_eq!(flushes_during(&rec, || store.commit().expect("commit b")), 1);
-    drop(store);
+    let (base, rec) = b_committed_with_one_flush();
     let img1 = crash_image(&rec, &base, |off, _| !is_superblock(off));
     let rec2 = RecordingDisk::new(img1.clone());
     let mut store = Store::open(Box::new(rec2.clone())).expect("open after the first crash");
@@ -187,9 +191,7 @@ fn nodes_of_a_commit_whose_superblock_never_landed_are_not_taken_for_the_next_on
     // Of what c's commit wrote after its last flush but one, lose each write in turn
     // (both copies of a node: the same bytes): never a tree that mixes b's nodes into c's.
     let events = rec2.events();
-    let last = events.iter().rposition(|e| matches!(e, Event::Flush)).expect("flush");
-    let from = events[..last].iter().rposition(|e| matches!(e, Event::Flush)).map_or(0, |f| f + 1);
-    let window: Vec<Vec<u8>> = events[from..last]
+    let window: Vec<Vec<u8>> = events[last_window(&events)]
         .iter()
         .filter_map(|e| match e {
             Event::Write { data, .. } => Some(data.clone()),

@@ -86,7 +86,7 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
         let mut pager = Pager::new(disk, cand.fsid, cand.total_blocks, Allocator::new(0, BLOCKS_PER_GROUP));
         pager.set_copies(cand.meta_copies);
         pager.set_repairs(false);
-        let verified = crate::store::verify_one_flush_commit(&mut pager, cand, false);
+        let verified = crate::store::verify_one_flush_commit(&mut pager, cand);
         disk = pager.into_disk();
         match verified {
             Ok(_) => {

@@ -199,6 +199,7 @@ impl Pager {
     pub(crate) fn manifest(&self) -> Option<Vec<(u64, u32)>> {
         self.tx_data.as_ref().map(|m| m.iter().map(|(&b, &c)| (b, c)).collect())
     }
+
     /// Makes `count` blocks from `block` read as zeros.
     pub fn write_zero_blocks(&mut self, block: u64, count: u64) -> Result<()> {
         self.check_writable()?;

@@ -71,8 +71,8 @@ pub struct Superblock {
     /// Incompatible features (version 3; 0 in version 2).
     pub features: u32,
     /// Set when this generation was committed with one flush: each data block it wrote,
-    /// with the CRC-32C of its 4096 bytes (`open` checks them, and the nodes whose
-    /// pointers carry this generation, both copies, before trusting it).
+    /// with the CRC-32C of its 4096 bytes (`open` checks them, and that each node whose
+    /// pointer carries this generation has a good copy, before trusting it).
     pub manifest: Option<Manifest>,
 }
 
