@@ -52,6 +52,9 @@ bash tests/sendrecv.sh
 echo "== security as users meet it: TLS by default, join tokens, revocation, --insecure (tests/security.sh)"
 bash tests/security.sh
 
+echo "== rolling upgrades: the previous release's server and client against this one's (tests/upgrade.sh)"
+bash tests/upgrade.sh
+
 echo "== real mounts: pjdfstest, fsx, kernel-tree round trip, kill -9 (tests/e2e/run.sh)"
 bash scripts/install.sh
 bash tests/e2e/run.sh

@@ -172,11 +172,16 @@ mine = [s for s in d["sessions"] if s["client"].endswith(":" + sys.argv[2])]
 assert len(mine) == 1, d["sessions"]
 assert mine[0]["connected"] and mine[0]["identity"] == "local" and mine[0]["dataset"] == "default", mine
 assert d["sessions_total"] == len(d["sessions"]) >= 1 and not d["grace"], d
+# The server's release, the protocol range and the version this mount speaks (the newest).
+newest = d["protocols"].split("-")[1]
+assert d["release"].startswith("crest ") and str(mine[0]["protocol"]) == newest, (d["release"], d["protocols"], mine)
+assert 0 <= d["uptime_secs"] < 3600, d["uptime_secs"]
 assert sum(d["served"].values()) >= 1, d["served"]
 PY
 run "$crest" status --server "127.0.0.1:$port"
 mentions status-table "(1 connected)"
 mentions status-table-client "$mnt"
+mentions status-table-release ", protocol "
 # crest bench on the mount: every phase measured, nothing left behind.
 run "$crest" bench "$mnt" --big-size 3M --block-size 64K --small-size 3000 --small-count 40 --fsync-count 5 -p 2 --json
 python3 - "$tmp/out" <<'PY' && pass bench-json || fail bench-json "$(said)"

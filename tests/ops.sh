@@ -60,6 +60,7 @@ source_const() { sed -n "s/^pub const $2: u32 = \([0-9]*\);.*/\1/p" "$root/$1"; 
 echo "== version"
 release=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$root/Cargo.toml")
 protocol=$(source_const crates/proto/src/message.rs PROTOCOL_VERSION)
+oldest_protocol=$(source_const crates/proto/src/message.rs OLDEST_PROTOCOL_VERSION)
 format=$(source_const crates/store/src/engine/superblock.rs FORMAT_VERSION)
 oldest_format=$(source_const crates/store/src/engine/superblock.rs OLDEST_FORMAT_VERSION)
 [ -n "$release" ] && [ -n "$protocol" ] && [ -n "$format" ] ||
@@ -80,7 +81,7 @@ elif [ "$commit" = unknown ]; then
 else
   fail version-commit "want 12 hex digits or unknown; $(said)"
 fi
-grep -qE "^protocol: ([0-9]+, )*$protocol(, [0-9]+)*$" "$tmp/version" && pass version-protocol ||
+grep -qx "protocol: $protocol (speaks $oldest_protocol to $protocol)" "$tmp/version" && pass version-protocol ||
   fail version-protocol "want protocol $protocol (crates/proto); $(said)"
 grep -qx "on-disk format: $format (opens $oldest_format to $format)" "$tmp/version" && pass version-format ||
   fail version-format "want on-disk format $format (crates/store); $(said)"

@@ -842,6 +842,7 @@ fn main() -> ExitCode {
                 let options = crest_serve::Options {
                     sessions_per_identity: max_sessions_per_client,
                     metrics,
+                    release: format!("crest {}", version::short()),
                     ..Default::default()
                 };
                 let reread = || reread_serve(&args);

@@ -14,6 +14,8 @@ struct Session {
     identity: String,
     dataset: String,
     connected: bool,
+    /// The protocol version it speaks (0: restored after a restart, not back yet).
+    protocol: u64,
 }
 
 fn sessions_of(st: &NvList) -> Vec<Session> {
@@ -25,6 +27,7 @@ fn sessions_of(st: &NvList) -> Vec<Session> {
             identity: s.get_str("identity").unwrap_or("").to_string(),
             dataset: s.get_str("dataset").unwrap_or("").to_string(),
             connected: s.get_bool("connected").unwrap_or(false),
+            protocol: s.get_u64("protocol").unwrap_or(0),
         })
         .collect()
 }
@@ -52,13 +55,17 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
             .iter()
             .map(|s| {
                 serde_json::json!({ "id": s.id, "client": s.client, "identity": s.identity,
-                                    "dataset": s.dataset, "connected": s.connected })
+                                    "dataset": s.dataset, "connected": s.connected,
+                                    "protocol": s.protocol })
             })
             .collect();
         let served: serde_json::Map<String, serde_json::Value> =
             served.into_iter().map(|(k, v)| (k, v.into())).collect();
         let out = serde_json::json!({
             "server": t.addr,
+            "release": st.get_str("release").unwrap_or(""),
+            "protocols": st.get_str("protocols").unwrap_or(""),
+            "uptime_secs": n("uptime_ms") / 1000,
             "generation": n("generation"),
             "commits": n("commits"),
             "bytes_written": n("bytes_written"),
@@ -70,6 +77,15 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
+    }
+    // (A server before protocol 14 names neither its release nor its uptime.)
+    if let Some(release) = st.get_str("release") {
+        println!(
+            "server {}: {release}, protocol {}, up {}",
+            t.addr,
+            st.get_str("protocols").unwrap_or("?"),
+            uptime(n("uptime_ms") / 1000)
+        );
     }
     println!(
         "server {}: generation {}, {} commits and {} MiB written since it started{}",
@@ -85,10 +101,14 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
     let connected = st.get_u64("sessions_connected").unwrap_or(sessions.iter().filter(|s| s.connected).count() as u64);
     println!("sessions: {total} ({connected} connected)");
     if !sessions.is_empty() {
-        println!("  {:>6}  {:<12} {:<12} {:<9} CLIENT", "ID", "IDENTITY", "DATASET", "CONNECTED");
+        println!("  {:>6}  {:<12} {:<12} {:<9} {:<8} CLIENT", "ID", "IDENTITY", "DATASET", "CONNECTED", "PROTOCOL");
         for s in &sessions {
             let connected = if s.connected { "yes" } else { "no" };
-            println!("  {:>6}  {:<12} {:<12} {:<9} {}", s.id, s.identity, s.dataset, connected, s.client);
+            let protocol = if s.protocol == 0 { "-".to_string() } else { s.protocol.to_string() };
+            println!(
+                "  {:>6}  {:<12} {:<12} {:<9} {:<8} {}",
+                s.id, s.identity, s.dataset, connected, protocol, s.client
+            );
         }
         if total > sessions.len() as u64 {
             println!("  … and {} more", total - sessions.len() as u64);
@@ -102,4 +122,15 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
         kinds.join(", ")
     );
     Ok(())
+}
+
+/// "3d 4h", "2h 5m", "4m 10s", "12s".
+fn uptime(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
 }

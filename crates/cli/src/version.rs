@@ -10,10 +10,10 @@ pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 /// The git commit: 12 hex digits, "-dirty" if the tree differed from it, or "unknown".
 pub const COMMIT: &str = env!("CREST_COMMIT");
 
-/// Protocol versions this binary speaks (today exactly one; a range once upgrades allow
-/// mixed versions).
+/// Protocol versions this binary speaks, oldest first: a server and a client work together
+/// when their ranges meet (so either can be upgraded first).
 pub fn protocols() -> Vec<u32> {
-    vec![crest_proto::PROTOCOL_VERSION]
+    (crest_proto::OLDEST_PROTOCOL_VERSION..=crest_proto::PROTOCOL_VERSION).collect()
 }
 
 /// `crest -V`: "0.1.0 (commit)".
@@ -27,10 +27,11 @@ pub fn short() -> &'static str {
 pub fn long() -> &'static str {
     static LONG: OnceLock<String> = OnceLock::new();
     LONG.get_or_init(|| {
-        let protocols: Vec<String> = protocols().iter().map(u32::to_string).collect();
         format!(
-            "{RELEASE}\ncommit: {COMMIT}\nprotocol: {}\non-disk format: {} (opens {} to {})\nsend stream: {}",
-            protocols.join(", "),
+            "{RELEASE}\ncommit: {COMMIT}\nprotocol: {} (speaks {} to {})\non-disk format: {} (opens {} to {})\nsend stream: {}",
+            crest_proto::PROTOCOL_VERSION,
+            crest_proto::OLDEST_PROTOCOL_VERSION,
+            crest_proto::PROTOCOL_VERSION,
             crest_store::superblock::FORMAT_VERSION,
             crest_store::superblock::OLDEST_FORMAT_VERSION,
             crest_store::superblock::FORMAT_VERSION,
@@ -71,7 +72,12 @@ mod tests {
         assert!(long.starts_with(RELEASE));
         for line in [
             format!("commit: {COMMIT}"),
-            format!("protocol: {}", crest_proto::PROTOCOL_VERSION),
+            format!(
+                "protocol: {} (speaks {} to {})",
+                crest_proto::PROTOCOL_VERSION,
+                crest_proto::OLDEST_PROTOCOL_VERSION,
+                crest_proto::PROTOCOL_VERSION
+            ),
             format!(
                 "on-disk format: {} (opens {} to {})",
                 crest_store::superblock::FORMAT_VERSION,

@@ -275,6 +275,10 @@ pub struct Connection<R> {
     early_below: Option<u64>,
     session: Option<p::SessionToken>,
     fsid: Option<[u8; 16]>,
+    /// The protocol version the next hello names: the newest this code speaks, or an older
+    /// server's after it refused the newest (until a connection that was open is lost: the
+    /// server may come back upgraded).
+    hello_version: u32,
     /// Request ids, shared with the callers that make calls; the core takes its own from
     /// it (the re-asserts after a restart).
     ids: Arc<AtomicU64>,
@@ -329,6 +333,7 @@ impl<R> Connection<R> {
             early_below: None,
             session: None,
             fsid: None,
+            hello_version: p::PROTOCOL_VERSION,
             ids,
             rights,
             lease: Lease::new(now),
@@ -429,7 +434,7 @@ impl<R> Connection<R> {
         self.out.clear();
         let hello = p::Hello {
             magic: p::HELLO_MAGIC,
-            version: p::PROTOCOL_VERSION,
+            version: self.hello_version,
             client_name: self.client_name.clone(),
             resume: self.session,
             dataset: self.dataset.clone(),
@@ -671,6 +676,7 @@ impl<R> Connection<R> {
     /// them, answered at once).
     fn lost(&mut self) {
         self.state = State::Away;
+        self.hello_version = p::PROTOCOL_VERSION;
         let unsure = self.held.unconfirmed_rights();
         if let Some(r) = self.rights() {
             r.disconnected(self.now);

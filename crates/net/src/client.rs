@@ -733,12 +733,17 @@ const SERVER_NAME: &str = "crest";
 pub fn join(
     addr: &str,
     config: Arc<rustls::ClientConfig>,
-    req: p::Join,
+    mut req: p::Join,
     wait: Duration,
 ) -> Result<p::Joined, ClientError> {
-    match exchange(addr, Some(config), p::ClientMessage::Join(req), wait)? {
-        p::ServerMessage::Joined(j) => Ok(j),
-        other => Err(unexpected(addr, other)),
+    loop {
+        match exchange(addr, Some(config.clone()), p::ClientMessage::Join(req.clone()), wait)? {
+            p::ServerMessage::Joined(j) => return Ok(j),
+            p::ServerMessage::Refused { version, .. } if p::retry_version(req.version, version).is_some() => {
+                req.version = version;
+            }
+            other => return Err(unexpected(addr, other)),
+        }
     }
 }
 
@@ -750,10 +755,15 @@ pub fn admin(
     call: Vec<u8>,
     wait: Duration,
 ) -> Result<Vec<u8>, ClientError> {
-    let msg = p::ClientMessage::Admin(p::Admin { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, call });
-    match exchange(addr, tls, msg, wait)? {
-        p::ServerMessage::Administered(a) => Ok(a),
-        other => Err(unexpected(addr, other)),
+    let mut version = p::PROTOCOL_VERSION;
+    loop {
+        let msg = p::ClientMessage::Admin(p::Admin { magic: p::HELLO_MAGIC, version, call: call.clone() });
+        match exchange(addr, tls.clone(), msg, wait)? {
+            p::ServerMessage::Administered(a) => return Ok(a),
+            // (An older server: asked again in its version, which this code speaks too.)
+            p::ServerMessage::Refused { version: v, .. } if p::retry_version(version, v).is_some() => version = v,
+            other => return Err(unexpected(addr, other)),
+        }
     }
 }
 

@@ -423,11 +423,60 @@ mod tests {
             resume: None,
             dataset: String::new(),
         };
-        assert!(check_hello(&h).is_ok());
+        assert_eq!(check_hello(&h), Ok(PROTOCOL_VERSION));
+        // A newer client is answered in this server's newest version; an older one in its
+        // own, down to the oldest this code speaks; one older still is refused, naming both.
         h.version = 99;
-        assert!(check_hello(&h).is_err_and(|e| e.contains("99") && e.contains(&PROTOCOL_VERSION.to_string())));
+        assert_eq!(check_hello(&h), Ok(PROTOCOL_VERSION));
+        h.version = OLDEST_PROTOCOL_VERSION;
+        assert_eq!(check_hello(&h), Ok(OLDEST_PROTOCOL_VERSION));
+        h.version = OLDEST_PROTOCOL_VERSION - 1;
+        let old = (OLDEST_PROTOCOL_VERSION - 1).to_string();
+        assert!(check_hello(&h).is_err_and(|e| e.contains(&old) && e.contains(&PROTOCOL_VERSION.to_string())));
+        h.version = PROTOCOL_VERSION;
         h.magic = *b"HTTP";
         assert!(check_hello(&h).is_err());
+    }
+
+    #[test]
+    fn a_refused_client_retries_only_in_an_older_version_it_speaks() {
+        assert_eq!(retry_version(PROTOCOL_VERSION, OLDEST_PROTOCOL_VERSION), Some(OLDEST_PROTOCOL_VERSION));
+        assert_eq!(retry_version(PROTOCOL_VERSION, PROTOCOL_VERSION), None, "refused for another reason");
+        assert_eq!(retry_version(PROTOCOL_VERSION, PROTOCOL_VERSION + 1), None);
+        assert_eq!(retry_version(PROTOCOL_VERSION, OLDEST_PROTOCOL_VERSION - 1), None, "too old for this client");
+        assert_eq!(retry_version(OLDEST_PROTOCOL_VERSION, OLDEST_PROTOCOL_VERSION), None, "no loop");
+    }
+
+    /// The messages by which any two releases learn each other's version keep the layout
+    /// the first ranged release (13 and 14) gave them.
+    #[test]
+    fn the_version_handshake_messages_keep_their_layout() {
+        let hello = ClientMessage::Hello(Hello {
+            magic: HELLO_MAGIC,
+            version: 13,
+            client_name: "h".into(),
+            resume: Some(SessionToken { id: 2, secret: 3 }),
+            dataset: "d".into(),
+        });
+        let admin = ClientMessage::Admin(Admin { magic: HELLO_MAGIC, version: 13, call: vec![9] });
+        let refused = ServerMessage::Refused { reason: "r".into(), version: 13 };
+        let body = |m: &dyn erased::Encode| m.body();
+        assert_eq!(body(&hello), [0, b'C', b'R', b'S', b'T', 13, 1, b'h', 1, 2, 3, 1, b'd']);
+        assert_eq!(body(&admin)[..6], [6, b'C', b'R', b'S', b'T', 13]);
+        assert_eq!(body(&refused), [1, 1, b'r', 13]);
+    }
+
+    mod erased {
+        pub trait Encode {
+            fn body(&self) -> Vec<u8>;
+        }
+        impl<T: serde::Serialize> Encode for T {
+            fn body(&self) -> Vec<u8> {
+                let mut out = Vec::new();
+                super::encode_frame(self, &mut out).expect("encodes");
+                out.split_off(super::FRAME_HEADER_BYTES)
+            }
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod locks;
 pub mod message;
 pub mod owner;
 pub mod timing;
+mod welcome;
 
 pub use codec::{
     decode_frame, encode_frame, encoded_len, FrameDecoder, ProtoError, FRAME_HEADER_BYTES, MAX_FRAME_BYTES,

@@ -4,9 +4,38 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Protocol version this code speaks. A peer with another version is refused with a
-/// message naming both versions.
-pub const PROTOCOL_VERSION: u32 = 13;
+/// The newest protocol version this code speaks; it speaks every version from
+/// `OLDEST_PROTOCOL_VERSION` up to it. A client's hello names its newest, and the server
+/// answers in the newer of the two versions both speak (`agree_version`); a peer outside
+/// the range is refused with a message naming both sides' versions, and a client refused by
+/// an older server (whose `Refused::version` it also speaks) says hello again in that
+/// version. `Hello`, `Admin`, `Join` and `Refused` keep their layout in every version, so
+/// that any two releases can tell each other which version they speak (docs/protocol.md §1).
+pub const PROTOCOL_VERSION: u32 = 14;
+/// The oldest protocol version this code still speaks (what each version added:
+/// docs/protocol.md §1).
+pub const OLDEST_PROTOCOL_VERSION: u32 = 13;
+/// Version 14: the welcome names the server's release (`Welcome::server_release`).
+pub const PROTOCOL_WELCOME_NAMES_RELEASE: u32 = 14;
+
+/// The version a server at `PROTOCOL_VERSION` speaks to a client whose newest is
+/// `client`: the newer of those both speak, or why there is none.
+pub fn agree_version(client: u32) -> Result<u32, String> {
+    if client < OLDEST_PROTOCOL_VERSION {
+        return Err(format!(
+            "client speaks protocol version {client}, this server speaks {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}: \
+             upgrade the client"
+        ));
+    }
+    Ok(client.min(PROTOCOL_VERSION))
+}
+
+/// Whether a client at `PROTOCOL_VERSION` whose hello at `tried` was refused by a server
+/// that speaks `server` should say hello again in that version (an older server, one of
+/// the versions this code speaks).
+pub fn retry_version(tried: u32, server: u32) -> Option<u32> {
+    (OLDEST_PROTOCOL_VERSION..tried).contains(&server).then_some(server)
+}
 /// `Op::Open` access bits: the open's access mode as the kernel checks it (the values
 /// of `acl::MAY_READ`, `MAY_WRITE`, `MAY_EXEC`).
 pub const OPEN_READ: u32 = crate::acl::MAY_READ;
@@ -662,10 +691,12 @@ pub struct Hello {
     pub dataset: String,
 }
 
-/// Server's answer to a good hello.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Server's answer to a good hello. Its layout follows its own first field: a welcome of
+/// version 13 ends at `identity`, later ones add the fields marked with the version that
+/// added them (`crate::welcome` encodes and decodes it).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Welcome {
-    /// Server's version.
+    /// The version the server speaks on this connection (`agree_version`).
     pub version: u32,
     /// The session (new, or the resumed one).
     pub session: SessionToken,
@@ -694,6 +725,9 @@ pub struct Welcome {
     /// and id maps): a mount answers a change itself only for a caller the server takes
     /// for who it is, as the kernel judged that caller's permissions with its own ids.
     pub identity: crate::IdentityMap,
+    /// (Version 14.) The server's release and the commit it was built from, for the
+    /// client's logs and status ("crest 0.2.0 (1a2b3c4d5e6f)"); empty from an older server.
+    pub server_release: String,
 }
 
 /// A compound request.
@@ -878,21 +912,19 @@ pub enum ServerMessage {
     Administered(#[serde(with = "crate::checked::plain")] Vec<u8>),
 }
 
-/// Checks a hello and says why it is refused.
-pub fn check_hello(h: &Hello) -> Result<(), String> {
+/// Checks a hello: the protocol version the server speaks to it, or why it is refused.
+pub fn check_hello(h: &Hello) -> Result<u32, String> {
     if h.magic != HELLO_MAGIC {
         return Err(format!("not a crest client (magic {:02x?})", h.magic));
     }
-    if h.version != PROTOCOL_VERSION {
-        return Err(format!("client speaks protocol version {}, this server speaks {PROTOCOL_VERSION}", h.version));
-    }
+    let version = agree_version(h.version)?;
     if h.client_name.len() > MAX_CLIENT_NAME_BYTES {
         return Err(format!("client name of {} bytes (at most {MAX_CLIENT_NAME_BYTES})", h.client_name.len()));
     }
     if h.dataset.len() > MAX_DATASET_NAME_BYTES {
         return Err(format!("dataset name of {} bytes (at most {MAX_DATASET_NAME_BYTES})", h.dataset.len()));
     }
-    Ok(())
+    Ok(version)
 }
 
 /// Checks an administrative call's envelope (the call itself is the server's to judge).
@@ -900,9 +932,7 @@ pub fn check_admin(a: &Admin) -> Result<(), String> {
     if a.magic != HELLO_MAGIC {
         return Err(format!("not a crest client (magic {:02x?})", a.magic));
     }
-    if a.version != PROTOCOL_VERSION {
-        return Err(format!("client speaks protocol version {}, this server speaks {PROTOCOL_VERSION}", a.version));
-    }
+    agree_version(a.version)?;
     Ok(())
 }
 
@@ -911,9 +941,7 @@ pub fn check_join(j: &Join) -> Result<(), String> {
     if j.magic != HELLO_MAGIC {
         return Err(format!("not a crest client (magic {:02x?})", j.magic));
     }
-    if j.version != PROTOCOL_VERSION {
-        return Err(format!("client speaks protocol version {}, this server speaks {PROTOCOL_VERSION}", j.version));
-    }
+    agree_version(j.version)?;
     if j.name.len() > MAX_CLIENT_NAME_BYTES || j.token.len() > 256 || j.csr.len() > 16 * 1024 {
         return Err("join request too large".into());
     }

@@ -121,7 +121,7 @@ struct Shell {
 }
 
 /// What a server may be told beyond its store, address and security.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Options {
     /// A session's connection silent this long (or whose replies go unread this long) is
     /// closed. Clients send a heartbeat every second.
@@ -131,6 +131,8 @@ pub struct Options {
     pub sessions_per_identity: usize,
     /// Where to answer Prometheus scrapes (`metrics`), if anywhere.
     pub metrics: Option<SocketAddr>,
+    /// The release (and commit) each welcome names, as `crest --version` says it.
+    pub release: String,
 }
 
 impl Default for Options {
@@ -139,6 +141,7 @@ impl Default for Options {
             idle_timeout: limits::IDLE_TIMEOUT,
             sessions_per_identity: limits::MAX_CONNECTIONS_PER_IDENTITY,
             metrics: None,
+            release: format!("crest {}", env!("CARGO_PKG_VERSION")),
         }
     }
 }
@@ -498,6 +501,7 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
     let ready = queues.ready();
     let mut server = Server::new(store);
     server.set_sessions_per_identity(options.sessions_per_identity);
+    server.set_release(options.release.clone());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (accept_done_tx, accept_done_rx) = oneshot::channel::<()>();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -151,29 +151,39 @@ fn garbage_and_wrong_versions_are_refused_and_others_carry_on() {
         s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
         let _ = s.read_to_end(&mut rest);
     }
-    // A wrong version gets a clear refusal.
-    let mut s = std::net::TcpStream::connect(&addr).expect("connect");
-    let mut frame = Vec::new();
-    let hello = p::Hello {
-        magic: p::HELLO_MAGIC,
-        version: 999,
-        client_name: "old".into(),
-        resume: None,
-        dataset: String::new(),
-    };
-    p::encode_frame(&p::ClientMessage::Hello(hello), &mut frame).expect("encode");
-    s.write_all(&frame).expect("write");
-    let mut dec = p::FrameDecoder::new();
-    let mut buf = [0u8; 4096];
-    let msg = loop {
-        let n = s.read(&mut buf).expect("read");
-        assert!(n > 0, "closed without a refusal");
-        dec.handle_bytes(&buf[..n]);
-        if let Some(m) = dec.poll_message::<p::ServerMessage>().expect("frame") {
-            break m;
+    // A client too old gets a clear refusal; one newer than the server is answered in
+    // the server's newest version.
+    let first_answer = |version: u32| {
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        let mut frame = Vec::new();
+        let hello =
+            p::Hello { magic: p::HELLO_MAGIC, version, client_name: "v".into(), resume: None, dataset: String::new() };
+        p::encode_frame(&p::ClientMessage::Hello(hello), &mut frame).expect("encode");
+        s.write_all(&frame).expect("write");
+        let mut dec = p::FrameDecoder::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf).expect("read");
+            assert!(n > 0, "closed without an answer");
+            dec.handle_bytes(&buf[..n]);
+            if let Some(m) = dec.poll_message::<p::ServerMessage>().expect("frame") {
+                break m;
+            }
         }
     };
-    assert!(matches!(msg, p::ServerMessage::Refused { ref reason, .. } if reason.contains("999")), "{msg:?}");
+    let old = p::OLDEST_PROTOCOL_VERSION - 1;
+    let msg = first_answer(old);
+    assert!(
+        matches!(msg, p::ServerMessage::Refused { ref reason, version } if reason.contains(&old.to_string()) && version == p::PROTOCOL_VERSION),
+        "{msg:?}"
+    );
+    let msg = first_answer(999);
+    assert!(matches!(msg, p::ServerMessage::Welcome(ref w) if w.version == p::PROTOCOL_VERSION), "{msg:?}");
+    let msg = first_answer(p::OLDEST_PROTOCOL_VERSION);
+    assert!(
+        matches!(msg, p::ServerMessage::Welcome(ref w) if w.version == p::OLDEST_PROTOCOL_VERSION && w.server_release.is_empty()),
+        "{msg:?}"
+    );
     // A client that vanishes mid-request.
     let mut s = std::net::TcpStream::connect(&addr).expect("connect");
     let mut frame = Vec::new();

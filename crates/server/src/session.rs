@@ -63,6 +63,9 @@ const NO_SESSION: SessionId = 0;
 struct Session {
     secret: u64,
     client_name: String,
+    /// The protocol version its latest hello agreed (`p::agree_version`); 0 for a session
+    /// restored after a restart until its client says hello again.
+    protocol: u32,
     /// Its responses to changes, kept for retries.
     replies: Replies,
     /// Handles this session holds open, by inode (released when the session ends), each
@@ -253,6 +256,10 @@ pub struct Server {
     /// Where session secrets come from in a simulation (`seed_randomness`), which must
     /// replay exactly; `None`: from the OS generator, as secrets must.
     rng: Option<crest_rng::Stream>,
+    /// What a welcome names as the server's release (`set_release`).
+    release: String,
+    /// When its first tick came (what `crest status` counts its uptime from).
+    started_ms: Option<u64>,
     sessions: HashMap<SessionId, Session>,
     next_session: SessionId,
     /// Store generation when sessions' `durable` was last brought up to date.
@@ -482,6 +489,8 @@ impl Server {
         Server {
             store,
             rng: None,
+            release: format!("crest {}", env!("CARGO_PKG_VERSION")),
+            started_ms: None,
             pending_snapshots: Vec::new(),
             next_admin_token: 0,
             receives: Default::default(),
@@ -533,6 +542,11 @@ impl Server {
     /// raise or lower `MAX_SESSIONS_PER_IDENTITY`).
     pub fn set_sessions_per_identity(&mut self, n: usize) {
         self.sessions_per_identity = n;
+    }
+
+    /// Names the server's release (and commit) in every welcome from now on.
+    pub fn set_release(&mut self, release: String) {
+        self.release = release;
     }
 
     /// From now on, remember every request run or answered from the reply cache, for
@@ -608,9 +622,10 @@ impl Server {
 
     fn hello_inner(&mut self, hello: &p::Hello, policy: &Policy) -> (Option<SessionId>, p::ServerMessage) {
         let refuse = |reason| (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
-        if let Err(reason) = p::check_hello(hello) {
-            return refuse(reason);
-        }
+        let protocol = match p::check_hello(hello) {
+            Ok(v) => v,
+            Err(reason) => return refuse(reason),
+        };
         let dataset = match self.dataset_for(hello, policy) {
             Ok(d) => d,
             Err(reason) => return refuse(reason),
@@ -628,6 +643,8 @@ impl Server {
                 self.disconnected.remove(&t.id);
                 let restarted = s.awaiting_resume.take().is_some() || s.restart_unconfirmed;
                 s.restart_unconfirmed = restarted;
+                // (Its client may have been upgraded, or downgraded, since its last hello.)
+                s.protocol = protocol;
                 let durable_seq = restarted.then_some(s.durable);
                 let holes = if restarted { s.holes.clone() } else { Vec::new() };
                 tracing::info!(session = t.id, client = %hello.client_name, ?durable_seq, ?holes, "session resumed");
@@ -646,6 +663,7 @@ impl Server {
         let fresh = Session {
             secret,
             client_name: hello.client_name.clone(),
+            protocol,
             granted: Some(Vec::new()),
             dataset,
             ..Default::default()
@@ -1275,6 +1293,7 @@ impl Server {
     /// unanswered too long, and drops restored sessions whose clients
     /// did not come back within `RESTORED_SESSION_GRACE_MS`.
     pub fn tick(&mut self, now_ms: u64) -> Result<(), s::Error> {
+        self.started_ms.get_or_insert(now_ms);
         self.tick_grace(now_ms);
         self.drop_stale_fenced_markers(now_ms);
         self.drop_unresumed(now_ms);

@@ -365,7 +365,72 @@ fn welcome(resumed: bool, durable_seq: Option<u64>, fenced: bool) -> ServerMessa
         fenced,
         noatime: false,
         identity: p::IdentityMap::default(),
+        server_release: "crest test".into(),
     })
+}
+
+/// The version of the hello the client wrote last (after `connected`).
+fn hello_version(h: &mut Harness) -> u32 {
+    match h.sent().first() {
+        Some(ClientMessage::Hello(hello)) => hello.version,
+        other => panic!("no hello: {other:?}"),
+    }
+}
+
+#[test]
+fn an_older_server_is_said_hello_to_in_its_version_until_the_connection_is_lost() {
+    let mut h = Harness::new();
+    let (t, old) = (h.at(0), p::OLDEST_PROTOCOL_VERSION);
+    h.c.connecting(t);
+    h.c.connected(t);
+    assert_eq!(hello_version(&mut h), p::PROTOCOL_VERSION, "the newest first");
+    h.hear(ServerMessage::Refused { reason: format!("this server speaks {old}"), version: old });
+    assert_eq!(h.c.state(), State::Away, "not failed: the driver connects again");
+    h.call(1, vec![attr_op(1)]);
+    h.c.connecting(t);
+    h.c.connected(t);
+    assert_eq!(hello_version(&mut h), old, "then the server's");
+    let ServerMessage::Welcome(mut w) = welcome(false, None, false) else { unreachable!() };
+    w.version = old;
+    h.hear(ServerMessage::Welcome(w.clone()));
+    assert_eq!(h.c.state(), State::Open);
+    assert_eq!(Harness::ids(&h.sent()), vec![1], "what waited goes once the welcome came");
+    // A reconnect (no open connection lost) stays at the version that worked ...
+    h.c.handshake_timeout();
+    h.c.connecting(t);
+    h.c.connected(t);
+    assert_eq!(hello_version(&mut h), old);
+    h.hear(ServerMessage::Welcome(w));
+    // ... and once an open connection is lost (the server may come back upgraded), the
+    // newest again.
+    h.c.connection_lost("test");
+    h.c.connecting(t);
+    h.c.connected(t);
+    assert_eq!(hello_version(&mut h), p::PROTOCOL_VERSION);
+}
+
+#[test]
+fn a_welcome_in_a_version_the_client_did_not_offer_ends_the_mount() {
+    let mut h = Harness::new();
+    let t = h.at(0);
+    h.c.connecting(t);
+    h.c.connected(t);
+    h.sent();
+    let ServerMessage::Welcome(mut w) = welcome(false, None, false) else { unreachable!() };
+    w.version = p::OLDEST_PROTOCOL_VERSION - 1;
+    let mut bytes = Vec::new();
+    p::encode_frame(&ServerMessage::Welcome(w), &mut bytes).expect("encode");
+    h.c.handle_bytes(t, &bytes);
+    assert_eq!(h.c.state(), State::Closed);
+    match h.c.poll_event() {
+        Some(Event::Ready(r)) => {
+            assert!(
+                matches!(&r, Err(ClientError::Refused { reason, .. }) if reason.contains("does not speak")),
+                "{r:?}"
+            )
+        }
+        _ => panic!("the mount is not told"),
+    }
 }
 
 #[test]

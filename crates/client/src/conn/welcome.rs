@@ -12,10 +12,26 @@ impl<R> Connection<R> {
     /// The first message of a handshake.
     pub(super) fn handshake(&mut self, m: ServerMessage) {
         match m {
-            ServerMessage::Welcome(w) => self.welcome(w),
-            ServerMessage::Refused { reason, .. } => {
-                self.fail(ClientError::Refused { addr: self.addr.clone(), reason });
+            ServerMessage::Welcome(w) if (p::OLDEST_PROTOCOL_VERSION..=self.hello_version).contains(&w.version) => {
+                self.welcome(w)
             }
+            ServerMessage::Welcome(w) => self.fail(ClientError::Refused {
+                addr: self.addr.clone(),
+                reason: format!(
+                    "the server answered in protocol version {}, which this client does not speak",
+                    w.version
+                ),
+            }),
+            ServerMessage::Refused { reason, version } => match p::retry_version(self.hello_version, version) {
+                // An older server: the connection closes, and the next says hello in its
+                // version (the driver reconnects at once).
+                Some(v) => {
+                    tracing::info!("{} speaks protocol version {version} ({reason}): saying hello in it", self.addr);
+                    self.hello_version = v;
+                    self.state = State::Away;
+                }
+                None => self.fail(ClientError::Refused { addr: self.addr.clone(), reason }),
+            },
             _ => self.handshake_failed("its first message is not a welcome".into()),
         }
     }
@@ -44,6 +60,10 @@ impl<R> Connection<R> {
             self.positions = 0;
             self.replayed_at = None;
             self.early_below = None;
+        }
+        if self.session.is_none() || w.fenced {
+            let release = if w.server_release.is_empty() { "an older crest" } else { w.server_release.as_str() };
+            tracing::info!(protocol = w.version, "connected to {} ({release})", self.addr);
         }
         self.session = Some(w.session);
         self.noatime = w.noatime;

@@ -218,8 +218,12 @@ impl Server {
 
     /// `crest status`: the store's counters, the sessions (who, which dataset, whether
     /// connected) and the operations served since start, by kind.
-    fn status_into(&self, out: &mut NvList) {
+    fn status_into(&self, out: &mut NvList, now: p::Time) {
         let st = self.store.stats();
+        let _ = out.add("release", Value::Str(self.release.clone()));
+        let _ = out.add("protocols", Value::Str(format!("{}-{}", p::OLDEST_PROTOCOL_VERSION, p::PROTOCOL_VERSION)));
+        let up = self.started_ms.map_or(0, |t| super::millis(now).saturating_sub(t));
+        let _ = out.add("uptime_ms", Value::U64(up));
         let _ = out.add("generation", Value::U64(self.store.generation()));
         let _ = out.add("commits", Value::U64(st.commits));
         let _ = out.add("bytes_written", Value::U64(st.bytes_written));
@@ -242,6 +246,7 @@ impl Server {
                 let _ = l.add("identity", Value::Str(s.identity.clone()));
                 let _ = l.add("dataset", Value::Str(names.get(&s.dataset).cloned().unwrap_or_default()));
                 let _ = l.add("connected", Value::Bool(!self.disconnected.contains_key(&id)));
+                let _ = l.add("protocol", Value::U64(u64::from(s.protocol)));
                 l
             })
             .collect();
@@ -256,7 +261,7 @@ impl Server {
     fn admin_call(&mut self, call: &NvList, now: p::Time) -> Result<NvList, Failed> {
         let mut out = NvList::new();
         match text(call, "cmd")? {
-            "server.status" => self.status_into(&mut out),
+            "server.status" => self.status_into(&mut out, now),
             "dataset.create" => {
                 let name = text(call, "name")?;
                 let mut props = NvList::new();

@@ -33,9 +33,9 @@ impl Server {
         fenced: bool,
         identity: p::IdentityMap,
     ) -> p::ServerMessage {
-        let secret = self.sessions.get(&id).map_or(0, |s| s.secret);
+        let (secret, version) = self.sessions.get(&id).map_or((0, p::PROTOCOL_VERSION), |s| (s.secret, s.protocol));
         p::ServerMessage::Welcome(p::Welcome {
-            version: p::PROTOCOL_VERSION,
+            version,
             session: p::SessionToken { id, secret },
             resumed,
             durable_seq,
@@ -44,6 +44,7 @@ impl Server {
             fenced,
             noatime: self.dataset_noatime(id),
             identity,
+            server_release: self.release.clone(),
         })
     }
 

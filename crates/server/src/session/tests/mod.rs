@@ -113,10 +113,17 @@ fn xattrs_up_to_the_linux_limits_and_their_errors() {
 fn wrong_version_and_bad_tokens() {
     let mut srv = server();
     let mut h = hello(None);
-    h.version = 42;
+    let old = p::OLDEST_PROTOCOL_VERSION - 1;
+    h.version = old;
     let (sid, msg) = srv.handle_hello(&h);
     assert!(sid.is_none());
-    assert!(matches!(msg, p::ServerMessage::Refused { reason, .. } if reason.contains("42")));
+    assert!(matches!(msg, p::ServerMessage::Refused { reason, .. } if reason.contains(&old.to_string())));
+    // Each client is answered in the newest version both speak.
+    for (asked, answered) in [(p::OLDEST_PROTOCOL_VERSION, p::OLDEST_PROTOCOL_VERSION), (42, p::PROTOCOL_VERSION)] {
+        h.version = asked;
+        let (_, msg) = srv.handle_hello(&h);
+        assert!(matches!(msg, p::ServerMessage::Welcome(ref w) if w.version == answered), "{asked}: {msg:?}");
+    }
     let (_, msg) = srv.handle_hello(&hello(Some(p::SessionToken { id: 1, secret: 0 })));
     assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, .. })));
 }
