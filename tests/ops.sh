@@ -198,6 +198,24 @@ expect mount-very-verbose 0 "$crest" -vv --log-file "$tmp/mount2.log" mount --in
 soon_grep "DEBUG crest_fuse.*_netdev" "$tmp/mount2.log" && pass mount-very-verbose-debug || fail mount-very-verbose-debug "$(cat "$tmp/mount2.log")"
 has_esc "$tmp/mount.log" && fail mount-log-file-no-colour "ESC in $tmp/mount.log" || pass mount-log-file-no-colour
 
+echo "== progress of long commands: on a terminal only, erased when done"
+# (`script` gives the command a terminal; CREST_PROGRESS_AFTER_MS=0 shows the spinner at
+# once, where an image this small would be checked before the usual half second.)
+on_tty() { script -qec "$*" /dev/null; }
+run on_tty "CREST_PROGRESS_AFTER_MS=0 '$crest' fsck '$img'"
+mentions fsck-progress-on-terminal "checking $img: "
+grep -q "read (" "$tmp/out" && pass fsck-progress-counts-bytes || fail fsck-progress-counts-bytes "$(said)"
+# The spinner's line is erased (the last thing before the report is "erase line").
+tr '\r' '\n' <"$tmp/out" | grep -v '^$' | tail -1 | grep -q "^.\[2K$img: generation .*: clean" &&
+  pass fsck-progress-erased || fail fsck-progress-erased "$(cat -A "$tmp/out" | tail -c 400)"
+run env CREST_PROGRESS_AFTER_MS=0 "$crest" fsck "$img"
+if grep -q "checking" "$tmp/err" || has_esc "$tmp/err"; then fail fsck-no-progress-off-terminal "$(said)"
+else pass fsck-no-progress-off-terminal; fi
+"$crest" mkfs --size 64M "$tmp/open.img" >/dev/null
+run on_tty "CREST_PROGRESS_AFTER_MS=0 timeout -s TERM 3 '$crest' serve --insecure '$tmp/open.img' --listen 127.0.0.1:$(free_port)"
+mentions serve-open-progress "opening $tmp/open.img: "
+mentions serve-open-progress-then-serving "serving $tmp/open.img"
+
 echo "== shell completions"
 for shell in bash zsh fish elvish powershell; do
   expect "completions-$shell" 0 "$crest" completions "$shell"

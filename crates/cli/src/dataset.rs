@@ -316,10 +316,10 @@ pub fn run_snapshot(t: &Target, cmd: SnapshotCmd) -> Result<()> {
 /// last scrub stopped unless `restart` (or it had finished); prints progress on a
 /// terminal and a report at the end. Returns whether it found problems.
 pub fn scrub(t: &Target, restart: bool, json: bool) -> Result<bool> {
-    use std::io::IsTerminal;
-    let tty = std::io::stderr().is_terminal();
     let mut first = true;
     let started = std::time::Instant::now();
+    let checked = crate::progress::Counter::default();
+    let spinner = (!json).then(|| crate::progress::Spinner::bytes("scrubbing", "checked", &checked, Duration::ZERO));
     loop {
         let mut l = command("scrub.step");
         add(&mut l, "max_blocks", Value::U64(2048))?;
@@ -336,16 +336,10 @@ pub fn scrub(t: &Target, restart: bool, json: bool) -> Result<bool> {
         }
         let st = call(t, l)?;
         let blocks = st.get_u64("blocks").unwrap_or(0);
-        if tty && !json {
-            eprint!(
-                "\rcrest scrub: {} MiB checked ({:.0} s)   ",
-                (blocks * 4096) >> 20,
-                started.elapsed().as_secs_f64()
-            );
-        }
+        checked.add((blocks * 4096).saturating_sub(checked.get()));
         if st.get_bool("done") == Some(true) {
-            if tty && !json {
-                eprintln!();
+            if let Some(s) = spinner {
+                s.done();
             }
             return report(&st, started.elapsed(), json);
         }

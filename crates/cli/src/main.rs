@@ -11,6 +11,7 @@ mod helpfiles;
 mod logging;
 mod mount;
 mod mountinfo;
+mod progress;
 mod repair;
 mod sendrecv;
 mod signature;
@@ -378,9 +379,18 @@ fn serve(
     reread: &dyn Fn() -> Result<Reloaded, String>,
 ) -> Result<()> {
     crest_store::memory::keep_freed_buffers();
-    let disk = open_disk(image, disk_io)?;
-    let mut store =
-        Store::open_keeping_orphans(disk).with_context(|| format!("opening the file system on {}", image.display()))?;
+    // (An image of millions of inodes takes seconds to open: a terminal is shown it going.)
+    let counted = progress::Counter::default();
+    let disk = progress::Counted::new(open_disk(image, disk_io)?, &counted);
+    let spinner = progress::Spinner::bytes(
+        &format!("opening {}", image.display()),
+        "read",
+        &counted,
+        std::time::Duration::from_secs(1),
+    );
+    let mut store = Store::open_keeping_orphans(Box::new(disk))
+        .with_context(|| format!("opening the file system on {}", image.display()))?;
+    spinner.done();
     store.set_policy(crest_store::CommitPolicy { interval_ms: commit_interval_ms, ..Default::default() });
     for n in store.open_notes() {
         tracing::warn!("{n}");
@@ -656,8 +666,13 @@ fn fsck_report(image: &Path) -> Result<check::Report, (u8, anyhow::Error)> {
     let op = |e: anyhow::Error| (exit::FSCK_OPERATIONAL, e);
     let file = std::fs::File::open(image).with_context(|| format!("opening {}", image.display())).map_err(op)?;
     let size = file_size(&file).with_context(|| format!("sizing {}", image.display())).map_err(op)?;
-    let disk = ReadOnlyDisk { size, file };
-    check::fsck(Box::new(disk)).map_err(|e| {
+    let counted = progress::Counter::default();
+    let disk = progress::Counted::new(ReadOnlyDisk { size, file }, &counted);
+    let spinner =
+        progress::Spinner::bytes(&format!("checking {}", image.display()), "read", &counted, progress::QUIET_FOR);
+    let checked = check::fsck(Box::new(disk));
+    spinner.done();
+    checked.map_err(|e| {
         let code = match e {
             crest_store::Error::BadImage(_) if looks_like_crest(image) => exit::FSCK_UNCORRECTED,
             _ => exit::FSCK_OPERATIONAL,

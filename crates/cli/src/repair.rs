@@ -11,6 +11,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use crest_store::{FileDisk, Store};
 
+use crate::progress;
+
 /// What the repair did.
 pub struct Repaired {
     /// Copies rewritten, all told.
@@ -22,6 +24,14 @@ pub struct Repaired {
 /// Repairs `image` in place; fsck then reports what is left.
 pub fn repair(image: &Path) -> Result<Repaired> {
     let disk = FileDisk::open(image).with_context(|| format!("opening {} to repair it", image.display()))?;
+    let counted = progress::Counter::default();
+    let disk = progress::Counted::new(disk, &counted);
+    let _spinner = progress::Spinner::bytes(
+        &format!("repairing {}", image.display()),
+        "read and written",
+        &counted,
+        progress::QUIET_FOR,
+    );
     let mut store = Store::open_keeping_orphans(Box::new(disk))
         .with_context(|| format!("opening {} (no usable generation to repair from)", image.display()))?;
     let on_open = store.stats().repaired;

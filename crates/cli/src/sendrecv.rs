@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use crest_nvlist::{NvList, Value};
 
 use crate::dataset::{add, call, command, Target};
+use crate::progress;
 
 /// Bytes of stream one call asks for or carries (the most a server takes).
 const PART_BYTES: usize = 2 << 20;
@@ -24,6 +25,8 @@ pub fn send(t: &Target, snapshot: &str, base: Option<&str>) -> Result<()> {
     let base = base.map(|b| if b.starts_with('@') { format!("{dataset}{b}") } else { b.to_string() });
     let mut cursor = Vec::new();
     let mut sent = 0u64;
+    let counted = progress::Counter::default();
+    let spinner = progress::Spinner::bytes(&format!("sending {snapshot}"), "sent", &counted, progress::QUIET_FOR);
     loop {
         let mut l = command("send");
         add(&mut l, "snapshot", Value::Str(snapshot.to_string()))?;
@@ -36,12 +39,14 @@ pub fn send(t: &Target, snapshot: &str, base: Option<&str>) -> Result<()> {
         let data = bytes_of(&answer, "data")?;
         stdout.write_all(data).context("writing the stream")?;
         sent += data.len() as u64;
+        counted.add(data.len() as u64);
         cursor = bytes_of(&answer, "cursor")?.to_vec();
         if answer.get_bool("done") == Some(true) {
             break;
         }
     }
     stdout.flush().context("writing the stream")?;
+    spinner.done();
     if std::io::stderr().is_terminal() {
         eprintln!("crest: sent {snapshot} ({sent} bytes)");
     }
@@ -81,6 +86,8 @@ pub fn receive(t: &Target, dataset: &str, force: bool) -> Result<()> {
     let token = call(t, l)?.get_u64("token").ok_or_else(|| anyhow!("the server gave no receive token"))?;
     let mut buf = vec![0u8; PART_BYTES];
     let mut seq = 0u64;
+    let counted = progress::Counter::default();
+    let spinner = progress::Spinner::bytes(&format!("receiving {dataset}"), "received", &counted, progress::QUIET_FOR);
     loop {
         let n = match read_part(&mut stdin, &mut buf) {
             Ok(n) => n,
@@ -99,7 +106,9 @@ pub fn receive(t: &Target, dataset: &str, force: bool) -> Result<()> {
         // (A refused chunk has undone the receive on the server already.)
         call(t, l).with_context(|| format!("{dataset}: nothing received"))?;
         seq += 1;
+        counted.add(n as u64);
     }
+    spinner.done();
     let mut l = command("receive.finish");
     add(&mut l, "token", Value::U64(token))?;
     let answer = call(t, l).with_context(|| format!("{dataset}: nothing received"))?;
