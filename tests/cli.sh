@@ -182,6 +182,28 @@ run "$crest" status --server "127.0.0.1:$port"
 mentions status-table "(1 connected)"
 mentions status-table-client "$mnt"
 mentions status-table-release ", protocol "
+# crest stats while the mount works: its creates show up per second, with their times.
+( for i in $(seq 400); do echo "$i" >"$mnt/stats-$i"; sync -f "$mnt" 2>/dev/null; done ) &
+busy=$!
+run "$crest" stats --server "127.0.0.1:$port" --interval 0.3 --count 4 --json
+wait "$busy"
+rm -f "$mnt"/stats-*
+python3 - "$tmp/out" <<'PY' && pass stats-json || fail stats-json "$(said)"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert len(lines) == 4, lines
+busy = [l for l in lines if l["ops_per_sec"] > 0]
+assert busy, lines
+# Some kind was served with a time measured, and the rates add up.
+timed = [k for l in busy for k in l["kinds"].values() if k["mean_us"] is not None]
+assert timed and all(t["mean_us"] >= 0 for t in timed), busy
+for l in busy:
+    assert abs(sum(k["ops_per_sec"] for k in l["kinds"].values()) - l["ops_per_sec"]) < 1e-6 * max(1, l["ops_per_sec"]), l
+    assert l["sessions_connected"] >= 1, l
+PY
+run "$crest" stats --server "127.0.0.1:$port" --interval 0.2 --count 2
+[ "$rc" = 0 ] && [ "$(wc -l <"$tmp/out")" = 3 ] && grep -q "ops/s" "$tmp/out" && pass stats-table || fail stats-table "$(said)"
+expect stats-interval-too-short 1 "$crest" stats --server "127.0.0.1:$port" --interval 0.01 --count 1
 # crest bench on the mount: every phase measured, nothing left behind.
 run "$crest" bench "$mnt" --big-size 3M --block-size 64K --small-size 3000 --small-count 40 --fsync-count 5 -p 2 --json
 python3 - "$tmp/out" <<'PY' && pass bench-json || fail bench-json "$(said)"

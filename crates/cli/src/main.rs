@@ -15,6 +15,7 @@ mod progress;
 mod repair;
 mod sendrecv;
 mod signature;
+mod stats;
 mod status;
 mod systemd;
 mod trust;
@@ -282,6 +283,26 @@ enum Command {
         #[arg(long)]
         insecure: bool,
         /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What a running server does each second: operations per second by kind with the
+    /// server thread's mean time per request, commits and bytes written per second,
+    /// sessions connected (as vmstat; until interrupted unless --count)
+    Stats {
+        /// The server (HOST[:PORT]; default: this host's).
+        #[arg(long, default_value = DEFAULT_LISTEN)]
+        server: String,
+        /// Talk to a server run with --insecure.
+        #[arg(long)]
+        insecure: bool,
+        /// Seconds between lines (at least 0.1).
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Stop after this many lines.
+        #[arg(long)]
+        count: Option<u64>,
+        /// A JSON object per line.
         #[arg(long)]
         json: bool,
     },
@@ -832,6 +853,12 @@ fn main() -> ExitCode {
         Command::Status { server, insecure, json } => mount::parse_addr(&server).and_then(|addr| {
             let tls = trust::client_tls(&state, &addr, insecure)?;
             status::status(&dataset::Target { addr: &addr, tls }, json)
+        }),
+        Command::Stats { server, insecure, interval, count, json } => mount::parse_addr(&server).and_then(|addr| {
+            let tls = trust::client_tls(&state, &addr, insecure)?;
+            let every = std::time::Duration::try_from_secs_f64(interval)
+                .map_err(|_| anyhow::anyhow!("--interval {interval}: not a number of seconds"))?;
+            stats::stats(&dataset::Target { addr: &addr, tls }, every, count, json)
         }),
         Command::Send { snapshot, base, server, insecure } => mount::parse_addr(&server).and_then(|addr| {
             let tls = trust::client_tls(&state, &addr, insecure)?;

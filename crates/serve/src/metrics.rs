@@ -174,7 +174,34 @@ pub fn render(st: &NvList) -> String {
         _ => Vec::new(),
     };
     metric("crest_operations_total", "counter", "Operations served since start, by kind.", &served);
+    service_histogram(&mut out, st);
     out
+}
+
+/// `crest_request_service_seconds`: the server thread's time per request, by the kind of
+/// its first operation (the status's `service` list, whose buckets are cumulative already).
+fn service_histogram(out: &mut String, st: &NvList) {
+    let name = "crest_request_service_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Time the server's thread spent on each request, by its first operation's kind.\n\
+         # TYPE {name} histogram"
+    );
+    let Some(Value::List(kinds)) = st.get("service") else { return };
+    for (kind, v) in kinds.iter() {
+        let Value::List(h) = v else { continue };
+        let kind = label(kind);
+        for (key, v) in h.iter() {
+            let (Some(us), Value::U64(n)) = (key.strip_prefix("le_").and_then(|b| b.parse::<u64>().ok()), v) else {
+                continue;
+            };
+            let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"{}\"}} {n}", us as f64 / 1e6);
+        }
+        let count = h.get_u64("count").unwrap_or(0);
+        let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum{{kind=\"{kind}\"}} {}", h.get_u64("sum_us").unwrap_or(0) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{{kind=\"{kind}\"}} {count}");
+    }
 }
 
 #[cfg(test)]
@@ -198,6 +225,13 @@ mod tests {
         let _ = served.add("lookup", Value::U64(5));
         let _ = served.add("odd\"kind", Value::U64(1));
         let _ = st.add("served", Value::List(served));
+        let mut lookup = NvList::new();
+        for (k, v) in [("count", 4), ("sum_us", 1_500_000), ("le_10", 1), ("le_1000", 3)] {
+            let _ = lookup.add(k, Value::U64(v));
+        }
+        let mut service = NvList::new();
+        let _ = service.add("lookup", Value::List(lookup));
+        let _ = st.add("service", Value::List(service));
         let text = render(&st);
         for line in [
             "# TYPE crest_generation gauge",
@@ -208,13 +242,19 @@ mod tests {
             "crest_sessions{state=\"disconnected\"} 1",
             "crest_operations_total{kind=\"lookup\"} 5",
             "crest_operations_total{kind=\"odd\\\"kind\"} 1",
+            "# TYPE crest_request_service_seconds histogram",
+            "crest_request_service_seconds_bucket{kind=\"lookup\",le=\"0.00001\"} 1",
+            "crest_request_service_seconds_bucket{kind=\"lookup\",le=\"0.001\"} 3",
+            "crest_request_service_seconds_bucket{kind=\"lookup\",le=\"+Inf\"} 4",
+            "crest_request_service_seconds_sum{kind=\"lookup\"} 1.5",
+            "crest_request_service_seconds_count{kind=\"lookup\"} 4",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
         }
-        // Every sample line is a name, optional labels and an integer.
+        // Every sample line is a name, optional labels and a number.
         for l in text.lines().filter(|l| !l.starts_with('#')) {
             let (name, value) = l.rsplit_once(' ').expect("name and value");
-            assert!(name.starts_with("crest_") && value.parse::<u64>().is_ok(), "{l:?}");
+            assert!(name.starts_with("crest_") && value.parse::<f64>().is_ok(), "{l:?}");
         }
     }
 }

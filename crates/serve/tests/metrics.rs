@@ -51,6 +51,12 @@ fn a_scrape_shows_sessions_and_operations_and_only_a_scrape_is_answered() {
         .find_map(|l| l.strip_prefix("crest_operations_total{kind=\"get_attr\"} "))
         .and_then(|n| n.parse::<u64>().ok());
     assert!(getattrs.is_some_and(|n| n >= 3), "{page}");
+    // The server thread's time on each: a histogram whose last bucket holds them all.
+    let sample = |prefix: &str| page.lines().find_map(|l| l.strip_prefix(prefix)).and_then(|n| n.parse::<f64>().ok());
+    let timed = sample("crest_request_service_seconds_count{kind=\"get_attr\"} ");
+    assert!(timed.is_some_and(|n| n >= 3.0), "{page}");
+    assert_eq!(sample("crest_request_service_seconds_bucket{kind=\"get_attr\",le=\"+Inf\"} "), timed, "{page}");
+    assert!(sample("crest_request_service_seconds_sum{kind=\"get_attr\"} ").is_some_and(|s| s > 0.0), "{page}");
     let body = page.split("\r\n\r\n").nth(1).unwrap_or_default();
     let length = page.lines().find_map(|l| l.strip_prefix("Content-Length: ")).and_then(|n| n.parse::<usize>().ok());
     assert_eq!(length, Some(body.len()), "the length says what comes");

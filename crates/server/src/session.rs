@@ -30,6 +30,8 @@ use parking::Pin;
 mod record;
 pub(crate) use record::fuzz_record;
 mod replies;
+mod service;
+pub use service::SERVICE_BUCKETS_US;
 mod restart;
 mod room;
 mod sendrecv;
@@ -343,6 +345,8 @@ pub struct Server {
     applied: Option<Vec<Applied>>,
     /// Operations run since start, by kind (logged at shutdown: what a workload cost).
     served: BTreeMap<&'static str, u64>,
+    /// Time the server's thread spent on requests, by kind (`record_service`).
+    service: service::ServiceTimes,
     /// Whether the image is short of space (then no session holds exclusive rights).
     space: SpaceWatch,
     /// Directories several sessions change at once: not handed to one whole.
@@ -524,6 +528,7 @@ impl Server {
             locks: LockTable::default(),
             applied: None,
             served: BTreeMap::new(),
+            service: Default::default(),
             space: SpaceWatch::default(),
             contention: Contention::default(),
             sessions_per_identity: MAX_SESSIONS_PER_IDENTITY,
@@ -542,6 +547,12 @@ impl Server {
     /// raise or lower `MAX_SESSIONS_PER_IDENTITY`).
     pub fn set_sessions_per_identity(&mut self, n: usize) {
         self.sessions_per_identity = n;
+    }
+
+    /// Counts `micros` of the server thread's time on a request of `kind` (its first
+    /// operation's `Op::name`), as the driver measured it around `handle`.
+    pub fn record_service(&mut self, kind: &'static str, micros: u64) {
+        self.service.record(kind, micros);
     }
 
     /// Names the server's release (and commit) in every welcome from now on.

@@ -256,6 +256,7 @@ impl Server {
             let _ = served.add(*kind, Value::U64(*n));
         }
         let _ = out.add("served", Value::List(served));
+        let _ = out.add("service", Value::List(self.service.to_nvlist()));
     }
 
     fn admin_call(&mut self, call: &NvList, now: p::Time) -> Result<NvList, Failed> {
