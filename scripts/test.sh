@@ -59,6 +59,9 @@ echo "== real mounts: pjdfstest, fsx, kernel-tree round trip, kill -9 (tests/e2e
 bash scripts/install.sh
 bash tests/e2e/run.sh
 
+echo "== the Debian package: built, installed, served by its unit's command, joined from another network namespace, removed (tests/package.sh)"
+bash tests/package.sh
+
 echo "== snapshot and scrub benchmark tooling (smoke: 1,000 snapshots, 64 MiB scrubbed)"
 bash bench/snapshots.sh --count 1000 --scrub-mib 64
 
