@@ -134,6 +134,17 @@ PY
 python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
   "http://127.0.0.1:$mport/metrics" >"$tmp/metrics" 2>&1
 grep -q '^crest_sessions{state="connected"} 2$' "$tmp/metrics" && pass metrics-see-both || fail metrics-see-both "$(head -c 600 "$tmp/metrics")"
+# The Grafana dashboard in the repository asks only for series this server exports.
+python3 - "$root/packaging/grafana/crest-server.json" "$tmp/metrics" <<'PY' && pass dashboard-matches-metrics ||
+import json, re, sys
+dash = json.load(open(sys.argv[1]))
+exported = {l.split("{")[0].split(" ")[0] for l in open(sys.argv[2]) if l.startswith("crest_")}
+ids = [p["id"] for p in dash["panels"]]
+assert len(ids) == len(set(ids)) and dash["uid"], ids
+asked = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"\bcrest_[a-z_]+", t["expr"])}
+assert asked and asked <= exported, sorted(asked - exported)
+PY
+  fail dashboard-matches-metrics "see above"
 
 echo "== the server restarted under both mounts"
 kill -TERM "$server"; wait "$server" 2>/dev/null; server=
