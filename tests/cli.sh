@@ -176,12 +176,22 @@ assert d["sessions_total"] == len(d["sessions"]) >= 1 and not d["grace"], d
 newest = d["protocols"].split("-")[1]
 assert d["release"].startswith("crest ") and str(mine[0]["protocol"]) == newest, (d["release"], d["protocols"], mine)
 assert 0 <= d["uptime_secs"] < 3600, d["uptime_secs"]
+# What the session holds and when it was last heard (a connected mount: within its lease),
+# space, and the counters since start.
+assert mine[0]["heard_ms_ago"] is not None and mine[0]["heard_ms_ago"] < 30_000, mine
+assert all(isinstance(mine[0][k], int) for k in ("rights_shared", "rights_exclusive", "open_handles")), mine
+assert 0 < d["space_free_bytes"] <= d["space_total_bytes"], d
+assert isinstance(d["errors"], dict) and all(k.startswith("E") for k in d["errors"]), d["errors"]
+assert all(isinstance(d[k], int) for k in ("client_bytes_written", "client_bytes_read", "recalls", "fences")), d
+assert d["service"] and all(v["count"] >= 1 for v in d["service"].values()), d["service"]
 assert sum(d["served"].values()) >= 1, d["served"]
 PY
 run "$crest" status --server "127.0.0.1:$port"
 mentions status-table "(1 connected)"
 mentions status-table-client "$mnt"
 mentions status-table-release ", protocol "
+mentions status-table-space "GiB free of"
+mentions status-table-rights "RIGHTS S/X"
 # crest stats while the mount works: its creates show up per second, with their times.
 ( for i in $(seq 400); do echo "$i" >"$mnt/stats-$i"; sync -f "$mnt" 2>/dev/null; done ) &
 busy=$!

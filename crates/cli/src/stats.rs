@@ -17,6 +17,8 @@ use crate::dataset::{call, command, Target};
 pub struct Sample {
     pub commits: u64,
     pub bytes_written: u64,
+    /// File data clients read.
+    pub bytes_read: u64,
     pub connected: u64,
     /// By kind: requests of that kind served, and the server thread's microseconds on them.
     pub service: BTreeMap<String, (u64, u64)>,
@@ -29,6 +31,7 @@ impl Sample {
         let mut s = Sample {
             commits: st.get_u64("commits").unwrap_or(0),
             bytes_written: st.get_u64("bytes_written").unwrap_or(0),
+            bytes_read: st.get_u64("client_bytes_read").unwrap_or(0),
             connected: st.get_u64("sessions_connected").unwrap_or(0),
             ..Sample::default()
         };
@@ -60,6 +63,7 @@ pub struct Interval {
     pub kinds: Vec<(String, f64, f64, Option<f64>)>,
     pub commits_per_sec: f64,
     pub written_per_sec: f64,
+    pub read_per_sec: f64,
     pub connected: u64,
 }
 
@@ -87,6 +91,7 @@ pub fn between(a: &Sample, b: &Sample, secs: f64) -> Interval {
         kinds,
         commits_per_sec: diff(a.commits, b.commits) as f64 / secs,
         written_per_sec: diff(a.bytes_written, b.bytes_written) as f64 / secs,
+        read_per_sec: diff(a.bytes_read, b.bytes_read) as f64 / secs,
         connected: b.connected,
     }
 }
@@ -116,15 +121,16 @@ pub fn stats(t: &Target, every: Duration, count: Option<u64>, json: bool) -> Res
                 .collect();
             let line = serde_json::json!({
                 "ops_per_sec": iv.ops_per_sec, "commits_per_sec": iv.commits_per_sec,
-                "written_bytes_per_sec": iv.written_per_sec, "sessions_connected": iv.connected,
+                "written_bytes_per_sec": iv.written_per_sec, "read_bytes_per_sec": iv.read_per_sec,
+                "sessions_connected": iv.connected,
                 "kinds": kinds,
             });
             println!("{line}");
         } else {
             if printed.is_multiple_of(20) {
                 println!(
-                    "{:>9} {:>8} {:>9} {:>5}  busiest kinds: ops/s (mean µs per request)",
-                    "ops/s", "commit/s", "MiB/s wr", "conn"
+                    "{:>9} {:>8} {:>9} {:>9} {:>5}  busiest kinds: ops/s (mean µs per request)",
+                    "ops/s", "commit/s", "MiB/s wr", "MiB/s rd", "conn"
                 );
             }
             let top: Vec<String> = iv
@@ -137,10 +143,11 @@ pub fn stats(t: &Target, every: Duration, count: Option<u64>, json: bool) -> Res
                 })
                 .collect();
             println!(
-                "{:>9.0} {:>8.1} {:>9.1} {:>5}  {}",
+                "{:>9.0} {:>8.1} {:>9.1} {:>9.1} {:>5}  {}",
                 iv.ops_per_sec,
                 iv.commits_per_sec,
                 iv.written_per_sec / (1 << 20) as f64,
+                iv.read_per_sec / (1 << 20) as f64,
                 iv.connected,
                 top.join(", ")
             );
@@ -158,6 +165,7 @@ mod tests {
         Sample {
             commits,
             bytes_written: commits * 4096,
+            bytes_read: commits * 100,
             connected: 2,
             served: served.iter().map(|&(k, n)| (k.to_string(), n)).collect(),
             service: service.iter().map(|&(k, c, t)| (k.to_string(), (c, t))).collect(),
@@ -176,6 +184,7 @@ mod tests {
         assert_eq!(iv.ops_per_sec, 120.0);
         assert_eq!(iv.commits_per_sec, 2.0);
         assert_eq!(iv.written_per_sec, 8192.0);
+        assert_eq!(iv.read_per_sec, 200.0);
         assert_eq!(
             iv.kinds,
             vec![("lookup".into(), 100.0, 50.0, Some(200.0)), ("create".into(), 20.0, 10.0, Some(200.0))],

@@ -16,6 +16,12 @@ struct Session {
     connected: bool,
     /// The protocol version it speaks (0: restored after a restart, not back yet).
     protocol: u64,
+    /// Inodes it holds shared and exclusive rights on, and files it holds open.
+    rights_shared: u64,
+    rights_exclusive: u64,
+    open_handles: u64,
+    /// Since the server last heard from it (its lease runs from there).
+    heard_ms_ago: Option<u64>,
 }
 
 fn sessions_of(st: &NvList) -> Vec<Session> {
@@ -28,8 +34,34 @@ fn sessions_of(st: &NvList) -> Vec<Session> {
             dataset: s.get_str("dataset").unwrap_or("").to_string(),
             connected: s.get_bool("connected").unwrap_or(false),
             protocol: s.get_u64("protocol").unwrap_or(0),
+            rights_shared: s.get_u64("rights_shared").unwrap_or(0),
+            rights_exclusive: s.get_u64("rights_exclusive").unwrap_or(0),
+            open_handles: s.get_u64("open_handles").unwrap_or(0),
+            heard_ms_ago: s.get_u64("heard_ms_ago"),
         })
         .collect()
+}
+
+/// The server thread's time on requests, per kind: `{ "count": N, "sum_us": T }`.
+fn service_json(st: &NvList) -> serde_json::Value {
+    let Some(Value::List(kinds)) = st.get("service") else { return serde_json::json!({}) };
+    let mut out = serde_json::Map::new();
+    for (kind, v) in kinds.iter() {
+        if let Value::List(h) = v {
+            let (count, sum) = (h.get_u64("count").unwrap_or(0), h.get_u64("sum_us").unwrap_or(0));
+            out.insert(kind.to_string(), serde_json::json!({ "count": count, "sum_us": sum }));
+        }
+    }
+    out.into()
+}
+
+/// A list of counters (`errors`: by errno), most first.
+fn counts_of(st: &NvList, name: &str) -> Vec<(String, u64)> {
+    let Some(Value::List(l)) = st.get(name) else { return Vec::new() };
+    let mut counts: Vec<(String, u64)> =
+        l.iter().filter_map(|(k, v)| if let Value::U64(n) = v { Some((k.to_string(), *n)) } else { None }).collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    counts
 }
 
 /// Operations served, by kind, most first.
@@ -56,7 +88,9 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
             .map(|s| {
                 serde_json::json!({ "id": s.id, "client": s.client, "identity": s.identity,
                                     "dataset": s.dataset, "connected": s.connected,
-                                    "protocol": s.protocol })
+                                    "protocol": s.protocol, "rights_shared": s.rights_shared,
+                                    "rights_exclusive": s.rights_exclusive,
+                                    "open_handles": s.open_handles, "heard_ms_ago": s.heard_ms_ago })
             })
             .collect();
         let served: serde_json::Map<String, serde_json::Value> =
@@ -74,17 +108,33 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
             "sessions_total": total,
             "sessions": sessions,
             "served": served,
+            "service": service_json(&st),
+            "client_bytes_written": n("client_bytes_written"),
+            "client_bytes_read": n("client_bytes_read"),
+            "recalls": n("recalls"),
+            "fences": n("fences"),
+            "errors": counts_of(&st, "errors").into_iter().map(|(k, v)| (k, v.into())).collect::<serde_json::Map<_, _>>(),
+            "space_total_bytes": n("space_total_bytes"),
+            "space_free_bytes": n("space_free_bytes"),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
+    print_table(t, &st, &sessions, &served);
+    Ok(())
+}
+
+fn print_table(t: &Target, st: &NvList, sessions: &[Session], served: &[(String, u64)]) {
+    let n = |k: &str| st.get_u64(k).unwrap_or(0);
     // (A server before protocol 14 names neither its release nor its uptime.)
     if let Some(release) = st.get_str("release") {
         println!(
-            "server {}: {release}, protocol {}, up {}",
+            "server {}: {release}, protocol {}, up {}; {} GiB free of {} GiB",
             t.addr,
             st.get_str("protocols").unwrap_or("?"),
-            uptime(n("uptime_ms") / 1000)
+            uptime(n("uptime_ms") / 1000),
+            n("space_free_bytes") >> 30,
+            n("space_total_bytes") >> 30,
         );
     }
     println!(
@@ -98,16 +148,22 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
     if n("repaired") > 0 {
         println!("bad copies of tree nodes rewritten from their twins: {}", n("repaired"));
     }
+    let total = st.get_u64("sessions_total").unwrap_or(sessions.len() as u64);
     let connected = st.get_u64("sessions_connected").unwrap_or(sessions.iter().filter(|s| s.connected).count() as u64);
     println!("sessions: {total} ({connected} connected)");
     if !sessions.is_empty() {
-        println!("  {:>6}  {:<12} {:<12} {:<9} {:<8} CLIENT", "ID", "IDENTITY", "DATASET", "CONNECTED", "PROTOCOL");
-        for s in &sessions {
+        println!(
+            "  {:>6}  {:<12} {:<12} {:<9} {:<8} {:>13} {:>5} {:>7} CLIENT",
+            "ID", "IDENTITY", "DATASET", "CONNECTED", "PROTOCOL", "RIGHTS S/X", "OPEN", "HEARD"
+        );
+        for s in sessions {
             let connected = if s.connected { "yes" } else { "no" };
             let protocol = if s.protocol == 0 { "-".to_string() } else { s.protocol.to_string() };
+            let rights = format!("{}/{}", s.rights_shared, s.rights_exclusive);
+            let heard = s.heard_ms_ago.map_or("-".to_string(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
             println!(
-                "  {:>6}  {:<12} {:<12} {:<9} {:<8} {}",
-                s.id, s.identity, s.dataset, connected, protocol, s.client
+                "  {:>6}  {:<12} {:<12} {:<9} {:<8} {:>13} {:>5} {:>7} {}",
+                s.id, s.identity, s.dataset, connected, protocol, rights, s.open_handles, heard, s.client
             );
         }
         if total > sessions.len() as u64 {
@@ -121,7 +177,17 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
         if kinds.is_empty() { "" } else { ": " },
         kinds.join(", ")
     );
-    Ok(())
+    if st.get("errors").is_some() {
+        let errors: Vec<String> = counts_of(st, "errors").iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!(
+            "clients wrote {} MiB and read {} MiB; {} recalls, {} sessions fenced; refused: {}",
+            n("client_bytes_written") >> 20,
+            n("client_bytes_read") >> 20,
+            n("recalls"),
+            n("fences"),
+            if errors.is_empty() { "nothing".to_string() } else { errors.join(", ") }
+        );
+    }
 }
 
 /// "3d 4h", "2h 5m", "4m 10s", "12s".

@@ -37,3 +37,58 @@ pub const ENODATA: i32 = 61;
 pub const EOPNOTSUPP: i32 = 95;
 /// Timed out.
 pub const ETIMEDOUT: i32 = 110;
+
+/// The symbolic name of a Linux errno (for counters and logs), or None for one this table
+/// does not know.
+pub fn name(errno: i32) -> Option<&'static str> {
+    Some(match errno {
+        1 => "EPERM",
+        2 => "ENOENT",
+        4 => "EINTR",
+        5 => "EIO",
+        6 => "ENXIO",
+        7 => "E2BIG",
+        9 => "EBADF",
+        11 => "EAGAIN",
+        12 => "ENOMEM",
+        13 => "EACCES",
+        16 => "EBUSY",
+        17 => "EEXIST",
+        18 => "EXDEV",
+        19 => "ENODEV",
+        20 => "ENOTDIR",
+        21 => "EISDIR",
+        22 => "EINVAL",
+        26 => "ETXTBSY",
+        27 => "EFBIG",
+        28 => "ENOSPC",
+        29 => "ESPIPE",
+        30 => "EROFS",
+        31 => "EMLINK",
+        34 => "ERANGE",
+        35 => "EDEADLK",
+        36 => "ENAMETOOLONG",
+        37 => "ENOLCK",
+        38 => "ENOSYS",
+        39 => "ENOTEMPTY",
+        40 => "ELOOP",
+        61 => "ENODATA",
+        75 => "EOVERFLOW",
+        95 => "EOPNOTSUPP",
+        110 => "ETIMEDOUT",
+        116 => "ESTALE",
+        122 => "EDQUOT",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_named_constants_name_themselves() {
+        for (n, s) in [(super::ENOENT, "ENOENT"), (super::ENOSPC, "ENOSPC"), (super::ETIMEDOUT, "ETIMEDOUT")] {
+            assert_eq!(super::name(n), Some(s));
+        }
+        assert_eq!(super::name(4242), None);
+    }
+}

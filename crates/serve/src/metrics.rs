@@ -174,6 +174,29 @@ pub fn render(st: &NvList) -> String {
         _ => Vec::new(),
     };
     metric("crest_operations_total", "counter", "Operations served since start, by kind.", &served);
+    let data = vec![
+        ("{direction=\"written\"}".to_string(), st.get_u64("client_bytes_written").unwrap_or(0)),
+        ("{direction=\"read\"}".to_string(), st.get_u64("client_bytes_read").unwrap_or(0)),
+    ];
+    metric("crest_client_bytes_total", "counter", "File data clients wrote and read since start.", &data);
+    metric("crest_recalls_total", "counter", "Recalls of rights sent to clients since start.", &one("recalls"));
+    metric("crest_fences_total", "counter", "Sessions fenced (silent past their lease) since start.", &one("fences"));
+    let errors: Vec<(String, u64)> = match st.get("errors") {
+        Some(Value::List(l)) => l
+            .iter()
+            .filter_map(|(k, v)| match v {
+                Value::U64(n) => Some((format!("{{errno=\"{}\"}}", label(k)), *n)),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    metric("crest_errors_total", "counter", "Operations refused since start, by errno.", &errors);
+    let space = vec![
+        ("{state=\"total\"}".to_string(), st.get_u64("space_total_bytes").unwrap_or(0)),
+        ("{state=\"free\"}".to_string(), st.get_u64("space_free_bytes").unwrap_or(0)),
+    ];
+    metric("crest_space_bytes", "gauge", "The image's size and its free space.", &space);
     service_histogram(&mut out, st);
     out
 }
@@ -232,6 +255,11 @@ mod tests {
         let mut service = NvList::new();
         let _ = service.add("lookup", Value::List(lookup));
         let _ = st.add("service", Value::List(service));
+        let mut errors = NvList::new();
+        let _ = errors.add("ENOENT", Value::U64(6));
+        let _ = st.add("errors", Value::List(errors));
+        let _ = st.add("client_bytes_read", Value::U64(4096));
+        let _ = st.add("space_free_bytes", Value::U64(1 << 20));
         let text = render(&st);
         for line in [
             "# TYPE crest_generation gauge",
@@ -242,6 +270,10 @@ mod tests {
             "crest_sessions{state=\"disconnected\"} 1",
             "crest_operations_total{kind=\"lookup\"} 5",
             "crest_operations_total{kind=\"odd\\\"kind\"} 1",
+            "crest_errors_total{errno=\"ENOENT\"} 6",
+            "crest_client_bytes_total{direction=\"read\"} 4096",
+            "crest_space_bytes{state=\"free\"} 1048576",
+            "crest_fences_total 0",
             "# TYPE crest_request_service_seconds histogram",
             "crest_request_service_seconds_bucket{kind=\"lookup\",le=\"0.00001\"} 1",
             "crest_request_service_seconds_bucket{kind=\"lookup\",le=\"0.001\"} 3",

@@ -529,6 +529,21 @@ impl Caps {
         self.waits.values().filter(|w| w.response.is_some()).count()
     }
 
+    /// How many inodes each session holds: (shared rights, exclusive rights), for status.
+    /// (A walk over every right held: status is asked for rarely.)
+    pub fn held_per_session(&self) -> HashMap<SessionId, (u64, u64)> {
+        let mut held: HashMap<SessionId, (u64, u64)> = HashMap::new();
+        for holders in self.holders.values() {
+            for s in holders.keys() {
+                held.entry(*s).or_default().0 += 1;
+            }
+        }
+        for s in self.exclusive.values() {
+            held.entry(*s).or_default().1 += 1;
+        }
+        held
+    }
+
     /// Sessions that may cache `ino` (for tests).
     pub fn holders_of(&self, ino: u64) -> Vec<SessionId> {
         self.holders.get(&ino).map(|h| h.keys().copied().collect()).unwrap_or_default()

@@ -19,6 +19,7 @@ use crate::convert::{attr_out, error_out, kind_in, time_in};
 use crate::locks::{self, LockTable};
 use crate::space::SpaceWatch;
 
+mod activity;
 mod admin;
 pub use admin::AdminStart;
 mod datasets;
@@ -347,6 +348,8 @@ pub struct Server {
     served: BTreeMap<&'static str, u64>,
     /// Time the server's thread spent on requests, by kind (`record_service`).
     service: service::ServiceTimes,
+    /// Bytes, recalls, fences and errors since start.
+    activity: activity::Activity,
     /// Whether the image is short of space (then no session holds exclusive rights).
     space: SpaceWatch,
     /// Directories several sessions change at once: not handed to one whole.
@@ -529,6 +532,7 @@ impl Server {
             applied: None,
             served: BTreeMap::new(),
             service: Default::default(),
+            activity: Default::default(),
             space: SpaceWatch::default(),
             contention: Contention::default(),
             sessions_per_identity: MAX_SESSIONS_PER_IDENTITY,
@@ -988,6 +992,7 @@ impl Server {
         }
         for o in &mut ready {
             self.outbound(o);
+            self.activity.outgoing(o);
         }
         split_recalls(ready)
     }
@@ -1139,6 +1144,7 @@ impl Server {
                 continue;
             }
             *self.served.entry(op.name()).or_default() += 1;
+            self.activity.op(&op);
             if let Op::Reassert { ino, exclusive } = op {
                 let r = self.reassert(session, ino, exclusive);
                 results.push(room.place(r));

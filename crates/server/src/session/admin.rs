@@ -222,8 +222,15 @@ impl Server {
         let st = self.store.stats();
         let _ = out.add("release", Value::Str(self.release.clone()));
         let _ = out.add("protocols", Value::Str(format!("{}-{}", p::OLDEST_PROTOCOL_VERSION, p::PROTOCOL_VERSION)));
-        let up = self.started_ms.map_or(0, |t| super::millis(now).saturating_sub(t));
+        let now_ms = super::millis(now);
+        let up = self.started_ms.map_or(0, |t| now_ms.saturating_sub(t));
         let _ = out.add("uptime_ms", Value::U64(up));
+        let space = self.store.statfs();
+        let block = u64::from(space.block_size);
+        let _ = out.add("space_total_bytes", Value::U64(space.total_blocks.saturating_mul(block)));
+        let _ = out.add("space_free_bytes", Value::U64(space.free_blocks.saturating_mul(block)));
+        self.activity.add_to(out);
+        let held = self.caps.held_per_session();
         let _ = out.add("generation", Value::U64(self.store.generation()));
         let _ = out.add("commits", Value::U64(st.commits));
         let _ = out.add("bytes_written", Value::U64(st.bytes_written));
@@ -247,6 +254,13 @@ impl Server {
                 let _ = l.add("dataset", Value::Str(names.get(&s.dataset).cloned().unwrap_or_default()));
                 let _ = l.add("connected", Value::Bool(!self.disconnected.contains_key(&id)));
                 let _ = l.add("protocol", Value::U64(u64::from(s.protocol)));
+                let (shared, exclusive) = held.get(&id).copied().unwrap_or_default();
+                let _ = l.add("rights_shared", Value::U64(shared));
+                let _ = l.add("rights_exclusive", Value::U64(exclusive));
+                let _ = l.add("open_handles", Value::U64(s.open.values().map(|h| h.len() as u64).sum()));
+                if let Some(at) = self.last_heard.get(&id) {
+                    let _ = l.add("heard_ms_ago", Value::U64(now_ms.saturating_sub(*at)));
+                }
                 l
             })
             .collect();

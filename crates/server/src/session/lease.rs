@@ -48,6 +48,7 @@ impl Server {
     /// requests are refused, so nothing it answered itself can land after others moved on.
     pub(super) fn fence(&mut self, id: SessionId, why: &str) {
         tracing::warn!(session = id, "session fenced: {why}");
+        self.activity.fences += 1;
         let secret = self.sessions.get(&id).map(|s| s.secret);
         self.end_session(id);
         self.fenced.insert(id);

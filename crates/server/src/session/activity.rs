@@ -1,0 +1,94 @@
+//! What the server has done since it started, counted for `crest status`, `crest stats` and
+//! the Prometheus page: bytes clients wrote and read, recalls sent, sessions fenced, and
+//! operations refused by errno. Counted where every response and notice passes
+//! (`Server::take_outgoing`) and where each operation runs, so nothing is counted twice.
+//! Memory is bounded by the errnos there are.
+
+use std::collections::BTreeMap;
+
+use crest_nvlist::{NvList, Value};
+use crest_proto as p;
+
+use crate::caps::Outgoing;
+
+#[derive(Debug, Default)]
+pub(super) struct Activity {
+    pub(super) bytes_written: u64,
+    pub(super) bytes_read: u64,
+    pub(super) recalls: u64,
+    pub(super) fences: u64,
+    errors: BTreeMap<i32, u64>,
+}
+
+impl Activity {
+    /// An operation about to run: the file data it carries.
+    pub(super) fn op(&mut self, op: &p::Op) {
+        if let p::Op::Write { data, .. } | p::Op::Append { data, .. } = op {
+            self.bytes_written += data.len() as u64;
+        }
+    }
+
+    /// Something going out: data read, errors, recalls.
+    pub(super) fn outgoing(&mut self, o: &Outgoing) {
+        match o {
+            Outgoing::Response { response, .. } => {
+                for r in &response.results {
+                    match r {
+                        Ok(p::Reply::Data(d)) => self.bytes_read += d.len() as u64,
+                        Err(e) => *self.errors.entry(e.errno).or_default() += 1,
+                        Ok(_) => {}
+                    }
+                }
+            }
+            // (A recall split in parts counts once: its final part.)
+            Outgoing::Notify { notify: p::Notify::Recall { .. }, .. } => self.recalls += 1,
+            Outgoing::Notify { .. } => {}
+        }
+    }
+
+    pub(super) fn add_to(&self, out: &mut NvList) {
+        let _ = out.add("client_bytes_written", Value::U64(self.bytes_written));
+        let _ = out.add("client_bytes_read", Value::U64(self.bytes_read));
+        let _ = out.add("recalls", Value::U64(self.recalls));
+        let _ = out.add("fences", Value::U64(self.fences));
+        let mut errors = NvList::new();
+        for (errno, n) in &self.errors {
+            let _ = errors.add(errno_name(*errno), Value::U64(*n));
+        }
+        let _ = out.add("errors", Value::List(errors));
+    }
+}
+
+/// "ENOENT" for 2, "E4242" for an errno `p::errno::name` does not know.
+pub(super) fn errno_name(errno: i32) -> String {
+    p::errno::name(errno).map_or_else(|| format!("E{errno}"), str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(results: Vec<Result<p::Reply, p::OpError>>) -> Outgoing {
+        Outgoing::Response { session: 1, response: p::Response { id: 1, results, seq: 0, durable: 0, time: None } }
+    }
+
+    #[test]
+    fn data_errors_and_recalls_are_counted_once_each() {
+        let mut a = Activity::default();
+        a.op(&p::Op::Write { ino: 2, offset: 0, data: vec![0; 300] });
+        a.op(&p::Op::Append { ino: 2, data: vec![0; 20] });
+        a.op(&p::Op::GetAttr { ino: 2 });
+        let err = |errno| Err(p::OpError { errno, message: String::new() });
+        a.outgoing(&response(vec![Ok(p::Reply::Data(vec![1; 77])), err(p::errno::ENOENT), Ok(p::Reply::Done)]));
+        a.outgoing(&response(vec![err(p::errno::ENOENT), err(4242)]));
+        a.outgoing(&Outgoing::Notify { session: 2, notify: p::Notify::Recall { recall_id: 9, inodes: vec![5] } });
+        a.outgoing(&Outgoing::Notify { session: 2, notify: p::Notify::Fenced });
+        let mut l = NvList::new();
+        a.add_to(&mut l);
+        assert_eq!(l.get_u64("client_bytes_written"), Some(320));
+        assert_eq!(l.get_u64("client_bytes_read"), Some(77));
+        assert_eq!(l.get_u64("recalls"), Some(1));
+        let Some(Value::List(errors)) = l.get("errors") else { panic!("{l:?}") };
+        assert_eq!((errors.get_u64("ENOENT"), errors.get_u64("E4242")), (Some(2), Some(1)));
+    }
+}
