@@ -165,6 +165,7 @@ crest_mounted "$mnt" && pass mount-spaces-in-mountinfo || fail mount-spaces-in-m
 echo hello >"$mnt/file" && [ "$(cat "$mnt/file")" = hello ] && pass mount-spaces-works || fail mount-spaces-works "no round trip"
 # crest status: the server names this mount's session, its certificate and dataset.
 run "$crest" status --server "127.0.0.1:$port" --json
+cp "$tmp/out" "$tmp/status.json"
 python3 - "$tmp/out" "$mnt" <<'PY' && pass status-json || fail status-json "$(said)"
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -192,6 +193,21 @@ mentions status-table-client "$mnt"
 mentions status-table-release ", protocol "
 mentions status-table-space "GiB free of"
 mentions status-table-rights "RIGHTS S/X"
+# The mount's own view: its session (the one the server lists for it), its cache.
+server_session=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print([s["id"] for s in d["sessions"] if s["client"].endswith(":"+sys.argv[2])][0])' "$tmp/status.json" "$mnt" 2>/dev/null)
+ls "$mnt" >/dev/null
+run "$crest" status --mount "$mnt" --json
+python3 - "$tmp/out" "$port" "$server_session" <<'PY' && pass mount-status-json || fail mount-status-json "$(said)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["connection"] == "open" and d["server"].endswith(":" + sys.argv[2]), d
+assert str(d["session"]) == sys.argv[3] and d["protocol"] >= 14 and d["server_release"].startswith("crest "), d
+assert d["cache"]["names"] >= 1 and d["calls_waiting"] >= 0, d
+PY
+run "$crest" status --mount "$mnt"
+mentions mount-status-table "cache: "
+expect mount-status-not-crest 1 "$crest" status --mount /proc
+getfattr -d -m - "$mnt" 2>/dev/null | grep -q crest.status && fail mount-status-not-listed "listed" || pass mount-status-not-listed
 # crest stats while the mount works: its creates show up per second, with their times.
 ( for i in $(seq 400); do echo "$i" >"$mnt/stats-$i"; sync -f "$mnt" 2>/dev/null; done ) &
 busy=$!

@@ -282,6 +282,10 @@ enum Command {
         /// Talk to a server run with --insecure.
         #[arg(long)]
         insecure: bool,
+        /// Instead of a server's view, this mount's own: its connection (session, protocol,
+        /// calls waiting, changes not yet durable, reconnects) and its cache.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["server", "insecure"])]
+        mount: Option<PathBuf>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -850,7 +854,8 @@ fn main() -> ExitCode {
             };
         }
         Command::Bench(args) => bench::bench(&args),
-        Command::Status { server, insecure, json } => mount::parse_addr(&server).and_then(|addr| {
+        Command::Status { mount: Some(dir), json, .. } => status::mount_status(&dir, json),
+        Command::Status { server, insecure, json, mount: None } => mount::parse_addr(&server).and_then(|addr| {
             let tls = trust::client_tls(&state, &addr, insecure)?;
             status::status(&dataset::Target { addr: &addr, tls }, json)
         }),

@@ -84,6 +84,16 @@ pub fn read() -> Result<Vec<Mount>> {
     Ok(parse(&text))
 }
 
+/// The crest mount `path` names (its mount point, resolved), or why it is none.
+pub fn crest_mount_root(path: &Path) -> Result<PathBuf> {
+    let target = resolve(path)?;
+    match mount_at(&read()?, &target) {
+        Some(m) if m.fstype == CREST_FSTYPE => Ok(target),
+        Some(m) => anyhow::bail!("{} is a {} mount, not a crest mount", target.display(), m.fstype),
+        None => anyhow::bail!("{} is no mount point", target.display()),
+    }
+}
+
 /// `path` made absolute with symlinks resolved, as mountinfo spells mount points. A FUSE
 /// mount whose daemon died cannot be resolved itself (ENOTCONN), so then its parent is
 /// resolved and its name appended: that is what unmounting such a mount needs.

@@ -2,7 +2,7 @@
 //! (which client, which certificate, which dataset, connected or waiting to come back)
 //! and the operations it served since it started, by kind. A table, or JSON.
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use crest_nvlist::{NvList, Value};
 
 use crate::dataset::{call, command, Target};
@@ -199,4 +199,61 @@ fn uptime(secs: u64) -> String {
         (0, _, _) => format!("{h}h {m}m"),
         _ => format!("{d}d {h}h"),
     }
+}
+
+/// `crest status --mount DIR`: what the mount's daemon says of itself (the `crest.status`
+/// attribute of its root, `crest_fuse`'s fs/status.rs).
+pub fn mount_status(dir: &std::path::Path, json: bool) -> Result<()> {
+    let root = crate::mountinfo::crest_mount_root(dir)?;
+    let raw = read_status_xattr(&root)?;
+    let v: serde_json::Value = serde_json::from_slice(&raw).context("the mount's status is not JSON")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let s = |k: &str| v.get(k).map_or_else(String::new, |x| x.as_str().map_or_else(|| x.to_string(), str::to_string));
+    let c = |k: &str| v.get("cache").and_then(|c| c.get(k)).map_or_else(String::new, ToString::to_string);
+    println!(
+        "mount {}: {} to {} ({}), session {}, protocol {}, {} reconnects",
+        root.display(),
+        s("connection"),
+        s("server"),
+        if s("server_release").is_empty() { "an older crest".to_string() } else { s("server_release") },
+        s("session"),
+        s("protocol"),
+        s("reconnects")
+    );
+    println!(
+        "calls waiting {}, changes not yet durable {}, {} bytes queued to send",
+        s("calls_waiting"),
+        s("changes_not_durable"),
+        s("bytes_queued")
+    );
+    println!(
+        "cache: {} names in {} directories, {} attributes, {} inodes held exclusively; rights reset {} times",
+        c("names"),
+        c("directories"),
+        c("attributes"),
+        c("exclusive"),
+        c("rights_resets")
+    );
+    Ok(())
+}
+
+/// The bytes of the `crest.status` attribute of `root`.
+fn read_status_xattr(root: &std::path::Path) -> Result<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(root.as_os_str().as_bytes()).context("a path with a NUL byte")?;
+    let name = c"crest.status";
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: `path` and `name` are NUL-terminated strings that outlive the call, and
+    // `buf` is valid for writes of `buf.len()` bytes; getxattr writes at most that many.
+    #[allow(unsafe_code)]
+    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        bail!("{}: the mount did not answer for its status ({e}); an older crest mount?", root.display());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
 }

@@ -240,6 +240,27 @@ pub enum State {
     Closed,
 }
 
+/// What a mount's connection is doing, for `crest status --mount` (`Connection::view`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConnView {
+    /// "away", "handshaking", "open" or "closed".
+    pub state: &'static str,
+    /// The session's number once the server welcomed it.
+    pub session: Option<u64>,
+    /// The protocol version the last welcome was in.
+    pub protocol: u32,
+    /// The server's release that welcome named (empty from a server before protocol 14).
+    pub server_release: String,
+    /// Welcomes after the first (reconnects that resumed the session or began another).
+    pub reconnects: u64,
+    /// Calls waiting for their answers.
+    pub waiting: usize,
+    /// Changes answered but not yet durable (kept to replay after a server crash).
+    pub unstable: usize,
+    /// Bytes encoded and not yet written to the socket.
+    pub queued_bytes: usize,
+}
+
 /// The client's side of a session.
 pub struct Connection<R> {
     addr: String,
@@ -279,6 +300,9 @@ pub struct Connection<R> {
     /// server's after it refused the newest (until a connection that was open is lost: the
     /// server may come back upgraded).
     hello_version: u32,
+    /// What the last welcome said (`view`).
+    welcomed: (u32, String),
+    reconnects: u64,
     /// Request ids, shared with the callers that make calls; the core takes its own from
     /// it (the re-asserts after a restart).
     ids: Arc<AtomicU64>,
@@ -334,6 +358,8 @@ impl<R> Connection<R> {
             session: None,
             fsid: None,
             hello_version: p::PROTOCOL_VERSION,
+            welcomed: (0, String::new()),
+            reconnects: 0,
             ids,
             rights,
             lease: Lease::new(now),
@@ -372,6 +398,25 @@ impl<R> Connection<R> {
     /// Acknowledged changes not yet durable (kept to replay), and replays in flight.
     pub fn unstable(&self) -> usize {
         self.log.unstable.len() + self.log.replaying.len()
+    }
+
+    /// What the connection is doing now.
+    pub fn view(&self) -> ConnView {
+        ConnView {
+            state: match self.state {
+                State::Away => "away",
+                State::Handshaking => "handshaking",
+                State::Open => "open",
+                State::Closed => "closed",
+            },
+            session: self.session.map(|t| t.id),
+            protocol: self.welcomed.0,
+            server_release: self.welcomed.1.clone(),
+            reconnects: self.reconnects,
+            waiting: self.waiting(),
+            unstable: self.unstable(),
+            queued_bytes: self.queued_bytes(),
+        }
     }
 
     /// Requests still to be answered: pending calls and replays in flight.

@@ -87,6 +87,21 @@ struct Attr {
     stamp: u64,
 }
 
+/// What `NameCache::stats` counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Directories some of whose names are held.
+    pub directories: usize,
+    /// Inodes whose attributes are held.
+    pub attributes: usize,
+    /// Names held.
+    pub names: usize,
+    /// Inodes held exclusively (answered here, written back).
+    pub exclusive: usize,
+    /// Times the server forgot this mount's rights (a new session).
+    pub resets: u64,
+}
+
 /// Name and attribute cache of one mount. Not thread-safe by itself: the FUSE layer keeps
 /// it under a mutex and never holds that across a server call.
 #[derive(Debug)]
@@ -853,6 +868,19 @@ impl NameCache {
         self.dirs.retain(|d, _| self.exclusive.contains(d));
         self.attrs.retain(|i, _| self.exclusive.contains(i));
         self.entries = self.dirs.values().flatten().map(|r| r.names.len()).sum();
+    }
+
+    /// How much is held, for `crest status --mount`: directories with names held,
+    /// attributes held, names held, inodes held exclusively, and the times the server
+    /// forgot this mount's rights.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            directories: self.dirs.len(),
+            attributes: self.attrs.len(),
+            names: self.entries,
+            exclusive: self.exclusive.len(),
+            resets: self.resets,
+        }
     }
 
     /// Entries held (for tests and stats).

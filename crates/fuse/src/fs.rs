@@ -52,6 +52,7 @@ mod local;
 mod privs;
 mod readahead;
 mod recall;
+mod status;
 use crate::convert::{self, XattrAnswer};
 use crate::dir::{DirStream, Entry, READDIR_BATCH};
 use crate::error::Error;
@@ -1119,6 +1120,9 @@ impl Filesystem for CrestFs {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _caller = Caller::enter(req.pid(), req.uid(), req.gid());
+        if ino.0 == crate::inodes::ROOT_INO && name.as_bytes() == status::STATUS_XATTR {
+            return self.reply_xattr(reply, size, Ok(self.status_json()));
+        }
         // (Bound first: the cache guard must be gone before the reply.)
         let held = {
             let c = lock(&self.names);

@@ -18,7 +18,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
 
-pub use crest_client::conn::{ClientError, Recall, Rights, HEARTBEAT};
+pub use crest_client::conn::{ClientError, ConnView, Recall, Rights, HEARTBEAT};
 pub use crest_client::lease::CLIENT_LEASE;
 pub use crest_client::replay::{Results, MAX_UNSTABLE_BYTES};
 
@@ -275,6 +275,8 @@ pub struct Client {
     /// welcome).
     noatime: bool,
     identity: Identity,
+    /// The connection thread's `ConnView`, as of its last wake-up.
+    view: Arc<Mutex<ConnView>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -297,6 +299,7 @@ impl Client {
         let core = Connection::new(addr, &opts.client_name, next_id.clone(), rights.clone(), Instant::now())
             .with_dataset(&opts.dataset);
         let identity = Identity::default();
+        let view = Arc::new(Mutex::new(ConnView::default()));
         let driver = Driver {
             core,
             addr: addr.to_string(),
@@ -304,6 +307,7 @@ impl Client {
             ready: ready_tx,
             recalls: sink,
             identity: identity.clone(),
+            view: view.clone(),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -341,7 +345,13 @@ impl Client {
             fsid,
             noatime,
             identity,
+            view,
         })
+    }
+
+    /// What the connection is doing (as of its thread's last wake-up).
+    pub fn view(&self) -> ConnView {
+        self.view.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Takes the stream of recalls (once). Whoever takes it must drop what each recall
@@ -520,6 +530,7 @@ struct Driver {
     ready: std_mpsc::SyncSender<Result<([u8; 16], bool), ClientError>>,
     recalls: RecallSink,
     identity: Identity,
+    view: Arc<Mutex<ConnView>>,
 }
 
 /// Whom the server takes this session's callers for, as its last welcome said.
@@ -529,6 +540,7 @@ impl Driver {
     /// Tells callers what the core has for them. A recall nobody takes is answered at
     /// once (a client that caches nothing).
     fn deliver(&mut self) {
+        *self.view.lock().unwrap_or_else(|e| e.into_inner()) = self.core.view();
         while let Some(e) = self.core.poll_event() {
             match e {
                 Event::Answer(reply, r) => reply.send(r),

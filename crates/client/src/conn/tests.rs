@@ -410,6 +410,22 @@ fn an_older_server_is_said_hello_to_in_its_version_until_the_connection_is_lost(
 }
 
 #[test]
+fn the_view_says_where_the_connection_stands_and_counts_reconnects() {
+    let mut h = Harness::new();
+    assert_eq!(h.c.view().state, "away");
+    h.connect(welcome(false, None, false));
+    let v = h.c.view();
+    assert_eq!((v.state, v.session, v.protocol, v.reconnects), ("open", Some(1), p::PROTOCOL_VERSION, 0));
+    assert_eq!(v.server_release, "crest test");
+    h.call(1, vec![attr_op(1)]);
+    assert_eq!(h.c.view().waiting, 1);
+    h.c.connection_lost("test");
+    assert_eq!(h.c.view().state, "away");
+    h.connect(welcome(true, None, false));
+    assert_eq!((h.c.view().state, h.c.view().reconnects), ("open", 1));
+}
+
+#[test]
 fn a_welcome_in_a_version_the_client_did_not_offer_ends_the_mount() {
     let mut h = Harness::new();
     let t = h.at(0);

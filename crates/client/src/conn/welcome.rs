@@ -61,6 +61,8 @@ impl<R> Connection<R> {
             self.replayed_at = None;
             self.early_below = None;
         }
+        self.reconnects += u64::from(self.fsid.is_some());
+        self.welcomed = (w.version, w.server_release.clone());
         if self.session.is_none() || w.fenced {
             let release = if w.server_release.is_empty() { "an older crest" } else { w.server_release.as_str() };
             tracing::info!(protocol = w.version, "connected to {} ({release})", self.addr);
