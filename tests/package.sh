@@ -10,12 +10,21 @@
 #     writes the other reads;
 #   - `crest status` and the metrics page see both sessions; the server restarted under
 #     the mounts (as a package upgrade restarts it) loses nothing;
-#   - unmounted, the image is clean; `dpkg -r` removes the package and keeps the image.
-# Leaves the machine as it found it (the mount helper link of scripts/install.sh is put
-# back). Each check prints PASS/FAIL; exits non-zero if any failed.
+#   - unmounted, the image is clean; `dpkg --purge` removes the package and keeps the image.
+# Leaves the machine as it found it: refuses to run where a crest package is installed,
+# keeps the credentials of both "machines" in its own directories (CREST_STATE_DIR, as an
+# instance's EnvironmentFile may set it), puts back /var/lib/crest's mode (or removes it
+# if the package made it) and the mount helper link as they were. Each check prints
+# PASS/FAIL; exits non-zero if any failed.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "package.sh: needs root (dpkg, mounts, network namespaces)" >&2; exit 2; }
+if dpkg-query -W -f '${Status}' crest 2>/dev/null | grep -q " installed$"; then
+  echo "package.sh: a crest package is installed here; this test installs and removes its own: dpkg -r crest first" >&2
+  exit 1
+fi
+state_mode=$(stat -c %a /var/lib/crest 2>/dev/null)
+helper_link=$(readlink /sbin/mount.fuse.crest 2>/dev/null)
 tmp=$(mktemp -d /tmp/crest-pkg.XXXXXX)
 fails=0
 server=
@@ -37,10 +46,15 @@ cleanup() {
   wait 2>/dev/null
   ip netns del "$ns" 2>/dev/null
   ip link del "${veth}h" 2>/dev/null
-  [ -n "$installed" ] && dpkg -r crest >/dev/null 2>&1
+  [ -n "$installed" ] && dpkg --purge crest >/dev/null 2>&1
   rm -f "$img"
-  # (dpkg -r took the helper link scripts/install.sh had made, if any.)
-  if [ -x /usr/local/bin/crest ] && [ ! -e /sbin/mount.fuse.crest ]; then ln -sf /usr/local/bin/crest /sbin/mount.fuse.crest; fi
+  if [ -z "$state_mode" ]; then
+    rm -rf /var/lib/crest
+  else
+    chmod "$state_mode" /var/lib/crest
+  fi
+  # (dpkg --purge took the helper link scripts/install.sh had made, if any.)
+  if [ -n "$helper_link" ]; then ln -sfn "$helper_link" /sbin/mount.fuse.crest; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -76,6 +90,9 @@ systemd-analyze verify "/lib/systemd/system/crest-server@.service" >"$tmp/verify
 grep -v "Command 'man " "$tmp/verify" | grep -q . && fail unit-verifies "$(cat "$tmp/verify")" || pass unit-verifies
 
 echo "== the unit's server, on a network of its own"
+# (The host's credentials in a directory of the test's own: the server's CA, the token,
+# the host's mount. systemd would pass it from /etc/crest/server-NAME.env.)
+export CREST_STATE_DIR=$tmp/host
 ip netns add "$ns" && ip link add "${veth}h" type veth peer name "${veth}c" && ip link set "${veth}c" netns "$ns" &&
   ip addr add 10.77.0.1/24 dev "${veth}h" && ip link set "${veth}h" up &&
   ip netns exec "$ns" ip addr add 10.77.0.2/24 dev "${veth}c" && ip netns exec "$ns" ip link set "${veth}c" up &&
@@ -160,7 +177,7 @@ umount "$tmp/m1" && pass umount-host || fail umount-host "busy?"
 there umount "$tmp/m2" && pass umount-machine2 || fail umount-machine2 "busy?"
 kill -TERM "$server"; wait "$server" 2>/dev/null; server=
 expect fsck-clean 0 /usr/bin/crest fsck "$img"
-expect dpkg-remove 0 dpkg -r crest
+expect dpkg-remove 0 dpkg --purge crest
 installed=
 [ ! -e /usr/bin/crest ] && [ -f "$img" ] && pass removed-keeps-image || fail removed-keeps-image "$(ls -l /usr/bin/crest "$img" 2>&1)"
 

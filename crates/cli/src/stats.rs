@@ -45,8 +45,9 @@ impl Sample {
         if let Some(Value::List(l)) = st.get("service") {
             for (k, v) in l.iter() {
                 if let Value::List(h) = v {
-                    s.service
-                        .insert(k.to_string(), (h.get_u64("count").unwrap_or(0), h.get_u64("sum_us").unwrap_or(0)));
+                    // (Nanoseconds from the server, microseconds here.)
+                    let micros = h.get_u64("sum_ns").unwrap_or(0) / 1000;
+                    s.service.insert(k.to_string(), (h.get_u64("count").unwrap_or(0), micros));
                 }
             }
         }
@@ -96,17 +97,24 @@ pub fn between(a: &Sample, b: &Sample, secs: f64) -> Interval {
     }
 }
 
+/// The status call without the sessions listed one by one (`crest status` has those).
+fn brief_status() -> Result<NvList> {
+    let mut l = command("server.status");
+    crate::dataset::add(&mut l, "brief", Value::Bool(true))?;
+    Ok(l)
+}
+
 /// Prints an interval every `every` until `count` were printed (for ever without one).
 pub fn stats(t: &Target, every: Duration, count: Option<u64>, json: bool) -> Result<()> {
     if every < Duration::from_millis(100) {
         bail!("--interval of at least 0.1 s");
     }
-    let mut before = Sample::of(&call(t, command("server.status"))?);
+    let mut before = Sample::of(&call(t, brief_status()?)?);
     let mut at = Instant::now();
     let mut printed = 0u64;
     while count.is_none_or(|c| printed < c) {
         std::thread::sleep(every.saturating_sub(at.elapsed()));
-        let now = Sample::of(&call(t, command("server.status"))?);
+        let now = Sample::of(&call(t, brief_status()?)?);
         let took = at.elapsed();
         at = Instant::now();
         let iv = between(&before, &now, took.as_secs_f64());

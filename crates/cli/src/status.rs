@@ -42,14 +42,14 @@ fn sessions_of(st: &NvList) -> Vec<Session> {
         .collect()
 }
 
-/// The server thread's time on requests, per kind: `{ "count": N, "sum_us": T }`.
+/// The server thread's time on requests, per kind: `{ "count": N, "sum_ns": T }`.
 fn service_json(st: &NvList) -> serde_json::Value {
     let Some(Value::List(kinds)) = st.get("service") else { return serde_json::json!({}) };
     let mut out = serde_json::Map::new();
     for (kind, v) in kinds.iter() {
         if let Value::List(h) = v {
-            let (count, sum) = (h.get_u64("count").unwrap_or(0), h.get_u64("sum_us").unwrap_or(0));
-            out.insert(kind.to_string(), serde_json::json!({ "count": count, "sum_us": sum }));
+            let (count, sum) = (h.get_u64("count").unwrap_or(0), h.get_u64("sum_ns").unwrap_or(0));
+            out.insert(kind.to_string(), serde_json::json!({ "count": count, "sum_ns": sum }));
         }
     }
     out.into()

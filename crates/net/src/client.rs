@@ -540,7 +540,7 @@ impl Driver {
     /// Tells callers what the core has for them. A recall nobody takes is answered at
     /// once (a client that caches nothing).
     fn deliver(&mut self) {
-        *self.view.lock().unwrap_or_else(|e| e.into_inner()) = self.core.view();
+        self.publish_view();
         while let Some(e) = self.core.poll_event() {
             match e {
                 Event::Answer(reply, r) => reply.send(r),
@@ -566,9 +566,18 @@ impl Driver {
             let deadline = tokio::time::Instant::from_std(self.core.poll_timeout());
             tokio::select! {
                 r = &mut fut => return r,
-                _ = tokio::time::sleep_until(deadline) => self.core.handle_timeout(Instant::now()),
+                _ = tokio::time::sleep_until(deadline) => {
+                    self.core.handle_timeout(Instant::now());
+                    // (A hung server or a full socket keeps the loop here: what the
+                    // timers changed is what `crest status --mount` must show.)
+                    self.publish_view();
+                }
             }
         }
+    }
+
+    fn publish_view(&self) {
+        *self.view.lock().unwrap_or_else(|e| e.into_inner()) = self.core.view();
     }
 
     /// Writes what the core has to send; false if the connection failed.

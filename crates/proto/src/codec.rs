@@ -445,6 +445,9 @@ mod tests {
         assert_eq!(retry_version(PROTOCOL_VERSION, PROTOCOL_VERSION + 1), None);
         assert_eq!(retry_version(PROTOCOL_VERSION, OLDEST_PROTOCOL_VERSION - 1), None, "too old for this client");
         assert_eq!(retry_version(OLDEST_PROTOCOL_VERSION, OLDEST_PROTOCOL_VERSION), None, "no loop");
+        // A server that answers newer clients in its own version refused for another
+        // reason: a join's token is spent, say; asking again would only hide why.
+        assert_eq!(retry_version(LAST_EXACT_PROTOCOL_VERSION + 2, LAST_EXACT_PROTOCOL_VERSION + 1), None);
     }
 
     /// The messages by which any two releases learn each other's version keep the layout

@@ -30,11 +30,18 @@ pub fn agree_version(client: u32) -> Result<u32, String> {
     Ok(client.min(PROTOCOL_VERSION))
 }
 
+/// The last protocol version whose servers refused every other version: from 14 on a
+/// server answers a newer client in its own version, so only a server at or below this
+/// one refuses a client for its version alone.
+pub const LAST_EXACT_PROTOCOL_VERSION: u32 = 13;
+
 /// Whether a client at `PROTOCOL_VERSION` whose hello at `tried` was refused by a server
-/// that speaks `server` should say hello again in that version (an older server, one of
-/// the versions this code speaks).
+/// that speaks `server` should say hello again in that version: a server that knew only
+/// its own version (at most `LAST_EXACT_PROTOCOL_VERSION`), which this code speaks too.
+/// A later server's refusal is about something else (a token already redeemed, a limit),
+/// and asking again would hide it.
 pub fn retry_version(tried: u32, server: u32) -> Option<u32> {
-    (OLDEST_PROTOCOL_VERSION..tried).contains(&server).then_some(server)
+    (server <= LAST_EXACT_PROTOCOL_VERSION && (OLDEST_PROTOCOL_VERSION..tried).contains(&server)).then_some(server)
 }
 /// `Op::Open` access bits: the open's access mode as the kernel checks it (the values
 /// of `acl::MAY_READ`, `MAY_WRITE`, `MAY_EXEC`).

@@ -355,10 +355,11 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
             if !outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
                 outboxes.insert(session, out);
             }
-            let kind = req.ops.first().map_or("none", p::Op::name);
+            // (By its first real operation: a batch may begin with its clock, `At`.)
+            let kind = req.ops.iter().find(|o| !matches!(o, p::Op::At { .. })).map_or("none", p::Op::name);
             let began = std::time::Instant::now();
             srv.handle(session, req, now());
-            srv.record_service(kind, began.elapsed().as_micros().try_into().unwrap_or(u64::MAX));
+            srv.record_service(kind, began.elapsed().as_nanos().try_into().unwrap_or(u64::MAX));
         }
         Cmd::RecallDone { session, recall_id } => srv.recall_done(session, recall_id, now()),
         Cmd::Replayed { session } => srv.replayed(session, now()),

@@ -101,6 +101,7 @@ async fn scrape(mut stream: TcpStream, ctrl: &mpsc::UnboundedSender<Ctrl>, page:
     }
     let mut call = NvList::new();
     let _ = call.add("cmd", Value::Str("server.status".into()));
+    let _ = call.add("brief", Value::Bool(true));
     let (reply, rx) = oneshot::channel();
     if ctrl.send(Ctrl::Admin { call: call.encode(), reply }).is_err() {
         return respond(&mut stream, "503 Service Unavailable", "the server is stopping\n").await;
@@ -222,7 +223,7 @@ fn service_histogram(out: &mut String, st: &NvList) {
         }
         let count = h.get_u64("count").unwrap_or(0);
         let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum{{kind=\"{kind}\"}} {}", h.get_u64("sum_us").unwrap_or(0) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_sum{{kind=\"{kind}\"}} {}", h.get_u64("sum_ns").unwrap_or(0) as f64 / 1e9);
         let _ = writeln!(out, "{name}_count{{kind=\"{kind}\"}} {count}");
     }
 }
@@ -249,7 +250,7 @@ mod tests {
         let _ = served.add("odd\"kind", Value::U64(1));
         let _ = st.add("served", Value::List(served));
         let mut lookup = NvList::new();
-        for (k, v) in [("count", 4), ("sum_us", 1_500_000), ("le_10", 1), ("le_1000", 3)] {
+        for (k, v) in [("count", 4), ("sum_ns", 1_500_000_000), ("le_10", 1), ("le_1000", 3)] {
             let _ = lookup.add(k, Value::U64(v));
         }
         let mut service = NvList::new();

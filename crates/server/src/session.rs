@@ -553,10 +553,10 @@ impl Server {
         self.sessions_per_identity = n;
     }
 
-    /// Counts `micros` of the server thread's time on a request of `kind` (its first
+    /// Counts `nanos` of the server thread's time on a request of `kind` (its first
     /// operation's `Op::name`), as the driver measured it around `handle`.
-    pub fn record_service(&mut self, kind: &'static str, micros: u64) {
-        self.service.record(kind, micros);
+    pub fn record_service(&mut self, kind: &'static str, nanos: u64) {
+        self.service.record(kind, nanos);
     }
 
     /// Names the server's release (and commit) in every welcome from now on.
@@ -1144,7 +1144,6 @@ impl Server {
                 continue;
             }
             *self.served.entry(op.name()).or_default() += 1;
-            self.activity.op(&op);
             if let Op::Reassert { ino, exclusive } = op {
                 let r = self.reassert(session, ino, exclusive);
                 results.push(room.place(r));
@@ -1197,7 +1196,15 @@ impl Server {
                 _ => None,
             };
             let xattr_names = matches!(op, Op::ListXattr { .. });
+            // (Counted once it ran: a write refused moved no data.)
+            let data = match &op {
+                Op::Write { data, .. } | Op::Append { data, .. } => data.len() as u64,
+                _ => 0,
+            };
             let mut r = self.run_op(session, op, now, mutates, involved, &mut room);
+            if r.is_ok() {
+                self.activity.bytes_written += data;
+            }
             if let Ok(Reply::Inodes { first, count }) = r {
                 if let Some(s) = self.sessions.get_mut(&session) {
                     s.grant(first, u64::from(count));

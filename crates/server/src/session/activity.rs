@@ -1,8 +1,10 @@
 //! What the server has done since it started, counted for `crest status`, `crest stats` and
-//! the Prometheus page: bytes clients wrote and read, recalls sent, sessions fenced, and
-//! operations refused by errno. Counted where every response and notice passes
-//! (`Server::take_outgoing`) and where each operation runs, so nothing is counted twice.
-//! Memory is bounded by the errnos there are.
+//! the Prometheus page: bytes clients wrote (counted as each write succeeds) and read,
+//! recalls sent, sessions fenced, and operations refused by errno (counted where every
+//! response and notice passes, `Server::take_outgoing`). A recall sent again to a client
+//! that reconnected counts once (its id was seen); an answer sent again from the reply
+//! cache to a client that resent its request counts again. Memory is bounded by the
+//! errnos there are.
 
 use std::collections::BTreeMap;
 
@@ -18,16 +20,11 @@ pub(super) struct Activity {
     pub(super) recalls: u64,
     pub(super) fences: u64,
     errors: BTreeMap<i32, u64>,
+    /// The highest recall id counted (ids only grow: one not above it was sent before).
+    last_recall: u64,
 }
 
 impl Activity {
-    /// An operation about to run: the file data it carries.
-    pub(super) fn op(&mut self, op: &p::Op) {
-        if let p::Op::Write { data, .. } | p::Op::Append { data, .. } = op {
-            self.bytes_written += data.len() as u64;
-        }
-    }
-
     /// Something going out: data read, errors, recalls.
     pub(super) fn outgoing(&mut self, o: &Outgoing) {
         match o {
@@ -41,7 +38,10 @@ impl Activity {
                 }
             }
             // (A recall split in parts counts once: its final part.)
-            Outgoing::Notify { notify: p::Notify::Recall { .. }, .. } => self.recalls += 1,
+            Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. } if *recall_id > self.last_recall => {
+                self.last_recall = *recall_id;
+                self.recalls += 1;
+            }
             Outgoing::Notify { .. } => {}
         }
     }
@@ -74,14 +74,15 @@ mod tests {
 
     #[test]
     fn data_errors_and_recalls_are_counted_once_each() {
-        let mut a = Activity::default();
-        a.op(&p::Op::Write { ino: 2, offset: 0, data: vec![0; 300] });
-        a.op(&p::Op::Append { ino: 2, data: vec![0; 20] });
-        a.op(&p::Op::GetAttr { ino: 2 });
+        let mut a = Activity { bytes_written: 320, ..Activity::default() };
         let err = |errno| Err(p::OpError { errno, message: String::new() });
         a.outgoing(&response(vec![Ok(p::Reply::Data(vec![1; 77])), err(p::errno::ENOENT), Ok(p::Reply::Done)]));
         a.outgoing(&response(vec![err(p::errno::ENOENT), err(4242)]));
-        a.outgoing(&Outgoing::Notify { session: 2, notify: p::Notify::Recall { recall_id: 9, inodes: vec![5] } });
+        let recall =
+            |recall_id| Outgoing::Notify { session: 2, notify: p::Notify::Recall { recall_id, inodes: vec![5] } };
+        a.outgoing(&recall(9));
+        a.outgoing(&recall(9)); // sent again after a reconnect
+        a.outgoing(&recall(3)); // an older one, again
         a.outgoing(&Outgoing::Notify { session: 2, notify: p::Notify::Fenced });
         let mut l = NvList::new();
         a.add_to(&mut l);

@@ -218,7 +218,10 @@ impl Server {
 
     /// `crest status`: the store's counters, the sessions (who, which dataset, whether
     /// connected) and the operations served since start, by kind.
-    fn status_into(&self, out: &mut NvList, now: p::Time) {
+    /// `brief` (what `crest stats` and the Prometheus page ask for, often): the counters
+    /// and totals without the sessions listed one by one, whose rights take a walk over
+    /// every right held.
+    fn status_into(&self, out: &mut NvList, now: p::Time, brief: bool) {
         let st = self.store.stats();
         let _ = out.add("release", Value::Str(self.release.clone()));
         let _ = out.add("protocols", Value::Str(format!("{}-{}", p::OLDEST_PROTOCOL_VERSION, p::PROTOCOL_VERSION)));
@@ -230,7 +233,6 @@ impl Server {
         let _ = out.add("space_total_bytes", Value::U64(space.total_blocks.saturating_mul(block)));
         let _ = out.add("space_free_bytes", Value::U64(space.free_blocks.saturating_mul(block)));
         self.activity.add_to(out);
-        let held = self.caps.held_per_session();
         let _ = out.add("generation", Value::U64(self.store.generation()));
         let _ = out.add("commits", Value::U64(st.commits));
         let _ = out.add("bytes_written", Value::U64(st.bytes_written));
@@ -242,6 +244,16 @@ impl Server {
         let _ = out.add("sessions_total", Value::U64(ids.len() as u64));
         let connected = ids.iter().filter(|id| !self.disconnected.contains_key(id)).count();
         let _ = out.add("sessions_connected", Value::U64(connected as u64));
+        let mut served = NvList::new();
+        for (kind, n) in &self.served {
+            let _ = served.add(*kind, Value::U64(*n));
+        }
+        let _ = out.add("served", Value::List(served));
+        let _ = out.add("service", Value::List(self.service.to_nvlist()));
+        if brief {
+            return;
+        }
+        let held = self.caps.held_per_session();
         let listed = ids
             .iter()
             .take(MAX_STATUS_SESSIONS)
@@ -265,18 +277,12 @@ impl Server {
             })
             .collect();
         let _ = out.add("sessions", Value::Lists(listed));
-        let mut served = NvList::new();
-        for (kind, n) in &self.served {
-            let _ = served.add(*kind, Value::U64(*n));
-        }
-        let _ = out.add("served", Value::List(served));
-        let _ = out.add("service", Value::List(self.service.to_nvlist()));
     }
 
     fn admin_call(&mut self, call: &NvList, now: p::Time) -> Result<NvList, Failed> {
         let mut out = NvList::new();
         match text(call, "cmd")? {
-            "server.status" => self.status_into(&mut out, now),
+            "server.status" => self.status_into(&mut out, now, call.get_bool("brief") == Some(true)),
             "dataset.create" => {
                 let name = text(call, "name")?;
                 let mut props = NvList::new();

@@ -16,7 +16,8 @@ pub const SERVICE_BUCKETS_US: [u64; 12] = [10, 25, 50, 100, 250, 500, 1_000, 2_5
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Histogram {
     count: u64,
-    sum_us: u64,
+    /// Nanoseconds (a request served from memory takes less than a microsecond).
+    sum_ns: u64,
     /// Requests that took at most each bound (and more than the one before).
     buckets: [u64; SERVICE_BUCKETS_US.len()],
 }
@@ -28,23 +29,23 @@ pub(super) struct ServiceTimes {
 }
 
 impl ServiceTimes {
-    pub(super) fn record(&mut self, kind: &'static str, micros: u64) {
+    pub(super) fn record(&mut self, kind: &'static str, nanos: u64) {
         let h = self.by_kind.entry(kind).or_default();
         h.count += 1;
-        h.sum_us = h.sum_us.saturating_add(micros);
-        if let Some(i) = SERVICE_BUCKETS_US.iter().position(|&b| micros <= b) {
+        h.sum_ns = h.sum_ns.saturating_add(nanos);
+        if let Some(i) = SERVICE_BUCKETS_US.iter().position(|&b| nanos <= b.saturating_mul(1000)) {
             h.buckets[i] += 1;
         }
     }
 
-    /// As the status lists it: per kind, `count`, `sum_us` and `le_<bound>` (cumulative, as
+    /// As the status lists it: per kind, `count`, `sum_ns` and `le_<bound µs>` (cumulative, as
     /// Prometheus counts a histogram's buckets).
     pub(super) fn to_nvlist(&self) -> NvList {
         let mut out = NvList::new();
         for (kind, h) in &self.by_kind {
             let mut l = NvList::new();
             let _ = l.add("count", Value::U64(h.count));
-            let _ = l.add("sum_us", Value::U64(h.sum_us));
+            let _ = l.add("sum_ns", Value::U64(h.sum_ns));
             let mut below = 0;
             for (bound, n) in SERVICE_BUCKETS_US.iter().zip(h.buckets) {
                 below += n;
@@ -65,16 +66,16 @@ mod tests {
         let mut t = ServiceTimes::default();
         // Each bound itself, one past it, and past the last bound.
         for &b in &SERVICE_BUCKETS_US {
-            t.record("lookup", b);
-            t.record("lookup", b + 1);
+            t.record("lookup", b * 1000);
+            t.record("lookup", b * 1000 + 1);
         }
         t.record("write", 0);
         let l = t.to_nvlist();
         let Some(Value::List(lookup)) = l.get("lookup") else { panic!("no lookup: {l:?}") };
         let n = SERVICE_BUCKETS_US.len() as u64;
         assert_eq!(lookup.get_u64("count"), Some(2 * n));
-        let sum: u64 = SERVICE_BUCKETS_US.iter().map(|b| 2 * b + 1).sum();
-        assert_eq!(lookup.get_u64("sum_us"), Some(sum));
+        let sum: u64 = SERVICE_BUCKETS_US.iter().map(|b| 2 * b * 1000 + 1).sum();
+        assert_eq!(lookup.get_u64("sum_ns"), Some(sum));
         for (i, b) in SERVICE_BUCKETS_US.iter().enumerate() {
             // At most `b`: every bound up to it, and every bound-plus-one below it.
             assert_eq!(lookup.get_u64(&format!("le_{b}")), Some(2 * i as u64 + 1), "le_{b}");
