@@ -206,6 +206,21 @@ assert d["cache"]["names"] >= 1 and d["calls_waiting"] >= 0, d
 PY
 run "$crest" status --mount "$mnt"
 mentions mount-status-table "cache: "
+run "$crest" status --mount "$mnt" --prometheus
+python3 - "$tmp/out" "$mnt" <<'PY' && pass mount-status-prometheus || fail mount-status-prometheus "$(said)"
+import sys
+samples = {}
+for line in open(sys.argv[1]):
+    if line.startswith("#"):
+        continue
+    name_labels, value = line.rsplit(" ", 1)
+    name, labels = name_labels.split("{", 1)
+    assert labels == 'mount="%s"}' % sys.argv[2], labels
+    samples[name] = int(value)
+assert samples["crest_mount_connected"] == 1 and samples["crest_mount_cache_names"] >= 1, samples
+assert len(samples) == 9, samples
+PY
+expect mount-status-prometheus-needs-mount 2 "$crest" status --prometheus
 expect mount-status-not-crest 1 "$crest" status --mount /proc
 python3 -c 'import os, sys; names = os.listxattr(sys.argv[1]); sys.exit(1 if "crest.status" in names else 0)' "$mnt" &&
   pass mount-status-not-listed || fail mount-status-not-listed "listed, or listxattr failed"

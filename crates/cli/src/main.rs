@@ -289,6 +289,9 @@ enum Command {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// With --mount: Prometheus's text format, for node_exporter's textfile collector.
+        #[arg(long, requires = "mount", conflicts_with = "json")]
+        prometheus: bool,
     },
     /// What a running server does each second: operations per second by kind with the
     /// server thread's mean time per request, commits and bytes written per second,
@@ -854,8 +857,15 @@ fn main() -> ExitCode {
             };
         }
         Command::Bench(args) => bench::bench(&args),
-        Command::Status { mount: Some(dir), json, .. } => status::mount_status(&dir, json),
-        Command::Status { server, insecure, json, mount: None } => mount::parse_addr(&server).and_then(|addr| {
+        Command::Status { mount: Some(dir), json, prometheus, .. } => {
+            let format = match (json, prometheus) {
+                (true, _) => status::Format::Json,
+                (_, true) => status::Format::Prometheus,
+                _ => status::Format::Table,
+            };
+            status::mount_status(&dir, format)
+        }
+        Command::Status { server, insecure, json, mount: None, .. } => mount::parse_addr(&server).and_then(|addr| {
             let tls = trust::client_tls(&state, &addr, insecure)?;
             status::status(&dataset::Target { addr: &addr, tls }, json)
         }),

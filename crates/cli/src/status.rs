@@ -201,15 +201,30 @@ fn uptime(secs: u64) -> String {
     }
 }
 
+/// How `crest status --mount` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Json,
+    Prometheus,
+}
+
 /// `crest status --mount DIR`: what the mount's daemon says of itself (the `crest.status`
 /// attribute of its root, `crest_fuse`'s fs/status.rs).
-pub fn mount_status(dir: &std::path::Path, json: bool) -> Result<()> {
+pub fn mount_status(dir: &std::path::Path, format: Format) -> Result<()> {
     let root = crate::mountinfo::crest_mount_root(dir)?;
     let raw = read_status_xattr(&root)?;
     let v: serde_json::Value = serde_json::from_slice(&raw).context("the mount's status is not JSON")?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
+    match format {
+        Format::Json => {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            return Ok(());
+        }
+        Format::Prometheus => {
+            print!("{}", mount_prometheus(&root, &v));
+            return Ok(());
+        }
+        Format::Table => {}
     }
     let s = |k: &str| v.get(k).map_or_else(String::new, |x| x.as_str().map_or_else(|| x.to_string(), str::to_string));
     let c = |k: &str| v.get("cache").and_then(|c| c.get(k)).map_or_else(String::new, ToString::to_string);
@@ -238,6 +253,35 @@ pub fn mount_status(dir: &std::path::Path, json: bool) -> Result<()> {
         c("rights_resets")
     );
     Ok(())
+}
+
+/// A mount's view as Prometheus metrics, labelled with its mount point (node_exporter's
+/// textfile collector reads files of these: one per mount, rewritten by a timer).
+fn mount_prometheus(root: &std::path::Path, v: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mount = root.display().to_string().replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+    let num = |x: Option<&serde_json::Value>| x.and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{mount=\"{mount}\"}} {value}");
+    };
+    let open = u64::from(v.get("connection").and_then(serde_json::Value::as_str) == Some("open"));
+    metric("crest_mount_connected", "gauge", "1 while the mount's connection to its server is open.", open);
+    metric("crest_mount_reconnects_total", "counter", "Welcomes after the first.", num(v.get("reconnects")));
+    metric("crest_mount_calls_waiting", "gauge", "Calls waiting for the server's answer.", num(v.get("calls_waiting")));
+    let unstable = num(v.get("changes_not_durable"));
+    metric("crest_mount_changes_not_durable", "gauge", "Changes answered but not yet committed.", unstable);
+    metric("crest_mount_bytes_queued", "gauge", "Bytes encoded and not yet sent.", num(v.get("bytes_queued")));
+    let cache = v.get("cache");
+    for (key, help) in [
+        ("names", "Names held in the mount's cache."),
+        ("attributes", "Inodes whose attributes the mount holds."),
+        ("directories", "Directories some of whose names the mount holds."),
+        ("exclusive", "Inodes the mount holds exclusively."),
+    ] {
+        metric(&format!("crest_mount_cache_{key}"), "gauge", help, num(cache.and_then(|c| c.get(key))));
+    }
+    out
 }
 
 /// The bytes of the `crest.status` attribute of `root`.
