@@ -185,6 +185,8 @@ assert 0 < d["space_free_bytes"] <= d["space_total_bytes"], d
 assert isinstance(d["errors"], dict) and all(k.startswith("E") for k in d["errors"]), d["errors"]
 assert all(isinstance(d[k], int) for k in ("client_bytes_written", "client_bytes_read", "recalls", "fences")), d
 assert d["service"] and all(v["count"] >= 1 for v in d["service"].values()), d["service"]
+assert mine[0]["address"].startswith("127.0.0.1:") and mine[0]["changes_in_flight"] >= 0, mine
+assert [x["name"] for x in d["datasets"]] == ["default"] and d["datasets"][0]["inodes"] >= 2, d["datasets"]
 assert sum(d["served"].values()) >= 1, d["served"]
 PY
 run "$crest" status --server "127.0.0.1:$port"
@@ -193,6 +195,7 @@ mentions status-table-client "$mnt"
 mentions status-table-release ", protocol "
 mentions status-table-space "GiB free of"
 mentions status-table-rights "RIGHTS S/X"
+mentions status-table-datasets "datasets: default ("
 # The mount's own view: its session (the one the server lists for it), its cache.
 server_session=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print([s["id"] for s in d["sessions"] if s["client"].endswith(":"+sys.argv[2])][0])' "$tmp/status.json" "$mnt" 2>/dev/null)
 ls "$mnt" >/dev/null

@@ -22,6 +22,9 @@ struct Session {
     open_handles: u64,
     /// Since the server last heard from it (its lease runs from there).
     heard_ms_ago: Option<u64>,
+    /// Where its connection comes from, and its changes in flight at the server.
+    address: String,
+    changes_in_flight: u64,
 }
 
 fn sessions_of(st: &NvList) -> Vec<Session> {
@@ -38,6 +41,8 @@ fn sessions_of(st: &NvList) -> Vec<Session> {
             rights_exclusive: s.get_u64("rights_exclusive").unwrap_or(0),
             open_handles: s.get_u64("open_handles").unwrap_or(0),
             heard_ms_ago: s.get_u64("heard_ms_ago"),
+            address: s.get_str("address").unwrap_or("").to_string(),
+            changes_in_flight: s.get_u64("changes_in_flight").unwrap_or(0),
         })
         .collect()
 }
@@ -53,6 +58,12 @@ fn service_json(st: &NvList) -> serde_json::Value {
         }
     }
     out.into()
+}
+
+/// The image's datasets: name and inodes.
+fn datasets_of(st: &NvList) -> Vec<(String, u64)> {
+    let Some(Value::Lists(all)) = st.get("datasets") else { return Vec::new() };
+    all.iter().map(|d| (d.get_str("name").unwrap_or("").to_string(), d.get_u64("inodes").unwrap_or(0))).collect()
 }
 
 /// A list of counters (`errors`: by errno), most first.
@@ -90,7 +101,8 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
                                     "dataset": s.dataset, "connected": s.connected,
                                     "protocol": s.protocol, "rights_shared": s.rights_shared,
                                     "rights_exclusive": s.rights_exclusive,
-                                    "open_handles": s.open_handles, "heard_ms_ago": s.heard_ms_ago })
+                                    "open_handles": s.open_handles, "heard_ms_ago": s.heard_ms_ago,
+                                    "address": s.address, "changes_in_flight": s.changes_in_flight })
             })
             .collect();
         let served: serde_json::Map<String, serde_json::Value> =
@@ -116,6 +128,7 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
             "errors": counts_of(&st, "errors").into_iter().map(|(k, v)| (k, v.into())).collect::<serde_json::Map<_, _>>(),
             "space_total_bytes": n("space_total_bytes"),
             "space_free_bytes": n("space_free_bytes"),
+            "datasets": datasets_of(&st).into_iter().map(|(name, inodes)| serde_json::json!({ "name": name, "inodes": inodes })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -148,13 +161,17 @@ fn print_table(t: &Target, st: &NvList, sessions: &[Session], served: &[(String,
     if n("repaired") > 0 {
         println!("bad copies of tree nodes rewritten from their twins: {}", n("repaired"));
     }
+    let datasets: Vec<String> = datasets_of(st).iter().map(|(d, i)| format!("{d} ({i} inodes)")).collect();
+    if !datasets.is_empty() {
+        println!("datasets: {}", datasets.join(", "));
+    }
     let total = st.get_u64("sessions_total").unwrap_or(sessions.len() as u64);
     let connected = st.get_u64("sessions_connected").unwrap_or(sessions.iter().filter(|s| s.connected).count() as u64);
     println!("sessions: {total} ({connected} connected)");
     if !sessions.is_empty() {
         println!(
-            "  {:>6}  {:<12} {:<12} {:<9} {:<8} {:>13} {:>5} {:>7} CLIENT",
-            "ID", "IDENTITY", "DATASET", "CONNECTED", "PROTOCOL", "RIGHTS S/X", "OPEN", "HEARD"
+            "  {:>6}  {:<12} {:<12} {:<9} {:<8} {:>13} {:>5} {:>7} {:>9} {:<21} CLIENT",
+            "ID", "IDENTITY", "DATASET", "CONNECTED", "PROTOCOL", "RIGHTS S/X", "OPEN", "HEARD", "IN FLIGHT", "ADDRESS"
         );
         for s in sessions {
             let connected = if s.connected { "yes" } else { "no" };
@@ -162,8 +179,18 @@ fn print_table(t: &Target, st: &NvList, sessions: &[Session], served: &[(String,
             let rights = format!("{}/{}", s.rights_shared, s.rights_exclusive);
             let heard = s.heard_ms_ago.map_or("-".to_string(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
             println!(
-                "  {:>6}  {:<12} {:<12} {:<9} {:<8} {:>13} {:>5} {:>7} {}",
-                s.id, s.identity, s.dataset, connected, protocol, rights, s.open_handles, heard, s.client
+                "  {:>6}  {:<12} {:<12} {:<9} {:<8} {:>13} {:>5} {:>7} {:>9} {:<21} {}",
+                s.id,
+                s.identity,
+                s.dataset,
+                connected,
+                protocol,
+                rights,
+                s.open_handles,
+                heard,
+                s.changes_in_flight,
+                s.address,
+                s.client
             );
         }
         if total > sessions.len() as u64 {

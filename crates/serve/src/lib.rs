@@ -275,6 +275,7 @@ impl StoreTask {
                 let (sid, msg) = srv.handle_hello_as(&hello, *policy, &identity);
                 if let Some(sid) = sid {
                     srv.heard(sid, now_ms());
+                    srv.set_peer(sid, peer.to_string());
                 }
                 // The welcome goes out first, before any notice for the session.
                 out.send(msg.clone());

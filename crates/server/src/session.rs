@@ -69,6 +69,8 @@ struct Session {
     /// The protocol version its latest hello agreed (`p::agree_version`); 0 for a session
     /// restored after a restart until its client says hello again.
     protocol: u32,
+    /// Where its latest connection came from (`set_peer`; status only).
+    peer: String,
     /// Its responses to changes, kept for retries.
     replies: Replies,
     /// Handles this session holds open, by inode (released when the session ends), each
@@ -557,6 +559,14 @@ impl Server {
     /// operation's `Op::name`), as the driver measured it around `handle`.
     pub fn record_service(&mut self, kind: &'static str, nanos: u64) {
         self.service.record(kind, nanos);
+    }
+
+    /// Notes where `session`'s connection comes from (the driver sees the socket), for
+    /// `crest status`.
+    pub fn set_peer(&mut self, session: SessionId, peer: String) {
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.peer = peer;
+        }
     }
 
     /// Names the server's release (and commit) in every welcome from now on.

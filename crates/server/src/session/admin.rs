@@ -238,7 +238,18 @@ impl Server {
         let _ = out.add("bytes_written", Value::U64(st.bytes_written));
         let _ = out.add("repaired", Value::U64(st.repaired));
         let _ = out.add("grace", Value::Bool(self.in_grace()));
-        let names: HashMap<u64, String> = self.store.datasets().into_iter().map(|d| (d.id, d.name)).collect();
+        let datasets = self.store.datasets();
+        let listed_datasets: Vec<NvList> = datasets
+            .iter()
+            .map(|d| {
+                let mut l = NvList::new();
+                let _ = l.add("name", Value::Str(d.name.clone()));
+                let _ = l.add("inodes", Value::U64(d.inodes));
+                l
+            })
+            .collect();
+        let _ = out.add("datasets", Value::Lists(listed_datasets));
+        let names: HashMap<u64, String> = datasets.into_iter().map(|d| (d.id, d.name)).collect();
         let mut ids: Vec<SessionId> = self.sessions.keys().copied().collect();
         ids.sort_unstable();
         let _ = out.add("sessions_total", Value::U64(ids.len() as u64));
@@ -270,6 +281,11 @@ impl Server {
                 let _ = l.add("rights_shared", Value::U64(shared));
                 let _ = l.add("rights_exclusive", Value::U64(exclusive));
                 let _ = l.add("open_handles", Value::U64(s.open.values().map(|h| h.len() as u64).sum()));
+                let _ = l.add("address", Value::Str(s.peer.clone()));
+                // Its changes in flight here: parked behind another session's rights, or
+                // run and waiting for an earlier one's answer to go first.
+                let in_flight = (s.reserved.len() + s.unreleased.len()) as u64;
+                let _ = l.add("changes_in_flight", Value::U64(in_flight));
                 if let Some(at) = self.last_heard.get(&id) {
                     let _ = l.add("heard_ms_ago", Value::U64(now_ms.saturating_sub(*at)));
                 }
