@@ -206,6 +206,7 @@ d = json.load(open(sys.argv[1]))
 assert d["connection"] == "open" and d["server"].endswith(":" + sys.argv[2]), d
 assert str(d["session"]) == sys.argv[3] and d["protocol"] >= 14 and d["server_release"].startswith("crest "), d
 assert d["cache"]["names"] >= 1 and d["calls_waiting"] >= 0, d
+assert d["lookups"]["cached"] + d["lookups"]["sent"] >= 1, d
 PY
 run "$crest" status --mount "$mnt"
 mentions mount-status-table "cache: "
@@ -221,7 +222,8 @@ for line in open(sys.argv[1]):
     assert labels == 'mount="%s"}' % sys.argv[2], labels
     samples[name] = int(value)
 assert samples["crest_mount_connected"] == 1 and samples["crest_mount_cache_names"] >= 1, samples
-assert len(samples) == 9, samples
+assert len(samples) == 11, samples
+assert samples["crest_mount_lookups_cached_total"] + samples["crest_mount_lookups_sent_total"] >= 1, samples
 PY
 expect mount-status-prometheus-needs-mount 2 "$crest" status --prometheus
 expect mount-status-not-crest 1 "$crest" status --mount /proc

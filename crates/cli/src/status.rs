@@ -279,6 +279,10 @@ pub fn mount_status(dir: &std::path::Path, format: Format) -> Result<()> {
         c("exclusive"),
         c("rights_resets")
     );
+    let lookups = |k: &str| v.get("lookups").and_then(|l| l.get(k)).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let (hit, sent) = (lookups("cached"), lookups("sent"));
+    let rate = if hit + sent == 0 { 0.0 } else { 100.0 * hit as f64 / (hit + sent) as f64 };
+    println!("look-ups: {hit} answered here, {sent} sent to the server ({rate:.0} % hits)");
     Ok(())
 }
 
@@ -300,6 +304,13 @@ fn mount_prometheus(root: &std::path::Path, v: &serde_json::Value) -> String {
     metric("crest_mount_changes_not_durable", "gauge", "Changes answered but not yet committed.", unstable);
     metric("crest_mount_bytes_queued", "gauge", "Bytes encoded and not yet sent.", num(v.get("bytes_queued")));
     let cache = v.get("cache");
+    let lookups = v.get("lookups");
+    for (key, help) in [
+        ("cached", "The kernel's look-ups the mount answered from its cache."),
+        ("sent", "The kernel's look-ups the mount sent to its server."),
+    ] {
+        metric(&format!("crest_mount_lookups_{key}_total"), "counter", help, num(lookups.and_then(|l| l.get(key))));
+    }
     for (key, help) in [
         ("names", "Names held in the mount's cache."),
         ("attributes", "Inodes whose attributes the mount holds."),

@@ -133,6 +133,10 @@ pub struct CrestFs {
     /// protocol, where a recall never waits on a kernel lock (docs/protocol.md §4.3).
     ttl: Duration,
     next_fh: AtomicU64,
+    /// The kernel's look-ups answered from `names`, and sent to the server (the cache's
+    /// hit rate, for `crest status --mount`).
+    lookups_cached: AtomicU64,
+    lookups_sent: AtomicU64,
     inodes: Mutex<Inodes>,
     dirs: Mutex<HashMap<u64, DirStream>>,
     /// Names and attributes this mount may answer lookups from, and its writeback state
@@ -284,6 +288,8 @@ impl CrestFs {
             client,
             ttl: Duration::ZERO,
             next_fh: AtomicU64::new(1),
+            lookups_cached: AtomicU64::new(0),
+            lookups_sent: AtomicU64::new(0),
             inodes: Mutex::new(Inodes::default()),
             dirs: Mutex::new(HashMap::new()),
             names,
@@ -605,6 +611,8 @@ impl Filesystem for CrestFs {
             let c = lock(&self.names);
             (c.lookup(parent.0, name.as_bytes(), Instant::now()), c.epoch())
         };
+        let counter = if held.is_some() { &self.lookups_cached } else { &self.lookups_sent };
+        counter.fetch_add(1, Ordering::Relaxed);
         let r = match held {
             Some(Cached::Found(a)) => Ok(Some(a)),
             Some(Cached::Absent) => Ok(None),

@@ -180,6 +180,8 @@ pub fn render(st: &NvList) -> String {
         ("{direction=\"read\"}".to_string(), st.get_u64("client_bytes_read").unwrap_or(0)),
     ];
     metric("crest_client_bytes_total", "counter", "File data clients wrote and read since start.", &data);
+    let queued = "Changes waiting at the server: parked behind another session's rights, or for an earlier answer.";
+    metric("crest_changes_in_flight", "gauge", queued, &one("changes_in_flight"));
     metric("crest_recalls_total", "counter", "Recalls of rights sent to clients since start.", &one("recalls"));
     metric("crest_fences_total", "counter", "Sessions fenced (silent past their lease) since start.", &one("fences"));
     let errors: Vec<(String, u64)> = match st.get("errors") {
@@ -275,6 +277,7 @@ mod tests {
             "crest_client_bytes_total{direction=\"read\"} 4096",
             "crest_space_bytes{state=\"free\"} 1048576",
             "crest_fences_total 0",
+            "crest_changes_in_flight 0",
             "# TYPE crest_request_service_seconds histogram",
             "crest_request_service_seconds_bucket{kind=\"lookup\",le=\"0.00001\"} 1",
             "crest_request_service_seconds_bucket{kind=\"lookup\",le=\"0.001\"} 3",

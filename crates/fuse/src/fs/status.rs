@@ -1,7 +1,8 @@
 //! A mount's own view, for `crest status --mount DIR`: read as the extended attribute
 //! `crest.status` of the mount's root (as CephFS's `ceph.*` attributes are), a JSON object
 //! with the connection (server, session, protocol, calls waiting, changes not yet durable,
-//! reconnects) and the cache (names, attributes, inodes held exclusively). Answered here,
+//! reconnects) and the cache (names, attributes, inodes held exclusively, and the kernel's
+//! look-ups it answered against those sent to the server). Answered here,
 //! never sent to the server, and not listed by `listxattr`: no file's attributes change.
 
 use serde_json::json;
@@ -34,6 +35,10 @@ impl CrestFs {
                 "rights_resets": cache.resets,
             },
             "open_directories": open_dirs,
+            "lookups": {
+                "cached": self.lookups_cached.load(std::sync::atomic::Ordering::Relaxed),
+                "sent": self.lookups_sent.load(std::sync::atomic::Ordering::Relaxed),
+            },
         });
         let mut out = v.to_string().into_bytes();
         out.push(b'\n');

@@ -255,6 +255,10 @@ impl Server {
         let _ = out.add("sessions_total", Value::U64(ids.len() as u64));
         let connected = ids.iter().filter(|id| !self.disconnected.contains_key(id)).count();
         let _ = out.add("sessions_connected", Value::U64(connected as u64));
+        // The server's queue: changes parked behind other sessions' rights, or run and
+        // waiting for an earlier answer of their session to go first.
+        let in_flight: usize = self.sessions.values().map(|s| s.reserved.len() + s.unreleased.len()).sum();
+        let _ = out.add("changes_in_flight", Value::U64(in_flight as u64));
         let mut served = NvList::new();
         for (kind, n) in &self.served {
             let _ = served.add(*kind, Value::U64(*n));
