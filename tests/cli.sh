@@ -186,6 +186,7 @@ assert isinstance(d["errors"], dict) and all(k.startswith("E") for k in d["error
 assert all(isinstance(d[k], int) for k in ("client_bytes_written", "client_bytes_read", "recalls", "fences")), d
 assert d["service"] and all(v["count"] >= 1 for v in d["service"].values()), d["service"]
 assert mine[0]["address"].startswith("127.0.0.1:") and mine[0]["changes_in_flight"] >= 0, mine
+assert d["image"].endswith("/img"), d["image"]
 assert [x["name"] for x in d["datasets"]] == ["default"] and d["datasets"][0]["inodes"] >= 2, d["datasets"]
 assert sum(d["served"].values()) >= 1, d["served"]
 PY

@@ -900,6 +900,7 @@ fn main() -> ExitCode {
                     sessions_per_identity: max_sessions_per_client,
                     metrics,
                     release: format!("crest {}", version::short()),
+                    image: image.display().to_string(),
                     ..Default::default()
                 };
                 let reread = || reread_serve(&args);

@@ -110,6 +110,7 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
         let out = serde_json::json!({
             "server": t.addr,
             "release": st.get_str("release").unwrap_or(""),
+            "image": st.get_str("image").unwrap_or(""),
             "protocols": st.get_str("protocols").unwrap_or(""),
             "uptime_secs": n("uptime_ms") / 1000,
             "generation": n("generation"),
@@ -142,10 +143,11 @@ fn print_table(t: &Target, st: &NvList, sessions: &[Session], served: &[(String,
     // (A server before protocol 14 names neither its release nor its uptime.)
     if let Some(release) = st.get_str("release") {
         println!(
-            "server {}: {release}, protocol {}, up {}; {} GiB free of {} GiB",
+            "server {}: {release}, protocol {}, up {}; image {}, {} GiB free of {} GiB",
             t.addr,
             st.get_str("protocols").unwrap_or("?"),
             uptime(n("uptime_ms") / 1000),
+            st.get_str("image").unwrap_or("?"),
             n("space_free_bytes") >> 30,
             n("space_total_bytes") >> 30,
         );

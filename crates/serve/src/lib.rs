@@ -133,6 +133,8 @@ pub struct Options {
     pub metrics: Option<SocketAddr>,
     /// The release (and commit) each welcome names, as `crest --version` says it.
     pub release: String,
+    /// The image's path, for `crest status`.
+    pub image: String,
 }
 
 impl Default for Options {
@@ -142,6 +144,7 @@ impl Default for Options {
             sessions_per_identity: limits::MAX_CONNECTIONS_PER_IDENTITY,
             metrics: None,
             release: format!("crest {}", env!("CARGO_PKG_VERSION")),
+            image: String::new(),
         }
     }
 }
@@ -507,6 +510,7 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
     let mut server = Server::new(store);
     server.set_sessions_per_identity(options.sessions_per_identity);
     server.set_release(options.release.clone());
+    server.set_image_name(options.image.clone());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (accept_done_tx, accept_done_rx) = oneshot::channel::<()>();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

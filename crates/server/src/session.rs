@@ -263,6 +263,8 @@ pub struct Server {
     rng: Option<crest_rng::Stream>,
     /// What a welcome names as the server's release (`set_release`).
     release: String,
+    /// The image's path as the operator named it (`set_image_name`; status only).
+    image: String,
     /// When its first tick came (what `crest status` counts its uptime from).
     started_ms: Option<u64>,
     sessions: HashMap<SessionId, Session>,
@@ -499,6 +501,7 @@ impl Server {
             store,
             rng: None,
             release: format!("crest {}", env!("CARGO_PKG_VERSION")),
+            image: String::new(),
             started_ms: None,
             pending_snapshots: Vec::new(),
             next_admin_token: 0,
@@ -567,6 +570,11 @@ impl Server {
         if let Some(s) = self.sessions.get_mut(&session) {
             s.peer = peer;
         }
+    }
+
+    /// The image's path, for `crest status`.
+    pub fn set_image_name(&mut self, image: String) {
+        self.image = image;
     }
 
     /// Names the server's release (and commit) in every welcome from now on.

@@ -224,6 +224,7 @@ impl Server {
     fn status_into(&self, out: &mut NvList, now: p::Time, brief: bool) {
         let st = self.store.stats();
         let _ = out.add("release", Value::Str(self.release.clone()));
+        let _ = out.add("image", Value::Str(self.image.clone()));
         let _ = out.add("protocols", Value::Str(format!("{}-{}", p::OLDEST_PROTOCOL_VERSION, p::PROTOCOL_VERSION)));
         let now_ms = super::millis(now);
         let up = self.started_ms.map_or(0, |t| now_ms.saturating_sub(t));
