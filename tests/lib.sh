@@ -22,3 +22,16 @@ wait_listen() {
   for _ in $(seq 200); do listening "$1" && return 0; sleep 0.05; done
   return 1
 }
+# check NAME CMD...: PASS when the command succeeds.
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "not true: $*"; fi; }
+# unmount_all DIR...: lazily unmounts each that is still mounted (for the EXIT traps; a
+# directory mounted twice over is unmounted up to three times).
+unmount_all() {
+  local m
+  for m in "$@"; do
+    for _ in 1 2 3; do
+      grep -qF " $m " /proc/self/mountinfo || break
+      umount -l "$m" 2>/dev/null || break
+    done
+  done
+}

@@ -36,12 +36,7 @@ img=/var/lib/crest/images/$inst.img
 installed=
 
 cleanup() {
-  for m in "${mounts[@]}"; do
-    for _ in 1 2 3; do
-      grep -qF " $m " /proc/self/mountinfo || break
-      umount -l "$m" 2>/dev/null || break
-    done
-  done
+  unmount_all "${mounts[@]}"
   [ -n "$server" ] && kill "$server" 2>/dev/null
   wait 2>/dev/null
   ip netns del "$ns" 2>/dev/null
@@ -61,7 +56,6 @@ trap cleanup EXIT
 
 # shellcheck source=tests/lib.sh
 source "$root/tests/lib.sh"
-check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "not true: $*"; fi; }
 
 echo "== build"
 deb=$(bash "$root/packaging/deb.sh" | tail -1)

@@ -24,12 +24,7 @@ pids=()
 mounts=()
 
 cleanup() {
-  for m in "${mounts[@]}"; do
-    for _ in 1 2 3; do
-      grep -qF " $m " /proc/self/mountinfo || break
-      umount -l "$m" 2>/dev/null || break
-    done
-  done
+  unmount_all "${mounts[@]}"
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
   rm -rf "$tmp"
@@ -38,7 +33,6 @@ trap cleanup EXIT
 
 # shellcheck source=tests/lib.sh
 source "$root/tests/lib.sh"
-check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "not true: $*"; fi; }
 # as HOST CMD...: crest with HOST's state directory.
 as() { local h=$1; shift; CREST_STATE_DIR=$tmp/$h "$crest" "$@"; }
 serve() { # HOST IMAGE PORT [ARGS]

@@ -28,12 +28,7 @@ seed=${CREST_SEED:-$RANDOM}
 echo "seed $seed (CREST_SEED=$seed to repeat)"
 
 cleanup() {
-  for m in "${mounts[@]}"; do
-    for _ in 1 2 3; do
-      grep -qF " $m " /proc/self/mountinfo || break
-      umount -l "$m" 2>/dev/null || break
-    done
-  done
+  unmount_all "${mounts[@]}"
   [ -n "$server" ] && kill "$server" 2>/dev/null
   wait 2>/dev/null
   rm -rf "$tmp"
@@ -42,7 +37,6 @@ trap cleanup EXIT
 
 # shellcheck source=tests/lib.sh
 source "$root/tests/lib.sh"
-check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "not true: $*"; fi; }
 
 # The previous release: its commit, built once into /var/tmp/crest-prev/.
 read -r prev_release prev_commit <"$root/packaging/previous-release"
