@@ -227,6 +227,26 @@ assert len(samples) == 11, samples
 assert samples["crest_mount_lookups_cached_total"] + samples["crest_mount_lookups_sent_total"] >= 1, samples
 PY
 expect mount-status-prometheus-needs-mount 2 "$crest" status --prometheus
+# A mount daemon's own Prometheus endpoint (-o metrics=ADDR).
+mport=$(free_port)
+mkdir -p "$tmp/m-metrics"
+mounts+=("$tmp/m-metrics")
+expect mount-with-metrics 0 "$crest" mount -o "metrics=127.0.0.1:$mport" "127.0.0.1:$port" "$tmp/m-metrics"
+ls "$tmp/m-metrics" >/dev/null
+python3 - "$mport" "$tmp/m-metrics" <<'PY' && pass mount-metrics-endpoint || fail mount-metrics-endpoint "see above"
+import sys, urllib.request, urllib.error
+base = f"http://127.0.0.1:{sys.argv[1]}"
+page = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+assert f'crest_mount_connected{{mount="{sys.argv[2]}"}} 1' in page.splitlines(), page
+try:
+    urllib.request.urlopen(base + "/", timeout=10)
+    raise SystemExit("/ answered")
+except urllib.error.HTTPError as e:
+    assert e.code == 404, e.code
+PY
+expect mount-metrics-bad-address 32 "$crest" mount -o "metrics=nowhere" "127.0.0.1:$port" "$tmp/m2"
+mentions mount-metrics-bad-address-said "metrics=IP:PORT"
+"$crest" umount "$tmp/m-metrics"
 expect mount-status-not-crest 1 "$crest" status --mount /proc
 python3 -c 'import os, sys; names = os.listxattr(sys.argv[1]); sys.exit(1 if "crest.status" in names else 0)' "$mnt" &&
   pass mount-status-not-listed || fail mount-status-not-listed "listed, or listxattr failed"

@@ -10,6 +10,7 @@ mod dataset;
 mod helpfiles;
 mod logging;
 mod mount;
+mod mount_metrics;
 mod mountinfo;
 mod progress;
 mod repair;

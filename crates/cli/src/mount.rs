@@ -129,6 +129,25 @@ fn take_timeout(opts: &mut Vec<String>) -> Result<Option<u64>> {
     }
 }
 
+/// `-o metrics=ADDR`, taken out of `opts`: where the mount's daemon answers Prometheus
+/// scrapes (`mount_metrics.rs`).
+fn take_metrics(opts: &mut Vec<String>) -> Result<Option<std::net::SocketAddr>> {
+    let mut metrics = None;
+    let mut err = None;
+    opts.retain(|o| {
+        let Some(v) = o.strip_prefix("metrics=") else { return true };
+        match v.parse::<std::net::SocketAddr>() {
+            Ok(a) => metrics = Some(a),
+            Err(_) => err = Some(format!("bad mount option {o:?}: metrics=IP:PORT")),
+        }
+        false
+    });
+    match err {
+        Some(e) => Err(anyhow!(e)),
+        None => Ok(metrics),
+    }
+}
+
 /// `-o dataset=NAME`, taken out of `opts`: the dataset to mount (the server's default one
 /// without it).
 fn take_dataset(opts: &mut Vec<String>) -> Result<Option<String>> {
@@ -152,6 +171,7 @@ pub fn mount(req: &Request) -> Result<()> {
     let mut opts = parse_options(req.options)?;
     let timeout = take_timeout(&mut opts)?.unwrap_or(req.timeout);
     let dataset = take_dataset(&mut opts)?;
+    let metrics = take_metrics(&mut opts)?;
     let insecure = req.insecure || {
         let before = opts.len();
         opts.retain(|o| o != "insecure");
@@ -187,7 +207,18 @@ pub fn mount(req: &Request) -> Result<()> {
         return mount_in_background(&addr, &target, req);
     }
     let mut ready = if req.ready_pipe { Some(take_ready_pipe()?) } else { None };
-    let served = serve_mount(&addr, &target, (opts, dataset), req.timeout, tls, &mut ready);
+    // (Bound before the mount: a port in use fails the mount, said on the pipe.)
+    let metrics = match metrics.map(std::net::TcpListener::bind).transpose() {
+        Ok(l) => l,
+        Err(e) => {
+            let e = anyhow!(e).context(format!("metrics at {}", metrics.map(|a| a.to_string()).unwrap_or_default()));
+            if let Some(mut pipe) = ready {
+                let _ = writeln!(pipe, "{e:#}");
+            }
+            return Err(e);
+        }
+    };
+    let served = serve_mount(&addr, &target, (opts, dataset, metrics), req.timeout, tls, &mut ready);
     if let (Err(e), Some(mut pipe)) = (&served, ready) {
         // The parent is waiting: it prints this and exits non-zero. The pipe may be
         // gone already (the parent died); the error still goes to the log.
@@ -213,7 +244,7 @@ fn take_ready_pipe() -> Result<std::fs::File> {
 fn serve_mount(
     addr: &str,
     target: &Path,
-    (opts, dataset): (Vec<String>, Option<String>),
+    (opts, dataset, metrics): (Vec<String>, Option<String>, Option<std::net::TcpListener>),
     timeout: u64,
     tls: Option<std::sync::Arc<crest_tls::ClientConfig>>,
     ready: &mut Option<std::fs::File>,
@@ -249,6 +280,9 @@ fn serve_mount(
         let _ = pipe.write_all(b"ok\n");
     }
     tracing::info!("{addr} mounted on {}", target.display());
+    if let Some(listener) = metrics {
+        crate::mount_metrics::spawn(listener, target.to_path_buf());
+    }
     guard.join().with_context(|| format!("serving {}", target.display()))
 }
 

@@ -288,6 +288,13 @@ pub fn mount_status(dir: &std::path::Path, format: Format) -> Result<()> {
     Ok(())
 }
 
+/// The Prometheus text of the mount whose root is `root` (its metrics endpoint's answer).
+pub fn mount_metrics_text(root: &std::path::Path) -> Result<String> {
+    let raw = read_status_xattr(root)?;
+    let v: serde_json::Value = serde_json::from_slice(&raw).context("the mount's status is not JSON")?;
+    Ok(mount_prometheus(root, &v))
+}
+
 /// A mount's view as Prometheus metrics, labelled with its mount point (node_exporter's
 /// textfile collector reads files of these: one per mount, rewritten by a timer).
 fn mount_prometheus(root: &std::path::Path, v: &serde_json::Value) -> String {
