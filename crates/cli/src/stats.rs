@@ -88,7 +88,8 @@ pub fn between(a: &Sample, b: &Sample, secs: f64) -> Interval {
         .collect();
     kinds.sort_by(|x, y| y.1.total_cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
     Interval {
-        ops_per_sec: kinds.iter().map(|k| k.1).sum(),
+        // (A sum of nothing is -0.0, printed "-0".)
+        ops_per_sec: kinds.iter().map(|k| k.1).sum::<f64>() + 0.0,
         kinds,
         commits_per_sec: diff(a.commits, b.commits) as f64 / secs,
         written_per_sec: diff(a.bytes_written, b.bytes_written) as f64 / secs,
@@ -198,6 +199,12 @@ mod tests {
             vec![("lookup".into(), 100.0, 50.0, Some(200.0)), ("create".into(), 20.0, 10.0, Some(200.0))],
             "write served nothing in between"
         );
+    }
+
+    #[test]
+    fn a_quiet_interval_is_zero_not_minus_zero() {
+        let a = sample(1, &[("lookup", 5)], &[]);
+        assert_eq!(format!("{:.0}", between(&a, &a, 1.0).ops_per_sec), "0");
     }
 
     #[test]

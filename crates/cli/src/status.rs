@@ -143,13 +143,13 @@ fn print_table(t: &Target, st: &NvList, sessions: &[Session], served: &[(String,
     // (A server before protocol 14 names neither its release nor its uptime.)
     if let Some(release) = st.get_str("release") {
         println!(
-            "server {}: {release}, protocol {}, up {}; image {}, {} GiB free of {} GiB",
+            "server {}: {release}, protocol {}, up {}; image {}, {:.1} GiB free of {:.1} GiB",
             t.addr,
             st.get_str("protocols").unwrap_or("?"),
             uptime(n("uptime_ms") / 1000),
             st.get_str("image").unwrap_or("?"),
-            n("space_free_bytes") >> 30,
-            n("space_total_bytes") >> 30,
+            n("space_free_bytes") as f64 / f64::from(1u32 << 30),
+            n("space_total_bytes") as f64 / f64::from(1u32 << 30),
         );
     }
     println!(
