@@ -110,61 +110,47 @@ pub struct Request<'a> {
     pub config: Option<&'a Path>,
 }
 
-/// `-o timeout=SECONDS` (fstab's way to say `--timeout`), taken out of `opts`: how long
-/// a file operation waits for an absent server before failing (ETIMEDOUT).
-fn take_timeout(opts: &mut Vec<String>) -> Result<Option<u64>> {
-    let mut timeout = None;
-    let mut err = None;
+/// Takes `KEY=VALUE` out of `opts` (the last one wins): `parse`'s value, or an error
+/// saying `want` when one does not parse.
+fn take_option<T>(
+    opts: &mut Vec<String>,
+    key: &str,
+    want: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Option<T>> {
+    let (mut found, mut err) = (None, None);
     opts.retain(|o| {
-        let Some(v) = o.strip_prefix("timeout=") else { return true };
-        match v.parse::<u64>() {
-            Ok(t) if t > 0 => timeout = Some(t),
-            _ => err = Some(format!("bad mount option {o:?}: timeout=SECONDS, a whole number above 0")),
+        let Some(v) = o.strip_prefix(key).and_then(|r| r.strip_prefix('=')) else { return true };
+        match parse(v) {
+            Some(t) => found = Some(t),
+            None => err = Some(format!("bad mount option {o:?}: {key}={want}")),
         }
         false
     });
     match err {
         Some(e) => Err(anyhow!(e)),
-        None => Ok(timeout),
+        None => Ok(found),
     }
+}
+
+/// `-o timeout=SECONDS` (fstab's way to say `--timeout`), taken out of `opts`: how long
+/// a file operation waits for an absent server before failing (ETIMEDOUT).
+fn take_timeout(opts: &mut Vec<String>) -> Result<Option<u64>> {
+    take_option(opts, "timeout", "SECONDS, a whole number above 0", |v| v.parse::<u64>().ok().filter(|&t| t > 0))
 }
 
 /// `-o metrics=ADDR`, taken out of `opts`: where the mount's daemon answers Prometheus
 /// scrapes (`mount_metrics.rs`).
 fn take_metrics(opts: &mut Vec<String>) -> Result<Option<std::net::SocketAddr>> {
-    let mut metrics = None;
-    let mut err = None;
-    opts.retain(|o| {
-        let Some(v) = o.strip_prefix("metrics=") else { return true };
-        match v.parse::<std::net::SocketAddr>() {
-            Ok(a) => metrics = Some(a),
-            Err(_) => err = Some(format!("bad mount option {o:?}: metrics=IP:PORT")),
-        }
-        false
-    });
-    match err {
-        Some(e) => Err(anyhow!(e)),
-        None => Ok(metrics),
-    }
+    take_option(opts, "metrics", "IP:PORT", |v| v.parse().ok())
 }
 
 /// `-o dataset=NAME`, taken out of `opts`: the dataset to mount (the server's default one
 /// without it).
 fn take_dataset(opts: &mut Vec<String>) -> Result<Option<String>> {
-    let mut dataset = None;
-    let mut err = None;
-    opts.retain(|o| {
-        let Some(v) = o.strip_prefix("dataset=") else { return true };
-        if v.is_empty() || v.len() > crest_proto::MAX_DATASET_NAME_BYTES {
-            err = Some(format!("bad mount option {o:?}: dataset=NAME"));
-        }
-        dataset = Some(v.to_string());
-        false
-    });
-    match err {
-        Some(e) => Err(anyhow!(e)),
-        None => Ok(dataset),
-    }
+    take_option(opts, "dataset", "NAME", |v| {
+        (!v.is_empty() && v.len() <= crest_proto::MAX_DATASET_NAME_BYTES).then(|| v.to_string())
+    })
 }
 
 pub fn mount(req: &Request) -> Result<()> {

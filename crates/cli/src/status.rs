@@ -66,7 +66,7 @@ fn datasets_of(st: &NvList) -> Vec<(String, u64)> {
     all.iter().map(|d| (d.get_str("name").unwrap_or("").to_string(), d.get_u64("inodes").unwrap_or(0))).collect()
 }
 
-/// A list of counters (`errors`: by errno), most first.
+/// A list of counters (`served`: by operation kind, `errors`: by errno), most first.
 fn counts_of(st: &NvList, name: &str) -> Vec<(String, u64)> {
     let Some(Value::List(l)) = st.get(name) else { return Vec::new() };
     let mut counts: Vec<(String, u64)> =
@@ -75,22 +75,11 @@ fn counts_of(st: &NvList, name: &str) -> Vec<(String, u64)> {
     counts
 }
 
-/// Operations served, by kind, most first.
-fn served_of(st: &NvList) -> Vec<(String, u64)> {
-    let Some(Value::List(served)) = st.get("served") else { return Vec::new() };
-    let mut kinds: Vec<(String, u64)> = served
-        .iter()
-        .filter_map(|(k, v)| if let Value::U64(n) = v { Some((k.to_string(), *n)) } else { None })
-        .collect();
-    kinds.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    kinds
-}
-
 /// Asks the server at `t` and prints what it said.
 pub fn status(t: &Target, json: bool) -> Result<()> {
     let st = call(t, command("server.status"))?;
     let sessions = sessions_of(&st);
-    let served = served_of(&st);
+    let served = counts_of(&st, "served");
     let total = st.get_u64("sessions_total").unwrap_or(sessions.len() as u64);
     let n = |k: &str| st.get_u64(k).unwrap_or(0);
     if json {
@@ -242,8 +231,7 @@ pub enum Format {
 /// attribute of its root, `crest_fuse`'s fs/status.rs).
 pub fn mount_status(dir: &std::path::Path, format: Format) -> Result<()> {
     let root = crate::mountinfo::crest_mount_root(dir)?;
-    let raw = read_status_xattr(&root)?;
-    let v: serde_json::Value = serde_json::from_slice(&raw).context("the mount's status is not JSON")?;
+    let v = mount_view(&root)?;
     match format {
         Format::Json => {
             println!("{}", serde_json::to_string_pretty(&v)?);
@@ -290,9 +278,13 @@ pub fn mount_status(dir: &std::path::Path, format: Format) -> Result<()> {
 
 /// The Prometheus text of the mount whose root is `root` (its metrics endpoint's answer).
 pub fn mount_metrics_text(root: &std::path::Path) -> Result<String> {
+    Ok(mount_prometheus(root, &mount_view(root)?))
+}
+
+/// The mount's view, as its daemon answers it.
+fn mount_view(root: &std::path::Path) -> Result<serde_json::Value> {
     let raw = read_status_xattr(root)?;
-    let v: serde_json::Value = serde_json::from_slice(&raw).context("the mount's status is not JSON")?;
-    Ok(mount_prometheus(root, &v))
+    serde_json::from_slice(&raw).context("the mount's status is not JSON")
 }
 
 /// A mount's view as Prometheus metrics, labelled with its mount point (node_exporter's

@@ -164,16 +164,7 @@ pub fn render(st: &NvList) -> String {
         ("{state=\"disconnected\"}".to_string(), total.saturating_sub(connected)),
     ];
     metric("crest_sessions", "gauge", "Sessions held, connected or kept for a reconnect.", &by_state);
-    let served: Vec<(String, u64)> = match st.get("served") {
-        Some(Value::List(l)) => l
-            .iter()
-            .filter_map(|(k, v)| match v {
-                Value::U64(n) => Some((format!("{{kind=\"{}\"}}", label(k)), *n)),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
+    let served = labelled(st, "served", "kind");
     metric("crest_operations_total", "counter", "Operations served since start, by kind.", &served);
     let data = vec![
         ("{direction=\"written\"}".to_string(), st.get_u64("client_bytes_written").unwrap_or(0)),
@@ -184,16 +175,7 @@ pub fn render(st: &NvList) -> String {
     metric("crest_changes_in_flight", "gauge", queued, &one("changes_in_flight"));
     metric("crest_recalls_total", "counter", "Recalls of rights sent to clients since start.", &one("recalls"));
     metric("crest_fences_total", "counter", "Sessions fenced (silent past their lease) since start.", &one("fences"));
-    let errors: Vec<(String, u64)> = match st.get("errors") {
-        Some(Value::List(l)) => l
-            .iter()
-            .filter_map(|(k, v)| match v {
-                Value::U64(n) => Some((format!("{{errno=\"{}\"}}", label(k)), *n)),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
+    let errors = labelled(st, "errors", "errno");
     metric("crest_errors_total", "counter", "Operations refused since start, by errno.", &errors);
     let space = vec![
         ("{state=\"total\"}".to_string(), st.get_u64("space_total_bytes").unwrap_or(0)),
@@ -202,6 +184,17 @@ pub fn render(st: &NvList) -> String {
     metric("crest_space_bytes", "gauge", "The image's size and its free space.", &space);
     service_histogram(&mut out, st);
     out
+}
+
+/// The counters of the status's list `list` (name → count), each labelled `key="name"`.
+fn labelled(st: &NvList, list: &str, key: &str) -> Vec<(String, u64)> {
+    let Some(Value::List(l)) = st.get(list) else { return Vec::new() };
+    l.iter()
+        .filter_map(|(k, v)| match v {
+            Value::U64(n) => Some((format!("{{{key}=\"{}\"}}", label(k)), *n)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// `crest_request_service_seconds`: the server thread's time per request, by the kind of
