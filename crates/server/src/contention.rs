@@ -87,6 +87,25 @@ impl Contention {
         self.dirs.get(&dir).is_some_and(|u| recent(u.last) || u.other.is_some_and(recent))
     }
 
+    /// Forgets `session`'s uses: a session that ended is nobody to trade a directory
+    /// with (an unmount and a mount again within the window would otherwise work through
+    /// the server one change at a time until the window passed). O(directories used
+    /// within the window).
+    pub fn forget_session(&mut self, session: SessionId) {
+        self.dirs.retain(|_, u| {
+            if u.other.is_some_and(|(s, _)| s == session) {
+                u.other = None;
+            }
+            if u.last.0 == session {
+                match u.other.take() {
+                    Some(o) => u.last = o,
+                    None => return false,
+                }
+            }
+            true
+        });
+    }
+
     /// Forgets uses older than the window. Times come from the driver's clock, so one out
     /// of order only keeps those behind it a little longer.
     fn expire(&mut self, now_ms: u64) {
@@ -143,6 +162,23 @@ mod tests {
         assert_eq!(c.len(), 1, "everything but the new use expired");
         assert!(c.order.len() <= 1);
         assert!(!c.shared(7, 2, 100_000));
+    }
+
+    #[test]
+    fn a_forgotten_session_shares_nothing_and_the_others_still_count() {
+        let mut c = Contention::new(1_000);
+        c.used(10, 1, 100);
+        c.used(10, 2, 200);
+        c.used(11, 1, 300);
+        c.forget_session(1);
+        assert!(!c.shared(10, 2, 400), "2 is the only user left");
+        assert!(c.shared(10, 3, 400), "2's use still counts for others");
+        assert!(!c.shared(11, 2, 400) && c.len() == 1, "11 was 1's alone: gone");
+        c.forget_session(2);
+        assert_eq!(c.len(), 0);
+        // What is left in the expiry queue goes without harm.
+        c.used(12, 4, 5_000);
+        assert_eq!((c.len(), c.order.len()), (1, 1));
     }
 
     #[test]

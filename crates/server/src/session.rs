@@ -1044,6 +1044,7 @@ impl Server {
         // (If it was the last one to replay, the next tick ends the grace period.)
         self.replaying.remove(&id);
         self.release_locks(id, "session ended");
+        self.contention.forget_session(id);
         let out = self.caps.forget_session(id);
         self.outbox.extend(out);
         self.parked.retain(|p| p.session != id);

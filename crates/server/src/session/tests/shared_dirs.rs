@@ -84,3 +84,32 @@ fn writeback_of_a_holder_keeps_its_directory_shared_for_others() {
         "{out:?}"
     );
 }
+
+#[test]
+fn a_directory_changed_by_a_session_that_since_ended_is_not_shared() {
+    // An unmount and a mount again within the window (or one host's job after another's):
+    // the session gone is nobody to trade the directory with.
+    let (mut srv, a, b) = two_sessions();
+    srv.handle(a, create_in_root(1, "f"), after(0));
+    assert!(matches!(sole_result(&mut srv), Ok(Reply::Entry(_))));
+    srv.end_session(a);
+    srv.handle(b, req(1, vec![Op::Acquire { ino: 1 }]), after(200));
+    let r = sole_result(&mut srv);
+    assert!(matches!(&r, Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 1), "{r:?}");
+}
+
+#[test]
+fn a_session_ending_leaves_the_others_uses_counted() {
+    // Three at work: one leaving does not make the directory the last one's alone.
+    let (mut srv, a, b) = two_sessions();
+    let c = srv.handle_hello(&hello(None)).0.expect("c");
+    srv.handle(a, create_in_root(1, "f"), after(0));
+    assert!(sole_result(&mut srv).is_ok());
+    srv.handle(b, create_in_root(1, "g"), after(100));
+    assert!(sole_result(&mut srv).is_ok());
+    srv.handle(c, create_in_root(1, "h"), after(200));
+    assert!(sole_result(&mut srv).is_ok());
+    srv.end_session(c);
+    srv.handle(a, req(2, vec![Op::Acquire { ino: 1 }]), after(300));
+    assert!(refused_busy(&sole_result(&mut srv)), "b changed it 200 ms ago");
+}
