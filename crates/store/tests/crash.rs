@@ -302,7 +302,9 @@ fn one_flush_commit_landed(r: &Recorded, sb: &[usize], img: &[u8]) -> bool {
         // one good copy is enough (open rewrites the other). Each data block must be there.
         let copies: Vec<&(u64, &Vec<u8>)> = writes.iter().filter(|(_, d)| *d == *data).collect();
         let node = data.len() >= 56
-            && copies.iter().any(|(o, _)| u64::from_le_bytes(data[48..56].try_into().unwrap_or_default()) * 4096 == *o);
+            && copies.iter().any(|(o, _)| {
+                u64::from_le_bytes(data[48..56].try_into().unwrap_or_default()).checked_mul(4096) == Some(*o)
+            });
         overwritten || landed(*off, data) || (node && copies.iter().any(|(o, d)| landed(*o, d)))
     })
 }

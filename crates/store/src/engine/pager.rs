@@ -24,6 +24,11 @@ use crate::engine::superblock::MANIFEST_MAX_BLOCKS;
 use crate::error::{Error, Result};
 use crate::limits::{BLOCK_SIZE, BLOCK_SIZE_U64, NODE_CACHE_ENTRIES};
 
+/// Freed runs up to this long are offered to `alloc_node` a block at a time.
+const RECYCLE_RUN: u64 = 4;
+/// Freed blocks remembered for `alloc_node`, per half of the image (8 bytes each).
+const RECYCLE_MAX: usize = 8_192;
+
 /// The node store under every tree of one image.
 pub struct Pager {
     disk: Box<dyn Disk>,
@@ -41,6 +46,13 @@ pub struct Pager {
     twin_goal: u64,
     /// Copies of each node: 1 or 2.
     copies: u8,
+    /// Single blocks `finish_commit` gave back, newest last: a node's (lower half of the
+    /// image) and, with two copies, a twin's (upper half). `alloc_node` takes these before
+    /// searching from its goal, so that a steady run of small commits rewrites blocks the
+    /// image file already holds: a block written for the first time makes the file system
+    /// under an image file allocate it, and its journal commit doubles what the commit's
+    /// flush costs (tests/recycle.rs).
+    recycled: [Vec<u64>; 2],
     /// Node copies found bad and rewritten from their twin since open.
     pub(crate) repaired: u64,
     /// Whether a bad copy is rewritten from its twin (not by fsck, which only reads).
@@ -78,6 +90,7 @@ impl Pager {
             meta_goal: crate::limits::RESERVED_BLOCKS,
             twin_goal: crate::limits::RESERVED_BLOCKS + total_blocks / 2,
             copies: 1,
+            recycled: [Vec::new(), Vec::new()],
             repaired: 0,
             repairs: true,
             bytes_written: 0,
@@ -474,6 +487,13 @@ impl Pager {
     /// A block for a node (or, `twin`, for its second copy, half an image further on so
     /// that one bad region rarely takes both); a commit that finds none cannot complete.
     fn alloc_node(&mut self, twin: bool) -> Result<u64> {
+        // (A recycled block a data extent took meanwhile is skipped.)
+        while let Some(b) = self.recycled[usize::from(twin)].pop() {
+            if !self.alloc.is_used(b) {
+                self.alloc.mark_used(b, 1);
+                return Ok(b);
+            }
+        }
         let goal = if twin { self.twin_goal } else { self.meta_goal };
         let Some(b) = self.alloc.alloc(goal, 1) else {
             let why = "no free block for a tree node during commit".to_string();
@@ -488,6 +508,17 @@ impl Pager {
         Ok(b)
     }
 
+    /// Offers a freed block to `alloc_node` (see `recycled`).
+    fn recycle(&mut self, block: u64) {
+        let twin_half = self.copies == 2 && block >= crate::limits::RESERVED_BLOCKS + self.total_blocks / 2;
+        let list = &mut self.recycled[usize::from(twin_half)];
+        if list.len() >= RECYCLE_MAX {
+            // The oldest half goes: what is freed now is what small commits will want.
+            list.drain(..RECYCLE_MAX / 2);
+        }
+        list.push(block);
+    }
+
     /// Ends a transaction after its superblock is durable: the arena is emptied and blocks
     /// freed one transaction earlier become allocatable.
     pub fn finish_commit(&mut self) {
@@ -498,6 +529,12 @@ impl Pager {
                 self.cache.remove(&b);
             }
             self.alloc.mark_free(start, len);
+            // Nodes come back a block at a time; longer runs are left whole for data.
+            if len <= RECYCLE_RUN {
+                for b in start..start + len {
+                    self.recycle(b);
+                }
+            }
         }
         self.freed_prev_txn = std::mem::take(&mut self.freed_this_txn);
         self.tx_data = Some(Default::default());
