@@ -121,6 +121,8 @@ pub const INODE_BATCH: u32 = 4096;
 pub const WRITEBACK_WAIT: Duration = Duration::from_secs(120);
 /// How often one directory may be asked for whole (`Op::Acquire`) by this mount.
 const ACQUIRE_RETRY: Duration = Duration::from_secs(1);
+/// Acquires of one directory sent back to back when each grant crossed a recall.
+const ACQUIRE_ATTEMPTS: usize = 3;
 
 type Results = Vec<Result<Reply, p::OpError>>;
 

@@ -201,14 +201,13 @@ impl CrestFs {
         if !self.judged_here() {
             return false;
         }
-        let epoch = {
+        {
             let c = lock(&self.names);
             // (A directory held through its parent's acquire still has to be listed.)
             if !c.caching() || c.holds_whole(dir) {
                 return false;
             }
-            c.epoch()
-        };
+        }
         let now = Instant::now();
         {
             let mut tried = lock(&self.acquire_tried);
@@ -220,19 +219,32 @@ impl CrestFs {
             }
             tried.insert(dir, now);
         }
-        match self.one("acquire", Op::Acquire { ino: dir }) {
-            Ok(Reply::Lookup { attr: Some(a), leaf }) => {
-                lock(&self.names).absorb_acquired(&a, &leaf, epoch, Instant::now())
-            }
-            Ok(r) => {
-                tracing::warn!("{}", unexpected("acquire", &r));
-                false
-            }
-            Err(e) => {
-                tracing::debug!("{e}");
-                false
+        // A grant can cross a recall of the directory on its way (several mounts starting
+        // at once in directories one mount made: the maker gives them up as the others
+        // look them up), and a listing older than a recall is not taken in. By then the
+        // server holds `dir` for this mount, so asking again is answered at once from its
+        // current state; giving up instead left the mount sending every change for a
+        // second (ACQUIRE_RETRY).
+        for _ in 0..ACQUIRE_ATTEMPTS {
+            let epoch = lock(&self.names).epoch();
+            match self.one("acquire", Op::Acquire { ino: dir }) {
+                Ok(Reply::Lookup { attr: Some(a), leaf }) => {
+                    if lock(&self.names).absorb_acquired(&a, &leaf, epoch, Instant::now()) {
+                        return true;
+                    }
+                    tracing::debug!(dir, "acquire: granted, but a recall crossed it: asking again");
+                }
+                Ok(r) => {
+                    tracing::warn!("{}", unexpected("acquire", &r));
+                    return false;
+                }
+                Err(e) => {
+                    tracing::debug!("{e}");
+                    return false;
+                }
             }
         }
+        false
     }
 
     /// Sends `op` behind this mount's writeback without waiting for its answer, which
