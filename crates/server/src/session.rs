@@ -1287,6 +1287,7 @@ impl Server {
         involved.extend(&touched);
         let inode_of_op = op_inode(&op);
         let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
+        let looked_up = if let Op::Lookup { name, .. } = &op { Some(p::name_hash(name)) } else { None };
         let mut r = room.place(self.apply(session, op, now));
         if let Ok(reply) = &mut r {
             if mutates {
@@ -1296,6 +1297,24 @@ impl Server {
                 if let Reply::Lookup { leaf, .. } = reply {
                     if leaf.items.iter().any(|i| self.caps.exclusive_elsewhere(session, i.attr.ino).is_some()) {
                         *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
+                    }
+                }
+            } else if acquires.is_none() {
+                // Nor does a look-up lend a stretch naming what another session holds
+                // exclusively (besides what it looked up): the reply would wait for those
+                // to be recalled, and mounts each working in a directory of their own
+                // under one parent would take each other's away at every look-up. It
+                // lends the stretch of the name's own hash instead (what the look-up's
+                // answer stands on: the name, and any that share its hash).
+                if let (Some(h), Reply::Lookup { attr: Some(found), leaf }) = (looked_up, &mut *reply) {
+                    let found = found.ino;
+                    let elsewhere = |i: &p::DirItem| self.caps.exclusive_elsewhere(session, i.attr.ino).is_some();
+                    if leaf.items.iter().any(|i| i.attr.ino != found && elsewhere(i)) {
+                        leaf.items.retain(|i| p::name_hash(&i.name) == h);
+                        (leaf.hash_lo, leaf.hash_hi) = (h, h);
+                        if leaf.items.iter().any(|i| i.attr.ino != found && elsewhere(i)) {
+                            *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
+                        }
                     }
                 }
             }

@@ -113,3 +113,39 @@ fn a_session_ending_leaves_the_others_uses_counted() {
     srv.handle(a, req(2, vec![Op::Acquire { ino: 1 }]), after(300));
     assert!(refused_busy(&sole_result(&mut srv)), "b changed it 200 ms ago");
 }
+
+#[test]
+fn a_lookup_recalls_no_sibling_another_session_holds() {
+    // a made d1 and d2 side by side in the root and works in d1; b looks d2 up (to work
+    // in it). b's answer must not take d1 from a: it carries d2, the root, and the stretch
+    // of d2's hash only, not one naming entries that are a's to change.
+    let (mut srv, a, b) = two_sessions();
+    let mkdir = |id: u64, name: &str| p::Request {
+        id,
+        ops: vec![Op::Create {
+            parent: 1,
+            name: name.as_bytes().to_vec(),
+            kind: p::FileType::Directory,
+            mode: 0o755,
+            rdev: 0,
+            cred: p::Cred::default(),
+        }],
+        time: None,
+        caller: p::Caller::ROOT,
+    };
+    srv.handle(a, mkdir(1, "d1"), after(0));
+    let Ok(Reply::Entry(d1)) = sole_result(&mut srv) else { panic!("mkdir d1") };
+    srv.handle(a, mkdir(2, "d2"), after(1));
+    let Ok(Reply::Entry(d2)) = sole_result(&mut srv) else { panic!("mkdir d2") };
+    // d2 is given up once (b wants it; a made it), d1 never.
+    let r = run_answering_recalls(&mut srv, b, 1, vec![Op::Lookup { parent: 1, name: b"d2".to_vec() }]);
+    let Ok(Reply::Lookup { attr: Some(found), leaf }) = r else { panic!("lookup d2: {r:?}") };
+    assert_eq!(found.ino, d2.ino);
+    assert!(leaf.items.iter().all(|i| i.attr.ino != d1.ino), "no stretch naming d1: {leaf:?}");
+    let h = p::name_hash(b"d2");
+    assert_eq!((leaf.hash_lo, leaf.hash_hi, leaf.items.len()), (h, h, 1), "the stretch of d2's own hash");
+    assert_eq!(srv.caps.exclusive_elsewhere(b, d1.ino), Some(a), "a still holds d1");
+    // With nobody else's rights in it, the same lookup brings the whole stretch.
+    let r = run_answering_recalls(&mut srv, a, 3, vec![Op::Lookup { parent: 1, name: b"d1".to_vec() }]);
+    assert!(matches!(&r, Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 2), "{r:?}");
+}
