@@ -1306,13 +1306,18 @@ impl Server {
                 // under one parent would take each other's away at every look-up. It
                 // lends the stretch of the name's own hash instead (what the look-up's
                 // answer stands on: the name, and any that share its hash).
-                if let (Some(h), Reply::Lookup { attr: Some(found), leaf }) = (looked_up, &mut *reply) {
-                    let found = found.ino;
-                    let elsewhere = |i: &p::DirItem| self.caps.exclusive_elsewhere(session, i.attr.ino).is_some();
-                    if leaf.items.iter().any(|i| i.attr.ino != found && elsewhere(i)) {
+                // (The same for a name that is not there: the look-up before each create
+                // in a directory several mounts create in would otherwise take back every
+                // file the others just made.)
+                if let (Some(h), Reply::Lookup { attr, leaf }) = (looked_up, &mut *reply) {
+                    let found = attr.as_ref().map(|a| a.ino);
+                    let elsewhere = |i: &p::DirItem| {
+                        Some(i.attr.ino) != found && self.caps.exclusive_elsewhere(session, i.attr.ino).is_some()
+                    };
+                    if leaf.items.iter().any(elsewhere) {
                         leaf.items.retain(|i| p::name_hash(&i.name) == h);
                         (leaf.hash_lo, leaf.hash_hi) = (h, h);
-                        if leaf.items.iter().any(|i| i.attr.ino != found && elsewhere(i)) {
+                        if leaf.items.iter().any(elsewhere) {
                             *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
                         }
                     }

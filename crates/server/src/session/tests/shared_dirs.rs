@@ -145,6 +145,12 @@ fn a_lookup_recalls_no_sibling_another_session_holds() {
     let h = p::name_hash(b"d2");
     assert_eq!((leaf.hash_lo, leaf.hash_hi, leaf.items.len()), (h, h, 1), "the stretch of d2's own hash");
     assert_eq!(srv.caps.exclusive_elsewhere(b, d1.ino), Some(a), "a still holds d1");
+    // Nor does b's look-up of a name that is not there (before a create of its own).
+    let r = run_answering_recalls(&mut srv, b, 2, vec![Op::Lookup { parent: 1, name: b"new".to_vec() }]);
+    let Ok(Reply::Lookup { attr: None, leaf }) = r else { panic!("lookup new: {r:?}") };
+    let h = p::name_hash(b"new");
+    assert_eq!((leaf.hash_lo, leaf.hash_hi, leaf.items.len()), (h, h, 0), "absence, on the name's own hash");
+    assert_eq!(srv.caps.exclusive_elsewhere(b, d1.ino), Some(a), "a still holds d1");
     // With nobody else's rights in it, the same lookup brings the whole stretch.
     let r = run_answering_recalls(&mut srv, a, 3, vec![Op::Lookup { parent: 1, name: b"d1".to_vec() }]);
     assert!(matches!(&r, Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 2), "{r:?}");
