@@ -46,6 +46,8 @@ use crest_proto::{self as p, name_hash, DirLeaf};
 
 /// Most entries held (over all directories) before the cache is cleared.
 pub const MAX_ENTRIES: usize = 1 << 20;
+/// Stretches held of one directory at most (see `hold`).
+const MAX_STRETCHES_PER_DIR: usize = 1024;
 
 /// Longest name the server accepts; longer ones always go to the server (for its error).
 pub const NAME_MAX: usize = 255;
@@ -276,16 +278,25 @@ impl NameCache {
             self.clear();
         }
         let expires = now + self.ttl;
+        let pinned = self.exclusive.contains(&dir);
         let ranges = self.dirs.entry(dir).or_default();
-        // The new stretch replaces whatever it overlaps (it is at least as fresh).
+        // The new stretch replaces whatever it overlaps (it is at least as fresh), and
+        // those that lapsed go with it. A look-up the server answers with its name's own
+        // hash only (another mount holds some of the directory) adds a stretch per name:
+        // they would pile up, and every look-up walks them, so past
+        // `MAX_STRETCHES_PER_DIR` the directory starts afresh.
         let mut dropped = 0;
         ranges.retain(|r| {
-            let keep = r.hi < lo || r.lo > hi;
+            let keep = (r.hi < lo || r.lo > hi) && (pinned || now < r.expires);
             if !keep {
                 dropped += r.names.len();
             }
             keep
         });
+        if ranges.len() >= MAX_STRETCHES_PER_DIR {
+            dropped += ranges.iter().map(|r| r.names.len()).sum::<usize>();
+            ranges.clear();
+        }
         let mut names = HashMap::with_capacity(items.len());
         let mut attrs = Vec::with_capacity(items.len());
         for i in items {
@@ -893,6 +904,9 @@ impl NameCache {
         self.entries == 0
     }
 }
+
+#[cfg(test)]
+mod stretch_tests;
 
 #[cfg(test)]
 pub(crate) mod tests {

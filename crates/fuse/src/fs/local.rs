@@ -219,12 +219,14 @@ impl CrestFs {
             }
             tried.insert(dir, now);
         }
-        // A grant can cross a recall of the directory on its way (several mounts starting
-        // at once in directories one mount made: the maker gives them up as the others
-        // look them up), and a listing older than a recall is not taken in. By then the
-        // server holds `dir` for this mount, so asking again is answered at once from its
-        // current state; giving up instead left the mount sending every change for a
-        // second (ACQUIRE_RETRY).
+        // A grant can cross a recall of the directory or an entry on its way (several
+        // mounts starting at once in directories one mount made: the maker gives them up
+        // as the others look them up), and a listing older than a recall is not taken
+        // in. Asking again is then usually answered at once (the server holds `dir` for
+        // this mount by then); if another mount is at work in `dir`, it is refused
+        // (EBUSY) or takes back what the other holds, at most ACQUIRE_ATTEMPTS times.
+        // Giving up at once left the mount sending every change for a second
+        // (ACQUIRE_RETRY).
         for _ in 0..ACQUIRE_ATTEMPTS {
             let epoch = lock(&self.names).epoch();
             match self.one("acquire", Op::Acquire { ino: dir }) {
