@@ -39,13 +39,18 @@ fn sole_result(srv: &mut Server) -> Result<Reply, p::OpError> {
 
 /// Request `id`: create regular file `name` in the root.
 fn create_in_root(id: u64, name: &str) -> p::Request {
+    make_in_root(id, name, p::FileType::Regular, 0o644)
+}
+
+/// Request `id` making `name` of `kind` in the root, as root.
+fn make_in_root(id: u64, name: &str, kind: p::FileType, mode: u32) -> p::Request {
     p::Request {
         id,
         ops: vec![Op::Create {
             parent: 1,
             name: name.as_bytes().to_vec(),
-            kind: p::FileType::Regular,
-            mode: 0o644,
+            kind,
+            mode,
             rdev: 0,
             cred: p::Cred::default(),
         }],

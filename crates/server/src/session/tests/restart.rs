@@ -514,19 +514,7 @@ fn a_resent_change_whose_reply_waits_on_recalls_is_not_answered_before_they_are(
     let (mut srv, a, b) = two_sessions();
     srv.handle(b, p::Request { id: 1, ops: vec![Op::GetAttr { ino: 1 }], time: None, caller: p::Caller::ROOT }, NOW);
     srv.take_outgoing();
-    let mkdir = p::Request {
-        id: 1,
-        ops: vec![Op::Create {
-            parent: 1,
-            name: b"d".to_vec(),
-            kind: p::FileType::Directory,
-            mode: 0o755,
-            rdev: 0,
-            cred: p::Cred::default(),
-        }],
-        time: None,
-        caller: p::Caller::ROOT,
-    };
+    let mkdir = make_in_root(1, "d", p::FileType::Directory, 0o755);
     srv.handle(a, mkdir.clone(), NOW);
     let out = srv.take_outgoing();
     let [Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } }] = &out[..] else {

@@ -120,19 +120,7 @@ fn a_lookup_recalls_no_sibling_another_session_holds() {
     // in it). b's answer must not take d1 from a: it carries d2, the root, and the stretch
     // of d2's hash only, not one naming entries that are a's to change.
     let (mut srv, a, b) = two_sessions();
-    let mkdir = |id: u64, name: &str| p::Request {
-        id,
-        ops: vec![Op::Create {
-            parent: 1,
-            name: name.as_bytes().to_vec(),
-            kind: p::FileType::Directory,
-            mode: 0o755,
-            rdev: 0,
-            cred: p::Cred::default(),
-        }],
-        time: None,
-        caller: p::Caller::ROOT,
-    };
+    let mkdir = |id: u64, name: &str| make_in_root(id, name, p::FileType::Directory, 0o755);
     srv.handle(a, mkdir(1, "d1"), after(0));
     let Ok(Reply::Entry(d1)) = sole_result(&mut srv) else { panic!("mkdir d1") };
     srv.handle(a, mkdir(2, "d2"), after(1));
