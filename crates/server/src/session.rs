@@ -1299,29 +1299,8 @@ impl Server {
                         *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
                     }
                 }
-            } else if acquires.is_none() {
-                // Nor does a look-up lend a stretch naming what another session holds
-                // exclusively (besides what it looked up): the reply would wait for those
-                // to be recalled, and mounts each working in a directory of their own
-                // under one parent would take each other's away at every look-up. It
-                // lends the stretch of the name's own hash instead (what the look-up's
-                // answer stands on: the name, and any that share its hash).
-                // (The same for a name that is not there: the look-up before each create
-                // in a directory several mounts create in would otherwise take back every
-                // file the others just made.)
-                if let (Some(h), Reply::Lookup { attr, leaf }) = (looked_up, &mut *reply) {
-                    let found = attr.as_ref().map(|a| a.ino);
-                    let elsewhere = |i: &p::DirItem| {
-                        Some(i.attr.ino) != found && self.caps.exclusive_elsewhere(session, i.attr.ino).is_some()
-                    };
-                    if leaf.items.iter().any(elsewhere) {
-                        leaf.items.retain(|i| p::name_hash(&i.name) == h);
-                        (leaf.hash_lo, leaf.hash_hi) = (h, h);
-                        if leaf.items.iter().any(elsewhere) {
-                            *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
-                        }
-                    }
-                }
+            } else if let (None, Some(h)) = (acquires, looked_up) {
+                self.narrow_lent_stretch(session, h, reply);
             }
             if creates {
                 if let Reply::Entry(a) = reply {
@@ -1354,6 +1333,28 @@ impl Server {
             self.caps.grant(session, c);
         }
         r
+    }
+
+    /// A look-up lends no stretch naming what another session holds exclusively (besides
+    /// what it looked up), as a change's reply lends none: the reply would wait for those
+    /// to be recalled, and mounts each working in a directory of their own under one
+    /// parent would take each other's away at every look-up. It lends the stretch of the
+    /// name's own hash `h` instead (what the answer stands on: the name, and any that
+    /// share its hash). The same for a name that is not there: the look-up before each
+    /// create in a directory several mounts create in would otherwise take back every file
+    /// the others just made.
+    fn narrow_lent_stretch(&self, session: SessionId, h: u64, reply: &mut Reply) {
+        let Reply::Lookup { attr, leaf } = reply else { return };
+        let found = attr.as_ref().map(|a| a.ino);
+        let elsewhere =
+            |i: &p::DirItem| Some(i.attr.ino) != found && self.caps.exclusive_elsewhere(session, i.attr.ino).is_some();
+        if leaf.items.iter().any(elsewhere) {
+            leaf.items.retain(|i| p::name_hash(&i.name) == h);
+            (leaf.hash_lo, leaf.hash_hi) = (h, h);
+            if leaf.items.iter().any(elsewhere) {
+                *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
+            }
+        }
     }
 
     /// Lets the store commit on its schedule, releases change replies whose recalls went

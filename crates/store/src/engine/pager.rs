@@ -29,6 +29,11 @@ const RECYCLE_RUN: u64 = 4;
 /// Freed blocks remembered for `alloc_node`, per half of the image (8 bytes each).
 const RECYCLE_MAX: usize = 8_192;
 
+/// Where the half of an image that second copies of nodes go to starts.
+fn twin_half(total_blocks: u64) -> u64 {
+    crate::limits::RESERVED_BLOCKS + total_blocks / 2
+}
+
 /// The node store under every tree of one image.
 pub struct Pager {
     disk: Box<dyn Disk>,
@@ -88,7 +93,7 @@ impl Pager {
             freed_prev_txn: Vec::new(),
             poisoned: None,
             meta_goal: crate::limits::RESERVED_BLOCKS,
-            twin_goal: crate::limits::RESERVED_BLOCKS + total_blocks / 2,
+            twin_goal: twin_half(total_blocks),
             copies: 1,
             recycled: [Vec::new(), Vec::new()],
             repaired: 0,
@@ -484,8 +489,8 @@ impl Pager {
         Ok(BlockPtr { block: block.0, twin: block.1, generation, level })
     }
 
-    /// A block for a node (or, `twin`, for its second copy, half an image further on so
-    /// that one bad region rarely takes both); a commit that finds none cannot complete.
+    /// A block for a node (or, `twin`, for its second copy, in the other half of the image
+    /// so that one bad region rarely takes both); a commit that finds none cannot complete.
     fn alloc_node(&mut self, twin: bool) -> Result<u64> {
         // (A recycled block a data extent took meanwhile is skipped.)
         while let Some(b) = self.recycled[usize::from(twin)].pop() {
@@ -510,8 +515,8 @@ impl Pager {
 
     /// Offers a freed block to `alloc_node` (see `recycled`).
     fn recycle(&mut self, block: u64) {
-        let twin_half = self.copies == 2 && block >= crate::limits::RESERVED_BLOCKS + self.total_blocks / 2;
-        let list = &mut self.recycled[usize::from(twin_half)];
+        let upper = self.copies == 2 && block >= twin_half(self.total_blocks);
+        let list = &mut self.recycled[usize::from(upper)];
         if list.len() >= RECYCLE_MAX {
             // The oldest half goes: what is freed now is what small commits will want.
             list.drain(..RECYCLE_MAX / 2);
