@@ -26,6 +26,7 @@
 #     --only L    comma-separated targets (default: all seven)
 #     --count N   files for the metadata phases (default 10000; --quick: 500)
 #     --tar PATH  any tar instead
+#     --io-threads N  the crest servers' connection threads (crest serve --io-threads)
 # Needs root (mounts, drop_caches, sshd), fuse3, bindfs, sshfs, openssh-server
 # (scripts/setup.sh installs them). Logs: /var/tmp/crest-headline-logs.
 set -euo pipefail
@@ -49,6 +50,7 @@ while [ $# -gt 0 ]; do
     --count=*) count=${1#*=} ;;
     --tar) tarball=$(realpath -m "$2"); shift ;;
     --tar=*) tarball=$(realpath -m "${1#*=}") ;;
+    --io-threads) BENCH_IO_THREADS=$2; shift ;;
     -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "headline: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac

@@ -169,13 +169,27 @@ bench_drop() {
   fi
 }
 
+# bench_thread_cpu PID: the CPU seconds (user + system) of PID's threads, summed by thread
+# name without a trailing number ("crest-server 12.31", "iou-wrk 0.40"), busiest first.
+bench_thread_cpu() {
+  local pid=$1 hz t
+  hz=$(getconf CLK_TCK)
+  for t in /proc/"$pid"/task/*; do
+    # comm may hold spaces: the fields after the ")" are fixed.
+    printf '%s %s\n' "$(cat "$t/comm" 2>/dev/null)" "$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12 + $13 }')"
+  done | awk -v hz="$hz" 'NF >= 2 { n = $1; sub(/-[0-9]+$/, "", n); s[n] += $NF } END { for (n in s) printf "%s %.2f\n", n, s[n] / hz }' | sort -k2 -gr
+}
+
 # bench_crest_server NAME [ARGS...]: mkfs an image and serve it on a free loopback port
-# (BENCH_PORT[NAME]), with `crest serve` ARGS (e.g. --insecure).
+# (BENCH_PORT[NAME]), with `crest serve` ARGS (e.g. --insecure) and, if BENCH_IO_THREADS
+# is set, `--io-threads $BENCH_IO_THREADS`.
 bench_crest_server() {
-  local name=$1 port
+  local name=$1 port threads=()
   port=$(bench_free_port)
+  [ -z "${BENCH_IO_THREADS:-}" ] || threads=(--io-threads "$BENCH_IO_THREADS")
   "$BENCH_BIN/crest" mkfs --size 16G "$BENCH_BASE/$name.img" >/dev/null
-  bench_daemon "$BENCH_LOGS/$name.log" "$BENCH_BIN/crest" serve "$BENCH_BASE/$name.img" --listen "127.0.0.1:$port" "${@:2}"
+  bench_daemon "$BENCH_LOGS/$name.log" "$BENCH_BIN/crest" serve "$BENCH_BASE/$name.img" --listen "127.0.0.1:$port" \
+    "${threads[@]}" "${@:2}"
   bench_wait_port "$port" "$BENCH_LAST_PID"
   BENCH_PORT[$name]=$port
 }

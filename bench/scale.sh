@@ -12,11 +12,12 @@
 # time until the last mount finished), that rate over one mount's in the same round, and
 # the slowest mount's time over the fastest's (fairness).
 #
-#   bench/scale.sh [--mounts 1,2,4,8] [--count N] [--rounds N] [--insecure]
+#   bench/scale.sh [--mounts 1,2,4,8] [--count N] [--rounds N] [--insecure] [--io-threads N]
 #     --mounts L  counts of mounts (default 1,2,4,8; 1 is always run: the ratios need it)
 #     --count N   files per mount per phase (default 5000)
 #     --rounds N  rounds (default 3)
 #     --insecure  plaintext (default: mutual TLS, as a mount on the server's host)
+#     --io-threads N  the server's connection threads (crest serve --io-threads)
 # Needs root (mounts). Logs: /var/tmp/crest-scale-logs.
 # shellcheck source=bench/lib.sh
 set -euo pipefail
@@ -29,6 +30,7 @@ while [ $# -gt 0 ]; do
     --count) count=$2; shift ;;
     --rounds) rounds=$2; shift ;;
     --insecure) insecure=(--insecure) ;;
+    --io-threads) BENCH_IO_THREADS=$2; shift ;;
     -h | --help) sed -n '2,/^# Needs/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -46,6 +48,7 @@ max=0; for n in $counts; do [ "$n" -gt "$max" ] && max=$n; done
 
 bench_init scale
 bench_crest_server crest "${insecure[@]}"
+server_pid=$BENCH_LAST_PID
 addr=127.0.0.1:${BENCH_PORT[crest]}
 mnt=()
 for ((i = 1; i <= max; i++)); do
@@ -123,3 +126,7 @@ for phase in siblings subtrees shared shared-unlink; do
       "$(median_of REL "$phase $n")" "$(median_of SPREAD "$phase $n")"
   done
 done
+# What the server's threads did over the whole run: the store's thread ("crest-server") is
+# what stays serial; the connections' ("crest-io", with --io-threads) run beside it.
+printf '\nserver CPU over the run (%s s of wall time), seconds by thread:\n' "$SECONDS"
+bench_thread_cpu "$server_pid" | awk '{ printf "  %-16s %8s\n", $1, $2 }'

@@ -23,8 +23,11 @@ passed=0 failed=0 server=
 mountlogs=${CREST_STATE_DIR:-/var/lib/crest}/log
 
 log() { printf '%s\n' "$*" >&2; }
+# The main server runs its connections on threads of their own (--io-threads 2); the
+# others below take the default (on two cores: all on the store's thread), so the suite
+# covers both shapes of the server.
 start_server() {
-  "$crest" serve "$img" --listen "$addr" >>"$work/serve.log" 2>&1 &
+  "$crest" serve "$img" --listen "$addr" --io-threads 2 >>"$work/serve.log" 2>&1 &
   server=$!
   for _ in $(seq 100); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi

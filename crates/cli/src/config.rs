@@ -83,6 +83,7 @@ pub struct ServeSection {
     pub insecure: Option<bool>,
     pub max_sessions_per_client: Option<usize>,
     pub metrics: Option<std::net::SocketAddr>,
+    pub io_threads: Option<usize>,
 }
 
 /// `[mount]`: `crest mount`'s flags. `options` is `-o` (a command line's `-o` replaces
@@ -135,10 +136,20 @@ pub fn apply(cli: &mut Cli, m: &ArgMatches, file: &Config) {
     }
     match (&mut cli.command, m.subcommand()) {
         (
-            Command::Serve { listen, commit_interval_ms, disk_io, insecure, max_sessions_per_client, metrics, .. },
+            Command::Serve {
+                listen,
+                commit_interval_ms,
+                disk_io,
+                insecure,
+                max_sessions_per_client,
+                metrics,
+                io_threads,
+                ..
+            },
             Some((_, sub)),
         ) => {
             let f = &file.serve;
+            set(io_threads, f.io_threads.as_ref(), sub, "io_threads");
             set(max_sessions_per_client, f.max_sessions_per_client.as_ref(), sub, "max_sessions_per_client");
             set(metrics, f.metrics.map(Some).as_ref(), sub, "metrics");
             set(listen, f.listen.as_ref(), sub, "listen");
@@ -179,13 +190,13 @@ mod tests {
 
     const SERVE: &str =
         "state-dir = \"/file/state\"\n[serve]\nlisten = \"127.0.0.1:9999\"\ninsecure = true\ndisk-io = \"sync\"\ncommit-interval-ms = 7\n\
-         max-sessions-per-client = 9\n";
+         max-sessions-per-client = 9\nio-threads = 5\n";
 
     #[test]
     fn parses_every_key() -> Result<()> {
         let text = "state-dir = \"/srv/state\"\n[log]\nlevel = \"debug\"\nfile = \"/var/log/crest.log\"\n\
                     [serve]\nlisten = \"0.0.0.0:7410\"\ncommit-interval-ms = 100\ndisk-io = \"pool\"\ninsecure = false\n\
-                    max-sessions-per-client = 1000\nmetrics = \"127.0.0.1:9477\"\n\
+                    max-sessions-per-client = 1000\nmetrics = \"127.0.0.1:9477\"\nio-threads = 3\n\
                     [mount]\noptions = \"ro,noatime\"\ntimeout = 30\ninsecure = true\n";
         let c = parse(text)?;
         assert_eq!(c.state_dir, Some(PathBuf::from("/srv/state")));
@@ -197,6 +208,7 @@ mod tests {
         );
         assert_eq!(c.serve.max_sessions_per_client, Some(1000));
         assert_eq!(c.serve.metrics, Some("127.0.0.1:9477".parse()?));
+        assert_eq!(c.serve.io_threads, Some(3));
         assert_eq!(
             c.mount,
             MountSection { options: Some("ro,noatime".into()), timeout: Some(30), insecure: Some(true) }
@@ -205,11 +217,17 @@ mod tests {
         Ok(())
     }
 
-    fn serve_of(cli: &Cli) -> (&str, u64, DiskIoArg, bool, usize) {
+    fn serve_of(cli: &Cli) -> (&str, u64, DiskIoArg, bool, usize, usize) {
         match &cli.command {
-            Command::Serve { listen, commit_interval_ms, disk_io, insecure, max_sessions_per_client, .. } => {
-                (listen, *commit_interval_ms, *disk_io, *insecure, *max_sessions_per_client)
-            }
+            Command::Serve {
+                listen,
+                commit_interval_ms,
+                disk_io,
+                insecure,
+                max_sessions_per_client,
+                io_threads,
+                ..
+            } => (listen, *commit_interval_ms, *disk_io, *insecure, *max_sessions_per_client, *io_threads),
             other => panic!("not serve: {other:?}"),
         }
     }
@@ -217,9 +235,10 @@ mod tests {
     #[test]
     fn flag_beats_file_beats_default() -> Result<()> {
         let none = cli(&["serve", "img"], "")?;
-        assert_eq!(serve_of(&none), (crate::DEFAULT_LISTEN, 5000, DiskIoArg::Uring, false, 256));
+        let io = crest_serve::default_io_threads();
+        assert_eq!(serve_of(&none), (crate::DEFAULT_LISTEN, 5000, DiskIoArg::Uring, false, 256, io));
         let file = cli(&["serve", "img"], SERVE)?;
-        assert_eq!(serve_of(&file), ("127.0.0.1:9999", 7, DiskIoArg::Sync, true, 9));
+        assert_eq!(serve_of(&file), ("127.0.0.1:9999", 7, DiskIoArg::Sync, true, 9, 5));
         // Given on the command line, the default values still win over the file's.
         let args = [
             "serve",
@@ -232,9 +251,11 @@ mod tests {
             "5000",
             "--max-sessions-per-client",
             "256",
+            "--io-threads",
+            "0",
         ];
         let flags = cli(&args, SERVE)?;
-        assert_eq!(serve_of(&flags), (crate::DEFAULT_LISTEN, 5000, DiskIoArg::Uring, true, 256));
+        assert_eq!(serve_of(&flags), (crate::DEFAULT_LISTEN, 5000, DiskIoArg::Uring, true, 256, 0));
         let state = cli(&["serve", "img", "--state-dir", "/flag/state"], SERVE)?;
         assert_eq!(state.state_dir, Some(PathBuf::from("/flag/state")));
         // (Without the flag, CREST_STATE_DIR beats the file: only checked where it is unset.)

@@ -151,6 +151,12 @@ enum Command {
         /// plain HTTP: keep it on loopback or a monitoring network).
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
+        /// Threads for the connections (TLS, framing, encoding), apart from the store's
+        /// one thread; 0 runs them on the store's thread. The default is 0 on two cores
+        /// or fewer, else one per further core up to 4.
+        #[arg(long, value_name = "N", default_value_t = crest_serve::default_io_threads(),
+              value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_IO_THREADS as u64))]
+        io_threads: usize,
     },
     /// Mount a crest server on a directory (in the background unless --foreground).
     Mount {
@@ -394,6 +400,9 @@ fn open_disk(image: &Path, mut io: DiskIo) -> Result<Box<dyn crest_store::Disk>>
     tracing::info!("{}: --disk-io {}", image.display(), io.name());
     io.open(image).with_context(|| format!("opening {}", image.display()))
 }
+
+/// Most connection threads `crest serve` starts (`--io-threads`).
+const MAX_IO_THREADS: usize = 64;
 
 /// Where `crest serve` listens unless told otherwise.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:7410";
@@ -895,19 +904,30 @@ fn main() -> ExitCode {
         Command::Token { cmd } => trust::token(&state, cmd),
         Command::Cert { cmd } => trust::cert(&state, cmd),
         Command::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
-        Command::Serve { image, listen, commit_interval_ms, disk_io, insecure, max_sessions_per_client, metrics } => {
-            trust::server_security(&state, &listen, insecure).and_then(|security| {
-                let options = crest_serve::Options {
-                    sessions_per_identity: max_sessions_per_client,
-                    metrics,
-                    release: format!("crest {}", version::short()),
-                    image: image.display().to_string(),
-                    ..Default::default()
-                };
-                let reread = || reread_serve(&args);
-                serve(&image, &listen, commit_interval_ms, disk_io.into(), security, options, &reread)
-            })
-        }
+        Command::Serve {
+            image,
+            listen,
+            commit_interval_ms,
+            disk_io,
+            insecure,
+            max_sessions_per_client,
+            metrics,
+            io_threads,
+        } => trust::server_security(&state, &listen, insecure).and_then(|security| {
+            if io_threads > MAX_IO_THREADS {
+                anyhow::bail!("io-threads {io_threads}: at most {MAX_IO_THREADS}");
+            }
+            let options = crest_serve::Options {
+                sessions_per_identity: max_sessions_per_client,
+                metrics,
+                release: format!("crest {}", version::short()),
+                image: image.display().to_string(),
+                io_threads,
+                ..Default::default()
+            };
+            let reread = || reread_serve(&args);
+            serve(&image, &listen, commit_interval_ms, disk_io.into(), security, options, &reread)
+        }),
         Command::Version { json } => {
             version::print(json);
             Ok(())

@@ -1,16 +1,23 @@
 //! The server's async shell (client → proto → **serve** → server → store): a TCP
-//! listener whose connections feed the `Server` core, all on one thread.
+//! listener whose connections feed the `Server` core, which one thread owns.
 //!
-//! One thread ("crest-server") runs a single-threaded tokio runtime: the accept loop, each
-//! connection's reader and writer tasks, and the store task that owns the `Server` core
-//! (and so the store). Readers queue decoded messages for the store task, each connection
-//! in a queue of its own served in turn (`sched`); it applies what is queued, then hands
-//! the `ServerMessage`s to each connection's writer, which flushes once per burst. A request costs no hand-off between threads: the
-//! wake-ups between reader, store and writer are queue pushes on the same thread (on a
-//! 2-core VM a cross-thread wake-up costs more than most store operations). The store task
-//! also commits on the store's schedule (`tick`) and, at shutdown, finishes every queued
-//! request, commits and hands the store back. Store operations block the thread while they
-//! run: they are serial anyway.
+//! One thread ("crest-server") runs the store task, which owns the `Server` core (and so
+//! the store), on a single-threaded tokio runtime. Each connection has a reader task
+//! (TLS, framing, decoding) and a writer task (encoding, TLS); readers queue decoded
+//! messages for the store task, each connection in a queue of its own served in turn
+//! (`sched`); it applies what is queued, then hands the `ServerMessage`s to each
+//! connection's writer, which flushes once per burst. The store task also commits on the
+//! store's schedule (`tick`) and, at shutdown, finishes every queued request, commits and
+//! hands the store back. Store operations block its thread while they run: they are
+//! serial anyway.
+//!
+//! Where the connections run is `Options::io_threads`: with 0 they share the store's
+//! thread (a request then costs no hand-off between threads: reader, store and writer
+//! wake each other with queue pushes on one thread, and on a two-core machine a
+//! cross-thread wake-up costs more than most store operations); with N, a runtime of N
+//! "crest-io" threads runs them (and the accept loop and the metrics listener), so TLS
+//! and framing of many connections run beside the store's thread, at the price of two
+//! cross-thread wake-ups per burst of requests.
 //!
 //! Connections are mutual TLS 1.3 (`Security::Tls`) unless the server runs `--insecure`: a
 //! client presenting a certificate the host's authority issued and did not revoke may say
@@ -135,6 +142,10 @@ pub struct Options {
     pub release: String,
     /// The image's path, for `crest status`.
     pub image: String,
+    /// Threads that run the connections (TLS, framing, encoding and decoding) apart from
+    /// the store's thread. 0: the connections share the store's one thread (no hand-off
+    /// between threads per request; what a machine of two cores does best).
+    pub io_threads: usize,
 }
 
 impl Default for Options {
@@ -145,6 +156,7 @@ impl Default for Options {
             metrics: None,
             release: format!("crest {}", env!("CARGO_PKG_VERSION")),
             image: String::new(),
+            io_threads: default_io_threads(),
         }
     }
 }
@@ -513,41 +525,36 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
     server.set_image_name(options.image.clone());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (accept_done_tx, accept_done_rx) = oneshot::channel::<()>();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let accept_cmds = cmds.clone();
-    let metrics_cmds = cmds.clone();
     let arrivals = Arrivals::default();
     let store_arrivals = arrivals.clone();
     let (policies_tx, policies) = watch::channel(0u64);
     let per_identity = Arc::new(AtomicUsize::new(options.sessions_per_identity));
-    let accept_per_identity = per_identity.clone();
+    let shell =
+        Shell { ctrl: cmds.clone(), ready, arrivals, idle: options.idle_timeout, per_identity: per_identity.clone() };
+    let listening = Listening { listener, metrics, tls, policies, shell, stop: stop_rx, done: accept_done_tx };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // With I/O threads of their own, the connections run on a runtime the store's thread
+    // owns (and drops once the store task ends, after its last reply is queued).
+    let io = match options.io_threads {
+        0 => None,
+        n => Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(n)
+                .thread_name("crest-io")
+                .enable_all()
+                .build()?,
+        ),
+    };
     std::thread::Builder::new().name("crest-server".into()).spawn(move || {
-        runtime.block_on(async move {
-            let gate = tls.map(|(acceptor, authority)| {
-                let revoked = watch_revocations(authority.clone());
-                Arc::new(Gate { acceptor, authority, revoked, policies })
-            });
-            match TcpListener::from_std(listener) {
-                Ok(listener) => {
-                    let shell = Shell {
-                        ctrl: accept_cmds,
-                        ready,
-                        arrivals,
-                        idle: options.idle_timeout,
-                        per_identity: accept_per_identity,
-                    };
-                    tokio::spawn(accept_loop(listener, shell, gate, stop_rx, accept_done_tx));
-                }
-                Err(e) => tracing::error!("cannot listen: {e}"),
-            }
-            if let Some(l) = metrics {
-                match TcpListener::from_std(l) {
-                    Ok(l) => drop(tokio::spawn(metrics::serve(l, metrics_cmds))),
-                    Err(e) => tracing::error!("cannot listen for metrics: {e}"),
-                }
-            }
-            store_task(server, rx, queues, store_arrivals).await;
-        });
+        match &io {
+            Some(io) => drop(io.spawn(listening.run())),
+            None => drop(runtime.spawn(listening.run())),
+        }
+        runtime.block_on(store_task(server, rx, queues, store_arrivals));
+        drop(runtime);
+        if let Some(io) = io {
+            io.shutdown_background();
+        }
     })?;
     tracing::info!(%local_addr, tls = matches!(security, Security::Tls(_)), "serving");
     if let Some(addr) = metrics_addr {
@@ -562,6 +569,52 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
         policies: policies_tx,
         per_identity,
     })
+}
+
+/// What the connections' side of the server starts with: the listeners and what each
+/// accepted connection is handed.
+struct Listening {
+    listener: std::net::TcpListener,
+    metrics: Option<std::net::TcpListener>,
+    tls: Option<(tokio_rustls::TlsAcceptor, Arc<Authority>)>,
+    policies: watch::Receiver<u64>,
+    shell: Shell,
+    stop: oneshot::Receiver<()>,
+    done: oneshot::Sender<()>,
+}
+
+impl Listening {
+    /// Starts the accept loop (and the metrics listener) on the current runtime.
+    async fn run(self) {
+        let Listening { listener, metrics, tls, policies, shell, stop, done } = self;
+        let metrics_cmds = shell.ctrl.clone();
+        let gate = tls.map(|(acceptor, authority)| {
+            let revoked = watch_revocations(authority.clone());
+            Arc::new(Gate { acceptor, authority, revoked, policies })
+        });
+        match TcpListener::from_std(listener) {
+            Ok(listener) => drop(tokio::spawn(accept_loop(listener, shell, gate, stop, done))),
+            Err(e) => tracing::error!("cannot listen: {e}"),
+        }
+        if let Some(l) = metrics {
+            match TcpListener::from_std(l) {
+                Ok(l) => drop(tokio::spawn(metrics::serve(l, metrics_cmds))),
+                Err(e) => tracing::error!("cannot listen for metrics: {e}"),
+            }
+        }
+    }
+}
+
+/// Connection threads by default: none on a machine of two cores or fewer (measured:
+/// docs/performance.md, "The server's threads"), else one per core beyond the store's,
+/// up to four.
+pub fn default_io_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    if cores <= 2 {
+        0
+    } else {
+        (cores - 1).min(4)
+    }
 }
 
 /// How often the register of clients is looked at for revocations.
