@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Many mounts of one server on this host (issue 18, SPEC §4 "Many clients"): how creates
-# scale with the number of mounts. Each mount is its own `crest mount` (its own session and
-# connection). For each count of mounts, every round:
+# scale with the number of mounts. Each mount stands for a client machine: its own `crest
+# mount -o own_session` (its own session and connection; without it mounts of one host
+# share one). For each count of mounts, every round:
 #   siblings  each mount creates --count files in a directory of its own, all of them
 #             siblings under one parent (made by mount 1 before the clock starts);
 #   subtrees  the same, each directory two levels down a top-level directory of its own;
@@ -54,7 +55,7 @@ mnt=()
 for ((i = 1; i <= max; i++)); do
   d=$BENCH_BASE/mnt/m$i
   mkdir -p "$d"
-  bench_fg "$BENCH_BIN/crest" mount "${insecure[@]}" "$addr" "$d" >/dev/null
+  bench_fg "$BENCH_BIN/crest" mount "${insecure[@]}" -o own_session "$addr" "$d" >/dev/null
   BENCH_MOUNTS+=("$d")
   mnt[i]=$d
 done

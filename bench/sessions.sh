@@ -3,7 +3,8 @@
 #   1. sessions: crest-sessions opens 1, 100 and 1,000 sessions with the real client core
 #      (one connection and one session each, as a mount has), lets them idle, and reads
 #      the server's CPU and resident memory meanwhile (and its own CPU: the clients' timers);
-#   2. mounts: real FUSE mounts of one server (crest mount), left idle: the server's CPU
+#   2. mounts: real FUSE mounts of one server (crest mount -o own_session: a session each, as
+#      mounts of as many machines would hold; mounts of one host share one), left idle: the server's CPU
 #      and memory, and what each mount process holds of its own (anonymous memory: its
 #      pages of the crest binary are shared by all of them).
 # Prints a table per part. Mutual TLS by default (the host's own certificate, so the
@@ -83,7 +84,7 @@ for want in ${mounts//,/ }; do
   while [ "$have" -lt "$want" ]; do
     m=$tmp/m$have
     mkdir -p "$m"
-    "$crest" mount $insecure "127.0.0.1:$port" "$m" >/dev/null
+    "$crest" mount $insecure -o own_session "127.0.0.1:$port" "$m" >/dev/null
     mnts+=("$m")
     have=$((have + 1))
   done

@@ -335,7 +335,7 @@ def waiters_can_be_interrupted(a, b):
 def killed_client(crest, addr, scratch, b):
     """The holder's whole client daemon dies: the server drops its locks a few seconds
     later (once the session has been disconnected long enough), and B gets them."""
-    subprocess.run([crest, "mount", addr, scratch], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([crest, "mount", "-o", "own_session", addr, scratch], check=True, stdout=subprocess.DEVNULL)
     try:
         pc = os.path.join(scratch, BASE, "client")
         open(pc, "wb").close()

@@ -55,7 +55,7 @@ do_mount
 # A second mount of the same server stays live through every check (pjdfstest, fsx, the
 # untars and the server kill see two clients), and is the other side of the coherence
 # checks.
-"$crest" mount "$addr" "$mnt2" >/dev/null
+"$crest" mount -o own_session "$addr" "$mnt2" >/dev/null
 
 mount_shows_type_and_source() {
   grep -q "^$addr $mnt fuse.crest " /proc/mounts && df -P "$mnt" | tail -1 | grep -q "^$addr " &&
@@ -197,7 +197,7 @@ PY
 check kill9-server-during-untar kill9_during_untar
 
 two_mounts_are_coherent() {
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   python3 "$root/tests/e2e/two_mounts.py" "$mnt" "$mnt2" >&2 || return 1
   rm -rf "$mnt/coherence"
 }
@@ -206,9 +206,9 @@ check two-mounts-coherent two_mounts_are_coherent
 # File handles made on one mount open the file on the other, also after the other
 # mount's daemon restarts; a removed file's handle is stale (tests/e2e/handles.py).
 file_handles_across_mounts() {
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   (cd "$root/tests/e2e" && python3 handles.py "$mnt" "$mnt2" make "$work/handles.json") >&2 || return 1
-  "$crest" umount "$mnt2" && "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  "$crest" umount "$mnt2" && "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   (cd "$root/tests/e2e" && python3 handles.py "$mnt" "$mnt2" check "$work/handles.json") >&2 || return 1
   rm -rf "$mnt/handles"
 }
@@ -218,7 +218,7 @@ check file-handles file_handles_across_mounts
 # permission alone runs a program; supplementary groups reach the server
 # (tests/e2e/descriptors.py).
 descriptors_checked_at_open() {
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   (cd "$root/tests/e2e" && python3 descriptors.py "$mnt" "$mnt2") >&2
 }
 check descriptors descriptors_checked_at_open
@@ -273,7 +273,7 @@ check remount-read-only remount_read_only
 # Seeded races on two mounts: O_APPEND records, files removed while the other mount holds
 # them open, readdir while names move (tests/e2e/corners.py; CREST_E2E_ROUNDS, _SEED).
 posix_corners() {
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   (cd "$root/tests/e2e" && CREST_E2E_ROUNDS=${CREST_E2E_ROUNDS:-10} python3 corners.py "$mnt" "$mnt2") >&2 || return 1
   rm -rf "$mnt/corners"
 }
@@ -284,7 +284,7 @@ check posix-corners posix_corners
 # /tmp and to the first mount: outcomes, modes, owners and ACLs must match, and the second
 # mount must see the same (tests/e2e/acl.py; CREST_E2E_ROUNDS, _SEED).
 acls() {
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   (cd "$root/tests/e2e" && CREST_E2E_ROUNDS=${CREST_E2E_ROUNDS:-20} python3 acl.py "$mnt" "$mnt2") >&2 || return 1
   rm -rf "$mnt/acl"
 }
@@ -379,7 +379,7 @@ writeback_matches_the_server() {
 locks_hold_across_mounts() {
   # fcntl and flock locks between the two mounts, and a third client whose daemon is
   # killed while it holds locks.
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   mkdir -p "$work/mnt3"
   python3 "$root/tests/e2e/locks.py" "$mnt" "$mnt2" "$crest" "$addr" "$work/mnt3" >&2 || return 1
   rm -rf "$mnt/locktest"
@@ -391,7 +391,7 @@ locks_survive_server_restart() {
   # is killed (-9) and started again. The first mount takes both locks again in the
   # grace period, so the second mount's conflicting tries are still refused (EAGAIN)
   # until the holder lets go; then they succeed.
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   rm -f "$work/restart-please" "$work/restarted"
   python3 "$root/tests/e2e/locks.py" restart "$mnt" "$mnt2" "$work" >&2 &
   local driver=$! rc=0
@@ -424,7 +424,7 @@ rights_survive_server_restart() {
   # mount replays its lost changes and takes its rights back in the grace period. Then
   # the second mount's changes must still reach the first at once (a recall of the
   # re-asserted rights), and the first mount's new file the second.
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   local rc=0 i logs
   mkdir "$mnt/rr" || return 1
   for i in $(seq 20); do echo "file $i" >"$mnt/rr/f$i"; done
@@ -455,7 +455,7 @@ open_file_survives_server_restart() {
   # files back in the grace period, so the orphan is not reclaimed and its descriptor
   # still reads, writes and fstats (nlink 0). The last close then frees it (fsck at the
   # end finds no leftover orphan).
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   head -c 70001 /dev/urandom >"$work/held" && cp "$work/held" "$mnt/held-restart" && sync "$mnt/held-restart" || return 1
   mkfifo "$work/go" || return 1
   python3 - "$mnt2/held-restart" "$work/held" "$work/go" >"$work/held.out" 2>&1 <<'PY' &
@@ -499,7 +499,7 @@ appends_are_written_back_joined() {
   CREST_LOG=crest_server=info "$crest" serve "$img2" --listen "127.0.0.1:$port2" >"$work/serve-append.log" 2>&1 &
   srv2=$!
   for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port2") 2>/dev/null && break; sleep 0.05; done
-  "$crest" mount "127.0.0.1:$port2" "$m3" >/dev/null && "$crest" mount "127.0.0.1:$port2" "$m4" >/dev/null || rc=1
+  "$crest" mount "127.0.0.1:$port2" "$m3" >/dev/null && "$crest" mount -o own_session "127.0.0.1:$port2" "$m4" >/dev/null || rc=1
   python3 - "$m3/log" "$work/log.want" <<'PY' || rc=1
 import os, random, sys
 seed = random.SystemRandom().randrange(1 << 32)
@@ -681,7 +681,7 @@ writeback_ops_are_coherent() {
   # Renames, links, xattr changes and create+unlink pairs answered by the mount holding
   # everything involved (writeback): the other mount's next call sees exactly the result,
   # and neither the server's answers nor its attributes contradict the writer's.
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   python3 "$root/tests/e2e/writeback_ops.py" "$mnt" "$mnt2" >&2 || return 1
   # (The two mounts' logs only: other checks fill file systems of their own on purpose.)
   ! grep -hE "writeback attributes differ|writeback (rename|link|setxattr|removexattr|unlink|rmdir|create) failed" \
@@ -697,7 +697,7 @@ creates_while_another_mount_walks() {
   # directory's lock, which A's own create holds while it waits on the server for this
   # very recall. (Name by name, that cycle lasted until the server fenced A after 10 s,
   # and A's unsent creates were lost: 3 runs in 4 without the epoch notice.)
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   local fenced_before fenced_after seen
   fenced_before=$(grep -c "session fenced" "$work/serve.log" || true)
   mkdir -p "$mnt/walk" || return 1
@@ -717,7 +717,7 @@ shared_directory_churn() {
   # Four mounts create, write, rename and unlink in one directory at once (issue 18): each
   # sees its own names exactly as it left them whenever it lists them, all agree at the
   # end, and no session is fenced. Seeded (CREST_SHARED_SEED), the seed printed.
-  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount "$addr" "$mnt2" >/dev/null || return 1
+  grep -q " $mnt2 fuse.crest " /proc/mounts || "$crest" mount -o own_session "$addr" "$mnt2" >/dev/null || return 1
   local m3=$work/mnt-s3 m4=$work/mnt-s4 rc=0 fenced_before fenced_after seed=${CREST_SHARED_SEED:-$RANDOM}
   mkdir -p "$m3" "$m4"
   "$crest" mount "$addr" "$m3" >/dev/null && "$crest" mount "$addr" "$m4" >/dev/null || rc=1
@@ -735,6 +735,43 @@ shared_directory_churn() {
 }
 check shared-directory-churn shared_directory_churn
 check killed-client-does-not-stop-others killed_client_does_not_stop_others
+
+mounts_of_one_host_share_a_session() {
+  # Mounts of this host with the same options share one daemon, so one session and one
+  # connection: a bind mount of the first (one FUSE mount, one set of kernel caches).
+  # Unmounting the daemon's own directory leaves the others served; -o own_session gets a
+  # session of its own; kill -9 of the daemon leaves no dead mount behind. (noatime: a key
+  # of their own, apart from the suite's main mounts.)
+  local a=$work/share-a b=$work/share-b c=$work/share-c rc=0 n0 n1 n2 daemon size
+  mkdir -p "$a" "$b" "$c"
+  sessions() { "$crest" status --server "$addr" --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["sessions"]))'; }
+  n0=$(sessions) || return 1
+  "$crest" mount -o noatime "$addr" "$a" >/dev/null && "$crest" mount -o noatime "$addr" "$b" >/dev/null || return 1
+  n1=$(sessions)
+  [ "$n1" = $((n0 + 1)) ] || { log "two mounts of one host opened $((n1 - n0)) sessions"; rc=1; }
+  [ "$(stat -c %d "$a")" = "$(stat -c %d "$b")" ] || { log "not one mount: devices differ"; rc=1; }
+  size=$((RANDOM * 7 + RANDOM % 4096)) # straddles pages at a random offset
+  log "shared mounts: $size bytes"
+  head -c "$size" /dev/urandom >"$work/share.want" && cp "$work/share.want" "$b/share-f" || rc=1
+  cmp "$work/share.want" "$a/share-f" && cmp "$work/share.want" "$mnt/share-f" || { log "not the same file"; rc=1; }
+  "$crest" mount -o noatime,own_session "$addr" "$c" >/dev/null || return 1
+  n2=$(sessions)
+  [ "$n2" = $((n1 + 1)) ] || { log "-o own_session: $((n2 - n1)) new sessions"; rc=1; }
+  "$crest" umount "$c"
+  daemon=$(pgrep -f -- "--share-key .* $a\$" | head -1)
+  [ -n "$daemon" ] || { log "no sharing daemon for $a"; rc=1; }
+  "$crest" umount "$a" || rc=1
+  cmp "$work/share.want" "$b/share-f" || { log "the bind mount went with the daemon's own directory"; rc=1; }
+  [ "$(sessions)" = "$n1" ] || { log "unmounting the first mount ended the session"; rc=1; }
+  rm -f "$b/share-f"
+  [ -n "$daemon" ] && kill -9 "$daemon"
+  local i
+  for i in $(seq 50); do grep -q " $b fuse.crest " /proc/mounts || break; sleep 0.1; done
+  grep -q " $b fuse.crest " /proc/mounts && { log "a dead bind mount stayed after kill -9 of its daemon"; rc=1; }
+  umount -l "$b" 2>/dev/null
+  return $rc
+}
+check mounts-of-one-host-share-a-session mounts_of_one_host_share_a_session
 
 do_umount
 "$crest" umount "$mnt2" 2>/dev/null || umount -l "$mnt2" 2>/dev/null

@@ -21,39 +21,47 @@ pub const GOODBYE_WAIT: Duration = Duration::from_secs(8);
 /// read can wait on a process stuck on a hung mount), and paths are compared as written,
 /// never looked up.
 pub fn serving(target: &Path) -> Option<u32> {
-    let dir = std::fs::read_dir("/proc").ok()?;
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != std::process::id())
-        .filter(|&pid| std::fs::read(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_ascii_end() == b"crest"))
-        .filter(|&pid| {
-            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
-            mount_point_of(&cmdline).is_some_and(|dir| resolve_for(pid, dir).as_deref() == Some(target))
-        })
-        .filter_map(|pid| Some((started(pid)?, pid)))
+    crest_processes()
+        .into_iter()
+        .filter(|(pid, args)| mount_point_of(args).is_some_and(|dir| resolve_for(*pid, dir).as_deref() == Some(target)))
+        .filter_map(|(pid, _)| Some((started(pid)?, pid)))
         .max()
         .map(|(_, pid)| pid)
 }
 
+/// Every other process named `crest`, with its arguments (only such processes have their
+/// command line read: that read can wait on a process stuck on a hung mount).
+pub fn crest_processes() -> Vec<(u32, Vec<Vec<u8>>)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != std::process::id())
+        .filter(|&pid| std::fs::read(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_ascii_end() == b"crest"))
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            Some((pid, cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()).map(<[u8]>::to_vec).collect()))
+        })
+        .collect()
+}
+
 /// When process `pid` started (clock ticks since boot: /proc/PID/stat's 22nd field).
-fn started(pid: u32) -> Option<u64> {
+pub fn started(pid: u32) -> Option<u64> {
     let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
     let close = stat.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// The mount point a `crest mount` command line (NUL-separated, as /proc shows it) names:
-/// its last argument, if `mount` is among the others.
-fn mount_point_of(cmdline: &[u8]) -> Option<&Path> {
-    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()).collect();
+/// The mount point a `crest mount` command line names: its last argument, if `mount` is
+/// among the others.
+fn mount_point_of(args: &[Vec<u8>]) -> Option<&Path> {
     let (last, rest) = args.split_last()?;
-    rest.iter().skip(1).any(|a| *a == b"mount").then(|| Path::new(OsStr::from_bytes(last)))
+    rest.iter().skip(1).any(|a| a.as_slice() == b"mount").then(|| Path::new(OsStr::from_bytes(last)))
 }
 
 /// `dir` as process `pid` means it: relative to its working directory, `.` and trailing
 /// slashes dropped, nothing looked up (any of it may be on a hung mount).
-fn resolve_for(pid: u32, dir: &Path) -> Option<PathBuf> {
+pub fn resolve_for(pid: u32, dir: &Path) -> Option<PathBuf> {
     let abs = if dir.is_absolute() {
         dir.to_path_buf()
     } else {
@@ -76,7 +84,7 @@ pub fn wait_ended(pids: &[u32], limit: Duration) -> Vec<u32> {
 }
 
 /// Whether process `pid` exists and has not exited (a zombie has).
-fn running(pid: u32) -> bool {
+pub fn running(pid: u32) -> bool {
     let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else { return false };
     // The state follows the command name, which is in parentheses and may hold any byte.
     let Some(close) = stat.iter().rposition(|&b| b == b')') else { return false };
@@ -89,12 +97,15 @@ mod tests {
 
     #[test]
     fn a_mount_command_line_names_its_mount_point_last() {
-        let line = b"/usr/bin/crest\0mount\0--foreground\0--ready-pipe\0h:7410\0/mnt/with space\0";
-        assert_eq!(mount_point_of(line), Some(Path::new("/mnt/with space")));
-        assert_eq!(mount_point_of(b"crest\0-v\0mount\0h:1\0rel/dir\0"), Some(Path::new("rel/dir")));
-        assert_eq!(mount_point_of(b"crest\0serve\0/var/img\0"), None, "not a mount");
-        assert_eq!(mount_point_of(b"/bin/mount\0/mnt/x\0"), None, "mount only as the program");
-        assert_eq!(mount_point_of(b""), None);
+        let args = |line: &[u8]| -> Vec<Vec<u8>> {
+            line.split(|&b| b == 0).filter(|a| !a.is_empty()).map(<[u8]>::to_vec).collect()
+        };
+        let line = args(b"/usr/bin/crest\0mount\0--foreground\0--ready-pipe\0h:7410\0/mnt/with space\0");
+        assert_eq!(mount_point_of(&line), Some(Path::new("/mnt/with space")));
+        assert_eq!(mount_point_of(&args(b"crest\0-v\0mount\0h:1\0rel/dir\0")), Some(Path::new("rel/dir")));
+        assert_eq!(mount_point_of(&args(b"crest\0serve\0/var/img\0")), None, "not a mount");
+        assert_eq!(mount_point_of(&args(b"/bin/mount\0/mnt/x\0")), None, "mount only as the program");
+        assert_eq!(mount_point_of(&args(b"")), None);
     }
 
     #[test]

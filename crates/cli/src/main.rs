@@ -15,6 +15,7 @@ mod mountinfo;
 mod progress;
 mod repair;
 mod sendrecv;
+mod share;
 mod signature;
 mod stats;
 mod status;
@@ -164,7 +165,9 @@ enum Command {
         addr: String,
         /// Directory to mount on.
         mountpoint: PathBuf,
-        /// Mount options, comma-separated (ro, allow_other, noexec, remount, ...).
+        /// Mount options, comma-separated (ro, allow_other, noexec, remount, ...). As root,
+        /// mounts of one server with the same options share one session (bind mounts of
+        /// the first); own_session gives this one its own.
         #[arg(short = 'o')]
         options: Option<String>,
         /// Stay in the foreground (logs to stderr).
@@ -177,6 +180,13 @@ enum Command {
         /// which to report "ok" once mounted, or why not.
         #[arg(long, hide = true, requires = "foreground")]
         ready_pipe: bool,
+        /// (internal) The daemon's sharing key (`share.rs`): a later mount that agrees on
+        /// it bind-mounts this daemon's mount instead of starting another.
+        #[arg(long, hide = true, requires = "foreground")]
+        share_key: Option<String>,
+        /// (internal) Watch the bind mount on the mount point of the daemon with this pid.
+        #[arg(long, hide = true, requires = "foreground")]
+        bind_of: Option<u32>,
         /// Talk to a server run with --insecure (plaintext, no authentication); also
         /// `-o insecure`.
         #[arg(long)]
@@ -833,7 +843,18 @@ fn main() -> ExitCode {
         }
         Command::Upgrade { image } => upgrade(&image),
         Command::Fsck { image, json, repair } => return ExitCode::from(fsck(&image, json, repair)),
-        Command::Mount { addr, mountpoint, options, foreground, timeout, ready_pipe, insecure, token } => {
+        Command::Mount {
+            addr,
+            mountpoint,
+            options,
+            foreground,
+            timeout,
+            ready_pipe,
+            share_key,
+            bind_of,
+            insecure,
+            token,
+        } => {
             let voice = if helper { mount::Voice::Helper } else { mount::Voice::Crest };
             let req = mount::Request {
                 addr: &addr,
@@ -842,6 +863,8 @@ fn main() -> ExitCode {
                 foreground,
                 timeout,
                 ready_pipe,
+                share_key: share_key.as_deref(),
+                bind_of,
                 voice,
                 insecure,
                 token: token.as_deref(),

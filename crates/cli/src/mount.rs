@@ -97,6 +97,10 @@ pub struct Request<'a> {
     pub timeout: u64,
     /// Set in the daemon `mount_in_background` starts: report readiness on stdout.
     pub ready_pipe: bool,
+    /// Set in a daemon that others may share (`share.rs`): its sharing key.
+    pub share_key: Option<&'a str>,
+    /// Set in the watcher of a bind mount: the daemon whose mount it is.
+    pub bind_of: Option<u32>,
     pub voice: Voice,
     /// Plaintext, for a server run `--insecure` (also `-o insecure`).
     pub insecure: bool,
@@ -163,8 +167,16 @@ pub fn mount(req: &Request) -> Result<()> {
         opts.retain(|o| o != "insecure");
         opts.len() != before
     };
+    let own_session = {
+        let before = opts.len();
+        opts.retain(|o| o != crate::share::OWN_SESSION);
+        opts.len() != before
+    };
     let req = &Request { timeout, insecure, ..*req };
     let addr = parse_addr(req.addr)?;
+    if let Some(daemon) = req.bind_of {
+        return watch_bind(daemon, req.mountpoint);
+    }
     if opts.iter().any(|o| o == "remount") {
         remount(req.mountpoint, &opts)?;
         if req.voice == Voice::Crest {
@@ -189,8 +201,17 @@ pub fn mount(req: &Request) -> Result<()> {
     }
     // Missing credentials fail here too.
     let tls = crate::trust::client_tls(req.state, &addr, insecure)?;
+    // Mounts agreeing on this share one daemon (not one asking for a session of its own,
+    // nor one serving metrics of its own); only root may bind-mount.
+    let shared = !own_session && metrics.is_none();
+    let key = crate::share::key(&addr, dataset.as_deref(), insecure, req.timeout, req.state.path(), &opts);
+    if shared && req.share_key.is_none() && nix::unistd::geteuid().is_root() {
+        if let Some((daemon, dir)) = crate::share::find_daemon(&key, &fsname(&addr, dataset.as_deref())) {
+            return share_mount(req, &addr, daemon, &dir, &target);
+        }
+    }
     if !req.foreground {
-        return mount_in_background(&addr, &target, req);
+        return mount_in_background(&addr, &target, req, shared.then_some(key.as_str()));
     }
     let mut ready = if req.ready_pipe { Some(take_ready_pipe()?) } else { None };
     // (Bound before the mount: a port in use fails the mount, said on the pipe.)
@@ -243,10 +264,7 @@ fn serve_mount(
         ..Default::default()
     };
     let client = crest_net::Client::connect(addr, client_opts).map_err(|e| anyhow!(e))?;
-    let fsname = match &dataset {
-        Some(d) => format!("{addr}/{d}"),
-        None => addr.to_string(),
-    };
+    let fsname = fsname(addr, dataset.as_deref());
     // A snapshot never changes: the kernel refuses changes before they reach the server.
     let snapshot = dataset.as_deref().is_some_and(|d| d.contains('@'));
     let mut mopts = crest_fuse::MountOptions { fsname, read_only: snapshot, ..Default::default() };
@@ -308,23 +326,19 @@ const READY_WAIT: Duration = Duration::from_secs(60);
 /// on which it writes "ok" once the kernel has the mount or why it failed; returns when
 /// that word comes (or the daemon dies without one). The daemon logs at this command's
 /// level, and without colour codes (its stderr is no terminal).
-fn mount_in_background(addr: &str, target: &Path, req: &Request) -> Result<()> {
+fn mount_in_background(addr: &str, target: &Path, req: &Request, share_key: Option<&str>) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("finding the crest binary")?;
-    let (log, log_file) = match &req.log.log_file {
-        Some(path) => (path.clone(), crate::logging::open_log_file(path)?),
-        None => {
-            let path = log_path(req.state, target)?;
-            let file = create_log(&path)?;
-            (path, file)
-        }
-    };
+    let (log, log_file) = open_daemon_log(req, target)?;
     // What the daemon writes starts here (a --log-file may hold older runs).
     let log_start = log_file.metadata().map_or(0, |m| m.len());
     let (reader, writer) = std::io::pipe().context("creating the readiness pipe")?;
     let mut cmd = std::process::Command::new(exe);
     // The mount point stays the last argument (tests find the daemon by it).
     cmd.arg("mount").arg("--foreground").arg("--ready-pipe").arg("--timeout").arg(req.timeout.to_string());
+    if let Some(key) = share_key {
+        cmd.arg("--share-key").arg(key);
+    }
     cmd.arg("--state-dir").arg(req.state.path());
     cmd.args(req.log.level_args());
     // What the file said is among the flags above already; the daemon reads it again
@@ -390,6 +404,76 @@ fn mount_in_background(addr: &str, target: &Path, req: &Request) -> Result<()> {
     bail!("the mount daemon exited ({status}) without mounting: {}", msg.trim())
 }
 
+/// What a mount of `addr` (and `dataset`) shows as its source in the mount table.
+fn fsname(addr: &str, dataset: Option<&str>) -> String {
+    match dataset {
+        Some(d) => format!("{addr}/{d}"),
+        None => addr.to_string(),
+    }
+}
+
+/// The log of a background process for the mount at `target`: `--log-file` (appended
+/// to), or a fresh one in the state directory.
+fn open_daemon_log(req: &Request, target: &Path) -> Result<(PathBuf, std::fs::File)> {
+    Ok(match &req.log.log_file {
+        Some(path) => (path.clone(), crate::logging::open_log_file(path)?),
+        None => {
+            let path = log_path(req.state, target)?;
+            let file = create_log(&path)?;
+            (path, file)
+        }
+    })
+}
+
+/// Mounts `target` as a bind mount of the running daemon's mount at `dir` (`share.rs`),
+/// then watches it: in the foreground here, else in a detached watcher process.
+fn share_mount(req: &Request, addr: &str, daemon: u32, dir: &Path, target: &Path) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let device = crate::share::bind(dir, target)?;
+    let said = format!(
+        "crest: {addr} mounted on {}, sharing the session of {} (daemon pid {daemon}); unmount with: crest umount {}",
+        target.display(),
+        dir.display(),
+        shell_quote(&target.display().to_string())
+    );
+    if req.foreground {
+        eprintln!("{said}");
+        return crate::share::watch(daemon, target, &device);
+    }
+    let started = (|| {
+        let exe = std::env::current_exe().context("finding the crest binary")?;
+        let (_, log_file) = open_daemon_log(req, target)?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("mount").arg("--foreground").arg("--bind-of").arg(daemon.to_string());
+        cmd.arg("--state-dir").arg(req.state.path()).args(req.log.level_args());
+        // (The mount point stays the last argument: `crest umount` waits for this process.)
+        cmd.arg(addr).arg(target);
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log_file)
+            .process_group(0)
+            .spawn()
+            .context("starting the bind mount's watcher")
+    })();
+    if let Err(e) = started {
+        let _ = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH);
+        return Err(e);
+    }
+    if req.voice == Voice::Crest {
+        println!("{said}");
+    }
+    Ok(())
+}
+
+/// The watcher of the bind mount at `mountpoint` of daemon `daemon`.
+fn watch_bind(daemon: u32, mountpoint: &Path) -> Result<()> {
+    let target = mountpoint.canonicalize().with_context(|| format!("mount point {}", mountpoint.display()))?;
+    match mountinfo::mount_at(&mountinfo::read()?, &target) {
+        Some(m) if m.fstype == CREST_FSTYPE => crate::share::watch(daemon, &target, &m.device),
+        _ => bail!("{} is no crest mount to watch", target.display()),
+    }
+}
+
 /// `s` quoted for a shell when it needs it (a mount point with spaces).
 fn shell_quote(s: &str) -> String {
     if s.bytes().all(|c| c.is_ascii_alphanumeric() || b"/._-+:@%".contains(&c)) {
@@ -426,8 +510,10 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
         }
         match cmd.arg("--").arg(&target).output() {
             Ok(out) if out.status.success() => {
-                // (A lazy unmount leaves the daemon serving whoever still uses the mount.)
-                let daemon = if lazy { None } else { crate::daemons::serving(&target) };
+                // (A lazy unmount leaves the daemon serving whoever still uses the mount,
+                // and so does one that leaves a bind mount of it: `share.rs`.)
+                let others = mountinfo::read().is_ok_and(|ms| ms.iter().any(|x| x.device == m.device));
+                let daemon = if lazy || others { None } else { crate::daemons::serving(&target) };
                 for pid in crate::daemons::wait_ended(daemon.as_slice(), crate::daemons::GOODBYE_WAIT) {
                     eprintln!(
                         "crest: the daemon of {} (pid {pid}) is still ending its session after {} s",

@@ -15,6 +15,9 @@ pub struct Mount {
     pub fstype: String,
     /// What is mounted (for crest: the server address), unescaped.
     pub source: String,
+    /// The file system's device, `MAJ:MIN`: the same for every mount of one superblock
+    /// (a bind mount's and its source's).
+    pub device: String,
 }
 
 /// The file system type crest mounts show (FUSE with subtype `crest`).
@@ -59,7 +62,8 @@ pub fn parse(text: &str) -> Vec<Mount> {
         .filter_map(|l| {
             // ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS
             let mut f = l.split(' ');
-            let mount_point = f.nth(4)?;
+            let device = f.nth(2)?;
+            let mount_point = f.nth(1)?;
             let mut rest = f.skip_while(|x| *x != "-");
             rest.next()?;
             let fstype = rest.next()?;
@@ -68,6 +72,7 @@ pub fn parse(text: &str) -> Vec<Mount> {
                 mount_point: PathBuf::from(unescape(mount_point)),
                 fstype: unescape(fstype),
                 source: unescape(source),
+                device: device.to_string(),
             })
         })
         .collect()
@@ -140,7 +145,8 @@ broken line
         assert_eq!(x.as_deref(), Some("tmpfs"), "the later (topmost) mount wins");
         let s = mount_at(&m, Path::new("/mnt/with space"));
         assert_eq!(s.as_ref().map(|m| m.fstype.as_str()), Some(CREST_FSTYPE));
-        assert_eq!(s.map(|m| m.source).as_deref(), Some("host a:1"));
+        assert_eq!(s.as_ref().map(|m| m.source.as_str()), Some("host a:1"));
+        assert_eq!(s.map(|m| m.device).as_deref(), Some("0:53"));
         assert!(mount_at(&m, Path::new("/mnt/back\\slash")).is_some());
         assert!(mount_at(&m, Path::new("/mnt")).is_none());
         assert_eq!(mount_at(&m, Path::new("/")).map(|m| m.source).as_deref(), Some("/dev/sda1"));
