@@ -652,8 +652,12 @@ impl Filesystem for CrestFs {
             return self.reply_attr(reply, Ok(a));
         }
         let epoch = lock(&self.names).epoch();
-        let r = self.one("getattr", Op::GetAttr { ino: ino.0 }).and_then(|r| want_attr("getattr", r));
-        if let Ok(a) = &r {
+        let r = self.one("getattr", Op::GetAttr { ino: ino.0 });
+        // `AttrOnly` (a directory other mounts are changing) grants nothing to hold: the
+        // kernel gets it uncached too (`attr_ttl`: not held).
+        let holds = matches!(r, Ok(Reply::Attr(_)));
+        let r = r.and_then(|r| want_attr("getattr", r));
+        if let (true, Ok(a)) = (holds, &r) {
             lock(&self.names).hold_attr(a, epoch, Instant::now());
         }
         self.reply_attr(reply, r);

@@ -58,7 +58,7 @@ impl Reply {
     /// `Inodes`, names no existing inode and is left alone).
     pub fn map_inos(&mut self, f: &mut dyn FnMut(u64) -> u64) {
         match self {
-            Reply::Attr(a) | Reply::Entry(a) => a.map_inos(f),
+            Reply::Attr(a) | Reply::Entry(a) | Reply::AttrOnly(a) => a.map_inos(f),
             Reply::Lookup { attr, leaf } => {
                 if let Some(a) = attr {
                     a.map_inos(f);

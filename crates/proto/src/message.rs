@@ -11,12 +11,15 @@ use serde::{Deserialize, Serialize};
 /// an older server (whose `Refused::version` it also speaks) says hello again in that
 /// version. `Hello`, `Admin`, `Join` and `Refused` keep their layout in every version, so
 /// that any two releases can tell each other which version they speak (docs/protocol.md §1).
-pub const PROTOCOL_VERSION: u32 = 14;
+pub const PROTOCOL_VERSION: u32 = 15;
 /// The oldest protocol version this code still speaks (what each version added:
 /// docs/protocol.md §1).
 pub const OLDEST_PROTOCOL_VERSION: u32 = 13;
 /// Version 14: the welcome names the server's release (`Welcome::server_release`).
 pub const PROTOCOL_WELCOME_NAMES_RELEASE: u32 = 14;
+/// Version 15: a getattr of a directory other sessions are changing may be answered with
+/// `Reply::AttrOnly` (the attributes, no right to cache them).
+pub const PROTOCOL_ATTR_ONLY: u32 = 15;
 
 /// The version a server at `PROTOCOL_VERSION` speaks to a client whose newest is
 /// `client`: the newer of those both speak, or why there is none.
@@ -661,6 +664,11 @@ pub enum Reply {
     },
     /// The answer to `GetLock`: the conflicting lock, or `None`.
     Lock(Option<LockInfo>),
+    /// Attributes as they are now, which the client may not cache (it holds no right to
+    /// them: a change elsewhere recalls nothing from it). The answer to a getattr of a
+    /// directory other sessions are changing, for sessions of `PROTOCOL_ATTR_ONLY` and
+    /// later (docs/protocol.md §4.1 "Shared directories").
+    AttrOnly(Attr),
 }
 
 /// Why one operation failed: a POSIX errno and a message for the log.

@@ -1288,7 +1288,9 @@ impl Server {
         let inode_of_op = op_inode(&op);
         let (creates, rmdir) = (op.creates(), matches!(op, Op::Rmdir { .. }));
         let looked_up = if let Op::Lookup { name, .. } = &op { Some(p::name_hash(name)) } else { None };
+        let getattr = matches!(op, Op::GetAttr { .. });
         let mut r = room.place(self.apply(session, op, now));
+        let mut withheld = Vec::new();
         if let Ok(reply) = &mut r {
             if mutates {
                 // This reply is not checked after the fact (it cannot be rerun):
@@ -1301,6 +1303,9 @@ impl Server {
                 }
             } else if let (None, Some(h)) = (acquires, looked_up) {
                 self.narrow_lent_stretch(session, h, reply);
+            }
+            if !mutates && acquires.is_none() {
+                withheld = self.withhold_contended(session, inode_of_op, getattr, millis(now), reply);
             }
             if creates {
                 if let Reply::Entry(a) = reply {
@@ -1324,7 +1329,8 @@ impl Server {
                     self.caps.drop_exclusive(victim);
                 }
             }
-            let c = carried(inode_of_op, reply);
+            let mut c = carried(inode_of_op, reply);
+            c.retain(|i| !withheld.contains(i));
             self.carried.extend(&c);
             self.changed.extend(touched);
             if acquires.is_some() {
@@ -1354,6 +1360,49 @@ impl Server {
             if leaf.items.iter().any(elsewhere) {
                 *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
             }
+        }
+    }
+
+    /// A reply that only reads lends nothing of a directory other sessions are changing
+    /// (`Contention::shared`) and this one does not hold exclusively: a look-up in it
+    /// lends no stretch of it, a look-up that finds it lends no stretch of its parent
+    /// (whose entry for it would carry its attributes), and a getattr of it answers
+    /// `AttrOnly` to a session that speaks it. Whoever caches a directory's names or
+    /// attributes must be recalled at every change in it: in a directory several mounts
+    /// create in, every create recalled the others, who took it back at their next look-up
+    /// or permission check (docs/protocol.md §4.1 "Shared directories"). Returns the
+    /// inodes the reply must not grant.
+    fn withhold_contended(
+        &self,
+        session: SessionId,
+        inode_of_op: Option<u64>,
+        getattr: bool,
+        now_ms: u64,
+        reply: &mut Reply,
+    ) -> Vec<u64> {
+        let contended =
+            |dir: u64| self.contention.shared(dir, session, now_ms) && !self.caps.holds_exclusive(session, dir);
+        let empty = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
+        match reply {
+            Reply::Lookup { attr, leaf } => {
+                let parent = inode_of_op.filter(|&d| contended(d));
+                let found = attr.as_ref().filter(|a| a.kind == p::FileType::Directory && contended(a.ino));
+                let withheld: Vec<u64> = parent.into_iter().chain(found.map(|a| a.ino)).collect();
+                if !withheld.is_empty() {
+                    *leaf = empty;
+                }
+                withheld
+            }
+            Reply::Attr(a) if getattr && a.kind == p::FileType::Directory && contended(a.ino) => {
+                let speaks = self.sessions.get(&session).is_some_and(|s| s.protocol >= p::PROTOCOL_ATTR_ONLY);
+                if !speaks {
+                    return Vec::new();
+                }
+                let ino = a.ino;
+                *reply = Reply::AttrOnly(a.clone());
+                vec![ino]
+            }
+            _ => Vec::new(),
         }
     }
 

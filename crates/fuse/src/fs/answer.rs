@@ -15,13 +15,14 @@ pub(super) fn unexpected(op: &'static str, r: &Reply) -> Error {
         Reply::Done => "Done",
         Reply::Inodes { .. } => "Inodes",
         Reply::Lock(_) => "Lock",
+        Reply::AttrOnly(_) => "AttrOnly",
     };
     Error::Protocol { op, got: got.into() }
 }
 
 pub(super) fn want_attr(op: &'static str, r: Reply) -> Result<p::Attr, Error> {
     match r {
-        Reply::Attr(a) | Reply::Entry(a) | Reply::Lookup { attr: Some(a), .. } => Ok(a),
+        Reply::Attr(a) | Reply::Entry(a) | Reply::Lookup { attr: Some(a), .. } | Reply::AttrOnly(a) => Ok(a),
         Reply::Lookup { attr: None, .. } => {
             Err(Error::Server { op, errno: libc::ENOENT, message: "no such name".into() })
         }

@@ -48,7 +48,14 @@ pub(super) fn carried(op_inode: Option<u64>, reply: &Reply) -> Vec<u64> {
             v.extend(leaf.items.iter().map(|i| i.attr.ino));
         }
         Reply::Dir { items, .. } => v.extend(items.iter().map(|i| i.attr.ino)),
-        Reply::Data(_) | Reply::Names(_) | Reply::StatFs(_) | Reply::Done | Reply::Inodes { .. } | Reply::Lock(_) => {}
+        // (`AttrOnly` carries attributes nobody may cache.)
+        Reply::Data(_)
+        | Reply::Names(_)
+        | Reply::StatFs(_)
+        | Reply::Done
+        | Reply::Inodes { .. }
+        | Reply::Lock(_)
+        | Reply::AttrOnly(_) => {}
     }
     v
 }

@@ -274,7 +274,8 @@ impl Checker {
     pub(crate) fn res(&mut self, r: &Result<Reply, p::OpError>) -> Res {
         Ok(match r {
             Err(e) => return Err(e.errno),
-            Ok(Reply::Attr(a)) => Out::Attr(self.attr_v(a)),
+            // (Attributes the client may not cache are the same answer.)
+            Ok(Reply::Attr(a) | Reply::AttrOnly(a)) => Out::Attr(self.attr_v(a)),
             Ok(Reply::Entry(a)) => Out::Entry(self.attr_v(a)),
             Ok(Reply::Lookup { attr, .. }) => Out::Lookup(attr.as_ref().map(|a| self.attr_v(a))),
             Ok(Reply::Dir { items, .. }) => {
@@ -906,7 +907,9 @@ impl Checker {
                     v.push((Item::Attr(a.ino), Val::Attr(Some(self.attr_v(a)))));
                 }
             }
-            (Op::GetAttr { ino }, Reply::Attr(a)) => v.push((Item::Attr(*ino), Val::Attr(Some(self.attr_v(a))))),
+            (Op::GetAttr { ino }, Reply::Attr(a) | Reply::AttrOnly(a)) => {
+                v.push((Item::Attr(*ino), Val::Attr(Some(self.attr_v(a)))))
+            }
             (Op::Read { ino, .. }, Reply::Data(d)) => v.push((Item::Data(*ino), Val::Data(Some(d.clone())))),
             (Op::ReadDir { ino, .. }, Reply::Dir { items, .. }) => {
                 let names = items.iter().map(|i| (i.name.clone(), i.attr.ino)).collect();

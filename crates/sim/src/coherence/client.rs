@@ -460,7 +460,7 @@ impl Client {
         let (t0_us, epoch, stamp, sent) = pd;
         for r in results.iter().flatten() {
             match r {
-                Reply::Attr(a) | Reply::Entry(a) => self.learn(a),
+                Reply::Attr(a) | Reply::Entry(a) | Reply::AttrOnly(a) => self.learn(a),
                 Reply::Lookup { attr, leaf } => {
                     leaf.items.iter().for_each(|i| _ = self.known.insert(i.attr.ino, i.attr.kind));
                     if let Some(a) = attr {

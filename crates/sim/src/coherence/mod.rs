@@ -368,7 +368,9 @@ pub(crate) fn brief(results: &[Result<Reply, p::OpError>]) -> Vec<String> {
         .iter()
         .map(|r| match r {
             Err(e) => format!("errno {}", e.errno),
-            Ok(Reply::Attr(a)) => format!("attr {} size {} mode {:o} nlink {}", a.ino, a.size_bytes, a.mode, a.nlink),
+            Ok(Reply::Attr(a) | Reply::AttrOnly(a)) => {
+                format!("attr {} size {} mode {:o} nlink {}", a.ino, a.size_bytes, a.mode, a.nlink)
+            }
             Ok(Reply::Entry(a)) => format!("entry {} {:?}", a.ino, a.kind),
             Ok(Reply::Lookup { attr, leaf }) => {
                 format!("lookup {:?} leaf {} items", attr.as_ref().map(|a| a.ino), leaf.items.len())

@@ -1007,6 +1007,9 @@ fn a_request_resent_while_it_waits_parked_runs_once() {
 #[test]
 fn another_sessions_request_waits_until_exclusive_rights_are_flushed_and_returned() {
     let (mut srv, a, b) = two_sessions();
+    // (About rights between two sessions taking turns, not a directory both change at
+    // once: `shared_dirs`.)
+    srv.set_contention_window(0);
     // a makes a directory: it holds it exclusively from birth.
     let mkdir = Op::Create {
         parent: 1,
@@ -1217,6 +1220,9 @@ fn short_of_space_no_session_answers_changes_itself() {
 #[test]
 fn acquiring_a_directory_recalls_its_readers_and_makes_others_wait() {
     let (mut srv, a, b) = two_sessions();
+    // (About rights between two sessions taking turns, not a directory both change at
+    // once: `shared_dirs`.)
+    srv.set_contention_window(0);
     // b makes two files in the root and forgets its exclusive rights by a recall
     // (a's look at them); a then reads the root, so both cache it.
     srv.handle(b, create_in_root(1, "f"), NOW);

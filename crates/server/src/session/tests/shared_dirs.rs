@@ -120,6 +120,9 @@ fn a_lookup_recalls_no_sibling_another_session_holds() {
     // in it). b's answer must not take d1 from a: it carries d2, the root, and the stretch
     // of d2's hash only, not one naming entries that are a's to change.
     let (mut srv, a, b) = two_sessions();
+    // (With a's changes to the root counted, b's look-ups would lend nothing of it at all:
+    // the next test.)
+    srv.set_contention_window(0);
     let mkdir = |id: u64, name: &str| make_in_root(id, name, p::FileType::Directory, 0o755);
     srv.handle(a, mkdir(1, "d1"), after(0));
     let Ok(Reply::Entry(d1)) = sole_result(&mut srv) else { panic!("mkdir d1") };
@@ -142,4 +145,106 @@ fn a_lookup_recalls_no_sibling_another_session_holds() {
     // With nobody else's rights in it, the same lookup brings the whole stretch.
     let r = run_answering_recalls(&mut srv, a, 3, vec![Op::Lookup { parent: 1, name: b"d1".to_vec() }]);
     assert!(matches!(&r, Ok(Reply::Lookup { leaf, .. }) if leaf.items.len() == 2), "{r:?}");
+}
+
+/// Runs `ops` for `session` at `at` and returns the one response's first result and
+/// whatever else went out with it.
+fn run_at(
+    srv: &mut Server,
+    session: SessionId,
+    id: u64,
+    ops: Vec<Op>,
+    at: p::Time,
+) -> (Result<Reply, p::OpError>, Vec<Outgoing>) {
+    srv.handle(session, req(id, ops), at);
+    let mut out = srv.take_outgoing();
+    let Some(i) = out.iter().position(|o| matches!(o, Outgoing::Response { .. })) else {
+        panic!("no response to request {id} of session {session}: {out:?}")
+    };
+    let Outgoing::Response { response, .. } = out.remove(i) else { unreachable!() };
+    (response.results[0].clone(), out)
+}
+
+#[test]
+fn a_directory_others_are_changing_is_lent_to_no_reader() {
+    // a and b both create in d. While the other is at work there, neither's look-ups in
+    // d, look-ups of d, nor getattrs of d grant anything of d: so neither's creates wait
+    // for the other to drop d. A session of protocol 14 gets its getattr as before (held,
+    // and recalled at the next change).
+    let (mut srv, a, b) = two_sessions();
+    let (r, _) = run_at(&mut srv, a, 1, vec![make_op(1, "d", p::FileType::Directory)], after(0));
+    let Ok(Reply::Entry(d)) = r else { panic!("mkdir d: {r:?}") };
+    // a gives d up (b looks it up), then each creates in it.
+    let (r, _) = run_answering(&mut srv, b, 1, vec![Op::Lookup { parent: 1, name: b"d".to_vec() }], after(10));
+    assert!(matches!(r, Ok(Reply::Lookup { attr: Some(_), .. })), "{r:?}");
+    let (r, _) = run_answering(&mut srv, a, 2, vec![make_op(d.ino, "a1", p::FileType::Regular)], after(20));
+    assert!(r.is_ok(), "{r:?}");
+    let (r, _) = run_answering(&mut srv, b, 2, vec![make_op(d.ino, "b1", p::FileType::Regular)], after(30));
+    assert!(r.is_ok(), "{r:?}");
+    for (i, (s, t)) in [(a, 100u64), (b, 200), (a, 300), (b, 400)].into_iter().enumerate() {
+        let id = 10 + i as u64 * 10;
+        let name = format!("n{i}");
+        let (r, out) =
+            run_at(&mut srv, s, id, vec![Op::Lookup { parent: d.ino, name: name.clone().into_bytes() }], after(t));
+        let Ok(Reply::Lookup { attr: None, leaf }) = r else { panic!("lookup {name}: {r:?}") };
+        assert!(leaf.items.is_empty() && leaf.hash_lo > leaf.hash_hi, "no stretch of d lent: {leaf:?}");
+        assert!(out.is_empty(), "a look-up recalled something: {out:?}");
+        let (r, out) = run_at(&mut srv, s, id + 1, vec![Op::GetAttr { ino: d.ino }], after(t + 1));
+        assert!(matches!(&r, Ok(Reply::AttrOnly(x)) if x.ino == d.ino), "getattr of d: {r:?}");
+        assert!(out.is_empty(), "{out:?}");
+        let (r, out) = run_at(&mut srv, s, id + 2, vec![Op::Lookup { parent: 1, name: b"d".to_vec() }], after(t + 2));
+        let Ok(Reply::Lookup { attr: Some(x), leaf }) = r else { panic!("lookup d: {r:?}") };
+        assert!(x.ino == d.ino && leaf.items.is_empty(), "d found, no stretch of the root naming it: {leaf:?}");
+        assert!(out.is_empty(), "{out:?}");
+        // The create answers at once: nobody holds d.
+        let (r, out) = run_at(&mut srv, s, id + 3, vec![make_op(d.ino, &name, p::FileType::Regular)], after(t + 3));
+        assert!(matches!(r, Ok(Reply::Entry(_))), "create {name}: {r:?}");
+        assert!(out.iter().all(|o| !matches!(o, Outgoing::Notify { notify: p::Notify::Recall { .. }, .. })), "{out:?}");
+        assert!(!srv.caps.held_elsewhere(s, d.ino), "d held after {name}");
+    }
+    // Once the others have been quiet a window, d is lent again.
+    let (r, _) = run_at(&mut srv, b, 90, vec![Op::GetAttr { ino: d.ino }], after(1_500));
+    assert!(matches!(&r, Ok(Reply::Attr(x)) if x.ino == d.ino), "{r:?}");
+    // A client of protocol 14 cannot be told: its getattr is held as before.
+    let (old, _) = srv.handle_hello(&p::Hello { version: 14, ..hello(None) });
+    let old = old.expect("a session of protocol 14");
+    let (r, _) = run_answering(&mut srv, a, 91, vec![make_op(d.ino, "late", p::FileType::Regular)], after(1_600));
+    assert!(r.is_ok(), "{r:?}");
+    let (r, _) = run_at(&mut srv, old, 1, vec![Op::GetAttr { ino: d.ino }], after(1_700));
+    assert!(matches!(&r, Ok(Reply::Attr(_))), "{r:?}");
+}
+
+/// Request op making `name` of `kind` in `parent`.
+fn make_op(parent: u64, name: &str, kind: p::FileType) -> Op {
+    let mode = if kind == p::FileType::Directory { 0o755 } else { 0o644 };
+    Op::Create { parent, name: name.as_bytes().to_vec(), kind, mode, rdev: 0, cred: p::Cred::default() }
+}
+
+/// `run_at`, answering every recall it makes at once (and returning what went out then).
+fn run_answering(
+    srv: &mut Server,
+    session: SessionId,
+    id: u64,
+    ops: Vec<Op>,
+    at: p::Time,
+) -> (Result<Reply, p::OpError>, Vec<Outgoing>) {
+    srv.handle(session, req(id, ops), at);
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let out = srv.take_outgoing();
+        for o in &out {
+            if let Outgoing::Response { session: s, response } = o {
+                if *s == session {
+                    return (response.results[0].clone(), seen);
+                }
+            }
+        }
+        for o in out {
+            if let Outgoing::Notify { session: s, notify: p::Notify::Recall { recall_id, .. } } = &o {
+                srv.recall_done(*s, *recall_id, at);
+            }
+            seen.push(o);
+        }
+    }
+    panic!("no response to request {id}")
 }
