@@ -14,17 +14,20 @@
 # the slowest mount's time over the fastest's (fairness).
 #
 #   bench/scale.sh [--mounts 1,2,4,8] [--count N] [--rounds N] [--insecure] [--io-threads N]
+#                  [--one-session]
 #     --mounts L  counts of mounts (default 1,2,4,8; 1 is always run: the ratios need it)
 #     --count N   files per mount per phase (default 5000)
 #     --rounds N  rounds (default 3)
 #     --insecure  plaintext (default: mutual TLS, as a mount on the server's host)
 #     --io-threads N  the server's connection threads (crest serve --io-threads)
+#     --one-session   the mounts as one host makes them by default: bind mounts of the
+#                 first, one session (docs/operations.md "Many mounts on one host")
 # Needs root (mounts). Logs: /var/tmp/crest-scale-logs.
 # shellcheck source=bench/lib.sh
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-mounts_list=1,2,4,8; count=5000; rounds=3; insecure=()
+mounts_list=1,2,4,8; count=5000; rounds=3; insecure=(); own=(-o own_session)
 while [ $# -gt 0 ]; do
   case $1 in
     --mounts) mounts_list=$2; shift ;;
@@ -32,6 +35,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift ;;
     --insecure) insecure=(--insecure) ;;
     --io-threads) BENCH_IO_THREADS=$2; shift ;;
+    --one-session) own=() ;;
     -h | --help) sed -n '2,/^# Needs/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -55,7 +59,7 @@ mnt=()
 for ((i = 1; i <= max; i++)); do
   d=$BENCH_BASE/mnt/m$i
   mkdir -p "$d"
-  bench_fg "$BENCH_BIN/crest" mount "${insecure[@]}" -o own_session "$addr" "$d" >/dev/null
+  bench_fg "$BENCH_BIN/crest" mount "${insecure[@]}" "${own[@]}" "$addr" "$d" >/dev/null
   BENCH_MOUNTS+=("$d")
   mnt[i]=$d
 done
@@ -118,8 +122,9 @@ for ((r = 1; r <= rounds; r++)); do
     done
   done
 done
-printf '\n%s files per mount per phase, %s round(s), %s; medians over the rounds\n' "$count" "$rounds" \
-  "$([ ${#insecure[@]} = 0 ] && echo "mutual TLS" || echo "--insecure")"
+printf '\n%s files per mount per phase, %s round(s), %s, %s; medians over the rounds\n' "$count" "$rounds" \
+  "$([ ${#insecure[@]} = 0 ] && echo "mutual TLS" || echo "--insecure")" \
+  "$([ ${#own[@]} = 0 ] && echo "one session (bind mounts)" || echo "a session per mount")"
 printf '%-14s %6s %12s %12s %16s\n' phase mounts "files/s" "x 1 mount" "slowest/fastest"
 for phase in siblings subtrees shared shared-unlink; do
   for n in $counts; do
