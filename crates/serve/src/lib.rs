@@ -532,29 +532,25 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
     let shell =
         Shell { ctrl: cmds.clone(), ready, arrivals, idle: options.idle_timeout, per_identity: per_identity.clone() };
     let listening = Listening { listener, metrics, tls, policies, shell, stop: stop_rx, done: accept_done_tx };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     // With I/O threads of their own, the connections run on a runtime the store's thread
-    // owns (and drops once the store task ends, after its last reply is queued).
-    let io = match options.io_threads {
-        0 => None,
-        n => Some(
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(n)
-                .thread_name("crest-io")
-                .enable_all()
-                .build()?,
-        ),
-    };
+    // owns (and ends once the store task ends, after its last reply is queued).
+    let mut runtimes = Runtimes::default();
+    if options.io_threads > 0 {
+        let io = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(options.io_threads)
+            .thread_name("crest-io")
+            .enable_all()
+            .build()?;
+        runtimes.io = Some(io);
+    }
+    runtimes.store = Some(tokio::runtime::Builder::new_current_thread().enable_all().build()?);
     std::thread::Builder::new().name("crest-server".into()).spawn(move || {
-        match &io {
+        let Runtimes { store: Some(store), io } = &runtimes else { return };
+        match io {
             Some(io) => drop(io.spawn(listening.run())),
-            None => drop(runtime.spawn(listening.run())),
+            None => drop(store.spawn(listening.run())),
         }
-        runtime.block_on(store_task(server, rx, queues, store_arrivals));
-        drop(runtime);
-        if let Some(io) = io {
-            io.shutdown_background();
-        }
+        store.block_on(store_task(server, rx, queues, store_arrivals));
     })?;
     tracing::info!(%local_addr, tls = matches!(security, Security::Tls(_)), "serving");
     if let Some(addr) = metrics_addr {
@@ -569,6 +565,23 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
         policies: policies_tx,
         per_identity,
     })
+}
+
+/// The server's runtimes. They are shut down without waiting: dropping one that was not
+/// started would block, and `start_with` runs inside its caller's runtime, where that
+/// panics (a failure to build the other runtime or to start the thread).
+#[derive(Default)]
+struct Runtimes {
+    store: Option<tokio::runtime::Runtime>,
+    io: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Runtimes {
+    fn drop(&mut self) {
+        for rt in [self.store.take(), self.io.take()].into_iter().flatten() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// What the connections' side of the server starts with: the listeners and what each

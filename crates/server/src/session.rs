@@ -1380,8 +1380,13 @@ impl Server {
         now_ms: u64,
         reply: &mut Reply,
     ) -> Vec<u64> {
-        let contended =
-            |dir: u64| self.contention.shared(dir, session, now_ms) && !self.caps.holds_exclusive(session, dir);
+        // (Not one another session holds whole: the reply must then wait for its recall,
+        // which only what the reply carries triggers, `park_if_exclusive`.)
+        let contended = |dir: u64| {
+            self.contention.shared(dir, session, now_ms)
+                && !self.caps.holds_exclusive(session, dir)
+                && self.caps.exclusive_elsewhere(session, dir).is_none()
+        };
         let empty = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
         match reply {
             Reply::Lookup { attr, leaf } => {

@@ -248,3 +248,24 @@ fn run_answering(
     }
     panic!("no response to request {id}")
 }
+
+#[test]
+fn a_lookup_finding_a_directory_another_session_holds_whole_still_recalls_it() {
+    // a made d (it holds d whole) and creates in it, so d counts as used by a; b's look-up
+    // of d must still take d back from a before b hears d's attributes: a's creates in d
+    // may be ahead of the server's (its writeback).
+    let (mut srv, a, b) = two_sessions();
+    let (r, _) = run_at(&mut srv, a, 1, vec![make_op(1, "d", p::FileType::Directory)], after(0));
+    let Ok(Reply::Entry(d)) = r else { panic!("mkdir d: {r:?}") };
+    let (r, _) = run_at(&mut srv, a, 2, vec![make_op(d.ino, "f", p::FileType::Regular)], after(10));
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(srv.caps.exclusive_elsewhere(b, d.ino), Some(a));
+    srv.handle(b, req(1, vec![Op::Lookup { parent: 1, name: b"d".to_vec() }]), after(20));
+    let out = srv.take_outgoing();
+    assert!(
+        out.iter().any(|o| matches!(o, Outgoing::Notify { session, notify: p::Notify::Recall { inodes, .. } }
+            if *session == a && inodes.contains(&d.ino))),
+        "no recall of d from a: {out:?}"
+    );
+    assert!(!out.iter().any(|o| matches!(o, Outgoing::Response { session, .. } if *session == b)), "{out:?}");
+}
