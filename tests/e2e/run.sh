@@ -763,6 +763,11 @@ mounts_of_one_host_share_a_session() {
   "$crest" umount "$a" || rc=1
   cmp "$work/share.want" "$b/share-f" || { log "the bind mount went with the daemon's own directory"; rc=1; }
   [ "$(sessions)" = "$n1" ] || { log "unmounting the first mount ended the session"; rc=1; }
+  # A mount made now binds the one that is left.
+  "$crest" mount -o noatime "$addr" "$c" >/dev/null || return 1
+  [ "$(sessions)" = "$n1" ] && [ "$(stat -c %d "$c")" = "$(stat -c %d "$b")" ] ||
+    { log "a mount after the first was unmounted did not share the session"; rc=1; }
+  "$crest" umount "$c"
   rm -f "$b/share-f"
   [ -n "$daemon" ] && kill -9 "$daemon"
   local i

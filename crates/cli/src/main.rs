@@ -926,7 +926,7 @@ fn main() -> ExitCode {
         }),
         Command::Token { cmd } => trust::token(&state, cmd),
         Command::Cert { cmd } => trust::cert(&state, cmd),
-        Command::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy),
+        Command::Umount { mountpoint, lazy } => mount::umount(&mountpoint, lazy, &state),
         Command::Serve {
             image,
             listen,

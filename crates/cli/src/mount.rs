@@ -206,8 +206,10 @@ pub fn mount(req: &Request) -> Result<()> {
     let shared = !own_session && metrics.is_none();
     let key = crate::share::key(&addr, dataset.as_deref(), insecure, req.timeout, req.state.path(), &opts);
     if shared && req.share_key.is_none() && nix::unistd::geteuid().is_root() {
-        if let Some((daemon, dir)) = crate::share::find_daemon(&key, &fsname(&addr, dataset.as_deref())) {
-            return share_mount(req, &addr, daemon, &dir, &target);
+        if let Some((daemon, dir, device)) =
+            crate::share::find_daemon(req.state, &key, &fsname(&addr, dataset.as_deref()))
+        {
+            return share_mount(req, &addr, daemon, (&dir, &device), &target);
         }
     }
     if !req.foreground {
@@ -225,7 +227,8 @@ pub fn mount(req: &Request) -> Result<()> {
             return Err(e);
         }
     };
-    let served = serve_mount(&addr, &target, (opts, dataset, metrics), req.timeout, tls, &mut ready);
+    let share = req.share_key.map(|k| (req.state, k));
+    let served = serve_mount(&addr, &target, (opts, dataset, metrics), (req.timeout, share), tls, &mut ready);
     if let (Err(e), Some(mut pipe)) = (&served, ready) {
         // The parent is waiting: it prints this and exits non-zero. The pipe may be
         // gone already (the parent died); the error still goes to the log.
@@ -252,7 +255,7 @@ fn serve_mount(
     addr: &str,
     target: &Path,
     (opts, dataset, metrics): (Vec<String>, Option<String>, Option<std::net::TcpListener>),
-    timeout: u64,
+    (timeout, share): (u64, Option<(&crest_tls::StateDir, &str)>),
     tls: Option<std::sync::Arc<crest_tls::ClientConfig>>,
     ready: &mut Option<std::fs::File>,
 ) -> Result<()> {
@@ -287,7 +290,17 @@ fn serve_mount(
     if let Some(listener) = metrics {
         crate::mount_metrics::spawn(listener, target.to_path_buf());
     }
-    guard.join().with_context(|| format!("serving {}", target.display()))
+    // Other mounts of this host with the same key bind this one (`share.rs`).
+    let entry = share.and_then(|(state, key)| {
+        crate::share::register(state, key, target)
+            .inspect_err(|e| tracing::warn!("this mount will not be shared: {e:#}"))
+            .ok()
+    });
+    let served = guard.join().with_context(|| format!("serving {}", target.display()));
+    if let Some(entry) = entry {
+        crate::share::unregister(&entry);
+    }
+    served
 }
 
 /// Where the background daemon of a mount logs: the `log` directory of the state
@@ -427,9 +440,9 @@ fn open_daemon_log(req: &Request, target: &Path) -> Result<(PathBuf, std::fs::Fi
 
 /// Mounts `target` as a bind mount of the running daemon's mount at `dir` (`share.rs`),
 /// then watches it: in the foreground here, else in a detached watcher process.
-fn share_mount(req: &Request, addr: &str, daemon: u32, dir: &Path, target: &Path) -> Result<()> {
+fn share_mount(req: &Request, addr: &str, daemon: u32, (dir, device): (&Path, &str), target: &Path) -> Result<()> {
     use std::os::unix::process::CommandExt;
-    let device = crate::share::bind(dir, target)?;
+    crate::share::bind(dir, target, device)?;
     let said = format!(
         "crest: {addr} mounted on {}, sharing the session of {} (daemon pid {daemon}); unmount with: crest umount {}",
         target.display(),
@@ -438,7 +451,7 @@ fn share_mount(req: &Request, addr: &str, daemon: u32, dir: &Path, target: &Path
     );
     if req.foreground {
         eprintln!("{said}");
-        return crate::share::watch(daemon, target, &device);
+        return crate::share::watch(daemon, target, device);
     }
     let started = (|| {
         let exe = std::env::current_exe().context("finding the crest binary")?;
@@ -486,7 +499,7 @@ fn shell_quote(s: &str) -> String {
 /// Unmounts a crest mount (`lazy`: detach it now even if busy, as `umount -l`). Anything
 /// that is not a fuse.crest mount is refused: `crest umount` must never take down a
 /// tmpfs or a disk because of a wrong path.
-pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
+pub fn umount(mountpoint: &Path, lazy: bool, state: &crest_tls::StateDir) -> Result<()> {
     let target = mountinfo::resolve(mountpoint)?;
     let Some(m) = mountinfo::mount_at(&mountinfo::read()?, &target) else {
         bail!("{} is not mounted", target.display());
@@ -512,9 +525,16 @@ pub fn umount(mountpoint: &Path, lazy: bool) -> Result<()> {
             Ok(out) if out.status.success() => {
                 // (A lazy unmount leaves the daemon serving whoever still uses the mount,
                 // and so does one that leaves a bind mount of it: `share.rs`.)
+                // (The last directory of a shared mount: its daemon ends, and the watcher of
+                // this directory if it was a bind mount.)
                 let others = mountinfo::read().is_ok_and(|ms| ms.iter().any(|x| x.device == m.device));
-                let daemon = if lazy || others { None } else { crate::daemons::serving(&target) };
-                for pid in crate::daemons::wait_ended(daemon.as_slice(), crate::daemons::GOODBYE_WAIT) {
+                let daemons: Vec<u32> = if lazy || others {
+                    Vec::new()
+                } else {
+                    let shared = crate::share::daemon_of_device(state, &m.device);
+                    crate::daemons::serving(&target).into_iter().chain(shared).collect()
+                };
+                for pid in crate::daemons::wait_ended(&daemons, crate::daemons::GOODBYE_WAIT) {
                     eprintln!(
                         "crest: the daemon of {} (pid {pid}) is still ending its session after {} s",
                         target.display(),
@@ -554,7 +574,10 @@ fn remount(mountpoint: &Path, opts: &[String]) -> Result<()> {
         (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
         (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
     ];
-    let mut flags = MsFlags::MS_REMOUNT;
+    // A mount sharing its file system with others (`share.rs`) changes only its own flags
+    // (MS_BIND: the superblock's, `sync` among them, stay as they are for all of them).
+    let shared = mountinfo::read()?.iter().filter(|x| x.device == m.device).count() > 1;
+    let mut flags = if shared { MsFlags::MS_REMOUNT | MsFlags::MS_BIND } else { MsFlags::MS_REMOUNT };
     for (st, ms) in kept {
         if now.contains(st) {
             flags |= ms;

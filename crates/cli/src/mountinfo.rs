@@ -18,6 +18,8 @@ pub struct Mount {
     /// The file system's device, `MAJ:MIN`: the same for every mount of one superblock
     /// (a bind mount's and its source's).
     pub device: String,
+    /// The file system's own options (for FUSE: `user_id=` of who mounted it, ...).
+    pub super_options: String,
 }
 
 /// The file system type crest mounts show (FUSE with subtype `crest`).
@@ -68,11 +70,13 @@ pub fn parse(text: &str) -> Vec<Mount> {
             rest.next()?;
             let fstype = rest.next()?;
             let source = rest.next()?;
+            let super_options = rest.next().unwrap_or("");
             Some(Mount {
                 mount_point: PathBuf::from(unescape(mount_point)),
                 fstype: unescape(fstype),
                 source: unescape(source),
                 device: device.to_string(),
+                super_options: super_options.to_string(),
             })
         })
         .collect()
@@ -146,7 +150,10 @@ broken line
         let s = mount_at(&m, Path::new("/mnt/with space"));
         assert_eq!(s.as_ref().map(|m| m.fstype.as_str()), Some(CREST_FSTYPE));
         assert_eq!(s.as_ref().map(|m| m.source.as_str()), Some("host a:1"));
-        assert_eq!(s.map(|m| m.device).as_deref(), Some("0:53"));
+        assert_eq!(s.as_ref().map(|m| m.device.as_str()), Some("0:53"));
+        assert_eq!(mount_at(&m, Path::new("/mnt/x")).map(|m| m.super_options).as_deref(), Some("rw"));
+        let fuse = m.iter().find(|m| m.source == "127.0.0.1:7410").map(|m| m.super_options.as_str());
+        assert_eq!(fuse, Some("rw,user_id=0"));
         assert!(mount_at(&m, Path::new("/mnt/back\\slash")).is_some());
         assert!(mount_at(&m, Path::new("/mnt")).is_none());
         assert_eq!(mount_at(&m, Path::new("/")).map(|m| m.source).as_deref(), Some("/dev/sda1"));

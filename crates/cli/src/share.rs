@@ -7,8 +7,13 @@
 //! `-o own_session` starts a daemon of its own (what a test playing several clients on one
 //! host wants); without root (no bind mounts) every mount has its own too.
 //!
-//! The daemon serves until the last directory of its mount goes: unmounting its own leaves
-//! the bind mounts served. A small watcher process per bind mount (`crest mount --bind-of
+//! A sharing daemon registers itself in the state directory (`shared/PID`: its start
+//! time, its mount's device and its key; the directory is root's alone), and a new mount
+//! trusts only such an entry whose process still runs as the same user in the same mount
+//! namespace, and binds a mount that shows that device (checked on the open directory
+//! before binding, and on the result after). The daemon serves until the last directory
+//! of its mount goes: unmounting its own leaves the bind mounts served, and a later mount
+//! binds one of those. A small watcher process per bind mount (`crest mount --bind-of
 //! PID … DIR`: no session, no connection) detaches the bind mount if the daemon dies (as
 //! auto_unmount does for the daemon's own directory: a killed client leaves no dead mount)
 //! and ends as soon as the bind mount is unmounted (`crest umount` waits for it).
@@ -42,42 +47,133 @@ pub fn key(addr: &str, dataset: Option<&str>, insecure: bool, timeout: u64, stat
     )
 }
 
-/// The running daemon started with `key` whose own directory is still a crest mount of
-/// `source` (what the mount of `key` names: the server, and the dataset if any): its pid
-/// and that directory; the newest, if several. (A daemon whose directory was unmounted
-/// lazily while in use keeps its command line; another mount may be on that directory
-/// now: one of another server or dataset is never taken for it.)
-pub fn find_daemon(key: &str, source: &str) -> Option<(u32, PathBuf)> {
-    let mounts = mountinfo::read().ok()?;
-    crate::daemons::crest_processes()
-        .into_iter()
-        .filter_map(|(pid, args)| {
-            let at = |flag: &[u8]| args.iter().position(|a| a.as_slice() == flag);
-            let shares =
-                at(b"--share-key").and_then(|i| args.get(i + 1)).is_some_and(|k| k.as_slice() == key.as_bytes());
-            if !shares || at(b"--bind-of").is_some() {
-                return None;
-            }
-            let dir = crate::daemons::resolve_for(pid, Path::new(std::ffi::OsStr::from_bytes(args.last()?)))?;
-            let mounted =
-                mountinfo::mount_at(&mounts, &dir).is_some_and(|m| m.fstype == CREST_FSTYPE && m.source == source);
-            mounted.then(|| Some((crate::daemons::started(pid)?, pid, dir))).flatten()
-        })
-        .max()
-        .map(|(_, pid, dir)| (pid, dir))
+/// A sharing daemon's entry in the registry.
+struct Entry {
+    pid: u32,
+    /// The process's start time (`daemons::started`): a pid used again is not it.
+    started: u64,
+    device: String,
+    key: String,
 }
 
-use std::os::unix::ffi::OsStrExt;
+impl Entry {
+    fn parse(pid: u32, text: &str) -> Option<Entry> {
+        let mut lines = text.lines();
+        let started = lines.next()?.strip_prefix("started ")?.parse().ok()?;
+        let device = lines.next()?.strip_prefix("device ")?.to_string();
+        let key = lines.next()?.strip_prefix("key ")?.to_string();
+        Some(Entry { pid, started, device, key })
+    }
 
-/// Bind-mounts `source` (a crest mount's directory) on `target`; returns the device
-/// (`MAJ:MIN`) both now show.
-pub fn bind(source: &Path, target: &Path) -> Result<String> {
+    /// Still the process that wrote it, run by this user in this mount namespace.
+    fn alive(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+        crate::daemons::started(self.pid) == Some(self.started)
+            && std::fs::metadata(format!("/proc/{}", self.pid))
+                .is_ok_and(|m| m.uid() == nix::unistd::geteuid().as_raw())
+            && ns(&self.pid.to_string()).is_some_and(|n| Some(n) == ns("self"))
+    }
+}
+
+/// The registry's directory in the state directory (created, closed to other users).
+fn registry(state: &crest_tls::StateDir) -> Result<PathBuf> {
+    state.create("shared").context("the state directory's registry of shared mounts")
+}
+
+/// Registers this process, which serves the mount at `target` under `key`; returns the
+/// entry's path (for `unregister`).
+pub fn register(state: &crest_tls::StateDir, key: &str, target: &Path) -> Result<PathBuf> {
+    let pid = std::process::id();
+    let started = crate::daemons::started(pid).context("this process's start time")?;
+    let device = match mountinfo::mount_at(&mountinfo::read()?, target) {
+        Some(m) if m.fstype == CREST_FSTYPE => m.device,
+        _ => bail!("{} is not a crest mount", target.display()),
+    };
+    let dir = registry(state)?;
+    let (tmp, path) = (dir.join(format!(".{pid}")), dir.join(pid.to_string()));
+    std::fs::write(&tmp, format!("started {started}\ndevice {device}\nkey {key}\n"))
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .with_context(|| format!("registering in {}", dir.display()))?;
+    Ok(path)
+}
+
+/// Removes an entry `register` made (best effort: a stale one is recognised anyway).
+pub fn unregister(entry: &Path) {
+    let _ = std::fs::remove_file(entry);
+}
+
+/// A running daemon registered with `key` and a crest mount of `source` that shows its
+/// device: its pid, that mount's directory and the device. The newest, if several.
+pub fn find_daemon(state: &crest_tls::StateDir, key: &str, source: &str) -> Option<(u32, PathBuf, String)> {
+    let dir = registry(state).ok()?;
+    let mounts = mountinfo::read().ok()?;
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let entry = Entry::parse(pid, &std::fs::read_to_string(e.path()).ok()?)?;
+            if crate::daemons::started(pid) != Some(entry.started) {
+                // (Left by a daemon killed before it could remove it.)
+                let _ = std::fs::remove_file(e.path());
+                return None;
+            }
+            if entry.key != key || !entry.alive() {
+                return None;
+            }
+            let m = mounts.iter().rev().find(|m| {
+                m.device == entry.device && m.fstype == CREST_FSTYPE && m.source == source && mounted_as_root(m)
+            })?;
+            Some((entry.started, entry.pid, m.mount_point.clone(), entry.device))
+        })
+        .max()
+        .map(|(_, pid, dir, device)| (pid, dir, device))
+}
+
+/// The daemon registered as serving `device`, if it runs (what `crest umount` of the last
+/// directory of a shared mount waits for).
+pub fn daemon_of_device(state: &crest_tls::StateDir, device: &str) -> Option<u32> {
+    let dir = registry(state).ok()?;
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let entry = Entry::parse(pid, &std::fs::read_to_string(e.path()).ok()?)?;
+        (entry.device == device && entry.alive()).then_some(pid)
+    })
+}
+
+/// A FUSE mount its mounter's user id says root's (`user_id=` among the super options: a
+/// user's own FUSE mount, whatever it calls itself, is never bound).
+fn mounted_as_root(m: &mountinfo::Mount) -> bool {
+    m.super_options.split(',').any(|o| o == format!("user_id={}", nix::unistd::geteuid().as_raw()))
+}
+
+/// Bind-mounts `source`, a crest mount showing `device`, on `target`. The directory is
+/// opened and its device checked before the bind (which goes through the open descriptor:
+/// whatever replaces the path meanwhile is not bound), and the result after it.
+pub fn bind(source: &Path, target: &Path, device: &str) -> Result<()> {
     use nix::mount::MsFlags;
-    nix::mount::mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+    use nix::sys::stat::{major, minor};
+    use std::os::fd::AsRawFd;
+    let dir = nix::fcntl::open(
+        source,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .with_context(|| format!("opening {}", source.display()))?;
+    let st = nix::sys::stat::fstat(&dir).with_context(|| format!("stat {}", source.display()))?;
+    if format!("{}:{}", major(st.st_dev), minor(st.st_dev)) != device {
+        bail!("{} is no longer the shared mount", source.display());
+    }
+    let via = format!("/proc/self/fd/{}", dir.as_raw_fd());
+    nix::mount::mount(Some(via.as_str()), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
         .with_context(|| format!("bind-mounting {} on {}", source.display(), target.display()))?;
     match mountinfo::mount_at(&mountinfo::read()?, target) {
-        Some(m) if m.fstype == CREST_FSTYPE => Ok(m.device),
-        _ => bail!("{} is not a crest mount after binding it", target.display()),
+        Some(m) if m.fstype == CREST_FSTYPE && m.device == device => Ok(()),
+        _ => {
+            let _ = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH);
+            bail!("{} did not become the shared mount: undone", target.display())
+        }
     }
 }
 
