@@ -31,7 +31,7 @@ pub fn serving(target: &Path) -> Option<u32> {
 
 /// Every other process named `crest`, with its arguments (only such processes have their
 /// command line read: that read can wait on a process stuck on a hung mount).
-pub fn crest_processes() -> Vec<(u32, Vec<Vec<u8>>)> {
+fn crest_processes() -> Vec<(u32, Vec<Vec<u8>>)> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
@@ -61,7 +61,7 @@ fn mount_point_of(args: &[Vec<u8>]) -> Option<&Path> {
 
 /// `dir` as process `pid` means it: relative to its working directory, `.` and trailing
 /// slashes dropped, nothing looked up (any of it may be on a hung mount).
-pub fn resolve_for(pid: u32, dir: &Path) -> Option<PathBuf> {
+fn resolve_for(pid: u32, dir: &Path) -> Option<PathBuf> {
     let abs = if dir.is_absolute() {
         dir.to_path_buf()
     } else {

@@ -139,6 +139,13 @@ fn take_option<T>(
 
 /// `-o timeout=SECONDS` (fstab's way to say `--timeout`), taken out of `opts`: how long
 /// a file operation waits for an absent server before failing (ETIMEDOUT).
+/// Takes every `flag` out of `opts`: true if there was one.
+fn take_flag(opts: &mut Vec<String>, flag: &str) -> bool {
+    let before = opts.len();
+    opts.retain(|o| o != flag);
+    opts.len() != before
+}
+
 fn take_timeout(opts: &mut Vec<String>) -> Result<Option<u64>> {
     take_option(opts, "timeout", "SECONDS, a whole number above 0", |v| v.parse::<u64>().ok().filter(|&t| t > 0))
 }
@@ -162,16 +169,8 @@ pub fn mount(req: &Request) -> Result<()> {
     let timeout = take_timeout(&mut opts)?.unwrap_or(req.timeout);
     let dataset = take_dataset(&mut opts)?;
     let metrics = take_metrics(&mut opts)?;
-    let insecure = req.insecure || {
-        let before = opts.len();
-        opts.retain(|o| o != "insecure");
-        opts.len() != before
-    };
-    let own_session = {
-        let before = opts.len();
-        opts.retain(|o| o != crate::share::OWN_SESSION);
-        opts.len() != before
-    };
+    let insecure = req.insecure || take_flag(&mut opts, "insecure");
+    let own_session = take_flag(&mut opts, crate::share::OWN_SESSION);
     let req = &Request { timeout, insecure, ..*req };
     let addr = parse_addr(req.addr)?;
     if let Some(daemon) = req.bind_of {
@@ -524,9 +523,9 @@ pub fn umount(mountpoint: &Path, lazy: bool, state: &crest_tls::StateDir) -> Res
         match cmd.arg("--").arg(&target).output() {
             Ok(out) if out.status.success() => {
                 // (A lazy unmount leaves the daemon serving whoever still uses the mount,
-                // and so does one that leaves a bind mount of it: `share.rs`.)
-                // (The last directory of a shared mount: its daemon ends, and the watcher of
-                // this directory if it was a bind mount.)
+                // and so does one that leaves a bind mount of it, `share.rs`; after the last
+                // directory of a shared mount, its daemon ends, and the watcher of this
+                // directory if it was a bind mount.)
                 let others = mountinfo::read().is_ok_and(|ms| ms.iter().any(|x| x.device == m.device));
                 let daemons: Vec<u32> = if lazy || others {
                     Vec::new()

@@ -32,9 +32,9 @@ pub const OWN_SESSION: &str = "own_session";
 /// How often the watcher looks at its bind mount when nothing wakes it.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
-/// What two mounts must agree on to share a daemon, as one string (it is a hidden argument
-/// of the daemon's command line, where `find_daemon` looks for it). Options are sorted:
-/// `-o ro,noatime` and `-o noatime,ro` share.
+/// What two mounts must agree on to share a daemon, as one string (handed to the daemon as
+/// `--share-key`, which registers it). Options are sorted: `-o ro,noatime` and
+/// `-o noatime,ro` share.
 pub fn key(addr: &str, dataset: Option<&str>, insecure: bool, timeout: u64, state: &Path, opts: &[String]) -> String {
     let mut opts: Vec<&str> = opts.iter().map(String::as_str).collect();
     opts.sort_unstable();
@@ -103,29 +103,37 @@ pub fn unregister(entry: &Path) {
     let _ = std::fs::remove_file(entry);
 }
 
-/// A running daemon registered with `key` and a crest mount of `source` that shows its
-/// device: its pid, that mount's directory and the device. The newest, if several.
-pub fn find_daemon(state: &crest_tls::StateDir, key: &str, source: &str) -> Option<(u32, PathBuf, String)> {
-    let dir = registry(state).ok()?;
-    let mounts = mountinfo::read().ok()?;
-    std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
+/// The registry's entries whose process still runs (an entry left by a daemon killed
+/// before it could remove it is removed here).
+fn entries(state: &crest_tls::StateDir) -> Vec<Entry> {
+    let Ok(dir) = registry(state).and_then(|d| std::fs::read_dir(d).map_err(Into::into)) else {
+        return Vec::new();
+    };
+    dir.flatten()
         .filter_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
             let entry = Entry::parse(pid, &std::fs::read_to_string(e.path()).ok()?)?;
             if crate::daemons::started(pid) != Some(entry.started) {
-                // (Left by a daemon killed before it could remove it.)
                 let _ = std::fs::remove_file(e.path());
                 return None;
             }
-            if entry.key != key || !entry.alive() {
-                return None;
-            }
+            Some(entry)
+        })
+        .collect()
+}
+
+/// A running daemon registered with `key` and a crest mount of `source` that shows its
+/// device: its pid, that mount's directory and the device. The newest, if several.
+pub fn find_daemon(state: &crest_tls::StateDir, key: &str, source: &str) -> Option<(u32, PathBuf, String)> {
+    let mounts = mountinfo::read().ok()?;
+    entries(state)
+        .into_iter()
+        .filter(|e| e.key == key && e.alive())
+        .filter_map(|e| {
             let m = mounts.iter().rev().find(|m| {
-                m.device == entry.device && m.fstype == CREST_FSTYPE && m.source == source && mounted_as_root(m)
+                m.device == e.device && m.fstype == CREST_FSTYPE && m.source == source && mounted_as_root(m)
             })?;
-            Some((entry.started, entry.pid, m.mount_point.clone(), entry.device))
+            Some((e.started, e.pid, m.mount_point.clone(), e.device))
         })
         .max()
         .map(|(_, pid, dir, device)| (pid, dir, device))
@@ -134,12 +142,7 @@ pub fn find_daemon(state: &crest_tls::StateDir, key: &str, source: &str) -> Opti
 /// The daemon registered as serving `device`, if it runs (what `crest umount` of the last
 /// directory of a shared mount waits for).
 pub fn daemon_of_device(state: &crest_tls::StateDir, device: &str) -> Option<u32> {
-    let dir = registry(state).ok()?;
-    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let entry = Entry::parse(pid, &std::fs::read_to_string(e.path()).ok()?)?;
-        (entry.device == device && entry.alive()).then_some(pid)
-    })
+    entries(state).into_iter().find(|e| e.device == device && e.alive()).map(|e| e.pid)
 }
 
 /// A FUSE mount its mounter's user id says root's (`user_id=` among the super options: a
@@ -154,7 +157,6 @@ fn mounted_as_root(m: &mountinfo::Mount) -> bool {
 pub fn bind(source: &Path, target: &Path, device: &str) -> Result<()> {
     use nix::mount::MsFlags;
     use nix::sys::stat::{major, minor};
-    use std::os::fd::AsRawFd;
     let dir = nix::fcntl::open(
         source,
         nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,

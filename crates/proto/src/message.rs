@@ -218,6 +218,11 @@ pub struct DirLeaf {
 }
 
 impl DirLeaf {
+    /// A leaf that speaks for no name: a reply that lends no stretch of the directory.
+    pub fn none() -> DirLeaf {
+        DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() }
+    }
+
     /// True when the leaf speaks for names with this hash.
     pub fn covers(&self, hash: u64) -> bool {
         self.hash_lo <= hash && hash <= self.hash_hi

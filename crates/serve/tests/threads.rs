@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crest_net::{Client, ClientOptions};
 use crest_proto::{self as p, Op, Reply};
+use crest_rng::Stream;
 use crest_serve::{Options, Security, Serving};
 use crest_store::{MemDisk, MkfsOptions, Store, Timespec};
 
@@ -51,22 +52,6 @@ fn seed() -> u64 {
     seed
 }
 
-/// xorshift64*: enough for sizes and offsets.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 fn create(parent: u64, name: &str) -> Op {
     Op::Create {
         parent,
@@ -99,11 +84,12 @@ fn connections_on_io_threads_each_get_their_own_answers_in_order() {
     // Each connection writes its own file in random pieces (some larger than a TLS record
     // or a read buffer, some a few bytes, at offsets that straddle both), reads pieces
     // back between writes, and keeps what the file must hold.
+    let mut streams = Stream::from_seed_u64(seed);
     let workers: Vec<_> = (0..8u64)
         .map(|t| {
             let addr = addr.clone();
+            let mut rng = streams.split();
             std::thread::spawn(move || {
-                let mut rng = Rng(seed ^ (t + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
                 let client = Client::connect(&addr, ClientOptions::default()).expect("connect");
                 let Ok(Reply::Entry(a)) = client.call_one(create(1, &format!("c{t}"))) else { panic!("create") };
                 let mut model: Vec<u8> = Vec::new();
@@ -125,7 +111,8 @@ fn connections_on_io_threads_each_get_their_own_answers_in_order() {
                         1 => 1 + rng.below(20_000),
                         _ => 1 + rng.below(400_000),
                     } as usize;
-                    let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                    let mut data = vec![0u8; len];
+                    rng.fill_bytes(&mut data);
                     client.call_one(Op::Write { ino: a.ino, offset: off as u64, data: data.clone() }).expect("write");
                     if model.len() < off + len {
                         model.resize(off + len, 0);

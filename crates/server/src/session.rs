@@ -1244,7 +1244,7 @@ impl Server {
             Ok(Reply::Lookup { leaf, .. }) if !leaf.items.is_empty() && who.caller.uid != 0 => {
                 let Some(dir) = listed else { return };
                 if !authz::may_list(&mut self.store, &who.caller, dir).unwrap_or(false) {
-                    *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
+                    *leaf = p::DirLeaf::none();
                 }
             }
             Ok(Reply::Names(names)) if xattr_names && who.caller.uid != 0 => {
@@ -1298,7 +1298,7 @@ impl Server {
                 // exclusive inodes, whose attributes may be ahead on that client.
                 if let Reply::Lookup { leaf, .. } = reply {
                     if leaf.items.iter().any(|i| self.caps.exclusive_elsewhere(session, i.attr.ino).is_some()) {
-                        *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
+                        *leaf = p::DirLeaf::none();
                     }
                 }
             } else if let (None, Some(h)) = (acquires, looked_up) {
@@ -1358,7 +1358,7 @@ impl Server {
             leaf.items.retain(|i| p::name_hash(&i.name) == h);
             (leaf.hash_lo, leaf.hash_hi) = (h, h);
             if leaf.items.iter().any(elsewhere) {
-                *leaf = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
+                *leaf = p::DirLeaf::none();
             }
         }
     }
@@ -1387,14 +1387,13 @@ impl Server {
                 && !self.caps.holds_exclusive(session, dir)
                 && self.caps.exclusive_elsewhere(session, dir).is_none()
         };
-        let empty = p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() };
         match reply {
             Reply::Lookup { attr, leaf } => {
                 let parent = inode_of_op.filter(|&d| contended(d));
                 let found = attr.as_ref().filter(|a| a.kind == p::FileType::Directory && contended(a.ino));
                 let withheld: Vec<u64> = parent.into_iter().chain(found.map(|a| a.ino)).collect();
                 if !withheld.is_empty() {
-                    *leaf = empty;
+                    *leaf = p::DirLeaf::none();
                 }
                 withheld
             }

@@ -207,7 +207,7 @@ impl Server {
                     return Err(Failure::Wire(errno(20, format!("inode {parent} is not a directory"))));
                 };
                 let attr = attr_out(&st.getattr(ino)?);
-                Ok(Reply::Lookup { attr: Some(attr), leaf: p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() } })
+                Ok(Reply::Lookup { attr: Some(attr), leaf: p::DirLeaf::none() })
             }
             Op::Lookup { parent, name } => {
                 let l = st.lookup_leaf(parent, &name, LOOKUP_NEIGHBOURS)?;

@@ -570,5 +570,5 @@ fn drop_pages_of(pages: &mut BTreeMap<u64, Pages>, c: &NameCache, dir: u64, name
 }
 
 pub(crate) fn empty_leaf() -> p::DirLeaf {
-    p::DirLeaf { hash_lo: 1, hash_hi: 0, items: Vec::new() }
+    p::DirLeaf::none()
 }
