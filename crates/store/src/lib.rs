@@ -47,9 +47,10 @@ pub mod key {
     pub use crate::fs::keys::{kind, name_hash, ORPHAN_OBJECTID};
 }
 
-pub use disk::{Disk, DiskIo, FileDisk, MemDisk, PoolDisk, UringDisk};
+pub use disk::{Disk, DiskIo, FileDisk, MemDisk, PoolDisk, SharedReader, UringDisk};
 pub use error::{Error, Result};
 pub use fs::dirent::DirEntry;
 pub use fs::inode::{FileKind, Inode, Timespec, ROOT_INO};
 pub use fs::ops::{FallocateMode, LeafLookup, NewInode, Op, OpResult, RenameFlags, SetAttr, StatFs, Unlinked};
+pub use fs::read::{Planned, ReadPlan};
 pub use store::{CommitPolicy, MkfsOptions, Stats, Store};

@@ -619,6 +619,12 @@ impl Store {
         self.commit()
     }
 
+    /// Blocks freed but not yet allocatable: until the commits after the one that freed
+    /// them, and while a read planned before they were freed runs (`plan_read`).
+    pub fn pending_free_blocks(&self) -> u64 {
+        self.pager.pending_free_blocks()
+    }
+
     /// Makes everything done so far durable (see the module doc for the protocol).
     pub fn commit(&mut self) -> Result<()> {
         self.commit_now(false)

@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 
 /// Crate-root modules (and root re-exports) the engine may name.
 const ENGINE_MAY_NAME: &[&str] = &["engine", "error", "limits", "Error", "Result"];
-/// The one item of `crate::disk` the engine and the schema may name.
-const DISK_TRAIT: &[&str] = &["disk", "Disk"];
+/// The items of `crate::disk` the engine and the schema may name: the trait and the
+/// reader its `reader` returns.
+const DISK_TRAIT: &[&[&str]] = &[&["disk", "Disk"], &["disk", "SharedReader"]];
 /// Concrete back-ends by their names at the crate root (re-exports).
 const BACKENDS: &[&str] = &["MemDisk", "FileDisk", "PoolDisk", "UringDisk", "DiskIo", "crash"];
 /// Back-end type names refused as identifiers in any position (glob imports included).
@@ -321,7 +322,8 @@ fn crate_paths(code: &str, module: &[String]) -> Vec<(usize, Vec<String>)> {
 /// Why `path` (from the crate root) may not be named by a module of `layer`, if it may not.
 fn refused(layer: Layer, path: &[String]) -> Option<&'static str> {
     let first = path.first().map(String::as_str).unwrap_or("");
-    let is_disk_trait = path.len() == DISK_TRAIT.len() && path.iter().zip(DISK_TRAIT).all(|(a, b)| a == b);
+    let is_disk_trait =
+        DISK_TRAIT.iter().any(|t| path.len() == t.len() && path.iter().zip(t.iter()).all(|(a, b)| a == b));
     if first == "disk" && !is_disk_trait {
         return Some("names `crate::disk` beyond the `Disk` trait (a concrete back-end)");
     }

@@ -78,6 +78,30 @@ pub trait Disk: Send {
         }
         Ok(())
     }
+    /// A handle that reads bytes `offset..offset + len` from another thread, once every
+    /// write to them issued so far has landed (what it reads is then what `read_at` would
+    /// read now); `None` where the backend cannot hand one out (memory, the crash tests'
+    /// recorders), and the caller reads here instead.
+    fn reader(&self, offset: u64, len: usize) -> io::Result<Option<SharedReader>> {
+        let _ = (offset, len);
+        Ok(None)
+    }
+}
+
+/// Reads an image file from any thread ([`Disk::reader`]). It does not stop the store from
+/// writing the same bytes meanwhile: its user keeps them from reuse (`ReadPlan`'s pin).
+#[derive(Clone, Debug)]
+pub struct SharedReader {
+    file: Arc<File>,
+    size: u64,
+}
+
+impl SharedReader {
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(offset, buf.len(), self.size)?;
+        self.file.read_exact_at(buf, offset)
+    }
 }
 
 /// Zeroes a range of an image file or block device with `fallocate(FALLOC_FL_ZERO_RANGE)`,
@@ -118,6 +142,9 @@ impl<D: Disk + ?Sized> Disk for Box<D> {
     fn size_bytes(&self) -> u64 {
         (**self).size_bytes()
     }
+    fn reader(&self, offset: u64, len: usize) -> io::Result<Option<SharedReader>> {
+        (**self).reader(offset, len)
+    }
     fn write_batch(&mut self, writes: &[(u64, &[u8])]) -> io::Result<()> {
         (**self).write_batch(writes)
     }
@@ -130,7 +157,8 @@ impl<D: Disk + ?Sized> Disk for Box<D> {
 /// synchronous system call.
 #[derive(Debug)]
 pub struct FileDisk {
-    file: File,
+    /// Shared with the [`SharedReader`]s handed out.
+    file: Arc<File>,
     size: u64,
 }
 
@@ -170,19 +198,19 @@ impl FileDisk {
     /// Opens an existing image (see [`open_image`]).
     pub fn open(path: &Path) -> io::Result<FileDisk> {
         let (file, size) = open_image(path)?;
-        Ok(FileDisk { file, size })
+        Ok(FileDisk { file: Arc::new(file), size })
     }
 
     /// Creates (or truncates) a sparse image file of `size_bytes` (see [`create_image`]).
     pub fn create(path: &Path, size_bytes: u64) -> io::Result<FileDisk> {
         let (file, size) = create_image(path, size_bytes)?;
-        Ok(FileDisk { file, size })
+        Ok(FileDisk { file: Arc::new(file), size })
     }
 
     /// A disk over an already opened file of `size` bytes, without locking it (tests use
     /// it on `/dev/full`).
     pub fn from_file(file: File, size: u64) -> FileDisk {
-        FileDisk { file, size }
+        FileDisk { file: Arc::new(file), size }
     }
 
     /// The open file.
@@ -245,6 +273,9 @@ impl Disk for FileDisk {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
         self.file.read_exact_at(buf, offset)
+    }
+    fn reader(&self, _offset: u64, _len: usize) -> io::Result<Option<SharedReader>> {
+        Ok(Some(SharedReader { file: Arc::clone(&self.file), size: self.size }))
     }
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;

@@ -74,6 +74,9 @@ impl Disk for PoolDisk {
     fn write_zeroes(&mut self, offset: u64, len: u64) -> io::Result<()> {
         self.inner.write_zeroes(offset, len)
     }
+    fn reader(&self, offset: u64, len: usize) -> io::Result<Option<super::SharedReader>> {
+        self.inner.reader(offset, len)
+    }
     fn write_batch(&mut self, writes: &[(u64, &[u8])]) -> io::Result<()> {
         let size = self.inner.size_bytes();
         for (offset, buf) in writes {

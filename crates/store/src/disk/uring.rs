@@ -616,6 +616,17 @@ impl Disk for UringDisk {
         self.inner.read_at(offset, buf)
     }
 
+    fn reader(&self, offset: u64, len: usize) -> io::Result<Option<super::SharedReader>> {
+        check_range(offset, len, self.inner.size_bytes())?;
+        {
+            let mut ring = self.ring();
+            while ring.overlaps_queued(offset, len) {
+                ring.wait_one(None)?;
+            }
+        }
+        self.inner.reader(offset, len)
+    }
+
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.inner.size_bytes())?;
         let ring = self.ring_mut();

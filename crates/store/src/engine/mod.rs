@@ -17,4 +17,5 @@ pub mod checksum;
 pub mod key;
 pub mod node;
 pub mod pager;
+pub mod pins;
 pub mod superblock;

@@ -17,9 +17,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::disk::Disk;
+use crate::disk::SharedReader;
 use crate::engine::alloc::Allocator;
 use crate::engine::checksum::crc32c;
 use crate::engine::node::{BlockPtr, Body, ChildPtr, Node, NodeRef};
+use crate::engine::pins::{Pins, ReadPin};
 use crate::engine::superblock::MANIFEST_MAX_BLOCKS;
 use crate::error::{Error, Result};
 use crate::limits::{BLOCK_SIZE, BLOCK_SIZE_U64, NODE_CACHE_ENTRIES};
@@ -45,6 +47,10 @@ pub struct Pager {
     pub(crate) alloc: Allocator,
     freed_this_txn: Vec<(u64, u64)>,
     freed_prev_txn: Vec<(u64, u64)>,
+    /// Freed runs due back to the allocator that a read running elsewhere still reads
+    /// (`engine/pins.rs`).
+    held: Vec<(u64, u64)>,
+    pins: Arc<Pins>,
     poisoned: Option<String>,
     meta_goal: u64,
     /// Where the next second copy goes (half an image away from `meta_goal`).
@@ -91,6 +97,8 @@ impl Pager {
             alloc,
             freed_this_txn: Vec::new(),
             freed_prev_txn: Vec::new(),
+            held: Vec::new(),
+            pins: Default::default(),
             poisoned: None,
             meta_goal: crate::limits::RESERVED_BLOCKS,
             twin_goal: twin_half(total_blocks),
@@ -153,7 +161,7 @@ impl Pager {
 
     /// Blocks waiting to become free after the next commits.
     pub fn pending_free_blocks(&self) -> u64 {
-        self.freed_this_txn.iter().chain(&self.freed_prev_txn).map(|r| r.1).sum()
+        self.freed_this_txn.iter().chain(&self.freed_prev_txn).chain(&self.held).map(|r| r.1).sum()
     }
 
     /// Why the store refuses to write, if it does.
@@ -173,6 +181,21 @@ impl Pager {
         tracing::error!(%why, "store poisoned");
         self.poisoned = Some(why);
         Err(Error::Io { op, offset, source: e })
+    }
+
+    /// A reader for `nblocks` blocks at `block` that another thread may use, once the
+    /// writes to them issued so far have landed (`None` where the disk hands out none).
+    /// What it reads is safe from reuse only under a [`Pager::pin`] of them taken now.
+    pub fn shared_reader(&self, block: u64, nblocks: u64) -> Result<Option<SharedReader>> {
+        let offset = block * BLOCK_SIZE_U64;
+        let len = usize::try_from(nblocks * BLOCK_SIZE_U64).unwrap_or(usize::MAX);
+        self.disk.reader(offset, len).map_err(|source| Error::Io { op: "read", offset, source })
+    }
+
+    /// Keeps the blocks of `runs` (`(start, len)`) from reuse until the pin drops
+    /// (`engine/pins.rs`).
+    pub fn pin(&self, runs: Vec<(u64, u64)>) -> ReadPin {
+        self.pins.pin(runs)
     }
 
     /// Reads `buf.len()` bytes at block `block`.
@@ -528,7 +551,11 @@ impl Pager {
     /// freed one transaction earlier become allocatable.
     pub fn finish_commit(&mut self) {
         self.dirty.clear();
-        let release = std::mem::take(&mut self.freed_prev_txn);
+        // What a read running elsewhere still reads waits for a later commit.
+        let mut due = std::mem::take(&mut self.held);
+        due.append(&mut self.freed_prev_txn);
+        let (release, held) = self.pins.split(due);
+        self.held = held;
         for (start, len) in release {
             for b in start..start + len {
                 self.cache.remove(&b);

@@ -13,5 +13,6 @@ pub mod extent;
 pub mod inode;
 pub(crate) mod keys;
 pub mod ops;
+pub mod read;
 pub(crate) mod space;
 pub mod xattr;
