@@ -84,6 +84,7 @@ pub struct ServeSection {
     pub max_sessions_per_client: Option<usize>,
     pub metrics: Option<std::net::SocketAddr>,
     pub io_threads: Option<usize>,
+    pub reads_elsewhere_from: Option<u64>,
 }
 
 /// `[mount]`: `crest mount`'s flags. `options` is `-o` (a command line's `-o` replaces
@@ -144,12 +145,14 @@ pub fn apply(cli: &mut Cli, m: &ArgMatches, file: &Config) {
                 max_sessions_per_client,
                 metrics,
                 io_threads,
+                reads_elsewhere_from,
                 ..
             },
             Some((_, sub)),
         ) => {
             let f = &file.serve;
             set(io_threads, f.io_threads.as_ref(), sub, "io_threads");
+            set(reads_elsewhere_from, f.reads_elsewhere_from.as_ref(), sub, "reads_elsewhere_from");
             set(max_sessions_per_client, f.max_sessions_per_client.as_ref(), sub, "max_sessions_per_client");
             set(metrics, f.metrics.map(Some).as_ref(), sub, "metrics");
             set(listen, f.listen.as_ref(), sub, "listen");
@@ -197,6 +200,7 @@ mod tests {
         let text = "state-dir = \"/srv/state\"\n[log]\nlevel = \"debug\"\nfile = \"/var/log/crest.log\"\n\
                     [serve]\nlisten = \"0.0.0.0:7410\"\ncommit-interval-ms = 100\ndisk-io = \"pool\"\ninsecure = false\n\
                     max-sessions-per-client = 1000\nmetrics = \"127.0.0.1:9477\"\nio-threads = 3\n\
+                    reads-elsewhere-from = 131072\n\
                     [mount]\noptions = \"ro,noatime\"\ntimeout = 30\ninsecure = true\n";
         let c = parse(text)?;
         assert_eq!(c.state_dir, Some(PathBuf::from("/srv/state")));
@@ -209,6 +213,7 @@ mod tests {
         assert_eq!(c.serve.max_sessions_per_client, Some(1000));
         assert_eq!(c.serve.metrics, Some("127.0.0.1:9477".parse()?));
         assert_eq!(c.serve.io_threads, Some(3));
+        assert_eq!(c.serve.reads_elsewhere_from, Some(131072));
         assert_eq!(
             c.mount,
             MountSection { options: Some("ro,noatime".into()), timeout: Some(30), insecure: Some(true) }

@@ -158,6 +158,11 @@ enum Command {
         #[arg(long, value_name = "N", default_value_t = crest_serve::default_io_threads(),
               value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_IO_THREADS as u64))]
         io_threads: usize,
+        /// Reads of at least this many bytes run on threads beside the store's (the
+        /// copy and the checksums; the store's thread only plans them); 0: every read
+        /// runs on the store's thread.
+        #[arg(long, value_name = "BYTES", default_value_t = crest_serve::READS_ELSEWHERE_FROM)]
+        reads_elsewhere_from: u64,
     },
     /// Mount a crest server on a directory (in the background unless --foreground).
     Mount {
@@ -758,6 +763,10 @@ impl crest_store::Disk for ReadOnlyDisk {
     fn size_bytes(&self) -> u64 {
         self.size
     }
+    fn reader(&self, _offset: u64, _len: usize) -> std::io::Result<Option<crest_store::SharedReader>> {
+        // (fsck reads on its own thread.)
+        Ok(None)
+    }
 }
 
 /// The arguments as clap should see them: called as `mount.fuse.crest` (mount(8) runs
@@ -936,6 +945,7 @@ fn main() -> ExitCode {
             max_sessions_per_client,
             metrics,
             io_threads,
+            reads_elsewhere_from,
         } => trust::server_security(&state, &listen, insecure).and_then(|security| {
             if io_threads > MAX_IO_THREADS {
                 anyhow::bail!("io-threads {io_threads}: at most {MAX_IO_THREADS}");
@@ -946,6 +956,7 @@ fn main() -> ExitCode {
                 release: format!("crest {}", version::short()),
                 image: image.display().to_string(),
                 io_threads,
+                reads_elsewhere_from: (reads_elsewhere_from > 0).then_some(reads_elsewhere_from),
                 ..Default::default()
             };
             let reread = || reread_serve(&args);

@@ -149,6 +149,9 @@ impl<D: crest_store::Disk> crest_store::Disk for Counted<D> {
     fn write_zeroes(&mut self, offset: u64, len: u64) -> std::io::Result<()> {
         self.inner.write_zeroes(offset, len)
     }
+    fn reader(&self, offset: u64, len: usize) -> std::io::Result<Option<crest_store::SharedReader>> {
+        self.inner.reader(offset, len)
+    }
 }
 
 #[cfg(test)]

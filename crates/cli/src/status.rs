@@ -113,6 +113,8 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
             "service": service_json(&st),
             "client_bytes_written": n("client_bytes_written"),
             "client_bytes_read": n("client_bytes_read"),
+            "reads_elsewhere": n("reads_elsewhere"),
+            "reads_again": n("reads_again"),
             "recalls": n("recalls"),
             "fences": n("fences"),
             "errors": counts_of(&st, "errors").into_iter().map(|(k, v)| (k, v.into())).collect::<serde_json::Map<_, _>>(),

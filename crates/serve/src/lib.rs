@@ -55,9 +55,11 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 mod exports;
 pub mod limits;
 pub mod metrics;
+mod reads;
 mod reload;
 mod sched;
 
+pub use reads::READS_ELSEWHERE_FROM;
 pub use reload::Reload;
 
 pub use crest_server::MAX_SESSIONS_PER_IDENTITY;
@@ -67,8 +69,12 @@ pub use crest_server::MAX_SESSIONS_PER_IDENTITY;
 #[derive(Clone)]
 struct Outbox {
     /// Each message with the bytes it was counted for.
-    tx: mpsc::UnboundedSender<(usize, ServerMessage)>,
+    tx: mpsc::UnboundedSender<(usize, reads::Queued)>,
     backlog: sched::Backlog,
+    /// The store task's queue, for a planned read that failed (`reads.rs`); weak, so
+    /// that the outboxes the store task holds do not keep it from seeing the last
+    /// sender go.
+    ctrl: mpsc::WeakUnboundedSender<Ctrl>,
 }
 
 impl Outbox {
@@ -79,7 +85,7 @@ impl Outbox {
         }
         // (Counted first: the writer may count it off as soon as it is sent.)
         self.backlog.add(bytes);
-        if self.tx.send((bytes, m)).is_err() {
+        if self.tx.send((bytes, reads::Queued::Now(m))).is_err() {
             self.backlog.sent(bytes);
         }
     }
@@ -146,6 +152,9 @@ pub struct Options {
     /// the store's thread. 0: the connections share the store's one thread (no hand-off
     /// between threads per request; what a machine of two cores does best).
     pub io_threads: usize,
+    /// Reads of at least this many bytes of the disk run on tokio's blocking pool, beside
+    /// the store's thread (`reads.rs`); `None`: every read runs on the store's thread.
+    pub reads_elsewhere_from: Option<u64>,
 }
 
 impl Default for Options {
@@ -157,6 +166,7 @@ impl Default for Options {
             release: format!("crest {}", env!("CARGO_PKG_VERSION")),
             image: String::new(),
             io_threads: default_io_threads(),
+            reads_elsewhere_from: Some(READS_ELSEWHERE_FROM),
         }
     }
 }
@@ -198,6 +208,12 @@ enum Ctrl {
     SessionsPerIdentity(usize),
     /// Answered by the store task when it gets to it (`Serving::responsive`).
     Ping(oneshot::Sender<()>),
+    /// A planned read that failed on another thread, to read on the store's (`reads.rs`).
+    ReadAgain {
+        session: SessionId,
+        read: crest_server::PlannedRead,
+        reply: oneshot::Sender<Result<p::Reply, p::OpError>>,
+    },
     Kill {
         done: oneshot::Sender<Store>,
     },
@@ -248,6 +264,13 @@ fn deliver(server: &mut Server, outboxes: &HashMap<SessionId, Outbox>) {
         let (session, msg) = match o {
             Outgoing::Response { session, response } => (session, ServerMessage::Response(response)),
             Outgoing::Notify { session, notify } => (session, ServerMessage::Notify(notify)),
+            Outgoing::Read { session, response, read } => {
+                // (No connection: the plan drops here, and the client asks again.)
+                if let Some(out) = outboxes.get(&session) {
+                    out.send_read(session, response, read);
+                }
+                continue;
+            }
         };
         if let Some(out) = outboxes.get(&session) {
             out.send(msg);
@@ -332,6 +355,11 @@ impl StoreTask {
             }
             Ctrl::Ping(reply) => {
                 let _ = reply.send(());
+            }
+            Ctrl::ReadAgain { session, read, reply } => {
+                if let Some(srv) = self.server.as_mut() {
+                    let _ = reply.send(srv.read_again(session, &read));
+                }
             }
             Ctrl::SessionsPerIdentity(n) => {
                 if let Some(srv) = self.server.as_mut() {
@@ -521,6 +549,7 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
     let ready = queues.ready();
     let mut server = Server::new(store);
     server.set_sessions_per_identity(options.sessions_per_identity);
+    server.set_reads_elsewhere(options.reads_elsewhere_from);
     server.set_release(options.release.clone());
     server.set_image_name(options.image.clone());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -968,9 +997,9 @@ async fn serve(
     };
     let policy_now = policy.clone();
     let who = admitted.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| "(insecure)".into());
-    let (tx, out_rx) = mpsc::unbounded_channel::<(usize, ServerMessage)>();
+    let (tx, out_rx) = mpsc::unbounded_channel::<(usize, reads::Queued)>();
     let (inbox, queue, wake) = sched::queue(&shell.ready);
-    let out_tx = Outbox { tx, backlog: sched::Backlog::new(&wake) };
+    let out_tx = Outbox { tx, backlog: sched::Backlog::new(&wake), ctrl: shell.ctrl.downgrade() };
     let writer = tokio::spawn(write_messages(wr, out_rx, out_tx.backlog.clone()));
     let (reply, rx) = oneshot::channel();
     shell
@@ -1029,18 +1058,21 @@ async fn serve(
 
 /// A connection's writer: sends what the store task queues, a burst per write (encoded
 /// into one buffer: no second buffer, and over TLS as few records as the burst fills),
-/// and counts it off the connection's backlog.
+/// and counts it off the connection's backlog. A read still being read is waited for in
+/// its place.
 async fn write_messages(
     mut wr: Writer,
-    mut out_rx: mpsc::UnboundedReceiver<(usize, ServerMessage)>,
+    mut out_rx: mpsc::UnboundedReceiver<(usize, reads::Queued)>,
     backlog: sched::Backlog,
 ) {
     let mut buf = Vec::new();
     while let Some((mut bytes, m)) = out_rx.recv().await {
         buf.clear();
+        let Some(m) = m.ready().await else { return };
         encode_message(&m, &mut buf);
         while let Ok((more, m)) = out_rx.try_recv() {
             bytes = bytes.saturating_add(more);
+            let Some(m) = m.ready().await else { return };
             encode_message(&m, &mut buf);
         }
         if wr.write_all(&buf).await.is_err() || wr.flush().await.is_err() {

@@ -171,6 +171,12 @@ pub fn render(st: &NvList) -> String {
         ("{direction=\"read\"}".to_string(), st.get_u64("client_bytes_read").unwrap_or(0)),
     ];
     metric("crest_client_bytes_total", "counter", "File data clients wrote and read since start.", &data);
+    let reads = vec![
+        ("{on=\"elsewhere\"}".to_string(), st.get_u64("reads_elsewhere").unwrap_or(0)),
+        ("{on=\"again\"}".to_string(), st.get_u64("reads_again").unwrap_or(0)),
+    ];
+    let planned = "Reads run beside the store's thread since start, and those read again on it (a bad block).";
+    metric("crest_planned_reads_total", "counter", planned, &reads);
     let queued = "Changes waiting at the server: parked behind another session's rights, or for an earlier answer.";
     metric("crest_changes_in_flight", "gauge", queued, &one("changes_in_flight"));
     metric("crest_recalls_total", "counter", "Recalls of rights sent to clients since start.", &one("recalls"));

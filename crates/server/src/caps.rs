@@ -95,6 +95,17 @@ pub enum Outgoing {
         /// What.
         response: p::Response,
     },
+    /// A response whose one result, `Reply::Data`, is still empty: the shell runs `read`
+    /// (`PlannedRead::run`, else `Server::read_again`) and puts its bytes in before the
+    /// response goes out, in its place among the session's messages (`session/reads.rs`).
+    Read {
+        /// To whom.
+        session: SessionId,
+        /// What, but for the data.
+        response: p::Response,
+        /// The read to run.
+        read: crate::session::PlannedRead,
+    },
     /// A message `session` did not ask for (a recall).
     Notify {
         /// To whom.

@@ -28,7 +28,8 @@ mod space;
 
 pub use caps::Outgoing;
 pub use session::{
-    AdminStart, Applied, Server, SessionId, MAX_SESSIONS_PER_IDENTITY, REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES,
+    AdminStart, Applied, PlannedRead, Server, SessionId, MAX_SESSIONS_PER_IDENTITY, REPLY_CACHE_BYTES,
+    REPLY_CACHE_ENTRIES,
 };
 
 /// Entry points for the fuzz targets (fuzz/): decoders of what the disk holds.

@@ -28,6 +28,8 @@ mod durability;
 mod lease;
 mod parking;
 use parking::Pin;
+mod reads;
+pub use reads::PlannedRead;
 mod record;
 pub(crate) use record::fuzz_record;
 mod replies;
@@ -362,6 +364,8 @@ pub struct Server {
     sessions_per_identity: usize,
     /// The last request had an acquire refused for that (`Applied::busy`).
     refused_busy: bool,
+    /// Reads planned for the shell to run elsewhere (`reads.rs`).
+    reads: reads::Elsewhere,
     /// Snapshots waiting for clients to write back (`admin_start`).
     pending_snapshots: Vec<admin::PendingSnapshot>,
     /// The last token given to a call that waits.
@@ -542,6 +546,7 @@ impl Server {
             contention: Contention::default(),
             sessions_per_identity: MAX_SESSIONS_PER_IDENTITY,
             refused_busy: false,
+            reads: Default::default(),
         }
     }
 
@@ -822,7 +827,9 @@ impl Server {
         let victims = if from_cache { Vec::new() } else { self.victims(&req) };
         let mut pins = self.pin(session, &victims);
         let held_for_grace = self.hold_for_grace(&victims);
+        self.begin_plannable(&req);
         let response = self.handle_request(session, req, now);
+        let planned = self.end_plannable();
         if let (true, Some(ops)) = (in_replay, &retry) {
             if let Some(s) = self.sessions.get_mut(&session) {
                 s.reasserted.insert(id, (ops.ops.clone(), response.clone()));
@@ -861,9 +868,21 @@ impl Server {
             log.push(Applied { session, id, from_cache, generation, dirty, grace_ended, seq: response.seq, busy });
         }
         let changed = std::mem::take(&mut self.changed);
-        let out = self.caps.changed(session, &changed, response, now_ms);
+        let mut out = self.caps.changed(session, &changed, response, now_ms);
         if !pins.is_empty() {
             self.hold_pins(pins, &out);
+        }
+        if let Some(read) = planned {
+            // (A read changes nothing: its response is the one message.)
+            out = out
+                .into_iter()
+                .map(|o| match o {
+                    Outgoing::Response { session, response } if response.id == id => {
+                        Outgoing::Read { session, response, read: read.clone() }
+                    }
+                    o => o,
+                })
+                .collect();
         }
         self.outbox.extend(out);
     }

@@ -236,6 +236,9 @@ impl Sim {
             let (session, msg) = match o {
                 Outgoing::Response { session, response } => (session, ServerMessage::Response(response)),
                 Outgoing::Notify { session, notify } => (session, ServerMessage::Notify(notify)),
+                Outgoing::Read { session, response, read } => {
+                    (session, ServerMessage::Response(self.server.finish_read(session, response, &read)))
+                }
             };
             let c = *self.by_session.get(&session).unwrap_or_else(|| panic!("a message for session {session}"));
             self.down(c, msg);

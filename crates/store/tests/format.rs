@@ -236,6 +236,9 @@ impl Disk for FlushFails {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+    fn reader(&self, offset: u64, len: usize) -> std::io::Result<Option<crest_store::SharedReader>> {
+        self.inner.reader(offset, len)
+    }
 }
 
 #[test]

@@ -17,6 +17,10 @@ use crate::caps::Outgoing;
 pub(super) struct Activity {
     pub(super) bytes_written: u64,
     pub(super) bytes_read: u64,
+    /// Reads planned for the shell to run beside the store's thread (`reads.rs`), and
+    /// those whose plan failed and were read again on it.
+    pub(super) reads_elsewhere: u64,
+    pub(super) reads_again: u64,
     pub(super) recalls: u64,
     pub(super) fences: u64,
     errors: BTreeMap<i32, u64>,
@@ -37,6 +41,9 @@ impl Activity {
                     }
                 }
             }
+            // (Counted as planned: a plan that fails is read again, to the same length or
+            // an error that `read_again`'s caller does not count.)
+            Outgoing::Read { read, .. } => self.bytes_read += read.len() as u64,
             // (A recall split in parts counts once: its final part.)
             Outgoing::Notify { notify: p::Notify::Recall { recall_id, .. }, .. } if *recall_id > self.last_recall => {
                 self.last_recall = *recall_id;
@@ -49,6 +56,8 @@ impl Activity {
     pub(super) fn add_to(&self, out: &mut NvList) {
         let _ = out.add("client_bytes_written", Value::U64(self.bytes_written));
         let _ = out.add("client_bytes_read", Value::U64(self.bytes_read));
+        let _ = out.add("reads_elsewhere", Value::U64(self.reads_elsewhere));
+        let _ = out.add("reads_again", Value::U64(self.reads_again));
         let _ = out.add("recalls", Value::U64(self.recalls));
         let _ = out.add("fences", Value::U64(self.fences));
         let mut errors = NvList::new();

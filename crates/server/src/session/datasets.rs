@@ -62,7 +62,9 @@ impl Server {
     /// numbers it knows (module doc).
     pub(super) fn outbound(&self, o: &mut Outgoing) {
         let session = match o {
-            Outgoing::Response { session, .. } | Outgoing::Notify { session, .. } => *session,
+            Outgoing::Response { session, .. } | Outgoing::Read { session, .. } | Outgoing::Notify { session, .. } => {
+                *session
+            }
         };
         let d = self.store.origin_of(self.sessions.get(&session).map_or(0, |s| s.dataset));
         if d == 0 {
@@ -70,7 +72,7 @@ impl Server {
         }
         let f = &mut |ino| to_wire(d, ino);
         match o {
-            Outgoing::Response { response, .. } => {
+            Outgoing::Response { response, .. } | Outgoing::Read { response, .. } => {
                 for r in response.results.iter_mut().flatten() {
                     r.map_inos(f);
                 }

@@ -66,6 +66,14 @@ pub(crate) enum Failure {
     Wire(p::OpError),
 }
 
+/// What a client hears of a store error (the server's log hears of damage and I/O errors).
+pub(super) fn store_error_out(e: &s::Error) -> p::OpError {
+    if e.is_corruption() || matches!(e, s::Error::Io { .. } | s::Error::Poisoned(_)) {
+        tracing::error!("{e}");
+    }
+    error_out(e)
+}
+
 impl From<s::Error> for Failure {
     fn from(e: s::Error) -> Failure {
         Failure::Store(e)
@@ -132,12 +140,7 @@ impl Server {
         match self.apply_inner(session, op, now) {
             Ok(r) => Ok(r),
             Err(Failure::Wire(e)) => Err(e),
-            Err(Failure::Store(e)) => {
-                if e.is_corruption() || matches!(e, s::Error::Io { .. } | s::Error::Poisoned(_)) {
-                    tracing::error!("{e}");
-                }
-                Err(error_out(&e))
-            }
+            Err(Failure::Store(e)) => Err(store_error_out(&e)),
         }
     }
 
@@ -245,9 +248,7 @@ impl Server {
                 Ok(Reply::Dir { items, end, next_index })
             }
             Op::ReadLink { ino } => Ok(st.readlink(ino).map(Reply::Data)?),
-            Op::Read { ino, offset, len } => {
-                Ok(st.read(ino, offset, u64::from(len.min(p::MAX_IO_BYTES))).map(Reply::Data)?)
-            }
+            Op::Read { ino, offset, len } => Ok(self.read_or_plan(ino, offset, u64::from(len.min(p::MAX_IO_BYTES)))?),
             Op::StatFs => {
                 let root = self.root_of_session(session);
                 let f = self.store.dataset_statfs(root)?;

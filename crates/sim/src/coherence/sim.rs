@@ -479,21 +479,12 @@ impl Sim {
         model.sync_pins(|ino| server.is_pinned(ino));
         for o in self.server.take_outgoing() {
             match o {
-                Outgoing::Response { session, response } => {
-                    // (A fenced session's requests get no response: `Notify::Fenced`.)
-                    if response.id == 0 {
-                        // A heartbeat's answer.
-                    } else {
-                        self.ck.on_response(session, &response);
-                    }
-                    if self.ck.dead_sessions.contains(&session) {
-                        // Had its client lived, it would have returned now.
-                        self.ck.completed((session, response.id));
-                    }
-                    match self.server_conn.get(&session) {
-                        Some(&conn) => self.send_down(conn, ServerMessage::Response(response)),
-                        None => self.log(format!("server: response {session}/{} lost (no connection)", response.id)),
-                    }
+                Outgoing::Response { session, response } => self.response_out(session, response),
+                // (A simulated disk hands out no reader, so no read is planned; were one,
+                // it is answered in place.)
+                Outgoing::Read { session, response, read } => {
+                    let response = self.server.finish_read(session, response, &read);
+                    self.response_out(session, response);
                 }
                 Outgoing::Notify { session, notify } => {
                     self.ck.stats.recalls += 1;
@@ -506,6 +497,24 @@ impl Sim {
                     }
                 }
             }
+        }
+    }
+
+    /// A response from the server, seen by the checker and sent down its connection.
+    fn response_out(&mut self, session: SessionId, response: crest_proto::Response) {
+        // (A fenced session's requests get no response: `Notify::Fenced`.)
+        if response.id == 0 {
+            // A heartbeat's answer.
+        } else {
+            self.ck.on_response(session, &response);
+        }
+        if self.ck.dead_sessions.contains(&session) {
+            // Had its client lived, it would have returned now.
+            self.ck.completed((session, response.id));
+        }
+        match self.server_conn.get(&session) {
+            Some(&conn) => self.send_down(conn, ServerMessage::Response(response)),
+            None => self.log(format!("server: response {session}/{} lost (no connection)", response.id)),
         }
     }
 

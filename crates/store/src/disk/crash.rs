@@ -77,6 +77,10 @@ impl Disk for RecordingDisk {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+    fn reader(&self, _offset: u64, _len: usize) -> io::Result<Option<super::SharedReader>> {
+        // (Every read stays on the store's thread, where the test sees it.)
+        Ok(None)
+    }
 }
 
 /// A crash point: the image after `durable` events, plus the chosen writes among those
@@ -149,5 +153,9 @@ impl Disk for FailingDisk {
     }
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
+    }
+    fn reader(&self, _offset: u64, _len: usize) -> io::Result<Option<super::SharedReader>> {
+        // (Every read stays on the store's thread, where the test sees it.)
+        Ok(None)
     }
 }

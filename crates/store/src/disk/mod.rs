@@ -81,11 +81,9 @@ pub trait Disk: Send {
     /// A handle that reads bytes `offset..offset + len` from another thread, once every
     /// write to them issued so far has landed (what it reads is then what `read_at` would
     /// read now); `None` where the backend cannot hand one out (memory, the crash tests'
-    /// recorders), and the caller reads here instead.
-    fn reader(&self, offset: u64, len: usize) -> io::Result<Option<SharedReader>> {
-        let _ = (offset, len);
-        Ok(None)
-    }
+    /// recorders), and the caller reads here instead. No default: a wrapper that forgot
+    /// to pass it on would keep every read on the store's thread without a word.
+    fn reader(&self, offset: u64, len: usize) -> io::Result<Option<SharedReader>>;
 }
 
 /// Reads an image file from any thread ([`Disk::reader`]). It does not stop the store from
@@ -411,6 +409,10 @@ impl Disk for MemDisk {
     }
     fn size_bytes(&self) -> u64 {
         self.lock().len() as u64
+    }
+    fn reader(&self, _offset: u64, _len: usize) -> io::Result<Option<SharedReader>> {
+        // (Memory is read faster than a thread is woken.)
+        Ok(None)
     }
 }
 

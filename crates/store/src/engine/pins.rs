@@ -11,34 +11,43 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// The runs `(start, len)` of the reads still running elsewhere, by pin.
+/// Runs of blocks, `(start, len)`.
+pub(crate) type Runs = Vec<(u64, u64)>;
+
+/// The runs of the reads still running elsewhere, by pin.
 #[derive(Debug, Default)]
 pub(crate) struct Pins {
-    live: Mutex<(u64, HashMap<u64, Vec<(u64, u64)>>)>,
+    live: Mutex<Live>,
+}
+
+#[derive(Debug, Default)]
+struct Live {
+    last_id: u64,
+    runs: HashMap<u64, Runs>,
 }
 
 impl Pins {
-    fn lock(&self) -> MutexGuard<'_, (u64, HashMap<u64, Vec<(u64, u64)>>)> {
+    fn lock(&self) -> MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Pins `runs` until the returned pin drops.
-    pub(crate) fn pin(self: &Arc<Self>, runs: Vec<(u64, u64)>) -> ReadPin {
+    pub(crate) fn pin(self: &Arc<Self>, runs: Runs) -> ReadPin {
         let mut live = self.lock();
-        live.0 += 1;
-        let id = live.0;
-        live.1.insert(id, runs);
+        live.last_id += 1;
+        let id = live.last_id;
+        live.runs.insert(id, runs);
         ReadPin { pins: Arc::clone(self), id }
     }
 
     /// Splits freed runs into those that may go free now and those a live pin covers
     /// (`(free, held)`).
-    pub(crate) fn split(&self, runs: Vec<(u64, u64)>) -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
+    pub(crate) fn split(&self, runs: Runs) -> (Runs, Runs) {
         let live = self.lock();
-        if live.1.is_empty() {
+        if live.runs.is_empty() {
             return (runs, Vec::new());
         }
-        let mut pinned: Vec<(u64, u64)> = live.1.values().flatten().copied().collect();
+        let mut pinned: Runs = live.runs.values().flatten().copied().collect();
         drop(live);
         pinned.sort_unstable();
         let (mut free, mut held) = (Vec::new(), Vec::new());
@@ -72,7 +81,7 @@ pub struct ReadPin {
 
 impl Drop for ReadPin {
     fn drop(&mut self) {
-        self.pins.lock().1.remove(&self.id);
+        self.pins.lock().runs.remove(&self.id);
     }
 }
 

@@ -1,0 +1,74 @@
+//! Reads run beside the store's thread (`crest_server`'s `session/reads.rs`): the core
+//! hands out `Outgoing::Read`, a response whose data a `PlannedRead` still has to read;
+//! here it is run on tokio's blocking pool (the page-cache copy and the checksums of a
+//! read of up to 4 MiB), and the connection's writer waits for it in its place in the
+//! session's queue, so nothing queued after it (a recall of the same file) overtakes it.
+//! A plan that fails goes back to the store task (`Ctrl::ReadAgain`), which reads on its
+//! own thread (repairing from a second copy, or answering the error).
+
+use crest_proto::{self as p, Reply, ServerMessage};
+use crest_server::{PlannedRead, SessionId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{Ctrl, Outbox};
+
+/// Reads planned from this many bytes of the disk up (`Options::reads_elsewhere_from`).
+/// Below, a hand-off to another thread costs more than the read: measured in
+/// docs/performance.md ("Reads beside the store's thread").
+pub const READS_ELSEWHERE_FROM: u64 = 64 * 1024;
+
+/// A message for a connection's writer: ready, or a read's response still being read.
+pub(crate) enum Queued {
+    Now(ServerMessage),
+    Reading(oneshot::Receiver<ServerMessage>),
+}
+
+impl Queued {
+    /// The message, once ready; `None` if its read was lost (the runtime is stopping).
+    pub(crate) async fn ready(self) -> Option<ServerMessage> {
+        match self {
+            Queued::Now(m) => Some(m),
+            Queued::Reading(rx) => rx.await.ok(),
+        }
+    }
+}
+
+impl Outbox {
+    /// Queues `response`, whose data `read` reads on another thread.
+    pub(crate) fn send_read(&self, session: SessionId, response: p::Response, read: PlannedRead) {
+        let mut response = response;
+        // (Counted as it will be: the placeholder's frame plus the data.)
+        let bytes = p::encoded_len(&ServerMessage::Response(response.clone())) + read.len() + 8;
+        self.backlog.answered();
+        self.backlog.add(bytes);
+        let (done, reading) = oneshot::channel();
+        let ctrl = self.ctrl.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = match read.run() {
+                Some(bytes) => Ok(Reply::Data(bytes)),
+                None => read_again(&ctrl, session, read),
+            };
+            if let Some(first) = response.results.first_mut() {
+                *first = result;
+            }
+            let _ = done.send(ServerMessage::Response(response));
+        });
+        if self.tx.send((bytes, Queued::Reading(reading))).is_err() {
+            self.backlog.sent(bytes);
+        }
+    }
+}
+
+/// Asks the store task to read `read` on its thread (it failed here), and waits.
+fn read_again(
+    ctrl: &mpsc::WeakUnboundedSender<Ctrl>,
+    session: SessionId,
+    read: PlannedRead,
+) -> Result<Reply, p::OpError> {
+    let stopping = || p::OpError { errno: 5, message: "the server is stopping".into() };
+    let ctrl = ctrl.upgrade().ok_or_else(stopping)?;
+    let (reply, answer) = oneshot::channel();
+    ctrl.send(Ctrl::ReadAgain { session, read, reply }).map_err(|_| stopping())?;
+    drop(ctrl);
+    answer.blocking_recv().unwrap_or_else(|_| Err(stopping()))
+}

@@ -1,0 +1,128 @@
+//! Reads answered off the store's thread. With `Server::set_reads_elsewhere` on, a
+//! request that is one `Read` of at least that many bytes from the disk is planned
+//! (`Store::plan_read`) rather than read: its response leaves as `Outgoing::Read`, an
+//! empty `Reply::Data` with the plan, and the shell runs the plan on a thread of its own
+//! and puts the bytes in before sending it, in its place among the session's messages
+//! (a recall that follows must not overtake the data it invalidates). A plan that finds a
+//! bad block answers `None`; the shell then asks `Server::read_again`, which reads on the
+//! store's thread, repairing from a second copy or reporting as any read does.
+//!
+//! Only a request of one op is planned, so the response's size was checked as for any
+//! read (`Room`), and nothing else in it waits for the plan. Not while space is short:
+//! a plan keeps the blocks it reads from reuse, and a write that needs every free block
+//! must not find some held.
+
+use std::sync::Arc;
+
+use crest_proto::{self as p, Op, Reply};
+use crest_store::{Planned, ReadPlan};
+
+use super::{Server, SessionId};
+
+/// A read to run elsewhere, with what names it for `read_again`.
+#[derive(Clone, Debug)]
+pub struct PlannedRead {
+    plan: Arc<ReadPlan>,
+    /// The store's inode number (after a dataset's numbers were mapped).
+    ino: u64,
+    offset: u64,
+    len: u64,
+}
+
+impl PartialEq for PlannedRead {
+    fn eq(&self, other: &PlannedRead) -> bool {
+        Arc::ptr_eq(&self.plan, &other.plan)
+    }
+}
+
+impl Eq for PlannedRead {}
+
+impl PlannedRead {
+    /// The bytes, read and verified here; `None` if a block failed (then `read_again`).
+    pub fn run(&self) -> Option<Vec<u8>> {
+        self.plan.run()
+    }
+
+    /// Bytes the read returns.
+    pub fn len(&self) -> usize {
+        self.plan.len()
+    }
+
+    /// True for a read of nothing.
+    pub fn is_empty(&self) -> bool {
+        self.plan.is_empty()
+    }
+}
+
+/// The server's side of planned reads.
+#[derive(Debug, Default)]
+pub(super) struct Elsewhere {
+    /// Reads of at least this many bytes from the disk are planned (`None`: none are).
+    from_bytes: Option<u64>,
+    /// The request being handled may be planned.
+    may_plan: bool,
+    /// Its plan, once made.
+    planned: Option<PlannedRead>,
+}
+
+impl Server {
+    /// Plans reads of at least `from_bytes` bytes from the disk for the shell to run on
+    /// another thread (`Outgoing::Read`); `None` reads everything on the store's thread.
+    pub fn set_reads_elsewhere(&mut self, from_bytes: Option<u64>) {
+        self.reads.from_bytes = from_bytes;
+    }
+
+    /// Whether request `req` may be answered by a plan: one `Read`.
+    pub(super) fn begin_plannable(&mut self, req: &p::Request) {
+        self.reads.may_plan = self.reads.from_bytes.is_some() && matches!(req.ops.as_slice(), [Op::Read { .. }]);
+        self.reads.planned = None;
+    }
+
+    /// The plan the request just handled made, if any.
+    pub(super) fn end_plannable(&mut self) -> Option<PlannedRead> {
+        self.reads.may_plan = false;
+        self.reads.planned.take()
+    }
+
+    /// `Op::Read`: read here, or planned when the request allows it.
+    pub(super) fn read_or_plan(&mut self, ino: u64, offset: u64, len: u64) -> crest_store::Result<Reply> {
+        let from = match self.reads.from_bytes {
+            Some(from) if self.reads.may_plan && !self.space.low() => from,
+            _ => return self.store.read(ino, offset, len).map(Reply::Data),
+        };
+        match self.store.plan_read(ino, offset, len, from)? {
+            Planned::Read(bytes) => Ok(Reply::Data(bytes)),
+            Planned::Elsewhere(plan) => {
+                self.activity.reads_elsewhere += 1;
+                self.reads.planned = Some(PlannedRead { plan: Arc::new(plan), ino, offset, len });
+                Ok(Reply::Data(Vec::new()))
+            }
+        }
+    }
+
+    /// `response` with the bytes of `read` in it, read on this thread (a shell that runs
+    /// plans elsewhere does the same in two steps: `PlannedRead::run` there, then
+    /// `read_again` here if that failed).
+    pub fn finish_read(&mut self, session: SessionId, response: p::Response, read: &PlannedRead) -> p::Response {
+        let mut response = response;
+        let result = match read.run() {
+            Some(bytes) => Ok(Reply::Data(bytes)),
+            None => self.read_again(session, read),
+        };
+        if let Some(first) = response.results.first_mut() {
+            *first = result;
+        }
+        response
+    }
+
+    /// The answer to a planned read whose plan failed, read on the store's thread as
+    /// `session` sees the file (a snapshot's view for a session mounting one).
+    pub fn read_again(&mut self, session: SessionId, read: &PlannedRead) -> Result<Reply, p::OpError> {
+        self.activity.reads_again += 1;
+        let before = self.store.view();
+        self.store.set_view(self.snapshot_of(session));
+        let r = self.store.read(read.ino, read.offset, read.len);
+        self.store.set_view(before);
+        r.map(Reply::Data).map_err(|e| super::dispatch::store_error_out(&e))
+    }
+}
