@@ -224,6 +224,8 @@ enum Cmd {
     Request {
         session: SessionId,
         req: p::Request,
+        /// The sums of the blocks each op writes, computed here (`reads::write_sums`).
+        sums: crest_server::WriteSums,
         out: Outbox,
     },
     Goodbye {
@@ -394,7 +396,7 @@ fn apply_and_deliver(server: &mut Option<Server>, outboxes: &mut HashMap<Session
 fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outbox>, cmd: Cmd) -> Step {
     let Some(srv) = server.as_mut() else { return Step::Stop };
     match cmd {
-        Cmd::Request { session, req, out } => {
+        Cmd::Request { session, req, sums, out } => {
             out.backlog.asked();
             if !outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
                 outboxes.insert(session, out);
@@ -402,7 +404,7 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
             // (By its first real operation: a batch may begin with its clock, `At`.)
             let kind = req.ops.iter().find(|o| !matches!(o, p::Op::At { .. })).map_or("none", p::Op::name);
             let began = std::time::Instant::now();
-            srv.handle(session, req, now());
+            srv.handle_with_sums(session, req, sums, now());
             srv.record_service(kind, began.elapsed().as_nanos().try_into().unwrap_or(u64::MAX));
         }
         Cmd::RecallDone { session, recall_id } => srv.recall_done(session, recall_id, now()),
@@ -1158,7 +1160,10 @@ async fn session_messages(
             let Some(msg) = decoder.poll_message::<ClientMessage>()? else { break };
             let bytes = before - decoder.buffered();
             let cmd = match msg {
-                ClientMessage::Request(req) => Cmd::Request { session, req, out: conn.out.clone() },
+                ClientMessage::Request(req) => {
+                    let sums = reads::write_sums(&req);
+                    Cmd::Request { session, req, sums, out: conn.out.clone() }
+                }
                 ClientMessage::Replayed => Cmd::Replayed { session },
                 ClientMessage::RecallDone { recall_id } => Cmd::RecallDone { session, recall_id },
                 ClientMessage::Goodbye => {

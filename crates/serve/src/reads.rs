@@ -1,3 +1,7 @@
+//! Work done beside the store's thread: the sums of the blocks a write carries, computed
+//! where its request is decoded (`write_sums`; the store records them for a write of
+//! whole blocks), and big reads.
+//!
 //! Reads run beside the store's thread (`crest_server`'s `session/reads.rs`): the core
 //! hands out `Outgoing::Read`, a response whose data a `PlannedRead` still has to read;
 //! here it is run on tokio's blocking pool (the page-cache copy and the checksums of a
@@ -16,6 +20,35 @@ use crate::{Ctrl, Outbox};
 /// Below, a hand-off to another thread costs more than the read: measured in
 /// docs/performance.md ("Reads beside the store's thread").
 pub const READS_ELSEWHERE_FROM: u64 = 64 * 1024;
+
+/// Writes of at least this many bytes have their blocks summed where they are decoded
+/// (below, the store's thread sums them as fast as it would look the list up).
+pub const SUM_WRITES_FROM: usize = 64 * 1024;
+
+/// For each op of `req`: the CRC-32C of each 4 KiB block of what it writes, if it is a
+/// write of whole blocks of at least `SUM_WRITES_FROM` bytes (the only ones the store
+/// takes sums for).
+pub(crate) fn write_sums(req: &p::Request) -> crest_server::WriteSums {
+    let mut any = false;
+    let sums = req
+        .ops
+        .iter()
+        .map(|op| match op {
+            p::Op::Write { offset, data, .. } | p::Op::WriteBack { offset, data, .. }
+                if data.len() >= SUM_WRITES_FROM && offset % 4096 == 0 && data.len() % 4096 == 0 =>
+            {
+                any = true;
+                Some(crest_store::checksum::block_sums(data))
+            }
+            _ => None,
+        })
+        .collect();
+    if any {
+        sums
+    } else {
+        Vec::new()
+    }
+}
 
 /// A message for a connection's writer: ready, or a read's response still being read.
 pub(crate) enum Queued {

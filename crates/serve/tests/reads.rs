@@ -5,7 +5,9 @@
 //!   whole version per read, never older than the one they read before, and at the end
 //!   the file's last version; the metrics page shows the reads ran elsewhere;
 //! - a read that meets a bad block on another thread is read again on the store's, which
-//!   answers EIO (and the server keeps serving), not the bad bytes.
+//!   answers EIO (and the server keeps serving), not the bad bytes;
+//! - requests of several writes, some of whole blocks (summed where the request is
+//!   decoded), read back as written: each write's sums are its own.
 //!
 //! Sizes, offsets and lengths are seeded (`CREST_READS_SEED`, printed).
 
@@ -186,4 +188,49 @@ fn a_bad_block_met_elsewhere_is_answered_eio_by_the_store() {
     assert!(matches!(&r, Ok(Reply::Data(d)) if *d == data[good.clone()]), "seed {seed}: around block {bad}: {r:?}");
     let metrics = serving.metrics_addr.expect("metrics");
     assert_eq!(metric(metrics, "crest_planned_reads_total{on=\"again\"} "), 1, "seed {seed}");
+}
+
+#[test]
+fn writes_summed_where_they_are_decoded_read_back_whole() {
+    let seed = seed();
+    let mut rng = Stream::from_seed_u64(seed);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_rt, serving) = serve(&dir, 256, rng.below(3) as usize);
+    let client = Client::connect(&serving.local_addr.to_string(), ClientOptions::default()).expect("connect");
+    let files: Vec<u64> = (0..4).map(|i| create(&client, &format!("w{i}"))).collect();
+    let mut models: Vec<Vec<u8>> = vec![Vec::new(); files.len()];
+    for round in 0..80 {
+        // One request of several writes: whole blocks (summed where decoded) and not, big
+        // and small, so that each op's sums must be its own.
+        let mut ops = Vec::new();
+        for _ in 0..1 + rng.below(5) {
+            let f = rng.below(files.len() as u64) as usize;
+            let aligned = rng.below(3) != 0;
+            let offset = if aligned { rng.below(64) * 4096 } else { rng.below(300_000) };
+            // (Lengths of whole blocks repeat: sums of another op of the same length would fit.)
+            let blocks = [16, 32, 1 + rng.below(100)][rng.below(3) as usize];
+            let len = if aligned { blocks * 4096 } else { 1 + rng.below(200_000) } as usize;
+            let mut data = vec![0u8; len];
+            rng.fill_bytes(&mut data);
+            let m = &mut models[f];
+            if m.len() < offset as usize + len {
+                m.resize(offset as usize + len, 0);
+            }
+            m[offset as usize..offset as usize + len].copy_from_slice(&data);
+            ops.push(Op::Write { ino: files[f], offset, data });
+        }
+        let results = client.call(ops).expect("call");
+        assert!(results.iter().all(Result::is_ok), "seed {seed}: round {round}: {results:?}");
+    }
+    for (f, model) in files.iter().zip(&models) {
+        let mut got = Vec::new();
+        while got.len() < model.len() {
+            let len = (model.len() - got.len()).min(1 << 20) as u32;
+            match client.call_one(Op::Read { ino: *f, offset: got.len() as u64, len }) {
+                Ok(Reply::Data(d)) if !d.is_empty() => got.extend(d),
+                r => panic!("seed {seed}: read of {f} at {}: {r:?}", got.len()),
+            }
+        }
+        assert!(got == *model, "seed {seed}: file {f} reads other bytes");
+    }
 }

@@ -28,7 +28,7 @@ mod space;
 
 pub use caps::Outgoing;
 pub use session::{
-    AdminStart, Applied, PlannedRead, Server, SessionId, MAX_SESSIONS_PER_IDENTITY, REPLY_CACHE_BYTES,
+    AdminStart, Applied, PlannedRead, Server, SessionId, WriteSums, MAX_SESSIONS_PER_IDENTITY, REPLY_CACHE_BYTES,
     REPLY_CACHE_ENTRIES,
 };
 

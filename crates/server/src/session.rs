@@ -28,8 +28,8 @@ mod durability;
 mod lease;
 mod parking;
 use parking::Pin;
-mod reads;
-pub use reads::PlannedRead;
+mod elsewhere;
+pub use elsewhere::{PlannedRead, WriteSums};
 mod record;
 pub(crate) use record::fuzz_record;
 mod replies;
@@ -364,8 +364,9 @@ pub struct Server {
     sessions_per_identity: usize,
     /// The last request had an acquire refused for that (`Applied::busy`).
     refused_busy: bool,
-    /// Reads planned for the shell to run elsewhere (`reads.rs`).
-    reads: reads::Elsewhere,
+    /// Work the shell does off the store's thread: reads it runs, sums of written blocks
+    /// it computed (`elsewhere.rs`).
+    elsewhere: elsewhere::Elsewhere,
     /// Snapshots waiting for clients to write back (`admin_start`).
     pending_snapshots: Vec<admin::PendingSnapshot>,
     /// The last token given to a call that waits.
@@ -546,7 +547,7 @@ impl Server {
             contention: Contention::default(),
             sessions_per_identity: MAX_SESSIONS_PER_IDENTITY,
             refused_busy: false,
-            reads: Default::default(),
+            elsewhere: Default::default(),
         }
     }
 
@@ -1141,7 +1142,8 @@ impl Server {
             if mutates {
                 seq = self.begin_change(session, req.id);
             }
-            let mut results = self.run_ops(session, &who, req.ops, now, mutates, &mut involved);
+            let sums = self.take_request_sums(session, req.id);
+            let mut results = self.run_ops(session, &who, (req.ops, sums), now, mutates, &mut involved);
             if mutates {
                 self.end_change(session, seq, &mut results, &fsyncs);
             }
@@ -1163,19 +1165,20 @@ impl Server {
 
     /// Runs `ops` for `session` in order from time `now` (an `Op::At` moves it for those
     /// after), recording the rights each reply grants; `involved` gains what each would
-    /// change. The results fit in one frame (`Room`).
+    /// change. With each op, the sums of the blocks it writes if the shell gave them
+    /// (`elsewhere.rs`). The results fit in one frame (`Room`).
     fn run_ops(
         &mut self,
         session: SessionId,
         who: &Who,
-        ops: Vec<Op>,
+        (ops, mut sums): (Vec<Op>, WriteSums),
         mut now: p::Time,
         mutates: bool,
         involved: &mut Vec<u64>,
     ) -> Vec<Result<Reply, p::OpError>> {
         let mut results = Vec::with_capacity(ops.len());
         let mut room = Room::new(ops.len());
-        for mut op in ops {
+        for (i, mut op) in ops.into_iter().enumerate() {
             if let Op::At { time } = op {
                 now = authz::bound_time(time, who.server_now, who.replaying);
                 results.push(room.place(Ok(Reply::Done)));
@@ -1239,7 +1242,9 @@ impl Server {
                 Op::Write { data, .. } | Op::Append { data, .. } => data.len() as u64,
                 _ => 0,
             };
+            self.elsewhere.op_sums = sums.get_mut(i).and_then(Option::take);
             let mut r = self.run_op(session, op, now, mutates, involved, &mut room);
+            self.elsewhere.op_sums = None;
             if r.is_ok() {
                 self.activity.bytes_written += data;
             }

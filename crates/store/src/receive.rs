@@ -221,7 +221,7 @@ impl Store {
                     return Err(unfit(format!("data for inode {i}, a {:?}", cur.kind)));
                 }
                 self.reserve(bytes.len() as u64 / BLOCK_SIZE_U64 + 2, false)?;
-                self.write_data(&mut cur, offset, &bytes)?;
+                self.write_data(&mut cur, offset, &bytes, None)?;
                 self.set_object(r, cur);
             }
             Record::Free { ino: i, offset, len } => {

@@ -253,3 +253,35 @@ fn small_reads_and_holes_are_read_on_the_spot() {
     assert!(matches!(s.plan_read(sparse, 0, 1 << 20, 1).expect("plan"), Planned::Read(b) if b == vec![0u8; 1 << 20]));
     assert!(matches!(s.plan_read(ROOT_INO, 0, 10, 0), Err(crest_store::Error::IsDir(_))));
 }
+
+#[test]
+fn sums_computed_elsewhere_are_recorded_as_given() {
+    use crest_store::checksum::block_sums;
+    let seed = seed();
+    let mut rng = Stream::from_seed_u64(seed);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = image(&dir, 32, false);
+    let a = new_file(&mut s, ROOT_INO, "a", &[], 2);
+    // Whole blocks with their sums: read back whole, here and by a plan.
+    let blocks = 1 + rng.below(200) as usize;
+    let at = rng.below(100) * 4096;
+    let data = bytes(&mut rng, blocks * 4096);
+    s.write_summed(a, at, &data, Some(&block_sums(&data)), t(3)).expect("write");
+    assert_eq!(s.read(a, at, data.len() as u64).expect("read"), data, "seed {seed}");
+    let plan = elsewhere(s.plan_read(a, at, data.len() as u64, 0).expect("plan"));
+    assert_eq!(plan.run().as_deref(), Some(&data[..]), "seed {seed}");
+    drop(plan);
+    // A list of the wrong length, or a write not of whole blocks: the store sums itself.
+    let odd = bytes(&mut rng, 5000);
+    s.write_summed(a, at + 1, &odd, Some(&[1, 2, 3]), t(5)).expect("write");
+    assert_eq!(s.read(a, at + 1, 5000).expect("read"), odd, "seed {seed}");
+    let other = bytes(&mut rng, 4096 * 2);
+    s.write_summed(a, at, &other, Some(&[7]), t(6)).expect("write");
+    assert_eq!(s.read(a, at, 8192).expect("read"), other, "seed {seed}");
+    // Sums of other bytes: those blocks read as damaged (the store does not check them).
+    let mut wrong = block_sums(&other);
+    wrong[1] ^= 1;
+    s.write_summed(a, at, &other, Some(&wrong), t(4)).expect("write");
+    assert_eq!(s.read(a, at, 4096).expect("the block whose sum is right"), other[..4096]);
+    assert!(matches!(s.read(a, at + 4096, 4096), Err(crest_store::Error::DataChecksum { .. })), "seed {seed}");
+}

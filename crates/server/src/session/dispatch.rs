@@ -400,8 +400,9 @@ impl Server {
                     return Err(Failure::Wire(errno(27, "write larger than the protocol allows")));
                 }
                 self.written_since_commit += data.len() as u64;
-                let st = &mut self.store;
-                Ok(st.write(ino, offset, &data, now_s).map(|i| Reply::Attr(attr_out(&i)))?)
+                let sums = self.elsewhere.op_sums.take();
+                let written = self.store.write_summed(ino, offset, &data, sums.as_deref(), now_s);
+                Ok(written.map(|i| Reply::Attr(attr_out(&i)))?)
             }
             Op::Append { ino, data } => {
                 if data.len() > p::MAX_IO_BYTES as usize {

@@ -232,10 +232,19 @@ impl Store {
     }
 
     /// Writes whole blocks of `data` at file block `first`, replacing what was mapped there.
-    /// `data.len()` is a multiple of the block size. Returns (blocks unmapped, blocks mapped).
-    pub(crate) fn write_blocks(&mut self, ino: u64, first: u64, data: &[u8]) -> Result<(u64, u64)> {
+    /// `data.len()` is a multiple of the block size; `sums`, if given, is the CRC-32C of
+    /// each of its blocks (`checksum::block_sums`, computed elsewhere; a list of another
+    /// length is ignored). Returns (blocks unmapped, blocks mapped).
+    pub(crate) fn write_blocks(
+        &mut self,
+        ino: u64,
+        first: u64,
+        data: &[u8],
+        sums: Option<&[u32]>,
+    ) -> Result<(u64, u64)> {
         debug_assert_eq!(data.len() % BLOCK_SIZE, 0);
         let nblocks = (data.len() / BLOCK_SIZE) as u64;
+        let sums = sums.filter(|s| s.len() as u64 == nblocks);
         let goal = self.goal_at(ino, first)?;
         let runs = self.take_copies(ino, goal, nblocks)?;
         let unmapped = self.unmap_blocks(ino, first, first + nblocks)?;
@@ -247,7 +256,10 @@ impl Store {
                 self.refs_add(at, got)?;
                 self.charge(got);
             }
-            let csums: Vec<u32> = bytes.chunks(BLOCK_SIZE).map(crate::engine::checksum::crc32c).collect();
+            let csums = match sums {
+                Some(s) => s[done as usize..(done + got) as usize].to_vec(),
+                None => crate::engine::checksum::block_sums(bytes),
+            };
             self.map_extent(ino, first + done, start, twin, csums)?;
             done += got;
         }
@@ -446,13 +458,19 @@ impl Store {
         }
         let mut block = vec![0u8; BLOCK_SIZE];
         block[..data.len()].copy_from_slice(&data);
-        let (_, mapped) = self.write_blocks(ino, 0, &block)?;
+        let (_, mapped) = self.write_blocks(ino, 0, &block, None)?;
         Ok(mapped)
     }
 
     /// Writes `data` at `offset` of a file whose inode the caller holds; updates size and
     /// block count in `inode` (the caller stores it).
-    pub(crate) fn write_data(&mut self, inode: &mut Inode, offset: u64, data: &[u8]) -> Result<()> {
+    pub(crate) fn write_data(
+        &mut self,
+        inode: &mut Inode,
+        offset: u64,
+        data: &[u8],
+        sums: Option<&[u32]>,
+    ) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
@@ -475,7 +493,7 @@ impl Store {
         let last = (end - 1) / BLOCK_SIZE_U64;
         if offset.is_multiple_of(BLOCK_SIZE_U64) && end.is_multiple_of(BLOCK_SIZE_U64) {
             // Whole blocks (a big write's): written as they came, no copy.
-            let (unmapped, mapped) = self.write_blocks(inode.ino, first, data)?;
+            let (unmapped, mapped) = self.write_blocks(inode.ino, first, data, sums)?;
             inode.blocks = inode.blocks + mapped - unmapped;
             inode.size = new_size;
             return Ok(());
@@ -494,7 +512,7 @@ impl Store {
             buf[at..at + old.len()].copy_from_slice(&old);
         }
         buf[head..head + data.len()].copy_from_slice(data);
-        let (unmapped, mapped) = self.write_blocks(inode.ino, first, &buf)?;
+        let (unmapped, mapped) = self.write_blocks(inode.ino, first, &buf, None)?;
         inode.blocks = inode.blocks + mapped - unmapped;
         inode.size = new_size;
         Ok(())
@@ -526,7 +544,7 @@ impl Store {
                     let mut old = self.read_data(inode, block_start, BLOCK_SIZE_U64)?;
                     old.resize(BLOCK_SIZE, 0);
                     old[(size - block_start) as usize..].fill(0);
-                    let (u, m) = self.write_blocks(inode.ino, keep - 1, &old)?;
+                    let (u, m) = self.write_blocks(inode.ino, keep - 1, &old, None)?;
                     inode.blocks = inode.blocks + m - u;
                 }
             }
@@ -575,7 +593,7 @@ impl Store {
                 continue;
             }
             let size = inode.size;
-            self.write_data(inode, s, &vec![0u8; (e - s) as usize])?;
+            self.write_data(inode, s, &vec![0u8; (e - s) as usize], None)?;
             inode.size = size;
         }
         Ok(())

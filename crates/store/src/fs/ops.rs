@@ -596,7 +596,7 @@ impl Store {
         }
         self.check_new_inode(at)?;
         let mut inode = self.new_inode(at, FileKind::Symlink, 0o777, uid, gid, 0, dir, now);
-        self.write_data(&mut inode, 0, target)?;
+        self.write_data(&mut inode, 0, target, None)?;
         self.put_inode(&inode)?;
         self.add_entry(&mut d, name, inode.ino, FileKind::Symlink)?;
         d.mtime = now;
@@ -923,6 +923,20 @@ impl Store {
 
     /// Writes `data` at `offset` of regular file `ino`; returns the new attributes.
     pub fn write(&mut self, ino: u64, offset: u64, data: &[u8], now: Timespec) -> Result<Inode> {
+        self.write_summed(ino, offset, data, None, now)
+    }
+
+    /// `write`, with the checksums of `data`'s blocks computed already (`sums`:
+    /// `checksum::block_sums(data)`), used where the write covers whole blocks. The store
+    /// records them as given: a sum of other bytes makes those blocks read as damaged.
+    pub fn write_summed(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        sums: Option<&[u32]>,
+        now: Timespec,
+    ) -> Result<Inode> {
         self.enter(ino)?;
         let mut inode = self.getattr(ino)?;
         match inode.kind {
@@ -939,7 +953,7 @@ impl Store {
         }
         let blocks = (end - 1) / BLOCK_SIZE_U64 - offset / BLOCK_SIZE_U64 + 2;
         self.reserve(blocks, false)?;
-        self.write_data(&mut inode, offset, data)?;
+        self.write_data(&mut inode, offset, data, sums)?;
         inode.mtime = now;
         inode.ctime = now;
         self.put_inode(&inode)?;

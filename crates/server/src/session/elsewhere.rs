@@ -1,16 +1,22 @@
-//! Reads answered off the store's thread. With `Server::set_reads_elsewhere` on, a
-//! request that is one `Read` of at least that many bytes from the disk is planned
-//! (`Store::plan_read`) rather than read: its response leaves as `Outgoing::Read`, an
-//! empty `Reply::Data` with the plan, and the shell runs the plan on a thread of its own
-//! and puts the bytes in before sending it, in its place among the session's messages
-//! (a recall that follows must not overtake the data it invalidates). A plan that finds a
-//! bad block answers `None`; the shell then asks `Server::read_again`, which reads on the
-//! store's thread, repairing from a second copy or reporting as any read does.
+//! Work the shell does off the store's thread, and the core's side of it.
 //!
-//! Only a request of one op is planned, so the response's size was checked as for any
-//! read (`Room`), and nothing else in it waits for the plan. Not while space is short:
-//! a plan keeps the blocks it reads from reuse, and a write that needs every free block
-//! must not find some held.
+//! **Reads.** With `Server::set_reads_elsewhere` on, a request that is one `Read` of at
+//! least that many bytes from the disk is planned (`Store::plan_read`) rather than read:
+//! its response leaves as `Outgoing::Read`, an empty `Reply::Data` with the plan, and the
+//! shell runs the plan on a thread of its own and puts the bytes in before sending it, in
+//! its place among the session's messages (a recall that follows must not overtake the
+//! data it invalidates). A plan that finds a bad block answers `None`; the shell then asks
+//! `Server::read_again`, which reads on the store's thread, repairing from a second copy
+//! or reporting as any read does. Only a request of one op is planned, so the response's
+//! size was checked as for any read (`Room`), and nothing else in it waits for the plan.
+//! Not while space is short: a plan keeps the blocks it reads from reuse, and a write
+//! that needs every free block must not find some held.
+//!
+//! **Sums of written blocks.** `Server::handle_with_sums` takes, with a request, the
+//! CRC-32C of the blocks each of its writes carries, computed where the request was
+//! decoded (`crest_store::checksum::block_sums`); the store records them as given for a
+//! write of whole blocks (`Store::write_summed`). They count for that request alone: one
+//! that runs later (parked) has the store sum its blocks.
 
 use std::sync::Arc;
 
@@ -54,9 +60,16 @@ impl PlannedRead {
     }
 }
 
-/// The server's side of planned reads.
+/// For each op of a request: the CRC-32C of each block it writes, if the shell summed them.
+pub type WriteSums = Vec<Option<Vec<u32>>>;
+
+/// The core's side of work done elsewhere.
 #[derive(Debug, Default)]
 pub(super) struct Elsewhere {
+    /// The sums the shell gave with a request: its session, its id, one list per op.
+    given_sums: Option<(SessionId, u64, WriteSums)>,
+    /// Those of the op running.
+    pub(super) op_sums: Option<Vec<u32>>,
     /// Reads of at least this many bytes from the disk are planned (`None`: none are).
     from_bytes: Option<u64>,
     /// The request being handled may be planned.
@@ -69,32 +82,33 @@ impl Server {
     /// Plans reads of at least `from_bytes` bytes from the disk for the shell to run on
     /// another thread (`Outgoing::Read`); `None` reads everything on the store's thread.
     pub fn set_reads_elsewhere(&mut self, from_bytes: Option<u64>) {
-        self.reads.from_bytes = from_bytes;
+        self.elsewhere.from_bytes = from_bytes;
     }
 
     /// Whether request `req` may be answered by a plan: one `Read`.
     pub(super) fn begin_plannable(&mut self, req: &p::Request) {
-        self.reads.may_plan = self.reads.from_bytes.is_some() && matches!(req.ops.as_slice(), [Op::Read { .. }]);
-        self.reads.planned = None;
+        self.elsewhere.may_plan =
+            self.elsewhere.from_bytes.is_some() && matches!(req.ops.as_slice(), [Op::Read { .. }]);
+        self.elsewhere.planned = None;
     }
 
     /// The plan the request just handled made, if any.
     pub(super) fn end_plannable(&mut self) -> Option<PlannedRead> {
-        self.reads.may_plan = false;
-        self.reads.planned.take()
+        self.elsewhere.may_plan = false;
+        self.elsewhere.planned.take()
     }
 
     /// `Op::Read`: read here, or planned when the request allows it.
     pub(super) fn read_or_plan(&mut self, ino: u64, offset: u64, len: u64) -> crest_store::Result<Reply> {
-        let from = match self.reads.from_bytes {
-            Some(from) if self.reads.may_plan && !self.space.low() => from,
+        let from = match self.elsewhere.from_bytes {
+            Some(from) if self.elsewhere.may_plan && !self.space.low() => from,
             _ => return self.store.read(ino, offset, len).map(Reply::Data),
         };
         match self.store.plan_read(ino, offset, len, from)? {
             Planned::Read(bytes) => Ok(Reply::Data(bytes)),
             Planned::Elsewhere(plan) => {
                 self.activity.reads_elsewhere += 1;
-                self.reads.planned = Some(PlannedRead { plan: Arc::new(plan), ino, offset, len });
+                self.elsewhere.planned = Some(PlannedRead { plan: Arc::new(plan), ino, offset, len });
                 Ok(Reply::Data(Vec::new()))
             }
         }
@@ -113,6 +127,26 @@ impl Server {
             *first = result;
         }
         response
+    }
+
+    /// `handle`, with the sums of the blocks each op of `req` writes (`sums[i]` for op `i`:
+    /// `block_sums` of its data, or `None`), computed off the store's thread.
+    pub fn handle_with_sums(&mut self, session: SessionId, req: p::Request, sums: WriteSums, now: p::Time) {
+        self.elsewhere.given_sums = Some((session, req.id, sums));
+        self.handle(session, req, now);
+        self.elsewhere.given_sums = None;
+    }
+
+    /// The sums given with request `id` of `session`, if it is the one `handle_with_sums`
+    /// is running (not a parked one that runs meanwhile).
+    pub(super) fn take_request_sums(&mut self, session: SessionId, id: u64) -> WriteSums {
+        match self.elsewhere.given_sums.take() {
+            Some((s, i, sums)) if s == session && i == id => sums,
+            other => {
+                self.elsewhere.given_sums = other;
+                Vec::new()
+            }
+        }
     }
 
     /// The answer to a planned read whose plan failed, read on the store's thread as
