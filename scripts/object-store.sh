@@ -33,7 +33,10 @@
 # Pool size 1, 8 PGs a pool without the autoscaler, osd_memory_target 1 GiB, and the mgr
 # with no optional module enabled, so the cluster stays small on a 2-core machine (idle, all
 # four daemons take under 1% of a core; the mgr's always-on modules stay: disabling them
-# turns the health to HEALTH_ERR). The bucket is made with curl --aws-sigv4.
+# turns the health to HEALTH_ERR). The bucket is made with curl --aws-sigv4. The gateway's
+# frontend sets TCP_NODELAY: without it every small request on a reused connection waited
+# ~40 ms (Nagle's algorithm against delayed ACKs: a 1,000-byte ranged GET 43 ms, 1-3 ms
+# with it).
 set -euo pipefail
 
 DIR=${CREST_CEPH_DIR:-/var/tmp/crest-ceph}
@@ -231,7 +234,7 @@ memstore device bytes = 2147483648
 EOF
   conf_section client.rgw.a
   cat <<EOF
-rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT
+rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT tcp_nodelay=1
 rgw data = $DIR/rgw
 rgw enable usage log = false
 rgw thread pool size = 64
