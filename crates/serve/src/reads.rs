@@ -17,9 +17,10 @@ use tokio::sync::{mpsc, oneshot};
 use crate::{Ctrl, Outbox};
 
 /// Reads planned from this many bytes of the disk up (`Options::reads_elsewhere_from`).
-/// Below, a hand-off to another thread costs more than the read: measured in
-/// docs/performance.md ("Reads beside the store's thread").
-pub const READS_ELSEWHERE_FROM: u64 = 64 * 1024;
+/// Below, the hand-off to another thread and back adds more to a read's round trip than
+/// the store's thread saves (with connection threads, +36 % at 256 KiB, +1-3 % at 512 KiB:
+/// docs/performance.md, "Reads beside the store's thread").
+pub const READS_ELSEWHERE_FROM: u64 = 512 * 1024;
 
 /// Writes of at least this many bytes have their blocks summed where they are decoded
 /// (below, the store's thread sums them as fast as it would look the list up).

@@ -39,7 +39,8 @@ fn serve(dir: &tempfile::TempDir, mib: u64, io_threads: usize) -> (tokio::runtim
     let options = Options {
         io_threads,
         metrics: Some("127.0.0.1:0".parse().expect("addr")),
-        reads_elsewhere_from: Some(crest_serve::READS_ELSEWHERE_FROM),
+        // (Lower than the default, so that the reads below of 128 KiB and up are planned.)
+        reads_elsewhere_from: Some(64 * 1024),
         ..Options::default()
     };
     let serving =

@@ -3,8 +3,9 @@
 //!
 //! Measures one request at a time: a getattr of the root (the smallest request), then
 //! writes of 4 B, 64 B and 1 KiB (a request carrying that many data bytes) to a scratch
-//! file in the root directory, which it removes at the end. One line per kind:
-//! `crest-rpc op=write size_bytes=64 n=… median_us=… p99_us=… …`.
+//! file in the root directory, then, with `--read-sizes`, reads of those sizes from 16 MiB
+//! of it (block-aligned offsets walking the file); the file is removed at the end. One
+//! line per kind: `crest-rpc op=write size_bytes=64 n=… median_us=… p99_us=… …`.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -25,6 +26,9 @@ struct Args {
     /// Write sizes.
     #[arg(long, default_value = "4,64,1024")]
     sizes: Sizes,
+    /// Read sizes (none by default; e.g. 4K,64K,1024K).
+    #[arg(long, default_value = "")]
+    read_sizes: Sizes,
     /// Measured round trips per kind.
     #[arg(long, default_value_t = 10_000)]
     count: usize,
@@ -94,6 +98,25 @@ fn run(args: Args) -> Result<()> {
             let s = measure(&client, args.warmup, args.count, || Op::Write { ino, offset: 0, data: data.clone() })
                 .with_context(|| format!("{size}-byte writes"))?;
             println!("crest-rpc op=write size_bytes={size} {s}");
+        }
+        if args.read_sizes.0.is_empty() {
+            return Ok(());
+        }
+        const FILE: usize = 16 << 20;
+        for at in (0..FILE).step_by(1 << 20) {
+            let data: Vec<u8> = (0..1 << 20).map(|i| (at + i) as u8).collect();
+            call(&client, Op::Write { ino, offset: at as u64, data }).context("writing the file to read")?;
+        }
+        for &size in &args.read_sizes.0 {
+            let size = size.min(FILE);
+            let next = std::cell::Cell::new(0usize);
+            let s = measure(&client, args.warmup, args.count, || {
+                let offset = next.get();
+                next.set((offset + size.next_multiple_of(4096)) % (FILE - size + 1));
+                Op::Read { ino, offset: (offset / 4096 * 4096) as u64, len: size as u32 }
+            })
+            .with_context(|| format!("{size}-byte reads"))?;
+            println!("crest-rpc op=read size_bytes={size} {s}");
         }
         Ok(())
     })();
