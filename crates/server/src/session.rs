@@ -828,7 +828,8 @@ impl Server {
         let victims = if from_cache { Vec::new() } else { self.victims(&req) };
         let mut pins = self.pin(session, &victims);
         let held_for_grace = self.hold_for_grace(&victims);
-        self.begin_plannable(&req);
+        // (Not a replay's: its response may be kept to answer a resend, data and all.)
+        self.begin_plannable(&req, !in_replay);
         let response = self.handle_request(session, req, now);
         let planned = self.end_plannable();
         if let (true, Some(ops)) = (in_replay, &retry) {
@@ -869,12 +870,13 @@ impl Server {
             log.push(Applied { session, id, from_cache, generation, dirty, grace_ended, seq: response.seq, busy });
         }
         let changed = std::mem::take(&mut self.changed);
+        let (response, planned) = self.read_now_if_held(session, response, planned, &changed);
         let mut out = self.caps.changed(session, &changed, response, now_ms);
         if !pins.is_empty() {
             self.hold_pins(pins, &out);
         }
         if let Some(read) = planned {
-            // (A read changes nothing: its response is the one message.)
+            // (Nothing changed: the response is the one message, sent now.)
             out = out
                 .into_iter()
                 .map(|o| match o {

@@ -85,10 +85,11 @@ impl Server {
         self.elsewhere.from_bytes = from_bytes;
     }
 
-    /// Whether request `req` may be answered by a plan: one `Read`.
-    pub(super) fn begin_plannable(&mut self, req: &p::Request) {
+    /// Whether request `req` may be answered by a plan: one `Read`, and `may` (no
+    /// response of it is kept to answer again).
+    pub(super) fn begin_plannable(&mut self, req: &p::Request, may: bool) {
         self.elsewhere.may_plan =
-            self.elsewhere.from_bytes.is_some() && matches!(req.ops.as_slice(), [Op::Read { .. }]);
+            may && self.elsewhere.from_bytes.is_some() && matches!(req.ops.as_slice(), [Op::Read { .. }]);
         self.elsewhere.planned = None;
     }
 
@@ -111,6 +112,22 @@ impl Server {
                 self.elsewhere.planned = Some(PlannedRead { plan: Arc::new(plan), ino, offset, len });
                 Ok(Reply::Data(Vec::new()))
             }
+        }
+    }
+
+    /// A planned read's response that would wait for recalls (its request changed
+    /// something: `changed`) is held whole, and goes out later as it is: its bytes are read
+    /// here and now, and no plan goes on.
+    pub(super) fn read_now_if_held(
+        &mut self,
+        session: SessionId,
+        response: p::Response,
+        planned: Option<PlannedRead>,
+        changed: &[u64],
+    ) -> (p::Response, Option<PlannedRead>) {
+        match planned {
+            Some(read) if !changed.is_empty() => (self.finish_read(session, response, &read), None),
+            planned => (response, planned),
         }
     }
 
