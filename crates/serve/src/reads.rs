@@ -2,7 +2,7 @@
 //! where its request is decoded (`write_sums`; the store records them for a write of
 //! whole blocks), and big reads.
 //!
-//! Reads run beside the store's thread (`crest_server`'s `session/reads.rs`): the core
+//! Reads run beside the store's thread (`crest_server`'s `session/elsewhere.rs`): the core
 //! hands out `Outgoing::Read`, a response whose data a `PlannedRead` still has to read;
 //! here it is run on tokio's blocking pool (the page-cache copy and the checksums of a
 //! read of up to 4 MiB), and the connection's writer waits for it in its place in the
@@ -15,6 +15,7 @@ use crest_server::{PlannedRead, SessionId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{Ctrl, Outbox};
+use crest_store::limits::BLOCK_SIZE;
 
 /// Reads planned from this many bytes of the disk up (`Options::reads_elsewhere_from`).
 /// Below, the hand-off to another thread and back adds more to a read's round trip than
@@ -36,7 +37,9 @@ pub(crate) fn write_sums(req: &p::Request) -> crest_server::WriteSums {
         .iter()
         .map(|op| match op {
             p::Op::Write { offset, data, .. } | p::Op::WriteBack { offset, data, .. }
-                if data.len() >= SUM_WRITES_FROM && offset % 4096 == 0 && data.len() % 4096 == 0 =>
+                if data.len() >= SUM_WRITES_FROM
+                    && offset.is_multiple_of(BLOCK_SIZE as u64)
+                    && data.len().is_multiple_of(BLOCK_SIZE) =>
             {
                 any = true;
                 Some(crest_store::checksum::block_sums(data))
@@ -70,8 +73,7 @@ impl Queued {
 impl Outbox {
     /// Queues `response`, whose data `read` reads on another thread.
     pub(crate) fn send_read(&self, session: SessionId, response: p::Response, read: PlannedRead) {
-        let mut response = response;
-        // (Counted as it will be: the placeholder's frame plus the data.)
+        // (Counted as it will be: the placeholder's frame plus the data and its length.)
         let bytes = p::encoded_len(&ServerMessage::Response(response.clone())) + read.len() + 8;
         self.backlog.answered();
         self.backlog.add(bytes);
@@ -82,10 +84,7 @@ impl Outbox {
                 Some(bytes) => Ok(Reply::Data(bytes)),
                 None => read_again(&ctrl, session, read),
             };
-            if let Some(first) = response.results.first_mut() {
-                *first = result;
-            }
-            let _ = done.send(ServerMessage::Response(response));
+            let _ = done.send(ServerMessage::Response(PlannedRead::answer(response, result)));
         });
         if self.tx.send((bytes, Queued::Reading(reading))).is_err() {
             self.backlog.sent(bytes);

@@ -97,7 +97,7 @@ pub enum Outgoing {
     },
     /// A response whose one result, `Reply::Data`, is still empty: the shell runs `read`
     /// (`PlannedRead::run`, else `Server::read_again`) and puts its bytes in before the
-    /// response goes out, in its place among the session's messages (`session/reads.rs`).
+    /// response goes out, in its place among the session's messages (`session/elsewhere.rs`).
     Read {
         /// To whom.
         session: SessionId,

@@ -17,7 +17,7 @@ use crate::caps::Outgoing;
 pub(super) struct Activity {
     pub(super) bytes_written: u64,
     pub(super) bytes_read: u64,
-    /// Reads planned for the shell to run beside the store's thread (`reads.rs`), and
+    /// Reads planned for the shell to run beside the store's thread (`elsewhere.rs`), and
     /// those whose plan failed and were read again on it.
     pub(super) reads_elsewhere: u64,
     pub(super) reads_again: u64,

@@ -58,6 +58,14 @@ impl PlannedRead {
     pub fn is_empty(&self) -> bool {
         self.plan.is_empty()
     }
+
+    /// `response` (a planned read's, its one result a placeholder) with `result` in it.
+    pub fn answer(mut response: p::Response, result: Result<Reply, p::OpError>) -> p::Response {
+        if let Some(first) = response.results.first_mut() {
+            *first = result;
+        }
+        response
+    }
 }
 
 /// For each op of a request: the CRC-32C of each block it writes, if the shell summed them.
@@ -135,15 +143,11 @@ impl Server {
     /// plans elsewhere does the same in two steps: `PlannedRead::run` there, then
     /// `read_again` here if that failed).
     pub fn finish_read(&mut self, session: SessionId, response: p::Response, read: &PlannedRead) -> p::Response {
-        let mut response = response;
         let result = match read.run() {
             Some(bytes) => Ok(Reply::Data(bytes)),
             None => self.read_again(session, read),
         };
-        if let Some(first) = response.results.first_mut() {
-            *first = result;
-        }
-        response
+        PlannedRead::answer(response, result)
     }
 
     /// `handle`, with the sums of the blocks each op of `req` writes (`sums[i]` for op `i`:

@@ -168,6 +168,17 @@ impl UringDisk {
         self.ring.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Checks the range, then waits for every queued write that overlaps it: a read of it
+    /// after this sees the last write to each place.
+    fn settle(&self, offset: u64, len: usize) -> io::Result<()> {
+        check_range(offset, len, self.inner.size_bytes())?;
+        let mut ring = self.ring();
+        while ring.overlaps_queued(offset, len) {
+            ring.wait_one(None)?;
+        }
+        Ok(())
+    }
+
     fn ring_mut(&mut self) -> &mut Ring {
         self.ring.get_mut().unwrap_or_else(|p| p.into_inner())
     }
@@ -606,24 +617,12 @@ impl Drop for Ring {
 
 impl Disk for UringDisk {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        check_range(offset, buf.len(), self.inner.size_bytes())?;
-        {
-            let mut ring = self.ring();
-            while ring.overlaps_queued(offset, buf.len()) {
-                ring.wait_one(None)?;
-            }
-        }
+        self.settle(offset, buf.len())?;
         self.inner.read_at(offset, buf)
     }
 
     fn reader(&self, offset: u64, len: usize) -> io::Result<Option<super::SharedReader>> {
-        check_range(offset, len, self.inner.size_bytes())?;
-        {
-            let mut ring = self.ring();
-            while ring.overlaps_queued(offset, len) {
-                ring.wait_one(None)?;
-            }
-        }
+        self.settle(offset, len)?;
         self.inner.reader(offset, len)
     }
 

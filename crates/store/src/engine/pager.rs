@@ -21,7 +21,7 @@ use crate::disk::SharedReader;
 use crate::engine::alloc::Allocator;
 use crate::engine::checksum::crc32c;
 use crate::engine::node::{BlockPtr, Body, ChildPtr, Node, NodeRef};
-use crate::engine::pins::{Pins, ReadPin};
+use crate::engine::pins::{Pins, ReadPin, Runs};
 use crate::engine::superblock::MANIFEST_MAX_BLOCKS;
 use crate::error::{Error, Result};
 use crate::limits::{BLOCK_SIZE, BLOCK_SIZE_U64, NODE_CACHE_ENTRIES};
@@ -49,7 +49,7 @@ pub struct Pager {
     freed_prev_txn: Vec<(u64, u64)>,
     /// Freed runs due back to the allocator that a read running elsewhere still reads
     /// (`engine/pins.rs`).
-    held: Vec<(u64, u64)>,
+    held: Runs,
     pins: Arc<Pins>,
     poisoned: Option<String>,
     meta_goal: u64,
@@ -194,7 +194,7 @@ impl Pager {
 
     /// Keeps the blocks of `runs` (`(start, len)`) from reuse until the pin drops
     /// (`engine/pins.rs`).
-    pub fn pin(&self, runs: Vec<(u64, u64)>) -> ReadPin {
+    pub fn pin(&self, runs: Runs) -> ReadPin {
         self.pins.pin(runs)
     }
 
