@@ -52,5 +52,5 @@ pub use error::{Error, Result};
 pub use fs::dirent::DirEntry;
 pub use fs::inode::{FileKind, Inode, Timespec, ROOT_INO};
 pub use fs::ops::{FallocateMode, LeafLookup, NewInode, Op, OpResult, RenameFlags, SetAttr, StatFs, Unlinked};
-pub use fs::read::{Planned, ReadPlan};
+pub use fs::read::{Located, Part, Planned, ReadPlan};
 pub use store::{CommitPolicy, MkfsOptions, Stats, Store};

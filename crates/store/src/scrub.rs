@@ -230,6 +230,11 @@ impl Store {
                         continue;
                     }
                 };
+                if crate::fs::objects::object_of(disk_block).is_some() {
+                    // An object's blocks: the data store keeps them (and `crest scrub`
+                    // lists the bucket against the image), not this image.
+                    continue;
+                }
                 self.scrub_extent(&name, k, [disk_block, twin], &csums, st);
                 checked += csums.len() as u64;
                 st.blocks += csums.len() as u64;

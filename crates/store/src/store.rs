@@ -181,6 +181,8 @@ pub struct Store {
     /// Where inode generations come from: the process's randomness, or a seed a
     /// simulation passes in (`seed_randomness`), so that a run replays exactly.
     pub(crate) rng: crest_rng::Stream,
+    /// Object-store state outside the trees (`fs/objects.rs`).
+    pub(crate) objects: crate::fs::objects::Objects,
 }
 
 impl Store {
@@ -285,6 +287,7 @@ impl Store {
             commit_wanted: false,
             space: Default::default(),
             rng: crest_rng::Stream::from_process(),
+            objects: Default::default(),
         };
         store.commit()?;
         // Both copies hold generation 1 so a fresh image has its fallback from the start.
@@ -528,6 +531,7 @@ impl Store {
                     commit_wanted: false,
                     space: Default::default(),
                     rng: crest_rng::Stream::from_process(),
+                    objects: Default::default(),
                 };
                 for d in store.catalog.by_id.keys().copied().collect::<Vec<_>>() {
                     store.update_keep(d);
@@ -714,6 +718,7 @@ impl Store {
             slot.committed_meta = slot.meta;
         }
         self.pager.finish_commit();
+        self.objects.gone_uncommitted.clear();
         self.stats.commits += 1;
         Ok(())
     }
@@ -933,9 +938,12 @@ fn rebuild_allocation(
         Ok(true)
     })?;
     for (k, vlen) in extents {
-        if k.kind != kind::EXTENT_REF
-            || !(vlen == 4 || vlen == 12)
-            || k.offset == 0
+        let good = |k: &Key| (vlen == 4 || vlen == 12) && k.kind == kind::EXTENT_REF && k.offset > 0;
+        if good(&k) && crate::fs::objects::within_one_object(k.objectid, k.offset) {
+            // Object blocks: no allocator owns them (`fs/objects.rs`).
+            continue;
+        }
+        if !good(&k)
             || k.objectid < RESERVED_BLOCKS
             || k.objectid.checked_add(k.offset).is_none_or(|e| e > pager.total_blocks())
         {

@@ -56,6 +56,7 @@ fn elsewhere(p: Planned) -> ReadPlan {
     match p {
         Planned::Elsewhere(plan) => plan,
         Planned::Read(_) => panic!("a read of disk blocks on a file image was not planned for elsewhere"),
+        Planned::Located(_) => panic!("a read located in objects on an image without any"),
     }
 }
 
@@ -141,6 +142,7 @@ fn a_plan_made_right_after_a_write_reads_it() {
         let got = match s.plan_read(a, o, l, 0).expect("plan") {
             Planned::Elsewhere(plan) => plan.run(),
             Planned::Read(bytes) => Some(bytes),
+            Planned::Located(_) => panic!("a read located in objects on an image without any"),
         };
         let end = model.len().min((o + l) as usize);
         assert!(

@@ -20,6 +20,7 @@ use crate::engine::node::{BlockPtr, Body};
 use crate::engine::pager::Pager;
 use crate::error::{Error, Result};
 use crate::fs::keys::kind;
+use crate::fs::objects::object_of;
 use crate::limits::{BLOCKS_PER_GROUP, BLOCK_SIZE, BLOCK_SIZE_U64, RESERVED_BLOCKS};
 use crate::store::{REFCOUNT_TREE_ID, ROOT_TREE_ID};
 
@@ -49,6 +50,10 @@ pub struct Report {
     pub total_blocks: u64,
     /// Client session records kept by the server.
     pub sessions: u64,
+    /// Objects in the data store that extents reference.
+    pub objects: u64,
+    /// Objects on the gone list (to be deleted from the data store).
+    pub objects_gone: u64,
     /// Datasets (the default one included).
     pub datasets: u64,
 }
@@ -123,6 +128,7 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
         pager: &mut pager,
         report: &mut report,
         referenced: BlockSet::new(sb.total_blocks),
+        object_blocks: Default::default(),
         seen: HashMap::new(),
         live_nodes: Default::default(),
         partial: None,
@@ -143,6 +149,7 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
     let mut next_dataset = 1;
     // USAGE items by tree id: (root block, root generation, data blocks).
     let mut usages: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
+    let mut objects = objects::Seen::default();
     for (k, v) in &root_items {
         match k.kind {
             kind::ROOT_ITEM if k.offset == 0 => match crate::datasets::dataset_of_tree(k.objectid) {
@@ -179,6 +186,9 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
             },
             kind::SESSION if k.offset == 0 && v.len() <= crate::sessions::MAX_SESSION_RECORD_BYTES => {
                 c.report.sessions += 1;
+            }
+            kind::OBJECT_CONFIG | kind::OBJECT_NEXT | kind::OBJECT_GRANT | kind::OBJECT_GONE => {
+                objects.item(&mut c, *k, v)
             }
             _ => c.problem(format!("root tree: unexpected item {k:?}")),
         }
@@ -243,6 +253,7 @@ pub fn fsck(disk: Box<dyn Disk>) -> Result<Report> {
         }
     }
     c.refcounts_match(&refs);
+    objects.finish(&mut c, &refs);
     c.deadlists(dead_items, &entries, sb.generation);
     let used = c.pager.alloc.used_blocks();
     c.report.used_blocks = used;
@@ -257,6 +268,8 @@ struct Checker<'a> {
     report: &'a mut Report,
     /// Data blocks some tree's extents reference.
     referenced: BlockSet,
+    /// Blocks of objects in the data store that extents reference (`fs/objects.rs`).
+    object_blocks: std::collections::BTreeSet<u64>,
     /// Nodes walked, by tree id: a snapshot shares its dataset's nodes (same id).
     seen: HashMap<u64, std::collections::HashSet<u64>>,
     /// Nodes each live tree reaches (a deadlist must name none of them).
@@ -408,6 +421,11 @@ impl Checker<'_> {
         if count == 0 {
             self.problem(format!("refcount tree: zero count for blocks {}+{}", k.objectid, k.offset));
         }
+        if crate::fs::objects::within_one_object(k.objectid, k.offset) {
+            // Object blocks: no allocator owns them.
+            refs.push((k.objectid, k.offset, count));
+            return;
+        }
         if k.objectid < RESERVED_BLOCKS
             || k.objectid.checked_add(k.offset).is_none_or(|e| e > self.pager.total_blocks())
         {
@@ -436,7 +454,11 @@ impl Checker<'_> {
         }
         for (start, n, _, _) in runs {
             for b in start..start + n {
-                self.referenced.insert(b);
+                if object_of(b).is_some() {
+                    self.object_blocks.insert(b);
+                } else {
+                    self.referenced.insert(b);
+                }
             }
         }
     }
@@ -468,7 +490,7 @@ impl Checker<'_> {
                 let shared = if d.node {
                     self.seen.get(&family).is_some_and(|s| s.contains(&d.start)) && !self.live_nodes.contains(&d.start)
                 } else {
-                    (d.start..d.start + d.len).all(|b| self.referenced.get(b))
+                    (d.start..d.start + d.len).all(|b| self.is_referenced(b))
                 };
                 if !shared {
                     self.problem(format!("deadlist of {name}: {d:?} is reached by no snapshot, or by a live tree"));
@@ -484,22 +506,31 @@ impl Checker<'_> {
         let mut counted = 0u64;
         for &(start, len, count) in refs {
             for b in start..start + len {
-                let found = u32::from(self.referenced.get(b));
+                let found = u32::from(self.is_referenced(b));
                 if found != count {
                     self.problem(format!("block {b}: refcount {count} but {found} extents reference it"));
                 }
             }
             counted += len;
         }
-        if counted != self.referenced.len() {
+        if counted != self.referenced.len() + self.object_blocks.len() as u64 {
             let covered = |b: u64| {
                 let i = refs.partition_point(|r| r.0 <= b);
                 i > 0 && b < refs[i - 1].0 + refs[i - 1].1
             };
-            let missing = self.referenced.iter().filter(|&b| !covered(b)).count();
+            let missing =
+                self.referenced.iter().chain(self.object_blocks.iter().copied()).filter(|&b| !covered(b)).count();
             if missing > 0 {
                 self.problem(format!("{missing} data blocks are referenced by extents but have no refcount"));
             }
+        }
+    }
+
+    /// Whether some extent references block `b` (of the image or of an object).
+    fn is_referenced(&self, b: u64) -> bool {
+        match object_of(b) {
+            Some(_) => self.object_blocks.contains(&b),
+            None => self.referenced.get(b),
         }
     }
 
@@ -560,6 +591,8 @@ impl BlockSet {
             .flat_map(|(i, &w)| (0..64u64).filter(move |bit| w >> bit & 1 == 1).map(move |bit| i as u64 * 64 + bit))
     }
 }
+
+mod objects;
 
 #[cfg(test)]
 mod tests;

@@ -94,7 +94,9 @@ impl Extent {
                 }
                 let inside =
                     |s: u64| s >= crate::limits::RESERVED_BLOCKS && s.checked_add(n).is_some_and(|e| e <= total_blocks);
-                if !inside(disk_block) {
+                if t == REGULAR && crate::fs::objects::within_one_object(disk_block, n) {
+                    // Blocks of an object in the data store (`fs/objects.rs`).
+                } else if !inside(disk_block) {
                     return Err(bad(format!("extent blocks {disk_block}+{n} outside the image")));
                 }
                 let twin = if t == REGULAR { 0 } else { le_u64(b, 13) };
@@ -316,7 +318,8 @@ impl Store {
         };
         Ok(match prev {
             Some((off, Extent::Regular { disk_block, csums, .. }))
-                if off / BLOCK_SIZE_U64 + csums.len() as u64 == first =>
+                if off / BLOCK_SIZE_U64 + csums.len() as u64 == first
+                    && crate::fs::objects::object_of(disk_block).is_none() =>
             {
                 disk_block + csums.len() as u64
             }
@@ -352,7 +355,14 @@ impl Store {
     }
 
     /// Inserts an extent item, merging with the previous one when the disk blocks continue it.
-    fn map_extent(&mut self, ino: u64, file_block: u64, disk_block: u64, twin: u64, csums: Vec<u32>) -> Result<()> {
+    pub(crate) fn map_extent(
+        &mut self,
+        ino: u64,
+        file_block: u64,
+        disk_block: u64,
+        twin: u64,
+        csums: Vec<u32>,
+    ) -> Result<()> {
         if file_block > 0 {
             let prev =
                 self.extents_overlapping(ino, (file_block - 1) * BLOCK_SIZE_U64, file_block * BLOCK_SIZE_U64)?.pop();
@@ -384,7 +394,7 @@ impl Store {
     }
 
     /// Adds a refcount item for newly allocated blocks, born in the running transaction.
-    fn refs_add(&mut self, start: u64, len: u64) -> Result<()> {
+    pub(crate) fn refs_add(&mut self, start: u64, len: u64) -> Result<()> {
         let key = Key::new(start, kind::EXTENT_REF, len);
         let old = self.refcount_tree.insert(&mut self.pager, key, encode_ref(1, self.sb.generation + 1))?;
         debug_assert!(old.is_none(), "refcount item {key:?} already existed");
@@ -410,6 +420,7 @@ impl Store {
         let hi = Key::new(end - 1, kind::EXTENT_REF, u64::MAX);
         let items = self.refcount_tree.collect(&mut self.pager, &lo, &hi, usize::MAX)?;
         let mut covered = 0;
+        let mut freed_objects = Vec::new();
         for (k, v) in items {
             let Some((refs, birth)) = decode_ref(&v).filter(|_| k.kind == kind::EXTENT_REF) else {
                 return Err(Error::bad_item(k, 0, "bad refcount item"));
@@ -434,9 +445,16 @@ impl Store {
             if kept {
                 self.dead_data(cs, ce - cs, birth);
             } else if refs <= 1 {
-                self.pager.free_later(cs, ce - cs);
+                match crate::fs::objects::object_of(cs) {
+                    Some((id, _)) => freed_objects.push(id),
+                    None => self.pager.free_later(cs, ce - cs),
+                }
             }
             covered += ce - cs;
+        }
+        freed_objects.dedup();
+        for id in freed_objects {
+            self.object_blocks_freed(id)?;
         }
         if covered != len {
             return Err(Error::corrupt(

@@ -48,6 +48,16 @@ pub mod kind {
     pub const USAGE: u8 = 17;
     /// refcount tree: blocks `[objectid, objectid+offset)` have the stored reference count.
     pub const EXTENT_REF: u8 = 20;
+    /// root tree, key (u64::MAX - 1, 21, 0): where file data lives (`fs/objects.rs`): the
+    /// store id (u64) and the data URL.
+    pub const OBJECT_CONFIG: u8 = 21;
+    /// root tree, key (u64::MAX - 1, 22, 0): the next object id (u64).
+    pub const OBJECT_NEXT: u8 = 22;
+    /// root tree: object `offset` is granted to the session the value names (u64) and
+    /// not yet mapped.
+    pub const OBJECT_GRANT: u8 = 23;
+    /// root tree: object `offset` is referenced no more and is to be deleted (empty value).
+    pub const OBJECT_GONE: u8 = 24;
 }
 
 /// Objectid under which orphan items are kept (sorts after every inode).

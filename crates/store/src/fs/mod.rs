@@ -12,6 +12,7 @@ pub mod dirent;
 pub mod extent;
 pub mod inode;
 pub(crate) mod keys;
+pub mod objects;
 pub mod ops;
 pub mod read;
 pub(crate) mod space;

@@ -40,6 +40,12 @@ struct Layout {
     pieces: Vec<Piece>,
 }
 
+impl Piece {
+    fn in_object(&self) -> bool {
+        matches!(self, Piece::Blocks { disk_block, .. } if crate::fs::objects::object_of(*disk_block).is_some())
+    }
+}
+
 impl Layout {
     fn len(&self) -> usize {
         (self.end - self.offset) as usize
@@ -87,6 +93,45 @@ pub enum Planned {
     Read(Vec<u8>),
     /// A plan to run on another thread.
     Elsewhere(ReadPlan),
+    /// Some of the bytes are in objects of the data store: the reader fetches them.
+    Located(Located),
+}
+
+/// A read of a file whose data is partly or wholly in objects (`fs/objects.rs`): the
+/// bytes of the image are given, the objects' are named with their checksums; what no
+/// part covers is a hole (zeros).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Located {
+    /// File offset of the read's first byte.
+    pub offset: u64,
+    /// Bytes the read returns (clipped to the file).
+    pub len: u64,
+    /// Where they come from.
+    pub parts: Vec<Part>,
+}
+
+/// Part of a located read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Bytes of the read from `at` (an offset into the read's bytes).
+    Bytes {
+        /// Offset in the read.
+        at: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+    /// Blocks `block..block + csums.len()` of object `id` hold the file's bytes from
+    /// `file_at` (block-aligned; the read uses the part inside it), one CRC-32C each.
+    Object {
+        /// File offset of the first block.
+        file_at: u64,
+        /// The object.
+        id: u64,
+        /// First block in the object.
+        block: u64,
+        /// CRC-32C of each block.
+        csums: Vec<u32>,
+    },
 }
 
 /// A read to carry out on any thread; its blocks stay unreused while it lives.
@@ -204,7 +249,10 @@ impl Store {
         csums: &[u32],
         buf: &mut [u8],
     ) -> Result<()> {
-        let read = self.pager.read_blocks(disk_block, buf);
+        let read = match crate::fs::objects::object_of(disk_block) {
+            Some(_) => self.read_object_blocks(disk_block, buf),
+            None => self.pager.read_blocks(disk_block, buf),
+        };
         if read.is_err() && twin == 0 {
             return read;
         }
@@ -250,6 +298,9 @@ impl Store {
             _ => return Err(Error::Invalid(format!("inode {ino} is not a regular file"))),
         }
         let layout = self.layout(&inode, offset, len)?;
+        if layout.pieces.iter().any(Piece::in_object) {
+            return self.locate(&layout).map(Planned::Located);
+        }
         if layout.disk_bytes() < elsewhere_from.max(1) {
             return self.read_here(&layout).map(Planned::Read);
         }
@@ -269,5 +320,28 @@ impl Store {
             Some(reader) => Ok(Planned::Elsewhere(ReadPlan { layout, reader, _pin: pin })),
             None => self.read_here(&layout).map(Planned::Read),
         }
+    }
+
+    /// A located read: the image's bytes read here, the objects' named.
+    fn locate(&mut self, l: &Layout) -> Result<Located> {
+        let mut parts = Vec::with_capacity(l.pieces.len());
+        for piece in &l.pieces {
+            match piece {
+                Piece::Bytes { at, data } => parts.push(Part::Bytes { at: *at as u64, data: data.clone() }),
+                Piece::Blocks { file_at, disk_block, csums, .. } if piece.in_object() => {
+                    let (id, block) = crate::fs::objects::object_of(*disk_block).unwrap_or_default();
+                    parts.push(Part::Object { file_at: *file_at, id, block, csums: csums.clone() });
+                }
+                Piece::Blocks { file_at, disk_block, twin, csums } => {
+                    let mut buf = vec![0u8; csums.len() * BLOCK_SIZE];
+                    self.read_blocks_checked(l.ino, *file_at, (*disk_block, *twin), csums, &mut buf)?;
+                    let from = l.offset.max(*file_at);
+                    let to = l.end.min(file_at + buf.len() as u64);
+                    let data = buf[(from - file_at) as usize..(to - file_at) as usize].to_vec();
+                    parts.push(Part::Bytes { at: from - l.offset, data });
+                }
+            }
+        }
+        Ok(Located { offset: l.offset, len: l.len() as u64, parts })
     }
 }
