@@ -113,6 +113,11 @@ enum Command {
         #[arg(long, default_value_t = crest_store::superblock::FORMAT_VERSION,
               value_parser = clap::value_parser!(u32).range(2..=3))]
         format_version: u32,
+        /// Keep big files' data as objects in an S3-compatible store, `s3://BUCKET[/PREFIX]`
+        /// (docs/operations.md); the image keeps the metadata and small files. No keys
+        /// here: the server reads them from AWS_* variables.
+        #[arg(long, value_name = "URL")]
+        data: Option<String>,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -602,7 +607,17 @@ fn upgrade(image: &Path) -> Result<()> {
     Ok(())
 }
 
-fn mkfs(image: &Path, size: Option<u64>, force: bool, meta_copies: u8, version: u32, json: bool) -> Result<()> {
+fn mkfs(
+    image: &Path,
+    size: Option<u64>,
+    force: bool,
+    (meta_copies, version): (u8, u32),
+    data: Option<&str>,
+    json: bool,
+) -> Result<()> {
+    if let Some(url) = data {
+        crest_store::fs::objects::parse_data_url(url).context("--data")?;
+    }
     let exists = image.exists();
     if exists {
         check_overwrite(image, force)?;
@@ -616,13 +631,18 @@ fn mkfs(image: &Path, size: Option<u64>, force: bool, meta_copies: u8, version: 
     Store::mkfs_in_format(Box::new(disk), &MkfsOptions { now: now(), fsid: None, seed: None, meta_copies }, version)
         .with_context(|| format!("creating a file system on {}", image.display()))?;
     let disk = FileDisk::open(image).with_context(|| format!("reopening {}", image.display()))?;
-    let store = Store::open(Box::new(disk)).context("opening the new file system")?;
+    let mut store = Store::open(Box::new(disk)).context("opening the new file system")?;
+    if let Some(url) = data {
+        store.set_data_store(url).context("recording the data URL")?;
+        store.commit().context("recording the data URL")?;
+    }
     let st = store.statfs();
     let fsid: String = store.fsid().iter().map(|b| format!("{b:02x}")).collect();
     if json {
         let v = serde_json::json!({
             "image": image.display().to_string(), "fsid": fsid,
             "block_size": st.block_size, "total_blocks": st.total_blocks, "free_blocks": st.free_blocks,
+            "data": data,
         });
         println!("{v}");
     } else {
@@ -634,6 +654,9 @@ fn mkfs(image: &Path, size: Option<u64>, force: bool, meta_copies: u8, version: 
             (st.total_blocks * u64::from(st.block_size)) >> 20,
             st.free_blocks
         );
+        if let Some(url) = data {
+            println!("file data of big files goes to {url}");
+        }
     }
     Ok(())
 }
@@ -847,8 +870,8 @@ fn main() -> ExitCode {
     }
     let state = trust::state_dir(state_dir.as_ref());
     let result = match command {
-        Command::Mkfs { image, size, force, metadata_copies, format_version, json } => {
-            mkfs(&image, size, force, metadata_copies, format_version, json)
+        Command::Mkfs { image, size, force, metadata_copies, format_version, data, json } => {
+            mkfs(&image, size, force, (metadata_copies, format_version), data.as_deref(), json)
         }
         Command::Upgrade { image } => upgrade(&image),
         Command::Fsck { image, json, repair } => return ExitCode::from(fsck(&image, json, repair)),
@@ -957,6 +980,7 @@ fn main() -> ExitCode {
                 image: image.display().to_string(),
                 io_threads,
                 reads_elsewhere_from: (reads_elsewhere_from > 0).then_some(reads_elsewhere_from),
+                data: data_config_from_env()?,
                 ..Default::default()
             };
             let reread = || reread_serve(&args);
@@ -978,6 +1002,24 @@ fn main() -> ExitCode {
             ExitCode::from(failure)
         }
     }
+}
+
+/// The data store's endpoint and keys from the standard AWS variables, if the keys are
+/// set: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN), AWS_ENDPOINT_URL_S3
+/// or AWS_ENDPOINT_URL (else AWS's own for the region), AWS_REGION or AWS_DEFAULT_REGION.
+fn data_config_from_env() -> Result<Option<crest_serve::DataConfig>> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let (Some(key), Some(secret)) = (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) else {
+        return Ok(None);
+    };
+    let region = var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION")).unwrap_or_else(|| "us-east-1".into());
+    let endpoint = var("AWS_ENDPOINT_URL_S3")
+        .or_else(|| var("AWS_ENDPOINT_URL"))
+        .unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+        anyhow::bail!("AWS_ENDPOINT_URL {endpoint:?}: not an http(s) URL");
+    }
+    Ok(Some(crest_serve::DataConfig { endpoint, region, key, secret, token: var("AWS_SESSION_TOKEN") }))
 }
 
 #[cfg(test)]

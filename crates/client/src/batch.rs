@@ -11,7 +11,7 @@ use crest_proto as p;
 pub fn mentions(op: &p::Op, ino: u64) -> bool {
     use p::Op as O;
     match op {
-        O::StatFs | O::At { .. } | O::AllocInodes { .. } => false,
+        O::StatFs | O::At { .. } | O::AllocInodes { .. } | O::Uploads { .. } => false,
         O::Lookup { parent, .. }
         | O::Create { parent, .. }
         | O::Symlink { parent, .. }
@@ -30,6 +30,7 @@ pub fn mentions(op: &p::Op, ino: u64) -> bool {
         | O::Read { ino: i, .. }
         | O::Write { ino: i, .. }
         | O::WriteBack { ino: i, .. }
+        | O::MapObject { ino: i, .. }
         | O::Append { ino: i, .. }
         | O::Fallocate { ino: i, .. }
         | O::Fsync { ino: i }
@@ -203,6 +204,7 @@ pub fn cancel_pair(ops: &mut [p::Op], time: Option<p::Time>) -> bool {
         match op {
             p::Op::Write { ino: x, .. }
             | p::Op::WriteBack { ino: x, .. }
+            | p::Op::MapObject { ino: x, .. }
             | p::Op::Append { ino: x, .. }
             | p::Op::SetAttr { ino: x, .. }
             | p::Op::Fallocate { ino: x, .. }

@@ -498,6 +498,34 @@ impl NameCache {
         })
     }
 
+    /// Answers a write whose bytes are already in object `id` of the data store
+    /// (`Op::MapObject`): as `write_here`, but an object whose last block is partial must
+    /// reach at least the file's end (its padding would cover the file's bytes).
+    pub fn map_object_here(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        id: u64,
+        csums: &[u32],
+        clock: Clock,
+    ) -> Option<(p::Attr, Writeback)> {
+        let op = |_: &p::Attr| Op::MapObject { ino, offset, len, id, csums: csums.to_vec() };
+        self.change_here("write", ino, clock, op, |a, t| {
+            let Some(end) = offset.checked_add(len).filter(|&e| e <= MAX_WRITEBACK_END) else {
+                return false;
+            };
+            if a.kind != p::FileType::Regular || (!len.is_multiple_of(4096) && a.size_bytes > end) {
+                return false;
+            }
+            a.size_bytes = a.size_bytes.max(end);
+            a.blocks_4k = a.blocks_4k.max(estimated_blocks(a.size_bytes));
+            a.mtime = t;
+            a.ctime = t;
+            true
+        })
+    }
+
     /// Answers a setattr as `Store::setattr` applies it: a truncate (regular files only)
     /// moves mtime; a mode change is left to the server when an access ACL must follow
     /// it; the ctime is the one asked for, or now.

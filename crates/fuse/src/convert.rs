@@ -1,6 +1,6 @@
 //! Pure conversions between the kernel's vocabulary (fuser types, `mode_t`, directory
-//! offsets, xattr buffers) and the wire's (`crest_proto`). No I/O, no state: everything
-//! here is unit-tested.
+//! offsets, xattr buffers) and the wire's (`crest_proto`). No I/O, and no state but the
+//! `st_blksize` the mount reports (`set_reported_blksize`): everything here is unit-tested.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,6 +9,20 @@ use fuser::{FileAttr, FileType, INodeNo, TimeOrNow};
 
 /// `st_blksize` reported for every file: crest's block size.
 pub const BLOCK_SIZE_BYTES: u32 = 4096;
+
+/// What `st_blksize` says: crest's block size, or on a mount whose big writes go to
+/// objects, an object's worth (as CephFS and NFS report their object or wsize), so that
+/// `cp` and stdio write in pieces that size.
+static REPORTED_BLKSIZE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(BLOCK_SIZE_BYTES);
+
+/// Sets what `st_blksize` says from now on.
+pub fn set_reported_blksize(bytes: u32) {
+    REPORTED_BLKSIZE.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn reported_blksize() -> u32 {
+    REPORTED_BLKSIZE.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// FUSE offset that follows ".": the next call starts with "..".
 pub const DOT_OFFSET: u64 = 1;
@@ -132,7 +146,7 @@ pub fn file_attr(a: &p::Attr) -> FileAttr {
         uid: a.uid,
         gid: a.gid,
         rdev: a.rdev as u32,
-        blksize: BLOCK_SIZE_BYTES,
+        blksize: reported_blksize(),
         flags: 0,
     }
 }

@@ -49,6 +49,7 @@ use crate::caller::{self, Caller};
 
 mod answer;
 mod local;
+mod objects;
 mod privs;
 mod readahead;
 mod recall;
@@ -170,6 +171,8 @@ pub struct CrestFs {
     posix_acls: bool,
     /// When a read changes the file's access time.
     atime: Atime,
+    /// Transfers of file data in the data store's objects (`fs/objects.rs`).
+    objects: objects::ObjectIo,
 }
 
 /// `FUSE_NOTIFY_INC_EPOCH` (include/uapi/linux/fuse.h, protocol 7.44); it has no body.
@@ -283,10 +286,11 @@ impl CrestFs {
         client.set_rights(Arc::new(CacheRights { names: names.clone() }));
         client.set_interrupt_check(Box::new(caller::interrupted));
         client.set_caller_source(Box::new(caller::current));
+        let op_timeout = client.op_timeout();
         let client = Arc::new(client);
         let prefetch = Arc::new(readahead::ReadAhead::default());
         let behind = readahead::Behind::spawn(&client, &names, &prefetch);
-        CrestFs {
+        let fs = CrestFs {
             client,
             ttl: Duration::ZERO,
             next_fh: AtomicU64::new(1),
@@ -306,7 +310,10 @@ impl CrestFs {
             shared_kernel_names: true,
             posix_acls: true,
             atime: Atime::Relative,
-        }
+            objects: objects::ObjectIo::new(op_timeout),
+        };
+        fs.probe_objects();
+        fs
     }
 
     /// When reads change access times (the mount's atime options); relatime by default.
@@ -936,6 +943,16 @@ impl Filesystem for CrestFs {
         // client's append may have outdated; the server appends at the real end, or, under
         // exclusive rights, this mount at the end it holds.
         let append = flags.0 & libc::O_APPEND != 0;
+        // A big write in order goes to an object of the data store (`fs/objects.rs`).
+        if !append && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) && self.wants_object(offset, data.len()) {
+            if let Some(r) = self.write_object(ino.0, offset, data) {
+                drop(io);
+                return match r {
+                    Ok(_) => reply.written(len),
+                    Err(e) => reply.error(self.fail(&e)),
+                };
+            }
+        }
         if self.change_locally(ino.0, data.len(), |c, clock| c.write_here(ino.0, offset, data, append, clock)).is_some()
         {
             drop(io);

@@ -286,6 +286,11 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
+    /// How long a call may wait for its answer (the mount's `--timeout`).
+    pub fn op_timeout(&self) -> Duration {
+        self.opts.op_timeout
+    }
+
     /// Connects (waiting up to `connect_timeout` for the first handshake) and starts the
     /// connection thread.
     pub fn connect(addr: &str, opts: ClientOptions) -> Result<Client, ClientError> {

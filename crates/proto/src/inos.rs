@@ -9,7 +9,7 @@ impl Op {
     /// Rewrites every inode number the operation names with `f`.
     pub fn map_inos(&mut self, f: &mut dyn FnMut(u64) -> u64) {
         match self {
-            Op::StatFs | Op::At { .. } | Op::AllocInodes { .. } => {}
+            Op::StatFs | Op::At { .. } | Op::AllocInodes { .. } | Op::Uploads { .. } => {}
             Op::Lookup { parent, .. }
             | Op::Create { parent, .. }
             | Op::Symlink { parent, .. }
@@ -32,6 +32,7 @@ impl Op {
             | Op::Read { ino, .. }
             | Op::Write { ino, .. }
             | Op::WriteBack { ino, .. }
+            | Op::MapObject { ino, .. }
             | Op::Append { ino, .. }
             | Op::Fallocate { ino, .. }
             | Op::Fsync { ino }
@@ -71,7 +72,9 @@ impl Reply {
             | Reply::StatFs(_)
             | Reply::Done
             | Reply::Inodes { .. }
-            | Reply::Lock(_) => {}
+            | Reply::Lock(_)
+            | Reply::Uploads(_)
+            | Reply::Located(_) => {}
         }
     }
 }

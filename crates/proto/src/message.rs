@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 /// an older server (whose `Refused::version` it also speaks) says hello again in that
 /// version. `Hello`, `Admin`, `Join` and `Refused` keep their layout in every version, so
 /// that any two releases can tell each other which version they speak (docs/protocol.md §1).
-pub const PROTOCOL_VERSION: u32 = 15;
+pub const PROTOCOL_VERSION: u32 = 16;
 /// The oldest protocol version this code still speaks (what each version added:
 /// docs/protocol.md §1).
 pub const OLDEST_PROTOCOL_VERSION: u32 = 13;
@@ -20,6 +20,9 @@ pub const PROTOCOL_WELCOME_NAMES_RELEASE: u32 = 14;
 /// Version 15: a getattr of a directory other sessions are changing may be answered with
 /// `Reply::AttrOnly` (the attributes, no right to cache them).
 pub const PROTOCOL_ATTR_ONLY: u32 = 15;
+/// Version 16: file data in an object store (docs/objects.md): `Op::Uploads`,
+/// `Op::MapObject`, and reads answered with `Reply::Located`.
+pub const PROTOCOL_OBJECTS: u32 = 16;
 
 /// The version a server at `PROTOCOL_VERSION` speaks to a client whose newest is
 /// `client`: the newer of those both speak, or why there is none.
@@ -503,6 +506,75 @@ pub enum Op {
         offset: u64,
         data: Vec<u8>,
     },
+    /// Object ids (1 to `MAX_UPLOADS`) this session may upload file data to, each with a
+    /// URL to PUT it (protocol 16; an image keeping its data in an object store). Durable
+    /// before the reply: an id is never granted twice.
+    Uploads {
+        count: u32,
+    },
+    /// Maps uploaded object `id` (granted to this session) over file bytes
+    /// `[offset, offset + len)` (`offset` block-aligned): the object holds `csums.len()`
+    /// blocks of 4 KiB, the last zero-padded past `len`, each with its CRC-32C. A write:
+    /// the file grows to `offset + len` if shorter.
+    MapObject {
+        ino: u64,
+        offset: u64,
+        len: u64,
+        id: u64,
+        csums: Vec<u32>,
+    },
+}
+
+/// Most object ids one `Op::Uploads` grants.
+pub const MAX_UPLOADS: u32 = 64;
+/// Most blocks (4 KiB) one object holds.
+pub const MAX_OBJECT_BLOCKS: u64 = 1 << 14;
+
+/// An object id to upload to and the presigned URL to PUT it with (the request must send
+/// the header `If-None-Match: *`, which the URL signs: an object is written once).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Upload {
+    /// The object id, to name in `Op::MapObject`.
+    pub id: u64,
+    /// Presigned PUT URL.
+    pub url: String,
+}
+
+/// A read of a file whose data is partly in objects: `Reply::Located`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Located {
+    /// File offset of the read's first byte.
+    pub offset: u64,
+    /// Bytes the read returns (clipped to the file); what no part covers reads as zeros.
+    pub len: u64,
+    /// Where they come from.
+    pub parts: Vec<LocatedPart>,
+}
+
+/// Part of a located read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LocatedPart {
+    /// Bytes of the read from offset `at` in it.
+    Bytes {
+        /// Offset in the read.
+        at: u64,
+        /// The bytes.
+        #[serde(with = "crate::checked")]
+        data: Vec<u8>,
+    },
+    /// File bytes from `file_at` (block-aligned) are blocks `block..` of the object that
+    /// `url` (a presigned GET) names, one CRC-32C each; the reader fetches the blocks the
+    /// read needs (a ranged GET) and checks them.
+    Object {
+        /// File offset of the object's block `block`.
+        file_at: u64,
+        /// First block of the object the part covers.
+        block: u64,
+        /// CRC-32C of each block.
+        csums: Vec<u32>,
+        /// Presigned GET URL of the object.
+        url: String,
+    },
 }
 
 impl Op {
@@ -525,6 +597,8 @@ impl Op {
             Op::Read { .. } => "read",
             Op::Write { .. } => "write",
             Op::WriteBack { .. } => "write_back",
+            Op::Uploads { .. } => "uploads",
+            Op::MapObject { .. } => "map_object",
             Op::Append { .. } => "append",
             Op::Fallocate { .. } => "fallocate",
             Op::Fsync { .. } => "fsync",
@@ -580,7 +654,7 @@ impl Op {
     /// included; not what a name in it stands for: see `named_entries`).
     pub fn named_inodes(&self) -> Vec<u64> {
         match self {
-            Op::StatFs | Op::At { .. } | Op::AllocInodes { .. } => Vec::new(),
+            Op::StatFs | Op::At { .. } | Op::AllocInodes { .. } | Op::Uploads { .. } => Vec::new(),
             Op::Lookup { parent, .. }
             | Op::Create { parent, .. }
             | Op::Symlink { parent, .. }
@@ -599,6 +673,7 @@ impl Op {
             | Op::Read { ino, .. }
             | Op::Write { ino, .. }
             | Op::WriteBack { ino, .. }
+            | Op::MapObject { ino, .. }
             | Op::Append { ino, .. }
             | Op::Fallocate { ino, .. }
             | Op::Fsync { ino }
@@ -674,6 +749,10 @@ pub enum Reply {
     /// directory other sessions are changing, for sessions of `PROTOCOL_ATTR_ONLY` and
     /// later (docs/protocol.md §4.1 "Shared directories").
     AttrOnly(Attr),
+    /// The answer to `Op::Uploads` (protocol 16).
+    Uploads(Vec<Upload>),
+    /// The answer to a read of a file with data in objects (protocol 16).
+    Located(Located),
 }
 
 /// Why one operation failed: a POSIX errno and a message for the log.

@@ -52,6 +52,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// How long a new connection has to say hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+mod collect;
+pub use crest_server::objects::DataConfig;
 mod exports;
 pub mod limits;
 pub mod metrics;
@@ -155,6 +157,9 @@ pub struct Options {
     /// Reads of at least this many bytes of the disk run on tokio's blocking pool, beside
     /// the store's thread (`reads.rs`); `None`: every read runs on the store's thread.
     pub reads_elsewhere_from: Option<u64>,
+    /// Where the data store of an image that keeps file data in objects is, and its keys
+    /// (docs/objects.md); such an image is not served without them.
+    pub data: Option<crest_server::objects::DataConfig>,
 }
 
 impl Default for Options {
@@ -167,6 +172,7 @@ impl Default for Options {
             image: String::new(),
             io_threads: default_io_threads(),
             reads_elsewhere_from: Some(READS_ELSEWHERE_FROM),
+            data: None,
         }
     }
 }
@@ -217,6 +223,8 @@ enum Ctrl {
     Kill {
         done: oneshot::Sender<Store>,
     },
+    /// The collector deleted these objects (`collect.rs`).
+    ObjectsDeleted(Vec<u64>),
 }
 
 /// A session's messages, in its connection's queue.
@@ -290,6 +298,7 @@ enum Step {
 /// their connections' queues.
 struct StoreTask {
     server: Option<Server>,
+    collector: collect::Collector,
     outboxes: HashMap<SessionId, Outbox>,
     queues: sched::Queues<Cmd>,
     /// Administrative calls that wait (a snapshot waits for clients' writeback), by token.
@@ -361,6 +370,11 @@ impl StoreTask {
             Ctrl::ReadAgain { session, read, reply } => {
                 if let Some(srv) = self.server.as_mut() {
                     let _ = reply.send(srv.read_again(session, &read));
+                }
+            }
+            Ctrl::ObjectsDeleted(ids) => {
+                if let Some(srv) = self.server.as_mut() {
+                    self.collector.done(srv, &ids);
                 }
             }
             Ctrl::SessionsPerIdentity(n) => {
@@ -442,12 +456,14 @@ const MAX_APPLIED_PER_WAKE: usize = 4096;
 /// connection's writer, not one per response.
 async fn store_task(
     server: Server,
-    mut ctrl: mpsc::UnboundedReceiver<Ctrl>,
+    (mut ctrl, ctrl_tx): (mpsc::UnboundedReceiver<Ctrl>, mpsc::WeakUnboundedSender<Ctrl>),
     queues: sched::Queues<Cmd>,
     arrivals: Arrivals,
 ) {
     let ready = queues.ready();
-    let mut task = StoreTask { server: Some(server), outboxes: HashMap::new(), queues, admin_waiting: HashMap::new() };
+    let collector = collect::Collector::new(ctrl_tx);
+    let mut task =
+        StoreTask { server: Some(server), collector, outboxes: HashMap::new(), queues, admin_waiting: HashMap::new() };
     // Wake often enough to release replies whose recalls went unanswered.
     let mut ticker = tokio::time::interval(Duration::from_millis(100));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -482,8 +498,9 @@ async fn store_task(
             // More may wait: back after the delivery.
             ready.notify_one();
         }
-        let StoreTask { server, outboxes, admin_waiting, .. } = &mut task;
+        let StoreTask { server, outboxes, admin_waiting, collector, .. } = &mut task;
         let Some(srv) = server.as_mut() else { return };
+        collector.tick(srv);
         let now = now_ms();
         // Ticks come every 100 ms at most: a longer gap is this thread's own stall.
         if let Some(gap) = now.checked_sub(last_tick).filter(|&g| g > STALL_MS) {
@@ -550,6 +567,8 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
     let queues = sched::Queues::new();
     let ready = queues.ready();
     let mut server = Server::new(store);
+    collect::data_access(&mut server, options.data.as_ref())?;
+    let weak_cmds = cmds.downgrade();
     server.set_sessions_per_identity(options.sessions_per_identity);
     server.set_reads_elsewhere(options.reads_elsewhere_from);
     server.set_release(options.release.clone());
@@ -581,7 +600,7 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
             Some(io) => drop(io.spawn(listening.run())),
             None => drop(store.spawn(listening.run())),
         }
-        store.block_on(store_task(server, rx, queues, store_arrivals));
+        store.block_on(store_task(server, (rx, weak_cmds), queues, store_arrivals));
     })?;
     tracing::info!(%local_addr, tls = matches!(security, Security::Tls(_)), "serving");
     if let Some(addr) = metrics_addr {

@@ -22,6 +22,7 @@ pub mod authz;
 pub mod caps;
 pub mod contention;
 pub mod convert;
+pub mod objects;
 pub use crest_proto::locks;
 pub mod session;
 mod space;

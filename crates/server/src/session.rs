@@ -26,6 +26,7 @@ mod datasets;
 mod dispatch;
 mod durability;
 mod lease;
+mod objects;
 mod parking;
 use parking::Pin;
 mod elsewhere;
@@ -275,6 +276,8 @@ pub struct Server {
     seen_generation: u64,
     /// File data bytes written since that generation.
     written_since_commit: u64,
+    /// Access to the image's data store (`objects.rs`), when it keeps file data there.
+    data: Option<crate::objects::DataAccess>,
     /// Inodes changed since the last commit, by the one session that changed them (the
     /// inode-number counter as `ALLOCATOR`). A change by another session that involves one
     /// is committed before it is answered, so no session's change ever builds on another's
@@ -515,6 +518,7 @@ impl Server {
             next_session,
             seen_generation,
             written_since_commit: 0,
+            data: None,
             unsettled: HashMap::new(),
             settling_commits: 0,
             caps: Caps::default(),
@@ -990,6 +994,7 @@ impl Server {
             Op::Read { ino, .. }
             | Op::Write { ino, .. }
             | Op::WriteBack { ino, .. }
+            | Op::MapObject { ino, .. }
             | Op::Append { ino, .. }
             | Op::Fallocate { ino, .. }
             | Op::SetLock { ino, .. }
@@ -1082,6 +1087,7 @@ impl Server {
             if let Err(e) = self.store.delete_session_record(id) {
                 tracing::warn!(session = id, "cannot drop the session record: {e}");
             }
+            self.end_grants(id);
             // (In inode order: the order orphans go decides the store's layout, which a
             // simulator's seed must reproduce.)
             let mut open: Vec<(u64, usize)> = s.open.into_iter().map(|(ino, h)| (ino, h.len())).collect();

@@ -21,13 +21,13 @@ struct Bucket(Arc<Mutex<HashMap<u64, Vec<u8>>>>);
 
 impl Bucket {
     fn get(&self, id: u64) -> Option<Vec<u8>> {
-        self.0.lock().unwrap().get(&id).cloned()
+        self.0.lock().expect("bucket").get(&id).cloned()
     }
     fn put(&self, id: u64, data: Vec<u8>) {
-        assert!(self.0.lock().unwrap().insert(id, data).is_none(), "object {id} written twice");
+        assert!(self.0.lock().expect("bucket").insert(id, data).is_none(), "object {id} written twice");
     }
     fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
+        self.0.lock().expect("bucket").len()
     }
 }
 
@@ -109,7 +109,7 @@ fn read_all(s: &mut Store, bucket: &Bucket, ino: u64) -> Result<Vec<u8>, String>
 fn collect(s: &mut Store, bucket: &Bucket) -> usize {
     let ids = s.gone_objects(1000).expect("gone");
     for id in &ids {
-        bucket.0.lock().unwrap().remove(id);
+        bucket.0.lock().expect("bucket").remove(id);
     }
     s.objects_deleted(&ids).expect("deleted");
     ids.len()
@@ -188,7 +188,7 @@ fn object_extents_follow_the_model_and_nothing_referenced_is_deleted_or_leaked()
                     }
                     let data: Vec<u8> = (0..len).map(|i| fill ^ (i % 251) as u8).collect();
                     put_object(&mut s, &bucket, session, ino, offset, &data);
-                    let f = files.get_mut(&ino).unwrap();
+                    let f = files.get_mut(&ino).expect("file");
                     if f.len() < (offset + len) as usize {
                         f.resize((offset + len) as usize, 0);
                     }
@@ -199,7 +199,7 @@ fn object_extents_follow_the_model_and_nothing_referenced_is_deleted_or_leaked()
                     let offset = r.below(size + 9000);
                     let data = vec![fill; 1 + r.below(9000) as usize];
                     s.write(ino, offset, &data, t(6)).unwrap_or_else(|e| panic!("{ctx}: write: {e}"));
-                    let f = files.get_mut(&ino).unwrap();
+                    let f = files.get_mut(&ino).expect("file");
                     let end = offset as usize + data.len();
                     if f.len() < end {
                         f.resize(end, 0);
@@ -210,14 +210,14 @@ fn object_extents_follow_the_model_and_nothing_referenced_is_deleted_or_leaked()
                     let new = r.below(size + 20_000);
                     s.setattr(ino, &SetAttr { size: Some(new), ..Default::default() }, t(7))
                         .unwrap_or_else(|e| panic!("{ctx}: truncate: {e}"));
-                    files.get_mut(&ino).unwrap().resize(new as usize, 0);
+                    files.get_mut(&ino).expect("file").resize(new as usize, 0);
                 }
                 6 => {
                     let offset = r.below(size + 1);
                     let len = r.below(300_000);
                     let punch = FallocateMode { keep_size: true, punch_hole: true, ..FallocateMode::default() };
                     s.fallocate(ino, offset, len, punch, t(8)).unwrap_or_else(|e| panic!("{ctx}: punch: {e}"));
-                    let f = files.get_mut(&ino).unwrap();
+                    let f = files.get_mut(&ino).expect("file");
                     let end = (offset + len).min(f.len() as u64) as usize;
                     if (offset as usize) < end {
                         f[offset as usize..end].fill(0);
@@ -263,7 +263,7 @@ fn object_extents_follow_the_model_and_nothing_referenced_is_deleted_or_leaked()
         }
         assert!(
             matches!(
-                s.map_object(session + 1, *files.keys().next().unwrap(), 0, 1, ids[0], &[0], t(9)),
+                s.map_object(session + 1, *files.keys().next().expect("a file"), 0, 1, ids[0], &[0], t(9)),
                 Err(Error::NotPermitted(_))
             ),
             "an id granted to another session mapped"

@@ -16,6 +16,8 @@ pub(super) fn unexpected(op: &'static str, r: &Reply) -> Error {
         Reply::Inodes { .. } => "Inodes",
         Reply::Lock(_) => "Lock",
         Reply::AttrOnly(_) => "AttrOnly",
+        Reply::Uploads(_) => "Uploads",
+        Reply::Located(_) => "Located",
     };
     Error::Protocol { op, got: got.into() }
 }

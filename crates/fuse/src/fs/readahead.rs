@@ -150,9 +150,9 @@ impl CrestFs {
     pub(super) fn read_at_server(&self, ino: u64, read: Op) -> Result<Vec<u8>, Error> {
         let (now, behind) = self.prefetch.state().batch_for(ino, self.behind.is_some());
         let r = if now.is_empty() {
-            self.one("read", read)
+            self.one("read", read.clone())
         } else {
-            read_with(&self.client, &self.names, &self.prefetch, Some(read), &now)
+            read_with(&self.client, &self.names, &self.prefetch, Some(read.clone()), &now)
                 .map_err(|source| Error::Client { op: "read", source })
                 .and_then(|mut r| r.pop().ok_or_else(|| Error::Protocol { op: "read", got: "no result".into() }))
                 .and_then(|r| r.map_err(|e| Error::server("read", e)))
@@ -162,6 +162,6 @@ impl CrestFs {
         if let Some(b) = &self.behind {
             b.send(&self.prefetch, behind);
         }
-        r.and_then(|r| want_data("read", r))
+        r.and_then(|r| self.read_answer(ino, &read, r))
     }
 }

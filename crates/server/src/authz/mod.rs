@@ -174,6 +174,7 @@ pub fn check(
         | Op::At { .. }
         | Op::Reassert { .. }
         | Op::AllocInodes { .. }
+        | Op::Uploads { .. }
         | Op::ListXattr { .. } => Ok(()),
         // "." and ".." name the inode itself and its parent: what GetAttr tells anyone.
         Op::Lookup { name, .. } if name == b"." || name == b".." => Ok(()),
@@ -182,9 +183,11 @@ pub fn check(
         Op::Open { ino, access, .. } => c.open(*ino, *access),
         // Execute permission lets the kernel read a file it runs.
         Op::Read { ino, .. } => c.through_open(*ino, acl::MAY_READ | acl::MAY_EXEC, acl::MAY_READ),
-        Op::Write { ino, .. } | Op::WriteBack { ino, .. } | Op::Append { ino, .. } | Op::Fallocate { ino, .. } => {
-            c.through_open(*ino, acl::MAY_WRITE, acl::MAY_WRITE)
-        }
+        Op::Write { ino, .. }
+        | Op::WriteBack { ino, .. }
+        | Op::MapObject { ino, .. }
+        | Op::Append { ino, .. }
+        | Op::Fallocate { ino, .. } => c.through_open(*ino, acl::MAY_WRITE, acl::MAY_WRITE),
         // flock takes either kind through any descriptor; fcntl a read lock through one
         // open for reading, a write lock through one open for writing.
         Op::SetLock { ino, flock: true, kind: p::LockKind::Read | p::LockKind::Write, .. } => {
@@ -267,7 +270,9 @@ fn changes(op: &Op) -> bool {
         | Op::RemoveXattr { .. }
         | Op::CreateAt { .. }
         | Op::SymlinkAt { .. }
-        | Op::AllocInodes { .. } => true,
+        | Op::AllocInodes { .. }
+        | Op::Uploads { .. }
+        | Op::MapObject { .. } => true,
         Op::Lookup { .. }
         | Op::GetAttr { .. }
         | Op::ReadDir { .. }

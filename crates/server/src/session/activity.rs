@@ -21,6 +21,11 @@ pub(super) struct Activity {
     /// those whose plan failed and were read again on it.
     pub(super) reads_elsewhere: u64,
     pub(super) reads_again: u64,
+    /// Objects mapped into files, reads answered with object locations, objects the
+    /// collector deleted (`objects.rs`).
+    pub(super) objects_mapped: u64,
+    pub(super) reads_located: u64,
+    pub(super) objects_deleted: u64,
     pub(super) recalls: u64,
     pub(super) fences: u64,
     errors: BTreeMap<i32, u64>,
@@ -58,6 +63,9 @@ impl Activity {
         let _ = out.add("client_bytes_read", Value::U64(self.bytes_read));
         let _ = out.add("reads_elsewhere", Value::U64(self.reads_elsewhere));
         let _ = out.add("reads_again", Value::U64(self.reads_again));
+        let _ = out.add("objects_mapped", Value::U64(self.objects_mapped));
+        let _ = out.add("reads_located", Value::U64(self.reads_located));
+        let _ = out.add("objects_deleted", Value::U64(self.objects_deleted));
         let _ = out.add("recalls", Value::U64(self.recalls));
         let _ = out.add("fences", Value::U64(self.fences));
         let mut errors = NvList::new();

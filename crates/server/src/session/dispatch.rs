@@ -55,7 +55,11 @@ pub(super) fn carried(op_inode: Option<u64>, reply: &Reply) -> Vec<u64> {
         | Reply::Done
         | Reply::Inodes { .. }
         | Reply::Lock(_)
-        | Reply::AttrOnly(_) => {}
+        | Reply::AttrOnly(_)
+        | Reply::Uploads(_) => {}
+        // (A located read carries the file's data, as `Data` does: the reply's inode
+        // is the op's.)
+        Reply::Located(_) => {}
     }
     v
 }
@@ -88,6 +92,7 @@ impl Server {
         match op {
             Op::SetAttr { ino, .. }
             | Op::Write { ino, .. }
+            | Op::MapObject { ino, .. }
             | Op::Append { ino, .. }
             | Op::Fallocate { ino, .. }
             | Op::SetXattr { ino, .. }
@@ -169,7 +174,7 @@ impl Server {
             | Op::StatFs
             | Op::GetXattr { .. }
             | Op::ListXattr { .. }
-            | Op::GetLock { .. } => self.apply_read(session, op),
+            | Op::GetLock { .. } => self.apply_read(session, op, now),
             Op::Create { .. }
             | Op::Symlink { .. }
             | Op::Link { .. }
@@ -190,12 +195,16 @@ impl Server {
             | Op::Fallocate { .. }
             | Op::Fsync { .. }
             | Op::WriteBack { .. } => self.apply_data(session, op, now_s),
+            Op::Uploads { count } => self.uploads(session, *count, now),
+            Op::MapObject { ino, offset, len, id, csums } => {
+                self.map_object(session, (*ino, *offset, *len), *id, csums, now_s)
+            }
             _ => self.apply_other(session, op, now_s),
         }
     }
 
     /// Operations that read.
-    fn apply_read(&mut self, session: SessionId, op: Op) -> Result<Reply, Failure> {
+    fn apply_read(&mut self, session: SessionId, op: Op, now: p::Time) -> Result<Reply, Failure> {
         let st = &mut self.store;
         match op {
             // A client decoding a file handle asks for an inode by number ("." of it) or
@@ -248,7 +257,9 @@ impl Server {
                 Ok(Reply::Dir { items, end, next_index })
             }
             Op::ReadLink { ino } => Ok(st.readlink(ino).map(Reply::Data)?),
-            Op::Read { ino, offset, len } => Ok(self.read_or_plan(ino, offset, u64::from(len.min(p::MAX_IO_BYTES)))?),
+            Op::Read { ino, offset, len } => {
+                Ok(self.read_or_plan(session, ino, offset, u64::from(len.min(p::MAX_IO_BYTES)), now)?)
+            }
             Op::StatFs => {
                 let root = self.root_of_session(session);
                 let f = self.store.dataset_statfs(root)?;

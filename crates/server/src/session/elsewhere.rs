@@ -107,14 +107,29 @@ impl Server {
         self.elsewhere.planned.take()
     }
 
-    /// `Op::Read`: read here, or planned when the request allows it.
-    pub(super) fn read_or_plan(&mut self, ino: u64, offset: u64, len: u64) -> crest_store::Result<Reply> {
+    /// `Op::Read`: read here, or planned when the request allows it; a read of data in
+    /// objects is located (the client fetches it), or, for a client of a protocol before
+    /// objects, read here from the data store.
+    pub(super) fn read_or_plan(
+        &mut self,
+        session: SessionId,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        now: p::Time,
+    ) -> crest_store::Result<Reply> {
         let from = match self.elsewhere.from_bytes {
-            Some(from) if self.elsewhere.may_plan && !self.space.low() => from,
-            _ => return self.store.read(ino, offset, len).map(Reply::Data),
+            Some(from) if self.elsewhere.may_plan && !self.space.low() => Some(from),
+            _ => None,
         };
-        match self.store.plan_read(ino, offset, len, from)? {
+        let locates = self.locates_objects(session);
+        if from.is_none() && !locates {
+            return self.store.read(ino, offset, len).map(Reply::Data);
+        }
+        match self.store.plan_read(ino, offset, len, from.unwrap_or(u64::MAX))? {
             Planned::Read(bytes) => Ok(Reply::Data(bytes)),
+            Planned::Located(l) if locates => Ok(self.located_reply(l, now)),
+            Planned::Located(_) => self.store.read(ino, offset, len).map(Reply::Data),
             Planned::Elsewhere(plan) => {
                 self.activity.reads_elsewhere += 1;
                 self.elsewhere.planned = Some(PlannedRead { plan: Arc::new(plan), ino, offset, len });

@@ -84,6 +84,7 @@ impl Server {
             if let Err(e) = self.store.delete_session_record(id) {
                 tracing::warn!(session = id, "cannot drop a fenced session's marker: {e}");
             }
+            self.end_grants(id);
         }
     }
 

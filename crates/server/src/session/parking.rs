@@ -226,7 +226,10 @@ impl Server {
         let mut targets: BTreeMap<SessionId, Vec<u64>> = BTreeMap::new();
         for op in &req.ops {
             let ino = match op {
-                Op::Write { ino, .. } | Op::Append { ino, .. } | Op::Fallocate { ino, .. } => *ino,
+                Op::Write { ino, .. }
+                | Op::MapObject { ino, .. }
+                | Op::Append { ino, .. }
+                | Op::Fallocate { ino, .. } => *ino,
                 Op::SetAttr { ino, set } if set.size_bytes.is_some() => *ino,
                 _ => continue,
             };

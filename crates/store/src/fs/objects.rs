@@ -246,6 +246,19 @@ impl Store {
         Ok(ids.len())
     }
 
+    /// Ends one grant of `session` (a map of it failed): the id goes on the gone list.
+    pub fn release_grant(&mut self, session: u64, id: u64) -> Result<()> {
+        let key = grant_key(id);
+        match self.root_tree.get(&mut self.pager, &key)? {
+            Some(v) if le_u64_at(&v, key)? == session => {}
+            _ => return Ok(()),
+        }
+        self.select(crate::datasets::DEFAULT_DATASET)?;
+        self.reserve(0, true)?;
+        self.root_tree.delete(&mut self.pager, &key)?;
+        self.mark_gone(id)
+    }
+
     /// Maps object `id` (granted to `session`) over file bytes `[offset, offset + len)`
     /// of regular file `ino`: the object holds `csums.len()` blocks, the last zero-padded
     /// past `len`; what was mapped there is dropped. `offset` is block-aligned; the file

@@ -1,0 +1,202 @@
+//! File data in the data store's objects (docs/objects.md), moved by the mount itself:
+//! a big write is PUT as a new object with a URL the server granted (`Op::Uploads`) and
+//! then mapped into the file (`Op::MapObject`), answered here under exclusive rights and
+//! written back like any write, or sent and waited for; a read the server answers
+//! `Located` is fetched from the objects and every block checked against its CRC-32C.
+//! The server never carries these bytes.
+//!
+//! Which writes: at least `OBJECT_MIN_BYTES`, at a block-aligned offset (a whole object's
+//! worth of a file written in order: a `cp`'s or a `dd`'s); smaller ones go to the image
+//! as before. An image without a data store answers the first `Uploads` with EOPNOTSUPP
+//! and the mount stops asking.
+
+use super::*;
+use crest_objects::{block_sums, first_bad_block, TransferError, Transfers, BLOCK_BYTES};
+use std::sync::atomic::AtomicU8;
+
+/// The smallest write that goes to an object.
+pub const OBJECT_MIN_BYTES: usize = 1 << 20;
+/// Ids asked for at once.
+const UPLOADS_PER_ASK: u32 = 16;
+/// A granted URL older than this is not used (the server signs them for 15 minutes).
+const URL_FRESH: Duration = Duration::from_secs(10 * 60);
+/// Reads asked again when an object was gone or its URL refused (an overwrite and the
+/// collector got there between the answer and the fetch).
+const READ_ATTEMPTS: usize = 3;
+
+const UNKNOWN: u8 = 0;
+const ON: u8 = 1;
+const OFF: u8 = 2;
+
+/// The mount's object transfers and the ids it holds to upload to.
+pub(super) struct ObjectIo {
+    transfers: Transfers,
+    state: AtomicU8,
+    pool: Mutex<Vec<(p::Upload, Instant)>>,
+}
+
+impl std::fmt::Debug for ObjectIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ObjectIo {{ state: {} }}", self.state.load(Ordering::Relaxed))
+    }
+}
+
+impl ObjectIo {
+    pub(super) fn new(deadline: Duration) -> ObjectIo {
+        ObjectIo { transfers: Transfers::new(deadline), state: AtomicU8::new(UNKNOWN), pool: Mutex::new(Vec::new()) }
+    }
+}
+
+fn transfer_error(op: &'static str, e: &TransferError) -> Error {
+    tracing::warn!("{op}: {e}");
+    Error::Server { op, errno: libc::EIO, message: e.to_string() }
+}
+
+impl CrestFs {
+    /// Whether a write of `len` bytes at `offset` goes to an object.
+    pub(super) fn wants_object(&self, offset: u64, len: usize) -> bool {
+        len >= OBJECT_MIN_BYTES
+            && offset.is_multiple_of(BLOCK_BYTES as u64)
+            && self.objects.state.load(Ordering::Relaxed) != OFF
+            && self.client.view().protocol >= p::PROTOCOL_OBJECTS
+    }
+
+    /// Asks the server once, as the mount starts, whether it keeps file data in objects
+    /// (and takes the first ids): if so, `st_blksize` says an object's worth.
+    pub(super) fn probe_objects(&self) {
+        if self.client.view().protocol < p::PROTOCOL_OBJECTS {
+            return;
+        }
+        if let Some(u) = self.next_upload() {
+            lock(&self.objects.pool).push((u, Instant::now()));
+            crate::convert::set_reported_blksize(OBJECT_MIN_BYTES as u32);
+        }
+    }
+
+    /// A fresh id and URL to upload to; `None` when the server keeps no data in objects
+    /// (or cannot grant now: the write goes to the image).
+    fn next_upload(&self) -> Option<p::Upload> {
+        {
+            let mut pool = lock(&self.objects.pool);
+            pool.retain(|(_, at)| at.elapsed() < URL_FRESH);
+            if let Some((u, _)) = pool.pop() {
+                return Some(u);
+            }
+        }
+        match self.one("uploads", Op::Uploads { count: UPLOADS_PER_ASK }) {
+            Ok(Reply::Uploads(mut ups)) if !ups.is_empty() => {
+                self.objects.state.store(ON, Ordering::Relaxed);
+                let first = ups.pop();
+                let now = Instant::now();
+                lock(&self.objects.pool).extend(ups.into_iter().map(|u| (u, now)));
+                first
+            }
+            Err(e) if e.errno() == Errno::EOPNOTSUPP => {
+                tracing::debug!("no data store behind this server: writes stay in its image");
+                self.objects.state.store(OFF, Ordering::Relaxed);
+                None
+            }
+            Ok(r) => {
+                tracing::warn!("{}", unexpected("uploads", &r));
+                None
+            }
+            Err(e) => {
+                tracing::debug!("{e}");
+                None
+            }
+        }
+    }
+
+    /// Writes `data` at `offset` of `ino` as a new object: uploaded, then mapped here
+    /// (exclusive rights: written back later) or through the server. `None`: not done
+    /// (no id to be had); write it the usual way.
+    pub(super) fn write_object(&self, ino: u64, offset: u64, data: &[u8]) -> Option<Result<p::Attr, Error>> {
+        let upload = self.next_upload()?;
+        let padded_len = data.len().div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        let padded: std::borrow::Cow<'_, [u8]> = if padded_len == data.len() {
+            data.into()
+        } else {
+            let mut v = data.to_vec();
+            v.resize(padded_len, 0);
+            v.into()
+        };
+        let csums = block_sums(&padded);
+        if let Err(e) = self.objects.transfers.put_once(&upload.url, &padded) {
+            return Some(Err(transfer_error("write", &e)));
+        }
+        let (len, id) = (data.len() as u64, upload.id);
+        let here = self.change_locally(ino, 0, |c, clock| c.map_object_here(ino, offset, len, id, &csums, clock));
+        if let Some(a) = here {
+            return Some(Ok(a));
+        }
+        let since = self.stamp();
+        let r = self.one("write", Op::MapObject { ino, offset, len, id, csums }).and_then(|r| want_attr("write", r));
+        Some(r.inspect(|a| {
+            lock(&self.inodes).changed_here(a);
+            self.attr_changed(a, since);
+        }))
+    }
+
+    /// The bytes of a located read: the image's as given, the objects' fetched and
+    /// checked. `Ok(None)`: an object was gone or refused its URL (ask again).
+    pub(super) fn fetch_located(&self, ino: u64, l: &p::Located) -> Result<Option<Vec<u8>>, Error> {
+        let len = usize::try_from(l.len).ok().filter(|&n| n <= MAX_IO_BYTES as usize);
+        let bad = |why: String| Error::Protocol { op: "read", got: why };
+        let Some(len) = len else { return Err(bad(format!("a located read of {} bytes", l.len))) };
+        let (start, end) = (l.offset, l.offset + len as u64);
+        let mut out = vec![0u8; len];
+        for part in &l.parts {
+            match part {
+                p::LocatedPart::Bytes { at, data } => {
+                    let at = usize::try_from(*at).unwrap_or(usize::MAX);
+                    let slot = at.checked_add(data.len()).and_then(|e| out.get_mut(at..e));
+                    slot.ok_or_else(|| bad(format!("{} bytes at {at} of a read of {len}", data.len())))?
+                        .copy_from_slice(data);
+                }
+                p::LocatedPart::Object { file_at, block, csums, url } => {
+                    let n = csums.len() as u64 * BLOCK_BYTES as u64;
+                    let (from, to) = (start.max(*file_at), end.min(file_at.saturating_add(n)));
+                    if from >= to || !file_at.is_multiple_of(BLOCK_BYTES as u64) {
+                        return Err(bad(format!("object part at {file_at} outside the read {start}..{end}")));
+                    }
+                    // The blocks the read needs, fetched whole so each can be checked.
+                    let (b0, b1) = ((from - file_at) / BLOCK_BYTES as u64, (to - file_at).div_ceil(BLOCK_BYTES as u64));
+                    let at = (block + b0) * BLOCK_BYTES as u64;
+                    let got = match self.objects.transfers.get_range(url, at, ((b1 - b0) as usize) * BLOCK_BYTES) {
+                        Ok(g) => g,
+                        Err(TransferError::NotFound | TransferError::Refused(403, _)) => return Ok(None),
+                        Err(e) => return Err(transfer_error("read", &e)),
+                    };
+                    if let Some(i) = first_bad_block(&got, &csums[b0 as usize..b1 as usize]) {
+                        let offset = file_at + (b0 + i as u64) * BLOCK_BYTES as u64;
+                        tracing::error!(ino, offset, "checksum mismatch in the data store's object ({url})");
+                        return Err(Error::Server {
+                            op: "read",
+                            errno: libc::EIO,
+                            message: format!("inode {ino}: object block at file offset {offset} is damaged"),
+                        });
+                    }
+                    let skip = (from - file_at - b0 * BLOCK_BYTES as u64) as usize;
+                    out[(from - start) as usize..(to - start) as usize]
+                        .copy_from_slice(&got[skip..skip + (to - from) as usize]);
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// A read's answer as bytes, fetching what is located in objects (asking again when
+    /// an object moved on meanwhile).
+    pub(super) fn read_answer(&self, ino: u64, read: &Op, first: Reply) -> Result<Vec<u8>, Error> {
+        let mut reply = first;
+        for _ in 0..READ_ATTEMPTS {
+            let Reply::Located(l) = reply else { return want_data("read", reply) };
+            if let Some(bytes) = self.fetch_located(ino, &l)? {
+                return Ok(bytes);
+            }
+            tracing::debug!(ino, "an object of a located read is gone: reading again");
+            reply = self.one("read", read.clone())?;
+        }
+        Err(Error::Server { op: "read", errno: libc::EIO, message: format!("inode {ino}: objects kept moving") })
+    }
+}

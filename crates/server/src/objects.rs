@@ -1,0 +1,152 @@
+//! The server's access to the data store of an image that keeps file data in objects
+//! (docs/objects.md): it signs, for each transfer, the URL a client PUTs or GETs one
+//! object with, and the URLs its own collector and scrub DELETE and list with. Clients
+//! never see the store's keys: a URL names one object and one method, and expires.
+//! Sans-I/O: signing takes the time it signs at.
+
+use crest_proto as p;
+use crest_store::fs::objects::DataStore;
+use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
+use std::time::Duration;
+
+/// How long a signed URL stays good. A transfer that outlives it is refused by the store
+/// and asked for again.
+pub const URL_LIFETIME: Duration = Duration::from_secs(15 * 60);
+
+/// Where the data store is and the keys to it (from the server's environment or config,
+/// never from a client).
+#[derive(Clone)]
+pub struct DataConfig {
+    /// `http(s)://host[:port]` of the S3 endpoint.
+    pub endpoint: String,
+    /// The region signed for (`us-east-1` where the store has none).
+    pub region: String,
+    /// Access key id.
+    pub key: String,
+    /// Secret access key.
+    pub secret: String,
+    /// Session token of temporary credentials.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for DataConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DataConfig {{ endpoint: {}, region: {}, key: {} }}", self.endpoint, self.region, self.key)
+    }
+}
+
+/// Signs the URLs of one image's objects.
+pub struct DataAccess {
+    bucket: Bucket,
+    creds: Credentials,
+    /// `PREFIX/crest/<store id>/`: every object of the image is below it.
+    keys_under: String,
+    store: DataStore,
+}
+
+impl DataAccess {
+    /// Access to `store`'s objects with `config`'s endpoint and keys.
+    pub fn new(config: &DataConfig, store: &DataStore) -> Result<DataAccess, String> {
+        let (bucket_name, _) = store.bucket_and_prefix().map_err(|e| e.to_string())?;
+        let endpoint =
+            config.endpoint.parse().map_err(|e| format!("data store endpoint {:?}: {e}", config.endpoint))?;
+        let bucket = Bucket::new(endpoint, UrlStyle::Path, bucket_name, config.region.clone())
+            .map_err(|e| format!("data store endpoint {:?}: {e}", config.endpoint))?;
+        let creds = match &config.token {
+            Some(t) => Credentials::new_with_token(config.key.clone(), config.secret.clone(), t.clone()),
+            None => Credentials::new(config.key.clone(), config.secret.clone()),
+        };
+        let probe = store.object_key(0);
+        let keys_under = probe.trim_end_matches(|c| c != '/').to_string();
+        Ok(DataAccess { bucket, creds, keys_under, store: store.clone() })
+    }
+
+    /// The image's data store.
+    pub fn store(&self) -> &DataStore {
+        &self.store
+    }
+
+    /// The prefix every object of the image's key starts with.
+    pub fn keys_under(&self) -> &str {
+        &self.keys_under
+    }
+
+    /// The object id a key of the image names, if it is one.
+    pub fn id_of_key(&self, key: &str) -> Option<u64> {
+        let hex = key.strip_prefix(&self.keys_under)?;
+        (hex.len() == 16).then(|| u64::from_str_radix(hex, 16).ok()).flatten()
+    }
+
+    /// A URL to PUT object `id` with, once: the request must carry `If-None-Match: *`.
+    pub fn put_url(&self, id: u64, now: p::Time) -> String {
+        let key = self.store.object_key(id);
+        let mut a = self.bucket.put_object(Some(&self.creds), &key);
+        a.headers_mut().insert("if-none-match", "*");
+        a.sign_with_time(URL_LIFETIME, &timestamp(now)).to_string()
+    }
+
+    /// A URL to GET object `id` with (any byte range of it).
+    pub fn get_url(&self, id: u64, now: p::Time) -> String {
+        let key = self.store.object_key(id);
+        self.bucket.get_object(Some(&self.creds), &key).sign_with_time(URL_LIFETIME, &timestamp(now)).to_string()
+    }
+
+    /// A URL to DELETE object `id` with.
+    pub fn delete_url(&self, id: u64, now: p::Time) -> String {
+        let key = self.store.object_key(id);
+        self.bucket.delete_object(Some(&self.creds), &key).sign_with_time(URL_LIFETIME, &timestamp(now)).to_string()
+    }
+
+    /// A URL listing the image's objects (ListObjectsV2), from `token` on.
+    pub fn list_url(&self, token: Option<&str>, now: p::Time) -> String {
+        let mut a = self.bucket.list_objects_v2(Some(&self.creds));
+        a.with_prefix(self.keys_under.clone());
+        if let Some(t) = token {
+            a.with_continuation_token(t.to_string());
+        }
+        a.sign_with_time(URL_LIFETIME, &timestamp(now)).to_string()
+    }
+}
+
+/// Keys and continuation token of a ListObjectsV2 answer.
+pub fn parse_listing(xml: &str) -> Result<(Vec<String>, Option<String>), String> {
+    let r = rusty_s3::actions::ListObjectsV2::parse_response(xml).map_err(|e| format!("object listing: {e}"))?;
+    Ok((r.contents.into_iter().map(|c| c.key).collect(), r.next_continuation_token))
+}
+
+fn timestamp(t: p::Time) -> jiff::Timestamp {
+    jiff::Timestamp::new(t.sec, t.nsec.min(999_999_999) as i32).unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access() -> DataAccess {
+        let config = DataConfig {
+            endpoint: "http://127.0.0.1:7480".into(),
+            region: "us-east-1".into(),
+            key: "KEY".into(),
+            secret: "SECRET".into(),
+            token: None,
+        };
+        let store = DataStore { url: "s3://bucket/pre".into(), store_id: 0xabc };
+        DataAccess::new(&config, &store).expect("access")
+    }
+
+    #[test]
+    fn urls_name_one_object_and_method_and_carry_no_secret() {
+        let a = access();
+        let now = p::Time { sec: 1_800_000_000, nsec: 0 };
+        let put = a.put_url(7, now);
+        assert!(put.starts_with("http://127.0.0.1:7480/bucket/pre/crest/0000000000000abc/0000000000000007?"), "{put}");
+        assert!(put.contains("if-none-match"), "the PUT signs If-None-Match: {put}");
+        assert!(!put.contains("SECRET"));
+        assert_ne!(a.get_url(7, now), a.get_url(8, now));
+        assert_ne!(a.get_url(7, now), put);
+        assert_eq!(a.id_of_key("pre/crest/0000000000000abc/0000000000000007"), Some(7));
+        assert_eq!(a.id_of_key("pre/crest/0000000000000abd/0000000000000007"), None);
+        assert_eq!(a.id_of_key("pre/crest/0000000000000abc/7"), None);
+        assert!(a.list_url(None, now).contains("list-type=2"));
+    }
+}
