@@ -59,6 +59,13 @@ echo "== real mounts: pjdfstest, fsx, kernel-tree round trip, kill -9 (tests/e2e
 bash scripts/install.sh
 bash tests/e2e/run.sh
 
+echo "== file data in objects: a one-node Ceph (scripts/object-store.sh), an image made with --data, two mounts, kill -9, the store stopped, the collector, fsck (tests/e2e/objects.sh)"
+cargo build --release --locked -p crest-benchtools
+ceph_was_up=0
+bash scripts/object-store.sh status >/dev/null 2>&1 && ceph_was_up=1
+bash tests/e2e/objects.sh
+[ "$ceph_was_up" = 1 ] || bash scripts/object-store.sh stop
+
 echo "== the Debian package: built, installed, served by its unit's command, joined from another network namespace, removed (tests/package.sh)"
 bash tests/package.sh
 

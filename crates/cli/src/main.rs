@@ -12,6 +12,7 @@ mod logging;
 mod mount;
 mod mount_metrics;
 mod mountinfo;
+mod objects;
 mod progress;
 mod repair;
 mod sendrecv;
@@ -748,13 +749,19 @@ fn fsck_report(image: &Path) -> Result<check::Report, (u8, anyhow::Error)> {
         progress::Spinner::bytes(&format!("checking {}", image.display()), "read", &counted, progress::QUIET_FOR);
     let checked = check::fsck(Box::new(disk));
     spinner.done();
-    checked.map_err(|e| {
-        let code = match e {
-            crest_store::Error::BadImage(_) if looks_like_crest(image) => exit::FSCK_UNCORRECTED,
-            _ => exit::FSCK_OPERATIONAL,
-        };
-        (code, anyhow::Error::new(e).context(format!("checking {}", image.display())))
-    })
+    let config = data_config_from_env().map_err(op)?;
+    checked
+        .map(|mut r| {
+            objects::check(&mut r, config.as_ref());
+            r
+        })
+        .map_err(|e| {
+            let code = match e {
+                crest_store::Error::BadImage(_) if looks_like_crest(image) => exit::FSCK_UNCORRECTED,
+                _ => exit::FSCK_OPERATIONAL,
+            };
+            (code, anyhow::Error::new(e).context(format!("checking {}", image.display())))
+        })
 }
 
 fn file_size(file: &std::fs::File) -> Result<u64> {

@@ -74,8 +74,9 @@ impl Transfers {
     /// PUTs `body` as a new object (see the module doc for `If-None-Match`).
     pub fn put_once(&self, url: &str, body: &[u8]) -> Result<(), TransferError> {
         let mut first = true;
-        self.retrying("PUT", || {
-            let r = self.agent.put(url).header("If-None-Match", "*").send(body);
+        self.retrying("PUT", |left| {
+            let r =
+                self.agent.put(url).config().timeout_global(Some(left)).build().header("If-None-Match", "*").send(body);
             let tried_before = !std::mem::replace(&mut first, false);
             match answer(r)? {
                 (200..=299, _) => Ok(()),
@@ -91,8 +92,9 @@ impl Transfers {
             return Ok(Vec::new());
         }
         let range = format!("bytes={offset}-{}", offset + len as u64 - 1);
-        self.retrying("GET", || {
-            let mut resp = self.agent.get(url).header("Range", &range).call().map_err(transport)?;
+        self.retrying("GET", |left| {
+            let req = self.agent.get(url).config().timeout_global(Some(left)).build();
+            let mut resp = req.header("Range", &range).call().map_err(transport)?;
             let status = resp.status().as_u16();
             if !(200..=299).contains(&status) {
                 let text = resp.body_mut().with_config().limit(4096).read_to_string().unwrap_or_default();
@@ -114,16 +116,18 @@ impl Transfers {
 
     /// DELETEs the object `url` names; one already gone counts as deleted.
     pub fn delete(&self, url: &str) -> Result<(), TransferError> {
-        self.retrying("DELETE", || match answer(self.agent.delete(url).call())? {
-            (200..=299 | 404, _) => Ok(()),
-            (status, text) => Err(Attempt::from_status(status, text)),
+        self.retrying("DELETE", |left| {
+            match answer(self.agent.delete(url).config().timeout_global(Some(left)).build().call())? {
+                (200..=299 | 404, _) => Ok(()),
+                (status, text) => Err(Attempt::from_status(status, text)),
+            }
         })
     }
 
     /// GETs a small text answer (an object listing), up to 16 MiB.
     pub fn get_text(&self, url: &str) -> Result<String, TransferError> {
-        self.retrying("LIST", || {
-            let mut resp = self.agent.get(url).call().map_err(transport)?;
+        self.retrying("LIST", |left| {
+            let mut resp = self.agent.get(url).config().timeout_global(Some(left)).build().call().map_err(transport)?;
             let status = resp.status().as_u16();
             let text = resp.body_mut().with_config().limit(16 << 20).read_to_string().map_err(transport)?;
             match status {
@@ -134,11 +138,17 @@ impl Transfers {
     }
 
     /// Runs `attempt` until it succeeds, fails for good, or the deadline passes.
-    fn retrying<T>(&self, what: &str, mut attempt: impl FnMut() -> Result<T, Attempt>) -> Result<T, TransferError> {
+    /// Each attempt may take what is left of the deadline.
+    fn retrying<T>(
+        &self,
+        what: &str,
+        mut attempt: impl FnMut(Duration) -> Result<T, Attempt>,
+    ) -> Result<T, TransferError> {
         let start = Instant::now();
         let mut pause = Duration::from_millis(20);
         loop {
-            match attempt() {
+            let left = self.deadline.saturating_sub(start.elapsed()).max(Duration::from_millis(100));
+            match attempt(left) {
                 Ok(v) => return Ok(v),
                 Err(Attempt::Fatal(e)) => return Err(e),
                 Err(Attempt::Again(e)) => {

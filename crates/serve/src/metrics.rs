@@ -177,6 +177,18 @@ pub fn render(st: &NvList) -> String {
     ];
     let planned = "Reads run beside the store's thread since start, and those read again on it (a bad block).";
     metric("crest_planned_reads_total", "counter", planned, &reads);
+    let objects = vec![
+        ("{event=\"mapped\"}".to_string(), st.get_u64("objects_mapped").unwrap_or(0)),
+        ("{event=\"deleted\"}".to_string(), st.get_u64("objects_deleted").unwrap_or(0)),
+    ];
+    let what = "Objects of the data store mapped into files, and deleted by the collector, since start.";
+    metric("crest_objects_total", "counter", what, &objects);
+    metric(
+        "crest_located_reads_total",
+        "counter",
+        "Reads answered with object locations since start.",
+        &one("reads_located"),
+    );
     let queued = "Changes waiting at the server: parked behind another session's rights, or for an earlier answer.";
     metric("crest_changes_in_flight", "gauge", queued, &one("changes_in_flight"));
     metric("crest_recalls_total", "counter", "Recalls of rights sent to clients since start.", &one("recalls"));

@@ -99,8 +99,13 @@ impl DataAccess {
 
     /// A URL listing the image's objects (ListObjectsV2), from `token` on.
     pub fn list_url(&self, token: Option<&str>, now: p::Time) -> String {
+        self.list_url_under(&self.keys_under, token, now)
+    }
+
+    /// A URL listing the bucket's keys under `prefix`, from `token` on.
+    pub fn list_url_under(&self, prefix: &str, token: Option<&str>, now: p::Time) -> String {
         let mut a = self.bucket.list_objects_v2(Some(&self.creds));
-        a.with_prefix(self.keys_under.clone());
+        a.with_prefix(prefix.to_string());
         if let Some(t) = token {
             a.with_continuation_token(t.to_string());
         }
@@ -108,10 +113,34 @@ impl DataAccess {
     }
 }
 
-/// Keys and continuation token of a ListObjectsV2 answer.
+/// Keys and continuation token of a ListObjectsV2 answer. The listing is asked with
+/// `encoding-type=url`; stores differ in what they encode then (RADOS Gateway encodes
+/// `/` too), so every key is decoded.
 pub fn parse_listing(xml: &str) -> Result<(Vec<String>, Option<String>), String> {
     let r = rusty_s3::actions::ListObjectsV2::parse_response(xml).map_err(|e| format!("object listing: {e}"))?;
-    Ok((r.contents.into_iter().map(|c| c.key).collect(), r.next_continuation_token))
+    Ok((r.contents.into_iter().map(|c| percent_decoded(&c.key)).collect(), r.next_continuation_token))
+}
+
+/// `s` with its `%XX` escapes decoded (a malformed one is kept as it is).
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex =
+            b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn timestamp(t: p::Time) -> jiff::Timestamp {
@@ -148,5 +177,14 @@ mod tests {
         assert_eq!(a.id_of_key("pre/crest/0000000000000abd/0000000000000007"), None);
         assert_eq!(a.id_of_key("pre/crest/0000000000000abc/7"), None);
         assert!(a.list_url(None, now).contains("list-type=2"));
+    }
+
+    #[test]
+    fn listed_keys_are_decoded() {
+        assert_eq!(percent_decoded("a%2Fb%2f0000%zz%4"), "a/b/0000%zz%4");
+        let xml = "<?xml version=\"1.0\"?><ListBucketResult><Name>b</Name><Prefix>p/</Prefix><MaxKeys>1000</MaxKeys>\
+            <IsTruncated>false</IsTruncated><Contents><Key>p%2Fcrest%2Fx</Key><LastModified>2026-11-29T13:36:02.925Z</LastModified>\
+            <ETag>e</ETag><Size>6</Size><StorageClass>STANDARD</StorageClass></Contents><KeyCount>1</KeyCount></ListBucketResult>";
+        assert_eq!(parse_listing(xml).expect("listing").0, vec!["p/crest/x".to_string()]);
     }
 }

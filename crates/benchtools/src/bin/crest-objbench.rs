@@ -8,7 +8,7 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use crest_objects::Transfers;
-use crest_server::objects::{DataAccess, DataConfig};
+use crest_server::objects::{parse_listing, DataAccess, DataConfig};
 use crest_store::fs::objects::DataStore;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -23,6 +23,10 @@ struct Args {
     /// Transfers at once.
     #[arg(long, default_value_t = 1)]
     parallel: usize,
+    /// Only count the objects under CREST_DATA_URL's prefix (what a test checks the
+    /// collector left) and print the number.
+    #[arg(long)]
+    count_objects: bool,
 }
 
 fn now() -> crest_proto::Time {
@@ -76,6 +80,23 @@ fn main() -> Result<()> {
     let store = DataStore { url: var("CREST_DATA_URL")?, store_id };
     let access = DataAccess::new(&config, &store).map_err(anyhow::Error::msg)?;
     let t = Transfers::new(Duration::from_secs(60));
+    if a.count_objects {
+        let (bucket, prefix) = store.bucket_and_prefix().map_err(anyhow::Error::msg)?;
+        let lister = DataAccess::new(&config, &DataStore { url: format!("s3://{bucket}"), store_id: 0 })
+            .map_err(anyhow::Error::msg)?;
+        let (mut n, mut token) = (0, None::<String>);
+        loop {
+            let url = lister.list_url_under(&prefix, token.as_deref(), now());
+            let (keys, next) = parse_listing(&t.get_text(&url)?).map_err(anyhow::Error::msg)?;
+            n += keys.len();
+            match next {
+                Some(x) if !keys.is_empty() => token = Some(x),
+                _ => break,
+            }
+        }
+        println!("{n}");
+        return Ok(());
+    }
     let body: Vec<u8> = (0..a.size).map(|i| (i as u8).wrapping_mul(31)).collect();
     let ids: Vec<u64> = (1..=a.count).collect();
     let (put, put_times) = run(&access, &ids, a.parallel, |acc, id| Ok(t.put_once(&acc.put_url(id, now()), &body)?))?;

@@ -54,6 +54,12 @@ pub struct Report {
     pub objects: u64,
     /// Objects on the gone list (to be deleted from the data store).
     pub objects_gone: u64,
+    /// Where the image keeps file data, if in a data store.
+    pub data_store: Option<crate::fs::objects::DataStore>,
+    /// The objects extents reference (what the data store must hold).
+    pub objects_referenced: std::collections::BTreeSet<u64>,
+    /// Objects granted and not mapped, or to be deleted (the store may hold them).
+    pub objects_pending: std::collections::BTreeSet<u64>,
     /// Datasets (the default one included).
     pub datasets: u64,
 }
