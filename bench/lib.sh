@@ -17,6 +17,7 @@ declare -A BENCH_ERR=()    # "phase target" → why the command failed (its time
 declare -A BENCH_OPS=()    # "phase target" → operations per second (metabench)
 declare -A BENCH_PORT=()   # server or proxy name → its port
 declare -A BENCH_ADDR=()   # target → the address it mounts (crest, sshfs)
+BENCH_MKFS_ARGS=()         # more `crest mkfs` arguments for the next bench_crest_server
 
 # bench_init NAME: scratch directory, exit traps, build. Sets BENCH_BASE, BENCH_BIN,
 # BENCH_LOGS.
@@ -187,7 +188,7 @@ bench_crest_server() {
   local name=$1 port threads=()
   port=$(bench_free_port)
   [ -z "${BENCH_IO_THREADS:-}" ] || threads=(--io-threads "$BENCH_IO_THREADS")
-  "$BENCH_BIN/crest" mkfs --size 16G "$BENCH_BASE/$name.img" >/dev/null
+  "$BENCH_BIN/crest" mkfs --size 16G "${BENCH_MKFS_ARGS[@]}" "$BENCH_BASE/$name.img" >/dev/null
   bench_daemon "$BENCH_LOGS/$name.log" "$BENCH_BIN/crest" serve "$BENCH_BASE/$name.img" --listen "127.0.0.1:$port" \
     "${threads[@]}" "${@:2}"
   bench_wait_port "$port" "$BENCH_LAST_PID"

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 /// Block size of the checksums (the file system's).
 pub const BLOCK_BYTES: usize = 4096;
+/// The largest object crest writes (`MAX_OBJECT_BLOCKS` blocks): the most a GET reads.
+pub const MAX_OBJECT_BYTES: u64 = (1 << 14) * 4096;
 
 /// Why a transfer failed.
 #[derive(Debug)]
@@ -100,8 +102,14 @@ impl Transfers {
                 let text = resp.body_mut().with_config().limit(4096).read_to_string().unwrap_or_default();
                 return Err(Attempt::from_status(status, text));
             }
-            let body = resp.body_mut().with_config().limit(len as u64 + 1).read_to_vec().map_err(transport)?;
             // (A store that ignores the range answers 200 with the whole object.)
+            let limit = if status == 206 { len as u64 } else { MAX_OBJECT_BYTES };
+            let body = resp.body_mut().with_config().limit(limit + 1).read_to_vec().map_err(|e| match e {
+                ureq::Error::BodyExceedsLimit(_) => {
+                    Attempt::Fatal(TransferError::Bad(format!("an answer longer than {limit} bytes")))
+                }
+                e => transport(e),
+            })?;
             let body = if status == 200 && body.len() > len {
                 body.get(offset as usize..offset as usize + len).map(<[u8]>::to_vec).unwrap_or_default()
             } else {
