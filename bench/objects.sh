@@ -3,7 +3,9 @@
 # image-backed file system ("image") and of one made with `crest mkfs --data` ("objects",
 # on the one-node Ceph of scripts/object-store.sh), in the same run:
 #   - a big file written with cp (+ sync) and read cold with cat, through one mount each:
-#     seconds, MiB/s, and the server process's CPU (every thread) per GiB moved;
+#     seconds, MiB/s, and the server process's CPU (every thread) per GiB moved; the
+#     removal of the last round's file (and, for objects, the collector's deletes, waited
+#     for before the write) counted apart;
 #   - the data store's own speed through the same HTTP client (crest-objbench: objects of
 #     the mount's size, one at a time, as cp writes them; and as many at once as the
 #     kernel's readahead asks, for reads), what the mount's rate is held against;
@@ -38,7 +40,7 @@ bench_init objects
 eval "$(bash scripts/object-store.sh start)"
 data_url=$CREST_DATA_URL/bench-$$
 targets="image objects"
-declare -A PID=() W=() WCPU=() R=() RCPU=() U=()
+declare -A PID=() W=() WCPU=() R=() RCPU=() U=() D=()
 mnt() { echo "$BENCH_BASE/mnt/$1"; }
 mount_target() {
   mkdir -p "$(mnt "$1")"
@@ -57,10 +59,20 @@ BENCH_MKFS_ARGS=()
 PID[objects]=$BENCH_LAST_PID
 head -c $((size_mib << 20)) /dev/urandom >"$BENCH_BASE/src.bin"
 for t in $targets; do mount_target "$t"; done
+# The objects of the image still in the bucket.
+in_bucket() { CREST_DATA_URL=$data_url "$BENCH_BIN/crest-objbench" --count-objects; }
 for ((n = 1; n <= rounds; n++)); do
   for t in $targets; do
     f=$(mnt "$t")/big
+    # The last round's file removed: what that costs the server (for objects, until the
+    # collector has deleted them all) is counted apart from the write.
+    c0=$(cpu "$t")
     rm -f "$f"; sync -f "$(mnt "$t")"
+    if [ "$t" = objects ] && [ "$n" -gt 1 ]; then
+      for _ in $(seq 120); do [ "$(in_bucket)" = 0 ] && break; sleep 0.5; done
+    fi
+    c1=$(cpu "$t")
+    [ "$n" = 1 ] || D[$t@$n]=$(echo "($c1 - $c0) * 1000 * 1024 / $size_mib" | bc -l)
     c0=$(cpu "$t") t0=$(now)
     cp "$BENCH_BASE/src.bin" "$f"; sync -f "$f"
     t1=$(now) c1=$(cpu "$t")
@@ -110,6 +122,12 @@ for t in $targets; do
     "$(med "${wc[@]}")" "$(med "${rs[@]}")" "$(echo "$size_mib / $(med "${rs[@]}")" | bc -l)" "$(med "${rc[@]}")" \
     "$(if [ "$tar" = none ]; then echo -; else printf '%.2f' "$(med "${us[@]}")"; fi)"
 done
+if [ "$rounds" -gt 1 ]; then
+  for t in $targets; do
+    ds=(); for ((n = 2; n <= rounds; n++)); do ds+=("${D[$t@$n]}"); done
+    printf '%-8s server CPU per GiB removed (rm; for objects, until the collector deleted them): %.0f ms\n' "$t" "$(med "${ds[@]}")"
+  done
+fi
 ratios() { # NAME ARRAY_A ARRAY_B: the median over rounds of A/B
   local -n a=$2 b=$3; local r=()
   for ((n = 1; n <= rounds; n++)); do r+=("$(bench_ratio "${a[objects@$n]}" "${b[image@$n]}")"); done

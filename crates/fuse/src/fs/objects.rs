@@ -17,7 +17,7 @@ use std::sync::atomic::AtomicU8;
 /// The smallest write that goes to an object.
 pub const OBJECT_MIN_BYTES: usize = 1 << 20;
 /// Ids asked for at once.
-const UPLOADS_PER_ASK: u32 = 16;
+const UPLOADS_PER_ASK: u32 = 64;
 /// A granted URL older than this is not used (the server signs them for 15 minutes).
 const URL_FRESH: Duration = Duration::from_secs(10 * 60);
 /// Reads asked again when an object was gone or its URL refused (an overwrite and the
