@@ -71,6 +71,19 @@ coherence_across_mounts() {
 }
 check coherence-two-mounts coherence_across_mounts
 
+fsx_on_objects() {
+  mkdir -p "$mnt/fsx" || return 1
+  local mapped0
+  mapped0=$(counter objects_mapped)
+  fsx -f "$root/tests/e2e/fsx-objects.toml" -N "${CREST_FSX_OBJECT_OPS:-3000}" -S "${CREST_FSX_SEED:-$RANDOM}" \
+    -P "$work" "$mnt/fsx/file" >"$work/fsx.log" 2>&1
+  local rc=$?
+  tail -2 "$work/fsx.log" >&2
+  log "objects mapped by fsx: $(($(counter objects_mapped) - mapped0))"
+  [ $rc = 0 ] && grep -q 'A-OK' "$work/fsx.log" && [ $(($(counter objects_mapped) - mapped0)) -gt 0 ]
+}
+check fsx-objects fsx_on_objects
+
 # cp writes 1 MiB pieces (st_blksize): objects; B reads them back located, checked.
 copy_goes_through_objects() {
   local mapped0 located0

@@ -37,7 +37,25 @@ pub struct Config {
     pub serve: ServeSection,
     #[serde(default)]
     pub mount: MountSection,
+    #[serde(default)]
+    pub data: DataSection,
 }
+
+/// `[data]`: where the data store of an image made with `crest mkfs --data` is, and its
+/// keys, for `crest serve` and `crest fsck` (docs/operations.md). The AWS_* variables,
+/// where set, win over it. A file holding a secret should be readable by root alone.
+#[derive(Deserialize, Debug, Default, PartialEq, Clone)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct DataSection {
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    pub session_token: Option<String>,
+}
+
+/// The `[data]` section of the configuration file read at start (`apply`).
+pub static DATA: std::sync::OnceLock<DataSection> = std::sync::OnceLock::new();
 
 /// `[log]`, for every command.
 #[derive(Deserialize, Debug, Default, PartialEq)]
@@ -111,7 +129,19 @@ pub fn load(explicit: Option<&Path>) -> Result<Config> {
         Err(e) if explicit.is_none() && e.kind() == std::io::ErrorKind::NotFound => return Ok(Config::default()),
         Err(e) => return Err(anyhow!(e).context(format!("reading the configuration file {}", path.display()))),
     };
-    parse(&text).with_context(|| format!("configuration file {}", path.display()))
+    let config: Config = parse(&text).with_context(|| format!("configuration file {}", path.display()))?;
+    if config.data.secret_access_key.is_some() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).map(|m| m.permissions().mode()).unwrap_or(0);
+        if mode & 0o077 != 0 {
+            eprintln!(
+                "crest: warning: {} holds the data store's secret key and others may read it (mode {:o}): chmod 600 it",
+                path.display(),
+                mode & 0o777
+            );
+        }
+    }
+    Ok(config)
 }
 
 /// True if the user set `id` (on the command line): the file must not change it then.
@@ -128,6 +158,7 @@ fn set<T: Clone>(slot: &mut T, file: Option<&T>, m: &ArgMatches, id: &str) {
 
 /// Puts the file's values under the command line's: `m` is what clap parsed `cli` from.
 pub fn apply(cli: &mut Cli, m: &ArgMatches, file: &Config) {
+    let _ = DATA.set(file.data.clone());
     apply_log(&mut cli.log, m, &file.log);
     // CREST_STATE_DIR sits between flag and file, as environment variables usually do
     // (and the test suites rely on it to keep their credentials to themselves).

@@ -1011,22 +1011,28 @@ fn main() -> ExitCode {
     }
 }
 
-/// The data store's endpoint and keys from the standard AWS variables, if the keys are
-/// set: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN), AWS_ENDPOINT_URL_S3
-/// or AWS_ENDPOINT_URL (else AWS's own for the region), AWS_REGION or AWS_DEFAULT_REGION.
+/// The data store's endpoint and keys from the standard AWS variables, else from the
+/// configuration file's `[data]`, if the keys are set: AWS_ACCESS_KEY_ID,
+/// AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN), AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL
+/// (else AWS's own for the region), AWS_REGION or AWS_DEFAULT_REGION.
 fn data_config_from_env() -> Result<Option<crest_serve::DataConfig>> {
-    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let (Some(key), Some(secret)) = (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) else {
+    let file = config::DATA.get().cloned().unwrap_or_default();
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let or_file = |v: Option<String>, f: &Option<String>| v.or_else(|| f.clone().filter(|x| !x.is_empty()));
+    let key = or_file(env("AWS_ACCESS_KEY_ID"), &file.access_key_id);
+    let secret = or_file(env("AWS_SECRET_ACCESS_KEY"), &file.secret_access_key);
+    let (Some(key), Some(secret)) = (key, secret) else {
         return Ok(None);
     };
-    let region = var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION")).unwrap_or_else(|| "us-east-1".into());
-    let endpoint = var("AWS_ENDPOINT_URL_S3")
-        .or_else(|| var("AWS_ENDPOINT_URL"))
+    let region = or_file(env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")), &file.region)
+        .unwrap_or_else(|| "us-east-1".into());
+    let endpoint = or_file(env("AWS_ENDPOINT_URL_S3").or_else(|| env("AWS_ENDPOINT_URL")), &file.endpoint)
         .unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+    let token = or_file(env("AWS_SESSION_TOKEN"), &file.session_token);
     if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
         anyhow::bail!("AWS_ENDPOINT_URL {endpoint:?}: not an http(s) URL");
     }
-    Ok(Some(crest_serve::DataConfig { endpoint, region, key, secret, token: var("AWS_SESSION_TOKEN") }))
+    Ok(Some(crest_serve::DataConfig { endpoint, region, key, secret, token }))
 }
 
 #[cfg(test)]
