@@ -6,6 +6,12 @@
 //! opens, fsck is clean, and the namespace equals the one of the newest commit whose
 //! superblock write survived (so everything a completed commit/fsync covered is there).
 //!
+//! The image keeps big writes' data in objects too (`fs/objects.rs`), in a bucket the test
+//! holds: after each commit the collector's part runs (the gone list emptied, its objects
+//! deleted at that point of the log), and a crash image is read with the bucket as it was
+//! by the latest moment the crash can fall at — so an object deleted while a generation
+//! that still references it could come back would fail the read.
+//!
 //! `CREST_CRASH_SEEDS=N` runs N workload seeds instead of the default few; CI's count is
 //! printed at the end of the test.
 
@@ -13,16 +19,85 @@ mod common;
 use common::*;
 use crest_rng::Stream;
 use crest_store::crash::{image_at, CrashPoint, Event, FailingDisk, RecordingDisk};
+use crest_store::fs::objects::ObjectSource;
 use crest_store::limits::{SUPERBLOCK_MIRROR_OFFSETS, SUPERBLOCK_OFFSETS};
 use crest_store::{Error, FileKind, MemDisk, RenameFlags, SetAttr, Store, ROOT_INO};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 const IMAGE_MIB: u64 = 8;
+
+/// The bucket: every object uploaded, with the event index at which the collector deleted
+/// it, if it did.
+#[derive(Clone, Default)]
+struct Bucket(Arc<Mutex<HashMap<u64, (Vec<u8>, Option<usize>)>>>);
+
+/// The bucket as a store reads it at a moment of the log: objects deleted by then are gone.
+struct BucketAt {
+    bucket: Bucket,
+    at: usize,
+}
+
+impl ObjectSource for BucketAt {
+    fn read(&mut self, id: u64, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let map = self.bucket.0.lock().expect("bucket");
+        match map.get(&id) {
+            Some((data, deleted)) if deleted.is_none_or(|d| d > self.at) => {
+                let at = offset as usize;
+                data.get(at..at + len).map(<[u8]>::to_vec).ok_or_else(|| std::io::Error::other("short object"))
+            }
+            _ => Err(std::io::Error::other(format!("object {id} was deleted but is still referenced"))),
+        }
+    }
+}
+
+/// An image of `IMAGE_MIB` that keeps big writes in objects.
+fn fresh_with_objects() -> MemDisk {
+    let disk = fresh(IMAGE_MIB);
+    let mut s = open(&disk);
+    s.set_data_store("s3://crash-test").expect("data store");
+    s.commit().expect("commit");
+    disk
+}
+
+/// Writes `data` at block `block` of `ino` as a new object (what a mount's big write does).
+fn write_object(store: &mut Store, bucket: &Bucket, ino: u64, block: u64, data: &[u8]) {
+    let id = store.grant_objects(1, 1).expect("grant")[0];
+    let mut padded = data.to_vec();
+    padded.resize(data.len().div_ceil(4096) * 4096, 0);
+    let csums = crest_store::checksum::block_sums(&padded);
+    bucket.0.lock().expect("bucket").insert(id, (padded, None));
+    store.map_object(1, ino, block * 4096, data.len() as u64, id, &csums, t(100)).expect("map object");
+}
+
+/// The collector's part after a commit: what the gone list names is deleted at `at`.
+fn collect(store: &mut Store, bucket: &Bucket, at: usize) {
+    let ids = store.gone_objects(usize::MAX).expect("gone");
+    {
+        let mut map = bucket.0.lock().expect("bucket");
+        for id in &ids {
+            if let Some(o) = map.get_mut(id) {
+                o.1.get_or_insert(at);
+            }
+        }
+    }
+    store.objects_deleted(&ids).expect("deleted");
+}
 
 /// Runs a random workload; returns the dumps after each commit with the event count at
 /// which that commit's superblock write was issued.
 /// `on_commit(store, receiving)` after each commit; `receiving`: a receive is under way,
 /// so what `open` makes of this commit is the namespace before it (it undoes the receive).
-fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl FnMut(&mut Store, bool)) {
+/// `collect(store)` runs the collector's part before the commits the workload asks for
+/// (so the commits other operations make inside themselves find nothing it dirtied).
+fn workload(
+    store: &mut Store,
+    rng: &mut Stream,
+    ops: usize,
+    bucket: &Bucket,
+    mut collect: impl FnMut(&mut Store),
+    mut on_commit: impl FnMut(&mut Store, bool),
+) {
     let now = t(100);
     let mut files: Vec<(u64, Vec<u8>)> = Vec::new(); // (dir, name)
     let mut dirs = vec![ROOT_INO];
@@ -31,7 +106,7 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
     let mut snapshots: Vec<String> = Vec::new();
     for i in 0..ops {
         let dir = dirs[rng.below(dirs.len() as u64) as usize];
-        match rng.below(16) {
+        match rng.below(17) {
             0..=3 => {
                 let name = format!("f{i}").into_bytes();
                 if let Ok(inode) = store.create(dir, &name, FileKind::Regular, 0o644, 1, 1, 0, now) {
@@ -168,7 +243,22 @@ fn workload(store: &mut Store, rng: &mut Stream, ops: usize, mut on_commit: impl
                 on_commit(store, false);
                 store.destroy_dataset(&name).expect("destroy dataset");
             }
+            15 if !files.is_empty() => {
+                // A big write as an object, aligned; one whose last block is partial runs
+                // to the file's end. The objects it covers lose those blocks.
+                let (d, n) = &files[rng.below(files.len() as u64) as usize];
+                let inode = store.lookup(*d, n).expect("lookup");
+                let block = rng.below(inode.size / 4096 + 4);
+                let mut len = 4096 * (1 + rng.below(24));
+                let cut = 1 + rng.below(4000);
+                if block * 4096 + len - cut >= inode.size && rng.below(2) == 0 {
+                    len -= cut;
+                }
+                let data: Vec<u8> = (0..len).map(|j| (j as u8).wrapping_mul(7) ^ (i as u8)).collect();
+                write_object(store, bucket, inode.ino, block, &data);
+            }
             _ => {
+                collect(store);
                 store.commit().expect("commit");
                 on_commit(store, false);
             }
@@ -185,18 +275,23 @@ struct Recorded {
     /// namespace after the commit): the commit is on disk once either landed.
     commits: Vec<(Vec<usize>, Dump)>,
     initial: Dump,
+    bucket: Bucket,
 }
 
 fn record(seed: u64, ops: usize) -> Recorded {
-    let disk = fresh(IMAGE_MIB);
+    let disk = fresh_with_objects();
     let base = disk.snapshot();
     let initial = dump(&mut open(&disk));
     let rec = RecordingDisk::new(base.clone());
     let mut store = Store::open(Box::new(rec.clone())).expect("open");
+    let bucket = Bucket::default();
+    store.set_object_source(Box::new(BucketAt { bucket: bucket.clone(), at: usize::MAX }));
     let mut rng = Stream::from_seed_u64(seed);
     let mut commits = Vec::new();
     let mut last_gen = store.generation();
-    workload(&mut store, &mut rng, ops, |s, receiving| {
+    let (gc_bucket, gc_rec) = (bucket.clone(), rec.clone());
+    let gc = move |s: &mut Store| collect(s, &gc_bucket, gc_rec.events().len());
+    workload(&mut store, &mut rng, ops, &bucket.clone(), gc, |s, receiving| {
         if s.generation() != last_gen {
             last_gen = s.generation();
             let events = rec.events();
@@ -217,7 +312,7 @@ fn record(seed: u64, ops: usize) -> Recorded {
     // Commits made inside operations (space pressure) are not tracked: the workload is
     // sized so that none happen, which this checks.
     assert_eq!(store.stats().commits as usize, commits.len(), "seed {seed}: unexpected implicit commits");
-    Recorded { base, events: rec.events(), commits, initial }
+    Recorded { base, events: rec.events(), commits, initial, bucket }
 }
 
 /// Checks one crash point; returns an error message instead of panicking so the caller
@@ -259,7 +354,11 @@ fn check_point(r: &Recorded, point: &CrashPoint, tear: Option<(usize, usize)>) -
     }
     let disk = MemDisk::from_bytes(img);
     let mut store = Store::open(Box::new(disk.clone())).map_err(|e| format!("open: {e}"))?;
-    let got = dump(&mut store);
+    // The latest the crash can fall at: just before the flush after the durable ones.
+    let at = (point.durable..r.events.len()).find(|&i| matches!(r.events[i], Event::Flush)).unwrap_or(r.events.len());
+    store.set_object_source(Box::new(BucketAt { bucket: r.bucket.clone(), at }));
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dump(&mut store)))
+        .map_err(|e| format!("reading the crash image: {:?}", e.downcast_ref::<String>()))?;
     if &got != expected {
         let result = std::panic::catch_unwind(|| assert_same(&got, expected, "crash image"));
         return Err(format!("{:?}", result.err().and_then(|e| e.downcast_ref::<String>().cloned())));
@@ -377,12 +476,15 @@ fn an_io_failure_poisons_the_store_and_reopen_recovers() {
     // Fail at many points of the same workload; after the failure every write is refused,
     // and the image on disk opens to a committed state with fsck clean.
     for countdown in (5..400).step_by(13) {
-        let disk = fresh(IMAGE_MIB);
+        let disk = fresh_with_objects();
         let failing = FailingDisk::new(disk.clone(), countdown);
         let mut store = Store::open(Box::new(failing)).expect("open");
+        let bucket = Bucket::default();
+        store.set_object_source(Box::new(BucketAt { bucket: bucket.clone(), at: usize::MAX }));
         let mut rng = Stream::from_seed_u64(countdown);
-        let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| workload(&mut store, &mut rng, 80, |_, _| {})));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            workload(&mut store, &mut rng, 80, &bucket, |_| {}, |_, _| {})
+        }));
         if result.is_ok() {
             continue; // the workload finished before the countdown
         }
@@ -392,6 +494,7 @@ fn an_io_failure_poisons_the_store_and_reopen_recovers() {
         drop(store);
         assert_clean(&disk);
         let mut s = open(&disk);
+        s.set_object_source(Box::new(BucketAt { bucket, at: usize::MAX }));
         dump(&mut s);
     }
 }
