@@ -27,10 +27,12 @@ use std::sync::{Arc, Mutex};
 
 const IMAGE_MIB: u64 = 8;
 
-/// The bucket: every object uploaded, with the event index at which the collector deleted
-/// it, if it did.
+/// Object id → its bytes, and the event index at which the collector deleted it, if it did.
+type Uploaded = HashMap<u64, (Vec<u8>, Option<usize>)>;
+
+/// The bucket: every object uploaded.
 #[derive(Clone, Default)]
-struct Bucket(Arc<Mutex<HashMap<u64, (Vec<u8>, Option<usize>)>>>);
+struct Bucket(Arc<Mutex<Uploaded>>);
 
 /// The bucket as a store reads it at a moment of the log: objects deleted by then are gone.
 struct BucketAt {
