@@ -649,6 +649,7 @@ impl Filesystem for CrestFs {
         // The kernel sends forget when it evicts the inode, with its whole lookup count.
         lock(&self.inodes).forget(ino.0);
         self.prefetch.state().forget(ino.0);
+        self.forget_window(ino.0);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -902,7 +903,10 @@ impl Filesystem for CrestFs {
             self.accessed(ino.0);
             return reply.data(&d);
         }
-        let r = self.read_at_server(ino.0, op);
+        let r = match self.read_through_window(ino.0, offset, size.min(MAX_IO_BYTES)) {
+            Some(r) => r,
+            None => self.read_at_server(ino.0, op),
+        };
         // Not counted once answered: the kernel unlocks the pages as it takes the answer,
         // and the reader may go on at once to what a recall must not pass by.
         drop(io);

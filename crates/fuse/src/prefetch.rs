@@ -67,6 +67,11 @@ impl Version {
     pub fn of(a: &p::Attr) -> Version {
         Version { mtime: a.mtime, ctime: a.ctime, size: a.size_bytes }
     }
+
+    /// The file's size in this version.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
 }
 
 /// The read-ahead state of a mount.

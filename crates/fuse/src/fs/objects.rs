@@ -5,6 +5,14 @@
 //! `Located` is fetched from the objects and every block checked against its CRC-32C.
 //! The server never carries these bytes.
 //!
+//! A file read located once is read a window at a time: one request asks the file's
+//! attributes and the locations of `WINDOW_BYTES` (no data of objects), and the mount
+//! keeps that map with the version `(mtime, ctime, size)` those attributes give. The
+//! reads inside the window go straight to the objects while the mount's valid attributes
+//! of the file are that version (`prefetch.rs`'s rule: a change by another mount recalls
+//! them first, one by this mount moves them), so a big file's reads cost the server one
+//! request per window, not one per read.
+//!
 //! Which writes: at least `OBJECT_MIN_BYTES`, at a block-aligned offset (a whole object's
 //! worth of a file written in order: a `cp`'s or a `dd`'s); smaller ones go to the image
 //! as before. An image without a data store answers the first `Uploads` with EOPNOTSUPP
@@ -12,6 +20,7 @@
 
 use super::*;
 use crest_objects::{block_sums, first_bad_block, TransferError, Transfers, BLOCK_BYTES};
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU8;
 
 /// The smallest write that goes to an object.
@@ -23,6 +32,19 @@ const URL_FRESH: Duration = Duration::from_secs(10 * 60);
 /// Reads asked again when an object was gone or its URL refused (an overwrite and the
 /// collector got there between the answer and the fetch).
 const READ_ATTEMPTS: usize = 3;
+/// Bytes of a file one located window maps (the most one `Read` asks).
+const WINDOW_BYTES: u64 = MAX_IO_BYTES as u64;
+/// A window is used at most this long (its URLs are signed for 15 minutes).
+const WINDOW_FRESH: Duration = Duration::from_secs(5 * 60);
+/// Most files with a window kept (all dropped beyond).
+const MAX_WINDOWS: usize = 4096;
+
+/// The locations of a stretch of a file, kept for one version of it.
+struct Window {
+    version: crate::prefetch::Version,
+    located: p::Located,
+    at: Instant,
+}
 
 const UNKNOWN: u8 = 0;
 const ON: u8 = 1;
@@ -33,6 +55,8 @@ pub(super) struct ObjectIo {
     transfers: Transfers,
     state: AtomicU8,
     pool: Mutex<Vec<(p::Upload, Instant)>>,
+    /// Files read located: their last window (`None` until one is asked).
+    windows: Mutex<HashMap<u64, Option<Window>>>,
 }
 
 impl std::fmt::Debug for ObjectIo {
@@ -43,7 +67,12 @@ impl std::fmt::Debug for ObjectIo {
 
 impl ObjectIo {
     pub(super) fn new(deadline: Duration) -> ObjectIo {
-        ObjectIo { transfers: Transfers::new(deadline), state: AtomicU8::new(UNKNOWN), pool: Mutex::new(Vec::new()) }
+        ObjectIo {
+            transfers: Transfers::new(deadline),
+            state: AtomicU8::new(UNKNOWN),
+            pool: Mutex::new(Vec::new()),
+            windows: Mutex::new(HashMap::new()),
+        }
     }
 }
 
@@ -185,18 +214,124 @@ impl CrestFs {
         Ok(Some(out))
     }
 
+    /// A read of a file read located before, answered from its window (asking the server
+    /// for a new one where the kept one does not cover it or is of another version).
+    /// `None`: the file is not read located; ask the usual way.
+    pub(super) fn read_through_window(&self, ino: u64, offset: u64, len: u32) -> Option<Result<Vec<u8>, Error>> {
+        let now = Instant::now();
+        let version = lock(&self.names).attr(ino, now).map(|a| crate::prefetch::Version::of(&a));
+        let kept = {
+            let windows = lock(&self.objects.windows);
+            let w = windows.get(&ino)?;
+            w.as_ref()
+                .filter(|w| Some(w.version) == version && w.at.elapsed() < WINDOW_FRESH)
+                .and_then(|w| slice(&w.located, offset, len, version.map(|v| v.size())))
+        };
+        if let Some(l) = kept {
+            return match self.fetch_located(ino, &l) {
+                Ok(Some(bytes)) => Some(Ok(bytes)),
+                Ok(None) => {
+                    self.drop_window(ino);
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            };
+        }
+        // A new window: the attributes and the locations from the read's block on, in one
+        // request (run together by the server, so the version is the map's).
+        let start = offset - offset % BLOCK_BYTES as u64;
+        let epoch = lock(&self.names).epoch();
+        let ops = vec![Op::GetAttr { ino }, Op::Read { ino, offset: start, len: WINDOW_BYTES as u32 }];
+        let mut r = match self.many("read", ops) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let (attr, read) = (nth("read", &mut r, 0), nth("read", &mut r, 1));
+        match (attr, read) {
+            (Ok(Reply::Attr(a)), Ok(Reply::Located(l))) if a.ino == ino => {
+                lock(&self.names).hold_attr(&a, epoch, Instant::now());
+                let version = crate::prefetch::Version::of(&a);
+                let part = slice(&l, offset, len, Some(version.size()));
+                let mut windows = lock(&self.objects.windows);
+                if windows.len() >= MAX_WINDOWS {
+                    windows.clear();
+                }
+                windows.insert(ino, Some(Window { version, located: l, at: Instant::now() }));
+                drop(windows);
+                part.map(|l| self.fetch_located(ino, &l).and_then(|b| b.ok_or_else(|| moved(ino))))
+            }
+            (_, Ok(Reply::Data(d))) => {
+                // No object in that stretch now: read as any file from here on.
+                lock(&self.objects.windows).remove(&ino);
+                let from = (offset - start) as usize;
+                Some(Ok(d.get(from..).map_or(Vec::new(), |d| d[..d.len().min(len as usize)].to_vec())))
+            }
+            (_, Err(e)) | (Err(e), _) => Some(Err(e)),
+            (_, Ok(r)) => Some(Err(unexpected("read", &r))),
+        }
+    }
+
+    /// The kernel forgot `ino`: nothing of it is kept.
+    pub(super) fn forget_window(&self, ino: u64) {
+        lock(&self.objects.windows).remove(&ino);
+    }
+
+    /// Drops the window of `ino` (an object of it moved on), still reading it through one.
+    pub(super) fn drop_window(&self, ino: u64) {
+        if let Some(w) = lock(&self.objects.windows).get_mut(&ino) {
+            *w = None;
+        }
+    }
+
     /// A read's answer as bytes, fetching what is located in objects (asking again when
-    /// an object moved on meanwhile).
+    /// an object moved on meanwhile). A file read located is read through windows next.
     pub(super) fn read_answer(&self, ino: u64, read: &Op, first: Reply) -> Result<Vec<u8>, Error> {
         let mut reply = first;
         for _ in 0..READ_ATTEMPTS {
             let Reply::Located(l) = reply else { return want_data("read", reply) };
+            lock(&self.objects.windows).entry(ino).or_insert(None);
             if let Some(bytes) = self.fetch_located(ino, &l)? {
                 return Ok(bytes);
             }
             tracing::debug!(ino, "an object of a located read is gone: reading again");
             reply = self.one("read", read.clone())?;
         }
-        Err(Error::Server { op: "read", errno: libc::EIO, message: format!("inode {ino}: objects kept moving") })
+        Err(moved(ino))
     }
+}
+
+fn moved(ino: u64) -> Error {
+    Error::Server { op: "read", errno: libc::EIO, message: format!("inode {ino}: objects kept moving") }
+}
+
+/// The part of located window `l` a read of `len` bytes at `offset` needs, as a located
+/// read of its own; `None` when the window does not cover it (clipped to the file's
+/// `size`).
+fn slice(l: &p::Located, offset: u64, len: u32, size: Option<u64>) -> Option<p::Located> {
+    let size = size?;
+    let end = offset.saturating_add(u64::from(len)).min(size);
+    let (w0, w1) = (l.offset, l.offset + l.len);
+    if offset < w0 || offset >= end || end > w1 {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for part in &l.parts {
+        match part {
+            p::LocatedPart::Bytes { at, data } => {
+                let (s, e) = (w0 + at, w0 + at + data.len() as u64);
+                let (from, to) = (s.max(offset), e.min(end));
+                if from < to {
+                    let data = data[(from - s) as usize..(to - s) as usize].to_vec();
+                    parts.push(p::LocatedPart::Bytes { at: from - offset, data });
+                }
+            }
+            p::LocatedPart::Object { file_at, csums, .. } => {
+                let e = file_at + csums.len() as u64 * BLOCK_BYTES as u64;
+                if *file_at < end && e > offset {
+                    parts.push(part.clone());
+                }
+            }
+        }
+    }
+    Some(p::Located { offset, len: end - offset, parts })
 }
