@@ -132,6 +132,23 @@ impl Transfers {
         })
     }
 
+    /// POSTs `body` with `headers`; the answer's text (up to 16 MiB).
+    pub fn post(&self, url: &str, body: &[u8], headers: &[(&str, &str)]) -> Result<String, TransferError> {
+        self.retrying("POST", |left| {
+            let mut req = self.agent.post(url).config().timeout_global(Some(left)).build();
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            let mut resp = req.send(body).map_err(transport)?;
+            let status = resp.status().as_u16();
+            let text = resp.body_mut().with_config().limit(16 << 20).read_to_string().map_err(transport)?;
+            match status {
+                200..=299 => Ok(text),
+                _ => Err(Attempt::from_status(status, text)),
+            }
+        })
+    }
+
     /// GETs a small text answer (an object listing), up to 16 MiB.
     pub fn get_text(&self, url: &str) -> Result<String, TransferError> {
         self.retrying("LIST", |left| {

@@ -36,6 +36,7 @@ impl std::fmt::Debug for DataConfig {
 }
 
 /// Signs the URLs of one image's objects.
+#[derive(Clone)]
 pub struct DataAccess {
     bucket: Bucket,
     creds: Credentials,
@@ -97,6 +98,18 @@ impl DataAccess {
         self.bucket.delete_object(Some(&self.creds), &key).sign_with_time(URL_LIFETIME, &timestamp(now)).to_string()
     }
 
+    /// One request deleting objects `ids` (S3 DeleteObjects, at most `MAX_DELETE_BATCH`):
+    /// the POST URL, its XML body and that body's Content-MD5.
+    pub fn delete_many(&self, ids: &[u64], now: p::Time) -> DeleteBatch {
+        let keys: Vec<rusty_s3::actions::ObjectIdentifier> =
+            ids.iter().map(|&id| rusty_s3::actions::ObjectIdentifier::new(self.store.object_key(id))).collect();
+        let mut a = self.bucket.delete_objects(Some(&self.creds), keys.iter());
+        a.set_quiet(true);
+        let url = a.sign_with_time(URL_LIFETIME, &timestamp(now)).to_string();
+        let (body, content_md5) = a.body_with_md5();
+        DeleteBatch { ids: ids.to_vec(), url, body, content_md5 }
+    }
+
     /// A URL listing the image's objects (ListObjectsV2), from `token` on.
     pub fn list_url(&self, token: Option<&str>, now: p::Time) -> String {
         self.list_url_under(&self.keys_under, token, now)
@@ -111,6 +124,35 @@ impl DataAccess {
         }
         a.sign_with_time(URL_LIFETIME, &timestamp(now)).to_string()
     }
+}
+
+/// Most objects one DeleteObjects request names (S3's limit).
+pub const MAX_DELETE_BATCH: usize = 1000;
+
+/// A DeleteObjects request for the collector to send.
+#[derive(Clone, Debug)]
+pub struct DeleteBatch {
+    /// The objects it deletes.
+    pub ids: Vec<u64>,
+    /// Presigned POST URL.
+    pub url: String,
+    /// Its XML body.
+    pub body: String,
+    /// The body's Content-MD5 (S3 requires it).
+    pub content_md5: String,
+}
+
+/// The ids of `batch` that a DeleteObjects answer (`xml`) says were not deleted (a key
+/// gone already counts as deleted).
+pub fn not_deleted(access: &DataAccess, batch: &DeleteBatch, xml: &str) -> Result<Vec<u64>, String> {
+    let r = rusty_s3::actions::DeleteObjectsResponse::parse(xml).map_err(|e| format!("delete answer: {e}"))?;
+    let failed: Vec<u64> = r
+        .errors
+        .iter()
+        .filter(|e| e.code != "NoSuchKey")
+        .filter_map(|e| access.id_of_key(&percent_decoded(&e.key)))
+        .collect();
+    Ok(batch.ids.iter().copied().filter(|id| failed.contains(id)).collect())
 }
 
 /// Keys and continuation token of a ListObjectsV2 answer. The listing is asked with
@@ -177,6 +219,24 @@ mod tests {
         assert_eq!(a.id_of_key("pre/crest/0000000000000abd/0000000000000007"), None);
         assert_eq!(a.id_of_key("pre/crest/0000000000000abc/7"), None);
         assert!(a.list_url(None, now).contains("list-type=2"));
+    }
+
+    #[test]
+    fn a_batch_delete_names_its_keys_and_only_real_errors_keep_an_id() {
+        let a = access();
+        let now = p::Time { sec: 1_800_000_000, nsec: 0 };
+        let b = a.delete_many(&[3, 4, 5], now);
+        assert!(b.url.contains("delete"), "{}", b.url);
+        for id in [3u64, 4, 5] {
+            assert!(b.body.contains(&format!("pre/crest/0000000000000abc/{id:016x}")), "{}", b.body);
+        }
+        assert!(!b.content_md5.is_empty());
+        let xml = "<?xml version=\"1.0\"?><DeleteResult>\
+            <Error><Key>pre/crest/0000000000000abc/0000000000000004</Key><Code>InternalError</Code><Message>m</Message></Error>\
+            <Error><Key>pre/crest/0000000000000abc/0000000000000005</Key><Code>NoSuchKey</Code><Message>m</Message></Error>\
+            </DeleteResult>";
+        assert_eq!(not_deleted(&a, &b, xml).expect("answer"), vec![4]);
+        assert_eq!(not_deleted(&a, &b, "<DeleteResult></DeleteResult>").expect("quiet answer"), Vec::<u64>::new());
     }
 
     #[test]

@@ -128,6 +128,19 @@ impl Server {
         }
     }
 
+    /// `objects_to_delete`, as one DeleteObjects request (at most `MAX_DELETE_BATCH`).
+    pub fn objects_to_delete_at_once(&mut self, limit: usize, now: p::Time) -> Option<crate::objects::DeleteBatch> {
+        let data = self.data.as_ref()?;
+        match self.store.gone_objects(limit.min(crate::objects::MAX_DELETE_BATCH)) {
+            Ok(ids) if !ids.is_empty() => Some(data.delete_many(&ids, now)),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!("cannot read the list of objects to delete: {e}");
+                None
+            }
+        }
+    }
+
     /// Objects the shell deleted: off the gone list (durable with the next commit).
     pub fn objects_deleted(&mut self, ids: &[u64]) {
         match self.store.objects_deleted(ids) {
