@@ -75,10 +75,12 @@ fsx_on_objects() {
   mkdir -p "$mnt/fsx" || return 1
   local mapped0
   mapped0=$(counter objects_mapped)
-  fsx -f "$root/tests/e2e/fsx-objects.toml" -N "${CREST_FSX_OBJECT_OPS:-3000}" -S "${CREST_FSX_SEED:-$RANDOM}" \
+  local seed=${CREST_FSX_SEED:-$RANDOM}
+  log "fsx seed $seed (CREST_FSX_SEED)"
+  fsx -f "$root/tests/e2e/fsx-objects.toml" -N "${CREST_FSX_OBJECT_OPS:-3000}" -S "$seed" \
     -P "$work" "$mnt/fsx/file" >"$work/fsx.log" 2>&1
   local rc=$?
-  tail -2 "$work/fsx.log" >&2
+  tail -2 "$work/fsx.log" >&2; [ $rc = 0 ] || tail -40 "$work/fsx.log" >&2
   log "objects mapped by fsx: $(($(counter objects_mapped) - mapped0))"
   [ $rc = 0 ] && grep -q 'A-OK' "$work/fsx.log" && [ $(($(counter objects_mapped) - mapped0)) -gt 0 ]
 }
@@ -96,6 +98,25 @@ copy_goes_through_objects() {
   [ $((mapped - mapped0)) -ge 48 ] && [ $((located - located0)) -gt 0 ]
 }
 check copy-through-objects copy_goes_through_objects
+
+# A snapshot of object-backed files sent as a stream carries their data (the server reads
+# the objects), and a copy received from it reads the same.
+send_carries_object_data() {
+  "$crest" snapshot create default@sent --server "$addr" >/dev/null || return 1
+  "$crest" send default@sent --server "$addr" >"$work/stream" || return 1
+  local size
+  size=$(stat -c %s "$work/stream")
+  log "stream of $size bytes"
+  [ "$size" -gt $((48 << 20)) ] || return 1
+  "$crest" receive copy --server "$addr" <"$work/stream" >/dev/null || return 1
+  "$crest" mount -o own_session,dataset=copy@sent "$addr" "$mnt3" >/dev/null || return 1
+  cmp "$work/src" "$mnt3/copied"
+  local rc=$?
+  unmount "$mnt3"
+  "$crest" snapshot destroy default@sent --server "$addr" >/dev/null
+  return $rc
+}
+check send-carries-object-data send_carries_object_data
 
 # kill -9 of the server while a writer fsyncs: the writer's mount replays what the
 # server had not made durable; the fsynced file is whole.
