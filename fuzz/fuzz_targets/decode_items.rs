@@ -296,7 +296,9 @@ fn extent(input: &Input) {
     if let Extent::Regular { disk_block, twin, csums } = &ext {
         assert!(!csums.is_empty());
         let n = csums.len() as u64;
-        assert!(disk_block.checked_add(n).is_some_and(|e| e <= input.blocks));
+        // Inside the image, or blocks of one object of the data store (no second copy).
+        let in_object = crest_store::fs::objects::within_one_object(*disk_block, n);
+        assert!(in_object && *twin == 0 || disk_block.checked_add(n).is_some_and(|e| e <= input.blocks));
         // A second copy lies inside the image and apart from the first.
         assert!(*twin == 0 || (twin + n <= input.blocks && (twin + n <= *disk_block || disk_block + n <= *twin)));
     }
