@@ -5,6 +5,7 @@
 # prints PASS/FAIL; the last line is "N passed, M failed".
 #   CREST_BIN            the crest binary (default target/release/crest)
 #   CREST_OBJECTS_SEED   seed of objects.py (printed)
+#   CREST_FSX_SEED       seed of fsx (printed); CREST_FSX_OBJECT_OPS its operations (2000)
 #   CREST_E2E_ONLY       run only checks whose name contains this word
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -77,7 +78,7 @@ fsx_on_objects() {
   mapped0=$(counter objects_mapped)
   local seed=${CREST_FSX_SEED:-$RANDOM}
   log "fsx seed $seed (CREST_FSX_SEED)"
-  fsx -f "$root/tests/e2e/fsx-objects.toml" -N "${CREST_FSX_OBJECT_OPS:-3000}" -S "$seed" \
+  fsx -f "$root/tests/e2e/fsx-objects.toml" -N "${CREST_FSX_OBJECT_OPS:-2000}" -S "$seed" \
     -P "$work" "$mnt/fsx/file" >"$work/fsx.log" 2>&1
   local rc=$?
   tail -2 "$work/fsx.log" >&2; [ $rc = 0 ] || tail -40 "$work/fsx.log" >&2
