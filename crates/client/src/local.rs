@@ -483,19 +483,7 @@ impl NameCache {
         }
         let at = |a: &p::Attr| if append { a.size_bytes } else { offset };
         let op = |a: &p::Attr| Op::Write { ino, offset: at(a), data: data.to_vec() };
-        self.change_here("write", ino, clock, op, |a, t| {
-            let Some(end) = at(a).checked_add(data.len() as u64).filter(|&e| e <= MAX_WRITEBACK_END) else {
-                return false;
-            };
-            if a.kind != p::FileType::Regular {
-                return false;
-            }
-            a.size_bytes = a.size_bytes.max(end);
-            a.blocks_4k = a.blocks_4k.max(estimated_blocks(a.size_bytes));
-            a.mtime = t;
-            a.ctime = t;
-            true
-        })
+        self.change_here("write", ino, clock, op, |a, t| written(a, at(a), data.len() as u64, t))
     }
 
     /// Answers a write whose bytes are already in object `id` of the data store
@@ -512,17 +500,8 @@ impl NameCache {
     ) -> Option<(p::Attr, Writeback)> {
         let op = |_: &p::Attr| Op::MapObject { ino, offset, len, id, csums: csums.to_vec() };
         self.change_here("write", ino, clock, op, |a, t| {
-            let Some(end) = offset.checked_add(len).filter(|&e| e <= MAX_WRITEBACK_END) else {
-                return false;
-            };
-            if a.kind != p::FileType::Regular || (!len.is_multiple_of(4096) && a.size_bytes > end) {
-                return false;
-            }
-            a.size_bytes = a.size_bytes.max(end);
-            a.blocks_4k = a.blocks_4k.max(estimated_blocks(a.size_bytes));
-            a.mtime = t;
-            a.ctime = t;
-            true
+            let padding_over_data = !len.is_multiple_of(4096) && a.size_bytes > offset.saturating_add(len);
+            !padding_over_data && written(a, offset, len, t)
         })
     }
 
@@ -685,6 +664,23 @@ impl NameCache {
         }
         self.attr_changed(a);
     }
+}
+
+/// A write of `len` bytes at `offset` at time `t`, as `Store::write` applies it to `a`:
+/// false (answered by the server instead) past the writeback limit or for anything but a
+/// regular file.
+fn written(a: &mut p::Attr, offset: u64, len: u64, t: p::Time) -> bool {
+    let Some(end) = offset.checked_add(len).filter(|&e| e <= MAX_WRITEBACK_END) else {
+        return false;
+    };
+    if a.kind != p::FileType::Regular {
+        return false;
+    }
+    a.size_bytes = a.size_bytes.max(end);
+    a.blocks_4k = a.blocks_4k.max(estimated_blocks(a.size_bytes));
+    a.mtime = t;
+    a.ctime = t;
+    true
 }
 
 #[cfg(test)]

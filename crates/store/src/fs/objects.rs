@@ -20,7 +20,7 @@
 
 use crate::engine::key::Key;
 use crate::error::{Error, Result};
-use crate::fs::inode::{FileKind, Inode, Timespec};
+use crate::fs::inode::{Inode, Timespec};
 use crate::fs::keys::kind;
 use crate::limits::{BLOCK_SIZE_U64, MAX_EXTENT_BLOCKS, MAX_FILE_BYTES};
 use crate::store::Store;
@@ -274,13 +274,7 @@ impl Store {
         csums: &[u32],
         now: Timespec,
     ) -> Result<Inode> {
-        self.enter(ino)?;
-        let mut inode = self.getattr(ino)?;
-        match inode.kind {
-            FileKind::Regular => {}
-            FileKind::Directory => return Err(Error::IsDir(ino)),
-            _ => return Err(Error::Invalid(format!("write to inode {ino}, not a regular file"))),
-        }
+        let mut inode = self.file_to_write(ino)?;
         let n = csums.len() as u64;
         if !offset.is_multiple_of(BLOCK_SIZE_U64)
             || n == 0

@@ -937,13 +937,7 @@ impl Store {
         sums: Option<&[u32]>,
         now: Timespec,
     ) -> Result<Inode> {
-        self.enter(ino)?;
-        let mut inode = self.getattr(ino)?;
-        match inode.kind {
-            FileKind::Regular => {}
-            FileKind::Directory => return Err(Error::IsDir(ino)),
-            _ => return Err(Error::Invalid(format!("write to inode {ino}, not a regular file"))),
-        }
+        let mut inode = self.file_to_write(ino)?;
         let end = offset
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_FILE_BYTES)
@@ -959,6 +953,18 @@ impl Store {
         self.put_inode(&inode)?;
         self.maybe_commit()?;
         Ok(inode)
+    }
+
+    /// The inode of regular file `ino`, entered for a write (a directory or anything
+    /// else refused as a write to it is).
+    pub(crate) fn file_to_write(&mut self, ino: u64) -> Result<Inode> {
+        self.enter(ino)?;
+        let inode = self.getattr(ino)?;
+        match inode.kind {
+            FileKind::Regular => Ok(inode),
+            FileKind::Directory => Err(Error::IsDir(ino)),
+            _ => Err(Error::Invalid(format!("write to inode {ino}, not a regular file"))),
+        }
     }
 
     /// Allocates, punches or zeroes a range of a regular file.
