@@ -190,7 +190,9 @@ impl CrestFs {
                     }
                     // The blocks the read needs, fetched whole so each can be checked.
                     let (b0, b1) = ((from - file_at) / BLOCK_BYTES as u64, (to - file_at).div_ceil(BLOCK_BYTES as u64));
-                    let at = (block + b0) * BLOCK_BYTES as u64;
+                    // (A block number no object can have is the server's error, not a wrap.)
+                    let at = block.checked_add(b0).and_then(|b| b.checked_mul(BLOCK_BYTES as u64));
+                    let Some(at) = at else { return Err(bad(format!("object part at block {block}"))) };
                     let got = match self.objects.transfers.get_range(url, at, ((b1 - b0) as usize) * BLOCK_BYTES) {
                         Ok(g) => g,
                         Err(TransferError::NotFound | TransferError::Refused(403, _)) => return Ok(None),
@@ -310,7 +312,7 @@ fn moved(ino: u64) -> Error {
 fn slice(l: &p::Located, offset: u64, len: u32, size: Option<u64>) -> Option<p::Located> {
     let size = size?;
     let end = offset.saturating_add(u64::from(len)).min(size);
-    let (w0, w1) = (l.offset, l.offset + l.len);
+    let (w0, w1) = (l.offset, l.offset.saturating_add(l.len));
     if offset < w0 || offset >= end || end > w1 {
         return None;
     }
@@ -318,7 +320,8 @@ fn slice(l: &p::Located, offset: u64, len: u32, size: Option<u64>) -> Option<p::
     for part in &l.parts {
         match part {
             p::LocatedPart::Bytes { at, data } => {
-                let (s, e) = (w0 + at, w0 + at + data.len() as u64);
+                let s = w0.saturating_add(*at);
+                let e = s.saturating_add(data.len() as u64);
                 let (from, to) = (s.max(offset), e.min(end));
                 if from < to {
                     let data = data[(from - s) as usize..(to - s) as usize].to_vec();
@@ -326,7 +329,7 @@ fn slice(l: &p::Located, offset: u64, len: u32, size: Option<u64>) -> Option<p::
                 }
             }
             p::LocatedPart::Object { file_at, csums, .. } => {
-                let e = file_at + csums.len() as u64 * BLOCK_BYTES as u64;
+                let e = file_at.saturating_add(csums.len() as u64 * BLOCK_BYTES as u64);
                 if *file_at < end && e > offset {
                     parts.push(part.clone());
                 }
@@ -334,4 +337,44 @@ fn slice(l: &p::Located, offset: u64, len: u32, size: Option<u64>) -> Option<p::
         }
     }
     Some(p::Located { offset, len: end - offset, parts })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(file_at: u64, blocks: usize) -> p::LocatedPart {
+        p::LocatedPart::Object { file_at, block: 0, csums: vec![0; blocks], url: format!("u{file_at}") }
+    }
+
+    #[test]
+    fn a_window_slice_keeps_what_the_read_needs() {
+        // Window [4096, 4096 + 5 blocks): bytes at its start, an object, bytes, an object.
+        let w = p::Located {
+            offset: 4096,
+            len: 5 * 4096,
+            parts: vec![
+                p::LocatedPart::Bytes { at: 0, data: vec![1; 4096] },
+                object(8192, 2),
+                p::LocatedPart::Bytes { at: 3 * 4096, data: vec![2; 100] },
+                object(20480, 1),
+            ],
+        };
+        let s = slice(&w, 6000, 4000, Some(1 << 20)).expect("inside");
+        assert_eq!((s.offset, s.len), (6000, 4000));
+        assert_eq!(s.parts.len(), 2, "{:?}", s.parts);
+        assert_eq!(s.parts[0], p::LocatedPart::Bytes { at: 0, data: vec![1; 8192 - 6000] });
+        assert_eq!(s.parts[1], object(8192, 2));
+        let s = slice(&w, 16384, 200, Some(1 << 20)).expect("inside");
+        assert_eq!(s.parts, vec![p::LocatedPart::Bytes { at: 0, data: vec![2; 100] }]);
+        // Clipped to the file's size; outside the window or past the end: not from it.
+        assert_eq!(slice(&w, 20480, 4096, Some(20500)).map(|s| s.len), Some(20));
+        assert!(slice(&w, 0, 10, Some(1 << 20)).is_none());
+        assert!(slice(&w, 20000, 5000, Some(1 << 20)).is_none());
+        assert!(slice(&w, 20500, 10, Some(20500)).is_none());
+        assert!(slice(&w, 5000, 10, None).is_none());
+        // A hostile window (offsets near the end of the range) is refused, not wrapped.
+        let h = p::Located { offset: u64::MAX - 10, len: 100, parts: vec![object(u64::MAX - 4096, 9)] };
+        assert!(slice(&h, u64::MAX - 5, 3, Some(u64::MAX)).is_some_and(|s| s.parts.len() == 1));
+    }
 }
