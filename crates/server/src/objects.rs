@@ -62,11 +62,6 @@ impl DataAccess {
         Ok(DataAccess { bucket, creds, keys_under, store: store.clone() })
     }
 
-    /// The image's data store.
-    pub fn store(&self) -> &DataStore {
-        &self.store
-    }
-
     /// The prefix every object of the image's key starts with.
     pub fn keys_under(&self) -> &str {
         &self.keys_under

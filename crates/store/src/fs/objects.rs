@@ -351,16 +351,6 @@ impl Store {
         Ok(out)
     }
 
-    /// Every id on the gone list (scrub, fsck).
-    pub fn all_gone_objects(&mut self) -> Result<Vec<u64>> {
-        let mut out = Vec::new();
-        self.root_tree.range(&mut self.pager, &gone_key(0), &gone_key(u64::MAX), &mut |k, _| {
-            out.push(k.offset);
-            Ok(true)
-        })?;
-        Ok(out)
-    }
-
     /// Takes deleted objects off the gone list.
     pub fn objects_deleted(&mut self, ids: &[u64]) -> Result<()> {
         if ids.is_empty() {
@@ -372,15 +362,6 @@ impl Store {
             self.root_tree.delete(&mut self.pager, &gone_key(*id))?;
         }
         Ok(())
-    }
-
-    /// The next object id the counter gives (every id below it was granted once).
-    pub fn next_object_id(&mut self) -> Result<u64> {
-        let key = next_key();
-        match self.root_tree.get(&mut self.pager, &key)? {
-            Some(v) => le_u64_at(&v, key),
-            None => Ok(1),
-        }
     }
 
     /// Reads `buf.len()` bytes of object blocks from `addr` through the object source.
