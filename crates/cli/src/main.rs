@@ -511,11 +511,12 @@ fn reload(serving: &crest_serve::Serving, reread: &dyn Fn() -> Result<Reloaded, 
     match reread() {
         Ok(r) => {
             let log = logging::reload(&r.log).unwrap_or_else(|e| format!("unchanged ({e})"));
-            serving.reload(crest_serve::Reload { sessions_per_identity: Some(r.sessions_per_client) });
-            eprintln!(
-                "crest: reloaded: log {log}, {} sessions per client; export policies read again",
-                r.sessions_per_client
-            );
+            let exports =
+                match serving.reload(crest_serve::Reload { sessions_per_identity: Some(r.sessions_per_client) }) {
+                    Ok(()) => "export policies read again".to_string(),
+                    Err(e) => format!("export policies NOT reloaded, the previous ones stay in force: {e}"),
+                };
+            eprintln!("crest: reloaded: log {log}, {} sessions per client; {exports}", r.sessions_per_client);
         }
         Err(e) => eprintln!("crest: not reloaded (the server goes on as it was): {e}"),
     }
@@ -863,6 +864,18 @@ fn parse_cli(args: &[std::ffi::OsString], helper: bool) -> Result<Cli, u8> {
     Ok(cli)
 }
 
+/// A server and a mount daemon outlive their terminal and are sent SIGHUP to reload
+/// (`kill -HUP`): from the first instant of their lives the signal must not end them. The
+/// server handles it once it serves (`serve`); until then, and in a mount, it is ignored.
+#[allow(unsafe_code)]
+fn ignore_hangups() {
+    // SAFETY: SIG_IGN runs no code of ours in a handler, and the process has one thread
+    // here: nothing else is changing signal dispositions.
+    if unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) } == libc::SIG_ERR {
+        eprintln!("crest: cannot ignore SIGHUP: {}", std::io::Error::last_os_error());
+    }
+}
+
 fn main() -> ExitCode {
     let (args, helper) = arguments();
     let cli = match parse_cli(&args, helper) {
@@ -870,6 +883,9 @@ fn main() -> ExitCode {
         Err(code) => return ExitCode::from(code),
     };
     let Cli { command, log, state_dir, config } = cli;
+    if matches!(command, Command::Serve { .. } | Command::Mount { .. }) {
+        ignore_hangups();
+    }
     let failure = failure_code(&command);
     if let Err(e) = logging::init(&log) {
         eprintln!("crest: {e:#}");

@@ -17,7 +17,8 @@ pub enum TokenCmd {
         /// How long it may be redeemed: 30m, 1h, 2d... (at most 7d).
         #[arg(long, default_value = "1h", value_parser = parse_ttl)]
         ttl: u64,
-        /// The name the client's certificate gets (default: the host name it sends).
+        /// The name the client's certificate gets, never issued before (default: a fresh
+        /// name, the host name the client sends and 8 random hex digits).
         #[arg(long)]
         name: Option<String>,
     },
@@ -90,7 +91,7 @@ pub fn token(dir: &StateDir, cmd: TokenCmd) -> Result<()> {
             } else {
                 let now = unix_now();
                 for t in tokens {
-                    let name = t.name.as_deref().unwrap_or("(client's host name)");
+                    let name = t.name.as_deref().unwrap_or("(fresh: HOSTNAME-XXXXXXXX)");
                     println!("{}  expires in {}  name {name}", t.id, human_secs(t.expires.saturating_sub(now)));
                 }
             }

@@ -82,8 +82,8 @@ struct Outbox {
 impl Outbox {
     fn send(&self, m: ServerMessage) {
         let bytes = p::encoded_len(&m);
-        if matches!(m, ServerMessage::Response(_)) {
-            self.backlog.answered();
+        if let ServerMessage::Response(r) = &m {
+            self.backlog.answered(r.id);
         }
         // (Counted first: the writer may count it off as soon as it is sent.)
         self.backlog.add(bytes);
@@ -119,6 +119,8 @@ struct Gate {
     revoked: watch::Receiver<Arc<HashSet<Fingerprint>>>,
     /// Bumped when the export policies are to be read again (`Serving::reload`).
     policies: watch::Receiver<u64>,
+    /// The export policies in force.
+    exports: Arc<exports::Policies>,
 }
 
 /// What a connection's tasks hold of the server thread: its control queue, the wake-up of
@@ -333,7 +335,7 @@ impl StoreTask {
                         self.queues.add(*queue, out.backlog.clone());
                         self.outboxes.insert(sid, out);
                     }
-                    None => tracing::warn!(%peer, "handshake refused: {msg:?}"),
+                    None => limits::refusal!(%peer, "handshake refused: {msg:?}"),
                 }
                 let _ = reply.send((sid, msg));
             }
@@ -411,7 +413,7 @@ fn apply_cmd(server: &mut Option<Server>, outboxes: &mut HashMap<SessionId, Outb
     let Some(srv) = server.as_mut() else { return Step::Stop };
     match cmd {
         Cmd::Request { session, req, sums, out } => {
-            out.backlog.asked();
+            out.backlog.asked(req.id, reads::weight(&req));
             if !outboxes.get(&session).is_some_and(|o| o.same_channel(&out)) {
                 outboxes.insert(session, out);
             }
@@ -533,6 +535,8 @@ pub struct Serving {
     accept: Option<oneshot::Receiver<()>>,
     /// Bumped to have connected sessions' export policies read again.
     policies: watch::Sender<u64>,
+    /// The export policies in force (none for `--insecure`).
+    exports: Option<Arc<exports::Policies>>,
     per_identity: Arc<AtomicUsize>,
 }
 
@@ -551,9 +555,11 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
         Security::Insecure => None,
         Security::Tls(authority) => {
             let config = authority.server_config().map_err(std::io::Error::other)?;
-            Some((tokio_rustls::TlsAcceptor::from(config), authority.clone()))
+            let exports = exports::Policies::load(authority.dir()).map_err(std::io::Error::other)?;
+            Some((tokio_rustls::TlsAcceptor::from(config), authority.clone(), Arc::new(exports)))
         }
     };
+    let exports = tls.as_ref().map(|(_, _, e)| e.clone());
     let metrics = match options.metrics {
         Some(addr) => {
             let l = std::net::TcpListener::bind(addr)?;
@@ -613,6 +619,7 @@ pub async fn start_with(store: Store, listen: &str, security: Security, options:
         stop: Some(stop_tx),
         accept: Some(accept_done_rx),
         policies: policies_tx,
+        exports,
         per_identity,
     })
 }
@@ -639,7 +646,7 @@ impl Drop for Runtimes {
 struct Listening {
     listener: std::net::TcpListener,
     metrics: Option<std::net::TcpListener>,
-    tls: Option<(tokio_rustls::TlsAcceptor, Arc<Authority>)>,
+    tls: Option<(tokio_rustls::TlsAcceptor, Arc<Authority>, Arc<exports::Policies>)>,
     policies: watch::Receiver<u64>,
     shell: Shell,
     stop: oneshot::Receiver<()>,
@@ -651,9 +658,9 @@ impl Listening {
     async fn run(self) {
         let Listening { listener, metrics, tls, policies, shell, stop, done } = self;
         let metrics_cmds = shell.ctrl.clone();
-        let gate = tls.map(|(acceptor, authority)| {
+        let gate = tls.map(|(acceptor, authority, exports)| {
             let revoked = watch_revocations(authority.clone());
-            Arc::new(Gate { acceptor, authority, revoked, policies })
+            Arc::new(Gate { acceptor, authority, revoked, policies, exports })
         });
         match TcpListener::from_std(listener) {
             Ok(listener) => drop(tokio::spawn(accept_loop(listener, shell, gate, stop, done))),
@@ -731,7 +738,7 @@ async fn accept_loop(
                         match connection(stream, peer, shell, gate, early, counters).await {
                             Ok(()) => {}
                             Err(ConnError::ClosedBeforeHello) => tracing::debug!(%peer, "connection closed before hello"),
-                            Err(e) => tracing::warn!(%peer, "connection closed: {e}"),
+                            Err(e) => limits::refusal!(%peer, "connection closed: {e}"),
                         }
                     });
                 }
@@ -905,7 +912,7 @@ async fn join(wr: Writer, gate: &Gate, join: p::Join, peer: SocketAddr) -> Resul
             ServerMessage::Joined(p::Joined { cert: i.cert.clone(), ca: i.ca.clone(), name: i.name.clone() })
         }
         Err(reason) => {
-            tracing::warn!(%peer, "join refused: {reason}");
+            limits::refusal!(%peer, "join refused: {reason}");
             ServerMessage::Refused { reason: reason.clone(), version: p::PROTOCOL_VERSION }
         }
     };
@@ -964,18 +971,14 @@ async fn serve(
     let first = first?;
     // What this client may do: its export policy (trusted without TLS: loopback only).
     let policy = || match (&gate, &admitted) {
-        (Some(gate), Some(a)) => exports::policy_for(gate.authority.dir(), &a.name, a.local).map_err(|e| {
-            tracing::error!(%peer, client = %a.name, "session refused: {e}");
-            e
-        }),
-        _ => Ok(Policy::trusted()),
+        (Some(gate), Some(a)) => gate.exports.policy_for(&a.name, a.local),
+        _ => Policy::trusted(),
     };
     let hello = match first {
         ClientMessage::Admin(a) if gate.is_none() || admitted.is_some() => {
             let allowed = match policy() {
-                Ok(p) if p.admin => Ok(()),
-                Ok(_) => Err("this host may not run administrative commands (\"admin\" in its export policy)".into()),
-                Err(e) => Err(format!("the server's export policies are unreadable: {e}")),
+                p if p.admin => Ok(()),
+                _ => Err("this host may not run administrative commands (\"admin\" in its export policy)".into()),
             };
             if let Err(reason) = allowed.and_then(|()| p::check_admin(&a)) {
                 refuse(wr, reason).await;
@@ -1008,14 +1011,7 @@ async fn serve(
         }
         other => return Err(ConnError::Other(format!("first message is not a hello: {other:?}"))),
     };
-    let policy = match policy() {
-        Ok(p) => p,
-        Err(e) => {
-            let reason = format!("the server's export policies are unreadable: {e}");
-            refuse(wr, reason).await;
-            return Err(ConnError::Other(e));
-        }
-    };
+    let policy = policy();
     let policy_now = policy.clone();
     let who = admitted.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| "(insecure)".into());
     let (tx, out_rx) = mpsc::unbounded_channel::<(usize, reads::Queued)>();

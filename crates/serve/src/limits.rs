@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crest_tls::Fingerprint;
 
@@ -69,9 +69,98 @@ impl Drop for Slot {
     }
 }
 
+/// Log lines about refused or failed connections: at most `REFUSALS_SHOWN` a window of
+/// `REFUSALS_WINDOW`, then one line saying how many were left out. Anyone who reaches the
+/// port can be refused as fast as they connect; the log must not grow as fast.
+pub struct Quiet {
+    state: Mutex<QuietState>,
+}
+
+struct QuietState {
+    window_start: Option<Instant>,
+    shown: u32,
+    left_out: u64,
+}
+
+/// Refusals logged in one window.
+pub const REFUSALS_SHOWN: u32 = 20;
+/// The window.
+pub const REFUSALS_WINDOW: Duration = Duration::from_secs(10);
+
+/// What the caller is to log.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Shown {
+    /// This line, after a line saying that `0` were left out since the last one shown
+    /// (none when 0).
+    Line(u64),
+    /// Nothing: counted, to be told later.
+    LeftOut,
+}
+
+impl Quiet {
+    /// A limiter with nothing shown yet.
+    pub const fn new() -> Quiet {
+        Quiet { state: Mutex::new(QuietState { window_start: None, shown: 0, left_out: 0 }) }
+    }
+
+    /// Whether a line at `now` is shown.
+    pub fn line(&self, now: Instant) -> Shown {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.window_start.is_none_or(|start| now.saturating_duration_since(start) >= REFUSALS_WINDOW) {
+            s.window_start = Some(now);
+            s.shown = 0;
+        }
+        if s.shown >= REFUSALS_SHOWN {
+            s.left_out += 1;
+            return Shown::LeftOut;
+        }
+        s.shown += 1;
+        Shown::Line(std::mem::take(&mut s.left_out))
+    }
+}
+
+impl Default for Quiet {
+    fn default() -> Quiet {
+        Quiet::new()
+    }
+}
+
+/// The limiter of the server's refusal lines.
+pub static REFUSALS: Quiet = Quiet::new();
+
+/// Logs a refusal (`tracing::warn!`) unless too many were logged lately.
+macro_rules! refusal {
+    ($($arg:tt)*) => {
+        match $crate::limits::REFUSALS.line(std::time::Instant::now()) {
+            $crate::limits::Shown::LeftOut => {}
+            $crate::limits::Shown::Line(left_out) => {
+                if left_out > 0 {
+                    tracing::warn!("{left_out} more refused or failed connections were not logged");
+                }
+                tracing::warn!($($arg)*);
+            }
+        }
+    };
+}
+pub(crate) use refusal;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusal_lines_are_bounded_per_window_and_the_rest_counted() {
+        let q = Quiet::new();
+        let t0 = Instant::now();
+        for i in 0..REFUSALS_SHOWN {
+            assert_eq!(q.line(t0 + Duration::from_millis(u64::from(i))), Shown::Line(0));
+        }
+        for _ in 0..1000 {
+            assert_eq!(q.line(t0 + Duration::from_secs(1)), Shown::LeftOut);
+        }
+        assert_eq!(q.line(t0 + REFUSALS_WINDOW), Shown::Line(1000), "the next window says how many were left out");
+        assert_eq!(q.line(t0 + REFUSALS_WINDOW), Shown::Line(0));
+    }
 
     #[test]
     fn slots_are_counted_and_given_back() {

@@ -75,7 +75,7 @@ impl Outbox {
     pub(crate) fn send_read(&self, session: SessionId, response: p::Response, read: PlannedRead) {
         // (Counted as it will be: the placeholder's frame plus the data and its length.)
         let bytes = p::encoded_len(&ServerMessage::Response(response.clone())) + read.len() + 8;
-        self.backlog.answered();
+        self.backlog.answered(response.id);
         self.backlog.add(bytes);
         let (done, reading) = oneshot::channel();
         let ctrl = self.ctrl.clone();
@@ -104,4 +104,23 @@ fn read_again(
     ctrl.send(Ctrl::ReadAgain { session, read, reply }).map_err(|_| stopping())?;
     drop(ctrl);
     answer.blocking_recv().unwrap_or_else(|_| Err(stopping()))
+}
+
+/// The bytes of file data `req` holds while it waits in the core (its writes') and that
+/// its answer may carry (its reads', up to a frame): counted against its connection's
+/// bound while it is unanswered, so that requests parked behind another session's rights
+/// cannot hold, or release at once, more than that bound of data.
+pub(crate) fn weight(req: &p::Request) -> usize {
+    let mut asked = 0usize;
+    let mut holds = 0usize;
+    for op in &req.ops {
+        match op {
+            p::Op::Read { len, .. } => asked = asked.saturating_add(*len as usize),
+            p::Op::Write { data, .. } | p::Op::Append { data, .. } | p::Op::WriteBack { data, .. } => {
+                holds = holds.saturating_add(data.len())
+            }
+            _ => {}
+        }
+    }
+    asked.min(p::MAX_FRAME_BYTES).saturating_add(holds)
 }

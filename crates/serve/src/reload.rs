@@ -13,7 +13,7 @@ use crest_server::authz::Policy;
 use crest_tls::Fingerprint;
 use tokio::sync::watch;
 
-use crate::{exports, Ctrl, Gate, Serving};
+use crate::{Ctrl, Gate, Serving};
 
 /// What to change.
 #[derive(Clone, Copy, Debug, Default)]
@@ -23,13 +23,17 @@ pub struct Reload {
 }
 
 impl Serving {
-    /// Applies `r`, and has every connected session's export policy read again.
-    pub fn reload(&self, r: Reload) {
+    /// Applies `r`, and has every connected session's export policy read again. `Err`
+    /// says why the export policies file as it is now was refused: the policies before it
+    /// stay in force (the rest of `r` is applied all the same).
+    pub fn reload(&self, r: Reload) -> Result<(), String> {
         if let Some(n) = r.sessions_per_identity {
             self.per_identity.store(n, Ordering::Relaxed);
             let _ = self.cmds.send(Ctrl::SessionsPerIdentity(n));
         }
+        let read = self.exports.as_ref().map_or(Ok(()), |e| e.reread());
         self.policies.send_modify(|generation| *generation += 1);
+        read
     }
 }
 
@@ -80,11 +84,8 @@ pub(crate) async fn policy_changed(watch: &mut Option<PolicyWatch>) {
         if w.reloads.changed().await.is_err() {
             return std::future::pending().await;
         }
-        match exports::policy_for(w.gate.authority.dir(), &w.name, w.local) {
-            Ok(p) if p == w.current => {}
-            Ok(_) => return,
-            // (A file that does not parse refuses new sessions; the connected keep theirs.)
-            Err(e) => tracing::error!(client = %w.name, "export policies not reloaded: {e}"),
+        if w.gate.exports.policy_for(&w.name, w.local) != w.current {
+            return;
         }
     }
 }

@@ -18,7 +18,10 @@
 //! stay bounded too (by `MAX_OUTBOX_BYTES` and one reply: the store task hands replies to
 //! the outboxes after each message it applies). Nor is it served while
 //! `MAX_WAITING_REQUESTS` of its requests are in the core unanswered (parked behind other
-//! sessions' rights, held for the grace period): those are bounded too.
+//! sessions' rights, held for the grace period), nor while the file data those requests
+//! hold and may be answered with, added to its queued replies, exceeds
+//! `MAX_OUTBOX_BYTES`: parked work is bounded as replies are, so a connection's parked
+//! reads, released at once, cannot make the server hold more than its bound.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -244,35 +247,74 @@ impl<T> Queues<T> {
 
 /// What a connection has waiting on the way out: bytes queued for its writer (counted up
 /// by the store task as it queues a message, down by the writer once it has written it),
-/// and requests handed to the core and not answered yet.
+/// and requests handed to the core and not answered yet, with the bytes their answers
+/// may take (`promised`).
 #[derive(Clone)]
 pub struct Backlog {
     bytes: Arc<AtomicUsize>,
     requests: Arc<AtomicUsize>,
+    promised: Arc<Mutex<Promised>>,
     drained: Arc<Notify>,
     /// Its connection's queue's place in `Ready`: a queue that waited may go on.
     wake: Wake,
 }
 
+/// The answers a connection's requests in the core may take: the bytes their reads ask
+/// for, by request id. A request parked behind another session's rights is unanswered
+/// for as long as that session takes; counted as if its answer were queued already, a
+/// connection's parked reads, released together, make the server hold no more than the
+/// bound of its replies (`MAX_OUTBOX_BYTES` and one request's).
+#[derive(Default)]
+struct Promised {
+    total: usize,
+    by_id: HashMap<u64, usize>,
+}
+
 impl Backlog {
     pub fn new(wake: &Wake) -> Backlog {
-        Backlog { bytes: Arc::default(), requests: Arc::default(), drained: Arc::default(), wake: wake.clone() }
+        Backlog {
+            bytes: Arc::default(),
+            requests: Arc::default(),
+            promised: Arc::default(),
+            drained: Arc::default(),
+            wake: wake.clone(),
+        }
     }
 
     /// Too much waits: the connection's queue is not served.
     pub fn full(&self) -> bool {
-        self.bytes() > MAX_OUTBOX_BYTES || self.requests.load(Ordering::Relaxed) >= MAX_WAITING_REQUESTS
+        self.bytes().saturating_add(self.promised()) > MAX_OUTBOX_BYTES
+            || self.requests.load(Ordering::Relaxed) >= MAX_WAITING_REQUESTS
     }
 
-    /// A request was handed to the core.
-    pub fn asked(&self) {
+    /// Bytes the answers of its requests in the core may take.
+    pub fn promised(&self) -> usize {
+        self.promised.lock().unwrap_or_else(|e| e.into_inner()).total
+    }
+
+    /// Request `id`, whose answer may take `promise` bytes, was handed to the core.
+    pub fn asked(&self, id: u64, promise: usize) {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        if promise > 0 {
+            let mut p = self.promised.lock().unwrap_or_else(|e| e.into_inner());
+            p.total = p.total.saturating_add(promise);
+            // (One id twice in the core at once — only a peer breaking the protocol sends
+            // that — is let go of at the first answer: it costs that peer, as it should.)
+            *p.by_id.entry(id).or_default() += promise;
+        }
     }
 
-    /// A response was queued for the writer.
-    pub fn answered(&self) {
-        let before = self.requests.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
-        if before.is_ok_and(|n| n >= MAX_WAITING_REQUESTS) {
+    /// The response to request `id` was queued for the writer.
+    pub fn answered(&self, id: u64) {
+        let was_full = self.full();
+        let _ = self.requests.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
+        {
+            let mut p = self.promised.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(promise) = p.by_id.remove(&id) {
+                p.total = p.total.saturating_sub(promise);
+            }
+        }
+        if was_full && !self.full() {
             self.wake.wake();
         }
     }
@@ -282,10 +324,11 @@ impl Backlog {
     }
 
     pub fn sent(&self, bytes: usize) {
+        let was_full = self.full();
         // (Never below zero: what is subtracted was added first.)
-        let before = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_sub(bytes)));
+        let _ = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_sub(bytes)));
         self.drained.notify_one();
-        if before.is_ok_and(|b| b > MAX_OUTBOX_BYTES) {
+        if was_full && !self.full() {
             self.wake.wake();
         }
     }
@@ -461,7 +504,7 @@ mod tests {
         let into_core = |q: &mut Queues<usize>| {
             let mut got = Vec::new();
             q.drain(|x| {
-                backlog.asked();
+                backlog.asked(x as u64, 0);
                 got.push(x);
                 true
             });
@@ -469,10 +512,59 @@ mod tests {
         };
         let first = into_core(&mut q);
         assert_eq!(first, MAX_WAITING_REQUESTS, "no more requests than the bound go into the core unanswered");
-        for _ in 0..3 {
-            backlog.answered();
+        for id in 0..3 {
+            backlog.answered(id);
         }
         assert!(poll_once(Box::pin(q.ready().notified())).is_some(), "an answer at the bound wakes the store task");
         assert_eq!(first + into_core(&mut q), MAX_WAITING_REQUESTS + 3, "each answer lets one more in");
+    }
+
+    #[tokio::test]
+    async fn requests_whose_answers_may_fill_the_outbox_wait_outside_the_core() {
+        let mut q = Queues::new();
+        let (inbox, backlog) = served(&mut q);
+        // Reads of sizes around the bound's fractions, from a printed seed.
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        println!("seed {seed}");
+        let mut rng = seed | 1;
+        let sizes: Vec<usize> = (0..200)
+            .map(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                1 + (rng % (4 << 20)) as usize
+            })
+            .collect();
+        for i in 0..sizes.len() {
+            inbox.send(i, 1).await.expect("queued");
+        }
+        let mut in_core: Vec<usize> = Vec::new();
+        let into_core = |q: &mut Queues<usize>, in_core: &mut Vec<usize>| {
+            q.drain(|x| {
+                backlog.asked(x as u64, sizes[x]);
+                in_core.push(x);
+                true
+            });
+        };
+        into_core(&mut q, &mut in_core);
+        let promised: usize = in_core.iter().map(|&x| sizes[x]).sum();
+        let last = sizes[*in_core.last().expect("some went in")];
+        assert!(promised - last <= MAX_OUTBOX_BYTES, "{promised} bytes promised before the last went in");
+        assert!(in_core.len() < sizes.len(), "the rest wait outside the core");
+        assert_eq!(backlog.promised(), promised);
+        // Answered (the data now queued for the writer), the promise becomes bytes; sent,
+        // room again.
+        for &x in &in_core {
+            backlog.add(sizes[x]);
+            backlog.answered(x as u64);
+        }
+        assert_eq!(backlog.promised(), 0);
+        let before = in_core.len();
+        into_core(&mut q, &mut in_core);
+        assert_eq!(in_core.len(), before, "answers not yet sent still count");
+        backlog.sent(promised);
+        into_core(&mut q, &mut in_core);
+        assert!(in_core.len() > before, "sent, the next go in");
     }
 }

@@ -30,6 +30,11 @@ fn host() -> Host {
 
 /// A TLS server on a fresh image, on a runtime of its own.
 fn serve(host: &Host) -> (tokio::runtime::Runtime, crest_serve::Serving) {
+    serving_limited(host, crest_serve::Options::default().sessions_per_identity)
+}
+
+/// `serve`, with at most `sessions` sessions per client identity.
+fn serving_limited(host: &Host, sessions: usize) -> (tokio::runtime::Runtime, crest_serve::Serving) {
     let disk = MemDisk::new(64 << 20);
     Store::mkfs(
         Box::new(disk.clone()),
@@ -39,7 +44,8 @@ fn serve(host: &Host) -> (tokio::runtime::Runtime, crest_serve::Serving) {
     let store = Store::open(Box::new(disk)).expect("open");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let security = crest_serve::Security::Tls(host.auth.clone());
-    let serving = rt.block_on(crest_serve::start(store, "127.0.0.1:0", security)).expect("serve");
+    let options = crest_serve::Options { sessions_per_identity: sessions, ..Default::default() };
+    let serving = rt.block_on(crest_serve::start_with(store, "127.0.0.1:0", security, options)).expect("serve");
     (rt, serving)
 }
 
@@ -58,15 +64,15 @@ fn works(c: &Client) -> bool {
 
 /// Joins `addr` with `token` as `crest join` does: the credentials, or the refusal.
 fn join(addr: SocketAddr, token: &str) -> Result<Credentials, ClientError> {
+    join_as(addr, token, "joiner")
+}
+
+/// `join`, asking for the name `asked` (in the request and the join message both).
+fn join_as(addr: SocketAddr, token: &str, asked: &str) -> Result<Credentials, ClientError> {
     let t = crest_tls::Token::parse(token).expect("token");
-    let (key_pem, csr) = crest_tls::certificate_request("joiner").expect("request");
-    let req = p::Join {
-        magic: p::HELLO_MAGIC,
-        version: p::PROTOCOL_VERSION,
-        token: token.into(),
-        name: "joiner".into(),
-        csr,
-    };
+    let (key_pem, csr) = crest_tls::certificate_request(asked).expect("request");
+    let req =
+        p::Join { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, token: token.into(), name: asked.into(), csr };
     let j = crest_net::join(&addr.to_string(), crest_tls::join_config(t.ca).expect("config"), req, HANG_GUARD)?;
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = StateDir::new(tmp.path().join("s"));
@@ -174,7 +180,7 @@ fn a_revoked_client_is_put_out_and_kept_out_while_another_goes_on() {
     let (_rt, serving) = serve(&h);
     let addr = serving.local_addr;
     let local = connect(addr, &Credentials::local(&h.dir).expect("read").expect("local")).expect("local");
-    let creds = join(addr, &h.auth.create_token(600, None).expect("token").encode()).expect("join");
+    let creds = join(addr, &h.auth.create_token(600, Some("joiner")).expect("token").encode()).expect("join");
     let joined = connect(addr, &creds).expect("joined");
     assert!(works(&joined));
 
@@ -308,16 +314,18 @@ fn an_export_policy_makes_a_host_read_only() {
     h.dir.write("exports.json", br#"{"clients": {"joiner": {"read_only": true}}}"#).expect("exports");
     let (_rt, serving) = serve(&h);
     let addr = serving.local_addr;
-    let creds = join(addr, &h.auth.create_token(600, None).expect("token").encode()).expect("join");
+    let creds = join(addr, &h.auth.create_token(600, Some("joiner")).expect("token").encode()).expect("join");
     let c = connect(addr, &creds).expect("connect");
     assert!(works(&c), "it reads");
     assert_eq!(errno(c.call_one(create(1, "x", p::FileType::Regular, 0o644, 0))), 30);
-    // A policy file that cannot be read refuses sessions rather than guess.
+    // An edit that does not parse is refused: the policies before it stay in force, for
+    // this host and for the server's own.
     h.dir.write("exports.json", b"{ nonsense").expect("exports");
-    match connect(addr, &creds) {
-        Err(ClientError::Refused { reason, .. }) => assert!(reason.contains("export"), "{reason}"),
-        other => panic!("{:?}", other.map(|_| "connected")),
-    }
+    let again = connect(addr, &creds).expect("a host still connects");
+    assert_eq!(errno(again.call_one(create(1, "y", p::FileType::Regular, 0o644, 0))), 30, "and is still read-only");
+    let local = connect(addr, &Credentials::local(&h.dir).expect("read").expect("local")).expect("local");
+    let got = local.call_one(Op::GetAttr { ino: 1 });
+    assert!(matches!(got, Ok(Reply::Attr(_) | Reply::AttrOnly(_))), "{got:?}");
 }
 
 #[test]
@@ -339,7 +347,7 @@ fn only_the_datasets_a_policy_lists_are_mounted_and_only_admins_administer() {
         let answer = admin(&local, "dataset.create", ds).expect("the host's own certificate administers");
         assert!(NvList::decode(&answer).expect("answer").get("error").is_none());
     }
-    let creds = join(addr, &h.auth.create_token(600, None).expect("token").encode()).expect("join");
+    let creds = join(addr, &h.auth.create_token(600, Some("joiner")).expect("token").encode()).expect("join");
     match admin(&creds, "dataset.create", "mine") {
         Err(ClientError::Refused { reason, .. }) => assert!(reason.contains("admin"), "{reason}"),
         other => panic!("a joined host administered: {other:?}"),
@@ -368,7 +376,7 @@ fn a_reload_reaches_connected_hosts_policies_and_the_per_client_limit() {
     let h = host();
     let (_rt, serving) = serve(&h);
     let addr = serving.local_addr;
-    let creds = join(addr, &h.auth.create_token(600, None).expect("token").encode()).expect("join");
+    let creds = join(addr, &h.auth.create_token(600, Some("joiner")).expect("token").encode()).expect("join");
     let c = connect(addr, &creds).expect("connect");
     // (Root squashed by the joined policy: the root directory refuses it, 13, until it is
     // read-only, 30.)
@@ -376,7 +384,7 @@ fn a_reload_reaches_connected_hosts_policies_and_the_per_client_limit() {
     // Made read-only while connected: after the reload its session is put out, connects
     // again, and its hello takes the new policy.
     h.dir.write("exports.json", br#"{"clients": {"joiner": {"read_only": true}}}"#).expect("exports");
-    serving.reload(crest_serve::Reload::default());
+    serving.reload(crest_serve::Reload::default()).expect("the policies file is valid");
     let start = Instant::now();
     let mut last = 0;
     for i in 0.. {
@@ -389,10 +397,43 @@ fn a_reload_reaches_connected_hosts_policies_and_the_per_client_limit() {
     assert_eq!(last, 30, "still writable {:?} after the reload", start.elapsed());
     assert!(works(&c), "it still reads");
     // One connection per client from now on: a second one is refused.
-    serving.reload(crest_serve::Reload { sessions_per_identity: Some(1) });
+    serving.reload(crest_serve::Reload { sessions_per_identity: Some(1) }).expect("reloaded");
     match connect(addr, &creds) {
         Err(ClientError::Refused { reason, .. }) => assert!(reason.contains("already"), "{reason}"),
         other => panic!("a second connection: {:?}", other.map(|_| "connected")),
     }
     assert!(works(&c), "the first goes on");
+}
+
+#[test]
+fn a_token_holder_asking_for_another_hosts_name_gets_neither_its_rights_nor_its_sessions() {
+    use crest_nvlist::{NvList, Value};
+    let h = host();
+    h.dir
+        .write("exports.json", br#"{"clients": {"ops": {"admin": true}, "build7": {"root_squash": false}}}"#)
+        .expect("exports");
+    let (_rt, serving) = serving_limited(&h, 2);
+    let addr = serving.local_addr;
+    // The real build7, joined with a token its administrator named.
+    let build7 = join(addr, &h.auth.create_token(600, Some("build7")).expect("token").encode()).expect("join");
+    for asked in ["ops", "build7"] {
+        let token = h.auth.create_token(600, None).expect("token").encode();
+        let creds = join_as(addr, &token, asked).expect("join");
+        let mut l = NvList::new();
+        l.add("cmd", Value::Str("dataset.create".into())).expect("add");
+        l.add("name", Value::Str(format!("by-{asked}"))).expect("add");
+        let tls = Some(crest_tls::client_config(&creds).expect("config"));
+        match crest_net::admin(&addr.to_string(), tls, l.encode(), HANG_GUARD) {
+            Err(ClientError::Refused { reason, .. }) => assert!(reason.contains("admin"), "{reason}"),
+            other => panic!("a token holder asking for {asked:?} administered: {other:?}"),
+        }
+        // Filling the sessions of the name it asked for fills only its own.
+        let mine: Vec<Client> = (0..2).map(|_| connect(addr, &creds).expect("its own sessions")).collect();
+        assert!(connect(addr, &creds).is_err(), "its own limit holds");
+        let (c, who) = as_anyone(addr, &build7);
+        *who.lock().expect("caller") = caller(0);
+        let made = c.call_one(create(1, &format!("root-of-build7-{asked}"), p::FileType::Regular, 0o600, 0));
+        assert_eq!(entry(made).uid, 0, "the real build7 mounts, its root unsquashed");
+        drop((mine, c));
+    }
 }

@@ -105,17 +105,58 @@ fn leaf(cn: &str, validity: u64, usage: ExtendedKeyUsagePurpose) -> Result<Certi
     Ok(p)
 }
 
-/// A name a client asked for, made safe to print and store: printable ASCII from a small
-/// set, at most 64 characters, and never the host's own name.
-fn clean_name(name: &str) -> String {
-    let n: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || "._-@:".contains(*c)).take(64).collect();
-    if n.is_empty() {
-        "client".into()
-    } else if n == LOCAL_NAME {
-        format!("{n}-joined")
-    } else {
-        n
+/// Characters a certificate name may hold: printable, safe in a log line, a file name and
+/// a JSON key.
+fn name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "._-@:".contains(c)
+}
+
+/// Longest name a certificate gets.
+const MAX_NAME: usize = 64;
+
+/// A name an administrator chose for a token, checked rather than changed: it is what
+/// export policies are keyed by, so a name that is not the one typed would be a policy
+/// that silently names nobody.
+pub fn check_name(name: &str) -> Result<(), Error> {
+    let bad = |why: &str| Err(Error::Cert(format!("{name:?} cannot name a client: {why}")));
+    if name.is_empty() || name.len() > MAX_NAME {
+        return bad("a name has 1 to 64 characters");
     }
+    if !name.chars().all(name_char) {
+        return bad("letters, digits and . _ - @ : only");
+    }
+    if name == LOCAL_NAME {
+        return bad("it is the host's own certificate");
+    }
+    Ok(())
+}
+
+/// The name a token without one issues: what the client asked for, as a hint for whoever
+/// reads `crest cert list`, then 8 random hex digits. The server decides identities: a
+/// token holder must not choose the name policies, `admin` and per-identity limits are
+/// keyed by, and no name is issued twice (`fresh_name`).
+fn joined_name(asked: &str) -> Result<String, Error> {
+    let hint: String = asked.chars().filter(|c| name_char(*c)).take(MAX_NAME - 9).collect();
+    let hint = if hint.is_empty() { "client".to_string() } else { hint };
+    Ok(format!("{hint}-{}", hex(&os_random::<4>()?)))
+}
+
+/// Whether `name` was ever issued (revoked and expired certificates included) or is
+/// promised by a pending token other than `except`.
+fn name_taken(dir: &StateDir, reg: &Register, name: &str, except: Option<&str>) -> Result<bool, Error> {
+    if reg.clients.iter().any(|r| r.name == name) {
+        return Ok(true);
+    }
+    for file in dir.list("tokens")? {
+        if Some(file.trim_end_matches(".json")) == except {
+            continue;
+        }
+        let Some(bytes) = dir.read(&format!("tokens/{file}"))? else { continue };
+        if serde_json::from_slice::<TokenRecord>(&bytes).is_ok_and(|t| t.name.as_deref() == Some(name)) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Equal without an early exit, so timing does not tell how much of a secret matched.
@@ -210,9 +251,13 @@ impl Authority {
         Ok(out)
     }
 
-    /// A new join token valid for `ttl` seconds; the certificate it brings is named
-    /// `name` if given, else what the client asks for.
+    /// A new join token valid for `ttl` seconds. The certificate it brings is named
+    /// `name` if given — a name never issued before nor promised by another pending token
+    /// — else a fresh name the server makes (`joined_name`).
     pub fn create_token(&self, ttl: u64, name: Option<&str>) -> Result<Token, Error> {
+        if let Some(name) = name {
+            check_name(name)?;
+        }
         let token = Token { id: os_random()?, secret: os_random()?, ca: self.ca_fingerprint() };
         let now = unix_now();
         let record = TokenRecord {
@@ -220,10 +265,18 @@ impl Authority {
             secret_sha256: token.secret_hash(),
             created: now,
             expires: now + ttl,
-            name: name.map(clean_name),
+            name: name.map(str::to_string),
         };
         let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Cert(e.to_string()))?;
         let _lock = self.dir.lock()?;
+        if let Some(name) = name {
+            if name_taken(&self.dir, &Register::load(&self.dir)?, name, None)? {
+                return Err(Error::Cert(format!(
+                    "{name:?} was already issued (or a pending token names it): a name belongs to one key; \
+                     choose another, and see `crest cert list`"
+                )));
+            }
+        }
         self.dir.write(&format!("tokens/{}.json", record.id), &json)?;
         Ok(token)
     }
@@ -247,7 +300,8 @@ impl Authority {
     }
 
     /// Redeems `token` (once): signs a client certificate for the key in `csr` (a PKCS#10
-    /// request, DER) and registers it. Nothing of the request but its key is used.
+    /// request, DER) and registers it. Nothing of the request but its key is used, and of
+    /// `requested_name` only a hint in the name the server makes.
     pub fn redeem(&self, token: &str, requested_name: &str, csr: &[u8]) -> Result<Issued, JoinError> {
         let token = Token::parse(token).map_err(JoinError)?;
         if token.ca != self.ca_fingerprint() {
@@ -268,7 +322,23 @@ impl Authority {
         if !self.dir.remove(&rel).map_err(internal)? || record.expires <= unix_now() {
             return Err(unknown());
         }
-        let name = record.name.clone().unwrap_or_else(|| clean_name(requested_name));
+        let reg = Register::load(&self.dir).map_err(internal)?;
+        let name = match &record.name {
+            Some(name) => {
+                // (Checked when the token was made; a register edited since is checked again.)
+                check_name(name).map_err(|e| JoinError(e.to_string()))?;
+                if name_taken(&self.dir, &reg, name, Some(&record.id)).map_err(internal)? {
+                    return Err(JoinError(format!("the name {name:?} this token names was issued meanwhile")));
+                }
+                name.clone()
+            }
+            None => loop {
+                let name = joined_name(requested_name).map_err(internal)?;
+                if !name_taken(&self.dir, &reg, &name, None).map_err(internal)? {
+                    break name;
+                }
+            },
+        };
         let issuer = self.issuer().map_err(internal)?;
         let p = leaf(&name, CLIENT_VALIDITY, ExtendedKeyUsagePurpose::ClientAuth).map_err(internal)?;
         let cert = p.signed_by(&csr.public_key, &issuer).map_err(|e| internal(e.into()))?;

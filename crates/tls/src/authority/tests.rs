@@ -94,11 +94,13 @@ fn a_token_joins_once_and_its_certificate_is_admitted_until_revoked() {
     let (r, server) = connect(client_config(&creds).expect("config"), &auth);
     r.expect("handshake");
     let fp = peer_fingerprint(&server).expect("certificate");
-    assert_eq!(auth.admit(&fp).map(|a| a.name), Ok("laptoprm-rf".into()), "the name is cleaned");
+    let name = auth.admit(&fp).expect("admitted").name;
+    let suffix = name.strip_prefix("laptoprm-rf-").expect("the asked name, cleaned, is a hint");
+    assert!(suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()), "{name}");
 
     // Revoked by another process (the CLI): the server's view follows the file.
     let cli = Authority::open(auth.dir()).expect("cli");
-    assert_eq!(cli.revoke("laptoprm-rf").expect("revoke").len(), 1);
+    assert_eq!(cli.revoke(&name).expect("revoke").len(), 1);
     assert!(auth.admit(&fp).is_err_and(|e| e.contains("revoked")));
     assert!(auth.revoked().contains(&fp));
 }
@@ -124,20 +126,63 @@ fn expired_forged_and_foreign_tokens_are_refused() {
     assert_eq!(auth.admit(&peer_fingerprint(&server).expect("cert")).map(|a| a.name), Ok("named".into()));
 }
 
+/// The name the server gave the certificate `creds` holds.
+fn name_of(auth: &Authority, creds: &Credentials) -> Admitted {
+    let (r, server) = connect(client_config(creds).expect("config"), auth);
+    r.expect("handshake");
+    auth.admit(&peer_fingerprint(&server).expect("cert")).expect("admitted")
+}
+
 #[test]
 fn a_joining_client_never_gets_the_hosts_own_name() {
     let (_tmp, auth) = host();
     let token = auth.create_token(600, None).expect("token").encode();
-    let creds = join(&auth, &token, "local").expect("join");
-    let (r, server) = connect(client_config(&creds).expect("config"), &auth);
-    r.expect("handshake");
-    let who = auth.admit(&peer_fingerprint(&server).expect("cert")).expect("admitted");
-    assert_eq!(who, Admitted { name: "local-joined".into(), local: false });
-    let token = auth.create_token(600, Some("local")).expect("token").encode();
-    let creds = join(&auth, &token, "x").expect("join");
-    let (r, server) = connect(client_config(&creds).expect("config"), &auth);
-    r.expect("handshake");
-    assert!(!auth.admit(&peer_fingerprint(&server).expect("cert")).expect("admitted").local);
+    let who = name_of(&auth, &join(&auth, &token, "local").expect("join"));
+    assert!(who.name.starts_with("local-") && !who.local, "{who:?}");
+    assert!(auth.create_token(600, Some("local")).is_err(), "no token names the host's own certificate");
+}
+
+#[test]
+fn a_token_holder_cannot_choose_its_identity() {
+    let (_tmp, auth) = host();
+    // The administrator's hosts, joined with named tokens.
+    let ops = auth.create_token(600, Some("ops")).expect("token").encode();
+    assert_eq!(name_of(&auth, &join(&auth, &ops, "whatever").expect("join")).name, "ops");
+    let mut seen = vec!["ops".to_string()];
+    // Holders of unnamed tokens asking for those names, or the same name again and again,
+    // each get a name of their own.
+    for asked in ["ops", "ops", "build7", "local", "", "ops-00000000", &"x".repeat(200)] {
+        let token = auth.create_token(600, None).expect("token").encode();
+        let got = name_of(&auth, &join(&auth, &token, asked).expect("join")).name;
+        assert!(!seen.contains(&got), "{got:?} issued twice");
+        assert!(got.len() <= 64 && got != "ops" && got != "build7", "asked {asked:?}, got {got:?}");
+        seen.push(got);
+    }
+    // A name once issued is never promised again, revoked or not.
+    assert!(auth.create_token(600, Some("ops")).is_err_and(|e| e.to_string().contains("already issued")));
+    auth.revoke("ops").expect("revoke");
+    assert!(auth.create_token(600, Some("ops")).is_err(), "a revoked name stays its key's");
+    // Nor do two pending tokens promise one name.
+    auth.create_token(600, Some("build8")).expect("token");
+    assert!(auth.create_token(600, Some("build8")).is_err());
+    // Names an administrator types are checked, not silently changed.
+    for bad in ["", "a b", "x/y", "évé", &"n".repeat(65)] {
+        assert!(auth.create_token(600, Some(bad)).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn a_named_token_is_refused_if_its_name_was_issued_meanwhile() {
+    let (_tmp, auth) = host();
+    let first = auth.create_token(600, Some("build9")).expect("token").encode();
+    // Another process's register edit (a restored backup, a hand edit) issues the name.
+    let mut reg = auth.clients().expect("register");
+    let mut rec = reg.clients[0].clone();
+    rec.name = "build9".into();
+    rec.fingerprint = "00".repeat(32);
+    reg.clients.push(rec);
+    reg.save(auth.dir()).expect("save");
+    assert!(join(&auth, &first, "x").is_err_and(|e| e.0.contains("issued meanwhile")));
 }
 
 #[test]
