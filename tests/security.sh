@@ -141,6 +141,54 @@ run as third token create --ttl 10m
 expect foreign-token-refused 1 as spare join "$addr" "$(cat "$tmp/out")"
 mentions foreign-token-named "not the one the token names"
 
+echo "== identities: the server names a joining host; a bad exports.json is refused, not obeyed"
+# Policies for this machine's own host name and for "ops": what a token holder would ask for.
+hn=$(cat /proc/sys/kernel/hostname)
+exports=$tmp/host/exports.json
+printf '{"clients": {"%s": {"admin": true}, "ops": {"admin": true}}}\n' "$hn" >"$exports"
+chmod 600 "$exports"
+run as host token create --ttl 10m
+expect spare-joins 0 as spare join "$addr" "$(cat "$tmp/out")"
+expect joined-name-not-chosen-by-joiner 1 as spare dataset create by-spare --server "$addr"
+mentions joined-name-not-admin "admin"
+run as host cert list --json
+check joined-names-unique python3 -c "import json,sys; n=[c['name'] for c in json.load(open('$tmp/out'))]; sys.exit(0 if len(n) == len(set(n)) and '$hn' not in n else 1)"
+expect named-token-for-issued-name-refused 1 as host token create --name local
+server_pid=${pids[0]}
+printf '{ "clients": { typo\n' >"$exports"
+kill -HUP "$server_pid"
+reloaded=1
+for _ in $(seq 100); do grep -q "NOT reloaded" "$tmp/img.log" && { reloaded=0; break; }; sleep 0.05; done
+check bad-exports-reload-says-not-reloaded [ "$reloaded" = 0 ]
+check server-alive-after-bad-exports kill -0 "$server_pid"
+mnt m-typo
+expect host-mounts-despite-bad-exports 0 as host mount "$addr" "$tmp/m-typo"
+check host-reads-despite-bad-exports [ "$(cat "$tmp/m-typo/a" 2>/dev/null)" = "from host" ]
+as host umount "$tmp/m-typo" >/dev/null 2>&1
+rm -f "$exports"
+kill -HUP "$server_pid"
+# SIGHUP from the first instant of a server's life: ignored until its handler is in place,
+# then a reload; never the end of it.
+port5=$(free_port)
+as host mkfs --size 64M "$tmp/img5" >/dev/null
+CREST_STATE_DIR=$tmp/host "$crest" serve "$tmp/img5" --listen "127.0.0.1:$port5" >"$tmp/img5.log" 2>&1 &
+hup_pid=$!
+pids+=("$hup_pid")
+ignored=1
+for _ in $(seq 2000); do
+  # (Until exec and main ran, the default would end it: wait for SIGHUP to be ignored.)
+  mask=$(awk '/^SigIgn:/ {print $2}' "/proc/$hup_pid/status" 2>/dev/null)
+  if [ -n "$mask" ] && (( 16#$mask & 1 )); then ignored=0; break; fi
+done
+check serve-ignores-sighup-at-once [ "$ignored" = 0 ]
+for _ in $(seq 400); do
+  kill -HUP "$hup_pid" 2>/dev/null || break
+  listening "$port5" && break
+  sleep 0.005
+done
+kill -HUP "$hup_pid" 2>/dev/null
+check server-survives-early-sighups bash -c "sleep 0.3; kill -0 $hup_pid && grep -q reloaded '$tmp/img5.log'"
+
 echo "== revocation: the client is put out, the host goes on"
 run as host cert list --json
 check cert-list-json python3 -c "import json,sys; d=json.load(open('$tmp/out')); n={c['name'] for c in d}; sys.exit(0 if 'local' in n and len(d) >= 2 else 1)"
