@@ -475,3 +475,100 @@ fn a_silent_connection_is_closed_after_the_idle_timeout_and_a_talking_one_is_not
     server.wait_for_fds_at_most(fds - 1);
     assert!(talker.call(id, vec![Op::StatFs]).results[0].is_ok(), "the talking one is still open");
 }
+
+/// Inode numbers granted to a hostile peer's sessions: the lowest, the end of the highest,
+/// and how many in all.
+struct Granted {
+    low: u64,
+    high: u64,
+    total: u64,
+}
+
+impl Granted {
+    /// Asks for numbers until refused (EDQUOT), noting what `c`'s session was granted.
+    fn grab(&mut self, c: &mut Raw) {
+        for id in 1..=4 {
+            let r = c.call(id, vec![Op::AllocInodes { count: u32::MAX }]);
+            match &r.results[0] {
+                Ok(Reply::Inodes { first, count }) => {
+                    let count = u64::from(*count);
+                    (self.low, self.high, self.total) =
+                        (self.low.min(*first), self.high.max(first + count), self.total + count);
+                }
+                Err(e) => {
+                    assert_eq!(e.errno, 122, "refused as over its quota (EDQUOT): {e:?}");
+                    return;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        panic!("a session was granted more than {} numbers", crest_server::MAX_UNUSED_GRANTED);
+    }
+
+    fn span(&self) -> u64 {
+        self.high - self.low
+    }
+}
+
+/// (g) A peer that asks for inode numbers in a loop, in session after session, cannot use
+/// up a dataset's: each session holds at most `MAX_UNUSED_GRANTED` unused, and what a
+/// session did not use (it said goodbye, or its connection went and it was fenced) is
+/// granted again before the dataset's counter moves. So the numbers ever granted span at
+/// most what the sessions one identity may hold at once can hold, however many were
+/// granted, and the dataset still creates files.
+#[test]
+fn a_peer_asking_for_inode_numbers_in_a_loop_of_sessions_cannot_use_them_up() {
+    let server = ServerProcess::start();
+    let bound = crest_server::MAX_UNUSED_GRANTED;
+    let most = crest_server::MAX_SESSIONS_PER_IDENTITY as u64;
+    let mut g = Granted { low: u64::MAX, high: 0, total: 0 };
+    // Sessions that say goodbye: each is granted what the one before left.
+    for _ in 0..20 {
+        let mut c = Raw::session(server.addr);
+        g.grab(&mut c);
+        c.send(&ClientMessage::Goodbye);
+        c.expect_closed("after a goodbye");
+    }
+    assert_eq!((g.total, g.span()), (20 * bound, bound), "one session's worth of numbers, granted over and over");
+    // Sessions that just go (fenced a few seconds later), as fast as the server lets one
+    // identity start them, until several times what they can hold at once was granted.
+    let start = Instant::now();
+    let (mut sessions, mut refused) = (0u64, 0u64);
+    while g.total < 3 * most * bound {
+        assert!(start.elapsed() < HANG_GUARD, "{} numbers granted in {sessions} sessions so far", g.total);
+        match Raw::hello_named(server.addr, "hoarder".into()) {
+            (mut c, Some(ServerMessage::Welcome(_))) => {
+                g.grab(&mut c);
+                sessions += 1;
+            }
+            (_, Some(ServerMessage::Refused { .. })) => {
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (_, other) => panic!("{other:?}"),
+        }
+        assert!(g.span() <= most * bound, "the numbers granted span {} (at most {most} × {bound})", g.span());
+    }
+    eprintln!("{} numbers granted in {sessions} sessions ({refused} refused) over a span of {}", g.total, g.span());
+    assert!(refused > 0, "the identity's session bound was reached");
+    // The dataset still creates files: through the server, and at a granted number.
+    let mut c = loop {
+        match Raw::hello_named(server.addr, "honest".into()) {
+            (c, Some(ServerMessage::Welcome(_))) => break c,
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let kind = p::FileType::Regular;
+    let create =
+        Op::Create { parent: 1, name: b"after".to_vec(), kind, mode: 0o644, rdev: 0, cred: p::Cred::default() };
+    assert!(c.call(1, vec![create]).results[0].is_ok());
+    let Ok(Reply::Inodes { first, .. }) = c.call(2, vec![Op::AllocInodes { count: 4096 }]).results[0] else {
+        panic!("no grant")
+    };
+    assert!((g.low..g.high).contains(&first), "{first}: from the numbers granted before");
+    let (ino, name) = (first, b"granted".to_vec());
+    let create_at =
+        Op::CreateAt { ino, generation: 1, parent: 1, name, kind, mode: 0o644, rdev: 0, cred: p::Cred::default() };
+    let r = c.call(3, vec![create_at]);
+    assert!(matches!(&r.results[0], Ok(Reply::Entry(a)) if a.ino == first), "{r:?}");
+}

@@ -29,8 +29,8 @@ mod space;
 
 pub use caps::Outgoing;
 pub use session::{
-    AdminStart, Applied, PlannedRead, Server, SessionId, WriteSums, MAX_SESSIONS_PER_IDENTITY, REPLY_CACHE_BYTES,
-    REPLY_CACHE_ENTRIES,
+    AdminStart, Applied, PlannedRead, Server, SessionId, WriteSums, MAX_SESSIONS_PER_IDENTITY, MAX_UNUSED_GRANTED,
+    REPLY_CACHE_BYTES, REPLY_CACHE_ENTRIES,
 };
 
 /// Entry points for the fuzz targets (fuzz/): decoders of what the disk holds.

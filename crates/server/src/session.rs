@@ -31,6 +31,8 @@ mod parking;
 use parking::Pin;
 mod elsewhere;
 pub use elsewhere::{PlannedRead, WriteSums};
+mod inodes;
+pub use inodes::MAX_UNUSED_GRANTED;
 mod record;
 pub(crate) use record::fuzz_record;
 mod replies;
@@ -125,9 +127,10 @@ struct Session {
     dataset: u64,
     /// `granted` changed in the running change: its record is written again at its end.
     grants_changed: bool,
-    /// Its client's identity (the certificate's name; empty for sessions told none, and
-    /// for sessions restored after a restart until their client resumes).
-    identity: String,
+    /// Its client's identity (the certificate's name; empty for sessions told none), kept
+    /// in its durable record: only that identity may resume it. `None` only for one
+    /// restored from a record written before records kept it, until its client resumes.
+    identity: Option<String>,
     /// The requests that changed nothing and ran while it replayed after a restart (its
     /// re-asserts: locks, handles and rights taken again), with their answers, by id. One
     /// sent again after a reconnect (its answer lost) ran already and is answered from
@@ -160,15 +163,13 @@ impl Session {
         true
     }
 
-    /// Grants `first..first + count`.
-    fn grant(&mut self, first: u64, count: u64) {
-        if let Some(granted) = &mut self.granted {
-            self.grants_changed = true;
-            granted.push(first..first.saturating_add(count));
-            if granted.len() > MAX_GRANTED_RANGES {
-                granted.remove(0);
-            }
-        }
+    /// Grants `range`; returns the oldest range it held if it now holds more than
+    /// `MAX_GRANTED_RANGES` (no longer its own: for the pool, `inodes.rs`).
+    fn grant(&mut self, range: std::ops::Range<u64>) -> Option<std::ops::Range<u64>> {
+        let granted = self.granted.as_mut()?;
+        self.grants_changed = true;
+        granted.push(range);
+        (granted.len() > MAX_GRANTED_RANGES).then(|| granted.remove(0))
     }
 }
 
@@ -245,6 +246,7 @@ impl Session {
             holes: self.holes_below_top(),
             grants: self.granted.clone(),
             name: self.client_name.clone(),
+            identity: self.identity.clone(),
         }
     }
 
@@ -372,6 +374,14 @@ pub struct Server {
     elsewhere: elsewhere::Elsewhere,
     /// Snapshots waiting for clients to write back (`admin_start`).
     pending_snapshots: Vec<admin::PendingSnapshot>,
+    /// Inode numbers granted to sessions that ended unused, for later grants (`inodes.rs`).
+    inode_pool: inodes::InodePool,
+    /// The request running is a replay after a restart (`handle`): it draws no grant from
+    /// `inode_pool`.
+    replaying_now: bool,
+    /// The running change must be durable before it is answered (it drew a grant from
+    /// `inode_pool`): `end_change` commits.
+    commit_after_change: bool,
     /// The last token given to a call that waits.
     next_admin_token: u64,
     /// Receives under way (`crest receive`), by token.
@@ -473,7 +483,9 @@ impl Server {
                 fenced.insert(id);
                 continue;
             }
-            let Some(Record { secret, seq, dataset, holes, grants, name: client_name }) = decode_record(&bytes) else {
+            let Some(Record { secret, seq, dataset, holes, grants, name: client_name, identity }) =
+                decode_record(&bytes)
+            else {
                 tracing::warn!(session = id, "malformed session record of {} bytes dropped", bytes.len());
                 if let Err(e) = store.delete_session_record(id) {
                     tracing::error!(session = id, "cannot drop a session record: {e}");
@@ -484,6 +496,7 @@ impl Server {
             let s = Session {
                 secret,
                 client_name,
+                identity,
                 dataset,
                 granted: grants,
                 applied: seq,
@@ -512,6 +525,9 @@ impl Server {
             image: String::new(),
             started_ms: None,
             pending_snapshots: Vec::new(),
+            inode_pool: Default::default(),
+            replaying_now: false,
+            commit_after_change: false,
             next_admin_token: 0,
             receives: Default::default(),
             sessions,
@@ -629,7 +645,7 @@ impl Server {
     /// Answers a client's hello: a new session, or the resumed one when the token matches.
     /// The session is trusted (`Policy::trusted`): simulations, tests, tools.
     pub fn handle_hello(&mut self, hello: &p::Hello) -> (Option<SessionId>, p::ServerMessage) {
-        let (sid, msg) = self.hello_inner(hello, &Policy::trusted());
+        let (sid, msg) = self.hello_inner(hello, &Policy::trusted(), "");
         if let Some(sid) = sid {
             self.set_policy(sid, Policy::trusted());
         }
@@ -638,32 +654,41 @@ impl Server {
 
     /// `handle_hello` for a client under `policy` (its export policy) whose certificate
     /// names `identity`: it runs its requests under the policy, may mount only the datasets
-    /// it names, and holds at most `sessions_per_identity` sessions at once
-    /// (`MAX_SESSIONS_PER_IDENTITY` unless `set_sessions_per_identity` says otherwise).
+    /// it names, resumes only sessions `identity` started, and holds at most
+    /// `sessions_per_identity` sessions at once (`MAX_SESSIONS_PER_IDENTITY` unless
+    /// `set_sessions_per_identity` says otherwise).
     pub fn handle_hello_as(
         &mut self,
         hello: &p::Hello,
         policy: Policy,
         identity: &str,
     ) -> (Option<SessionId>, p::ServerMessage) {
-        let resuming = hello.resume.is_some_and(|t| self.sessions.get(&t.id).is_some_and(|s| s.secret == t.secret));
+        let refuse = |reason| (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
+        if identity.len() > record::MAX_RECORD_IDENTITY {
+            // (Its sessions' records could not keep it whole, to check a resume against.)
+            return refuse(format!("a client identity of {} bytes is too long", identity.len()));
+        }
+        let resuming = hello.resume.is_some_and(|t| {
+            self.sessions.get(&t.id).is_some_and(|s| s.secret == t.secret && s.identity.as_deref() == Some(identity))
+        });
         let most = self.sessions_per_identity;
-        if !resuming && self.sessions.values().filter(|s| s.identity == identity).count() >= most {
+        if !resuming && self.sessions.values().filter(|s| s.identity.as_deref() == Some(identity)).count() >= most {
             tracing::warn!(identity, "session refused: too many sessions of one client identity");
-            let reason = format!("{identity} holds {most} sessions already");
-            return (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
+            return refuse(format!("{identity} holds {most} sessions already"));
         }
-        let (sid, msg) = self.hello_inner(hello, &policy);
-        if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid)) {
-            s.identity = identity.to_string();
-        }
+        let (sid, msg) = self.hello_inner(hello, &policy, identity);
         if let Some(sid) = sid {
             self.set_policy(sid, policy);
         }
         (sid, msg)
     }
 
-    fn hello_inner(&mut self, hello: &p::Hello, policy: &Policy) -> (Option<SessionId>, p::ServerMessage) {
+    fn hello_inner(
+        &mut self,
+        hello: &p::Hello,
+        policy: &Policy,
+        identity: &str,
+    ) -> (Option<SessionId>, p::ServerMessage) {
         let refuse = |reason| (None, p::ServerMessage::Refused { reason, version: p::PROTOCOL_VERSION });
         let protocol = match p::check_hello(hello) {
             Ok(v) => v,
@@ -680,9 +705,20 @@ impl Server {
             // after the marker went would leave the client thinking it merely forgotten.)
             fenced = self.fenced.contains(&t.id);
             if let Some(s) = self.sessions.get_mut(&t.id).filter(|s| s.secret == t.secret) {
+                // The token alone is a bearer's: one that leaked (a log, a core dump, a
+                // host's backup) must not hand another client the session's locks,
+                // handles and replay. Refused before anything of the session is touched.
+                if s.identity.as_deref().is_some_and(|own| own != identity) {
+                    tracing::warn!(session = t.id, identity, "resume refused: the session belongs to another client");
+                    return refuse(format!("session {} belongs to another client identity", t.id));
+                }
                 if s.dataset != dataset {
                     return refuse(format!("session {} mounts another dataset", t.id));
                 }
+                // (Restored from a record that kept no identity: whoever holds the token
+                // is taken for its client, as before records kept it; its next change's
+                // record keeps the identity.)
+                s.identity = Some(identity.to_string());
                 self.disconnected.remove(&t.id);
                 let restarted = s.awaiting_resume.take().is_some() || s.restart_unconfirmed;
                 s.restart_unconfirmed = restarted;
@@ -706,6 +742,7 @@ impl Server {
         let fresh = Session {
             secret,
             client_name: hello.client_name.clone(),
+            identity: Some(identity.to_string()),
             protocol,
             granted: Some(Vec::new()),
             dataset,
@@ -834,7 +871,9 @@ impl Server {
         let held_for_grace = self.hold_for_grace(&victims);
         // (Not a replay's: its response may be kept to answer a resend, data and all.)
         self.begin_plannable(&req, !in_replay);
+        self.replaying_now = in_replay;
         let response = self.handle_request(session, req, now);
+        self.replaying_now = false;
         let planned = self.end_plannable();
         if let (true, Some(ops)) = (in_replay, &retry) {
             if let Some(s) = self.sessions.get_mut(&session) {
@@ -1084,9 +1123,14 @@ impl Server {
         self.release_pins();
         if let Some(s) = self.sessions.remove(&id) {
             tracing::info!(session = id, client = %s.client_name, "session ended");
-            if let Err(e) = self.store.delete_session_record(id) {
-                tracing::warn!(session = id, "cannot drop the session record: {e}");
-            }
+            let record_gone = match self.store.delete_session_record(id) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(session = id, "cannot drop the session record: {e}");
+                    !s.recorded
+                }
+            };
+            self.pool_unused(id, &s, record_gone);
             self.end_grants(id);
             // (In inode order: the order orphans go decides the store's layout, which a
             // simulator's seed must reproduce.)
@@ -1255,11 +1299,6 @@ impl Server {
             self.elsewhere.op_sums = None;
             if r.is_ok() {
                 self.activity.bytes_written += data;
-            }
-            if let Ok(Reply::Inodes { first, count }) = r {
-                if let Some(s) = self.sessions.get_mut(&session) {
-                    s.grant(first, u64::from(count));
-                }
             }
             self.redact(who, listed, xattr_names, &mut r);
             results.push(r);

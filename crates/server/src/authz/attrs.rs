@@ -77,10 +77,16 @@ impl Checker<'_> {
             // A write, truncate or fallocate by someone outside the file's group drops its
             // setuid and setgid bits (Linux's kill-priv): the kernel asks the file system
             // to, on behalf of the writer, who need not own the file nor (writing through a
-            // descriptor another opened) be allowed to write it.
+            // descriptor another opened) be allowed to write it. So a mode change that only
+            // drops them is let through for a caller who could have made that write: one
+            // allowed to write the file, or whose session holds it open for writing. Anyone
+            // else is denied it as any chmod: a setuid program is not someone else's to
+            // disarm.
             let (old, new) = (inode.mode & 0o7777, *mode & 0o7777);
             let kill_priv = new != old && new & !old == 0 && (old & !new) & !(S_ISUID | S_ISGID) == 0;
-            let may_kill = kill_priv;
+            let may_kill = kill_priv
+                && !(root || owner)
+                && (self.opened & acl::MAY_WRITE != 0 || self.may(&inode, acl::MAY_WRITE)?);
             if !(root || owner || may_kill) {
                 return Err(not_permitted(ino, "change of mode"));
             }

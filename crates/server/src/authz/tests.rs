@@ -350,6 +350,34 @@ fn a_writer_outside_the_group_may_drop_setgid_but_change_nothing_else() {
     let closed = mk(&mut st, ROOT_INO, "g", FileType::Regular, 0o2775, 0, 1003);
     let kill = setattr(closed, SetAttr { mode: Some(0o775), ..Default::default() });
     // The writer may hold a descriptor opened by someone else: Linux drops the bits for
-    // it whatever its permissions (the server cannot see descriptors).
-    assert!(t(&mut st, &nobody, kill).is_ok(), "e2e acl seed 3882497651");
+    // it whatever its permissions; its session holds the file open for writing.
+    assert!(through(&mut st, &nobody, p::OPEN_WRITE, kill).is_ok(), "e2e acl seed 3882497651");
+}
+
+#[test]
+fn only_a_writer_the_owner_or_root_may_drop_setuid_and_setgid() {
+    let mut st = store();
+    // Root's setuid and setgid program, which others may run but not write.
+    let tool = mk(&mut st, ROOT_INO, "tool", FileType::Regular, 0o6755, 0, 0);
+    let drop_both = || setattr(tool, SetAttr { mode: Some(0o755), ..Default::default() });
+    let drop_suid = || setattr(tool, SetAttr { mode: Some(0o2755), ..Default::default() });
+    let stranger = user(1001);
+    for op in [drop_both(), drop_suid()] {
+        assert_eq!(t(&mut st, &stranger, op.clone()), Err(1), "{op:?} by one who may not write it");
+        let joined = Policy::joined();
+        let squashed = run(&mut st, &joined, &joined.map(&Caller::ROOT), op.clone());
+        assert_eq!(squashed, Err(1), "{op:?} by a squashed root, who is nobody");
+        assert_eq!(through(&mut st, &stranger, p::OPEN_READ | p::OPEN_EXEC, op.clone()), Err(1), "read handles");
+        assert!(through(&mut st, &stranger, p::OPEN_WRITE, op.clone()).is_ok(), "{op:?} through a write handle");
+        assert!(t(&mut st, &Caller::ROOT, op.clone()).is_ok(), "{op:?} by root");
+    }
+    assert_eq!(st.getattr(tool).expect("tool").mode & 0o7777, 0o6755, "the checks changed nothing");
+    // Its owner may; so may whoever its bits (or its group's) let write it.
+    let owned = mk(&mut st, ROOT_INO, "owned", FileType::Regular, 0o6755, 1001, 1001);
+    assert!(t(&mut st, &stranger, setattr(owned, SetAttr { mode: Some(0o755), ..Default::default() })).is_ok());
+    let shared = mk(&mut st, ROOT_INO, "shared", FileType::Regular, 0o6775, 0, 50);
+    let member = Caller { uid: 1001, gid: 1001, groups: vec![50] };
+    let drop_shared = setattr(shared, SetAttr { mode: Some(0o2775), ..Default::default() });
+    assert!(t(&mut st, &member, drop_shared.clone()).is_ok(), "a member of the writing group");
+    assert_eq!(t(&mut st, &stranger, drop_shared), Err(1), "not a member");
 }

@@ -278,7 +278,7 @@ impl Server {
                 let mut l = NvList::new();
                 let _ = l.add("id", Value::U64(id));
                 let _ = l.add("client", Value::Str(s.client_name.clone()));
-                let _ = l.add("identity", Value::Str(s.identity.clone()));
+                let _ = l.add("identity", Value::Str(s.identity.clone().unwrap_or_default()));
                 let _ = l.add("dataset", Value::Str(names.get(&s.dataset).cloned().unwrap_or_default()));
                 let _ = l.add("connected", Value::Bool(!self.disconnected.contains_key(&id)));
                 let _ = l.add("protocol", Value::U64(u64::from(s.protocol)));
@@ -378,6 +378,8 @@ impl Server {
                     return Err((16, format!("the dataset of {name} is mounted")));
                 }
                 self.store.rollback(name).map_err(|e| err_of(&e))?;
+                // (Its inode counter went back: pooled numbers may be given by it again.)
+                self.inode_pool.forget_all();
                 tracing::info!(snapshot = name, "dataset rolled back");
             }
             "snapshot.destroy" => {
@@ -394,10 +396,16 @@ impl Server {
                 tracing::info!(dataset = name, "dataset properties set");
             }
             "dataset.destroy" => {
+                // (Numbers of a dataset that is gone are no use to anyone.)
+                self.inode_pool.forget_all();
                 let results = self.destroy_each(call, "dataset", |st, name| st.destroy_dataset(name))?;
                 let _ = out.add("results", Value::List(results));
             }
             cmd @ ("send" | "receive.start" | "receive.chunk" | "receive.finish" | "receive.abort") => {
+                if cmd != "send" {
+                    // (A dataset received into takes the sender's inode counter.)
+                    self.inode_pool.forget_all();
+                }
                 out = self.send_receive(cmd, call, now)?;
             }
             other => return Err(invalid(format!("unknown command {other:?}"))),

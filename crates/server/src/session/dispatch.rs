@@ -182,10 +182,10 @@ impl Server {
             | Op::Rmdir { .. }
             | Op::Rename { .. }
             | Op::CreateAt { .. }
-            | Op::SymlinkAt { .. }
-            | Op::AllocInodes { .. } => {
+            | Op::SymlinkAt { .. } => self.apply_names(op, now_s),
+            Op::AllocInodes { count } => {
                 let root = self.root_of_session(session);
-                self.apply_names(op, root, now_s)
+                self.alloc_inodes(session, *count, root)
             }
             Op::SetAttr { .. }
             | Op::Open { .. }
@@ -287,9 +287,7 @@ impl Server {
     }
 
     /// Operations on names: create, link, remove, rename.
-    /// Namespace changes; `root` is the session's dataset's root (new inode numbers are
-    /// reserved there).
-    fn apply_names(&mut self, op: Op, root: u64, now_s: s::Timespec) -> Result<Reply, Failure> {
+    fn apply_names(&mut self, op: Op, now_s: s::Timespec) -> Result<Reply, Failure> {
         let st = &mut self.store;
         match op {
             Op::Create { parent, name, kind, mode, rdev, cred } => {
@@ -327,11 +325,6 @@ impl Server {
                     st.create(parent, &name, s::FileKind::CharDevice, 0, 0, 0, 0, now_s)?;
                 }
                 Ok(Reply::Done)
-            }
-            Op::AllocInodes { count } => {
-                let count = count.clamp(1, p::MAX_INODE_GRANT);
-                let first = st.reserve_inode_numbers(root, u64::from(count))?;
-                Ok(Reply::Inodes { first, count })
             }
             Op::CreateAt { ino, generation, parent, name, kind, mode, rdev, cred } => {
                 let kind = kind_in(kind);

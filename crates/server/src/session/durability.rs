@@ -81,9 +81,11 @@ impl Server {
                 *r = Err(error_out(&e));
             }
         }
-        if late || self.written_since_commit >= COMMIT_AFTER_WRITTEN_BYTES {
+        // (A grant drawn from the inode pool: `inodes.rs`.)
+        let pooled = std::mem::take(&mut self.commit_after_change);
+        if late || pooled || self.written_since_commit >= COMMIT_AFTER_WRITTEN_BYTES {
             if let Err(e) = self.store.commit() {
-                tracing::error!(session, late, written = self.written_since_commit, "commit failed: {e}");
+                tracing::error!(session, late, pooled, written = self.written_since_commit, "commit failed: {e}");
             }
         }
     }

@@ -12,20 +12,34 @@ pub(super) const MAX_RECORD_HOLES: usize = 64;
 /// most this many, `MAX_GRANTED_RANGES`).
 pub(super) const MAX_RECORD_GRANTS: usize = 16;
 
+/// Longest client identity a record keeps (whole: a resume is checked against it). The
+/// server's certificate names are far shorter; a longer identity gets no session.
+pub(super) const MAX_RECORD_IDENTITY: usize = 255;
+
+/// Longest client name a record keeps (status and logs only: cut to fit).
+const MAX_RECORD_NAME: usize = 200;
+
 /// A session's durable record: the token, how far its changes have run and are durable
 /// (the highest `seq` that ran, and the places below it whose changes had not), its
-/// dataset, the inode numbers granted to it and not yet used, and its name. Layout:
-/// version 3 (u8), secret (u64 LE), seq (u64 LE), dataset id (u64 LE), hole count (u8),
-/// holes (u64 LE each), grant count (u8), grants (first u64 LE, count u32 LE each), name
-/// length (u8), name. (Version 2 had no dataset, the default one, and no grants: a session
-/// restored from it may use any reserved, unused number; version 1 had no holes either.)
+/// dataset, the inode numbers granted to it and not yet used, its name, and the client
+/// identity that made it (only that one may resume it). Layout: version 4 (u8), secret
+/// (u64 LE), seq (u64 LE), dataset id (u64 LE), hole count (u8), holes (u64 LE each),
+/// grant count (u8), grants (first u64 LE, count u32 LE each), name length (u8), name,
+/// identity length (u8), identity. The name is cut to keep the record within
+/// `MAX_SESSION_RECORD_BYTES`. (Version 3 had no identity, and is still written for a
+/// session restored from one whose client has not come back; version 2 had no dataset,
+/// the default one, and no grants: a session restored from it may use any reserved,
+/// unused number; version 1 had no holes either.)
 pub(super) fn encode_record(r: &Record) -> Vec<u8> {
-    let name = &r.name.as_bytes()[..r.name.len().min(200)];
     let holes = &r.holes[..r.holes.len().min(MAX_RECORD_HOLES)];
     let grants = r.grants.as_deref().unwrap_or_default();
     let grants = &grants[grants.len().saturating_sub(MAX_RECORD_GRANTS)..];
-    let mut out = Vec::with_capacity(28 + 8 * holes.len() + 12 * grants.len() + name.len());
-    out.push(3);
+    let identity = r.identity.as_deref().map(|i| &i.as_bytes()[..i.len().min(MAX_RECORD_IDENTITY)]);
+    let fixed = 28 + 8 * holes.len() + 12 * grants.len() + identity.map_or(0, |i| 1 + i.len());
+    let room = s::sessions::MAX_SESSION_RECORD_BYTES.saturating_sub(fixed);
+    let name = &r.name.as_bytes()[..r.name.len().min(MAX_RECORD_NAME).min(room)];
+    let mut out = Vec::with_capacity(fixed + name.len());
+    out.push(if identity.is_some() { 4 } else { 3 });
     out.extend_from_slice(&r.secret.to_le_bytes());
     out.extend_from_slice(&r.seq.to_le_bytes());
     out.extend_from_slice(&r.dataset.to_le_bytes());
@@ -41,6 +55,10 @@ pub(super) fn encode_record(r: &Record) -> Vec<u8> {
     }
     out.push(name.len() as u8);
     out.extend_from_slice(name);
+    if let Some(identity) = identity {
+        out.push(identity.len() as u8);
+        out.extend_from_slice(identity);
+    }
     out
 }
 
@@ -61,7 +79,7 @@ pub(super) fn is_fenced_marker(b: &[u8]) -> bool {
 }
 
 /// A decoded session record.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Record {
     pub(super) secret: u64,
     pub(super) seq: u64,
@@ -70,6 +88,8 @@ pub(super) struct Record {
     /// `None` from a version 2 or 1 record, which kept no grants.
     pub(super) grants: Option<Vec<std::ops::Range<u64>>>,
     pub(super) name: String,
+    /// `None` from a version 3, 2 or 1 record, which kept no identity.
+    pub(super) identity: Option<String>,
 }
 
 /// Decodes a session record; `None` for anything malformed (such a record is dropped).
@@ -81,14 +101,15 @@ pub(super) fn decode_record(b: &[u8]) -> Option<Record> {
 /// character is read lossily, so that its session is still restored).
 fn decode_with_raw_name(b: &[u8]) -> Option<(Record, &[u8])> {
     let (&version, rest) = b.split_first()?;
-    if !(1..=3).contains(&version) || rest.len() < 17 {
+    // (No record the store holds is longer; the encoder cuts names to fit.)
+    if !(1..=4).contains(&version) || rest.len() < 17 || b.len() > s::sessions::MAX_SESSION_RECORD_BYTES {
         return None;
     }
     let secret = u64::from_le_bytes(rest[0..8].try_into().ok()?);
     let seq = u64::from_le_bytes(rest[8..16].try_into().ok()?);
     let mut rest = &rest[16..];
     let mut dataset = 0;
-    if version == 3 {
+    if version >= 3 {
         dataset = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
         rest = &rest[8..];
     }
@@ -104,7 +125,7 @@ fn decode_with_raw_name(b: &[u8]) -> Option<(Record, &[u8])> {
         rest = &after[8 * usize::from(n)..];
     }
     let mut grants = None;
-    if version == 3 {
+    if version >= 3 {
         let (&n, after) = rest.split_first()?;
         let n = usize::from(n);
         if n > MAX_RECORD_GRANTS || after.len() < 12 * n {
@@ -119,11 +140,24 @@ fn decode_with_raw_name(b: &[u8]) -> Option<(Record, &[u8])> {
         grants = Some(g);
         rest = &after[12 * n..];
     }
-    let (&len, name) = rest.split_first()?;
-    if name.len() != usize::from(len) || holes.iter().any(|&h| h == 0 || h >= seq) {
+    let (&len, after) = rest.split_first()?;
+    let name = after.get(..usize::from(len))?;
+    let rest = &after[usize::from(len)..];
+    let mut identity = None;
+    if version == 4 {
+        // (Kept exactly, unlike the name: a damaged one drops the record.)
+        let (&len, i) = rest.split_first()?;
+        if i.len() != usize::from(len) {
+            return None;
+        }
+        identity = Some(String::from_utf8(i.to_vec()).ok()?);
+    } else if !rest.is_empty() {
         return None;
     }
-    let r = Record { secret, seq, dataset, holes, grants, name: String::from_utf8_lossy(name).into_owned() };
+    if holes.iter().any(|&h| h == 0 || h >= seq) {
+        return None;
+    }
+    let r = Record { secret, seq, dataset, holes, grants, name: String::from_utf8_lossy(name).into_owned(), identity };
     Some((r, name))
 }
 
@@ -131,8 +165,8 @@ fn decode_with_raw_name(b: &[u8]) -> Option<(Record, &[u8])> {
 pub(crate) fn fuzz_record(b: &[u8]) -> bool {
     let Some((r, raw_name)) = decode_with_raw_name(b) else { return false };
     assert!(r.holes.iter().all(|&h| h > 0 && h < r.seq), "{r:?}");
-    // (Only a version 3 record whose name was whole UTF-8 encodes back byte for byte.)
-    if b[0] == 3 && raw_name == r.name.as_bytes() && r.name.len() <= 200 {
+    // (Only a version 3 or 4 record whose name was whole UTF-8 encodes back byte for byte.)
+    if b[0] >= 3 && raw_name == r.name.as_bytes() && r.name.len() <= MAX_RECORD_NAME {
         let again = encode_record(&r);
         assert_eq!(again, b, "a record decodes to what encodes it");
     }

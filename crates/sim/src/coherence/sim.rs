@@ -139,6 +139,8 @@ impl Sim {
         let contention_ms =
             [0, crest_server::contention::CONTENTION_MS][Stream::from_seed_u64(seed ^ 0xc0_17e5).below(2) as usize];
         server.set_contention_window(contention_ms);
+        // (The model hands inode numbers out from the counter alone.)
+        server.reuse_inode_numbers(false);
         let t0 = Instant::now();
         let pick = |rng: &mut Stream, v: &[f64]| v[rng.below(v.len() as u64) as usize];
         let faults = Faults {
@@ -1188,6 +1190,7 @@ impl Sim {
         self.ck.seen_generation = self.server.store_mut().generation();
         self.server.record_applied();
         self.server.set_contention_window(self.contention_ms);
+        self.server.reuse_inode_numbers(false);
         self.server.seed_randomness(self.seed ^ 0x5e55_1015 ^ (self.server_life << 32));
         // (So that a session number names one session in the checker's books.)
         self.server.number_sessions_from(self.max_session + 1);

@@ -249,3 +249,270 @@ fn a_handle_lets_its_session_do_what_its_checked_open_asked_and_no_more() {
     assert!(run(&mut srv, &p::Caller::ROOT, Op::Release { ino: f, handle: 1 }).is_ok());
     assert_eq!(run(&mut srv, &nobody, write()).err(), Some(13), "released: nothing is open");
 }
+
+/// `AllocInodes` for `count` numbers: the first and how many, or the errno.
+fn alloc(srv: &mut Server, sid: SessionId, id: u64, count: u32) -> Result<(u64, u64), i32> {
+    let r = srv.handle_request(sid, req(id, vec![Op::AllocInodes { count }]), NOW);
+    match &r.results[0] {
+        Ok(Reply::Inodes { first, count }) => Ok((*first, u64::from(*count))),
+        Ok(other) => panic!("{other:?}"),
+        Err(e) => Err(e.errno),
+    }
+}
+
+/// Request `id`: a file named `name` in the root made at granted number `ino`.
+fn create_at(id: u64, ino: u64, name: &str) -> p::Request {
+    let op = Op::CreateAt {
+        ino,
+        generation: 7,
+        parent: 1,
+        name: name.as_bytes().to_vec(),
+        kind: p::FileType::Regular,
+        mode: 0o644,
+        rdev: 0,
+        cred: p::Cred::default(),
+    };
+    req(id, vec![op])
+}
+
+/// `session`'s connection goes and stays gone until it is fenced.
+fn fence_by_absence(srv: &mut Server, sids: &[SessionId], now_ms: &mut u64) {
+    for &sid in sids {
+        srv.heard(sid, *now_ms);
+        srv.disconnected(sid, *now_ms);
+    }
+    *now_ms += crate::caps::DISCONNECTED_FENCE_MS + 1;
+    srv.tick(*now_ms).expect("tick");
+    assert!(sids.iter().all(|&s| srv.is_fenced(s)));
+}
+
+const EDQUOT: i32 = 122;
+
+#[test]
+fn a_session_cannot_hoard_inode_numbers() {
+    let mut srv = server();
+    let (a, _) = srv.handle_hello(&hello(None));
+    let a = a.expect("session");
+    let mut held = 0;
+    let mut id = 1;
+    let refused = loop {
+        match alloc(&mut srv, a, id, p::MAX_INODE_GRANT) {
+            Ok((_, n)) => held += n,
+            Err(e) => break e,
+        }
+        id += 1;
+        assert!(id < 100, "granted {held} numbers and counting");
+    };
+    assert_eq!((refused, held), (EDQUOT, MAX_UNUSED_GRANTED), "granted up to the bound, then refused");
+    // What it uses makes room again, for as many as it used.
+    let (first, _) =
+        srv.sessions[&a].granted.as_ref().and_then(|g| g.first()).map(|r| (r.start, r.end)).expect("a grant");
+    for i in 0..3 {
+        id += 1;
+        let r = srv.handle_request(a, create_at(id, first + i, &format!("f{i}")), NOW);
+        assert!(r.results[0].is_ok(), "{r:?}");
+    }
+    assert_eq!(alloc(&mut srv, a, id + 1, p::MAX_INODE_GRANT).map(|(_, n)| n), Ok(3));
+    assert_eq!(alloc(&mut srv, a, id + 2, 1), Err(EDQUOT));
+    // Another session is not held back, and creates through the server still work.
+    let (b, _) = srv.handle_hello(&hello(None));
+    let b = b.expect("session");
+    assert!(alloc(&mut srv, b, 1, 4096).is_ok());
+    assert!(srv.handle_request(a, create_in_root(id + 3, "plain"), NOW).results[0].is_ok());
+}
+
+#[test]
+fn the_unused_inode_numbers_of_a_session_that_ended_are_granted_again() {
+    let mut srv = server();
+    let mut now_ms = 0;
+    let (a, _) = srv.handle_hello(&hello(None));
+    let a = a.expect("a");
+    let (first, n) = alloc(&mut srv, a, 1, 4096).expect("grant");
+    assert!(srv.handle_request(a, create_at(2, first, "a0"), NOW).results[0].is_ok());
+    srv.end_session(a);
+    // The next session gets what it left, before the counter moves.
+    let (b, _) = srv.handle_hello(&hello(None));
+    let b = b.expect("b");
+    assert_eq!(alloc(&mut srv, b, 1, 4096), Ok((first + 1, n - 1)), "the rest of a's grant");
+    assert!(srv.handle_request(b, create_at(2, first + 1, "b0"), NOW).results[0].is_ok(), "usable");
+    assert_eq!(
+        srv.handle_request(b, create_at(3, first, "b1"), NOW).results[0].as_ref().err().map(|e| e.errno),
+        Some(1)
+    );
+    assert_eq!(alloc(&mut srv, b, 4, 4096), Ok((first + n, 4096)), "then the counter, where it was");
+    // A fenced session's numbers come back too.
+    fence_by_absence(&mut srv, &[b], &mut now_ms);
+    let (c, _) = srv.handle_hello(&hello(None));
+    let c = c.expect("c");
+    let mut got = Vec::new();
+    for id in 1..=3 {
+        got.push(alloc(&mut srv, c, id, 4096).expect("grant"));
+    }
+    got.sort_unstable();
+    assert_eq!(got, vec![(first + 2, n), (first + 2 + n, n - 2), (first + 2 * n, 4096)], "joined, then the counter");
+}
+
+#[test]
+fn sessions_started_in_a_loop_do_not_advance_the_inode_counter_without_bound() {
+    let mut srv = server();
+    let per_identity = 8;
+    srv.set_sessions_per_identity(per_identity);
+    let mut now_ms = 0;
+    let (mut low, mut high, mut total) = (u64::MAX, 0, 0);
+    let rounds = 6;
+    for _ in 0..rounds {
+        let mut sids = Vec::new();
+        while let (Some(sid), _) = srv.handle_hello_as(&hello(None), Policy::joined(), "greedy") {
+            let mut id = 1;
+            while let Ok((first, n)) = alloc(&mut srv, sid, id, p::MAX_INODE_GRANT) {
+                (low, high, total) = (low.min(first), high.max(first + n), total + n);
+                id += 1;
+                assert!(
+                    id <= 4,
+                    "a session was granted {} numbers and counting",
+                    (id - 1) * u64::from(p::MAX_INODE_GRANT)
+                );
+            }
+            sids.push(sid);
+        }
+        assert_eq!(sids.len(), per_identity, "then the identity's bound refuses more sessions");
+        fence_by_absence(&mut srv, &sids, &mut now_ms);
+    }
+    let span = high - low;
+    eprintln!("{total} numbers granted over a span of {span}");
+    assert_eq!(total, rounds * per_identity as u64 * MAX_UNUSED_GRANTED);
+    assert_eq!(span, per_identity as u64 * MAX_UNUSED_GRANTED, "the counter moved for the first round only");
+    // The dataset still creates files, through the server and at granted numbers.
+    let (sid, _) = srv.handle_hello(&hello(None));
+    let sid = sid.expect("session");
+    assert!(srv.handle_request(sid, create_in_root(1, "plain"), NOW).results[0].is_ok());
+    let (first, _) = alloc(&mut srv, sid, 2, 16).expect("grant");
+    assert!((low..high).contains(&first), "from the pool");
+    assert!(srv.handle_request(sid, create_at(3, first, "granted"), NOW).results[0].is_ok());
+}
+
+#[test]
+fn after_a_crash_no_pooled_inode_number_is_granted_twice_and_a_replayed_grant_is_the_same() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, _) = srv.handle_hello(&hello(None));
+    let (b, wb) = srv.handle_hello(&hello(None));
+    let (d, _) = srv.handle_hello(&hello(None));
+    let (a, b, d) = (a.expect("a"), b.expect("b"), d.expect("d"));
+    let p::ServerMessage::Welcome(wb) = wb else { panic!("{wb:?}") };
+    let (pooled, n) = alloc(&mut srv, a, 1, 4096).expect("a's grant");
+    let (d_first, _) = alloc(&mut srv, d, 1, 4096).expect("d's grant");
+    srv.end_session(a);
+    // b's grant from the pool is durable before it is answered.
+    let r = srv.handle_request(b, req(1, vec![Op::AllocInodes { count: 4096 }]), NOW);
+    assert_eq!(r.results[0], Ok(Reply::Inodes { first: pooled, count: n as u32 }));
+    assert_eq!(r.durable, r.seq, "committed");
+    // Its next grant, from the counter, is lost with the crash.
+    let lost = alloc(&mut srv, b, 2, 4096).expect("from the counter");
+    assert_eq!(lost.0, d_first + 4096);
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    assert!(srv.sessions[&b].granted.as_ref().is_some_and(|g| g.contains(&(pooled..pooled + n))), "b's record");
+    // A restored session that ends in the grace period leaves its grant to the pool; b's
+    // replay still takes the counter's numbers, as it did before the crash.
+    srv.end_session(d);
+    assert_eq!(srv.inode_pool.pooled(0), 4096);
+    assert_eq!(srv.handle_hello(&hello(Some(wb.session))).0, Some(b));
+    assert_eq!(alloc(&mut srv, b, 2, 4096), Ok(lost), "the replay is granted what the client was told");
+    srv.replayed(b, NOW);
+    assert!(!srv.in_grace());
+    // A new session draws d's numbers, never b's.
+    let (c, _) = srv.handle_hello(&hello(None));
+    let c = c.expect("c");
+    let (first, count) = alloc(&mut srv, c, 1, 4096).expect("c's grant");
+    assert_eq!((first, count), (d_first, 4096));
+    let (first, _) = alloc(&mut srv, c, 2, 4096).expect("c's grant");
+    assert_eq!(first, lost.0 + 4096, "then the counter, past b's");
+}
+
+#[test]
+fn a_session_is_resumed_only_by_the_identity_that_started_it() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let (a, w) = srv.handle_hello_as(&hello(None), Policy::trusted(), "alice");
+    let a = a.expect("session");
+    let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+    let made = srv.handle_request(a, create_in_root(1, "f"), NOW);
+    assert!(made.results[0].is_ok());
+    srv.heard(a, 0);
+    srv.disconnected(a, 0);
+    srv.take_outgoing();
+    let refused = |srv: &mut Server, who: &str| {
+        let (sid, msg) = srv.handle_hello_as(&hello(Some(w.session)), Policy::trusted(), who);
+        let p::ServerMessage::Refused { reason, .. } = msg else { panic!("{who}: {msg:?}") };
+        assert!(sid.is_none() && reason.contains("another client identity"), "{reason}");
+    };
+    refused(&mut srv, "mallory");
+    refused(&mut srv, "");
+    // The session did not notice: still away, nothing sent to it.
+    assert!(srv.disconnected.contains_key(&a) && srv.take_outgoing().is_empty());
+    assert_eq!(srv.sessions.len(), 1, "and no session was started for the refused");
+    let (sid, msg) = srv.handle_hello_as(&hello(Some(w.session)), Policy::trusted(), "alice");
+    assert_eq!(sid, Some(a));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: true, .. })), "{msg:?}");
+    // After a crash the record says whose it is.
+    drop(srv.into_store().abandon());
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    refused(&mut srv, "mallory");
+    assert!(srv.in_grace() && srv.sessions[&a].awaiting_resume.is_some(), "still awaited");
+    let (sid, msg) = srv.handle_hello_as(&hello(Some(w.session)), Policy::trusted(), "alice");
+    assert_eq!(sid, Some(a));
+    assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { durable_seq: Some(_), .. })), "{msg:?}");
+}
+
+#[test]
+fn a_session_restored_from_a_record_without_identity_is_bound_to_its_first_resumer() {
+    let disk = fresh_disk();
+    let mut store = Store::open(Box::new(disk.clone())).expect("open");
+    let old = Record {
+        secret: 42,
+        seq: 1,
+        dataset: 0,
+        holes: Vec::new(),
+        grants: Some(Vec::new()),
+        name: "old".into(),
+        identity: None,
+    };
+    let bytes = encode_record(&old);
+    assert_eq!(bytes[0], 3, "as written before records kept identities");
+    store.put_session_record(5, &bytes).expect("put");
+    store.commit().expect("commit");
+    drop(store);
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("reopen"));
+    let token = p::SessionToken { id: 5, secret: 42 };
+    assert_eq!(srv.handle_hello_as(&hello(Some(token)), Policy::trusted(), "alice").0, Some(5));
+    let (sid, msg) = srv.handle_hello_as(&hello(Some(token)), Policy::trusted(), "mallory");
+    assert!(sid.is_none() && matches!(msg, p::ServerMessage::Refused { .. }), "{msg:?}");
+    // Its next change's record keeps the identity.
+    assert!(srv.handle_request(5, create_in_root(1, "f"), NOW).results[0].is_ok());
+    srv.store.commit().expect("commit");
+    let records = srv.store.session_records().expect("records");
+    let record = records.iter().find(|(id, _)| *id == 5).and_then(|(_, b)| decode_record(b)).expect("record");
+    assert_eq!(record.identity.as_deref(), Some("alice"));
+}
+
+#[test]
+fn the_inode_pool_joins_neighbours_grants_from_its_largest_and_forgets_its_smallest_when_full() {
+    let mut pool = inodes::InodePool::default();
+    pool.give_back(3, 100..110);
+    pool.give_back(3, 120..130);
+    pool.give_back(3, 110..120);
+    pool.give_back(4, 5..6);
+    assert_eq!(pool.take(3, 1000), Some(100..130), "joined, and no more than it holds");
+    assert_eq!(pool.take(3, 1), None);
+    // Ranges a user of every other number leaves: the pool keeps a bounded number, the
+    // largest.
+    for i in 0..10_000u64 {
+        pool.give_back(3, 1000 + 2 * i..1001 + 2 * i);
+    }
+    pool.give_back(3, 1 << 30..(1 << 30) + 500);
+    assert!(pool.pooled(3) < 10_000 && pool.pooled(3) >= 500, "{}", pool.pooled(3));
+    assert_eq!(pool.take(3, 400), Some(1 << 30..(1 << 30) + 400), "from the largest");
+    assert_eq!(pool.take(3, 400), Some((1 << 30) + 400..(1 << 30) + 500));
+    assert_eq!(pool.take(4, 9), Some(5..6), "datasets apart");
+}

@@ -212,6 +212,7 @@ fn session_records_round_trip_and_bad_ones_are_refused() {
         holes: holes.to_vec(),
         grants,
         name: name.into(),
+        identity: Some("host-a-1f2e3d4c".into()),
     };
     let want = rec(7, &[3, 5], Some(vec![100..164, 1 << 41..(1 << 41) + 3]), "host-a");
     let r = encode_record(&want);
@@ -220,7 +221,7 @@ fn session_records_round_trip_and_bad_ones_are_refused() {
         assert_eq!(decode_record(&r[..cut]), None, "truncated at {cut}");
     }
     let mut bad = r.clone();
-    bad[0] = 4;
+    bad[0] = 5;
     assert_eq!(decode_record(&bad), None, "unknown version");
     let mut long = r.clone();
     long.push(b'x');
@@ -240,18 +241,60 @@ fn session_records_round_trip_and_bad_ones_are_refused() {
     v2.extend_from_slice(&42u64.to_le_bytes());
     v2.extend_from_slice(&7u64.to_le_bytes());
     v2.extend_from_slice(&[1, 3, 0, 0, 0, 0, 0, 0, 0, 1, b'h']);
-    let old = Record { dataset: 0, grants: None, ..rec(7, &[3], None, "h") };
+    let old = Record { dataset: 0, grants: None, identity: None, ..rec(7, &[3], None, "h") };
     assert_eq!(decode_record(&v2), Some(old));
     let mut v1 = vec![1];
     v1.extend_from_slice(&42u64.to_le_bytes());
     v1.extend_from_slice(&7u64.to_le_bytes());
     v1.push(1);
     v1.push(b'h');
-    assert_eq!(decode_record(&v1), Some(Record { dataset: 0, ..rec(7, &[], None, "h") }));
+    assert_eq!(decode_record(&v1), Some(Record { dataset: 0, identity: None, ..rec(7, &[], None, "h") }));
     let holes: Vec<u64> = (1..=MAX_RECORD_HOLES as u64 + 5).collect();
     let grants: Vec<std::ops::Range<u64>> = (0..MAX_RECORD_GRANTS as u64 + 5).map(|i| i * 10..i * 10 + 5).collect();
-    let huge = encode_record(&Record { seq: u64::MAX, ..rec(0, &holes, Some(grants), &"n".repeat(1000)) });
-    assert!(huge.len() <= s::sessions::MAX_SESSION_RECORD_BYTES, "{} bytes", huge.len());
+    let identity = Some("i".repeat(record::MAX_RECORD_IDENTITY));
+    let huge = Record { seq: u64::MAX, identity, ..rec(0, &holes, Some(grants), &"n".repeat(1000)) };
+    let b = encode_record(&huge);
+    assert!(b.len() <= s::sessions::MAX_SESSION_RECORD_BYTES, "{} bytes", b.len());
+    let back = decode_record(&b).expect("the largest record decodes");
+    assert_eq!(back.identity, huge.identity, "the identity is kept whole; the name yields");
+    assert!(record::fuzz_record(&b));
+}
+
+#[test]
+fn a_session_record_keeps_the_identity_and_still_reads_those_without_one() {
+    let r = Record {
+        secret: 42,
+        seq: 7,
+        dataset: 9,
+        holes: vec![3],
+        grants: Some(vec![100..164, 300..302]),
+        name: "host-a".into(),
+        identity: Some("host-a-1f2e3d4c".into()),
+    };
+    let b = encode_record(&r);
+    assert_eq!(b[0], 4);
+    assert_eq!(decode_record(&b), Some(r.clone()));
+    assert!(record::fuzz_record(&b));
+    // A version 3 record (as written before): no identity, and it encodes back as it was.
+    let v3 = Record { identity: None, ..r.clone() };
+    let old = encode_record(&v3);
+    assert_eq!((old[0], old.len() + 1 + r.identity.as_ref().map_or(0, String::len)), (3, b.len()));
+    assert_eq!(decode_record(&old), Some(v3));
+    assert!(record::fuzz_record(&old));
+    let mut trailing = old.clone();
+    trailing.push(0);
+    assert_eq!(decode_record(&trailing), None, "a version 3 record ends with its name");
+    // A damaged identity is not read as another one.
+    for cut in b.len() - 16..b.len() {
+        assert_eq!(decode_record(&b[..cut]), None, "truncated at {cut}");
+    }
+    let mut bad = b.clone();
+    let last = bad.len() - 1;
+    bad[last] = 0xff;
+    assert_eq!(decode_record(&bad), None, "an identity that is not UTF-8");
+    let mut long = b.clone();
+    long.push(b'x');
+    assert_eq!(decode_record(&long), None, "identity length disagrees");
 }
 
 #[test]
