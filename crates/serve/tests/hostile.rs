@@ -572,3 +572,61 @@ fn a_peer_asking_for_inode_numbers_in_a_loop_of_sessions_cannot_use_them_up() {
     let r = c.call(3, vec![create_at]);
     assert!(matches!(&r.results[0], Ok(Reply::Entry(a)) if a.ino == first), "{r:?}");
 }
+
+/// (g) Reads parked behind another session's exclusive rights count against their
+/// connection's bound of replies while they wait: released together when the holder
+/// answers its recall, they make the server hold about that bound, not one reply each.
+#[test]
+fn parked_reads_released_together_make_the_server_hold_only_a_bounded_backlog() {
+    let mut rng = seed();
+    let server = ServerProcess::start();
+    // The holder created the file: it holds it exclusively until it answers a recall.
+    let mut holder = Raw::session(server.addr);
+    let size = 1u64 << 34;
+    let a = holder.sparse_file(b"held", size);
+    let before = server.peak_rss();
+    let mut reader = Raw::session(server.addr);
+    let n = 100 + next(&mut rng) % 100;
+    let max = u64::from(p::MAX_IO_BYTES);
+    let mut frames = Vec::new();
+    for i in 0..n {
+        let offset = next(&mut rng) % (size - max);
+        let read = Op::Read { ino: a.ino, offset, len: p::MAX_IO_BYTES };
+        let req =
+            ClientMessage::Request(p::Request { id: 10 + i, ops: vec![read], time: None, caller: p::Caller::ROOT });
+        p::encode_frame(&req, &mut frames).expect("encode");
+    }
+    reader.s.write_all(&frames).expect("send the reads");
+    let recall_id = loop {
+        match holder.recv() {
+            Some(ServerMessage::Notify(p::Notify::Recall { recall_id, .. })) => break recall_id,
+            Some(_) => continue,
+            None => panic!("the server closed the holder's connection"),
+        }
+    };
+    // The reads wait in the server for a while, then are all released at once.
+    let wait = Duration::from_millis(100 + next(&mut rng) % 700);
+    eprintln!("{n} reads of {} MiB parked; the recall answered after {wait:?}", max >> 20);
+    std::thread::sleep(wait);
+    holder.send(&ClientMessage::RecallDone { recall_id });
+    let mut i = 0;
+    while i < n {
+        match reader.recv() {
+            Some(ServerMessage::Response(r)) => {
+                assert_eq!(r.id, 10 + i, "answers in order");
+                assert!(matches!(&r.results[0], Ok(Reply::Data(d)) if d.len() as u64 == max), "read {i}");
+                i += 1;
+            }
+            Some(ServerMessage::Notify(_)) => {}
+            other => panic!("reply {i} of {n}: {other:?}"),
+        }
+        // A slow reader: what the server holds meanwhile is what is measured.
+        if i % 16 == 0 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let grown = server.peak_rss().saturating_sub(before);
+    eprintln!("peak memory grew by {} MiB", grown >> 20);
+    let bound = 96u64 << 20;
+    assert!(grown <= bound, "the server's peak memory grew by {} MiB for {n} parked reads", grown >> 20);
+}
