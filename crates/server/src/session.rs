@@ -246,7 +246,7 @@ impl Session {
             holes: self.holes_below_top(),
             grants: self.granted.clone(),
             name: self.client_name.clone(),
-            identity: self.identity.clone(),
+            identity: self.identity.clone().filter(|_| record::WRITE_IDENTITY),
         }
     }
 
