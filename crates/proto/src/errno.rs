@@ -37,6 +37,8 @@ pub const ENODATA: i32 = 61;
 pub const EOPNOTSUPP: i32 = 95;
 /// Timed out.
 pub const ETIMEDOUT: i32 = 110;
+/// Quota exceeded.
+pub const EDQUOT: i32 = 122;
 
 /// The symbolic name of a Linux errno (for counters and logs), or None for one this table
 /// does not know.

@@ -232,6 +232,24 @@ impl Raw {
         a
     }
 
+    /// Reads the answers to `reads_of`'s `n` requests: in order, each `len` bytes of data;
+    /// `after(i)` once the answer to the `i`-th is in.
+    fn answers_in_order(&mut self, n: u64, len: u64, mut after: impl FnMut(u64)) {
+        let mut i = 0;
+        while i < n {
+            match self.recv() {
+                Some(ServerMessage::Response(r)) => {
+                    assert_eq!(r.id, 10 + i, "answers in order");
+                    assert!(matches!(&r.results[0], Ok(Reply::Data(d)) if d.len() as u64 == len), "read {i}");
+                    i += 1;
+                    after(i);
+                }
+                Some(ServerMessage::Notify(_)) => {}
+                other => panic!("reply {i} of {n}: {other:?}"),
+            }
+        }
+    }
+
     /// Reads until the server closes the connection.
     fn expect_closed(&mut self, what: &str) {
         loop {
@@ -242,6 +260,21 @@ impl Raw {
             }
         }
     }
+}
+
+/// `n` requests (ids 10, 11, ...), each a read of `MAX_IO_BYTES` of inode `ino`, `size`
+/// bytes long, at an offset `rng` picks: as many frames in one buffer.
+fn reads_of(rng: &mut u64, ino: u64, size: u64, n: u64) -> Vec<u8> {
+    let max = u64::from(p::MAX_IO_BYTES);
+    let mut frames = Vec::new();
+    for i in 0..n {
+        let offset = next(rng) % (size - max);
+        let read = Op::Read { ino, offset, len: p::MAX_IO_BYTES };
+        let req =
+            ClientMessage::Request(p::Request { id: 10 + i, ops: vec![read], time: None, caller: p::Caller::ROOT });
+        p::encode_frame(&req, &mut frames).expect("encode");
+    }
+    frames
 }
 
 /// A frame that breaks the protocol after the hello, chosen by `rng`, and what it is.
@@ -420,14 +453,7 @@ fn a_peer_that_reads_no_replies_makes_the_server_hold_only_a_bounded_backlog() {
     // Reads of a sparse file: each asks for MAX_IO_BYTES, in a frame of a few bytes.
     let n = 150 + next(&mut rng) % 100;
     let max = u64::from(p::MAX_IO_BYTES);
-    let mut frames = Vec::new();
-    for i in 0..n {
-        let offset = next(&mut rng) % (size - max);
-        let read = Op::Read { ino: a.ino, offset, len: p::MAX_IO_BYTES };
-        let req =
-            ClientMessage::Request(p::Request { id: 10 + i, ops: vec![read], time: None, caller: p::Caller::ROOT });
-        p::encode_frame(&req, &mut frames).expect("encode");
-    }
+    let frames = reads_of(&mut rng, a.ino, size, n);
     eprintln!("{n} reads of {} MiB each in {} bytes of requests", max >> 20, frames.len());
     c.s.write_all(&frames).expect("send the reads");
     // Another session is answered while they wait (with nothing the reader holds rights
@@ -439,18 +465,7 @@ fn a_peer_that_reads_no_replies_makes_the_server_hold_only_a_bounded_backlog() {
     let bound = 96u64 << 20;
     assert!(grown <= bound, "the server's peak memory grew by {} MiB for replies nobody reads", grown >> 20);
     // Now it reads: every request was kept, and is answered in order.
-    let mut i = 0;
-    while i < n {
-        match c.recv() {
-            Some(ServerMessage::Response(r)) => {
-                assert_eq!(r.id, 10 + i, "answers in order");
-                assert!(matches!(&r.results[0], Ok(Reply::Data(d)) if d.len() as u64 == max), "read {i}");
-                i += 1;
-            }
-            Some(ServerMessage::Notify(_)) => {}
-            other => panic!("reply {i} of {n}: {other:?}"),
-        }
-    }
+    c.answers_in_order(n, max, |_| {});
     let grown = server.peak_rss().saturating_sub(before);
     assert!(grown <= bound, "the server's peak memory grew by {} MiB", grown >> 20);
 }
@@ -496,7 +511,7 @@ impl Granted {
                         (self.low.min(*first), self.high.max(first + count), self.total + count);
                 }
                 Err(e) => {
-                    assert_eq!(e.errno, 122, "refused as over its quota (EDQUOT): {e:?}");
+                    assert_eq!(e.errno, p::errno::EDQUOT, "refused as over its quota: {e:?}");
                     return;
                 }
                 other => panic!("{other:?}"),
@@ -588,14 +603,7 @@ fn parked_reads_released_together_make_the_server_hold_only_a_bounded_backlog() 
     let mut reader = Raw::session(server.addr);
     let n = 100 + next(&mut rng) % 100;
     let max = u64::from(p::MAX_IO_BYTES);
-    let mut frames = Vec::new();
-    for i in 0..n {
-        let offset = next(&mut rng) % (size - max);
-        let read = Op::Read { ino: a.ino, offset, len: p::MAX_IO_BYTES };
-        let req =
-            ClientMessage::Request(p::Request { id: 10 + i, ops: vec![read], time: None, caller: p::Caller::ROOT });
-        p::encode_frame(&req, &mut frames).expect("encode");
-    }
+    let frames = reads_of(&mut rng, a.ino, size, n);
     reader.s.write_all(&frames).expect("send the reads");
     let recall_id = loop {
         match holder.recv() {
@@ -609,22 +617,12 @@ fn parked_reads_released_together_make_the_server_hold_only_a_bounded_backlog() 
     eprintln!("{n} reads of {} MiB parked; the recall answered after {wait:?}", max >> 20);
     std::thread::sleep(wait);
     holder.send(&ClientMessage::RecallDone { recall_id });
-    let mut i = 0;
-    while i < n {
-        match reader.recv() {
-            Some(ServerMessage::Response(r)) => {
-                assert_eq!(r.id, 10 + i, "answers in order");
-                assert!(matches!(&r.results[0], Ok(Reply::Data(d)) if d.len() as u64 == max), "read {i}");
-                i += 1;
-            }
-            Some(ServerMessage::Notify(_)) => {}
-            other => panic!("reply {i} of {n}: {other:?}"),
-        }
-        // A slow reader: what the server holds meanwhile is what is measured.
+    // A slow reader: what the server holds meanwhile is what is measured.
+    reader.answers_in_order(n, max, |i| {
         if i % 16 == 0 {
             std::thread::sleep(Duration::from_millis(20));
         }
-    }
+    });
     let grown = server.peak_rss().saturating_sub(before);
     eprintln!("peak memory grew by {} MiB", grown >> 20);
     let bound = 96u64 << 20;

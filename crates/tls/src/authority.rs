@@ -117,7 +117,7 @@ const MAX_NAME: usize = 64;
 /// A name an administrator chose for a token, checked rather than changed: it is what
 /// export policies are keyed by, so a name that is not the one typed would be a policy
 /// that silently names nobody.
-pub fn check_name(name: &str) -> Result<(), Error> {
+fn check_name(name: &str) -> Result<(), Error> {
     let bad = |why: &str| Err(Error::Cert(format!("{name:?} cannot name a client: {why}")));
     if name.is_empty() || name.len() > MAX_NAME {
         return bad("a name has 1 to 64 characters");

@@ -26,7 +26,7 @@ mod register;
 mod state;
 mod token;
 
-pub use authority::{check_name, Admitted, Authority, HostCredentials, Issued, JoinError, LOCAL_NAME};
+pub use authority::{Admitted, Authority, HostCredentials, Issued, JoinError, LOCAL_NAME};
 pub use config::{client_config, join_config, peer_fingerprint, server_config, Credentials, SERVER_NAME};
 pub use register::{ClientRecord, Register};
 /// What `client_config` and `join_config` make (rustls's).

@@ -34,9 +34,9 @@ pub const MAX_UNUSED_GRANTED: u64 = 2 * p::MAX_INODE_GRANT as u64;
 /// large is filled only by someone who made as many files.
 const MAX_POOLED_RANGES: usize = 4096;
 
-/// EDQUOT: a grant refused because the session holds `MAX_UNUSED_GRANTED` already. (Its
+/// A grant refused because the session holds `MAX_UNUSED_GRANTED` already: EDQUOT. (Its
 /// client then creates through the server, which picks the numbers.)
-const EDQUOT: i32 = 122;
+const EDQUOT: i32 = p::errno::EDQUOT;
 
 /// Unused numbers of ended sessions, by dataset (see the module's doc).
 #[derive(Debug, Default)]

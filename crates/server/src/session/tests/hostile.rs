@@ -286,7 +286,7 @@ fn fence_by_absence(srv: &mut Server, sids: &[SessionId], now_ms: &mut u64) {
     assert!(sids.iter().all(|&s| srv.is_fenced(s)));
 }
 
-const EDQUOT: i32 = 122;
+const EDQUOT: i32 = p::errno::EDQUOT;
 
 #[test]
 fn a_session_cannot_hoard_inode_numbers() {
