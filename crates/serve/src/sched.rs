@@ -4,8 +4,10 @@
 //! Inbound, each connection has a queue of its own, bounded in bytes (`MAX_QUEUED_BYTES`):
 //! its reader waits for room before it reads more of its socket, so a flooding peer is
 //! held back by TCP, not buffered. The store task serves the queues in turn, at most
-//! `BURST` messages from each per round, so another session's request, recall answer or
-//! goodbye waits behind at most a burst of each flood, never behind the whole of it. A
+//! `BURST` messages and about `QUANTUM` of its time from each per round (a queue that took
+//! longer owes it and is passed over until the others had as much), so another session's
+//! request, recall answer or goodbye waits behind at most a burst or one message of each
+//! flood, never behind the whole of it, and costly requests buy no bigger share. A
 //! connection's own messages stay in the order they arrived (the protocol relies on it:
 //! an `Open` ahead of its `RecallDone`). Only queues with something to take are visited:
 //! a queue lists itself (`Ready`) when a message comes, when its connection goes, and
@@ -26,6 +28,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -36,6 +39,12 @@ pub const MAX_QUEUED_BYTES: usize = 4 << 20;
 pub const MAX_OUTBOX_BYTES: usize = 16 << 20;
 /// Messages taken from one connection's queue per round.
 pub const BURST: usize = 16;
+/// The store task's time one connection's queue is given per round. A queue that takes
+/// longer (one message can: a thousand locks, an fsync) owes the difference and is
+/// passed over, a `QUANTUM` of its debt paid each round, until the others had as much.
+pub const QUANTUM: Duration = Duration::from_millis(2);
+/// Most a queue can owe: what it used long ago is not held against it for ever.
+pub const MAX_DEBT: Duration = Duration::from_secs(1);
 /// Requests of one connection in the core and not answered yet (a client keeps at most
 /// 1,024 in flight: `crest_net::MAX_IN_FLIGHT`).
 pub const MAX_WAITING_REQUESTS: usize = 4096;
@@ -147,6 +156,8 @@ struct Entry<T> {
     /// Its connection's unsent replies: over `MAX_OUTBOX_BYTES`, the queue waits (unless
     /// the connection is gone: what it queued last, its disconnection, must be applied).
     backlog: Backlog,
+    /// The store task's time it used beyond its shares (`QUANTUM`).
+    debt: Duration,
 }
 
 impl<T> Entry<T> {
@@ -176,21 +187,26 @@ impl<T> Queues<T> {
     /// Serves `q` from now on, while its connection's `backlog` allows.
     pub fn add(&mut self, q: Receiver<T>, backlog: Backlog) {
         let wake = q.wake.clone();
-        self.entries.insert(q.wake.id, Entry { rx: q.rx, wake: q.wake, backlog });
+        self.entries.insert(q.wake.id, Entry { rx: q.rx, wake: q.wake, backlog, debt: Duration::ZERO });
         // Listed again, whether or not it was (what came before this was lost on a list
         // that had no entry for it yet; a second listing costs a look at an empty queue).
         wake.listed.store(false, Ordering::Release);
         wake.wake();
     }
 
-    /// One round: up to `BURST` messages from each listed queue in turn (but for those
-    /// waiting for their writer), each given to `apply` (which returns false to stop at
-    /// once). A queue with more is listed again behind the others; queues whose
-    /// connection is gone and that are empty are dropped. Returns how many messages were
-    /// applied, and whether `apply` asked to stop.
+    /// One round: each listed queue in turn (but for those waiting for their writer) is
+    /// given `QUANTUM` of the store task's time, less what it owes, and its messages are
+    /// given to `apply` (which returns false to stop at once) until that time is used —
+    /// at least one and at most `BURST`. What it used beyond its share it owes; a queue
+    /// owing a whole share or more is passed over, paying one share. So a peer whose
+    /// requests cost much (a thousand locks, an fsync each) gets the store task's time as
+    /// often as another, not as many messages. A queue with more is listed again behind
+    /// the others; queues whose connection is gone and that are empty are dropped.
+    /// Returns how many messages were applied, and whether `apply` asked to stop.
     pub fn round(&mut self, mut apply: impl FnMut(T) -> bool) -> (usize, bool) {
         let mut applied = 0;
         let listed = self.ready.list().len();
+        self.forgive();
         for _ in 0..listed {
             let Some(id) = self.ready.list().pop_front() else { break };
             let Some(mut e) = self.entries.remove(&id) else { continue };
@@ -199,6 +215,14 @@ impl<T> Queues<T> {
             // swap, not a store: ordered before the `try_recv`s below, so a sender that
             // saw it listed has its message seen by them, on any number of threads.)
             e.wake.listed.swap(false, Ordering::AcqRel);
+            if e.debt >= QUANTUM {
+                e.debt -= QUANTUM;
+                e.wake.wake();
+                self.entries.insert(id, e);
+                continue;
+            }
+            let share = QUANTUM.saturating_sub(e.debt);
+            let start = Instant::now();
             let (mut open, mut more) = (true, false);
             for taken in 1..=BURST {
                 if e.waits() {
@@ -214,7 +238,10 @@ impl<T> Queues<T> {
                             self.entries.insert(id, e);
                             return (applied, true);
                         }
-                        more = taken == BURST;
+                        more = taken == BURST || start.elapsed() >= share;
+                        if more {
+                            break;
+                        }
                     }
                     Err(mpsc::error::TryRecvError::Empty) => break,
                     Err(mpsc::error::TryRecvError::Disconnected) => {
@@ -223,6 +250,7 @@ impl<T> Queues<T> {
                     }
                 }
             }
+            e.debt = start.elapsed().saturating_sub(share).min(MAX_DEBT);
             if open {
                 if more && !e.waits() {
                     e.wake.wake();
@@ -231,6 +259,20 @@ impl<T> Queues<T> {
             }
         }
         (applied, false)
+    }
+
+    /// When every listed queue that can be served owes a share or more, what the least of
+    /// them owes is forgiven all of them: the store task does not stand idle while work
+    /// waits, and what they owe one another stays.
+    fn forgive(&mut self) {
+        let list = self.ready.list();
+        let owing = || list.iter().filter_map(|id| self.entries.get(id)).filter(|e| !e.waits()).map(|e| e.debt);
+        let Some(least) = owing().min().filter(|&d| d >= QUANTUM) else { return };
+        for id in list.iter() {
+            if let Some(e) = self.entries.get_mut(id) {
+                e.debt = e.debt.saturating_sub(least);
+            }
+        }
     }
 
     /// Applies everything queued, queue by queue in turn, until every queue is empty.
@@ -390,6 +432,41 @@ mod tests {
         assert!(at <= BURST, "the quiet queue's message came after {at} of the flood's");
         let flood_order: Vec<u32> = order.iter().copied().filter(|&x| x != 5000).collect();
         assert_eq!(flood_order, (0..1000).collect::<Vec<_>>(), "one queue's messages stay in order");
+    }
+
+    #[tokio::test]
+    async fn a_queue_whose_messages_cost_much_gets_the_store_task_no_longer_than_another() {
+        let mut q = Queues::new();
+        let (costly, _) = served(&mut q);
+        let (cheap, _) = served(&mut q);
+        for i in 0..20u32 {
+            costly.send(i, 1).await.expect("queued");
+        }
+        for i in 0..200u32 {
+            cheap.send(1000 + i, 1).await.expect("queued");
+        }
+        let mut order = Vec::new();
+        // A costly message takes 25 quanta at least (a sleep never ends early); the cheap
+        // ones take microseconds, a burst per round.
+        drain_into_costing(&mut q, &mut order, |&x| if x < 1000 { QUANTUM * 25 } else { Duration::ZERO });
+        assert_eq!(order.len(), 220, "every message applied: the store task does not idle while work waits");
+        let last_cheap = order.iter().rposition(|&x| x >= 1000).expect("cheap ones applied");
+        let costly_first = order[..last_cheap].iter().filter(|&&x| x < 1000).count();
+        // As many messages a round, the costly queue would have had all 20 in by then.
+        assert!(costly_first <= 3, "{costly_first} costly messages before the cheap queue's 200: {order:?}");
+        for range in [0..1000, 1000..2000] {
+            let one: Vec<u32> = order.iter().copied().filter(|x| range.contains(x)).collect();
+            assert!(one.windows(2).all(|w| w[0] < w[1]), "one queue's messages stay in order");
+        }
+    }
+
+    /// `drain_into`, each message taking the time `cost` says.
+    fn drain_into_costing<T>(q: &mut Queues<T>, got: &mut Vec<T>, cost: impl Fn(&T) -> Duration) {
+        q.drain(|x| {
+            std::thread::sleep(cost(&x));
+            got.push(x);
+            true
+        });
     }
 
     #[tokio::test]

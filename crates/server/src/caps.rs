@@ -36,11 +36,17 @@ struct Wait {
 }
 
 /// An outstanding recall of exclusive rights: requests of other sessions wait for it.
+/// The holder has `RECALL_TIMEOUT_MS` to answer, renewed by each request of its that works
+/// on the recalled inodes (its write-back), up to a lease from the recall: past the
+/// deadline it is fenced. A holder that sits on its rights costs the waiters one
+/// `RECALL_TIMEOUT_MS`; one still shipping its changes gets the time to finish.
 #[derive(Debug)]
 struct ExclusiveRecall {
     holder: SessionId,
     inodes: Vec<u64>,
     deadline_ms: u64,
+    /// The latest the deadline can be moved to.
+    limit_ms: u64,
 }
 
 /// A recall sent *before* another session's data change runs, to a session that holds the
@@ -83,6 +89,9 @@ pub struct Caps {
     /// answers a later recall (its connection is in order, and a client drops what it
     /// shares when a connection breaks) or loses every right.
     lapsed: HashMap<u64, BTreeMap<SessionId, u64>>,
+    /// Holders that came back and heard their exclusive recalls again: their deadlines run
+    /// from the next tick (`renew_resent`).
+    resent: Vec<SessionId>,
 }
 
 /// Something the server sends.
@@ -268,6 +277,7 @@ impl Caps {
         }
         for r in self.exclusive_recalls.values_mut() {
             r.deadline_ms = r.deadline_ms.saturating_add(ms);
+            r.limit_ms = r.limit_ms.saturating_add(ms);
         }
         for r in self.flush_recalls.values_mut() {
             r.deadline_ms = r.deadline_ms.saturating_add(ms);
@@ -379,10 +389,14 @@ impl Caps {
     /// `session` is back on a new connection: every recall it has not answered is sent
     /// again (the first notice may have been lost with the old connection): recalls of
     /// what it cached that changes still wait for, and recalls of its exclusive rights
-    /// under way. (Exclusive rights are never taken back without an answer: a holder that
-    /// does not answer within a lease is fenced, and a fenced session cannot resume.) A
-    /// holder that hears a recall twice answers twice; the second answer changes nothing.
-    pub fn resumed(&self, session: SessionId) -> Vec<Outgoing> {
+    /// under way, whose deadlines run again from the next tick. (Exclusive rights are
+    /// never taken back without an answer: a holder that does not answer in time is
+    /// fenced, and a fenced session cannot resume.) A holder that hears a recall twice
+    /// answers twice; the second answer changes nothing.
+    pub fn resumed(&mut self, session: SessionId) -> Vec<Outgoing> {
+        if self.exclusive_recalls.values().any(|r| r.holder == session) {
+            self.resent.push(session);
+        }
         let shared = self.waits.iter().filter_map(|(id, w)| w.outstanding.get(&session).map(|inodes| (*id, inodes)));
         let pending =
             self.exclusive_recalls.iter().filter(|(_, r)| r.holder == session).map(|(id, r)| (*id, &r.inodes));
@@ -475,8 +489,8 @@ impl Caps {
                 session: holder,
                 notify: p::Notify::Recall { recall_id: id, inodes: inodes.clone() },
             });
-            let deadline_ms = now_ms + LEASE_MS;
-            self.exclusive_recalls.insert(id, ExclusiveRecall { holder, inodes, deadline_ms });
+            let (deadline_ms, limit_ms) = (now_ms + RECALL_TIMEOUT_MS, now_ms + LEASE_MS);
+            self.exclusive_recalls.insert(id, ExclusiveRecall { holder, inodes, deadline_ms, limit_ms });
             wait.insert(id);
         }
         wait
@@ -493,6 +507,11 @@ impl Caps {
             .filter_map(|i| self.recalling.get(i).copied())
             .filter(|id| self.exclusive_recalls.get(id).is_some_and(|r| r.holder == session))
             .collect()
+    }
+
+    /// True while an exclusive recall is outstanding (to any session).
+    pub fn recalling_exclusive(&self) -> bool {
+        !self.exclusive_recalls.is_empty()
     }
 
     /// True while exclusive or flush recall `id` is outstanding (parked requests wait).
@@ -520,8 +539,29 @@ impl Caps {
         true
     }
 
-    /// Holders of exclusive recalls unanswered for a whole lease: they are to be fenced
-    /// (a live client answers at once; one that cannot must not write back later).
+    /// `session` sent a request working on `inodes` at `now_ms`: the deadlines of its
+    /// exclusive recalls naming any of them move on (it is shipping what it changed under
+    /// them), never past their limit.
+    pub fn recall_progress(&mut self, session: SessionId, inodes: &[u64], now_ms: u64) {
+        for r in self.exclusive_recalls.values_mut() {
+            if r.holder == session && r.inodes.iter().any(|i| inodes.contains(i)) {
+                r.deadline_ms = r.deadline_ms.max((now_ms + RECALL_TIMEOUT_MS).min(r.limit_ms));
+            }
+        }
+    }
+
+    /// The exclusive recalls sent again to holders that came back (`resumed`) are given
+    /// `RECALL_TIMEOUT_MS` from `now_ms` to answer, within their limit.
+    pub fn renew_resent(&mut self, now_ms: u64) {
+        for session in std::mem::take(&mut self.resent) {
+            for r in self.exclusive_recalls.values_mut().filter(|r| r.holder == session) {
+                r.deadline_ms = r.deadline_ms.max((now_ms + RECALL_TIMEOUT_MS).min(r.limit_ms));
+            }
+        }
+    }
+
+    /// Holders of exclusive recalls unanswered in time (`ExclusiveRecall`): they are to
+    /// be fenced (a live client answers at once; one that cannot must not write back later).
     pub fn late_exclusive_holders(&self, now_ms: u64) -> Vec<SessionId> {
         let mut v: Vec<SessionId> =
             self.exclusive_recalls.values().filter(|r| now_ms >= r.deadline_ms).map(|r| r.holder).collect();

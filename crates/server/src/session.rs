@@ -782,6 +782,10 @@ impl Server {
         }
         self.inbound(session, &mut req);
         self.heard(session, now_ms);
+        if self.caps.recalling_exclusive() {
+            let inodes: Vec<u64> = req.ops.iter().flat_map(op_inodes).collect();
+            self.caps.recall_progress(session, &inodes, now_ms);
+        }
         self.confirm_resume(session);
         self.watch_space(now_ms);
         if self.waits_parked(session, req.id) {

@@ -1,7 +1,7 @@
 //! Leases and fencing: when a session is heard from, when its connection goes, and what
 //! `tick` takes from sessions that fell silent (past `caps::LEASE_MS`), stayed
-//! disconnected (past `caps::DISCONNECTED_FENCE_MS`), sat on an exclusive recall a lease
-//! long, or were restored after a restart and never resumed. A fenced session loses its
+//! disconnected (past `caps::DISCONNECTED_FENCE_MS`), sat on an exclusive recall past its
+//! deadline, or were restored after a restart and never resumed. A fenced session loses its
 //! rights, locks, open files and waiting requests, and its later requests are refused.
 
 use super::*;
@@ -43,28 +43,36 @@ impl Server {
         self.caps.postpone_deadlines(gap_ms);
     }
 
-    /// Takes everything back from a session that went silent past its lease (or whose
-    /// connection stayed gone): rights, locks, open files, waiting requests. Its later
-    /// requests are refused, so nothing it answered itself can land after others moved on.
-    pub(super) fn fence(&mut self, id: SessionId, why: &str) {
-        tracing::warn!(session = id, "session fenced: {why}");
-        self.activity.fences += 1;
-        let secret = self.sessions.get(&id).map(|s| s.secret);
-        self.end_session(id);
-        self.fenced.insert(id);
-        if let Some(secret) = secret {
-            match self.store.put_session_record(id, &encode_fenced_marker(secret)) {
-                Ok(()) => {
-                    self.fenced_markers.insert(id, None);
+    /// Takes everything back from sessions that went silent past their lease (or whose
+    /// connections stayed gone): rights, locks, open files, waiting requests. Their later
+    /// requests are refused, so nothing they answered themselves can land after others
+    /// moved on. However many there are, their fencing costs one commit.
+    pub(super) fn fence(&mut self, sessions: &[(SessionId, &str)]) {
+        let mut marked = 0;
+        for &(id, why) in sessions {
+            tracing::warn!(session = id, "session fenced: {why}");
+            self.activity.fences += 1;
+            let secret = self.sessions.get(&id).map(|s| s.secret);
+            self.end_session(id);
+            self.fenced.insert(id);
+            if let Some(secret) = secret {
+                match self.store.put_session_record(id, &encode_fenced_marker(secret)) {
+                    Ok(()) => {
+                        self.fenced_markers.insert(id, None);
+                        marked += 1;
+                    }
+                    Err(e) => tracing::error!(session = id, "cannot record the fencing: {e}"),
                 }
-                Err(e) => tracing::error!(session = id, "cannot record the fencing: {e}"),
             }
         }
-        // The record's replacement by the marker is made durable at once: after a restart
-        // within the commit interval the fenced session would otherwise be restored, and
-        // its client would take back locks and replay changes that others have moved past.
-        if let Err(e) = self.store.commit() {
-            tracing::error!(session = id, "cannot commit the end of a fenced session: {e}");
+        // The records' replacement by the markers is made durable at once, before
+        // anything the fencing releases is sent: after a restart within the commit
+        // interval a fenced session would otherwise be restored, and its client would take
+        // back locks and replay changes that others have moved past.
+        if marked > 0 {
+            if let Err(e) = self.store.commit() {
+                tracing::error!(sessions = marked, "cannot commit the end of fenced sessions: {e}");
+            }
         }
         self.note_commits();
     }
@@ -112,7 +120,8 @@ impl Server {
     /// Fences the sessions whose lease lapsed.
     pub(super) fn fence_lapsed(&mut self, now_ms: u64) {
         // Leases: silent past LEASE_MS, or disconnected past DISCONNECTED_FENCE_MS, or
-        // holding exclusive rights a recall asked for a whole lease ago: fenced. (Sessions
+        // holding exclusive rights a recall asked for past its deadline
+        // (`caps::ExclusiveRecall`): fenced. (Sessions
         // restored after a restart are not counted until their client comes back.)
         let mut fence: Vec<(SessionId, &str)> = Vec::new();
         for (&id, &at) in &self.last_heard {
@@ -126,18 +135,24 @@ impl Server {
                 fence.push((id, "silent past its lease"));
             }
         }
+        // (A holder whose connection is gone has the fencing delay to come back; it hears
+        // the recall again then, and has its time to answer from there.)
+        self.caps.renew_resent(now_ms);
         for id in self.caps.late_exclusive_holders(now_ms) {
-            fence.push((id, "did not return exclusive rights within a lease"));
+            if !self.disconnected.contains_key(&id) {
+                fence.push((id, "did not return exclusive rights in time"));
+            }
         }
         fence.sort_unstable();
         fence.dedup_by_key(|f| f.0);
-        for (id, why) in fence {
-            if self.sessions.contains_key(&id) {
-                self.fence(id, why);
-            } else {
+        fence.retain(|&(id, _)| {
+            let known = self.sessions.contains_key(&id);
+            if !known {
                 self.last_heard.remove(&id);
             }
-        }
+            known
+        });
+        self.fence(&fence);
     }
 
     /// Sessions disconnected past `caps::DISCONNECTED_HOLDER_MS` no longer hold shared

@@ -209,9 +209,8 @@ impl Server {
                 })
                 .collect();
             away.sort_unstable();
-            for id in away {
-                self.fence(id, "did not come back within the grace period after a restart");
-            }
+            let why = "did not come back within the grace period after a restart";
+            self.fence(&away.into_iter().map(|id| (id, why)).collect::<Vec<_>>());
             self.end_grace(time_of_millis(now_ms));
         }
     }

@@ -521,3 +521,30 @@ fn the_inode_pool_joins_neighbours_grants_from_its_largest_and_forgets_its_small
     assert_eq!(pool.take(3, 400), Some((1 << 30) + 400..(1 << 30) + 500));
     assert_eq!(pool.take(4, 9), Some(5..6), "datasets apart");
 }
+
+#[test]
+fn sessions_dropped_together_are_fenced_with_one_commit() {
+    let disk = fresh_disk();
+    let mut srv = Server::new(Store::open(Box::new(disk.clone())).expect("open"));
+    let mut now_ms = 0;
+    let n = 255;
+    let mut sids = Vec::new();
+    for i in 0..n {
+        let (sid, _) = srv.handle_hello(&hello(None));
+        let sid = sid.expect("session");
+        // A change each: every one has a session record for its fencing to replace.
+        assert!(srv.handle_request(sid, create_in_root(1, &format!("f{i}")), NOW).results[0].is_ok());
+        sids.push(sid);
+    }
+    srv.tick(now_ms).expect("tick");
+    srv.store.commit().expect("commit");
+    let before = srv.store.generation();
+    fence_by_absence(&mut srv, &sids, &mut now_ms);
+    let commits = srv.store.generation() - before;
+    assert_eq!(commits, 1, "{n} sessions fenced in one tick took {commits} commits");
+    // The fencing is durable at once: after a crash right then, none of them comes back.
+    drop(srv.into_store().abandon());
+    let srv = Server::new(Store::open(Box::new(disk)).expect("reopen"));
+    let back: Vec<_> = sids.iter().filter(|s| srv.sessions.contains_key(s)).collect();
+    assert!(back.is_empty(), "restored after their fencing: {back:?}");
+}

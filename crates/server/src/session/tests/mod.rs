@@ -1131,8 +1131,8 @@ fn another_sessions_request_waits_until_exclusive_rights_are_flushed_and_returne
     srv.handle(b, req(2, vec![Op::GetAttr { ino: y }]), NOW);
     let out = srv.take_outgoing();
     assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
-    // b stays in touch; a stays silent for a whole lease: it is fenced.
-    let later = millis(NOW) + crate::caps::LEASE_MS;
+    // b stays in touch; a says nothing of y for the recall's time: it is fenced.
+    let later = millis(NOW) + crate::caps::RECALL_TIMEOUT_MS;
     srv.heard(b, later);
     srv.tick(later - 1).expect("tick");
     assert!(srv.take_outgoing().is_empty(), "a's lease has not lapsed yet");
@@ -1154,6 +1154,47 @@ fn another_sessions_request_waits_until_exclusive_rights_are_flushed_and_returne
     // Its client's resume starts a new session and says the old one was fenced.
     let (_, msg) = srv.handle_hello(&hello(Some(p::SessionToken { id: a, secret: 0 })));
     assert!(matches!(msg, p::ServerMessage::Welcome(p::Welcome { resumed: false, fenced: true, .. })));
+}
+
+#[test]
+fn a_holder_shipping_its_changes_keeps_its_recalled_rights_up_to_a_lease_and_an_idle_one_not() {
+    // a creates a file (exclusive from birth); b asks for it. Both times a keeps talking;
+    // the first time it writes back to the file, the second only to others.
+    for shipping in [true, false] {
+        let (mut srv, a, b) = two_sessions();
+        srv.set_contention_window(0);
+        srv.handle(a, create_in_root(1, "f"), NOW);
+        let Ok(Reply::Entry(f)) = sole_result(&mut srv) else { panic!("create f") };
+        srv.handle(a, create_in_root(2, "other"), NOW);
+        let Ok(Reply::Entry(other)) = sole_result(&mut srv) else { panic!("create other") };
+        srv.handle(b, req(1, vec![Op::GetAttr { ino: f.ino }]), NOW);
+        let out = srv.take_outgoing();
+        assert!(matches!(&out[..], [Outgoing::Notify { notify: p::Notify::Recall { .. }, .. }]), "{out:?}");
+        let start = millis(NOW);
+        let step = crate::caps::RECALL_TIMEOUT_MS / 2;
+        let mut at = start;
+        let mut id = 10;
+        let fenced_at = loop {
+            at += step;
+            id += 1;
+            let ino = if shipping { f.ino } else { other.ino };
+            let op = Op::Write { ino, offset: id * 10, data: vec![1; 10] };
+            srv.handle(a, req(id, vec![op]), time_of_millis(at));
+            srv.heard(b, at);
+            srv.tick(at).expect("tick");
+            srv.take_outgoing();
+            if srv.is_fenced(a) {
+                break at - start;
+            }
+            assert!(at - start <= 2 * crate::caps::LEASE_MS, "never fenced");
+        };
+        let (low, high) = if shipping {
+            (crate::caps::LEASE_MS, crate::caps::LEASE_MS + step)
+        } else {
+            (crate::caps::RECALL_TIMEOUT_MS, crate::caps::RECALL_TIMEOUT_MS + step)
+        };
+        assert!((low..=high).contains(&fenced_at), "shipping {shipping}: fenced {fenced_at} ms after the recall");
+    }
 }
 
 #[test]

@@ -477,8 +477,9 @@ fn a_recall_lost_with_the_connection_is_sent_again_when_the_session_resumes() {
 #[test]
 fn an_exclusive_recall_is_sent_again_on_a_late_resume_and_its_holder_fenced_if_it_stays_away() {
     let (mut srv, a, b, token, d) = recall_lost_with_the_connection();
-    // Past a shared recall's deadline b's lookup still waits: exclusive rights are not
-    // taken back unanswered (a may still write back what it answered itself)…
+    // Past the recall's deadline b's lookup still waits: exclusive rights are not taken
+    // back unanswered while their holder may still come back within the fencing delay
+    // (and write back what it answered itself)…
     srv.tick(millis(NOW) + crate::caps::RECALL_TIMEOUT_MS).expect("tick");
     assert!(srv.take_outgoing().is_empty());
     // …and a, back before the fencing delay, hears the recall again.
