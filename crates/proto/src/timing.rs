@@ -6,6 +6,12 @@
 /// How long a change's reply waits for a holder that does not answer its recall. Its
 /// caches expire on their own by then (the client-side TTL is shorter).
 pub const RECALL_TIMEOUT_MS: u64 = 2_000;
+/// How long the holder of exclusive rights has to answer their recall, from the recall or
+/// from its latest request working on the recalled inodes (its write-back), before it is
+/// fenced (never later than `LEASE_MS` after the recall). Longer than a client trusts its
+/// rights without hearing the server: a holder cut off before the recall reached it has
+/// stopped answering under them by then.
+pub const EXCLUSIVE_RECALL_MS: u64 = 3_000;
 /// How long after its connection dropped a session stops counting as a holder of shared
 /// rights: longer than a client trusts its cache without the server (1 s by default).
 pub const DISCONNECTED_HOLDER_MS: u64 = 1_500;
@@ -34,6 +40,7 @@ mod tests {
     fn a_client_gives_up_its_rights_before_the_server_can_fence_it() {
         const { assert!(HEARTBEAT_MS < CLIENT_LEASE_MS) };
         const { assert!(CLIENT_LEASE_MS < DISCONNECTED_FENCE_MS && CLIENT_LEASE_MS < LEASE_MS) };
+        const { assert!(CLIENT_LEASE_MS < EXCLUSIVE_RECALL_MS && EXCLUSIVE_RECALL_MS <= LEASE_MS) };
         // A shared holder that went away counts until its cache has surely expired.
         const { assert!(DISCONNECTED_HOLDER_MS < RECALL_TIMEOUT_MS) };
         const { assert!(GRACE_MS >= LEASE_MS) };

@@ -515,6 +515,10 @@ async fn store_task(
         if let Err(e) = srv.tick(now) {
             tracing::error!("periodic commit failed: {e}");
         }
+        if srv.has_parked_ready() {
+            // The next slice of parked requests, after what the sessions queued meanwhile.
+            ready.notify_one();
+        }
         for (token, answer) in srv.take_admin_answers(crate::now()) {
             if let Some(reply) = admin_waiting.remove(&token) {
                 let _ = reply.send(answer);

@@ -20,7 +20,8 @@ use crate::SessionId;
 
 // The lease and timing constants both ends keep to.
 pub use crest_proto::timing::{
-    CLIENT_LEASE_MS, DISCONNECTED_FENCE_MS, DISCONNECTED_HOLDER_MS, GRACE_MS, HEARTBEAT_MS, LEASE_MS, RECALL_TIMEOUT_MS,
+    CLIENT_LEASE_MS, DISCONNECTED_FENCE_MS, DISCONNECTED_HOLDER_MS, EXCLUSIVE_RECALL_MS, GRACE_MS, HEARTBEAT_MS,
+    LEASE_MS, RECALL_TIMEOUT_MS,
 };
 
 /// A response held back until recalls are answered.
@@ -36,10 +37,10 @@ struct Wait {
 }
 
 /// An outstanding recall of exclusive rights: requests of other sessions wait for it.
-/// The holder has `RECALL_TIMEOUT_MS` to answer, renewed by each request of its that works
-/// on the recalled inodes (its write-back), up to a lease from the recall: past the
+/// The holder has `EXCLUSIVE_RECALL_MS` to answer, renewed by each request of its that
+/// works on the recalled inodes (its write-back), up to a lease from the recall: past the
 /// deadline it is fenced. A holder that sits on its rights costs the waiters one
-/// `RECALL_TIMEOUT_MS`; one still shipping its changes gets the time to finish.
+/// `EXCLUSIVE_RECALL_MS`; one still shipping its changes gets the time to finish.
 #[derive(Debug)]
 struct ExclusiveRecall {
     holder: SessionId,
@@ -489,7 +490,7 @@ impl Caps {
                 session: holder,
                 notify: p::Notify::Recall { recall_id: id, inodes: inodes.clone() },
             });
-            let (deadline_ms, limit_ms) = (now_ms + RECALL_TIMEOUT_MS, now_ms + LEASE_MS);
+            let (deadline_ms, limit_ms) = (now_ms + EXCLUSIVE_RECALL_MS, now_ms + LEASE_MS);
             self.exclusive_recalls.insert(id, ExclusiveRecall { holder, inodes, deadline_ms, limit_ms });
             wait.insert(id);
         }
@@ -545,17 +546,17 @@ impl Caps {
     pub fn recall_progress(&mut self, session: SessionId, inodes: &[u64], now_ms: u64) {
         for r in self.exclusive_recalls.values_mut() {
             if r.holder == session && r.inodes.iter().any(|i| inodes.contains(i)) {
-                r.deadline_ms = r.deadline_ms.max((now_ms + RECALL_TIMEOUT_MS).min(r.limit_ms));
+                r.deadline_ms = r.deadline_ms.max((now_ms + EXCLUSIVE_RECALL_MS).min(r.limit_ms));
             }
         }
     }
 
     /// The exclusive recalls sent again to holders that came back (`resumed`) are given
-    /// `RECALL_TIMEOUT_MS` from `now_ms` to answer, within their limit.
+    /// `EXCLUSIVE_RECALL_MS` from `now_ms` to answer, within their limit.
     pub fn renew_resent(&mut self, now_ms: u64) {
         for session in std::mem::take(&mut self.resent) {
             for r in self.exclusive_recalls.values_mut().filter(|r| r.holder == session) {
-                r.deadline_ms = r.deadline_ms.max((now_ms + RECALL_TIMEOUT_MS).min(r.limit_ms));
+                r.deadline_ms = r.deadline_ms.max((now_ms + EXCLUSIVE_RECALL_MS).min(r.limit_ms));
             }
         }
     }

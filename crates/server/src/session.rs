@@ -29,6 +29,7 @@ mod lease;
 mod objects;
 mod parking;
 use parking::Pin;
+pub use parking::PARKED_SLICE;
 mod elsewhere;
 pub use elsewhere::{PlannedRead, WriteSums};
 mod inodes;
@@ -302,6 +303,8 @@ pub struct Server {
     carried: Vec<u64>,
     /// Requests waiting for other sessions to give up exclusive rights, oldest first.
     parked: VecDeque<Parked>,
+    /// Some parked requests are free to run and wait for the next slice (`run_parked`).
+    parked_ready: bool,
     /// Inodes a change removed the last name of while other sessions cached them, held
     /// open (a store handle each) by recall id, until every session the recall went to
     /// has answered it or is gone (`Pin`).
@@ -543,6 +546,7 @@ impl Server {
             disconnected: HashMap::new(),
             carried: Vec::new(),
             parked: VecDeque::new(),
+            parked_ready: false,
             pins: BTreeMap::new(),
             opened_orphans: Vec::new(),
             opened_on_arrival: HashSet::new(),
@@ -849,6 +853,7 @@ impl Server {
         }
         let involved = self.involved(&req, Some((session, now_ms)));
         if self.park_behind_own_replays(session, &req, in_replay)
+            || self.park_behind_own_ready(session, &req)
             || self.park_behind_own_writeback(session, &req)
             || self.park_if_exclusive(session, &req, &involved, now_ms)
             || self.park_for_flush(session, &req, &write_backs, now_ms)
@@ -1483,6 +1488,12 @@ impl Server {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// Parked requests are free to run and wait for their slice: the driver should `tick`
+    /// again soon rather than wait for its period.
+    pub fn has_parked_ready(&self) -> bool {
+        self.parked_ready
     }
 
     /// Lets the store commit on its schedule, releases change replies whose recalls went

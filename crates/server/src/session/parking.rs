@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// Parked requests run at a time once free to (`Server::run_parked`).
+pub const PARKED_SLICE: usize = 64;
+
 /// Files a change removed the last name of while other sessions cached them: held open
 /// for the opens those sessions may have answered themselves and sent behind, until each
 /// has answered the change's recall (its `Open` is ahead of that answer on its
@@ -266,25 +269,51 @@ impl Server {
         true
     }
 
-    /// Runs parked requests whose recalls are all answered, oldest first.
+    /// Runs parked requests whose recalls are all answered, oldest first, at most
+    /// `PARKED_SLICE` of them: when a holder lets go of what thousands of requests waited
+    /// for, they run a slice at a time between other sessions' work (the driver calls
+    /// again while `has_parked_ready`), not in one long stall of the store.
     pub(super) fn run_parked(&mut self, now: p::Time) {
         let mut ready = Vec::new();
         let mut still = VecDeque::with_capacity(self.parked.len());
+        let mut more = false;
         for p in std::mem::take(&mut self.parked) {
             if p.waiting.iter().any(|&id| self.caps.recall_pending(id)) {
                 still.push_back(p);
-            } else {
+            } else if ready.len() < PARKED_SLICE {
                 ready.push(p);
+            } else {
+                more = true;
+                still.push_back(p);
             }
         }
         self.parked = still;
+        // (This slice is older than what it leaves: it does not wait behind that.)
+        self.parked_ready = false;
         for p in ready {
             if self.sessions.contains_key(&p.session) {
                 self.handle(p.session, p.req, now);
             }
         }
+        self.parked_ready = more;
         // (The last replay parked in the grace period may have run.)
         self.end_grace_if_replayed(now);
+    }
+
+    /// Parks `req` behind its session's parked requests that are free to run but wait
+    /// for their slice (`run_parked`): its client may have sent it after them because
+    /// they were sent, and they run first, as they would have had they all run at once.
+    pub(super) fn park_behind_own_ready(&mut self, session: SessionId, req: &p::Request) -> bool {
+        if !self.parked_ready {
+            return false;
+        }
+        let waiting: HashSet<u64> = self
+            .parked
+            .iter()
+            .filter(|p| p.session == session && !p.waiting.iter().any(|&id| self.caps.recall_pending(id)))
+            .flat_map(|p| p.waiting.iter().copied())
+            .collect();
+        self.park(session, req, waiting, "request waits behind its session's parked requests")
     }
 
     /// Every inode a request names (and the victims of its unlinks and renames): what

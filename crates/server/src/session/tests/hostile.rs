@@ -548,3 +548,64 @@ fn sessions_dropped_together_are_fenced_with_one_commit() {
     let back: Vec<_> = sids.iter().filter(|s| srv.sessions.contains_key(s)).collect();
     assert!(back.is_empty(), "restored after their fencing: {back:?}");
 }
+
+/// The ids of the responses among `out` that go to `to`, in order.
+fn answered_to(out: &[Outgoing], to: SessionId) -> Vec<u64> {
+    out.iter()
+        .filter_map(|o| match o {
+            Outgoing::Response { session, response } if *session == to => Some(response.id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn parked_requests_freed_together_run_a_slice_at_a_time_in_order_and_others_go_between() {
+    let seed = seed();
+    let mut rng = seed;
+    let mut srv = server();
+    let (a, _) = srv.handle_hello(&hello(None));
+    let (b, _) = srv.handle_hello(&hello(None));
+    let (c, _) = srv.handle_hello(&hello(None));
+    let (a, b, c) = (a.expect("a"), b.expect("b"), c.expect("c"));
+    srv.set_contention_window(0);
+    // a creates f: it holds it exclusively. b piles up lookups of it, parked.
+    srv.handle(a, create_in_root(1, "f"), NOW);
+    let Ok(Reply::Entry(f)) = sole_result(&mut srv) else { panic!("create f") };
+    let piled = PARKED_SLICE as u64 * 2 + 1 + next(&mut rng) % (PARKED_SLICE as u64 * 3);
+    eprintln!("{piled} parked");
+    for id in 1..=piled {
+        srv.handle(b, req(id, vec![Op::GetAttr { ino: f.ino }]), NOW);
+    }
+    let out = srv.take_outgoing();
+    let recall_id = out
+        .iter()
+        .find_map(|o| match o {
+            Outgoing::Notify { session, notify: p::Notify::Recall { recall_id, .. } } if *session == a => {
+                Some(*recall_id)
+            }
+            _ => None,
+        })
+        .expect("a is asked to give f up");
+    assert!(answered_to(&out, b).is_empty(), "parked");
+    // a answers: one slice runs.
+    srv.recall_done(a, recall_id, NOW);
+    let mut got = answered_to(&srv.take_outgoing(), b);
+    assert_eq!(got, (1..=PARKED_SLICE as u64).collect::<Vec<_>>(), "the first slice, in order");
+    assert!(srv.has_parked_ready());
+    // b's next request waits behind its older ones; c's does not wait behind b's.
+    srv.handle(b, req(piled + 1, vec![Op::GetAttr { ino: f.ino }]), NOW);
+    assert!(answered_to(&srv.take_outgoing(), b).is_empty(), "behind b's parked ones");
+    srv.handle(c, req(1, vec![Op::GetAttr { ino: f.ino }]), NOW);
+    assert_eq!(answered_to(&srv.take_outgoing(), c), vec![1], "c between the slices");
+    let mut ticks = 0;
+    while srv.has_parked_ready() {
+        srv.tick(millis(NOW)).expect("tick");
+        let slice = answered_to(&srv.take_outgoing(), b);
+        assert!(slice.len() <= PARKED_SLICE, "{} in one slice", slice.len());
+        got.extend(slice);
+        ticks += 1;
+        assert!(ticks <= piled, "slices never end");
+    }
+    assert_eq!(got, (1..=piled + 1).collect::<Vec<_>>(), "every one, once, in the order sent");
+}

@@ -1132,7 +1132,7 @@ fn another_sessions_request_waits_until_exclusive_rights_are_flushed_and_returne
     let out = srv.take_outgoing();
     assert!(matches!(&out[..], [Outgoing::Notify { session, .. }] if *session == a), "{out:?}");
     // b stays in touch; a says nothing of y for the recall's time: it is fenced.
-    let later = millis(NOW) + crate::caps::RECALL_TIMEOUT_MS;
+    let later = millis(NOW) + crate::caps::EXCLUSIVE_RECALL_MS;
     srv.heard(b, later);
     srv.tick(later - 1).expect("tick");
     assert!(srv.take_outgoing().is_empty(), "a's lease has not lapsed yet");
@@ -1171,7 +1171,7 @@ fn a_holder_shipping_its_changes_keeps_its_recalled_rights_up_to_a_lease_and_an_
         let out = srv.take_outgoing();
         assert!(matches!(&out[..], [Outgoing::Notify { notify: p::Notify::Recall { .. }, .. }]), "{out:?}");
         let start = millis(NOW);
-        let step = crate::caps::RECALL_TIMEOUT_MS / 2;
+        let step = crate::caps::EXCLUSIVE_RECALL_MS / 3;
         let mut at = start;
         let mut id = 10;
         let fenced_at = loop {
@@ -1191,7 +1191,7 @@ fn a_holder_shipping_its_changes_keeps_its_recalled_rights_up_to_a_lease_and_an_
         let (low, high) = if shipping {
             (crate::caps::LEASE_MS, crate::caps::LEASE_MS + step)
         } else {
-            (crate::caps::RECALL_TIMEOUT_MS, crate::caps::RECALL_TIMEOUT_MS + step)
+            (crate::caps::EXCLUSIVE_RECALL_MS, crate::caps::EXCLUSIVE_RECALL_MS + step)
         };
         assert!((low..=high).contains(&fenced_at), "shipping {shipping}: fenced {fenced_at} ms after the recall");
     }
