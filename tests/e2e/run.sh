@@ -568,6 +568,9 @@ statfs_agrees_with_fallocate() {
   for i in $(seq 0 63); do touch "$m7/f$i"; done
   before=$(df -k --output=avail "$m7" | tail -1)
   fallocate -l $(((before - 512) * 1024)) "$m7/spc" || { log "fallocate of $((before - 512)) KiB of $before KiB available failed"; rc=1; }
+  # (Sent as several steps: MAX_FALLOCATE_STEP.) All of it, zeros.
+  [ "$(stat -c %s "$m7/spc")" = $(((before - 512) * 1024)) ] || { log "fallocated size: $(stat -c %s "$m7/spc")"; rc=1; }
+  [ "$(tr -d '\0' <"$m7/spc" | head -c 1 | wc -c)" = 0 ] || { log "a fallocated file does not read as zeros"; rc=1; }
   head -c 65536 /dev/zero | tr '\0' v >"$work/val"
   for i in $(seq 0 63); do setfattr -n user.test -v "$(cat "$work/val")" "$m7/f$i" 2>/dev/null; done
   rm -f "$m7"/f* "$m7/spc" && sync -f "$m7" || rc=1

@@ -1322,14 +1322,23 @@ impl Filesystem for CrestFs {
         if let Err(e) = self.remove_privs(req.pid(), ino.0, true) {
             return reply.error(self.fail(&e));
         }
-        let op = Op::Fallocate { ino: ino.0, offset, len: length, flags: convert::fallocate_flags(mode) };
-        let since = self.stamp();
-        let r = self.one("fallocate", op).and_then(|r| want_attr("fallocate", r));
-        if let Ok(a) = &r {
-            lock(&self.inodes).changed_here(a);
-            self.attr_changed(a, since);
+        let flags = convert::fallocate_flags(mode);
+        let mut r = Ok(());
+        for (offset, len) in p::fallocate_steps(offset, length, flags) {
+            let since = self.stamp();
+            let op = Op::Fallocate { ino: ino.0, offset, len, flags };
+            match self.one("fallocate", op).and_then(|r| want_attr("fallocate", r)) {
+                Ok(a) => {
+                    lock(&self.inodes).changed_here(&a);
+                    self.attr_changed(&a, since);
+                }
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            }
         }
-        self.reply_empty(reply, r.map(|_| ()));
+        self.reply_empty(reply, r);
     }
 
     fn lseek(&self, req: &Request, _ino: INodeNo, _fh: FileHandle, _offset: i64, _whence: i32, reply: ReplyLseek) {

@@ -271,6 +271,28 @@ pub const FALLOC_FL_KEEP_SIZE: u32 = 1;
 pub const FALLOC_FL_PUNCH_HOLE: u32 = 2;
 /// See `FALLOC_FL_KEEP_SIZE`.
 pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+/// Most bytes one `Op::Fallocate` that allocates or zeroes may cover (the server refuses
+/// more with EINVAL). A request's work is done in one step of the store, between other
+/// sessions' requests; so a big allocation is sent as several ops of at most this, each a
+/// request of its own (`fallocate_steps`), and others' work goes between them. A punched
+/// hole costs the extents it frees, not its length: it is one op, however long.
+pub const MAX_FALLOCATE_STEP: u64 = 64 << 20;
+
+/// The (offset, len) of the ops a fallocate of `len` bytes at `offset` in mode `flags` is
+/// sent as, in order (`MAX_FALLOCATE_STEP`). As on ext4, steps done before one that fails
+/// stay allocated.
+pub fn fallocate_steps(offset: u64, len: u64, flags: u32) -> impl Iterator<Item = (u64, u64)> {
+    let step = if flags & FALLOC_FL_PUNCH_HOLE != 0 { u64::MAX } else { MAX_FALLOCATE_STEP };
+    let end = offset.saturating_add(len);
+    // (A length of 0 is one op still: the server answers it as it answers any.)
+    let mut next = Some(offset);
+    std::iter::from_fn(move || {
+        let at = next?;
+        let n = (end - at).min(step);
+        next = Some(at + n).filter(|&e| e < end);
+        Some((at, n))
+    })
+}
 
 /// What a byte-range lock request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -1055,4 +1077,46 @@ pub fn clip_client_name(name: &str) -> String {
         end -= 1;
     }
     name[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallocate_steps_cover_the_range_once_in_order_each_within_a_step() {
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        println!("seed {seed}");
+        let mut x = seed | 1;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let edges = [0, 1, 4095, 4096, MAX_FALLOCATE_STEP - 1, MAX_FALLOCATE_STEP, MAX_FALLOCATE_STEP + 1];
+        for round in 0..2000 {
+            let offset = if round % 2 == 0 { next(1 << 40) } else { edges[next(edges.len() as u64) as usize] };
+            let len = match round % 3 {
+                0 => edges[next(edges.len() as u64) as usize] * (1 + next(5)),
+                _ => next(20 * MAX_FALLOCATE_STEP),
+            };
+            for flags in [0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE] {
+                let steps: Vec<(u64, u64)> = fallocate_steps(offset, len, flags).collect();
+                let what = format!("offset {offset} len {len} flags {flags:#x}: {steps:?}");
+                if len == 0 || flags & FALLOC_FL_PUNCH_HOLE != 0 {
+                    assert_eq!(steps, vec![(offset, len)], "{what}");
+                    continue;
+                }
+                let mut at = offset;
+                for &(o, n) in &steps {
+                    assert!(o == at && n > 0 && n <= MAX_FALLOCATE_STEP, "{what}");
+                    at += n;
+                }
+                assert_eq!(at, offset + len, "{what}");
+                assert_eq!(steps.len() as u64, len.div_ceil(MAX_FALLOCATE_STEP), "{what}");
+            }
+        }
+    }
 }

@@ -609,3 +609,28 @@ fn parked_requests_freed_together_run_a_slice_at_a_time_in_order_and_others_go_b
     }
     assert_eq!(got, (1..=piled + 1).collect::<Vec<_>>(), "every one, once, in the order sent");
 }
+
+#[test]
+fn one_fallocate_op_allocates_at_most_a_step_and_punches_any_length() {
+    let mut srv = server();
+    let (a, _) = srv.handle_hello(&hello(None));
+    let a = a.expect("session");
+    srv.handle(a, create_in_root(1, "f"), NOW);
+    let Ok(Reply::Entry(f)) = sole_result(&mut srv) else { panic!("create f") };
+    let step = p::MAX_FALLOCATE_STEP;
+    for (id, flags) in [(2, 0), (3, p::FALLOC_FL_KEEP_SIZE), (4, p::FALLOC_FL_ZERO_RANGE)] {
+        let r =
+            srv.handle_request(a, req(id, vec![Op::Fallocate { ino: f.ino, offset: 0, len: step + 1, flags }]), NOW);
+        assert_eq!(r.results[0].as_ref().err().map(|e| e.errno), Some(22), "flags {flags:#x}: {r:?}");
+        assert_eq!(srv.store.getattr(f.ino).map(|i| (i.size, i.blocks)).ok(), Some((0, 0)), "nothing done");
+    }
+    // (A 16 MiB image: a step within it, then a hole punched far longer than a step.)
+    let len = 1 << 20;
+    let r = srv.handle_request(a, req(5, vec![Op::Fallocate { ino: f.ino, offset: 0, len, flags: 0 }]), NOW);
+    assert!(r.results[0].is_ok(), "{r:?}");
+    let punch = p::FALLOC_FL_PUNCH_HOLE | p::FALLOC_FL_KEEP_SIZE;
+    let op = Op::Fallocate { ino: f.ino, offset: 0, len: 4 * step, flags: punch };
+    let r = srv.handle_request(a, req(6, vec![op]), NOW);
+    assert!(r.results[0].is_ok(), "{r:?}");
+    assert_eq!(srv.store.getattr(f.ino).map(|i| (i.size, i.blocks)).ok(), Some((len, 0)));
+}
