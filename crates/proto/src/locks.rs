@@ -31,6 +31,9 @@ pub type SessionId = u64;
 /// more ranges than this gets ENOLCK rather than making every lock operation on the file
 /// slow for everyone.
 pub const MAX_LOCKS_PER_FILE: usize = 16 * 1024;
+/// Most locks one session keeps on one inode: a session that splits a file into ranges
+/// leaves the others room on it (ENOLCK past this).
+pub const MAX_LOCKS_PER_SESSION_FILE: usize = MAX_LOCKS_PER_FILE / 4;
 
 /// The errno of a conflict (`Refusal::Conflict` on the wire).
 pub const EAGAIN: i32 = 11;
@@ -145,35 +148,52 @@ impl LockTable {
             LockKind::Unlock => None,
         };
         let current = self.files.get(&ino).map_or(&[][..], Vec::as_slice);
-        if let Some(write) = write {
-            if let Some(c) = current.iter().find(|l| l.blocks(req.holder, req.start, req.end, write, req.flock)) {
-                let info = c.info();
-                if req.flock {
-                    // Linux converts a flock lock by dropping the old one first, even when
-                    // the new one then cannot be had: two shared holders that both try to
-                    // upgrade do not deadlock.
-                    self.drop_where(ino, |l| l.holder == req.holder && l.flock);
-                }
-                return Err(Refusal::Conflict(info));
+        // One look at the file's locks finds a conflict, the holder's locks in this
+        // namespace that the request cuts or touches, and how many the session has here.
+        // The touched ones are cut, joined with the new lock where neighbours are of one
+        // kind, and replaced; the holder's others are disjoint from them and were joined
+        // before: they stay where they are, so a lock costs a look at the file's locks,
+        // not a copy of them.
+        let touches = |l: &Held| {
+            l.holder == req.holder
+                && l.flock == req.flock
+                && (l.overlaps(req.start, req.end)
+                    || l.end.checked_add(1) == Some(req.start)
+                    || req.end.checked_add(1) == Some(l.start))
+        };
+        let (mut hit, mut ours, mut conflict) = (Vec::new(), 0, None);
+        for (i, l) in current.iter().enumerate() {
+            if write.is_some_and(|w| l.blocks(req.holder, req.start, req.end, w, req.flock)) {
+                conflict = Some(l.info());
+                break;
+            }
+            ours += usize::from(l.holder.session == req.holder.session);
+            if touches(l) {
+                hit.push(i);
             }
         }
-        // The holder's locks in this namespace, with the requested range cut out of them.
-        let mut mine = Vec::new();
-        let mut others = Vec::with_capacity(current.len() + 2);
-        for &l in current {
-            if l.holder != req.holder || l.flock != req.flock {
-                others.push(l);
-            } else if !l.overlaps(req.start, req.end) {
+        if let Some(info) = conflict {
+            if req.flock {
+                // Linux converts a flock lock by dropping the old one first, even when the
+                // new one then cannot be had: two shared holders that both try to upgrade
+                // do not deadlock.
+                self.drop_where(ino, |l| l.holder == req.holder && l.flock);
+            }
+            return Err(Refusal::Conflict(info));
+        }
+        let mut mine = Vec::with_capacity(hit.len() * 2 + 1);
+        for &l in hit.iter().map(|&i| &current[i]) {
+            if !l.overlaps(req.start, req.end) {
                 mine.push(l);
-            } else {
-                // No underflow or overflow: each branch runs only when the lock reaches
-                // past the cut on that side.
-                if l.start < req.start {
-                    mine.push(Held { end: req.start - 1, ..l });
-                }
-                if l.end > req.end {
-                    mine.push(Held { start: req.end + 1, ..l });
-                }
+                continue;
+            }
+            // No underflow or overflow: each branch runs only when the lock reaches past
+            // the cut on that side.
+            if l.start < req.start {
+                mine.push(Held { end: req.start - 1, ..l });
+            }
+            if l.end > req.end {
+                mine.push(Held { start: req.end + 1, ..l });
             }
         }
         if let Some(write) = write {
@@ -186,8 +206,7 @@ impl LockTable {
                 pid: req.pid,
             });
         }
-        // Join neighbours of one kind. The holder's locks were disjoint and joined before,
-        // so every join involves the new lock: the joined lock takes its pid.
+        // Every join involves the new lock: the joined lock takes its pid.
         mine.sort_unstable_by_key(|l| l.start);
         let mut joined: Vec<Held> = Vec::with_capacity(mine.len());
         for l in mine {
@@ -199,18 +218,23 @@ impl LockTable {
                 _ => joined.push(l),
             }
         }
-        let after = others.len() + joined.len();
-        if after > MAX_LOCKS_PER_FILE && after > current.len() {
-            // Only a request that makes the file carry more locks is refused: the unlock
-            // of a whole file (at close, at release) always goes through.
+        let before = current.len();
+        let after = before - hit.len() + joined.len();
+        let ours_after = ours - hit.len() + joined.len();
+        // Only a request that makes the file carry more locks is refused: the unlock of a
+        // whole file (at close, at release) always goes through.
+        if (after > MAX_LOCKS_PER_FILE || ours_after > MAX_LOCKS_PER_SESSION_FILE) && after > before {
             return Err(Refusal::TooMany);
         }
-        others.extend(joined);
-        if others.is_empty() {
+        if after == 0 {
             self.files.remove(&ino);
-        } else {
-            self.files.insert(ino, others);
+            return Ok(());
         }
+        let locks = self.files.entry(ino).or_default();
+        for &i in hit.iter().rev() {
+            locks.swap_remove(i);
+        }
+        locks.extend(joined);
         Ok(())
     }
 
@@ -456,14 +480,32 @@ mod tests {
     }
 
     #[test]
-    fn too_many_locks_on_one_file_are_refused() {
+    fn too_many_locks_on_one_file_are_refused_and_one_session_takes_a_share_only() {
         let mut t = LockTable::default();
-        for i in 0..MAX_LOCKS_PER_FILE as u64 {
-            set(&mut t, A, 2 * i, 2 * i, Write).expect("room");
+        let share = MAX_LOCKS_PER_SESSION_FILE as u64;
+        let sessions = (MAX_LOCKS_PER_FILE / MAX_LOCKS_PER_SESSION_FILE) as u64;
+        for s in 0..sessions {
+            // Two owners of one session count together.
+            let (h1, h2) = (Holder { session: 10 + s, owner: 1 }, Holder { session: 10 + s, owner: 2 });
+            for i in 0..share {
+                let h = if i < share / 2 { h1 } else { h2 };
+                set(&mut t, h, 2 * (s * share + i), 2 * (s * share + i), Write).expect("room");
+            }
+            let over = 2 * (sessions * share + s);
+            assert_eq!(set(&mut t, h1, over, over, Write), Err(Refusal::TooMany), "past its share");
+            if s + 1 < sessions {
+                set(&mut t, B, over, over, Read).expect("another session still has room");
+                set(&mut t, B, over, over, Unlock).expect("unlocked");
+            }
         }
         assert_eq!(set(&mut t, B, u64::MAX - 1, u64::MAX - 1, Read), Err(Refusal::TooMany));
-        set(&mut t, A, 0, 2, Write).expect("joining two keeps the count down");
-        set(&mut t, A, 0, LOCK_TO_EOF, Unlock).expect("unlock everything");
+        let a = Holder { session: 10, owner: 1 };
+        set(&mut t, a, 0, 2, Write).expect("joining keeps the count down");
+        for s in 0..sessions {
+            for owner in [1, 2] {
+                set(&mut t, Holder { session: 10 + s, owner }, 0, LOCK_TO_EOF, Unlock).expect("unlock everything");
+            }
+        }
         assert!(t.is_empty());
     }
 
