@@ -134,6 +134,22 @@ expect mkfs-force-over-data 0 "$crest" mkfs --force "$tmp/random"
 expect mkfs-on-empty-file 0 "$crest" mkfs --size 64M "$tmp/empty"
 truncate -s 64M "$tmp/allzero"
 expect mkfs-on-all-zero-file 0 "$crest" mkfs "$tmp/allzero"
+# An image a server is serving: mkfs --force (with and without --size) is refused before
+# it writes a byte (the image compared byte for byte), and the server's file system stays
+# clean once it stops.
+"$crest" mkfs --size 64M "$tmp/served" >/dev/null
+"$crest" serve "$tmp/served" --listen 127.0.0.1:0 >"$tmp/serve-served.log" 2>&1 &
+served=$!
+pids+=("$served")
+for _ in $(seq 100); do grep -qs "serving" "$tmp/serve-served.log" && break; sleep 0.05; done
+before=$(sha256sum <"$tmp/served")
+expect mkfs-force-on-served-image-refused 1 "$crest" mkfs --force "$tmp/served"
+mentions mkfs-force-on-served-image-named "in use by another crest process"
+expect mkfs-force-size-on-served-image-refused 1 "$crest" mkfs --force --size 32M "$tmp/served"
+[ "$(sha256sum <"$tmp/served")" = "$before" ] && pass mkfs-refusal-leaves-served-image-unchanged ||
+  fail mkfs-refusal-leaves-served-image-unchanged "the image changed"
+kill "$served"; wait "$served" 2>/dev/null
+expect mkfs-refused-served-image-is-clean 0 "$crest" fsck "$tmp/served"
 
 echo "== umount: only fuse.crest mounts"
 mkdir -p "$tmp/tmpfs"

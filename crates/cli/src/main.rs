@@ -621,15 +621,24 @@ fn mkfs(
         crest_store::fs::objects::parse_data_url(url).context("--data")?;
     }
     let exists = image.exists();
+    // The image's lock first, before any byte is written (a wipe, a resize): an image a
+    // server is serving is refused untouched.
+    let opened = match (exists, size) {
+        (true, _) => crest_store::disk::open_image(image),
+        (false, Some(size)) => crest_store::disk::create_image(image, size),
+        (false, None) => bail!("{} does not exist: give --size to create it", image.display()),
+    };
+    let (file, _) = opened.with_context(|| format!("opening {}", image.display()))?;
     if exists {
         check_overwrite(image, force)?;
+        if let Some(size) = size.filter(|_| file.metadata().is_ok_and(|m| m.file_type().is_file())) {
+            file.set_len(0)
+                .and_then(|()| file.set_len(size))
+                .with_context(|| format!("resizing {}", image.display()))?;
+        }
     }
-    let disk = match (exists, size) {
-        (_, Some(size)) => FileDisk::create(image, size),
-        (true, None) => FileDisk::open(image),
-        (false, None) => bail!("{} does not exist: give --size to create it", image.display()),
-    }
-    .with_context(|| format!("opening {}", image.display()))?;
+    let dev_size = crest_store::disk::device_size(&file).with_context(|| format!("sizing {}", image.display()))?;
+    let disk = FileDisk::from_file(file, dev_size);
     Store::mkfs_in_format(Box::new(disk), &MkfsOptions { now: now(), fsid: None, seed: None, meta_copies }, version)
         .with_context(|| format!("creating a file system on {}", image.display()))?;
     let disk = FileDisk::open(image).with_context(|| format!("reopening {}", image.display()))?;

@@ -217,7 +217,8 @@ impl FileDisk {
     }
 }
 
-fn device_size(file: &File) -> io::Result<u64> {
+/// The size of an image file, or of a block device (which a file's metadata does not give).
+pub fn device_size(file: &File) -> io::Result<u64> {
     use std::io::{Seek, SeekFrom};
     let meta = file.metadata()?;
     if meta.file_type().is_file() {
