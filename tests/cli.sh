@@ -352,6 +352,30 @@ expect helper-success-exit-0 0 "$tmp/bin/mount.fuse.crest" "127.0.0.1:$port" "$t
 crest_mounted "$tmp/m2" && pass helper-mounted || fail helper-mounted "not in mountinfo"
 expect helper-already-mounted-exit-32 32 "$tmp/bin/mount.fuse.crest" "127.0.0.1:$port" "$tmp/m2"
 "$crest" umount "$tmp/m2"
+expect mount-unknown-option-refused 32 "$crest" mount -o rw,bogus,noexec "127.0.0.1:$port" "$tmp/m2"
+mentions mount-unknown-option-named '"bogus"'
+crest_mounted "$tmp/m2" && { fail mount-unknown-option-not-mounted "mounted"; "$crest" umount "$tmp/m2"; } ||
+  pass mount-unknown-option-not-mounted
+expect helper-unknown-option-refused 32 "$tmp/bin/mount.fuse.crest" "127.0.0.1:$port" "$tmp/m2" -o rw,x-systemd.automount,bogus
+
+echo "== mount(8) and its helper: suid and dev only when asked (crest.suid, crest.dev)"
+# mount(8) runs /sbin/mount.fuse.crest; in a mount namespace of its own, /sbin holds just
+# this build's helper. mount(8) keeps suid and dev (its defaults) from a helper.
+mkdir -p "$tmp/sbin"
+ln -sf "$crest" "$tmp/sbin/mount.fuse.crest"
+mount8() { # OPTIONS: mount -t fuse.crest with them; the mount's options, then unmounted
+  unshare -m --propagation private sh -c '
+    mount --bind "$1" /sbin && mount -t fuse.crest ${2:+-o "$2"} "$3" "$4" || exit 32
+    grep -F " $4 " /proc/self/mountinfo | cut -d" " -f6; "$5" umount "$4"' _ \
+    "$tmp/sbin" "$1" "127.0.0.1:$port" "$tmp/m2" "$crest"
+}
+run mount8 ""
+case ",$(cat "$tmp/out")," in *,nosuid,*nodev,*|*,nodev,*nosuid,*) pass mount8-default-nosuid-nodev ;;
+  *) fail mount8-default-nosuid-nodev "$(said)" ;; esac
+run mount8 "crest.suid,crest.dev"
+if [ "$rc" = 0 ] && [ -s "$tmp/out" ] && ! grep -qE 'nosuid|nodev' "$tmp/out"; then pass mount8-crest-suid-dev
+else fail mount8-crest-suid-dev "$(said)"; fi
+expect mount8-unknown-option-32 32 mount8 "bogus"
 
 echo "== mount failures: dead port, syntax, not a crest server"
 dead=$(free_port)

@@ -179,12 +179,12 @@ mnt=$tmp/mnt
 mkdir -p "$mnt"
 mounts+=("$mnt")
 daemon_log=$CREST_STATE_DIR/log/crest-mount$(printf '%s' "$mnt" | tr / _).log
-# An unknown -o option is a warning of the daemon's (it goes on without it).
-expect mount-default 0 "$crest" mount --insecure -o bogusopt "127.0.0.1:$port" "$mnt"
+# An option crest sets itself is a warning of the daemon's (it goes on without it).
+expect mount-default 0 "$crest" mount --insecure -o fsname=mine "127.0.0.1:$port" "$mnt"
 "$crest" umount "$mnt"
-soon_grep "WARN crest_fuse.*bogusopt" "$daemon_log" && pass mount-log-warns || fail mount-log-warns "$(cat "$daemon_log")"
+soon_grep "WARN crest_fuse.*fsname=mine" "$daemon_log" && pass mount-log-warns || fail mount-log-warns "$(cat "$daemon_log")"
 has_esc "$daemon_log" && fail mount-log-no-colour "ESC in $daemon_log" || pass mount-log-no-colour
-expect mount-quiet 0 "$crest" -q mount --insecure -o bogusopt "127.0.0.1:$port" "$mnt"
+expect mount-quiet 0 "$crest" -q mount --insecure -o fsname=mine "127.0.0.1:$port" "$mnt"
 "$crest" umount "$mnt"
 grep -q "WARN crest" "$daemon_log" && fail mount-quiet-log "$(cat "$daemon_log")" || pass mount-quiet-log
 # _netdev is mount(8)'s: the daemon says so at debug level, which -v leaves out, -vv not.

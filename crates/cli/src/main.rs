@@ -176,9 +176,11 @@ enum Command {
         addr: String,
         /// Directory to mount on.
         mountpoint: PathBuf,
-        /// Mount options, comma-separated (ro, allow_other, noexec, remount, ...). As root,
-        /// mounts of one server with the same options share one session (bind mounts of
-        /// the first); own_session gives this one its own.
+        /// Mount options, comma-separated (ro, allow_other, noexec, remount, ...); an
+        /// unknown one fails the mount. Mounts are nosuid,nodev unless suid/dev (through
+        /// mount(8) or fstab: crest.suid/crest.dev) ask. As root, mounts of one server
+        /// with the same options share one session (bind mounts of the first);
+        /// own_session gives this one its own.
         #[arg(short = 'o')]
         options: Option<String>,
         /// Stay in the foreground (logs to stderr).

@@ -171,6 +171,15 @@ pub fn mount(req: &Request) -> Result<()> {
     let metrics = take_metrics(&mut opts)?;
     let insecure = req.insecure || take_flag(&mut opts, "insecure");
     let own_session = take_flag(&mut opts, crate::share::OWN_SESSION);
+    let unknown = crest_fuse::unknown_options(&opts);
+    if !unknown.is_empty() {
+        bail!(
+            "unknown mount option{} {}: see `crest mount --help` (crest.suid and crest.dev ask \
+             for setuid files and devices through mount(8), which keeps suid and dev from helpers)",
+            if unknown.len() == 1 { "" } else { "s" },
+            unknown.iter().map(|o| format!("{o:?}")).collect::<Vec<_>>().join(", ")
+        );
+    }
     let req = &Request { timeout, insecure, ..*req };
     let addr = parse_addr(req.addr)?;
     if let Some(daemon) = req.bind_of {

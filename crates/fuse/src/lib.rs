@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 pub use error::Error;
 pub use fs::CrestFs;
-pub use options::{MountOptions, DEFAULT_ATTR_TTL, DEFAULT_THREADS};
+pub use options::{unknown_options, MountOptions, DEFAULT_ATTR_TTL, DEFAULT_THREADS};
 
 /// Buffered readahead asked of the kernel's bdi for the mount (its default is 128 KiB).
 /// A window of several requests keeps the server reading (and sealing, over TLS) the next

@@ -31,7 +31,7 @@ pub struct MountOptions {
     /// caches neither, so other clients' changes are seen at once).
     pub attr_ttl: Duration,
     /// `-o` options passed through (`ro`, `noexec`, `noauto_unmount`…); unknown ones are
-    /// ignored with a warning.
+    /// ignored with a warning (`unknown_options` lists them for a caller to refuse).
     pub extra: Vec<String>,
 }
 
@@ -135,60 +135,29 @@ pub fn fuser_config(opts: &MountOptions, auto_unmount: bool) -> Config {
     // are told to do.
     let mut flags: Vec<MountOption> = vec![MountOption::NoSuid, MountOption::NoDev];
     for o in opts.extra.iter().flat_map(|e| e.split(',')).map(str::trim).filter(|o| !o.is_empty()) {
-        let flag = match o {
-            "ro" => {
-                read_only = true;
+        let flag = match word(o) {
+            Some(Word::Kernel(flag)) => flag,
+            Some(Word::ReadOnly(ro)) => {
+                read_only = ro;
                 continue;
             }
-            "rw" => {
-                read_only = false;
-                continue;
-            }
-            "allow_other" => {
+            Some(Word::AllowOther) => {
                 acl = SessionACL::All;
                 continue;
             }
-            "allow_root" => {
+            Some(Word::AllowRoot) => {
                 if acl == SessionACL::Owner {
                     acl = SessionACL::RootAndOwner;
                 }
                 continue;
             }
-            "auto_unmount" => {
-                auto_unmount = true;
+            Some(Word::AutoUnmount(on)) => {
+                auto_unmount = on;
                 continue;
             }
-            "noauto_unmount" => {
-                auto_unmount = false;
-                continue;
-            }
-            "default_permissions" => continue,           // always on
-            "kernelnames" | "nokernelnames" => continue, // crest's own: `kernel_names`
-            "acl" | "noacl" => continue,                 // negotiated at FUSE init: `posix_acls`
-            // Access times are the daemon's (`atime_mode`); the kernel keeps none for FUSE.
-            "strictatime" | "nostrictatime" | "relatime" | "norelatime" | "diratime" | "nodiratime" | "lazytime" => {
-                continue;
-            }
-            "dev" => MountOption::Dev,
-            "nodev" => MountOption::NoDev,
-            "suid" => MountOption::Suid,
-            "nosuid" => MountOption::NoSuid,
-            "exec" => MountOption::Exec,
-            "noexec" => MountOption::NoExec,
-            "atime" => MountOption::Atime,
-            "noatime" => MountOption::NoAtime,
-            "sync" => MountOption::Sync,
-            "async" => MountOption::Async,
-            "dirsync" => MountOption::DirSync,
-            o if MOUNT_ONLY.contains(&o) || o.starts_with("x-") || o.starts_with("comment=") => {
-                tracing::debug!("mount option {o:?} is for mount(8), not crest");
-                continue;
-            }
-            o if o.starts_with("fsname=") || o.starts_with("subtype=") => {
-                tracing::debug!("mount option {o:?} ignored: crest sets it");
-                continue;
-            }
-            o => {
+            Some(Word::Elsewhere) => continue,
+            None => {
+                // (`crest mount` refuses these before it mounts: `unknown_options`.)
                 tracing::warn!("unknown mount option {o:?} ignored");
                 continue;
             }
@@ -221,6 +190,78 @@ pub fn fuser_config(opts: &MountOptions, auto_unmount: bool) -> Config {
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
     config
+}
+
+/// What one `-o` word means to the mount.
+enum Word {
+    /// A flag of the kernel's mount.
+    Kernel(MountOption),
+    /// `ro` (true) or `rw`.
+    ReadOnly(bool),
+    AllowOther,
+    AllowRoot,
+    /// `auto_unmount` (true) or `noauto_unmount`.
+    AutoUnmount(bool),
+    /// Known, and taken care of elsewhere (or meant for mount(8), or set by crest itself).
+    Elsewhere,
+}
+
+fn word(o: &str) -> Option<Word> {
+    Some(Word::Kernel(match o {
+        "ro" => return Some(Word::ReadOnly(true)),
+        "rw" => return Some(Word::ReadOnly(false)),
+        "allow_other" => return Some(Word::AllowOther),
+        "allow_root" => return Some(Word::AllowRoot),
+        "auto_unmount" => return Some(Word::AutoUnmount(true)),
+        "noauto_unmount" => return Some(Word::AutoUnmount(false)),
+        // Always on; crest's own (`kernel_names`); negotiated at FUSE init (`posix_acls`);
+        // access times are the daemon's (`atime_mode`): the kernel keeps none for FUSE.
+        "default_permissions"
+        | "kernelnames"
+        | "nokernelnames"
+        | "acl"
+        | "noacl"
+        | "strictatime"
+        | "nostrictatime"
+        | "relatime"
+        | "norelatime"
+        | "diratime"
+        | "nodiratime"
+        | "lazytime" => return Some(Word::Elsewhere),
+        // mount(8) keeps `dev` and `suid` (its defaults) from a helper: these reach it.
+        "dev" | "crest.dev" => MountOption::Dev,
+        "nodev" => MountOption::NoDev,
+        "suid" | "crest.suid" => MountOption::Suid,
+        "nosuid" => MountOption::NoSuid,
+        "exec" => MountOption::Exec,
+        "noexec" => MountOption::NoExec,
+        "atime" => MountOption::Atime,
+        "noatime" => MountOption::NoAtime,
+        "sync" => MountOption::Sync,
+        "async" => MountOption::Async,
+        "dirsync" => MountOption::DirSync,
+        o if MOUNT_ONLY.contains(&o) || o.starts_with("x-") || o.starts_with("comment=") => {
+            tracing::debug!("mount option {o:?} is for mount(8), not crest");
+            return Some(Word::Elsewhere);
+        }
+        o if o.starts_with("fsname=") || o.starts_with("subtype=") => {
+            tracing::warn!("mount option {o:?} ignored: crest sets it");
+            return Some(Word::Elsewhere);
+        }
+        _ => return None,
+    }))
+}
+
+/// The words of `extra` the mount does not know: `crest mount` refuses to mount with
+/// them, as mount(8) refuses an option a file system does not take.
+pub fn unknown_options(extra: &[String]) -> Vec<String> {
+    extra
+        .iter()
+        .flat_map(|e| e.split(','))
+        .map(str::trim)
+        .filter(|o| !o.is_empty() && word(o).is_none())
+        .map(str::to_string)
+        .collect()
 }
 
 fn opposite(o: &MountOption) -> Option<MountOption> {
