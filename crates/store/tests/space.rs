@@ -235,3 +235,37 @@ fn a_large_delete_is_freed_in_steps_and_a_crash_resumes_it() {
         assert_clean(&disk);
     }
 }
+
+#[test]
+fn a_fallocate_of_all_that_statfs_calls_available_succeeds_in_one_op_or_in_steps() {
+    let seed = seed();
+    let mut rng = Stream::from_seed_u64(seed);
+    for round in 0..rounds().min(6) {
+        let mib = 12 + rng.below(300);
+        let disk = common::fresh(mib);
+        let mut s = open(&disk);
+        // Some files first, of sizes from empty to a few blocks.
+        for i in 0..rng.below(40) {
+            let ino = new_file(&mut s, &format!("small{i}")).expect("room for small files");
+            let len = rng.below(3 * 4096 + 1) as usize;
+            s.write(ino, 0, &vec![7; len], t(2)).expect("a small write");
+        }
+        if rng.below(2) == 0 {
+            s.commit().expect("commit");
+        }
+        let ino = new_file(&mut s, "all").expect("create");
+        let avail = s.statfs().avail_blocks * 4096;
+        // In one op, or as a mount sends it: steps of at most 64 MiB.
+        let step = if rng.below(2) == 0 { u64::MAX } else { 64 << 20 };
+        let mut at = 0;
+        while at < avail {
+            let n = (avail - at).min(step);
+            if let Err(e) = s.fallocate(ino, at, n, FallocateMode::default(), t(3)) {
+                panic!("round {round}: {mib} MiB, {avail} bytes available, step {step}: refused at {at}: {e}");
+            }
+            at += n;
+        }
+        s.commit().expect("commit");
+        assert_clean(&disk);
+    }
+}
