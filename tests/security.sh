@@ -164,11 +164,20 @@ check server-alive-after-bad-exports kill -0 "$server_pid"
 mnt m-typo
 expect host-mounts-despite-bad-exports 0 as host mount "$addr" "$tmp/m-typo"
 check host-reads-despite-bad-exports [ "$(cat "$tmp/m-typo/a" 2>/dev/null)" = "from host" ]
-# SIGHUP ends no crest process: a mount daemon ignores it (set in main, before anything
-# else, as the server does until its handler takes over).
+# SIGHUP ends no crest process: a mount daemon blocks it (in main, before anything else:
+# every thread inherits it) and a thread of its own takes it to open its log again, as
+# logrotate expects; the server ignores it until its handler takes over.
 daemon=$(pgrep -x crest -a | grep -F -- "$tmp/m-typo" | awk '{print $1}' | head -1)
-mask=$(awk '/^SigIgn:/ {print $2}' "/proc/$daemon/status" 2>/dev/null)
-check mount-daemon-ignores-sighup bash -c "[ -n '$mask' ] && (( 16#$mask & 1 ))"
+mask=$(awk '/^SigBlk:/ {print $2}' "/proc/$daemon/status" 2>/dev/null)
+check mount-daemon-blocks-sighup bash -c "[ -n '$mask' ] && (( 16#$mask & 1 ))"
+daemon_log=$tmp/host/log/crest-mount$(printf '%s' "$tmp/m-typo" | tr / _).log
+mv "$daemon_log" "$daemon_log.1"
+kill -HUP "$daemon"
+for _ in $(seq 100); do grep -qs "opened again" "$daemon_log" && break; sleep 0.05; done
+check mount-daemon-reopens-log-on-sighup grep -q "opened again" "$daemon_log"
+check mount-daemon-alive-after-sighup kill -0 "$daemon"
+check mount-works-after-sighup [ "$(cat "$tmp/m-typo/a" 2>/dev/null)" = "from host" ]
+rm -f "$daemon_log.1"
 as host umount "$tmp/m-typo" >/dev/null 2>&1
 rm -f "$exports"
 kill -HUP "$server_pid"

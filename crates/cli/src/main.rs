@@ -200,6 +200,10 @@ enum Command {
         /// (internal) Watch the bind mount on the mount point of the daemon with this pid.
         #[arg(long, hide = true, requires = "foreground")]
         bind_of: Option<u32>,
+        /// (internal) The log file the daemon's stderr is: opened again on SIGHUP (after
+        /// logrotate moved it).
+        #[arg(long, hide = true, requires = "foreground")]
+        log_path: Option<PathBuf>,
         /// Talk to a server run with --insecure (plaintext, no authentication); also
         /// `-o insecure`.
         #[arg(long)]
@@ -877,7 +881,7 @@ fn parse_cli(args: &[std::ffi::OsString], helper: bool) -> Result<Cli, u8> {
 
 /// A server and a mount daemon outlive their terminal and are sent SIGHUP to reload
 /// (`kill -HUP`): from the first instant of their lives the signal must not end them. The
-/// server handles it once it serves (`serve`); until then, and in a mount, it is ignored.
+/// server handles it once it serves (`serve`); until then it is ignored.
 #[allow(unsafe_code)]
 fn ignore_hangups() {
     // SAFETY: SIG_IGN runs no code of ours in a handler, and the process has one thread
@@ -894,8 +898,18 @@ fn main() -> ExitCode {
         Err(code) => return ExitCode::from(code),
     };
     let Cli { command, log, state_dir, config } = cli;
-    if matches!(command, Command::Serve { .. } | Command::Mount { .. }) {
-        ignore_hangups();
+    match command {
+        Command::Serve { .. } => ignore_hangups(),
+        // Blocked in every thread (they inherit it from this one, the only one yet): a
+        // mount daemon's thread of its own takes it (`mount::reopen_log_on_hangup`); in
+        // any other mount process it stays pending, harmless.
+        Command::Mount { .. } => {
+            let hup = nix::sys::signal::SigSet::from(nix::sys::signal::Signal::SIGHUP);
+            if let Err(e) = hup.thread_block() {
+                eprintln!("crest: cannot block SIGHUP: {e}");
+            }
+        }
+        _ => {}
     }
     let failure = failure_code(&command);
     if let Err(e) = logging::init(&log) {
@@ -918,9 +932,13 @@ fn main() -> ExitCode {
             ready_pipe,
             share_key,
             bind_of,
+            log_path,
             insecure,
             token,
         } => {
+            if let Some(path) = log_path {
+                mount::reopen_log_on_hangup(path);
+            }
             let voice = if helper { mount::Voice::Helper } else { mount::Voice::Crest };
             let req = mount::Request {
                 addr: &addr,

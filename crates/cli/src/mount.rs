@@ -169,7 +169,7 @@ pub fn mount(req: &Request) -> Result<()> {
     let timeout = take_timeout(&mut opts)?.unwrap_or(req.timeout);
     let dataset = take_dataset(&mut opts)?;
     let metrics = take_metrics(&mut opts)?;
-    let insecure = req.insecure || take_flag(&mut opts, "insecure");
+    let insecure = take_flag(&mut opts, "insecure") || req.insecure;
     let own_session = take_flag(&mut opts, crate::share::OWN_SESSION);
     let unknown = crest_fuse::unknown_options(&opts);
     if !unknown.is_empty() {
@@ -360,6 +360,7 @@ fn mount_in_background(addr: &str, target: &Path, req: &Request, share_key: Opti
     if let Some(key) = share_key {
         cmd.arg("--share-key").arg(key);
     }
+    cmd.arg("--log-path").arg(&log);
     cmd.arg("--state-dir").arg(req.state.path());
     cmd.args(req.log.level_args());
     // What the file said is among the flags above already; the daemon reads it again
@@ -425,6 +426,34 @@ fn mount_in_background(addr: &str, target: &Path, req: &Request, share_key: Opti
     bail!("the mount daemon exited ({status}) without mounting: {}", msg.trim())
 }
 
+/// Opens the daemon's log `path` again at each SIGHUP (blocked in every thread since
+/// `main`: this thread takes it), as its standard error and output: after logrotate moved
+/// the file, the daemon writes to a new one at the same path.
+pub fn reopen_log_on_hangup(path: PathBuf) {
+    use nix::sys::signal::{SigSet, Signal};
+    let spawned = std::thread::Builder::new().name("log-reopen".into()).spawn(move || {
+        let hup = SigSet::from(Signal::SIGHUP);
+        while hup.wait().is_ok() {
+            match crate::logging::open_log_file(&path) {
+                Ok(mut file) => {
+                    // Said in the file whatever the log level: why it starts here.
+                    let _ = writeln!(file, "crest: SIGHUP: log file opened again (pid {})", std::process::id());
+                    // (Replacing the descriptors is atomic: a line being written goes
+                    // whole to one file or the other.)
+                    let moved = nix::unistd::dup2_stderr(&file).and_then(|()| nix::unistd::dup2_stdout(&file));
+                    if let Err(e) = moved {
+                        tracing::warn!("SIGHUP: cannot write to {} again: {e}", path.display());
+                    }
+                }
+                Err(e) => tracing::warn!("SIGHUP: cannot open the log again: {e:#}"),
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("SIGHUP will not reopen the log: {e}");
+    }
+}
+
 /// What a mount of `addr` (and `dataset`) shows as its source in the mount table.
 fn fsname(addr: &str, dataset: Option<&str>) -> String {
     match dataset {
@@ -463,9 +492,9 @@ fn share_mount(req: &Request, addr: &str, daemon: u32, (dir, device): (&Path, &s
     }
     let started = (|| {
         let exe = std::env::current_exe().context("finding the crest binary")?;
-        let (_, log_file) = open_daemon_log(req, target)?;
+        let (log, log_file) = open_daemon_log(req, target)?;
         let mut cmd = std::process::Command::new(exe);
-        cmd.arg("mount").arg("--foreground").arg("--bind-of").arg(daemon.to_string());
+        cmd.arg("mount").arg("--foreground").arg("--bind-of").arg(daemon.to_string()).arg("--log-path").arg(log);
         cmd.arg("--state-dir").arg(req.state.path()).args(req.log.level_args());
         // (The mount point stays the last argument: `crest umount` waits for this process.)
         cmd.arg(addr).arg(target);
