@@ -271,8 +271,8 @@ pub const FALLOC_FL_KEEP_SIZE: u32 = 1;
 pub const FALLOC_FL_PUNCH_HOLE: u32 = 2;
 /// See `FALLOC_FL_KEEP_SIZE`.
 pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
-/// Most bytes one `Op::Fallocate` that allocates or zeroes may cover (the server refuses
-/// more with EINVAL). A request's work is done in one step of the store, between other
+/// Most bytes the `Op::Fallocate`s of one request that allocate or zero may cover
+/// together (the server refuses more with EINVAL). A request's work is done in one step of the store, between other
 /// sessions' requests; so a big allocation is sent as several ops of at most this, each a
 /// request of its own (`fallocate_steps`), and others' work goes between them. A punched
 /// hole costs the extents it frees, not its length: it is one op, however long.

@@ -1183,7 +1183,23 @@ impl Server {
         let acquires = req.ops.iter().any(|op| matches!(op, Op::Acquire { .. }));
         let mut involved = settle_inodes(&req.ops);
         let mut seq = 0;
-        let results = if req.ops.len() > p::MAX_OPS_PER_REQUEST {
+        let refusal = if req.ops.len() > p::MAX_OPS_PER_REQUEST {
+            Some(errno(7, format!("{} operations in one request (max {})", req.ops.len(), p::MAX_OPS_PER_REQUEST)))
+        } else {
+            // A request is one step of the store: what it allocates is bounded too.
+            let allocating = req
+                .ops
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Fallocate { len, flags, .. } if flags & p::FALLOC_FL_PUNCH_HOLE == 0 => Some(*len),
+                    _ => None,
+                })
+                .fold(0u64, u64::saturating_add);
+            (allocating > p::MAX_FALLOCATE_STEP).then(|| {
+                errno(22, format!("fallocate of {allocating} bytes in one request (at most {})", p::MAX_FALLOCATE_STEP))
+            })
+        };
+        let results = if let Some(refusal) = refusal {
             // Refused whole, but still the session's next change in order: its client
             // counted it (places, §4.5), and it changed nothing a replay could redo.
             if mutates {
@@ -1191,7 +1207,7 @@ impl Server {
                     seq = s.take_place(req.id);
                 }
             }
-            vec![Err(errno(7, format!("{} operations in one request (max {})", req.ops.len(), p::MAX_OPS_PER_REQUEST)))]
+            vec![Err(refusal)]
         } else {
             let fsyncs: Vec<bool> = req.ops.iter().map(|op| matches!(op, Op::Fsync { .. })).collect();
             if acquires {

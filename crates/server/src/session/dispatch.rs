@@ -421,10 +421,6 @@ impl Server {
                 if flags & !known != 0 {
                     return Err(Failure::Wire(errno(95, format!("fallocate mode {flags:#x}"))));
                 }
-                if flags & p::FALLOC_FL_PUNCH_HOLE == 0 && len > p::MAX_FALLOCATE_STEP {
-                    let why = format!("fallocate of {len} bytes in one op (at most {})", p::MAX_FALLOCATE_STEP);
-                    return Err(Failure::Wire(errno(22, why)));
-                }
                 let mode = s::FallocateMode {
                     keep_size: flags & p::FALLOC_FL_KEEP_SIZE != 0,
                     punch_hole: flags & p::FALLOC_FL_PUNCH_HOLE != 0,

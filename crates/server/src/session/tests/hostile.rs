@@ -611,7 +611,7 @@ fn parked_requests_freed_together_run_a_slice_at_a_time_in_order_and_others_go_b
 }
 
 #[test]
-fn one_fallocate_op_allocates_at_most_a_step_and_punches_any_length() {
+fn one_request_allocates_at_most_a_step_and_punches_any_length() {
     let mut srv = server();
     let (a, _) = srv.handle_hello(&hello(None));
     let a = a.expect("session");
@@ -624,13 +624,18 @@ fn one_fallocate_op_allocates_at_most_a_step_and_punches_any_length() {
         assert_eq!(r.results[0].as_ref().err().map(|e| e.errno), Some(22), "flags {flags:#x}: {r:?}");
         assert_eq!(srv.store.getattr(f.ino).map(|i| (i.size, i.blocks)).ok(), Some((0, 0)), "nothing done");
     }
+    // Nor in several ops of one request.
+    let half = Op::Fallocate { ino: f.ino, offset: 0, len: step / 2 + 1, flags: 0 };
+    let r = srv.handle_request(a, req(5, vec![half.clone(), half]), NOW);
+    assert_eq!(r.results.iter().map(|r| r.as_ref().err().map(|e| e.errno)).collect::<Vec<_>>(), vec![Some(22)]);
+    assert_eq!(srv.store.getattr(f.ino).map(|i| (i.size, i.blocks)).ok(), Some((0, 0)), "nothing done");
     // (A 16 MiB image: a step within it, then a hole punched far longer than a step.)
     let len = 1 << 20;
-    let r = srv.handle_request(a, req(5, vec![Op::Fallocate { ino: f.ino, offset: 0, len, flags: 0 }]), NOW);
+    let r = srv.handle_request(a, req(6, vec![Op::Fallocate { ino: f.ino, offset: 0, len, flags: 0 }]), NOW);
     assert!(r.results[0].is_ok(), "{r:?}");
     let punch = p::FALLOC_FL_PUNCH_HOLE | p::FALLOC_FL_KEEP_SIZE;
     let op = Op::Fallocate { ino: f.ino, offset: 0, len: 4 * step, flags: punch };
-    let r = srv.handle_request(a, req(6, vec![op]), NOW);
+    let r = srv.handle_request(a, req(7, vec![op]), NOW);
     assert!(r.results[0].is_ok(), "{r:?}");
     assert_eq!(srv.store.getattr(f.ino).map(|i| (i.size, i.blocks)).ok(), Some((len, 0)));
 }
