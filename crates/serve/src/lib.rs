@@ -451,6 +451,10 @@ const STALL_MS: u64 = 1_000;
 
 /// Messages applied between two deliveries (and ticks), at most.
 const MAX_APPLIED_PER_WAKE: usize = 4096;
+/// The store task's time spent applying messages before it does its periodic work (ticks:
+/// recall deadlines, parked slices, fencing) and delivers: costly requests from many
+/// sessions must not hold those back for seconds.
+const APPLY_SLICE: Duration = Duration::from_millis(100);
 
 /// Runs the store task until a `Shutdown` or `Kill`. What is queued is applied (up to
 /// `MAX_APPLIED_PER_WAKE`, the sessions' queues in turn) before the periodic work and the
@@ -485,7 +489,8 @@ async fn store_task(
             }
         }
         let mut applied = 0;
-        while applied < MAX_APPLIED_PER_WAKE {
+        let began = std::time::Instant::now();
+        while applied < MAX_APPLIED_PER_WAKE && began.elapsed() < APPLY_SLICE {
             let StoreTask { server, outboxes, queues, .. } = &mut task;
             let (n, stop) = queues.round(|cmd| apply_and_deliver(server, outboxes, cmd));
             if stop {
@@ -496,7 +501,7 @@ async fn store_task(
             }
             applied += n;
         }
-        if applied >= MAX_APPLIED_PER_WAKE {
+        if applied >= MAX_APPLIED_PER_WAKE || began.elapsed() >= APPLY_SLICE {
             // More may wait: back after the delivery.
             ready.notify_one();
         }
