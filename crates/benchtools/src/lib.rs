@@ -6,11 +6,14 @@
 //! - [`pingpong`]: a raw TCP echo server and ping-pong client, the floor a request round
 //!   trip is compared against;
 //! - [`metabench`]: creates, stats and unlinks of many files in one directory;
+//! - [`flood`]: hostile loads over the raw wire protocol and the honest probe timed beside
+//!   them (`bench/hostile.sh`, issue 43);
 //! - [`stats`]: percentiles of latency samples and a lock-free microsecond histogram.
 //!
 //! Everything here is plain threads and blocking sockets: tokio's timer has a 1 ms
 //! granularity, far coarser than the 100 µs one-way delays the proxy must add.
 
+pub mod flood;
 pub mod metabench;
 pub mod pingpong;
 pub mod proxy;
