@@ -376,6 +376,15 @@ run mount8 "crest.suid,crest.dev"
 if [ "$rc" = 0 ] && [ -s "$tmp/out" ] && ! grep -qE 'nosuid|nodev' "$tmp/out"; then pass mount8-crest-suid-dev
 else fail mount8-crest-suid-dev "$(said)"; fi
 expect mount8-unknown-option-32 32 mount8 "bogus"
+# A remount through mount(8) hands the helper the mount's current options (user_id=0,...).
+remount8() {
+  unshare -m --propagation private sh -c '
+    mount --bind "$1" /sbin && mount -t fuse.crest "$2" "$3" && mount -o remount,ro "$3" || exit 32
+    grep -F " $3 " /proc/self/mountinfo | cut -d" " -f6; "$4" umount "$3"' _ \
+    "$tmp/sbin" "127.0.0.1:$port" "$tmp/m2" "$crest"
+}
+run remount8
+if [ "$rc" = 0 ] && grep -q '^ro' "$tmp/out"; then pass mount8-remount-ro; else fail mount8-remount-ro "$(said)"; fi
 
 echo "== mount failures: dead port, syntax, not a crest server"
 dead=$(free_port)

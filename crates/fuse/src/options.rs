@@ -244,7 +244,12 @@ fn word(o: &str) -> Option<Word> {
             tracing::debug!("mount option {o:?} is for mount(8), not crest");
             return Some(Word::Elsewhere);
         }
-        o if o.starts_with("fsname=") || o.starts_with("subtype=") => {
+        // What the FUSE layer sets itself (mount(8) hands a remount the mount's current
+        // options, these among them).
+        o if ["fsname=", "subtype=", "user_id=", "group_id=", "rootmode=", "fd=", "max_read=", "blksize="]
+            .iter()
+            .any(|p| o.starts_with(p)) =>
+        {
             tracing::warn!("mount option {o:?} ignored: crest sets it");
             return Some(Word::Elsewhere);
         }
