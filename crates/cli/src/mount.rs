@@ -290,6 +290,13 @@ fn serve_mount(
     // spawn_mount returns once the mount exists (fuser's session is mounted then).
     let guard =
         crest_fuse::spawn_mount(client, target, &mopts).with_context(|| format!("mounting on {}", target.display()))?;
+    // Other mounts of this host with the same key bind this one (`share.rs`): registered
+    // before `crest mount` hears "ok", so a mount made the moment it returns finds it.
+    let entry = share.and_then(|(state, key)| {
+        crate::share::register(state, key, target)
+            .inspect_err(|e| tracing::warn!("this mount will not be shared: {e:#}"))
+            .ok()
+    });
     if let Some(mut pipe) = ready.take() {
         // Best effort: a parent that died meanwhile changes nothing for the mount.
         let _ = pipe.write_all(b"ok\n");
@@ -298,12 +305,6 @@ fn serve_mount(
     if let Some(listener) = metrics {
         crate::mount_metrics::spawn(listener, target.to_path_buf());
     }
-    // Other mounts of this host with the same key bind this one (`share.rs`).
-    let entry = share.and_then(|(state, key)| {
-        crate::share::register(state, key, target)
-            .inspect_err(|e| tracing::warn!("this mount will not be shared: {e:#}"))
-            .ok()
-    });
     let served = guard.join().with_context(|| format!("serving {}", target.display()));
     if let Some(entry) = entry {
         crate::share::unregister(&entry);
