@@ -1086,15 +1086,10 @@ mod tests {
     #[test]
     fn fallocate_steps_cover_the_range_once_in_order_each_within_a_step() {
         let seed =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        println!("seed {seed}");
-        let mut x = seed | 1;
-        let mut next = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+            std::env::var("CREST_PROTO_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(crest_rng::next_u64);
+        eprintln!("CREST_PROTO_SEED={seed}");
+        let mut rng = crest_rng::Stream::from_seed_u64(seed);
+        let mut next = |m: u64| rng.below(m);
         let edges = [0, 1, 4095, 4096, MAX_FALLOCATE_STEP - 1, MAX_FALLOCATE_STEP, MAX_FALLOCATE_STEP + 1];
         for round in 0..2000 {
             let offset = if round % 2 == 0 { next(1 << 40) } else { edges[next(edges.len() as u64) as usize] };

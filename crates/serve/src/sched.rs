@@ -45,11 +45,6 @@ pub const BURST: usize = 16;
 pub const QUANTUM: Duration = Duration::from_millis(2);
 /// Most a queue can owe: what it used long ago is not held against it for ever.
 pub const MAX_DEBT: Duration = Duration::from_secs(1);
-// A queue found empty owes nothing (as in deficit round robin): what it used while
-// others waited was charged as it went, and a session that waits for its answers
-// between costly requests gets one per round like any other; only a queue that keeps
-// more waiting carries a debt from round to round (while many others are served a share
-// each a round, a debt run up alone would otherwise starve it for a long time).
 /// Requests of one connection in the core and not answered yet (a client keeps at most
 /// 1,024 in flight: `crest_net::MAX_IN_FLIGHT`).
 pub const MAX_WAITING_REQUESTS: usize = 4096;
@@ -161,7 +156,11 @@ struct Entry<T> {
     /// Its connection's unsent replies: over `MAX_OUTBOX_BYTES`, the queue waits (unless
     /// the connection is gone: what it queued last, its disconnection, must be applied).
     backlog: Backlog,
-    /// The store task's time it used beyond its shares (`QUANTUM`).
+    /// The store task's time it used beyond its shares (`QUANTUM`). A queue left empty
+    /// owes nothing (as in deficit round robin): a session that waits for its answers
+    /// between costly requests gets one a round like any other; only a queue that keeps
+    /// more waiting carries a debt from round to round (run up alone and paid a share a
+    /// round while many others are served, it would starve it for long).
     debt: Duration,
 }
 
@@ -228,7 +227,7 @@ impl<T> Queues<T> {
             }
             let share = QUANTUM.saturating_sub(e.debt);
             let start = Instant::now();
-            let (mut open, mut more, mut emptied) = (true, false, false);
+            let (mut open, mut more) = (true, false);
             for taken in 1..=BURST {
                 if e.waits() {
                     break;
@@ -248,21 +247,14 @@ impl<T> Queues<T> {
                             break;
                         }
                     }
-                    Err(mpsc::error::TryRecvError::Empty) => {
-                        emptied = true;
-                        break;
-                    }
+                    Err(mpsc::error::TryRecvError::Empty) => break,
                     Err(mpsc::error::TryRecvError::Disconnected) => {
                         open = false;
                         break;
                     }
                 }
             }
-            e.debt = if emptied || e.rx.is_empty() {
-                Duration::ZERO
-            } else {
-                start.elapsed().saturating_sub(share).min(MAX_DEBT)
-            };
+            e.debt = if e.rx.is_empty() { Duration::ZERO } else { start.elapsed().saturating_sub(share).min(MAX_DEBT) };
             if open {
                 if more && !e.waits() {
                     e.wake.wake();
@@ -278,8 +270,8 @@ impl<T> Queues<T> {
     /// waits, and what they owe one another stays.
     fn forgive(&mut self) {
         let list = self.ready.list();
-        let owing = || list.iter().filter_map(|id| self.entries.get(id)).filter(|e| !e.waits()).map(|e| e.debt);
-        let Some(least) = owing().min().filter(|&d| d >= QUANTUM) else { return };
+        let owing = list.iter().filter_map(|id| self.entries.get(id)).filter(|e| !e.waits()).map(|e| e.debt);
+        let Some(least) = owing.min().filter(|&d| d >= QUANTUM) else { return };
         for id in list.iter() {
             if let Some(e) = self.entries.get_mut(id) {
                 e.debt = e.debt.saturating_sub(least);

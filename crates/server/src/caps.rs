@@ -50,6 +50,14 @@ struct ExclusiveRecall {
     limit_ms: u64,
 }
 
+impl ExclusiveRecall {
+    /// The holder is heard working on it (or hears it again) at `now_ms`: its time to
+    /// answer runs from there, within the limit.
+    fn renew(&mut self, now_ms: u64) {
+        self.deadline_ms = self.deadline_ms.max((now_ms + EXCLUSIVE_RECALL_MS).min(self.limit_ms));
+    }
+}
+
 /// A recall sent *before* another session's data change runs, to a session that holds the
 /// file open: its client may hold pages of a shared writable mapping dirty, and writes
 /// them back before it answers (a recall drops the kernel's pages, which writes dirty
@@ -546,7 +554,7 @@ impl Caps {
     pub fn recall_progress(&mut self, session: SessionId, inodes: &[u64], now_ms: u64) {
         for r in self.exclusive_recalls.values_mut() {
             if r.holder == session && r.inodes.iter().any(|i| inodes.contains(i)) {
-                r.deadline_ms = r.deadline_ms.max((now_ms + EXCLUSIVE_RECALL_MS).min(r.limit_ms));
+                r.renew(now_ms);
             }
         }
     }
@@ -556,7 +564,7 @@ impl Caps {
     pub fn renew_resent(&mut self, now_ms: u64) {
         for session in std::mem::take(&mut self.resent) {
             for r in self.exclusive_recalls.values_mut().filter(|r| r.holder == session) {
-                r.deadline_ms = r.deadline_ms.max((now_ms + EXCLUSIVE_RECALL_MS).min(r.limit_ms));
+                r.renew(now_ms);
             }
         }
     }
