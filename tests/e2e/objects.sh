@@ -72,6 +72,10 @@ coherence_across_mounts() {
 }
 check coherence-two-mounts coherence_across_mounts
 
+# setuid and setgid dropped by writes that go to objects as by the others (privs.py).
+privs_on_objects() { (cd "$root/tests/e2e" && CREST_E2E_ROUNDS=10 python3 privs.py "$mnt" "$mnt2") >&2; }
+check privileges-dropped-on-objects privs_on_objects
+
 fsx_on_objects() {
   mkdir -p "$mnt/fsx" || return 1
   local mapped0

@@ -290,6 +290,15 @@ acls() {
 }
 check acls acls
 
+# setuid and setgid after writes, fallocates and truncates by callers without
+# CAP_FSETID (owner or not) and by root, through every road (the mount answering itself,
+# the server), as ext4 drops them, seen as the kernel holds the mode
+# (tests/e2e/privs.py; CREST_E2E_ROUNDS, _SEED).
+privs() {
+  (cd "$root/tests/e2e" && CREST_E2E_ROUNDS=${CREST_E2E_ROUNDS:-40} python3 privs.py "$mnt" "$mnt2") >&2
+}
+check privileges-dropped-on-every-write-road privs
+
 # small_server IMAGE SIZE LOG: a server of its own on a fresh image; sets sport and spid.
 small_server() {
   "$crest" mkfs --size "$2" "$1" >/dev/null || return 1

@@ -61,7 +61,7 @@ use crate::inodes::Inodes;
 use crate::locks::{self, LockCall, Owners};
 use crate::options::Atime;
 use answer::{nth, unexpected, want_attr, want_data, want_done};
-pub use recall::KernelEpoch;
+pub use recall::{KernelAttrs, KernelEpoch};
 
 /// Largest read or write the kernel is offered (it caps this at its `max_pages_limit`).
 pub const MAX_IO_BYTES: u32 = p::MAX_IO_BYTES;
@@ -165,6 +165,9 @@ pub struct CrestFs {
     /// caches names under shared rights too (unless `shared_kernel_names` is off), and
     /// names under exclusive rights are dropped that way.
     kernel_epoch: Arc<KernelEpoch>,
+    /// The kernel's cached attributes, dropped when this mount changes a mode the kernel
+    /// hears nothing of (`privs.rs`).
+    kernel_attrs: Arc<KernelAttrs>,
     /// `-o nokernelnames` turns it off: the kernel caches no names under shared rights.
     shared_kernel_names: bool,
     /// Whether the kernel enforces POSIX ACLs (FUSE_POSIX_ACL; `-o noacl` turns it off).
@@ -307,6 +310,7 @@ impl CrestFs {
             behind,
             page_io: Arc::default(),
             kernel_epoch: Arc::default(),
+            kernel_attrs: Arc::default(),
             shared_kernel_names: true,
             posix_acls: true,
             atime: Atime::Relative,
@@ -338,6 +342,11 @@ impl CrestFs {
     /// The kernel name-cache epoch of this mount, to attach to its session's device.
     pub fn kernel_epoch(&self) -> Arc<KernelEpoch> {
         self.kernel_epoch.clone()
+    }
+
+    /// Where this mount drops the kernel's cached attributes, to attach to its session.
+    pub fn kernel_attrs(&self) -> Arc<KernelAttrs> {
+        self.kernel_attrs.clone()
     }
 
     /// Opens a regular file without waiting when its attributes are held (under a right:

@@ -55,8 +55,10 @@ fn session(
         .with_atime(atime);
     let recalls = fs.recall_worker();
     let epoch = fs.kernel_epoch();
+    let attrs = fs.kernel_attrs();
     let session = fuser::Session::new(fs, &mountpoint, &config)?;
     epoch.attach(std::os::fd::AsFd::as_fd(&session));
+    attrs.attach(session.notifier());
     recalls.spawn(session.notifier())?;
     raise_readahead(&mountpoint);
     Ok((session, via_fusermount))

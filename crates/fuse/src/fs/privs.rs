@@ -61,6 +61,8 @@ impl CrestFs {
             if let Some(mode) = write_killed_mode(pid, attr) {
                 let set = p::SetAttr { mode: Some(mode), ..Default::default() };
                 self.set_attr(ino, set)?;
+                // (The write's or fallocate's reply tells the kernel nothing of it.)
+                self.kernel_attrs.forget(ino);
             }
         }
         self.remove_capability(ino)

@@ -155,6 +155,30 @@ impl RecallWorker {
     }
 }
 
+/// The kernel's cached attributes of an inode, dropped from inside a request handler: a
+/// write's reply carries no attributes, so when this mount takes setuid or setgid away
+/// for a write or fallocate, the kernel would go on with the mode it cached — exec and
+/// its own check before the next write read that copy. Dropping attributes takes no page
+/// or inode lock (offset −1), so a handler may do it before it replies.
+#[derive(Debug, Default)]
+pub struct KernelAttrs {
+    notifier: OnceLock<fuser::Notifier>,
+}
+
+impl KernelAttrs {
+    /// Keeps the session's notifier (before the session serves requests).
+    pub fn attach(&self, notifier: fuser::Notifier) {
+        let _ = self.notifier.set(notifier);
+    }
+
+    /// Makes the kernel ask for `ino`'s attributes before it next uses them.
+    pub fn forget(&self, ino: u64) {
+        if let Some(n) = self.notifier.get() {
+            invalidate_attributes(n, &[ino]);
+        }
+    }
+}
+
 /// Drops the kernel's attributes of `inodes` (offset −1: no page lock is taken).
 pub(super) fn invalidate_attributes(notifier: &fuser::Notifier, inodes: &[u64]) {
     for &ino in inodes {
