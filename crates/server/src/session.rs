@@ -28,6 +28,7 @@ mod durability;
 mod lease;
 mod objects;
 mod parking;
+mod privs;
 use parking::Pin;
 pub use parking::PARKED_SLICE;
 mod elsewhere;
@@ -1293,6 +1294,7 @@ impl Server {
                     results.push(room.place(Err(e)));
                     continue;
                 }
+                self.kill_privs_before(session, who, &mut op, now, mutates, involved);
             }
             if let Op::Acquire { ino } = op {
                 if self.contention.shared(ino, session, millis(who.server_now)) {

@@ -226,6 +226,35 @@ pub fn check(
     }
 }
 
+/// The mode a change of file data by `caller` (already mapped) leaves the file with when
+/// it takes setuid or setgid away, as Linux's `file_remove_privs`: setuid, and setgid
+/// where the group may execute the file or the caller is outside its group. The mount
+/// clears them itself before it writes; the server does again, so that a client that
+/// does not — or a writer its export squashes — cannot leave a setuid file rewritten.
+/// Root keeps them (the server sees no capabilities: uid 0 stands for CAP_FSETID), and
+/// so does the kernel's writeback of a shared mapping's pages (`WriteBack`), as on Linux.
+/// A truncate's comes as the `SetAttr`'s own mode (`None` when it sets one itself).
+pub fn killed_by_write(store: &mut s::Store, caller: &p::Caller, op: &Op) -> Option<(u64, u32)> {
+    let ino = match op {
+        Op::Write { ino, .. } | Op::Append { ino, .. } | Op::Fallocate { ino, .. } | Op::MapObject { ino, .. } => *ino,
+        Op::SetAttr { ino, set } if set.size_bytes.is_some() && set.mode.is_none() => *ino,
+        _ => return None,
+    };
+    if caller.uid == 0 {
+        return None;
+    }
+    let inode = store.getattr(ino).ok()?;
+    if inode.kind != s::FileKind::Regular {
+        return None;
+    }
+    let mode = inode.mode & 0o7777;
+    let mut kill = mode & names::S_ISUID;
+    if mode & names::S_ISGID != 0 && (mode & names::S_IXGRP != 0 || !caller.in_group(inode.gid)) {
+        kill |= names::S_ISGID;
+    }
+    (kill != 0).then_some((ino, mode & !kill))
+}
+
 /// The time a request's changes run at: the client's (`Request::time`, `Op::At`) when it
 /// is within `MAX_CLOCK_SKEW` of the server's clock, else the server's. A session
 /// replaying after a restart keeps its changes' original times, however old (they ran

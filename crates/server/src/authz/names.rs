@@ -7,7 +7,7 @@ use super::*;
 pub(super) const S_ISUID: u32 = 0o4000;
 pub(super) const S_ISGID: u32 = p::owner::S_ISGID;
 const S_ISVTX: u32 = 0o1000;
-const S_IXGRP: u32 = 0o010;
+pub(super) const S_IXGRP: u32 = 0o010;
 
 impl Checker<'_> {
     /// The new inode is the caller's, whatever the client claimed (the umask stays its);

@@ -639,3 +639,56 @@ fn one_request_allocates_at_most_a_step_and_punches_any_length() {
     assert!(r.results[0].is_ok(), "{r:?}");
     assert_eq!(srv.store.getattr(f.ino).map(|i| (i.size, i.blocks)).ok(), Some((len, 0)));
 }
+
+#[test]
+fn a_write_by_a_caller_without_root_takes_setuid_away_though_its_client_did_not() {
+    // (A client that skips the SetAttr a mount sends first: the server clears them itself.)
+    let mut rng = seed();
+    let mut srv = roomy_server();
+    let (sid, _) = srv.handle_hello(&hello(None));
+    let sid = sid.expect("session");
+    let nobody = p::Caller { uid: 65534, gid: 65534, groups: Vec::new() };
+    let member = p::Caller { uid: 65534, gid: 65534, groups: vec![50] };
+    let mut id = 100;
+    for n in 0..200 {
+        let mode = [0o4777, 0o6777, 0o2777, 0o2767, 0o4755, 0o6707, 0o2757, 0o0777, 0o1777]
+            [next(&mut rng) as usize % 9]
+            | 0o022;
+        let name = format!("f{n}");
+        let r = srv.handle_request(sid, make_in_root(id, &name, p::FileType::Regular, 0o666), NOW);
+        let Ok(Reply::Entry(a)) = &r.results[0] else { panic!("{r:?}") };
+        let f = a.ino;
+        let set = p::SetAttr { mode: Some(mode), gid: Some(50), ..Default::default() };
+        let r = srv.handle_request(sid, req(id + 1, vec![Op::SetAttr { ino: f, set }]), NOW);
+        assert!(r.results[0].is_ok(), "{r:?}");
+        let root = p::Caller::ROOT;
+        let (who, caller) = [("nobody", &nobody), ("a member", &member), ("root", &root)][n % 3];
+        let at = next(&mut rng) % 100_000;
+        let len = 1 + next(&mut rng) % 70_000;
+        let op = match next(&mut rng) % 6 {
+            0 => Op::Write { ino: f, offset: at, data: vec![7; len as usize] },
+            1 => Op::Append { ino: f, data: vec![7; len as usize] },
+            2 => Op::Fallocate { ino: f, offset: at, len, flags: 0 },
+            3 => Op::Fallocate { ino: f, offset: at, len, flags: p::FALLOC_FL_PUNCH_HOLE | p::FALLOC_FL_KEEP_SIZE },
+            4 => Op::SetAttr { ino: f, set: p::SetAttr { size_bytes: Some(at), ..Default::default() } },
+            _ => Op::WriteBack { ino: f, offset: at, data: vec![7; len as usize] },
+        };
+        let what = format!("{} of mode {mode:o} by {who}", op.name());
+        let r = srv.handle_request(sid, req_as(id + 2, caller, vec![op.clone()]), NOW);
+        assert!(r.results[0].is_ok(), "{what}: {r:?}");
+        let r = srv.handle_request(sid, req(id + 3, vec![Op::GetAttr { ino: f }]), NOW);
+        let Ok(Reply::Attr(a)) = &r.results[0] else { panic!("{r:?}") };
+        // Linux's rule, written out: setuid goes; setgid with group execute, or from a
+        // writer outside the group; root keeps both; a mapping's writeback takes nothing.
+        let kills = caller.uid != 0 && !matches!(op, Op::WriteBack { .. });
+        let mut want = mode;
+        if kills {
+            want &= !0o4000;
+            if mode & 0o2010 == 0o2010 || (mode & 0o2000 != 0 && !caller.in_group(50)) {
+                want &= !0o2000;
+            }
+        }
+        assert_eq!(a.mode & 0o7777, want, "{what}");
+        id += 4;
+    }
+}
