@@ -519,18 +519,28 @@ fn pipeline(
     }
 }
 
-/// Pipelined requests of `ops` `SetLock`s each on one file: one owner's write and read
-/// locks on `ops` separate bytes, the kind alternating request by request (so each
-/// operation changes a lock; the file never holds more than `ops`).
+/// Pipelined requests of `ops` `SetLock`s each on one file that first gets as many other
+/// locks as a session may keep on it (each operation then looks at them all): one owner's
+/// write and read locks on `ops` separate bytes, the kind alternating request by request
+/// (so each operation changes a lock).
 pub fn lock_flood(t: &Target, ops: usize, depth: usize, tally: &mut Tally) -> Result<()> {
     let dir = flood_dir(t, "lock-flood")?;
     let mut c = t.conn(Recalls::Answer)?;
     let ino = create(&mut c, dir, "locked", false)?;
-    let ops = ops.clamp(1, p::MAX_OPS_PER_REQUEST) as u64;
+    let ops = ops.clamp(1, p::MAX_LOCK_OPS_PER_REQUEST) as u64;
     let pid = std::process::id();
+    let lock = |owner, start: u64, kind| Op::SetLock { ino, owner, start, end: start, kind, flock: false, pid };
+    let kept = (p::locks::MAX_LOCKS_PER_SESSION_FILE as u64).saturating_sub(ops);
+    let mut first = 0;
+    while first < kept {
+        let batch: Vec<Op> =
+            (first..kept.min(first + ops)).map(|i| lock(2, (1 << 40) + 2 * i, p::LockKind::Read)).collect();
+        first += batch.len() as u64;
+        c.call(batch, SETUP_GUARD).context("taking the locks the file keeps")?;
+    }
     pipeline(&mut c, &t.stop, depth, tally, "locks_failed", |n| {
         let kind = if n % 2 == 0 { p::LockKind::Write } else { p::LockKind::Read };
-        (0..ops).map(|i| Op::SetLock { ino, owner: 1, start: 2 * i, end: 2 * i, kind, flock: false, pid }).collect()
+        (0..ops).map(|i| lock(1, 2 * i, kind)).collect()
     })?;
     c.goodbye();
     Ok(())

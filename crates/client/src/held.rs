@@ -219,11 +219,29 @@ impl HeldLocks {
 
     /// Keeps `ops` as re-assert requests until answered, in requests of the largest size.
     fn register(&mut self, ops: Vec<p::Op>, next_id: &AtomicU64) -> Vec<p::Request> {
+        // Requests within the server's bounds (`p::request_refusal`): so many operations,
+        // so many locks.
+        let mut chunks: Vec<Vec<p::Op>> = Vec::new();
+        let mut locks = 0;
+        for op in ops {
+            let lock = matches!(op, p::Op::SetLock { .. });
+            let full = chunks
+                .last()
+                .is_none_or(|c| c.len() == p::MAX_OPS_PER_REQUEST || (lock && locks == p::MAX_LOCK_OPS_PER_REQUEST));
+            if full {
+                chunks.push(Vec::new());
+                locks = 0;
+            }
+            locks += usize::from(lock);
+            if let Some(c) = chunks.last_mut() {
+                c.push(op);
+            }
+        }
         let mut out = Vec::new();
-        for chunk in ops.chunks(p::MAX_OPS_PER_REQUEST) {
+        for chunk in chunks {
             let id = next_id.fetch_add(1, Ordering::Relaxed);
-            self.reasserting.insert(id, chunk.to_vec());
-            out.push(p::Request { id, ops: chunk.to_vec(), time: None, caller: p::Caller::ROOT });
+            self.reasserting.insert(id, chunk.clone());
+            out.push(p::Request { id, ops: chunk, time: None, caller: p::Caller::ROOT });
         }
         out
     }
@@ -392,5 +410,34 @@ mod tests {
         h.releasing(6, 4);
         assert!(h.resend(&BTreeSet::new()).iter().all(Vec::is_empty));
         assert!(h.opens.is_empty());
+    }
+
+    #[test]
+    fn locks_taken_again_go_in_requests_the_server_accepts() {
+        let seed = crest_rng::next_u64() | 1;
+        eprintln!("seed {seed}");
+        let mut x = seed;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut h = HeldLocks::default();
+        // Locks on many files, several ranges each, and rights besides.
+        let n = 1 + next() % 3000;
+        for i in 0..n {
+            let op = lock(1 + next() % 40, 4 * i, 4 * i + 1);
+            h.follow(&[op], &vec![Ok(p::Reply::Done)], 0);
+        }
+        let rights: Vec<(u64, bool)> = (0..next() % 2000).map(|i| (1000 + i, i % 2 == 0)).collect();
+        let held = h.table.len();
+        let reqs = h.reassert(&rights, &AtomicU64::new(1));
+        for r in &reqs {
+            assert_eq!(p::request_refusal(&r.ops), None, "{} ops", r.ops.len());
+        }
+        let locks = reqs.iter().flat_map(|r| &r.ops).filter(|op| matches!(op, p::Op::SetLock { .. })).count();
+        let reasserts = reqs.iter().flat_map(|r| &r.ops).filter(|op| matches!(op, p::Op::Reassert { .. })).count();
+        assert_eq!((locks, reasserts), (held, rights.len()), "every one, once");
     }
 }

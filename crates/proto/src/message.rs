@@ -67,6 +67,10 @@ pub const MAX_CLIENT_NAME_BYTES: usize = 256;
 pub const MAX_DATASET_NAME_BYTES: usize = 200;
 /// Most operations in one compound request.
 pub const MAX_OPS_PER_REQUEST: usize = 1024;
+/// Most `SetLock` operations in one request: each looks at every lock of its file (up
+/// to `locks::MAX_LOCKS_PER_FILE`), and a request is one step of the server's store, so
+/// this bounds how long one request holds up the others.
+pub const MAX_LOCK_OPS_PER_REQUEST: usize = 64;
 /// The most entries an `Acquire` reply lists (a larger directory is not held whole).
 pub const MAX_ACQUIRE_ENTRIES: usize = 20_000;
 /// The most bytes of names an `Acquire` reply lists (it must fit in one frame with the
@@ -276,7 +280,30 @@ pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 /// sessions' requests; so a big allocation is sent as several ops of at most this, each a
 /// request of its own (`fallocate_steps`), and others' work goes between them. A punched
 /// hole costs the extents it frees, not its length: it is one op, however long.
-pub const MAX_FALLOCATE_STEP: u64 = 64 << 20;
+pub const MAX_FALLOCATE_STEP: u64 = 16 << 20;
+
+/// Why a request is refused whole before any of it runs (errno and message), if it is:
+/// more than `MAX_OPS_PER_REQUEST` operations or `MAX_LOCK_OPS_PER_REQUEST` locks (E2BIG),
+/// or allocations (fallocate not punching) above `MAX_FALLOCATE_STEP` together (EINVAL).
+/// A request is one step of the server's store: what one may cost is bounded.
+pub fn request_refusal(ops: &[Op]) -> Option<(i32, String)> {
+    if ops.len() > MAX_OPS_PER_REQUEST {
+        return Some((7, format!("{} operations in one request (max {MAX_OPS_PER_REQUEST})", ops.len())));
+    }
+    let locks = ops.iter().filter(|op| matches!(op, Op::SetLock { .. })).count();
+    if locks > MAX_LOCK_OPS_PER_REQUEST {
+        return Some((7, format!("{locks} lock operations in one request (max {MAX_LOCK_OPS_PER_REQUEST})")));
+    }
+    let allocating = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Fallocate { len, flags, .. } if flags & FALLOC_FL_PUNCH_HOLE == 0 => Some(*len),
+            _ => None,
+        })
+        .fold(0u64, u64::saturating_add);
+    (allocating > MAX_FALLOCATE_STEP)
+        .then(|| (22, format!("fallocate of {allocating} bytes in one request (at most {MAX_FALLOCATE_STEP})")))
+}
 
 /// The (offset, len) of the ops a fallocate of `len` bytes at `offset` in mode `flags` is
 /// sent as, in order (`MAX_FALLOCATE_STEP`). As on ext4, steps done before one that fails

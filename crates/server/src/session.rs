@@ -30,7 +30,7 @@ mod objects;
 mod parking;
 mod privs;
 use parking::Pin;
-pub use parking::PARKED_SLICE;
+pub use parking::{PARKED_SLICE, PARKED_SLICE_BYTES};
 mod elsewhere;
 pub use elsewhere::{PlannedRead, WriteSums};
 mod inodes;
@@ -1184,22 +1184,7 @@ impl Server {
         let acquires = req.ops.iter().any(|op| matches!(op, Op::Acquire { .. }));
         let mut involved = settle_inodes(&req.ops);
         let mut seq = 0;
-        let refusal = if req.ops.len() > p::MAX_OPS_PER_REQUEST {
-            Some(errno(7, format!("{} operations in one request (max {})", req.ops.len(), p::MAX_OPS_PER_REQUEST)))
-        } else {
-            // A request is one step of the store: what it allocates is bounded too.
-            let allocating = req
-                .ops
-                .iter()
-                .filter_map(|op| match op {
-                    Op::Fallocate { len, flags, .. } if flags & p::FALLOC_FL_PUNCH_HOLE == 0 => Some(*len),
-                    _ => None,
-                })
-                .fold(0u64, u64::saturating_add);
-            (allocating > p::MAX_FALLOCATE_STEP).then(|| {
-                errno(22, format!("fallocate of {allocating} bytes in one request (at most {})", p::MAX_FALLOCATE_STEP))
-            })
-        };
+        let refusal = p::request_refusal(&req.ops).map(|(code, message)| errno(code, message));
         let results = if let Some(refusal) = refusal {
             // Refused whole, but still the session's next change in order: its client
             // counted it (places, §4.5), and it changed nothing a replay could redo.

@@ -53,7 +53,7 @@ enum Mode {
         #[arg(long, default_value_t = 500)]
         hold_ms: u64,
     },
-    /// Fallocate of a large range of a file (one request of 64 MiB ops), punched out
+    /// Fallocate of a large range of a file (requests of `MAX_FALLOCATE_STEP`, 16 MiB), punched out
     /// again, repeatedly.
     Fallocate {
         /// Server address (HOST:PORT, run --insecure).
@@ -85,8 +85,8 @@ enum Mode {
     LockFlood {
         /// Server address (HOST:PORT, run --insecure).
         addr: String,
-        /// SetLock operations a request (at most 1024).
-        #[arg(long, default_value_t = 1024)]
+        /// SetLock operations a request (at most `MAX_LOCK_OPS_PER_REQUEST`, 64).
+        #[arg(long, default_value_t = 64)]
         ops: usize,
         /// Requests in flight.
         #[arg(long, default_value_t = 4)]

@@ -6,6 +6,23 @@ use super::*;
 
 /// Parked requests run at a time once free to (`Server::run_parked`).
 pub const PARKED_SLICE: usize = 64;
+/// Bytes of data the reads and writes of one slice of parked requests may move together
+/// (the first request of a slice runs whatever it moves): a slice of big reads costs
+/// what a few of them do, not what 64 do.
+pub const PARKED_SLICE_BYTES: u64 = 8 << 20;
+
+/// The bytes of file data `req` reads or writes: what running it costs, as
+/// `PARKED_SLICE_BYTES` counts it.
+fn data_bytes(req: &p::Request) -> u64 {
+    req.ops
+        .iter()
+        .map(|op| match op {
+            Op::Read { len, .. } => u64::from(*len),
+            Op::Write { data, .. } | Op::Append { data, .. } | Op::WriteBack { data, .. } => data.len() as u64,
+            _ => 0,
+        })
+        .fold(0, u64::saturating_add)
+}
 
 /// Files a change removed the last name of while other sessions cached them: held open
 /// for the opens those sessions may have answered themselves and sent behind, until each
@@ -270,17 +287,18 @@ impl Server {
     }
 
     /// Runs parked requests whose recalls are all answered, oldest first, at most
-    /// `PARKED_SLICE` of them: when a holder lets go of what thousands of requests waited
+    /// `PARKED_SLICE` of them and about `PARKED_SLICE_BYTES` of their data: when a holder lets go of what thousands of requests waited
     /// for, they run a slice at a time between other sessions' work (the driver calls
     /// again while `has_parked_ready`), not in one long stall of the store.
     pub(super) fn run_parked(&mut self, now: p::Time) {
         let mut ready = Vec::new();
         let mut still = VecDeque::with_capacity(self.parked.len());
-        let mut more = false;
+        let (mut more, mut bytes) = (false, 0u64);
         for p in std::mem::take(&mut self.parked) {
             if p.waiting.iter().any(|&id| self.caps.recall_pending(id)) {
                 still.push_back(p);
-            } else if ready.len() < PARKED_SLICE {
+            } else if !more && ready.len() < PARKED_SLICE && (ready.is_empty() || bytes < PARKED_SLICE_BYTES) {
+                bytes = bytes.saturating_add(data_bytes(&p.req));
                 ready.push(p);
             } else {
                 more = true;
