@@ -5,7 +5,7 @@
 # directory of its own, each iteration timed) runs first on a quiet server, then beside
 # each hostile load of `crest-flood` (raw wire protocol, a session of its own):
 #   parked-reads  reads parked behind another session's exclusive rights, released together (2)
-#   fallocate     1 GiB fallocated in requests of 16 MiB back to back, punched out again, repeatedly (3)
+#   fallocate     1 GiB fallocated in requests of 4 MiB back to back, punched out again, repeatedly (3)
 #   fence-storm   255 sessions make a change each, then all drop their connections (5)
 #   recall-hoard  the probe's directory acquired, its recall never answered (5)
 #   lock-flood    pipelined requests of 64 SetLock operations on a file keeping 4,096 (5)

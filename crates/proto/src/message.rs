@@ -280,7 +280,7 @@ pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 /// sessions' requests; so a big allocation is sent as several ops of at most this, each a
 /// request of its own (`fallocate_steps`), and others' work goes between them. A punched
 /// hole costs the extents it frees, not its length: it is one op, however long.
-pub const MAX_FALLOCATE_STEP: u64 = 16 << 20;
+pub const MAX_FALLOCATE_STEP: u64 = 4 << 20;
 
 /// Why a request is refused whole before any of it runs (errno and message), if it is:
 /// more than `MAX_OPS_PER_REQUEST` operations or `MAX_LOCK_OPS_PER_REQUEST` locks (E2BIG),

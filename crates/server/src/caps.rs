@@ -342,20 +342,30 @@ impl Caps {
         out
     }
 
-    /// A session's connection has been gone longer than its client trusts its shared
-    /// cache: it holds no shared rights, and no change waits for it. (Exclusive rights
-    /// stay until it is fenced: its client may still write them back after a blip.)
-    pub fn forget_shared(&mut self, session: SessionId) -> Vec<Outgoing> {
+    /// Sessions whose connections have been gone longer than their clients trust their
+    /// shared caches: they hold no shared rights, and no change waits for them.
+    /// (Exclusive rights stay until each is fenced: its client may still write them back
+    /// after a blip.) One look at every held inode for all of them: hundreds of sessions
+    /// dropped together lapse in one pass, not one each.
+    pub fn forget_shared(&mut self, sessions: &[SessionId]) -> Vec<Outgoing> {
+        let gone: HashSet<SessionId> = sessions.iter().copied().collect();
         self.holders.retain(|_, h| {
-            h.remove(&session);
+            h.retain(|s, _| !gone.contains(s));
             !h.is_empty()
         });
         let mut out = Vec::new();
         let ids: Vec<u64> = self.waits.keys().copied().collect();
-        for id in ids {
-            out.extend(self.recall_done(session, id));
+        for &session in sessions {
+            for &id in &ids {
+                out.extend(self.recall_done(session, id));
+            }
         }
         out
+    }
+
+    /// Inode `ino` is gone (freed): nobody holds it.
+    pub fn forget_inode(&mut self, ino: u64) {
+        self.holders.remove(&ino);
     }
 
     /// A session lost all its rights (fenced or ended): it holds nothing, and nobody

@@ -300,6 +300,8 @@ pub struct Server {
     outbox: Vec<Outgoing>,
     /// Sessions whose connection is gone, since when (ms).
     disconnected: HashMap<SessionId, u64>,
+    /// Sessions among `disconnected` whose shared rights have lapsed (`lapse_disconnected`).
+    shared_lapsed: HashSet<SessionId>,
     /// Inodes whose state the last request's replies carried.
     carried: Vec<u64>,
     /// Requests waiting for other sessions to give up exclusive rights, oldest first.
@@ -545,6 +547,7 @@ impl Server {
             changed: Vec::new(),
             outbox: Vec::new(),
             disconnected: HashMap::new(),
+            shared_lapsed: HashSet::new(),
             carried: Vec::new(),
             parked: VecDeque::new(),
             parked_ready: false,
@@ -891,6 +894,14 @@ impl Server {
             }
         }
         if !victims.is_empty() {
+            // A victim the change freed is cached by nobody (a pin would keep it): its
+            // rights go with it, or they would pile up for every file a session makes
+            // and removes.
+            for &ino in &victims {
+                if self.store.getattr(ino).is_err() {
+                    self.caps.forget_inode(ino);
+                }
+            }
             // Only what the change did remove stays pinned (it may have failed).
             let orphans: Vec<u64> =
                 victims.into_iter().filter(|&i| self.store.getattr(i).is_ok_and(|a| a.nlink == 0)).collect();

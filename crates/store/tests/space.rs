@@ -255,8 +255,8 @@ fn a_fallocate_of_all_that_statfs_calls_available_succeeds_in_one_op_or_in_steps
         }
         let ino = new_file(&mut s, "all").expect("create");
         let avail = s.statfs().avail_blocks * 4096;
-        // In one op, or as a mount sends it: steps of `MAX_FALLOCATE_STEP` (16 MiB).
-        let step = if rng.below(2) == 0 { u64::MAX } else { 16 << 20 };
+        // In one op, or as a mount sends it: steps of `MAX_FALLOCATE_STEP` (4 MiB).
+        let step = if rng.below(2) == 0 { u64::MAX } else { 4 << 20 };
         let mut at = 0;
         while at < avail {
             let n = (avail - at).min(step);

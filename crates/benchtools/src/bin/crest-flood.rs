@@ -53,7 +53,7 @@ enum Mode {
         #[arg(long, default_value_t = 500)]
         hold_ms: u64,
     },
-    /// Fallocate of a large range of a file (requests of `MAX_FALLOCATE_STEP`, 16 MiB), punched out
+    /// Fallocate of a large range of a file (requests of `MAX_FALLOCATE_STEP`, 4 MiB), punched out
     /// again, repeatedly.
     Fallocate {
         /// Server address (HOST:PORT, run --insecure).

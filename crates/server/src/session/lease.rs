@@ -25,6 +25,7 @@ impl Server {
             return;
         }
         self.disconnected.insert(session, now_ms);
+        self.shared_lapsed.remove(&session);
     }
 
     /// The server itself stood still for `gap_ms` until `now_ms` (one long operation: a
@@ -158,18 +159,23 @@ impl Server {
     /// Sessions disconnected past `caps::DISCONNECTED_HOLDER_MS` no longer hold shared
     /// rights: changes stop waiting for them.
     pub(super) fn lapse_disconnected(&mut self, now_ms: u64) {
+        // Each disconnection lapses once: the ones already done are kept (until the
+        // session is fenced, ends or reconnects) so that a tick does not do them again.
+        self.shared_lapsed.retain(|s| self.disconnected.contains_key(s));
         let mut gone: Vec<SessionId> = self
             .disconnected
             .iter()
-            .filter(|(_, &at)| now_ms >= at + crate::caps::DISCONNECTED_HOLDER_MS)
+            .filter(|(s, &at)| now_ms >= at + crate::caps::DISCONNECTED_HOLDER_MS && !self.shared_lapsed.contains(s))
             .map(|(s, _)| *s)
             .collect();
-        gone.sort_unstable();
-        for s in gone {
-            // Its shared rights lapse (its cache has expired by now); its locks and
-            // exclusive rights wait for the fencing delay, in case it comes back.
-            let out = self.caps.forget_shared(s);
-            self.outbox.extend(out);
+        if gone.is_empty() {
+            return;
         }
+        gone.sort_unstable();
+        self.shared_lapsed.extend(&gone);
+        // Their shared rights lapse (their caches have expired by now); their locks and
+        // exclusive rights wait for the fencing delay, in case they come back.
+        let out = self.caps.forget_shared(&gone);
+        self.outbox.extend(out);
     }
 }

@@ -9,7 +9,7 @@ pub const PARKED_SLICE: usize = 64;
 /// Bytes of data the reads and writes of one slice of parked requests may move together
 /// (the first request of a slice runs whatever it moves): a slice of big reads costs
 /// what a few of them do, not what 64 do.
-pub const PARKED_SLICE_BYTES: u64 = 8 << 20;
+pub const PARKED_SLICE_BYTES: u64 = 4 << 20;
 
 /// The bytes of file data `req` reads or writes: what running it costs, as
 /// `PARKED_SLICE_BYTES` counts it.

@@ -744,3 +744,74 @@ fn a_request_carries_at_most_a_bounded_number_of_locks_and_is_refused_whole_past
     let held = srv.locks.held(f.ino, locks::Holder { session: a, owner: 1 }, false);
     assert_eq!(held.len(), p::MAX_LOCK_OPS_PER_REQUEST);
 }
+
+#[test]
+fn sessions_dropped_together_lose_their_shared_rights_once_for_each_time_they_drop() {
+    let mut rng = seed();
+    let mut srv = server();
+    let n = 50 + (next(&mut rng) % 250) as usize;
+    let mut tokens = Vec::new();
+    let sessions: Vec<SessionId> = (0..n)
+        .map(|_| {
+            let (sid, w) = srv.handle_hello(&hello(None));
+            let p::ServerMessage::Welcome(w) = w else { panic!("{w:?}") };
+            tokens.push(w.session);
+            sid.expect("session")
+        })
+        .collect();
+    // Each reads the root (shared rights on it).
+    for (i, &s) in sessions.iter().enumerate() {
+        let r = srv.handle_request(s, req(1, vec![Op::GetAttr { ino: 1 }]), NOW);
+        assert!(r.results[0].is_ok(), "session {i}: {r:?}");
+    }
+    assert_eq!(srv.caps.holders_of(1).len(), n);
+    let t0 = millis(NOW);
+    for &s in &sessions {
+        srv.disconnected(s, t0);
+    }
+    // Not yet; then all at once.
+    srv.tick(t0 + crate::caps::DISCONNECTED_HOLDER_MS - 1).expect("tick");
+    assert_eq!(srv.caps.holders_of(1).len(), n, "still within the holder delay");
+    srv.tick(t0 + crate::caps::DISCONNECTED_HOLDER_MS).expect("tick");
+    assert!(srv.caps.holders_of(1).is_empty(), "lapsed together");
+    // One comes back (before the fencing delay), reads again, and drops again: its
+    // rights lapse again, a holder delay after the second drop.
+    let which = (next(&mut rng) as usize) % n;
+    let (back, token) = (sessions[which], tokens[which].clone());
+    let t1 = t0 + crate::caps::DISCONNECTED_HOLDER_MS + 1;
+    let (resumed, _) = srv.handle_hello(&hello(Some(token)));
+    assert_eq!(resumed, Some(back));
+    let r = srv.handle_request(back, req(2, vec![Op::GetAttr { ino: 1 }]), NOW);
+    assert!(r.results[0].is_ok(), "{r:?}");
+    assert_eq!(srv.caps.holders_of(1), vec![back]);
+    // (No tick between: the drop follows the return at once.)
+    srv.disconnected(back, t1);
+    srv.tick(t1 + crate::caps::DISCONNECTED_HOLDER_MS - 1).expect("tick");
+    assert_eq!(srv.caps.holders_of(1), vec![back], "its new rights stand within the delay");
+    srv.tick(t1 + crate::caps::DISCONNECTED_HOLDER_MS).expect("tick");
+    assert!(srv.caps.holders_of(1).is_empty(), "and lapse after its second drop too");
+}
+
+#[test]
+fn the_rights_on_a_file_go_with_it_when_it_is_freed() {
+    let mut rng = seed();
+    let (mut srv, a, b) = two_sessions();
+    let n = 1 + next(&mut rng) % 200;
+    for i in 0..n {
+        let name = format!("f{i}");
+        let r = srv.handle_request(a, create_in_root(10 * i + 1, &name), NOW);
+        let Ok(Reply::Entry(f)) = &r.results[0] else { panic!("{r:?}") };
+        let f = f.ino;
+        let r = srv.handle_request(a, req(10 * i + 2, vec![Op::GetAttr { ino: f }]), NOW);
+        assert!(r.results[0].is_ok());
+        assert!(!srv.caps.holders_of(f).is_empty(), "a holds what it made and read");
+        let unlink = Op::Unlink { parent: 1, name: name.into_bytes() };
+        // Removed through the request step a client's requests take.
+        let by = if next(&mut rng) % 2 == 0 { a } else { b };
+        srv.handle(by, req(10 * i + 3, vec![unlink]), NOW);
+        let _ = srv.take_outgoing();
+        if srv.store.getattr(f).is_err() {
+            assert!(srv.caps.holders_of(f).is_empty(), "file {i} freed, rights kept");
+        }
+    }
+}

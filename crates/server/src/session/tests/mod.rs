@@ -1256,8 +1256,11 @@ fn short_of_space_no_session_answers_changes_itself() {
     let Ok(Reply::Entry(spc)) = sole_result(&mut srv) else { panic!() };
     let st = srv.store.statfs();
     let len = (st.avail_blocks - st.total_blocks / 8 + 16) * u64::from(st.block_size);
-    srv.handle(a, req(2, vec![Op::Fallocate { ino: spc.ino, offset: 0, len, flags: 0 }]), NOW);
-    assert!(sole_result(&mut srv).is_ok());
+    // (In the steps a mount sends.)
+    for (id, (offset, len)) in (100..).zip(p::fallocate_steps(0, len, 0)) {
+        srv.handle(a, req(id, vec![Op::Fallocate { ino: spc.ino, offset, len, flags: 0 }]), NOW);
+        assert!(sole_result(&mut srv).is_ok());
+    }
     // b takes the root again; its next request finds space short: what it holds is
     // recalled, and it cannot take a directory whole again.
     srv.handle(b, create_in_root(2, "g"), NOW);
