@@ -577,7 +577,7 @@ fn parked_requests_freed_together_run_a_slice_at_a_time_in_order_and_others_go_b
     // Some are reads of up to 4 MiB: a slice takes about `PARKED_SLICE_BYTES` of them.
     let mut bytes = std::collections::HashMap::new();
     for id in 1..=piled {
-        let op = if next(&mut rng) % 3 == 0 {
+        let op = if next(&mut rng).is_multiple_of(3) {
             let len = 1 + (next(&mut rng) % (4 << 20)) as u32;
             bytes.insert(id, u64::from(len));
             Op::Read { ino: f.ino, offset: next(&mut rng) % 100_000, len }
@@ -777,7 +777,7 @@ fn sessions_dropped_together_lose_their_shared_rights_once_for_each_time_they_dr
     // One comes back (before the fencing delay), reads again, and drops again: its
     // rights lapse again, a holder delay after the second drop.
     let which = (next(&mut rng) as usize) % n;
-    let (back, token) = (sessions[which], tokens[which].clone());
+    let (back, token) = (sessions[which], tokens[which]);
     let t1 = t0 + crate::caps::DISCONNECTED_HOLDER_MS + 1;
     let (resumed, _) = srv.handle_hello(&hello(Some(token)));
     assert_eq!(resumed, Some(back));
@@ -807,7 +807,7 @@ fn the_rights_on_a_file_go_with_it_when_it_is_freed() {
         assert!(!srv.caps.holders_of(f).is_empty(), "a holds what it made and read");
         let unlink = Op::Unlink { parent: 1, name: name.into_bytes() };
         // Removed through the request step a client's requests take.
-        let by = if next(&mut rng) % 2 == 0 { a } else { b };
+        let by = if next(&mut rng).is_multiple_of(2) { a } else { b };
         srv.handle(by, req(10 * i + 3, vec![unlink]), NOW);
         let _ = srv.take_outgoing();
         if srv.store.getattr(f).is_err() {
