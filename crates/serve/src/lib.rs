@@ -667,6 +667,7 @@ impl Listening {
     async fn run(self) {
         let Listening { listener, metrics, tls, policies, shell, stop, done } = self;
         let metrics_cmds = shell.ctrl.clone();
+        let certificates = tls.as_ref().map(|(_, authority, _)| authority.clone());
         let gate = tls.map(|(acceptor, authority, exports)| {
             let revoked = watch_revocations(authority.clone());
             Arc::new(Gate { acceptor, authority, revoked, policies, exports })
@@ -677,7 +678,7 @@ impl Listening {
         }
         if let Some(l) = metrics {
             match TcpListener::from_std(l) {
-                Ok(l) => drop(tokio::spawn(metrics::serve(l, metrics_cmds))),
+                Ok(l) => drop(tokio::spawn(metrics::serve(l, metrics_cmds, certificates))),
                 Err(e) => tracing::error!("cannot listen for metrics: {e}"),
             }
         }

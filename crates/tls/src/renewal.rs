@@ -71,10 +71,10 @@ pub fn cert_name(der: &[u8]) -> Result<String, Error> {
     cn.map(str::to_string).ok_or_else(|| Error::Cert("a certificate without a name".into()))
 }
 
-/// `unix` as a UTC date and time, `2027-03-01 14:05 UTC`.
+/// `unix` as a UTC date and time, `2027-03-01 14:05:09 UTC`.
 pub fn utc(unix: u64) -> String {
     match time::OffsetDateTime::from_unix_timestamp(i64::try_from(unix).unwrap_or(i64::MAX)) {
-        Ok(t) => format!("{} {:02}:{:02} UTC", t.date(), t.hour(), t.minute()),
+        Ok(t) => format!("{} {:02}:{:02}:{:02} UTC", t.date(), t.hour(), t.minute(), t.second()),
         Err(_) => format!("{unix} s after the epoch"),
     }
 }
@@ -194,7 +194,7 @@ mod tests {
 
     #[test]
     fn times_read_as_dates() {
-        assert_eq!(utc(0), "1970-01-01 00:00 UTC");
-        assert_eq!(utc(1_798_761_600 + 14 * 3600 + 5 * 60), "2027-01-01 14:05 UTC");
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(1_798_761_600 + 14 * 3600 + 5 * 60 + 9), "2027-01-01 14:05:09 UTC");
     }
 }
