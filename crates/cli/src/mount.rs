@@ -207,8 +207,10 @@ pub fn mount(req: &Request) -> Result<()> {
             eprintln!("crest: joined {addr} as {name:?}");
         }
     }
-    if !insecure {
-        // (Not a reason to fail: the certificate may be valid for months yet.)
+    // (A failure is no reason not to mount: the certificate may be valid for months yet.
+    // Not again in the daemon `crest mount` starts: its renewer looks at once, beside
+    // the mount, which a server that does not answer would otherwise hold up.)
+    if !insecure && !req.ready_pipe {
         crate::renew::before_mount(req.state, &addr);
     }
     // Missing credentials fail here too.
