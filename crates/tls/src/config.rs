@@ -168,6 +168,7 @@ pub fn mount_config(dir: &StateDir, addr: &str) -> Result<Arc<ClientConfig>, Err
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_root_certificates(roots(&creds.ca)?)
         .with_client_cert_resolver(resolver);
+    // (A resumed session would be the old certificate again: see `client_config`.)
     config.resumption = Resumption::disabled();
     Ok(Arc::new(config))
 }
