@@ -14,6 +14,7 @@ mod mount_metrics;
 mod mountinfo;
 mod objects;
 mod progress;
+mod renew;
 mod repair;
 mod sendrecv;
 mod share;
@@ -169,6 +170,11 @@ enum Command {
         /// runs on the store's thread.
         #[arg(long, value_name = "BYTES", default_value_t = crest_serve::READS_ELSEWHERE_FROM)]
         reads_elsewhere_from: u64,
+        /// (testing) Client certificates issued from now on live this many seconds (30 to
+        /// a year) instead of a year: tests watch renewals happen.
+        #[arg(long, hide = true, value_name = "SECS",
+              value_parser = clap::value_parser!(u64).range(crest_tls::MIN_CLIENT_VALIDITY..=crest_tls::CLIENT_VALIDITY))]
+        client_cert_lifetime: Option<u64>,
     },
     /// Mount a crest server on a directory (in the background unless --foreground).
     Mount {
@@ -984,7 +990,8 @@ fn main() -> ExitCode {
         }
         Command::Status { server, insecure, json, mount: None, .. } => mount::parse_addr(&server).and_then(|addr| {
             let tls = trust::client_tls(&state, &addr, insecure)?;
-            status::status(&dataset::Target { addr: &addr, tls }, json)
+            let cert = if insecure { None } else { crest_tls::Held::joined(&state, &addr)? };
+            status::status(&dataset::Target { addr: &addr, tls }, cert.as_ref(), json)
         }),
         Command::Stats { server, insecure, interval, count, json } => mount::parse_addr(&server).and_then(|addr| {
             let tls = trust::client_tls(&state, &addr, insecure)?;
@@ -1021,7 +1028,8 @@ fn main() -> ExitCode {
             metrics,
             io_threads,
             reads_elsewhere_from,
-        } => trust::server_security(&state, &listen, insecure).and_then(|security| {
+            client_cert_lifetime,
+        } => trust::server_security(&state, &listen, insecure, client_cert_lifetime).and_then(|security| {
             if io_threads > MAX_IO_THREADS {
                 anyhow::bail!("io-threads {io_threads}: at most {MAX_IO_THREADS}");
             }

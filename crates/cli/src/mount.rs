@@ -207,6 +207,12 @@ pub fn mount(req: &Request) -> Result<()> {
             eprintln!("crest: joined {addr} as {name:?}");
         }
     }
+    // (A failure is no reason not to mount: the certificate may be valid for months yet.
+    // Not again in the daemon `crest mount` starts: its renewer looks at once, beside
+    // the mount, which a server that does not answer would otherwise hold up.)
+    if !insecure && !req.ready_pipe {
+        crate::renew::before_mount(req.state, &addr);
+    }
     // Missing credentials fail here too.
     let tls = crate::trust::client_tls(req.state, &addr, insecure)?;
     // Mounts agreeing on this share one daemon (not one asking for a session of its own,
@@ -236,7 +242,12 @@ pub fn mount(req: &Request) -> Result<()> {
         }
     };
     let share = req.share_key.map(|k| (req.state, k));
-    let served = serve_mount(&addr, &target, (opts, dataset, metrics), (req.timeout, share), tls, &mut ready);
+    // A mount of a server this host joined keeps its certificate alive (`renew.rs`).
+    let status = crest_fuse::StatusExtra::default();
+    if tls.is_some() && crest_tls::Credentials::joined(req.state, &addr).is_ok_and(|c| c.is_some()) {
+        crate::renew::spawn_keeper(req.state, &addr, status.clone());
+    }
+    let served = serve_mount(&addr, &target, (opts, dataset, metrics, status), (req.timeout, share), tls, &mut ready);
     if let (Err(e), Some(mut pipe)) = (&served, ready) {
         // The parent is waiting: it prints this and exits non-zero. The pipe may be
         // gone already (the parent died); the error still goes to the log.
@@ -262,7 +273,12 @@ fn take_ready_pipe() -> Result<std::fs::File> {
 fn serve_mount(
     addr: &str,
     target: &Path,
-    (opts, dataset, metrics): (Vec<String>, Option<String>, Option<std::net::TcpListener>),
+    (opts, dataset, metrics, status): (
+        Vec<String>,
+        Option<String>,
+        Option<std::net::TcpListener>,
+        crest_fuse::StatusExtra,
+    ),
     (timeout, share): (u64, Option<(&crest_tls::StateDir, &str)>),
     tls: Option<std::sync::Arc<crest_tls::ClientConfig>>,
     ready: &mut Option<std::fs::File>,
@@ -278,7 +294,7 @@ fn serve_mount(
     let fsname = fsname(addr, dataset.as_deref());
     // A snapshot never changes: the kernel refuses changes before they reach the server.
     let snapshot = dataset.as_deref().is_some_and(|d| d.contains('@'));
-    let mut mopts = crest_fuse::MountOptions { fsname, read_only: snapshot, ..Default::default() };
+    let mut mopts = crest_fuse::MountOptions { fsname, read_only: snapshot, status, ..Default::default() };
     for o in opts {
         match o.as_str() {
             "ro" => mopts.read_only = true,

@@ -1,6 +1,7 @@
 //! `crest status`: what a running server is doing — its store's counters, its sessions
 //! (which client, which certificate, which dataset, connected or waiting to come back)
-//! and the operations it served since it started, by kind. A table, or JSON.
+//! and the operations it served since it started, by kind — and how long this host's
+//! certificate for it has left. A table, or JSON.
 
 use anyhow::{bail, Context, Result};
 use crest_nvlist::{NvList, Value};
@@ -75,8 +76,13 @@ fn counts_of(st: &NvList, name: &str) -> Vec<(String, u64)> {
     counts
 }
 
-/// Asks the server at `t` and prints what it said.
-pub fn status(t: &Target, json: bool) -> Result<()> {
+/// Asks the server at `t` and prints what it said, and the life of `cert`, the certificate
+/// this host holds for it if it joined it.
+pub fn status(t: &Target, cert: Option<&crest_tls::Held>, json: bool) -> Result<()> {
+    // (First: a joined host without the `admin` right is refused what follows.)
+    if let Some(c) = cert.filter(|_| !json) {
+        println!("this host's certificate for {}: {}", t.addr, crate::renew::describe(c, crest_tls::unix_now()));
+    }
     let st = call(t, command("server.status"))?;
     let sessions = sessions_of(&st);
     let served = counts_of(&st, "served");
@@ -124,12 +130,22 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
             "space_total_bytes": n("space_total_bytes"),
             "space_free_bytes": n("space_free_bytes"),
             "datasets": datasets_of(&st).into_iter().map(|(name, inodes)| serde_json::json!({ "name": name, "inodes": inodes })).collect::<Vec<_>>(),
+            "client_certificate": cert.map(|c| with_seconds_left(crate::renew::describe_json(c))),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     print_table(t, &st, &sessions, &served);
     Ok(())
+}
+
+/// A certificate's description (`renew::describe_json`) with the seconds it has left now.
+fn with_seconds_left(mut v: serde_json::Value) -> serde_json::Value {
+    let expires = v.get("expires").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("seconds_left".into(), expires.saturating_sub(crest_tls::unix_now()).into());
+    }
+    v
 }
 
 fn print_table(t: &Target, st: &NvList, sessions: &[Session], served: &[(String, u64)]) {
@@ -278,7 +294,28 @@ pub fn mount_status(dir: &std::path::Path, format: Format) -> Result<()> {
     let (hit, sent) = (lookups("cached"), lookups("sent"));
     let rate = if hit + sent == 0 { 0.0 } else { 100.0 * hit as f64 / (hit + sent) as f64 };
     println!("look-ups: {hit} answered here, {sent} sent to the server ({rate:.0} % hits)");
+    if let Some(c) = v.get("client_certificate") {
+        let (expires, renew_from) = (num(c, "expires"), num(c, "renew_from"));
+        let now = crest_tls::unix_now();
+        let life = crest_tls::Lifetime { issued: num(c, "issued"), expires };
+        let fp = c.get("fingerprint").and_then(serde_json::Value::as_str).unwrap_or("");
+        println!(
+            "client certificate {} ({}): {}, {}",
+            c.get("name").and_then(serde_json::Value::as_str).unwrap_or("?"),
+            &fp[..fp.len().min(16)],
+            crate::renew::life_left(&life, now),
+            if now >= renew_from {
+                "renewal due".to_string()
+            } else {
+                format!("renewal from {}", crest_tls::utc(renew_from))
+            }
+        );
+    }
     Ok(())
+}
+
+fn num(v: &serde_json::Value, key: &str) -> u64 {
+    v.get(key).and_then(serde_json::Value::as_u64).unwrap_or(0)
 }
 
 /// The Prometheus text of the mount whose root is `root` (its metrics endpoint's answer).
@@ -324,6 +361,16 @@ fn mount_prometheus(root: &std::path::Path, v: &serde_json::Value) -> String {
         ("exclusive", "Inodes the mount holds exclusively."),
     ] {
         metric(&format!("crest_mount_cache_{key}"), "gauge", help, num(cache.and_then(|c| c.get(key))));
+    }
+    // (Only a mount of a server this host joined renews a certificate: the host's own
+    // lives 20 years.)
+    if let Some(expires) =
+        v.get("client_certificate").and_then(|c| c.get("expires")).and_then(serde_json::Value::as_u64)
+    {
+        let when = "When the client certificate the mount presents expires (seconds since the epoch).";
+        metric("crest_mount_client_cert_expiry_timestamp_seconds", "gauge", when, expires);
+        let left = "Seconds the client certificate the mount presents has left; renewed when a third of its life is.";
+        metric("crest_mount_client_cert_seconds_left", "gauge", left, expires.saturating_sub(crest_tls::unix_now()));
     }
     out
 }

@@ -1,5 +1,6 @@
 //! Who may talk to whom: `crest join`, `crest token`, `crest cert`, and how `serve` and
-//! `mount` choose between mutual TLS (the default) and `--insecure`.
+//! `mount` choose between mutual TLS (the default) and `--insecure`. Renewing a joined
+//! host's certificate is `renew.rs`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,11 +34,24 @@ pub enum TokenCmd {
 /// `crest cert ...`
 #[derive(Subcommand, Debug)]
 pub enum CertCmd {
-    /// List the client certificates this host's CA issued.
+    /// List the client certificates this host's CA issued (time left, and what each
+    /// renewed), then those this host holds for servers it joined.
     List {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Only the certificates this host holds for servers it joined.
+        #[arg(long)]
+        joined: bool,
+    },
+    /// Renew this host's certificate for a server it joined, if a third of its life or
+    /// less is left (mounts do this themselves; this is for doing it now).
+    Renew {
+        /// The server: HOST[:PORT].
+        addr: String,
+        /// Ask even if more than a third is left (the server refuses it then).
+        #[arg(long)]
+        now: bool,
     },
     /// Revoke client certificates by name or fingerprint prefix (8+ hex digits); a
     /// connected client is disconnected within a second and its session ended.
@@ -101,25 +115,12 @@ pub fn token(dir: &StateDir, cmd: TokenCmd) -> Result<()> {
 }
 
 pub fn cert(dir: &StateDir, cmd: CertCmd) -> Result<()> {
-    let auth = Authority::open(dir).context("opening this host's certificate authority")?;
     match cmd {
-        CertCmd::List { json } => {
-            let reg = auth.clients()?;
-            if json {
-                println!("{}", serde_json::to_string(&reg.clients)?);
-                return Ok(());
-            }
-            let now = unix_now();
-            for c in reg.clients {
-                let state = match c.revoked {
-                    Some(_) => "revoked".to_string(),
-                    None if c.expires <= now => "expired".to_string(),
-                    None => format!("valid {}", human_secs(c.expires - now)),
-                };
-                println!("{}  {:<24} {:<22} {}", &c.fingerprint[..16], c.name, state, c.via);
-            }
-        }
+        CertCmd::List { json, joined: true } => list_joined(dir, json),
+        CertCmd::List { json, joined: false } => list_issued(dir, json),
+        CertCmd::Renew { addr, now } => crate::renew::renew_command(dir, &crate::mount::parse_addr(&addr)?, now),
         CertCmd::Revoke { who } => {
+            let auth = Authority::open(dir).context("opening this host's certificate authority")?;
             let gone = auth.revoke(&who)?;
             if gone.is_empty() {
                 bail!("no live certificate is named {who:?} or has a fingerprint starting with it");
@@ -127,9 +128,68 @@ pub fn cert(dir: &StateDir, cmd: CertCmd) -> Result<()> {
             for c in gone {
                 println!("revoked {} ({})", c.name, &c.fingerprint[..16]);
             }
+            Ok(())
+        }
+    }
+}
+
+/// `crest cert list`: the certificates this host's CA issued (none if it has no CA: a host
+/// that only mounts), then what it holds for servers it joined.
+fn list_issued(dir: &StateDir, json: bool) -> Result<()> {
+    let clients = match dir.read("ca.key")? {
+        Some(_) => Authority::open(dir).context("opening this host's certificate authority")?.clients()?.clients,
+        None => Vec::new(),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&clients)?);
+        return Ok(());
+    }
+    let now = unix_now();
+    let reg = crest_tls::Register { clients };
+    for c in &reg.clients {
+        let state = match c.revoked {
+            Some(_) => "revoked".to_string(),
+            None if c.expires <= now => "expired".to_string(),
+            None if reg.renewed(c) => format!("renewed, valid {}", human_secs(c.expires - now)),
+            None => format!("valid {}", human_secs(c.expires - now)),
+        };
+        println!("{}  {:<24} {:<22} {}", &c.fingerprint[..16], c.name, state, c.via);
+    }
+    let joined = joined_certificates(dir)?;
+    if !joined.is_empty() {
+        println!("held by this host for servers it joined:");
+        for held in joined {
+            println!("  {}  {}", held.addr, crate::renew::describe(&held, now));
         }
     }
     Ok(())
+}
+
+/// `crest cert list --joined`.
+fn list_joined(dir: &StateDir, json: bool) -> Result<()> {
+    let joined = joined_certificates(dir)?;
+    if json {
+        let all: Vec<serde_json::Value> = joined.iter().map(crate::renew::describe_json).collect();
+        println!("{}", serde_json::to_string(&all)?);
+        return Ok(());
+    }
+    let now = unix_now();
+    for held in joined {
+        println!("{}  {}", held.addr, crate::renew::describe(&held, now));
+    }
+    Ok(())
+}
+
+/// The certificates this host holds for the servers it joined.
+fn joined_certificates(dir: &StateDir) -> Result<Vec<crest_tls::Held>> {
+    if !dir.usable()? {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for addr in Credentials::joined_servers(dir)? {
+        out.extend(crest_tls::Held::joined(dir, &addr)?);
+    }
+    Ok(out)
 }
 
 /// `crest join ADDR TOKEN`: redeems the token at `addr` for a certificate and keeps it
@@ -160,20 +220,30 @@ pub fn join(dir: &StateDir, addr: &str, token: &str) -> Result<String> {
     Ok(joined.name)
 }
 
-/// The TLS configuration a mount of `addr` uses (None: `--insecure`).
+/// The TLS configuration a mount of `addr` uses (None: `--insecure`): for a server this
+/// host joined, the certificate kept for it at each connection (renewed meanwhile or not).
 pub fn client_tls(dir: &StateDir, addr: &str, insecure: bool) -> Result<Option<Arc<crest_tls::ClientConfig>>> {
     if insecure {
         return Ok(None);
     }
-    let creds = Credentials::for_server(dir, addr)?;
-    Ok(Some(crest_tls::client_config(&creds)?))
+    Ok(Some(crest_tls::mount_config(dir, addr)?))
 }
 
-/// How `crest serve` secures connections: TLS with this host's authority, or plaintext
+/// How `crest serve` secures connections: TLS with this host's authority (issuing client
+/// certificates that live `client_lifetime` seconds if given, a year if not), or plaintext
 /// on loopback only.
-pub fn server_security(dir: &StateDir, listen: &str, insecure: bool) -> Result<crest_serve::Security> {
+pub fn server_security(
+    dir: &StateDir,
+    listen: &str,
+    insecure: bool,
+    client_lifetime: Option<u64>,
+) -> Result<crest_serve::Security> {
     if !insecure {
-        let auth = Authority::open(dir).context("opening this host's certificate authority")?;
+        let mut auth = Authority::open(dir).context("opening this host's certificate authority")?;
+        if let Some(secs) = client_lifetime {
+            auth.set_client_validity(secs)?;
+            tracing::warn!("client certificates issued now live {secs} s (--client-cert-lifetime, for tests)");
+        }
         return Ok(crest_serve::Security::Tls(Arc::new(auth)));
     }
     let addrs: Vec<std::net::SocketAddr> =
@@ -194,7 +264,8 @@ pub fn hostname() -> String {
         .unwrap_or_else(|_| "client".into())
 }
 
-fn human_secs(s: u64) -> String {
+/// "243 days", "5 hours", "12 minutes", "40 s".
+pub fn human_secs(s: u64) -> String {
     match s {
         s if s >= 2 * 86_400 => format!("{} days", s / 86_400),
         s if s >= 2 * 3600 => format!("{} hours", s / 3600),

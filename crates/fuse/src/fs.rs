@@ -53,7 +53,7 @@ mod objects;
 mod privs;
 mod readahead;
 mod recall;
-mod status;
+pub(crate) mod status;
 use crate::convert::{self, XattrAnswer};
 use crate::dir::{DirStream, Entry, READDIR_BATCH};
 use crate::error::Error;
@@ -176,6 +176,8 @@ pub struct CrestFs {
     atime: Atime,
     /// Transfers of file data in the data store's objects (`fs/objects.rs`).
     objects: objects::ObjectIo,
+    /// What the mount's owner adds to its status.
+    status_extra: status::StatusExtra,
 }
 
 /// `FUSE_NOTIFY_INC_EPOCH` (include/uapi/linux/fuse.h, protocol 7.44); it has no body.
@@ -315,9 +317,16 @@ impl CrestFs {
             posix_acls: true,
             atime: Atime::Relative,
             objects: objects::ObjectIo::new(op_timeout),
+            status_extra: status::StatusExtra::default(),
         };
         fs.probe_objects();
         fs
+    }
+
+    /// What the status shows beside the mount's own fields.
+    pub fn with_status_extra(mut self, extra: status::StatusExtra) -> CrestFs {
+        self.status_extra = extra;
+        self
     }
 
     /// When reads change access times (the mount's atime options); relatime by default.

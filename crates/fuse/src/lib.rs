@@ -26,6 +26,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use error::Error;
+pub use fs::status::StatusExtra;
 pub use fs::CrestFs;
 pub use options::{unknown_options, MountOptions, DEFAULT_ATTR_TTL, DEFAULT_THREADS};
 
@@ -52,7 +53,8 @@ fn session(
     let fs = CrestFs::new(client, opts.attr_ttl)
         .with_shared_kernel_names(options::kernel_names(opts))
         .with_posix_acls(options::posix_acls(opts))
-        .with_atime(atime);
+        .with_atime(atime)
+        .with_status_extra(opts.status.clone());
     let recalls = fs.recall_worker();
     let epoch = fs.kernel_epoch();
     let attrs = fs.kernel_attrs();

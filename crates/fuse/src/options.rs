@@ -33,6 +33,8 @@ pub struct MountOptions {
     /// `-o` options passed through (`ro`, `noexec`, `noauto_unmount`…); unknown ones are
     /// ignored with a warning (`unknown_options` lists them for a caller to refuse).
     pub extra: Vec<String>,
+    /// Fields the caller keeps current for the mount's status (`crest status --mount`).
+    pub status: crate::StatusExtra,
 }
 
 impl Default for MountOptions {
@@ -45,6 +47,7 @@ impl Default for MountOptions {
             threads: DEFAULT_THREADS,
             attr_ttl: DEFAULT_ATTR_TTL,
             extra: Vec::new(),
+            status: crate::StatusExtra::default(),
         }
     }
 }

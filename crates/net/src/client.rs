@@ -773,6 +773,25 @@ pub fn join(
     }
 }
 
+/// Asks `addr` for the next certificate of the one `config` presents (a server older than
+/// renewals closes the connection: a `ClientError` saying so).
+pub fn renew(
+    addr: &str,
+    config: Arc<rustls::ClientConfig>,
+    mut req: p::Renew,
+    wait: Duration,
+) -> Result<p::Joined, ClientError> {
+    loop {
+        match exchange(addr, Some(config.clone()), p::ClientMessage::Renew(req.clone()), wait)? {
+            p::ServerMessage::Joined(j) => return Ok(j),
+            p::ServerMessage::Refused { version, .. } if p::retry_version(req.version, version).is_some() => {
+                req.version = version;
+            }
+            other => return Err(unexpected(addr, other)),
+        }
+    }
+}
+
 /// Runs one administrative call (an encoded name-value list) at `addr` (`tls`: None for a
 /// server run `--insecure`); returns the answer's bytes.
 pub fn admin(

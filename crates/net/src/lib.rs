@@ -19,6 +19,6 @@
 pub mod client;
 
 pub use client::{
-    admin, join, AsyncPermit, Client, ClientError, ClientOptions, Completion, Recall, Rights, MAX_ASYNC_BYTES,
+    admin, join, renew, AsyncPermit, Client, ClientError, ClientOptions, Completion, Recall, Rights, MAX_ASYNC_BYTES,
     MAX_IN_FLIGHT,
 };

@@ -462,10 +462,13 @@ mod tests {
             dataset: "d".into(),
         });
         let admin = ClientMessage::Admin(Admin { magic: HELLO_MAGIC, version: 13, call: vec![9] });
+        let renew = ClientMessage::Renew(Renew { magic: HELLO_MAGIC, version: 16, csr: vec![8, 9] });
         let refused = ServerMessage::Refused { reason: "r".into(), version: 13 };
         let body = |m: &dyn erased::Encode| m.body();
         assert_eq!(body(&hello), [0, b'C', b'R', b'S', b'T', 13, 1, b'h', 1, 2, 3, 1, b'd']);
         assert_eq!(body(&admin)[..6], [6, b'C', b'R', b'S', b'T', 13]);
+        // (From the release that added it on.)
+        assert_eq!(body(&renew), [7, b'C', b'R', b'S', b'T', 16, 2, 8, 9]);
         assert_eq!(body(&refused), [1, 1, b'r', 13]);
     }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 /// answers in the newer of the two versions both speak (`agree_version`); a peer outside
 /// the range is refused with a message naming both sides' versions, and a client refused by
 /// an older server (whose `Refused::version` it also speaks) says hello again in that
-/// version. `Hello`, `Admin`, `Join` and `Refused` keep their layout in every version, so
+/// version. `Hello`, `Admin`, `Join`, `Renew` and `Refused` keep their layout in every version, so
 /// that any two releases can tell each other which version they speak (docs/protocol.md §1).
 pub const PROTOCOL_VERSION: u32 = 16;
 /// The oldest protocol version this code still speaks (what each version added:
@@ -996,6 +996,23 @@ pub enum ClientMessage {
     /// export policy allows it. Answered `Administered` or `Refused`; then the connection
     /// closes.
     Admin(Admin),
+    /// Instead of a hello, on a TLS connection with a client certificate the server admits:
+    /// a certificate for a new key, under the name of the one presented, once a third of
+    /// its life is left (docs/security.md). Answered `Joined` or `Refused`; then the
+    /// connection closes. (A server older than this message ends the connection.)
+    Renew(Renew),
+}
+
+/// A joined client's request for its next certificate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Renew {
+    /// `HELLO_MAGIC`.
+    pub magic: [u8; 4],
+    /// The client's `PROTOCOL_VERSION`.
+    pub version: u32,
+    /// A PKCS#10 certificate request (DER) for the new key the client keeps; of it the
+    /// server uses only the key.
+    pub csr: Vec<u8>,
 }
 
 /// An administrative call: a name-value list (`crest_nvlist`) naming the command (`cmd`)
@@ -1053,7 +1070,7 @@ pub enum ServerMessage {
     Response(Response),
     /// Unsolicited.
     Notify(Notify),
-    /// A join token redeemed.
+    /// A join token redeemed, or a certificate renewed.
     Joined(Joined),
     /// The answer to an `Admin` call: an encoded name-value list (`error` and `errno` when
     /// it failed; per-item results for calls on many names).
@@ -1084,14 +1101,31 @@ pub fn check_admin(a: &Admin) -> Result<(), String> {
     Ok(())
 }
 
+/// Largest certificate request a join or renewal may carry (one for a P-256 key is ~250
+/// bytes).
+pub const MAX_CSR_BYTES: usize = 16 * 1024;
+
 /// Checks a join request's shape (the token itself is the server's to judge).
 pub fn check_join(j: &Join) -> Result<(), String> {
     if j.magic != HELLO_MAGIC {
         return Err(format!("not a crest client (magic {:02x?})", j.magic));
     }
     agree_version(j.version)?;
-    if j.name.len() > MAX_CLIENT_NAME_BYTES || j.token.len() > 256 || j.csr.len() > 16 * 1024 {
+    if j.name.len() > MAX_CLIENT_NAME_BYTES || j.token.len() > 256 || j.csr.len() > MAX_CSR_BYTES {
         return Err("join request too large".into());
+    }
+    Ok(())
+}
+
+/// Checks a renewal request's shape (whether the certificate may be renewed is the
+/// server's to judge).
+pub fn check_renew(r: &Renew) -> Result<(), String> {
+    if r.magic != HELLO_MAGIC {
+        return Err(format!("not a crest client (magic {:02x?})", r.magic));
+    }
+    agree_version(r.version)?;
+    if r.csr.len() > MAX_CSR_BYTES {
+        return Err("renewal request too large".into());
     }
     Ok(())
 }
@@ -1109,6 +1143,15 @@ pub fn clip_client_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renewal_requests_are_bounded() {
+        let renew = |csr: usize| Renew { magic: HELLO_MAGIC, version: PROTOCOL_VERSION, csr: vec![0; csr] };
+        assert!(check_renew(&renew(MAX_CSR_BYTES)).is_ok());
+        assert!(check_renew(&renew(MAX_CSR_BYTES + 1)).is_err_and(|e| e.contains("too large")));
+        assert!(check_renew(&Renew { magic: *b"HTTP", ..renew(10) }).is_err());
+        assert!(check_renew(&Renew { version: OLDEST_PROTOCOL_VERSION - 1, ..renew(10) }).is_err());
+    }
 
     #[test]
     fn fallocate_steps_cover_the_range_once_in_order_each_within_a_step() {

@@ -667,6 +667,7 @@ impl Listening {
     async fn run(self) {
         let Listening { listener, metrics, tls, policies, shell, stop, done } = self;
         let metrics_cmds = shell.ctrl.clone();
+        let certificates = tls.as_ref().map(|(_, authority, _)| authority.clone());
         let gate = tls.map(|(acceptor, authority, exports)| {
             let revoked = watch_revocations(authority.clone());
             Arc::new(Gate { acceptor, authority, revoked, policies, exports })
@@ -677,7 +678,7 @@ impl Listening {
         }
         if let Some(l) = metrics {
             match TcpListener::from_std(l) {
-                Ok(l) => drop(tokio::spawn(metrics::serve(l, metrics_cmds))),
+                Ok(l) => drop(tokio::spawn(metrics::serve(l, metrics_cmds, certificates))),
                 Err(e) => tracing::error!("cannot listen for metrics: {e}"),
             }
         }
@@ -929,6 +930,36 @@ async fn join(wr: Writer, gate: &Gate, join: p::Join, peer: SocketAddr) -> Resul
     Ok(())
 }
 
+/// Renews the certificate the connection was admitted with (the authority writes files
+/// and signs: off this thread). The name is the one that certificate carries: the server
+/// decides identities, whatever the request says.
+async fn renew(wr: Writer, gate: &Gate, who: &Admitted, renew: p::Renew, peer: SocketAddr) -> Result<(), ConnError> {
+    let answer = match p::check_renew(&renew) {
+        Err(reason) => Err(reason),
+        Ok(()) => {
+            let (authority, fingerprint) = (gate.authority.clone(), who.fingerprint);
+            match tokio::task::spawn_blocking(move || authority.renew(&fingerprint, &renew.csr)).await {
+                Ok(Ok(issued)) => Ok(issued),
+                Ok(Err(e)) => Err(e.0),
+                Err(e) => Err(format!("the server failed: {e}")),
+            }
+        }
+    };
+    let msg = match &answer {
+        Ok(i) => {
+            let (old, new) = (&who.fingerprint.hex()[..16], crest_tls::Fingerprint::of(&i.cert).hex());
+            tracing::info!(%peer, name = %i.name, "client certificate {old} renewed: {}", &new[..16]);
+            ServerMessage::Joined(p::Joined { cert: i.cert.clone(), ca: i.ca.clone(), name: i.name.clone() })
+        }
+        Err(reason) => {
+            limits::refusal!(%peer, name = %who.name, "renewal refused: {reason}");
+            ServerMessage::Refused { reason: reason.clone(), version: p::PROTOCOL_VERSION }
+        }
+    };
+    send_once(wr, &msg).await;
+    Ok(())
+}
+
 /// Reads the first message of a connection (within `HELLO_TIMEOUT`). On a plaintext
 /// connection, a TLS handshake (a record of type 22, version 3.x) ends it at once: its
 /// bytes would otherwise read as the start of a long frame, and the client would wait.
@@ -1009,6 +1040,14 @@ async fn serve(
                 return Ok(());
             };
             return join(wr, &gate, j, peer).await;
+        }
+        ClientMessage::Renew(r) => {
+            let (Some(gate), Some(who)) = (gate, &admitted) else {
+                let reason = "no client certificate to renew: join this server (crest join ADDR TOKEN)".to_string();
+                refuse(wr, reason).await;
+                return Ok(());
+            };
+            return renew(wr, &gate, who, r, peer).await;
         }
         ClientMessage::Hello(h) if gate.is_none() || admitted.is_some() => h,
         ClientMessage::Hello(_) | ClientMessage::Admin(_) => {
@@ -1194,9 +1233,10 @@ async fn session_messages(
                     let _ = conn.inbox.send(Cmd::Goodbye { session }, bytes).await;
                     return Ok(Ended::Goodbye);
                 }
-                ClientMessage::Hello(_) | ClientMessage::Join(_) | ClientMessage::Admin(_) => {
-                    return Err(ConnError::Other("a second hello on one connection".into()))
-                }
+                ClientMessage::Hello(_)
+                | ClientMessage::Join(_)
+                | ClientMessage::Admin(_)
+                | ClientMessage::Renew(_) => return Err(ConnError::Other("a second hello on one connection".into())),
             };
             if conn.inbox.send(cmd, bytes).await.is_err() {
                 return Ok(Ended::Stopping);

@@ -5,7 +5,8 @@
 //! `MAX_SCRAPES` connections are served at once (others are closed), and nothing but
 //! `GET /metrics` is answered (404, 405). The status is the store task's answer to an
 //! administrative `server.status` call, which changes nothing; one answer serves every
-//! scrape for `FRESH_FOR`, so scrapers cannot keep the store task busy.
+//! scrape for `FRESH_FOR`, so scrapers cannot keep the store task busy. With TLS, the
+//! register of client certificates adds when the next one expires (`certificates`).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -30,8 +31,13 @@ pub const FRESH_FOR: Duration = Duration::from_secs(1);
 /// The last page rendered, and when.
 type Page = Arc<tokio::sync::Mutex<Option<(std::time::Instant, String)>>>;
 
-/// Serves scrapes on `listener` for as long as the server thread runs.
-pub(super) async fn serve(listener: TcpListener, ctrl: mpsc::UnboundedSender<Ctrl>) {
+/// Serves scrapes on `listener` for as long as the server thread runs (`authority`: the
+/// CA whose client certificates it admits, None for `--insecure`).
+pub(super) async fn serve(
+    listener: TcpListener,
+    ctrl: mpsc::UnboundedSender<Ctrl>,
+    authority: Option<Arc<crest_tls::Authority>>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_SCRAPES));
     let page = Page::default();
     loop {
@@ -48,9 +54,9 @@ pub(super) async fn serve(listener: TcpListener, ctrl: mpsc::UnboundedSender<Ctr
             tracing::debug!(%peer, "metrics: too many scrapes at once; closed");
             continue;
         };
-        let (ctrl, page) = (ctrl.clone(), page.clone());
+        let (ctrl, page, authority) = (ctrl.clone(), page.clone(), authority.clone());
         tokio::spawn(async move {
-            if let Err(e) = scrape(stream, &ctrl, &page).await {
+            if let Err(e) = scrape(stream, &ctrl, &page, authority.as_deref()).await {
                 tracing::debug!(%peer, "metrics: {e}");
             }
             drop(slot);
@@ -59,7 +65,12 @@ pub(super) async fn serve(listener: TcpListener, ctrl: mpsc::UnboundedSender<Ctr
 }
 
 /// Reads one request and answers it.
-async fn scrape(mut stream: TcpStream, ctrl: &mpsc::UnboundedSender<Ctrl>, page: &Page) -> std::io::Result<()> {
+async fn scrape(
+    mut stream: TcpStream,
+    ctrl: &mpsc::UnboundedSender<Ctrl>,
+    page: &Page,
+    authority: Option<&crest_tls::Authority>,
+) -> std::io::Result<()> {
     let mut buf = vec![0u8; MAX_REQUEST_BYTES];
     let mut have = 0;
     let head = tokio::time::timeout(REQUEST_WAIT, async {
@@ -111,7 +122,10 @@ async fn scrape(mut stream: TcpStream, ctrl: &mpsc::UnboundedSender<Ctrl>, page:
     };
     match NvList::decode(&answer) {
         Ok(st) if st.get("error").is_none() => {
-            let text = render(&st);
+            let mut text = render(&st);
+            if let Some(authority) = authority {
+                certificates(&mut text, authority.soonest_expiry().map(|r| r.expires));
+            }
             *last = Some((std::time::Instant::now(), text.clone()));
             drop(last);
             respond(&mut stream, "200 OK", &text).await
@@ -202,6 +216,20 @@ pub fn render(st: &NvList) -> String {
     metric("crest_space_bytes", "gauge", "The image's size and its free space.", &space);
     service_histogram(&mut out, st);
     out
+}
+
+/// `crest_client_cert_soonest_expiry_timestamp_seconds`: when the first client
+/// certificate expires among those admitted and not renewed (the register the server
+/// re-reads each second, no file read here); none while there is none.
+fn certificates(out: &mut String, soonest: Option<u64>) {
+    let Some(expires) = soonest else { return };
+    let name = "crest_client_cert_soonest_expiry_timestamp_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} When the first client certificate the server admits and that was not renewed \
+         expires (seconds since the epoch); clients renew theirs with a third of its life left.\n\
+         # TYPE {name} gauge\n{name} {expires}"
+    );
 }
 
 /// The counters of the status's list `list` (name → count), each labelled `key="name"`.
@@ -298,8 +326,15 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
         }
+        // Certificates: shown when one is live, not otherwise.
+        let mut with = text.clone();
+        certificates(&mut with, Some(1_800_000_000));
+        assert!(with.lines().any(|l| l == "crest_client_cert_soonest_expiry_timestamp_seconds 1800000000"), "{with}");
+        let mut without = text.clone();
+        certificates(&mut without, None);
+        assert_eq!(without, text);
         // Every sample line is a name, optional labels and a number.
-        for l in text.lines().filter(|l| !l.starts_with('#')) {
+        for l in with.lines().filter(|l| !l.starts_with('#')) {
             let (name, value) = l.rsplit_once(' ').expect("name and value");
             assert!(name.starts_with("crest_") && value.parse::<f64>().is_ok(), "{l:?}");
         }

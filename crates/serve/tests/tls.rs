@@ -437,3 +437,70 @@ fn a_token_holder_asking_for_another_hosts_name_gets_neither_its_rights_nor_its_
         drop((mine, c));
     }
 }
+
+/// Asks `addr` to renew the certificate of `creds`, with a request for a key made for it
+/// that names `asked`: the new credentials, or the refusal.
+fn renew(addr: SocketAddr, creds: &Credentials, asked: &str) -> Result<Credentials, ClientError> {
+    let (key_pem, csr) = crest_tls::certificate_request(asked).expect("request");
+    let req = p::Renew { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, csr };
+    let config = crest_tls::client_config(creds).expect("config");
+    let j = crest_net::renew(&addr.to_string(), config, req, HANG_GUARD)?;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = StateDir::new(tmp.path().join("s"));
+    Credentials::save_joined(&dir, "x", &crest_tls::cert_pem(&j.ca), &crest_tls::cert_pem(&j.cert), &key_pem)
+        .expect("save");
+    Ok(Credentials::joined(&dir, "x").expect("read").expect("saved"))
+}
+
+/// Makes the register say the certificate of `creds` has a third of its life left.
+fn age(h: &Host, creds: &Credentials) {
+    let fp = crest_tls::Fingerprint::of(&creds.chain[0]).hex();
+    let mut reg = h.auth.clients().expect("register");
+    let r = reg.clients.iter_mut().find(|r| r.fingerprint == fp).expect("issued");
+    r.expires = crest_tls::unix_now() + 100;
+    r.issued = r.expires - 300;
+    reg.save(&h.dir).expect("save");
+}
+
+fn refused(r: Result<Credentials, ClientError>) -> String {
+    match r {
+        Err(ClientError::Refused { reason, .. }) => reason,
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+#[test]
+fn a_joined_host_renews_its_certificate_for_its_own_name_only_when_due() {
+    let h = host();
+    let (_rt, serving) = serve(&h);
+    let addr = serving.local_addr;
+    let token = h.auth.create_token(600, Some("build7")).expect("token").encode();
+    let creds = join(addr, &token).expect("join");
+    // Just issued: too early.
+    assert!(refused(renew(addr, &creds, "build7")).contains("too early"));
+    // Without a certificate there is nothing to renew.
+    let csr = crest_tls::certificate_request("ops").expect("request").1;
+    let anon = ClientMessage::Renew(p::Renew { magic: p::HELLO_MAGIC, version: p::PROTOCOL_VERSION, csr });
+    match anonymous(addr, h.auth.ca_fingerprint(), &anon) {
+        Some(ServerMessage::Refused { reason, .. }) => assert!(reason.contains("no client certificate"), "{reason}"),
+        other => panic!("a renewal without a certificate got {other:?}"),
+    }
+
+    // A third of its life left: renewed, under its own name whatever the request asks.
+    age(&h, &creds);
+    let next = renew(addr, &creds, "ops").expect("renewed");
+    assert_eq!(crest_tls::cert_name(&next.chain[0]).expect("name"), "build7");
+    let c = connect(addr, &next).expect("the renewed certificate gets in");
+    assert!(works(&c));
+    let reg = h.auth.clients().expect("register");
+    let r = reg.clients.last().expect("recorded");
+    let old = crest_tls::Fingerprint::of(&creds.chain[0]).hex();
+    assert_eq!((r.name.as_str(), r.via.clone()), ("build7", format!("renewal of {}", &old[..16])));
+    // The old one still gets in until it expires.
+    assert!(works(&connect(addr, &creds).expect("the old certificate")));
+
+    // Revoked (by name: both), neither is renewed nor gets in.
+    assert_eq!(h.auth.revoke("build7").expect("revoke").len(), 2);
+    age(&h, &next);
+    assert!(refused(renew(addr, &next, "build7")).contains("revoked"));
+}

@@ -1,7 +1,8 @@
 //! The host's certificate authority, as the server and the admin commands use it: makes
-//! the host's credentials on first use, issues client certificates for redeemed tokens,
-//! and answers whether a presented certificate may come in (the register, re-read when its
-//! file changes, so that `crest cert revoke` reaches a running server).
+//! the host's credentials on first use, issues client certificates for redeemed tokens and
+//! renews them for their holders, and answers whether a presented certificate may come in
+//! (the register, re-read when its file changes, so that `crest cert revoke` reaches a
+//! running server).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,14 +16,21 @@ use rustls::ServerConfig;
 use time::OffsetDateTime;
 
 use crate::config::{cert_from_pem, key_from_pem, server_config};
-use crate::register::REGISTER;
-use crate::{hex, os_random, unix_now, ClientRecord, Error, Fingerprint, Register, StateDir, Token, TokenRecord};
+use crate::register::{renewal_via, REGISTER};
+use crate::renewal::{utc, BACKDATED};
+use crate::{
+    hex, os_random, unix_now, ClientRecord, Error, Fingerprint, Lifetime, Register, StateDir, Token, TokenRecord,
+};
 
 const DAY: u64 = 86_400;
 /// The CA and the host's own certificates.
 const HOST_VALIDITY: u64 = 20 * 365 * DAY;
-/// Certificates issued to joining clients (join again to renew).
+/// Certificates issued to joining clients, and to them again when they renew
+/// (`renewal.rs`: once a third of it is left).
 pub const CLIENT_VALIDITY: u64 = 365 * DAY;
+/// The shortest life `Authority::set_client_validity` gives client certificates (tests
+/// watch renewals happen with lives of a minute or two).
+pub const MIN_CLIENT_VALIDITY: u64 = 30;
 
 /// The host's server side of its credentials.
 pub struct HostCredentials {
@@ -74,14 +82,16 @@ pub struct Authority {
     ca_pem: String,
     host: Arc<HostCredentials>,
     register: Mutex<Cached>,
+    /// The life of the client certificates it issues.
+    client_validity: u64,
 }
 
 fn time_at(unix: u64) -> Result<OffsetDateTime, Error> {
     OffsetDateTime::from_unix_timestamp(unix as i64).map_err(|e| Error::Cert(e.to_string()))
 }
 
-/// Parameters shared by every certificate: a random serial, valid from an hour ago (for
-/// clocks a little behind) for `validity` seconds.
+/// Parameters shared by every certificate: a random serial, valid from an hour ago
+/// (`BACKDATED`, for clocks a little behind) for `validity` seconds from now.
 fn params(cn: &str, validity: u64) -> Result<CertificateParams, Error> {
     let mut p = CertificateParams::default();
     let mut dn = DistinguishedName::new();
@@ -92,7 +102,7 @@ fn params(cn: &str, validity: u64) -> Result<CertificateParams, Error> {
     serial[0] &= 0x7f;
     p.serial_number = Some(SerialNumber::from_slice(&serial));
     let now = unix_now();
-    p.not_before = time_at(now.saturating_sub(3600))?;
+    p.not_before = time_at(now.saturating_sub(BACKDATED))?;
     p.not_after = time_at(now + validity)?;
     p.use_authority_key_identifier_extension = true;
     Ok(p)
@@ -185,7 +195,20 @@ impl Authority {
             ca_pem,
             host: Arc::new(host),
             register: Mutex::new(Cached { register, seen }),
+            client_validity: CLIENT_VALIDITY,
         })
+    }
+
+    /// Issues client certificates (joining and renewing) that live `secs` seconds rather
+    /// than a year: for tests of renewal, from `MIN_CLIENT_VALIDITY` to `CLIENT_VALIDITY`.
+    pub fn set_client_validity(&mut self, secs: u64) -> Result<(), Error> {
+        if !(MIN_CLIENT_VALIDITY..=CLIENT_VALIDITY).contains(&secs) {
+            return Err(Error::Cert(format!(
+                "a client certificate's life of {secs} s: from {MIN_CLIENT_VALIDITY} s to {CLIENT_VALIDITY} s (a year)"
+            )));
+        }
+        self.client_validity = secs;
+        Ok(())
     }
 
     /// The server's TLS configuration.
@@ -340,11 +363,59 @@ impl Authority {
             },
         };
         let issuer = self.issuer().map_err(internal)?;
-        let p = leaf(&name, CLIENT_VALIDITY, ExtendedKeyUsagePurpose::ClientAuth).map_err(internal)?;
+        let p = leaf(&name, self.client_validity, ExtendedKeyUsagePurpose::ClientAuth).map_err(internal)?;
         let cert = p.signed_by(&csr.public_key, &issuer).map_err(|e| internal(e.into()))?;
         let via = format!("token {}", record.id);
         register(&self.dir, &name, cert.der(), &via).map_err(internal)?;
         Ok(Issued { cert: cert.der().to_vec(), ca: self.host.ca.to_vec(), name })
+    }
+
+    /// Renews the client certificate whose fingerprint is `presented` (the one the
+    /// connection asking was authenticated with): signs a certificate for the key in `csr`
+    /// under the name the presented one carries — nothing of the request but its key is
+    /// used — and registers it, `via` "renewal of" the old one. Refused unless the old one
+    /// is admitted now (issued here, not revoked, not expired), is not the host's own, and
+    /// has at most a third of its life left: a client cannot mint itself certificates.
+    ///
+    /// The old certificate stays valid until it expires (a mount may hold it in memory); a
+    /// certificate has at most one live successor: renewed again (its answer was lost on
+    /// the way), the successor issued before is revoked. Revoking the name revokes both.
+    pub fn renew(&self, presented: &Fingerprint, csr: &[u8]) -> Result<Issued, JoinError> {
+        let csr = CertificateSigningRequestParams::from_der(&csr.to_vec().into())
+            .map_err(|e| JoinError(format!("bad certificate request: {e}")))?;
+        let internal = |e: Error| JoinError(format!("the server could not issue a certificate: {e}"));
+        let _lock = self.dir.lock().map_err(internal)?;
+        let mut reg = Register::load(&self.dir).map_err(internal)?;
+        let now = unix_now();
+        let old = reg.admits(presented, now).map_err(JoinError)?.clone();
+        let short = &old.fingerprint[..16];
+        if old.via == LOCAL_NAME {
+            return Err(JoinError("the host's own certificate is not renewed over the network".into()));
+        }
+        let life = Lifetime { issued: old.issued, expires: old.expires };
+        if !life.due(now) {
+            return Err(JoinError(format!(
+                "too early: the certificate of {} ({short}) may be renewed from {} (when a third of its life is left)",
+                old.name,
+                utc(life.renew_from())
+            )));
+        }
+        let via = renewal_via(&old.fingerprint);
+        for r in reg.retire(&via, now) {
+            tracing::warn!("{} renewed {short} again: its successor {} is revoked", old.name, &r.fingerprint[..16]);
+        }
+        let issuer = self.issuer().map_err(internal)?;
+        let p = leaf(&old.name, self.client_validity, ExtendedKeyUsagePurpose::ClientAuth).map_err(internal)?;
+        let cert = p.signed_by(&csr.public_key, &issuer).map_err(|e| internal(e.into()))?;
+        reg.clients.push(record(&old.name, cert.der(), &via).map_err(internal)?);
+        reg.save(&self.dir).map_err(internal)?;
+        Ok(Issued { cert: cert.der().to_vec(), ca: self.host.ca.to_vec(), name: old.name })
+    }
+
+    /// The client certificate that expires first among those that are live and not renewed
+    /// (the host's own aside): the next one that stops a client unless it is renewed.
+    pub fn soonest_expiry(&self) -> Option<ClientRecord> {
+        self.cached().register.soonest_expiry(unix_now()).cloned()
     }
 
     fn issuer(&self) -> Result<Issuer<'static, KeyPair>, Error> {
@@ -356,16 +427,22 @@ impl Authority {
 /// Appends a record for `cert` to the register (hold the lock).
 fn register(dir: &StateDir, name: &str, cert: &CertificateDer<'_>, via: &str) -> Result<(), Error> {
     let mut reg = Register::load(dir)?;
-    let now = unix_now();
-    reg.clients.push(ClientRecord {
+    reg.clients.push(record(name, cert, via)?);
+    reg.save(dir)
+}
+
+/// The register's record of `cert`, with the lifetime the certificate itself states (what
+/// the client, which sees only the certificate, judges its renewal by).
+fn record(name: &str, cert: &CertificateDer<'_>, via: &str) -> Result<ClientRecord, Error> {
+    let life = Lifetime::of_cert(cert)?;
+    Ok(ClientRecord {
         name: name.into(),
         fingerprint: Fingerprint::of(cert).hex(),
         via: via.into(),
-        issued: now,
-        expires: now + if via == LOCAL_NAME { HOST_VALIDITY } else { CLIENT_VALIDITY },
+        issued: life.issued,
+        expires: life.expires,
         revoked: None,
-    });
-    reg.save(dir)
+    })
 }
 
 /// Makes the host's CA, its server certificate and its own client certificate (hold the

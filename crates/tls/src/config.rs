@@ -3,14 +3,15 @@
 //! join), a client's (pinned CA, its certificate), and a joining client's (the CA pinned
 //! by the token's fingerprint, no certificate yet).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::WebPkiServerVerifier;
+use rustls::client::{ResolvesClientCert, Resumption, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
+use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 
 use crate::{addr_key, Error, Fingerprint, StateDir};
@@ -26,7 +27,7 @@ pub const SERVER_NAME: &str = "crest";
 /// multiply) AES-128-GCM costs ~15 % less per byte than AES-256-GCM (the default's first)
 /// at the security level TLS 1.3 asks of every suite; ChaCha20-Poly1305 stays for peers
 /// without AES instructions.
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     use rustls::crypto::aws_lc_rs::cipher_suite;
     Arc::new(CryptoProvider {
         cipher_suites: vec![
@@ -65,16 +66,40 @@ pub(crate) fn key_from_pem(pem: &str, what: &str) -> Result<PrivateKeyDer<'stati
 }
 
 impl Credentials {
+    /// Reads a certificate, its key and the CA it trusts. Read twice if the key is not the
+    /// certificate's: a renewal replaced the directory between two of the reads
+    /// (`StateDir::replace_dir`), and the second read sees the new one whole.
     fn load(dir: &StateDir, ca: &str, cert: &str, key: &str) -> Result<Option<Credentials>, Error> {
-        if dir.read(cert)?.is_none() {
-            return Ok(None);
+        let read = || -> Result<Option<Credentials>, Error> {
+            if dir.read(cert)?.is_none() {
+                return Ok(None);
+            }
+            Ok(Some(Credentials {
+                ca: cert_from_pem(&dir.read_text(ca)?, ca)?,
+                chain: vec![cert_from_pem(&dir.read_text(cert)?, cert)?],
+                key: key_from_pem(&dir.read_text(key)?, key)?,
+                origin: dir.path().join(cert).display().to_string(),
+            }))
+        };
+        match read()? {
+            Some(c) if c.certified().is_err() => {
+                let again = read()?;
+                if let Some(Err(e)) = again.as_ref().map(Credentials::certified) {
+                    return Err(Error::Cert(format!(
+                        "{}: not the certificate of {key}: {e}",
+                        dir.path().join(cert).display()
+                    )));
+                }
+                Ok(again)
+            }
+            found => Ok(found),
         }
-        Ok(Some(Credentials {
-            ca: cert_from_pem(&dir.read_text(ca)?, ca)?,
-            chain: vec![cert_from_pem(&dir.read_text(cert)?, cert)?],
-            key: key_from_pem(&dir.read_text(key)?, key)?,
-            origin: dir.path().join(cert).display().to_string(),
-        }))
+    }
+
+    /// The certificate and its key as TLS presents them (an error if they do not belong
+    /// together).
+    pub(crate) fn certified(&self) -> Result<CertifiedKey, Error> {
+        Ok(CertifiedKey::from_der(self.chain.clone(), self.key.clone_key(), &provider())?)
     }
 
     /// The host's own client certificate (made by the first `crest serve` on this host).
@@ -99,14 +124,96 @@ impl Credentials {
         Credentials::local(dir)?.ok_or_else(|| no_credentials(dir, addr))
     }
 
-    /// Saves what joining `addr` gave: the server's CA, the certificate and its key.
+    /// Saves what joining `addr` (or renewing its certificate) gave: the server's CA, the
+    /// certificate and its key. They replace what was kept for `addr` in one step: a
+    /// mount reading them meanwhile, or a crash, finds the old set or the new one.
     pub fn save_joined(dir: &StateDir, addr: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<(), Error> {
         let _lock = dir.lock()?;
-        let sub = format!("joined/{}", addr_key(addr));
-        dir.write(&format!("{sub}/key.pem"), key_pem.as_bytes())?;
-        dir.write(&format!("{sub}/ca.pem"), ca_pem.as_bytes())?;
-        dir.write(&format!("{sub}/cert.pem"), cert_pem.as_bytes())?;
-        dir.write(&format!("{sub}/server"), addr.as_bytes())
+        let key = addr_key(addr);
+        // (`addr_key` never starts with a dot: no address's directory is this one.)
+        let next = format!("joined/.next-{key}");
+        dir.remove_tree(&next)?;
+        dir.write(&format!("{next}/key.pem"), key_pem.as_bytes())?;
+        dir.write(&format!("{next}/ca.pem"), ca_pem.as_bytes())?;
+        dir.write(&format!("{next}/cert.pem"), cert_pem.as_bytes())?;
+        dir.write(&format!("{next}/server"), addr.as_bytes())?;
+        dir.replace_dir(&next, &format!("joined/{key}"))
+    }
+
+    /// The servers this host joined, as `crest join` was given them (`HOST:PORT`).
+    pub fn joined_servers(dir: &StateDir) -> Result<Vec<String>, Error> {
+        let mut out = Vec::new();
+        for key in dir.list("joined")?.into_iter().filter(|k| !k.starts_with('.')) {
+            if let Some(addr) = dir.read(&format!("joined/{key}/server"))? {
+                out.push(String::from_utf8_lossy(&addr).trim().to_string());
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What a mount of `addr` uses, as `Credentials::for_server` finds it: for a server this
+/// host joined, a configuration that presents the certificate kept for it *now*, read
+/// again whenever a renewal replaced it (`renewal::renew_joined`), so that a mount that
+/// runs for years reconnects with a certificate that is still valid; else the host's own.
+pub fn mount_config(dir: &StateDir, addr: &str) -> Result<Arc<ClientConfig>, Error> {
+    let sub = format!("joined/{}", addr_key(addr));
+    // (Looked at before reading: a renewal in between is read again at the first resolve.)
+    let seen = dir.mtime(&format!("{sub}/cert.pem"));
+    let joined = if dir.usable()? { Credentials::joined(dir, addr)? } else { None };
+    let Some(creds) = joined else { return client_config(&Credentials::for_server(dir, addr)?) };
+    let held = Mutex::new((seen, Arc::new(creds.certified()?)));
+    let resolver = Arc::new(Reloading { dir: dir.clone(), addr: addr.to_string(), sub, held });
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots(&creds.ca)?)
+        .with_client_cert_resolver(resolver);
+    // (A resumed session would be the old certificate again: see `client_config`.)
+    config.resumption = Resumption::disabled();
+    Ok(Arc::new(config))
+}
+
+/// A file's modification time and inode (`StateDir::mtime`), to see that it changed.
+type Stamp = Option<(i64, i64, u64)>;
+
+/// The certificate kept for a joined server, read again when its file changes.
+#[derive(Debug)]
+struct Reloading {
+    dir: StateDir,
+    addr: String,
+    /// `joined/ADDR`.
+    sub: String,
+    /// The certificate file as last read (`StateDir::mtime`), and what it held.
+    held: Mutex<(Stamp, Arc<CertifiedKey>)>,
+}
+
+impl ResolvesClientCert for Reloading {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = self.dir.mtime(&format!("{}/cert.pem", self.sub));
+        if seen != held.0 {
+            match Credentials::joined(&self.dir, &self.addr).and_then(|c| c.map(|c| c.certified()).transpose()) {
+                Ok(Some(key)) => {
+                    let fp = key.end_entity_cert().map(|c| Fingerprint::of(c).hex()).unwrap_or_default();
+                    tracing::info!(
+                        "{}: using the client certificate kept now ({})",
+                        self.addr,
+                        &fp[..fp.len().min(16)]
+                    );
+                    *held = (seen, Arc::new(key));
+                }
+                // (The last one read goes on: it stays valid until it expires.)
+                Ok(None) => tracing::warn!("{}: the client certificate is gone; using the last one read", self.addr),
+                Err(e) => {
+                    tracing::warn!("{}: cannot read the client certificate again ({e}); using the last one", self.addr)
+                }
+            }
+        }
+        Some(held.1.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 
@@ -148,11 +255,17 @@ pub fn server_config(
 
 /// A mounting client's configuration: the server must chain to `c.ca`; `c`'s certificate
 /// is presented.
+///
+/// Sessions are not resumed: a resumed TLS 1.3 session keeps the identity of the
+/// handshake that began it, so a mount reconnecting after its certificate was renewed
+/// would still be its old certificate, and refused once that expires. A mount connects
+/// seldom; a full handshake costs a millisecond.
 pub fn client_config(c: &Credentials) -> Result<Arc<ClientConfig>, Error> {
-    let config = ClientConfig::builder_with_provider(provider())
+    let mut config = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_root_certificates(roots(&c.ca)?)
         .with_client_auth_cert(c.chain.clone(), c.key.clone_key())?;
+    config.resumption = Resumption::disabled();
     Ok(Arc::new(config))
 }
 

@@ -9,7 +9,9 @@
 //! authenticates the server before it sends anything, and the server signs a certificate
 //! for a key the client made and keeps (`authority::Authority::redeem`). The server admits
 //! a client only when its certificate chains to the host CA *and* is in the register of
-//! certificates it issued and did not revoke (`register`).
+//! certificates it issued and did not revoke (`register`). A joined host renews its
+//! certificate before it expires, over a connection the certificate authenticates, for
+//! the same name (`renewal`).
 //!
 //! Invariants:
 //! - private keys and tokens live only in the state directory, which is owned by the
@@ -23,12 +25,16 @@
 mod authority;
 mod config;
 mod register;
+mod renewal;
 mod state;
 mod token;
 
-pub use authority::{Admitted, Authority, HostCredentials, Issued, JoinError, LOCAL_NAME};
-pub use config::{client_config, join_config, peer_fingerprint, server_config, Credentials, SERVER_NAME};
+pub use authority::{
+    Admitted, Authority, HostCredentials, Issued, JoinError, CLIENT_VALIDITY, LOCAL_NAME, MIN_CLIENT_VALIDITY,
+};
+pub use config::{client_config, join_config, mount_config, peer_fingerprint, server_config, Credentials, SERVER_NAME};
 pub use register::{ClientRecord, Register};
+pub use renewal::{cert_name, renew_joined, utc, Held, Lifetime, Renewal, BACKDATED, WARN_LEFT};
 /// What `client_config` and `join_config` make (rustls's).
 pub use rustls::ClientConfig;
 pub use state::{addr_key, StateDir};
@@ -82,6 +88,9 @@ pub enum Error {
     /// The TLS library refused a configuration.
     #[error("TLS: {0}")]
     Tls(#[from] rustls::Error),
+    /// A renewal did not go through: the server refused it or could not be asked.
+    #[error("renewal: {0}")]
+    Renewal(String),
 }
 
 impl From<rcgen::Error> for Error {

@@ -19,7 +19,8 @@ pub struct ClientRecord {
     pub name: String,
     /// SHA-256 of the certificate, hex.
     pub fingerprint: String,
-    /// How it was issued: "local" or "token ID".
+    /// How it was issued: "local", "token ID" or "renewal of FINGERPRINT-PREFIX" (the
+    /// certificate it replaced, `renewal_via`).
     pub via: String,
     /// Seconds since the epoch.
     pub issued: u64,
@@ -85,10 +86,40 @@ impl Register {
         out
     }
 
+    /// Whether the certificate of `r` was renewed: a record says it replaced it.
+    pub fn renewed(&self, r: &ClientRecord) -> bool {
+        let via = renewal_via(&r.fingerprint);
+        self.clients.iter().any(|c| c.via == via)
+    }
+
+    /// Revokes the live certificates issued `via` (the successors of a certificate renewed
+    /// again); returns those revoked.
+    pub fn retire(&mut self, via: &str, now: u64) -> Vec<ClientRecord> {
+        let mut out = Vec::new();
+        for r in self.clients.iter_mut().filter(|r| r.via == via && r.revoked.is_none()) {
+            r.revoked = Some(now);
+            out.push(r.clone());
+        }
+        out
+    }
+
+    /// Of the certificates admitted at `now` and not renewed, the host's own aside, the one
+    /// that expires first.
+    pub fn soonest_expiry(&self, now: u64) -> Option<&ClientRecord> {
+        let live = self.clients.iter().filter(|r| r.revoked.is_none() && r.expires > now && r.via != "local");
+        live.filter(|r| !self.renewed(r)).min_by_key(|r| r.expires)
+    }
+
     /// Fingerprints of the revoked certificates.
     pub fn revoked(&self) -> impl Iterator<Item = Fingerprint> + '_ {
         self.clients.iter().filter(|r| r.revoked.is_some()).filter_map(|r| Fingerprint::from_hex(&r.fingerprint))
     }
+}
+
+/// How the register says a certificate was issued in place of the one whose fingerprint
+/// (hex) is `old`: "renewal of" its first 16 hex digits, as `crest cert list` shows it.
+pub fn renewal_via(old: &str) -> String {
+    format!("renewal of {}", &old[..old.len().min(16)])
 }
 
 #[cfg(test)]
@@ -112,5 +143,30 @@ mod tests {
         assert_eq!(reg.revoke(&b.hex()[..8], 30).len(), 1);
         assert_eq!(reg.revoke("0202", 30).len(), 0, "a short prefix names nothing");
         assert_eq!(reg.revoked().count(), 2);
+    }
+
+    #[test]
+    fn a_renewed_certificate_is_known_by_its_successor() {
+        let (a, b, c, d) = (Fingerprint([1; 32]), Fingerprint([2; 32]), Fingerprint([3; 32]), Fingerprint([4; 32]));
+        let mut reg = Register { clients: vec![record("alpha", a, 100), record("beta", b, 50)] };
+        assert_eq!(reg.soonest_expiry(10).map(|r| r.name.as_str()), Some("beta"));
+        let mut next = record("beta", c, 150);
+        next.via = renewal_via(&b.hex());
+        assert_eq!(next.via, "renewal of 0202020202020202");
+        reg.clients.push(next);
+        assert!(reg.renewed(&reg.clients[1]) && !reg.renewed(&reg.clients[0]));
+        assert_eq!(reg.soonest_expiry(10).map(|r| r.name.as_str()), Some("alpha"), "a renewed one is not waited for");
+        assert_eq!(reg.soonest_expiry(120).map(|r| r.fingerprint.clone()), Some(c.hex()), "nor an expired one");
+        // Revoking the name reaches the renewed certificate and its predecessor alike.
+        assert_eq!(reg.revoke("beta", 20).len(), 2);
+        let mut again = record("beta", d, 150);
+        again.via = renewal_via(&b.hex());
+        reg.clients.push(again);
+        assert_eq!(reg.retire(&renewal_via(&b.hex()), 30).len(), 1, "only the live successor is retired");
+        assert_eq!(reg.soonest_expiry(10).map(|r| r.name.as_str()), Some("alpha"));
+        let mut own = record("local", Fingerprint([5; 32]), 20);
+        own.via = "local".into();
+        reg.clients.push(own);
+        assert_eq!(reg.soonest_expiry(10).map(|r| r.name.as_str()), Some("alpha"), "the host's own is not counted");
     }
 }

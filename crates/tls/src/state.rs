@@ -10,7 +10,9 @@
 //! clients.json             every client certificate the CA issued, and revocations
 //! tokens/ID.json           join tokens not yet redeemed or expired
 //! joined/ADDR/             ca.pem cert.pem key.pem for a server this host joined
+//! joined/.next-ADDR/       the same, being written, before it replaces joined/ADDR/
 //! .lock                    held while any of the above changes
+//! .renew.lock              held while this host renews a joined certificate
 //! ```
 
 use std::fs::{self, File, OpenOptions};
@@ -106,8 +108,19 @@ impl StateDir {
 
     /// Holds the directory's lock until the returned value is dropped.
     pub fn lock(&self) -> Result<Lock, Error> {
+        self.lock_file(".lock")
+    }
+
+    /// Holds the lock that renewals of joined credentials take, one at a time on a host
+    /// (`renewal::renew_joined`). Apart from `lock`: a renewal waits on its server for up
+    /// to half a minute, and the host's own server must not wait with it.
+    pub fn renewal_lock(&self) -> Result<Lock, Error> {
+        self.lock_file(".renew.lock")
+    }
+
+    fn lock_file(&self, name: &str) -> Result<Lock, Error> {
         self.create("")?;
-        let path = self.root.join(".lock");
+        let path = self.root.join(name);
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -172,6 +185,42 @@ impl StateDir {
         }
     }
 
+    /// Removes the directory `rel` and everything in it; false if it was not there.
+    pub fn remove_tree(&self, rel: &str) -> Result<bool, Error> {
+        let path = self.root.join(rel);
+        match fs::remove_dir_all(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(state_err(&path, e)),
+        }
+    }
+
+    /// Puts the directory `next` in the place of `live` (which may not exist) in one
+    /// step, so that a reader of `live` finds every file of the old directory or every
+    /// file of the new one, never some of each, and a crash leaves one of the two whole.
+    /// What was at `live` is removed.
+    pub fn replace_dir(&self, next: &str, live: &str) -> Result<(), Error> {
+        let (from, to) = (self.root.join(next), self.root.join(live));
+        if !to.exists() {
+            return fs::rename(&from, &to).map_err(|e| state_err(&to, e));
+        }
+        match exchange(&from, &to) {
+            Ok(()) => {}
+            // A file system without RENAME_EXCHANGE: the old one is moved aside first, and
+            // a reader in between finds no directory there (and says so) for an instant.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+                let aside = format!("{next}.old");
+                self.remove_tree(&aside)?;
+                fs::rename(&to, self.root.join(&aside)).map_err(|e| state_err(&to, e))?;
+                fs::rename(&from, &to).map_err(|e| state_err(&to, e))?;
+                self.remove_tree(&aside)?;
+                return Ok(());
+            }
+            Err(e) => return Err(state_err(&to, e)),
+        }
+        self.remove_tree(next).map(|_| ())
+    }
+
     /// The names in the subdirectory `rel` (empty if it does not exist).
     pub fn list(&self, rel: &str) -> Result<Vec<String>, Error> {
         let dir = self.root.join(rel);
@@ -189,6 +238,22 @@ impl StateDir {
     pub fn mtime(&self, rel: &str) -> Option<(i64, i64, u64)> {
         let m = fs::metadata(self.root.join(rel)).ok()?;
         Some((m.mtime(), m.mtime_nsec(), m.ino()))
+    }
+}
+
+/// Swaps the paths `a` and `b` atomically (renameat2's RENAME_EXCHANGE).
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: both paths are NUL-terminated strings that outlive the call; renameat2 reads
+    // nothing else of ours.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -221,6 +286,21 @@ mod tests {
         assert_eq!(dir.list("a").expect("list"), vec!["b.json".to_string()]);
         assert!(dir.remove("a/b.json").expect("remove"));
         assert!(!dir.remove("a/b.json").expect("remove again"));
+    }
+
+    #[test]
+    fn a_directory_is_replaced_whole() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = StateDir::new(tmp.path().join("s"));
+        dir.write("j/.next-a/cert", b"one").expect("write");
+        dir.replace_dir("j/.next-a", "j/a").expect("first: nothing to replace");
+        dir.write("j/.next-a/cert", b"two").expect("write");
+        dir.write("j/.next-a/key", b"two").expect("write");
+        dir.replace_dir("j/.next-a", "j/a").expect("replace");
+        assert_eq!(dir.list("j").expect("list"), vec!["a".to_string()], "the old one is gone");
+        assert_eq!(dir.list("j/a").expect("list"), vec!["cert".to_string(), "key".to_string()]);
+        assert_eq!(dir.read("j/a/cert").expect("read"), Some(b"two".to_vec()));
+        assert!(!dir.remove_tree("j/.next-a").expect("remove"));
     }
 
     #[test]

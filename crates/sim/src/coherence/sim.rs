@@ -805,6 +805,7 @@ impl Sim {
             // Joining is the TLS shell's business; the client core never sends it.
             ClientMessage::Join(_) => self.ck.fail("a client core sent a join".to_string()),
             ClientMessage::Admin(_) => self.ck.fail("a client core sent an administrative call".to_string()),
+            ClientMessage::Renew(_) => self.ck.fail("a client core sent a renewal".to_string()),
         }
     }
 
