@@ -8,7 +8,7 @@
 #   fallocate     1 GiB fallocated in requests of 4 MiB back to back, punched out again, repeatedly (3)
 #   fence-storm   255 sessions make a change each, then all drop their connections (5)
 #   recall-hoard  the probe's directory acquired, its recall never answered (5)
-#   lock-flood    pipelined requests of 64 SetLock operations on a file keeping 4,096 (5)
+#   lock-flood    pipelined requests of 16 SetLock operations on a file keeping 4,096 (5)
 #   fsync-flood   pipelined small writes with an fsync each (5)
 # Prints a table: per scenario the probe's iterations, p50, p99 and max (ms), p99 against
 # the quiet run's, and iterations over 1 s (the target: p99 within 3x of quiet, none over

@@ -70,7 +70,7 @@ pub const MAX_OPS_PER_REQUEST: usize = 1024;
 /// Most `SetLock` operations in one request: each looks at every lock of its file (up
 /// to `locks::MAX_LOCKS_PER_FILE`), and a request is one step of the server's store, so
 /// this bounds how long one request holds up the others.
-pub const MAX_LOCK_OPS_PER_REQUEST: usize = 64;
+pub const MAX_LOCK_OPS_PER_REQUEST: usize = 16;
 /// The most entries an `Acquire` reply lists (a larger directory is not held whole).
 pub const MAX_ACQUIRE_ENTRIES: usize = 20_000;
 /// The most bytes of names an `Acquire` reply lists (it must fit in one frame with the

@@ -40,7 +40,7 @@ pub const MAX_OUTBOX_BYTES: usize = 16 << 20;
 /// Messages taken from one connection's queue per round.
 pub const BURST: usize = 16;
 /// The store task's time one connection's queue is given per round. A queue that takes
-/// longer (one message can: a thousand locks, an fsync) owes the difference and is
+/// longer (one message can: sixteen locks on a crowded file, an fsync) owes the difference and is
 /// passed over, a `QUANTUM` of its debt paid each round, until the others had as much.
 pub const QUANTUM: Duration = Duration::from_millis(2);
 /// Most a queue can owe: what it used long ago is not held against it for ever.

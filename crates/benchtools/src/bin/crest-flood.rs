@@ -85,8 +85,8 @@ enum Mode {
     LockFlood {
         /// Server address (HOST:PORT, run --insecure).
         addr: String,
-        /// SetLock operations a request (at most `MAX_LOCK_OPS_PER_REQUEST`, 64).
-        #[arg(long, default_value_t = 64)]
+        /// SetLock operations a request (at most `MAX_LOCK_OPS_PER_REQUEST`, 16).
+        #[arg(long, default_value_t = 16)]
         ops: usize,
         /// Requests in flight.
         #[arg(long, default_value_t = 4)]
