@@ -36,7 +36,7 @@ import stat
 import subprocess
 import tempfile
 
-from mounts import A, B, check, run
+from mounts import A, B, as_user, check, run
 
 SEED = int(os.environ.get("CREST_E2E_SEED") or random.SystemRandom().randrange(1 << 32))
 ROUNDS = int(os.environ.get("CREST_E2E_ROUNDS") or 6)
@@ -108,24 +108,8 @@ def err_name(e):
 
 def as_nobody(fn):
     """Runs fn in a child that has become nobody (uid and gid 65534, no supplementary
-    groups, no capabilities: as `setpriv --reuid=65534 --regid=65534 --clear-groups`).
-    Returns 'ok' or the errno's name."""
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            os.setgroups([])
-            os.setresgid(NOBODY, NOBODY, NOBODY)
-            os.setresuid(NOBODY, NOBODY, NOBODY)
-            fn()
-        except OSError as e:
-            code = 10 + min(e.errno or 0, 200)
-        except BaseException:
-            code = 1
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    return "ok" if code == 0 else err_name(code - 10) if code >= 10 else f"exit {code}"
+    groups, no capabilities). Returns 'ok' or the errno's name."""
+    return as_user(NOBODY, NOBODY, fn)
 
 
 def with_umask(umask, fn):

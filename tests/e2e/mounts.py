@@ -47,6 +47,33 @@ def write(p, data, mode="wb"):
         f.write(data)
 
 
+def as_user(uid, gid, fn):
+    """Runs fn in a child that has become uid/gid with no supplementary groups and (not
+    root) no capabilities, as `setpriv --reuid --regid --clear-groups`; uid 0 stays
+    root. Returns 'ok' or the name of the errno fn raised."""
+    import errno
+
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            if uid != 0:
+                os.setgroups([])
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+            fn()
+        except OSError as e:
+            code = 10 + min(e.errno or 0, 200)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 0:
+        return "ok"
+    return errno.errorcode.get(code - 10, str(code - 10)) if code >= 10 else f"exit {code}"
+
+
 def run(main):
     """Runs `main`; an exception fails the check it happened in. Then exits."""
     try:

@@ -19,7 +19,6 @@ Sizes and offsets are random (seed printed; CREST_E2E_SEED replays; CREST_E2E_RO
 how many random cases follow the systematic ones, default 40)."""
 
 import ctypes
-import errno
 import itertools
 import mmap
 import os
@@ -29,7 +28,7 @@ import stat
 import sys
 import tempfile
 
-from mounts import A, B, check, run
+from mounts import A, B, as_user, check, run
 
 NOBODY = 65534
 FALLOC_FL_KEEP_SIZE = 1
@@ -42,30 +41,6 @@ libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes
 
 CHANGES = ["big", "write", "rewrite", "direct", "append", "falloc", "falloc-keep", "punch", "zero", "truncate", "ftruncate", "otrunc", "copy"]
 MODES = [0o4777, 0o6777, 0o2777, 0o2767, 0o4755 | 0o022, 0o6707, 0o2757 | 0o020, 0o4766]
-
-
-def as_user(uid, gid, fn):
-    """Runs fn in a child with uid/gid (no other groups; root keeps its capabilities).
-    Returns 'ok' or the errno's name."""
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            if uid != 0:
-                os.setgroups([])
-                os.setresgid(gid, gid, gid)
-                os.setresuid(uid, uid, uid)
-            fn()
-        except OSError as e:
-            code = 10 + min(e.errno or 0, 200)
-        except BaseException:
-            code = 1
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code == 0:
-        return "ok"
-    return errno.errorcode.get(code - 10, str(code - 10)) if code >= 10 else f"exit {code}"
 
 
 def falloc(fd, mode, off, n):
