@@ -759,18 +759,11 @@ const SERVER_NAME: &str = "crest";
 pub fn join(
     addr: &str,
     config: Arc<rustls::ClientConfig>,
-    mut req: p::Join,
+    req: p::Join,
     wait: Duration,
 ) -> Result<p::Joined, ClientError> {
-    loop {
-        match exchange(addr, Some(config.clone()), p::ClientMessage::Join(req.clone()), wait)? {
-            p::ServerMessage::Joined(j) => return Ok(j),
-            p::ServerMessage::Refused { version, .. } if p::retry_version(req.version, version).is_some() => {
-                req.version = version;
-            }
-            other => return Err(unexpected(addr, other)),
-        }
-    }
+    let version = req.version;
+    ask_certificate(addr, config, version, wait, |version| p::ClientMessage::Join(p::Join { version, ..req.clone() }))
 }
 
 /// Asks `addr` for the next certificate of the one `config` presents (a server older than
@@ -778,14 +771,27 @@ pub fn join(
 pub fn renew(
     addr: &str,
     config: Arc<rustls::ClientConfig>,
-    mut req: p::Renew,
+    req: p::Renew,
     wait: Duration,
 ) -> Result<p::Joined, ClientError> {
+    let version = req.version;
+    ask_certificate(addr, config, version, wait, |version| p::ClientMessage::Renew(p::Renew { version, ..req.clone() }))
+}
+
+/// Sends `message(version)` and takes the certificate the server answers with, asking again
+/// in the version a refusal names when this client speaks it too.
+fn ask_certificate(
+    addr: &str,
+    config: Arc<rustls::ClientConfig>,
+    mut version: u32,
+    wait: Duration,
+    message: impl Fn(u32) -> p::ClientMessage,
+) -> Result<p::Joined, ClientError> {
     loop {
-        match exchange(addr, Some(config.clone()), p::ClientMessage::Renew(req.clone()), wait)? {
+        match exchange(addr, Some(config.clone()), message(version), wait)? {
             p::ServerMessage::Joined(j) => return Ok(j),
-            p::ServerMessage::Refused { version, .. } if p::retry_version(req.version, version).is_some() => {
-                req.version = version;
+            p::ServerMessage::Refused { version: theirs, .. } if p::retry_version(version, theirs).is_some() => {
+                version = theirs;
             }
             other => return Err(unexpected(addr, other)),
         }
